@@ -1,0 +1,64 @@
+"""The built-in networks (``graphs.md``) and a registry by name.
+
+Each entry builds a ``pase.Network`` from a batch size and, where the graph has one, a
+model width (CLI ``-m``). The default width gives exactly the graphs of the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pase.builder import Network
+
+from .alexnet import alexnet
+from .inception import inception3
+from .resnet import resnet101
+from .rnnlm import rnnlm
+from .transformer import transformer
+
+__all__ = ["GraphEntry", "GRAPHS", "build", "alexnet", "resnet101", "inception3", "rnnlm", "transformer"]
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """A built-in graph: its builder and what ``-m`` means for it."""
+
+    name: str
+    builder: Callable
+    description: str
+    model_help: str | None = None  # what -m sets; None: the graph takes no -m
+    default_model: int | None = None
+
+
+GRAPHS = {
+    entry.name: entry
+    for entry in (
+        GraphEntry("alexnet", alexnet, "AlexNet, 14 vertices (a path)"),
+        GraphEntry("resnet101", resnet101, "ResNet-101, 245 vertices"),
+        GraphEntry("inception3", inception3, "InceptionV3, 219 vertices"),
+        GraphEntry("rnnlm", rnnlm, "two-layer LSTM language model, 4 vertices",
+                   "embedding width and LSTM units", 2048),
+        GraphEntry("transformer", transformer, "encoder-decoder Transformer, 204 vertices",
+                   "model width e (8 heads of e/8, feed-forward 4e)", 512),
+    )
+}
+
+
+def build(name: str, batch: int = 128, model: int | None = None) -> Network:
+    """Build the graph ``name`` for mini-batch ``batch`` (and width ``model`` if it has one).
+
+    Raises ``ValueError`` for an unknown name, a non-positive batch, or a ``model`` given
+    to a graph that has no width.
+    """
+    if name not in GRAPHS:
+        raise ValueError(f"unknown graph {name!r}; choose one of: {', '.join(GRAPHS)}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"the batch size must be a positive integer, got {batch!r}")
+    entry = GRAPHS[name]
+    if model is None:
+        return entry.builder(batch)
+    if entry.model_help is None:
+        raise ValueError(f"graph {name!r} has no model size; -m applies to: "
+                         + ", ".join(n for n, e in GRAPHS.items() if e.model_help))
+    return entry.builder(batch, model)

@@ -1,0 +1,88 @@
+"""The encoder-decoder Transformer (``graphs.md``): 6 + 6 layers, 204 vertices.
+
+The encoder output feeds all six encoder-decoder attentions: a high-degree vertex with a
+long live range, which makes this graph the hardest for the search.
+"""
+
+from __future__ import annotations
+
+from pase.builder import GraphBuilder, Network
+from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Stack, Unstack
+from pase.tensor import Tensor
+
+__all__ = ["transformer", "attention", "feed_forward"]
+
+SEQUENCE = 256
+VOCAB = 50000
+WIDTH = 512
+HEADS = 8
+LAYERS = 6
+
+
+def attention(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Tensor:
+    """Multi-head attention on ``[x]`` (self) or ``[x, mem, mem]`` (encoder-decoder)."""
+    x = xs[0]
+    width = x.shape[-1]
+    wqkv = g.weight((3, heads, width, key), f"{name}.wqkv", letters="shek")
+    if len(xs) == 1:
+        qkv = g.add(f"{name}.qkv", Einsum("ble,shek->sbhlk", x, wqkv))
+    else:
+        stacked = g.add(f"{name}.stack", Stack(xs, axis=0))
+        qkv = g.add(f"{name}.qkv", Einsum("sble,shek->sbhlk", stacked, wqkv))
+    q, k, v = g.add(f"{name}.split", Unstack(qkv, axis=0))
+    scores = g.add(f"{name}.scores", Einsum("bhlk,bhmk->bhlm", q, k))
+    weights = g.add(f"{name}.softmax", Softmax(scores, axis=3))
+    heads_out = g.add(f"{name}.context", Einsum("bhlm,bhmk->bhlk", weights, v))
+    wo = g.weight((heads, width, key), f"{name}.wo", letters="hek")
+    out = g.add(f"{name}.out", Einsum("bhlk,hek->ble", heads_out, wo))
+    res = g.add(f"{name}.residual", Elementwise(x, out))
+    return g.add(f"{name}.norm", Norm(res, axis=-1))
+
+
+def feed_forward(g: GraphBuilder, name: str, x: Tensor, hidden: int) -> Tensor:
+    """Two Einsums (the first with two fused point-wise ops), residual, layer norm."""
+    width = x.shape[-1]
+    w1 = g.weight((width, hidden), f"{name}.w1", letters="ef")
+    w2 = g.weight((hidden, width), f"{name}.w2", letters="fe")
+    h = g.add(f"{name}.up", Einsum("ble,ef->blf", x, w1, pw=2))
+    y = g.add(f"{name}.down", Einsum("blf,fe->ble", h, w2))
+    res = g.add(f"{name}.residual", Elementwise(x, y))
+    return g.add(f"{name}.norm", Norm(res, axis=-1))
+
+
+def transformer(batch: int = 128, model: int | None = None) -> Network:
+    """The Transformer of the paper; ``model`` is the width ``e`` (default 512).
+
+    Heads stay 8, so the key width is ``e / 8``; the feed-forward width is ``4 e``.
+
+    >>> net = transformer(128)
+    >>> len(net), net.names[2]
+    (204, 'enc1.attn.qkv')
+    """
+    width = WIDTH if model is None else model
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1 or width % HEADS:
+        raise ValueError(f"transformer width (-m) must be a positive multiple of {HEADS}, got {width!r}")
+    key, hidden = width // HEADS, 4 * width
+    g = GraphBuilder("transformer", cutoff=1, batch=batch)
+    enc_ids = g.input((batch, SEQUENCE), "encoder ids", letters="bl")
+    dec_ids = g.input((batch, SEQUENCE), "decoder ids", letters="bl")
+    position = g.input((batch, SEQUENCE, width), "positional encoding", letters="ble")
+
+    x = g.add("enc.embedding", Embedding(enc_ids, VOCAB, width, letters="bl"))
+    x = g.add("enc.position", Elementwise(x, position))
+    for i in range(1, LAYERS + 1):
+        x = attention(g, f"enc{i}.attn", [x], HEADS, key)
+        x = feed_forward(g, f"enc{i}.ff", x, hidden)
+    memory = x
+
+    y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
+    y = g.add("dec.position", Elementwise(y, position))
+    for i in range(1, LAYERS + 1):
+        y = attention(g, f"dec{i}.attn", [y], HEADS, key)
+        y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
+        y = feed_forward(g, f"dec{i}.ff", y, hidden)
+
+    w = g.weight((width, VOCAB), "output weight", letters="ev")
+    logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))
+    g.add("loss", SoftmaxCrossEntropy(logits))
+    return g.build()

@@ -1,0 +1,198 @@
+"""Building computation graphs: layers in order, tensors wired to edges, cost tables.
+
+``GraphBuilder`` records a network (layers, names, tensors read); ``Network.graph``
+enumerates configurations and computes every layer-cost vector and edge-cost matrix for a
+device count and machine, giving the networkx graph the search works on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import networkx as nx
+import numpy as np
+
+from .configs import enumerate_configs
+from .layers import Layer, Ravel, Unravel, redistribution_volume
+from .machine import Machine
+from .tensor import Tensor
+
+__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix"]
+
+# Builders hand out tensors tagged with their own serial number, so a tensor of one
+# network can never be wired into another. itertools.count is thread-safe and its value
+# never affects a result.
+_builder_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class EdgeTensor:
+    """One tensor carried by an edge: its producer output and first consumer input."""
+
+    shape: tuple
+    output_index: int  # which output of the producer
+    input_index: int  # first input position of the consumer that reads it
+
+
+@dataclass(frozen=True)
+class Network:
+    """A computation graph before costing: layers in vertex-id order and their edges.
+
+    Attributes
+    ----------
+    name : str
+        Graph name (``"alexnet"``).
+    cutoff : int
+        Configuration cut-off ``t`` (``cost-model.md``).
+    layers : tuple of Layer
+        Vertex ``i`` is ``layers[i]``.
+    names : tuple of str
+        Readable, unique layer names.
+    edges : dict
+        ``(u, v) -> tuple of EdgeTensor``: the distinct tensors ``v`` reads from ``u``.
+    batch : int or None
+        The mini-batch size it was built for, if any.
+    """
+
+    name: str
+    cutoff: int
+    layers: tuple
+    names: tuple
+    edges: dict = field(hash=False)
+    batch: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def configs(self, procs: int) -> list:
+        """Valid configurations of every layer for ``procs`` devices."""
+        return [
+            enumerate_configs(layer.domain, procs, self.cutoff, layer.unsplit, layer.contiguous)
+            for layer in self.layers
+        ]
+
+    def graph(self, procs: int, machine: Machine | None = None) -> nx.DiGraph:
+        """The costed computation graph for ``procs`` devices.
+
+        Vertices are ids ``0..n-1`` in creation order with attributes ``layer``, ``name``,
+        ``configs`` (``(K, n_dims)`` int array) and ``cost`` (length ``K``); every edge
+        ``(u, v)`` has ``cost``, the ``K_u x K_v`` redistribution-cost matrix, and
+        ``tensors``. Graph attributes: ``network``, ``procs``, ``machine``.
+        """
+        if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
+            raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
+        machine = machine or Machine()
+        G = nx.DiGraph(network=self, procs=int(procs), machine=machine, name=self.name)
+        configs = self.configs(int(procs))
+        for v, (layer, name, C) in enumerate(zip(self.layers, self.names, configs)):
+            G.add_node(v, layer=layer, name=name, configs=C, cost=np.asarray(layer.cost(C, machine), dtype=np.float64))
+        outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(self.layers, configs)]
+        for (u, v), tensors in self.edges.items():
+            matrix = sum(
+                edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine)
+                for t in tensors
+            )
+            G.add_edge(u, v, cost=matrix, tensors=tensors)
+        return G
+
+    def edge_list(self) -> list:
+        """``[producer, consumer]`` pairs in the order the edges were created."""
+        return [[u, v] for (u, v) in self.edges]
+
+
+def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine: Machine) -> np.ndarray:
+    """Redistribution cost of one tensor for every (source, target) configuration pair.
+
+    ``comm(2 * volume)``: the volume moves forward, and its gradient backward.
+    """
+    volume = redistribution_volume(shape, source[:, None, :], target[None, :, :])
+    return machine.comm(2.0 * volume)
+
+
+class GraphBuilder:
+    """Records layers in order and wires the tensors they read into edges.
+
+    Examples
+    --------
+    >>> from pase.layers import FC, SoftmaxCrossEntropy
+    >>> g = GraphBuilder("mlp", cutoff=1)
+    >>> x = g.input((64, 256), "x", letters="bk")
+    >>> h = g.add("fc1", FC(x, 512))
+    >>> loss = g.add("loss", SoftmaxCrossEntropy(h))
+    >>> net = g.build()
+    >>> len(net), net.edge_list()
+    (2, [[0, 1]])
+    """
+
+    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None):
+        if isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1:
+            raise ValueError(f"the cut-off must be a positive integer, got {cutoff!r}")
+        self.name = name
+        self.cutoff = cutoff
+        self.batch = batch
+        self._id = next(_builder_ids)
+        self._layers: list = []
+        self._names: list = []
+        self._edges: dict = {}
+        self._inputs = 0
+
+    def input(self, shape: Sequence[int], name: str = "", letters: str = "", param: bool = False) -> Tensor:
+        """A graph input (image, token ids, positional encoding, weight): makes no edge."""
+        shape = tuple(shape)
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+                raise ValueError(f"input {name or '?'}: every size must be a positive integer, got {list(shape)}")
+        if letters and len(letters) != len(shape):
+            raise ValueError(f"input {name or '?'}: letters {letters!r} do not match shape {list(shape)}")
+        self._inputs += 1
+        return Tensor(tuple(int(d) for d in shape), None, self._inputs, bool(param), name, self._id, letters)
+
+    def weight(self, shape: Sequence[int], name: str = "", letters: str = "") -> Tensor:
+        """A trainable parameter: a graph input that the memory model counts."""
+        return self.input(shape, name, letters, param=True)
+
+    def add(self, name: str, layer: Layer):
+        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them)."""
+        if not isinstance(layer, Layer):
+            raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
+        if not name or name in self._names:
+            raise ValueError(f"layer names must be unique and non-empty, got {name!r}")
+        v = len(self._layers)
+        reads: dict = {}
+        for position, t in enumerate(layer.inputs):
+            if t.owner != self._id:
+                raise ValueError(f"layer {name!r} reads {t!r}, which belongs to another graph")
+            if t.producer is None:
+                continue  # graph inputs make no edges
+            if not 0 <= t.producer < v:
+                raise ValueError(f"layer {name!r} reads {t!r} that no earlier layer produced")
+            # The same tensor read twice counts once, at its first position.
+            reads.setdefault(t.producer, {}).setdefault(t.index, position)
+        for u, tensors in reads.items():
+            shapes = self._layers[u].output_shapes
+            self._edges[(u, v)] = tuple(
+                EdgeTensor(shapes[index], index, position) for index, position in tensors.items()
+            )
+        self._layers.append(layer)
+        self._names.append(name)
+        letters = getattr(layer, "output_letters", ())
+        outputs = tuple(
+            Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id,
+                   letters[i] if i < len(letters) else "")
+            for i, shape in enumerate(layer.output_shapes)
+        )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def reshape(self, name: str, x: Tensor, shape: Sequence[int], letters: str | None = None) -> Tensor:
+        """A Reshape: a Ravel (``name.ravel``) followed by an Unravel (``name.unravel``)."""
+        flat = self.add(f"{name}.ravel", Ravel(x))
+        return self.add(f"{name}.unravel", Unravel(flat, shape, letters))
+
+    def build(self) -> Network:
+        """The network recorded so far."""
+        if not self._layers:
+            raise ValueError(f"graph {self.name!r} has no layers")
+        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch)
