@@ -15,8 +15,9 @@ import numpy as np
 from .builder import Network, edge_cost_matrix
 from .configs import check_config
 from .machine import Machine
+from .solver import Search, SearchStats
 
-__all__ = ["Evaluation", "evaluate", "check_strategy"]
+__all__ = ["Evaluation", "Strategy", "evaluate", "check_strategy", "find_strategy"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,70 @@ def evaluate(
             )
         )
     return Evaluation(strategy, layer_costs, edge_costs)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The best strategy found for a network on ``procs`` devices.
+
+    Attributes
+    ----------
+    network : Network
+    procs : int
+    machine : Machine
+    graph : networkx.DiGraph
+        The costed graph the search ran on (configurations, cost vectors and matrices).
+    indices : list of int
+        Chosen configuration index of every vertex (into ``graph.nodes[v]["configs"]``).
+    configs : list of tuple
+        The chosen configurations, in vertex-id order.
+    total_cost : float
+        The optimum ``min F(G, phi)`` found by the dynamic programme.
+    evaluation : Evaluation
+        The chosen strategy re-costed from scratch (per-layer and per-edge terms).
+    stats : SearchStats
+        Ordering, largest dependent set, table entries, seconds.
+    """
+
+    network: Network
+    procs: int
+    machine: Machine
+    graph: object
+    indices: list
+    configs: list
+    total_cost: float
+    evaluation: Evaluation
+    stats: SearchStats
+
+
+def find_strategy(
+    network: Network,
+    procs: int,
+    machine: Machine | None = None,
+    ordering="generateseq",
+    memory_budget: int | None = None,
+    progress=None,
+    graph=None,
+) -> Strategy:
+    """Build the costed graph of ``network`` for ``procs`` devices and search it exactly.
+
+    ``graph`` may pass an already costed graph (``network.graph(procs, machine)``).
+    Raises ``SearchTooLarge`` before allocating when the tables would not fit
+    ``memory_budget`` bytes (default: most of the available memory).
+
+    Examples
+    --------
+    >>> from graphs import alexnet
+    >>> best = find_strategy(alexnet(128), 32)
+    >>> best.total_cost
+    53136349552.0
+    """
+    machine = machine or Machine()
+    G = graph if graph is not None else network.graph(procs, machine)
+    result = Search(G, ordering).run(memory_budget=memory_budget, progress=progress)
+    indices = result.indices(range(len(network.layers)))
+    configs = [tuple(int(c) for c in G.nodes[v]["configs"][i]) for v, i in enumerate(indices)]
+    return Strategy(
+        network, procs, machine, G, indices, configs, result.cost,
+        evaluate(network, configs, machine, procs), result.stats,
+    )

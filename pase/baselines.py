@@ -1,0 +1,37 @@
+"""Baseline strategies as configuration choices, costed by the same model as the optimum.
+
+Data parallelism splits each layer's batch dimension and nothing else. The configurations
+need not be among the enumerated ones (the CNNs' cut-off can exclude them); ``evaluate``
+costs them all the same.
+"""
+
+from __future__ import annotations
+
+from .builder import Network
+from .configs import divisors
+
+__all__ = ["data_parallel", "batch_split"]
+
+
+def batch_split(size: int, procs: int) -> int:
+    """The largest divisor of ``size`` that is at most ``procs``.
+
+    >>> batch_split(128, 64), batch_split(96, 64), batch_split(7, 4)
+    (64, 48, 1)
+    """
+    return max(d for d in divisors(size) if d <= procs)
+
+
+def data_parallel(network: Network, procs: int) -> list:
+    """Data parallelism: every layer's batch dimension split ``batch_split(b, procs)`` ways.
+
+    >>> from graphs import rnnlm
+    >>> data_parallel(rnnlm(128), 32)[1]
+    (1, 1, 32, 1, 1)
+    """
+    strategy = []
+    for layer in network.layers:
+        config = [1] * len(layer.domain)
+        config[layer.batch_dim] = batch_split(layer.domain[layer.batch_dim], procs)
+        strategy.append(tuple(config))
+    return strategy
