@@ -90,11 +90,22 @@ class Network:
             G.add_node(v, layer=layer, name=name, configs=C, cost=np.asarray(layer.cost(C, machine), dtype=np.float64))
         outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
         inputs = [layer.input_configs(C) for layer, C in zip(self.layers, configs)]
-        for (u, v), tensors in self.edges.items():
-            matrix = sum(
-                edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine)
-                for t in tensors
-            )
+        # Repeated blocks (transformer layers, ResNet stages) give identical matrices; each
+        # distinct one is computed once per call. The memo lives only in this call.
+        memo: dict = {}
+
+        def matrix_of(t: EdgeTensor, u: int, v: int) -> np.ndarray:
+            source = np.ascontiguousarray(outputs[u][t.output_index])
+            target = np.ascontiguousarray(inputs[v][t.input_index])
+            key = (t.shape, source.shape, target.shape, source.tobytes(), target.tobytes())
+            if key not in memo:
+                memo[key] = edge_cost_matrix(t.shape, source, target, machine)
+            return memo[key]
+
+        for (u, v), tensors in sorted(self.edges.items()):
+            matrix = matrix_of(tensors[0], u, v)
+            for t in tensors[1:]:
+                matrix = matrix + matrix_of(t, u, v)
             G.add_edge(u, v, cost=matrix, tensors=tensors)
         return G
 
@@ -106,10 +117,15 @@ class Network:
 def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine: Machine) -> np.ndarray:
     """Redistribution cost of one tensor for every (source, target) configuration pair.
 
-    ``comm(2 * volume)``: the volume moves forward, and its gradient backward.
+    ``comm(2 * volume)``: the volume moves forward, and its gradient backward. Layers
+    often imply the same tensor configuration for many of their configurations, so the
+    volume is computed for the distinct rows only and then expanded.
     """
-    volume = redistribution_volume(shape, source[:, None, :], target[None, :, :])
-    return machine.comm(2.0 * volume)
+    sources, source_of = np.unique(source, axis=0, return_inverse=True)
+    targets, target_of = np.unique(target, axis=0, return_inverse=True)
+    volume = redistribution_volume(shape, sources[:, None, :], targets[None, :, :])
+    cost = machine.comm(2.0 * volume)
+    return cost[np.ix_(source_of.reshape(-1), target_of.reshape(-1))]
 
 
 class GraphBuilder:

@@ -219,7 +219,7 @@ class Search:
             edge_terms[key] = edge_terms[key] + matrix if key in edge_terms else matrix
         self.edge_terms: dict = {v: [] for v in seq}
         for (later, earlier), matrix in sorted(edge_terms.items(), key=lambda kv: (self.position[kv[0][1]], self.position[kv[0][0]])):
-            self.edge_terms[earlier].append((later, np.ascontiguousarray(matrix)))
+            self.edge_terms[earlier].append((later, matrix))
 
         # Hand-off of tables: T_w goes to the vertex of D(w) that comes first in the
         # sequence (the connected subsets S(i) of Eq. 4); a vertex with empty D(w) closes a
@@ -358,8 +358,10 @@ class Search:
         # Addends that span no sliced axis are summed once, before the loop.
         fixed = [t.array for t in terms if min(t.axes) >= cut]
         moving = [t for t in terms if min(t.axes) < cut]
-        if len(fixed) > 1:
-            fixed = [self._sum_tree(fixed)]
+        if fixed:
+            # Read again for every slice: make it one contiguous array (edge matrices
+            # arrive as transposed views).
+            fixed = [np.ascontiguousarray(self._sum_tree(fixed))]
         chunk_shape = (1,) * sliced_axis + (min(step, shape[sliced_axis]),) + shape[cut:]
         buf = np.empty(chunk_shape, dtype=np.float64)
         processed = done
