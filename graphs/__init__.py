@@ -11,13 +11,19 @@ from typing import Callable
 
 from pase.builder import Network
 
+from functools import partial
+
 from .alexnet import alexnet
+from .gpt import GPT_CONFIGS, gpt
 from .inception import inception3
 from .resnet import resnet101
 from .rnnlm import rnnlm
 from .transformer import transformer
 
-__all__ = ["GraphEntry", "GRAPHS", "build", "alexnet", "resnet101", "inception3", "rnnlm", "transformer"]
+__all__ = [
+    "GraphEntry", "GRAPHS", "build", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
+    "GPT_CONFIGS",
+]
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,12 @@ GRAPHS = {
                    "model width e (8 heads of e/8, feed-forward 4e)", 512),
     )
 }
+for _name, _cfg in GPT_CONFIGS.items():
+    GRAPHS[_name] = GraphEntry(
+        _name, partial(gpt, _name),
+        f"GPT decoder, {_cfg.layers} layers, width {_cfg.width}, {12 * _cfg.layers + 5} vertices",
+    )
+del _name, _cfg
 
 
 def build(name: str, batch: int = 128, model: int | None = None) -> Network:

@@ -99,7 +99,9 @@ class Network:
             target = np.ascontiguousarray(inputs[v][t.input_index])
             key = (t.shape, source.shape, target.shape, source.tobytes(), target.tobytes())
             if key not in memo:
-                memo[key] = edge_cost_matrix(t.shape, source, target, machine)
+                matrix = edge_cost_matrix(t.shape, source, target, machine)
+                matrix.setflags(write=False)  # shared by the edges of repeated blocks
+                memo[key] = matrix
             return memo[key]
 
         for (u, v), tensors in sorted(self.edges.items()):

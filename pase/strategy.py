@@ -17,7 +17,10 @@ from .configs import check_config
 from .machine import Machine
 from .solver import Search, SearchStats
 
-__all__ = ["Evaluation", "Strategy", "evaluate", "check_strategy", "find_strategy"]
+__all__ = [
+    "Evaluation", "Strategy", "evaluate", "check_strategy", "find_strategy", "strategy_from_indices",
+    "indexed_cost",
+]
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,23 @@ def find_strategy(
     machine = machine or Machine()
     G = graph if graph is not None else network.graph(procs, machine)
     result = Search(G, ordering).run(memory_budget=memory_budget, progress=progress)
-    indices = result.indices(range(len(network.layers)))
+    return strategy_from_indices(network, G, result.indices(range(len(network.layers))), result.cost, result.stats)
+
+
+def strategy_from_indices(network: Network, G, indices, total_cost: float, stats: SearchStats) -> Strategy:
+    """A ``Strategy`` from configuration indices into the costed graph ``G``."""
+    machine = G.graph["machine"]
+    procs = G.graph["procs"]
+    indices = [int(i) for i in indices]
     configs = [tuple(int(c) for c in G.nodes[v]["configs"][i]) for v, i in enumerate(indices)]
     return Strategy(
-        network, procs, machine, G, indices, configs, result.cost,
-        evaluate(network, configs, machine, procs), result.stats,
+        network, procs, machine, G, indices, configs, float(total_cost),
+        evaluate(network, configs, machine, procs), stats,
     )
+
+
+def indexed_cost(G, choice) -> float:
+    """``F`` of a choice of configuration indices, read off the graph's cost tables."""
+    total = sum(float(G.nodes[v]["cost"][choice[v]]) for v in G.nodes)
+    total += sum(float(m[choice[u], choice[v]]) for u, v, m in G.edges(data="cost"))
+    return total

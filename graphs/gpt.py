@@ -1,0 +1,95 @@
+"""GPT-style decoder-only language models (``graphs.md``): gpt2-small ... gpt3-13b.
+
+A pre-LayerNorm decoder of ``L`` blocks, ``12 L + 5`` vertices. Token ids, the position
+embedding and all weights are graph inputs; the weights are parameters (``memory.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pase.builder import GraphBuilder, Network
+from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Unstack
+from pase.tensor import Tensor
+
+__all__ = ["GPTConfig", "GPT_CONFIGS", "gpt", "parameter_count"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT model: layers, width, heads, sequence length, vocabulary."""
+
+    layers: int
+    width: int
+    heads: int
+    sequence: int
+    vocab: int = 50304  # the GPT-2 vocabulary padded to a multiple of 128
+
+    @property
+    def key(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def hidden(self) -> int:
+        return 4 * self.width
+
+
+GPT_CONFIGS = {
+    "gpt2-small": GPTConfig(12, 768, 12, 1024),
+    "gpt2-medium": GPTConfig(24, 1024, 16, 1024),
+    "gpt2-large": GPTConfig(36, 1280, 20, 1024),
+    "gpt2-xl": GPTConfig(48, 1600, 25, 1024),
+    "gpt3-2.7b": GPTConfig(32, 2560, 32, 2048),
+    "gpt3-6.7b": GPTConfig(32, 4096, 32, 2048),
+    "gpt3-13b": GPTConfig(40, 5120, 40, 2048),
+}
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Closed form ``2 V e + L (12 e^2 + 4 e) + 2 e``: embeddings, blocks, final norm."""
+    V, e, L = config.vocab, config.width, config.layers
+    return 2 * V * e + L * (12 * e * e + 4 * e) + 2 * e
+
+
+def _block(g: GraphBuilder, name: str, x: Tensor, cfg: GPTConfig) -> Tensor:
+    h, e, k, f = cfg.heads, cfg.width, cfg.key, cfg.hidden
+    y = g.add(f"{name}.attn.norm", Norm(x, axis=-1))
+    wqkv = g.weight((3, h, e, k), f"{name}.attn.wqkv", letters="shek")
+    qkv = g.add(f"{name}.attn.qkv", Einsum("ble,shek->sbhlk", y, wqkv))
+    q, kk, v = g.add(f"{name}.attn.split", Unstack(qkv, axis=0))
+    scores = g.add(f"{name}.attn.scores", Einsum("bhlk,bhmk->bhlm", q, kk))
+    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=3))
+    context = g.add(f"{name}.attn.context", Einsum("bhlm,bhmk->bhlk", weights, v))
+    wo = g.weight((h, e, k), f"{name}.attn.wo", letters="hek")
+    out = g.add(f"{name}.attn.out", Einsum("bhlk,hek->ble", context, wo))
+    r = g.add(f"{name}.attn.residual", Elementwise(x, out))
+    y = g.add(f"{name}.ff.norm", Norm(r, axis=-1))
+    w1 = g.weight((e, f), f"{name}.ff.w1", letters="ef")
+    w2 = g.weight((f, e), f"{name}.ff.w2", letters="fe")
+    up = g.add(f"{name}.ff.up", Einsum("ble,ef->blf", y, w1, pw=1))
+    down = g.add(f"{name}.ff.down", Einsum("blf,fe->ble", up, w2))
+    return g.add(f"{name}.ff.residual", Elementwise(r, down))
+
+
+def gpt(name: str, batch: int = 128) -> Network:
+    """The GPT graph ``name`` (a key of ``GPT_CONFIGS``) for mini-batch ``batch``.
+
+    >>> net = gpt("gpt2-small", 8)
+    >>> len(net), net.names[3]
+    (149, 'block1.attn.qkv')
+    """
+    if name not in GPT_CONFIGS:
+        raise ValueError(f"unknown GPT model {name!r}; choose one of: {', '.join(GPT_CONFIGS)}")
+    cfg = GPT_CONFIGS[name]
+    g = GraphBuilder(name, cutoff=1, batch=batch)
+    ids = g.input((batch, cfg.sequence), "ids", letters="bl")
+    position = g.input((batch, cfg.sequence, cfg.width), "position embedding", letters="ble")
+    x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
+    x = g.add("position", Elementwise(x, position))
+    for i in range(1, cfg.layers + 1):
+        x = _block(g, f"block{i}", x, cfg)
+    y = g.add("final.norm", Norm(x, axis=-1))
+    w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
+    logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))
+    g.add("loss", SoftmaxCrossEntropy(logits))
+    return g.build()
