@@ -6,12 +6,14 @@ Three stages: what each layer can do (``configs``, ``layers``), what it costs (`
 
 from .baselines import batch_split, data_parallel
 from .builder import GraphBuilder, Network
+from .capped import CappedStrategy, find_capped_strategy
 from .configs import enumerate_configs, is_contiguous
 from .layers import (
     FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Layer, Norm,
     Pooling, Ravel, ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack,
 )
 from .machine import Machine
+from .memory import MemoryModel
 from .ordering import ORDERINGS, Ordering, breadth_first, generate_seq
 from .solver import Search, SearchResult, SearchStats, SearchTooLarge, WorkEstimate, solve
 from .strategy import Evaluation, Strategy, evaluate, find_strategy
@@ -29,4 +31,5 @@ __all__ = [
     "Search", "SearchResult", "SearchStats", "SearchTooLarge", "WorkEstimate", "solve",
     "Evaluation", "Strategy", "evaluate", "find_strategy",
     "data_parallel", "batch_split",
+    "MemoryModel", "CappedStrategy", "find_capped_strategy",
 ]
