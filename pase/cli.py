@@ -1,0 +1,659 @@
+"""The command line: ``scheduler.py`` and the ``pase`` console script (``cli.md``).
+
+``main(argv) -> exit status`` parses the flags into ``Options`` and runs one of three
+commands: a search (the default), a sweep over device counts, or the evaluation of a given
+strategy. It prints to the streams it is given and never exits the interpreter itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, Sequence
+
+from tqdm import tqdm
+
+import graphs
+
+from . import __version__
+from .baselines import data_parallel
+from .builder import Network
+from .machine import Machine
+from .report import (
+    Measurement,
+    Report,
+    dot_graph,
+    format_json,
+    format_measurement,
+    format_profile,
+    format_sweep_header,
+    format_sweep_refusal,
+    format_sweep_row,
+    format_table,
+    make_report,
+)
+from .solver import SearchTooLarge
+from .strategy import evaluate, find_strategy
+
+__all__ = ["main", "run", "build_parser", "Options", "CliError", "EXIT_CODES"]
+
+# Exit statuses (documented in --help and the README).
+EXIT_OK = 0
+EXIT_INPUT = 1  # a file could not be read or written, or the strategy in it is invalid
+EXIT_USAGE = 2  # the command line is wrong (argparse's own status for the same thing)
+EXIT_TOO_LARGE = 3  # the search's tables would exceed the memory budget (nothing allocated)
+EXIT_INTERNAL = 70  # a bug: please report it (EX_SOFTWARE of sysexits.h)
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_INPUT: "a file could not be read or written, or the strategy given to --evaluate is invalid",
+    EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, or a value the graph cannot take",
+    EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
+    EXIT_INTERNAL: "internal error (a bug; set PASE_TRACEBACK=1 to see the traceback)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+DEFAULT_GRAPH = "alexnet"
+DEFAULT_PROCS = 32
+DEFAULT_BATCH = 128
+DEFAULT_FLOPS = 10.0
+DEFAULT_BW = 16.0
+#: --algo values: the ordering heuristic each selects (paper Fig. 3 and Section III-A).
+ALGOS = {0: "generateseq", 1: "breadth-first"}
+#: --measure: warm-up and timed searches.
+MEASURE_WARMUP = 2
+MEASURE_RUNS = 5
+#: A search's progress bar appears only once it has run this long (seconds).
+PROGRESS_DELAY = 1.0
+#: Functions listed by --profile.
+PROFILE_LIMIT = 20
+DOT_FILE = "graph.dot"
+
+
+class CliError(Exception):
+    """A problem with the user's input: printed as one ``pase: error:`` line, then ``status``."""
+
+    def __init__(self, message: str, status: int = EXIT_INPUT):
+        super().__init__(message)
+        self.status = status
+
+
+class _ParserExit(Exception):
+    """argparse finished early (``--help``, ``--version``) with ``status``."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+# ---------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Options:
+    """One run of the tool, after parsing and cross-checking the flags.
+
+    ``None`` in ``model`` means the graph's default width; in ``table_budget`` the
+    search's own default (most of the available memory); in ``progress`` "a bar when
+    stderr is a terminal".
+    """
+
+    graph: str = DEFAULT_GRAPH  # -g: a key of graphs.GRAPHS
+    procs: int = DEFAULT_PROCS  # -p: devices
+    batch: int = DEFAULT_BATCH  # -b: mini-batch size
+    model: int | None = None  # -m: width of graphs that have one
+    flops: float = DEFAULT_FLOPS  # --flops: peak TFLOPS per device
+    bw: float = DEFAULT_BW  # --bw: peak GB/s per device
+    algo: str = "generateseq"  # --algo: ordering heuristic
+    json: bool = False  # --json: one JSON object (per line with --sweep)
+    sweep: tuple | None = None  # --sweep: device counts
+    evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
+    dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
+    profile: bool = False  # --profile: cProfile the search
+    measure: bool = False  # --measure: time repeated searches
+    progress: bool | None = None  # --progress / --no-progress
+    table_budget: int | None = None  # --table-budget: bytes the search's tables may use
+
+    @property
+    def machine(self) -> Machine:
+        return Machine(self.flops, self.bw)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _device_list(text: str) -> tuple:
+    """``"4,8,16"`` -> ``(4, 8, 16)``; every entry a distinct positive integer."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of device counts such as 4,8,16, got {text!r}"
+        )
+    counts = []
+    for item in items:
+        try:
+            count = int(item, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not an integer device count") from None
+        if count < 1:
+            raise argparse.ArgumentTypeError(f"device counts must be positive, got {item!r} in {text!r}")
+        if count in counts:
+            raise argparse.ArgumentTypeError(f"device count {count} appears twice in {text!r}")
+        counts.append(count)
+    return tuple(counts)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse writing to the given streams and raising instead of exiting."""
+
+    def __init__(self, *args, out: IO, err: IO, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._out = out
+        self._err = err
+
+    def _print_message(self, message, file=None):
+        if message:
+            (self._err if file is sys.stderr else self._out).write(message)
+
+    def exit(self, status=0, message=None):
+        if message:
+            self._err.write(message)
+        raise _ParserExit(status)
+
+    def error(self, message):
+        # One line, not argparse's usage block: every bad input gets one clear line.
+        raise CliError(f"{message} (see {self.prog} --help)", EXIT_USAGE)
+
+
+def _model_help() -> str:
+    widths = [
+        f"{name}: {entry.model_help} (default {entry.default_model})"
+        for name, entry in graphs.GRAPHS.items()
+        if entry.model_help
+    ]
+    return (
+        "model width, for the graphs that have one: " + "; ".join(widths)
+        + ". Refused for every other graph."
+    )
+
+
+def _epilog() -> str:
+    lines = ["graphs:"]
+    width = max(len(name) for name in graphs.GRAPHS)
+    lines += [f"  {name:<{width}}  {entry.description}" for name, entry in graphs.GRAPHS.items()]
+    lines += ["", "costs are in FLOP-equivalents: FLOPs plus rho x 8-byte words communicated,",
+              "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "", "exit status:"]
+    lines += [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
+
+
+def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase") -> argparse.ArgumentParser:
+    """The argument parser; flags of the PaSE README plus the ones of ``cli.md``.
+
+    Flags whose value may also come from an ``--evaluate`` file default to ``None`` here;
+    ``options_from_args`` fills in the defaults stated in the help.
+    """
+    parser = _ArgumentParser(
+        prog=prog,
+        description=(
+            "PaSE: find the parallelization strategy of a DNN's layers over p devices that\n"
+            "minimises the modelled cost of a training step (Elango, IPDPS 2021), exactly,\n"
+            "by dynamic programming over the computation graph."
+        ),
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        out=out or sys.stdout,
+        err=err or sys.stderr,
+    )
+    add = parser.add_argument
+    add("-p", "--procs", type=_positive_int, default=None, metavar="PROCS",
+        help=f"number of devices p. (Default: {DEFAULT_PROCS})")
+    add("-b", "--batch", type=_positive_int, default=None, metavar="BATCH",
+        help=f"mini-batch size. (Default: {DEFAULT_BATCH})")
+    add("-m", "--model", type=_positive_int, default=None, metavar="MODEL", help=_model_help())
+    add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
+        help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
+    add("--flops", type=_positive_float, default=None,
+        help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
+    add("--bw", type=_positive_float, default=None,
+        help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
+    add("--profile", action="store_true",
+        help="run the search under cProfile and print the hottest functions after the result "
+             "(to stderr with --json).")
+    add("--measure", action="store_true",
+        help=f"time the search: {MEASURE_WARMUP} warm-up and {MEASURE_RUNS} timed runs; report mean and spread.")
+    add("-d", "--dump-graph", action="store_true",
+        help=f"write the graph in DOT format to {DOT_FILE} in the working directory "
+             "(with each layer's chosen configuration).")
+    add("--dot-path", metavar="PATH", default=None, help="write the DOT graph to PATH instead (implies -d).")
+    add("-a", "--algo", type=int, choices=sorted(ALGOS), default=0,
+        help="algorithm computing the strategy: 0 = GenerateSeq ordering (Eq. 4), "
+             "1 = breadth-first ordering (paper III-A). (Default: 0)")
+    add("--json", action="store_true",
+        help="print one JSON object instead of the table (one per line with --sweep).")
+    add("--sweep", type=_device_list, default=None, metavar="P1,P2,...",
+        help="search for each of these device counts; one row (or JSON line) each.")
+    add("--evaluate", metavar="FILE", default=None,
+        help="cost the strategy in FILE instead of searching: a previous --json output, or "
+             '{"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
+             "Flags not given are taken from FILE when it records them.")
+    add("--table-budget", type=_positive_float, default=None, metavar="GB",
+        help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
+             "before it starts. (Default: 80%% of the available memory)")
+    add("--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
+             f"for searches longer than {PROGRESS_DELAY:g} s)")
+    add("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace, defaults: dict | None = None) -> Options:
+    """``Options`` from parsed flags; ``defaults`` fills the flags left out before the built-ins.
+
+    Raises ``CliError`` (usage status) for flags that cannot go together.
+    """
+    defaults = defaults or {}
+
+    def pick(name, builtin):
+        value = getattr(args, name)
+        if value is not None:
+            return value
+        return defaults.get(name, builtin)
+
+    if args.sweep is not None:
+        if args.evaluate is not None:
+            raise CliError("--sweep and --evaluate cannot be combined", EXIT_USAGE)
+        if args.procs is not None:
+            raise CliError("--sweep sets the device counts; drop -p/--procs", EXIT_USAGE)
+    if args.measure and (args.sweep is not None or args.evaluate is not None):
+        raise CliError("--measure times a single search; it cannot be combined with --sweep or --evaluate",
+                       EXIT_USAGE)
+    dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
+    if dot_path is not None and not dot_path.strip():
+        raise CliError("--dot-path needs a file name", EXIT_USAGE)
+    return Options(
+        graph=pick("graph", DEFAULT_GRAPH),
+        procs=pick("procs", DEFAULT_PROCS),
+        batch=pick("batch", DEFAULT_BATCH),
+        model=pick("model", None),
+        flops=pick("flops", DEFAULT_FLOPS),
+        bw=pick("bw", DEFAULT_BW),
+        algo=ALGOS[args.algo],
+        json=args.json,
+        sweep=args.sweep,
+        evaluate=args.evaluate,
+        dot_path=dot_path,
+        profile=args.profile,
+        measure=args.measure,
+        progress=args.progress,
+        table_budget=None if args.table_budget is None else int(args.table_budget * 1e9),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Pieces shared by the commands
+
+
+def _build_network(opts: Options) -> Network:
+    try:
+        return graphs.build(opts.graph, opts.batch, opts.model)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+
+
+def _effective_model(opts: Options) -> int | None:
+    """The width the graph was built with (``-m`` or the graph's default), if it has one."""
+    entry = graphs.GRAPHS[opts.graph]
+    if entry.model_help is None:
+        return None
+    return opts.model if opts.model is not None else entry.default_model
+
+
+def _check_dot_path(path: str) -> None:
+    """Refuse an unwritable DOT path before any search runs."""
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise CliError(f"cannot write the DOT graph to {path}: it is a directory")
+    if not os.path.isdir(parent):
+        raise CliError(f"cannot write the DOT graph to {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
+        raise CliError(f"cannot write the DOT graph to {path}: permission denied")
+
+
+def _write_dot(path: str, network: Network, configs=None) -> None:
+    text = dot_graph(network, configs).to_string()
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise CliError(f"cannot write the DOT graph to {path}: {err.strerror or err}") from None
+
+
+def _show_progress(opts: Options, err: IO) -> bool:
+    if opts.progress is not None:
+        return opts.progress
+    isatty = getattr(err, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):
+        return False
+
+
+class _SearchProgress:
+    """``find_strategy``'s progress callback: a tqdm bar of table entries, after a delay."""
+
+    def __init__(self, stream: IO, desc: str):
+        self.stream = stream
+        self.desc = desc
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=total, file=self.stream, delay=PROGRESS_DELAY, desc=self.desc,
+                            unit="entry", unit_scale=True, leave=False, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _search(network: Network, procs: int, opts: Options, err: IO, graph=None):
+    """One search with the options' ordering, budget and (maybe) progress bar."""
+    machine = opts.machine
+    progress = _SearchProgress(err, f"{network.name} p={procs}") if _show_progress(opts, err) else None
+    try:
+        return find_strategy(network, procs, machine, opts.algo, opts.table_budget,
+                             progress=progress, graph=graph)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _data_parallel(network: Network, procs: int, machine: Machine):
+    return evaluate(network, data_parallel(network, procs), machine, procs)
+
+
+def _measure(network: Network, opts: Options, graph) -> Measurement:
+    """``MEASURE_WARMUP`` untimed, then ``MEASURE_RUNS`` timed searches on the costed graph."""
+    search_seconds, wall_seconds = [], []
+    entries = 0
+    for run in range(MEASURE_WARMUP + MEASURE_RUNS):
+        start = time.perf_counter()
+        strategy = find_strategy(network, opts.procs, opts.machine, opts.algo, opts.table_budget, graph=graph)
+        wall = time.perf_counter() - start
+        entries = strategy.stats.table_entries
+        if run >= MEASURE_WARMUP:
+            search_seconds.append(strategy.stats.seconds)
+            wall_seconds.append(wall)
+    return Measurement(MEASURE_WARMUP, tuple(search_seconds), tuple(wall_seconds), entries)
+
+
+# ---------------------------------------------------------------------------------------
+# Commands
+
+
+def _run_search(opts: Options, out: IO, err: IO) -> int:
+    network = _build_network(opts)
+    if opts.dot_path is not None:
+        _check_dot_path(opts.dot_path)
+    machine = opts.machine
+    profiler = cProfile.Profile() if opts.profile else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        graph = network.graph(opts.procs, machine)
+        strategy = _search(network, opts.procs, opts, err, graph)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    measurement = _measure(network, opts, graph) if opts.measure else None
+    report = make_report(
+        network, opts.procs, machine, strategy.evaluation, strategy.total_cost,
+        _data_parallel(network, opts.procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
+        search=strategy.stats, model=_effective_model(opts), measure=measurement,
+    )
+    if opts.dot_path is not None:
+        _write_dot(opts.dot_path, network, strategy.configs)
+    _print_report(report, opts, out)
+    if profiler is not None:
+        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    return EXIT_OK
+
+
+def _print_report(report: Report, opts: Options, out: IO) -> None:
+    if opts.json:
+        out.write(format_json(report))
+        return
+    out.write(format_table(report))
+    if report.measure is not None:
+        out.write("\n" + format_measurement(report.measure))
+    if opts.dot_path is not None:
+        out.write(f"\nDOT graph written to {opts.dot_path}\n")
+
+
+def _run_sweep(opts: Options, out: IO, err: IO) -> int:
+    network = _build_network(opts)
+    if opts.dot_path is not None:
+        _check_dot_path(opts.dot_path)
+    machine = opts.machine
+    model = _effective_model(opts)
+    if not opts.json:
+        out.write(format_sweep_header(network.name, opts.batch, machine, model))
+    status = EXIT_OK
+    profiler = cProfile.Profile() if opts.profile else None
+    bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,
+               disable=not _show_progress(opts, err))
+    try:
+        for procs in bar:
+            if profiler is not None:
+                profiler.enable()
+            try:
+                graph = network.graph(procs, machine)
+                strategy = find_strategy(network, procs, machine, opts.algo, opts.table_budget, graph=graph)
+            except SearchTooLarge as too_large:
+                # Like the paper's "OOM" cells: say so for this p and go on with the others.
+                status = EXIT_TOO_LARGE
+                dp = _data_parallel(network, procs, machine)
+                bar.write(f"pase: error: p={procs}: {too_large}", file=err)
+                if not opts.json:
+                    bar.write(format_sweep_refusal(procs, dp.total), file=out, end="")
+                continue
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+            report = make_report(
+                network, procs, machine, strategy.evaluation, strategy.total_cost,
+                _data_parallel(network, procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
+                search=strategy.stats, model=model,
+            )
+            line = format_json(report, indent=None) if opts.json else format_sweep_row(report)
+            bar.write(line, file=out, end="")
+    finally:
+        bar.close()
+    if opts.dot_path is not None:
+        _write_dot(opts.dot_path, network)
+    if profiler is not None:
+        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    return status
+
+
+# Settings a strategy file may record (a previous --json output does), and their checks.
+_FILE_SETTINGS = {
+    "graph": lambda v: isinstance(v, str) and v in graphs.GRAPHS,
+    "procs": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+    "batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+    "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+    "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+}
+
+
+def _read_strategy_file(path: str) -> tuple:
+    """``(configs, settings)`` from a strategy file; ``CliError`` for anything malformed."""
+    where = f"strategy file {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise CliError(f"cannot read {where}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{where} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CliError(f"{where} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CliError(f'{where} must hold a JSON object with "configs" or "layers"')
+    if "configs" in data:
+        configs = data["configs"]
+        if not isinstance(configs, list):
+            raise CliError(f'{where}: "configs" must be a list of configurations')
+    elif "layers" in data:
+        layers = data["layers"]
+        if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
+            raise CliError(f'{where}: "layers" must be a list of objects')
+        missing = [i for i, layer in enumerate(layers) if "config" not in layer]
+        if missing:
+            raise CliError(f'{where}: layers[{missing[0]}] has no "config"')
+        if all("id" in layer for layer in layers):
+            ids = [layer["id"] for layer in layers]
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(
+                range(len(layers))
+            ):
+                raise CliError(f"{where}: layer ids must be 0..{len(layers) - 1}, each once")
+            layers = sorted(layers, key=lambda layer: layer["id"])
+        configs = [layer["config"] for layer in layers]
+    else:
+        raise CliError(f'{where} has neither "configs" nor "layers"')
+    checked = []
+    for v, config in enumerate(configs):
+        if not isinstance(config, list) or not all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and float(c).is_integer() for c in config
+        ):
+            raise CliError(f"{where}: configuration {v} must be a list of integers, got {json.dumps(config)}")
+        checked.append([int(c) for c in config])
+    settings = {}
+    for key, valid in _FILE_SETTINGS.items():
+        if key in data:
+            if not valid(data[key]):
+                raise CliError(f"{where}: invalid {key!r}: {json.dumps(data[key])}")
+            if data[key] is not None:
+                settings[key] = data[key]
+    return checked, settings
+
+
+def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
+    configs, settings = _read_strategy_file(args.evaluate)
+    opts = options_from_args(args, settings)
+    network = _build_network(opts)
+    if opts.dot_path is not None:
+        _check_dot_path(opts.dot_path)
+    machine = opts.machine
+    profiler = cProfile.Profile() if opts.profile else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        evaluation = evaluate(network, configs, machine, opts.procs)
+    except ValueError as error:
+        raise CliError(f"strategy file {opts.evaluate}: {error}") from None
+    finally:
+        if profiler is not None:
+            profiler.disable()
+    report = make_report(
+        network, opts.procs, machine, evaluation, evaluation.total, _data_parallel(network, opts.procs, machine),
+        [len(c) for c in network.configs(opts.procs)], model=_effective_model(opts), evaluated=True,
+    )
+    if opts.dot_path is not None:
+        _write_dot(opts.dot_path, network, evaluation.configs)
+    _print_report(report, opts, out)
+    if profiler is not None:
+        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------
+# Entry points
+
+
+def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO | None = None,
+         prog: str = "pase") -> int:
+    """Run the tool on ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Output goes to ``stdout`` and ``stderr`` (default: ``sys.stdout`` and ``sys.stderr``
+    at call time). Every error is one ``pase: error:`` line on stderr and a non-zero status
+    (see ``EXIT_CODES``); the interpreter is never exited here.
+    """
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    parser = build_parser(out, err, prog)
+    try:
+        args = parser.parse_args(argv)
+        if args.evaluate is not None:
+            return _run_evaluate(args, out, err)
+        opts = options_from_args(args)
+        if opts.sweep is not None:
+            return _run_sweep(opts, out, err)
+        return _run_search(opts, out, err)
+    except _ParserExit as done:
+        return done.status
+    except CliError as error:
+        err.write(f"{prog}: error: {error}\n")
+        return error.status
+    except SearchTooLarge as too_large:
+        hint = " (GenerateSeq, --algo 0, needs far smaller tables)" if too_large.estimate.ordering != "generateseq" else ""
+        err.write(f"{prog}: error: {too_large}{hint}\n")
+        return EXIT_TOO_LARGE
+    except MemoryError as error:
+        err.write(f"{prog}: error: out of memory ({error or 'the cost tables are too large'})\n")
+        return EXIT_TOO_LARGE
+    except KeyboardInterrupt:
+        err.write(f"{prog}: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_BROKEN_PIPE
+    except Exception as bug:  # a bug: one line, unless asked for the traceback
+        if os.environ.get("PASE_TRACEBACK"):
+            raise
+        err.write(f"{prog}: internal error: {type(bug).__name__}: {bug} (set PASE_TRACEBACK=1 for the traceback)\n")
+        return EXIT_INTERNAL
+
+
+def run() -> None:
+    """Console-script entry point (``pase``): ``sys.exit(main())``."""
+    status = main()
+    if status == EXIT_BROKEN_PIPE:
+        # The reader went away (``pase ... | head``): silence the final flush of stdout.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+    sys.exit(status)

@@ -1,0 +1,524 @@
+"""What the CLI shows: the layer table, the JSON object, sweep rows, timings and the DOT graph.
+
+Every function here returns text (or a ``pydot.Dot``) built from a ``Report``; nothing
+prints. A new output column is one ``Column`` in ``LAYER_COLUMNS``; a new JSON key is one
+line in ``report_dict``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pstats
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .builder import Network
+from .machine import Machine
+from .solver import SearchStats
+from .strategy import Evaluation
+
+__all__ = [
+    "LayerRow",
+    "Report",
+    "Measurement",
+    "Column",
+    "LAYER_COLUMNS",
+    "SWEEP_COLUMNS",
+    "ALGO_NAMES",
+    "make_report",
+    "format_cost",
+    "format_seconds",
+    "split_notation",
+    "format_table",
+    "report_dict",
+    "format_json",
+    "format_sweep_header",
+    "format_sweep_row",
+    "format_sweep_refusal",
+    "format_measurement",
+    "format_profile",
+    "dot_graph",
+]
+
+#: Names of the orderings in the JSON ``search.algo`` field and in the table.
+ALGO_NAMES = {"generateseq": "GenerateSeq", "breadth-first": "breadth-first"}
+
+
+# ---------------------------------------------------------------------------------------
+# The data every output format is rendered from
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One vertex of the graph with its configuration and costs.
+
+    Attributes
+    ----------
+    id : int
+        Vertex id (creation order, ``graphs.md``).
+    name, op, dims : str
+        Layer name, layer type and one letter per iteration-space dimension.
+    domain : tuple of int
+        The iteration space.
+    configs : int
+        Number of valid (enumerated) configurations on ``procs`` devices.
+    config : tuple of int
+        The configuration of the strategy shown.
+    cost : float
+        Layer cost of ``config`` (FLOP-equivalents).
+    edge_cost : float
+        Cost of redistributing the tensors this layer reads (edges into it).
+    """
+
+    id: int
+    name: str
+    op: str
+    dims: str
+    domain: tuple
+    configs: int
+    config: tuple
+    cost: float
+    edge_cost: float
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timings of repeated searches (``--measure``).
+
+    ``search_seconds`` are the dynamic programme's own times (``SearchStats.seconds``);
+    ``wall_seconds`` add the ordering, back-substitution and the re-evaluation.
+    """
+
+    warmup: int
+    search_seconds: tuple
+    wall_seconds: tuple
+    table_entries: int
+
+    @staticmethod
+    def _summary(values) -> dict:
+        values = list(values)
+        return {
+            "mean": statistics.fmean(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values),
+            "max": max(values),
+        }
+
+    def search_summary(self) -> dict:
+        return self._summary(self.search_seconds)
+
+    def wall_summary(self) -> dict:
+        return self._summary(self.wall_seconds)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one run shows: the strategy, its costs and how it was found.
+
+    Attributes
+    ----------
+    graph : str
+    procs, batch : int
+    model : int or None
+        The ``-m`` width, when one was given.
+    machine : Machine
+    layers : tuple of LayerRow
+        In vertex-id order.
+    edges : tuple of (int, int)
+        ``(producer, consumer)`` pairs, sorted.
+    total_cost : float
+        The optimum of the search, or the evaluated strategy's cost.
+    data_parallel_cost : float
+        Cost of data parallelism under the same model.
+    search : SearchStats or None
+        None for an evaluated (not searched) strategy.
+    evaluated : bool
+        True when the strategy came from ``--evaluate``.
+    measure : Measurement or None
+    """
+
+    graph: str
+    procs: int
+    batch: int
+    model: int | None
+    machine: Machine
+    layers: tuple
+    edges: tuple
+    total_cost: float
+    data_parallel_cost: float
+    search: SearchStats | None = None
+    evaluated: bool = False
+    measure: Measurement | None = None
+    extra: dict = field(default_factory=dict)  # further JSON keys added by later options
+
+    @property
+    def speedup(self) -> float | None:
+        """Modelled speedup over data parallelism (``None`` if the cost is zero)."""
+        return self.data_parallel_cost / self.total_cost if self.total_cost > 0 else None
+
+    def seconds_per_step(self, cost: float) -> float:
+        """A cost in FLOP-equivalents as seconds of one device at peak FLOPS."""
+        return cost / (self.machine.flops * 1e12)
+
+
+def make_report(
+    network: Network,
+    procs: int,
+    machine: Machine,
+    evaluation: Evaluation,
+    total_cost: float,
+    data_parallel: Evaluation,
+    config_counts: Sequence[int],
+    search: SearchStats | None = None,
+    model: int | None = None,
+    evaluated: bool = False,
+    measure: Measurement | None = None,
+) -> Report:
+    """Collect a ``Report`` from a network, a costed strategy and the data-parallel baseline.
+
+    ``evaluation`` gives the per-layer and per-edge terms of the strategy shown;
+    ``total_cost`` is the figure reported as its total (the search's optimum, or
+    ``evaluation.total`` for an evaluated strategy).
+    """
+    edge_in = evaluation.incident_edge_costs()
+    rows = tuple(
+        LayerRow(
+            id=v,
+            name=network.names[v],
+            op=layer.op,
+            dims=layer.dims,
+            domain=tuple(int(d) for d in layer.domain),
+            configs=int(config_counts[v]),
+            config=tuple(int(c) for c in evaluation.configs[v]),
+            cost=float(evaluation.layer_costs[v]),
+            edge_cost=float(edge_in[v]),
+        )
+        for v, layer in enumerate(network.layers)
+    )
+    return Report(
+        graph=network.name,
+        procs=int(procs),
+        batch=_batch_of(network),
+        model=model,
+        machine=machine,
+        layers=rows,
+        edges=tuple(sorted((int(u), int(v)) for (u, v) in network.edges)),
+        total_cost=float(total_cost),
+        data_parallel_cost=float(data_parallel.total),
+        search=search,
+        evaluated=evaluated,
+        measure=measure,
+    )
+
+
+def _batch_of(network: Network) -> int:
+    """The mini-batch size: as recorded by the builder, else the first layer's batch dimension."""
+    if network.batch is not None:
+        return int(network.batch)
+    first = network.layers[0]
+    return int(first.domain[first.batch_dim])
+
+
+# ---------------------------------------------------------------------------------------
+# Small formatting helpers
+
+
+def format_cost(cost: float) -> str:
+    """A cost in FLOP-equivalents in scientific notation, four significant digits after the point.
+
+    >>> format_cost(53136349552.0)
+    '5.3136e+10'
+    """
+    return f"{cost:.4e}"
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds with a unit that keeps three or four significant digits.
+
+    >>> format_seconds(0.0123), format_seconds(2.5), format_seconds(4e-6)
+    ('12.3 ms', '2.5 s', '4 us')
+    """
+    if seconds >= 1.0:
+        return f"{seconds:.4g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def split_notation(config: Sequence[int], dims: str) -> str:
+    """A configuration as the dimensions it splits: ``(32, 1, 2)`` over ``"bcn"`` is ``"b32 n2"``.
+
+    A configuration that splits nothing is ``"unsplit"``. Falls back to the plain tuple when
+    the letters do not name the dimensions one to one.
+
+    >>> split_notation((32, 1, 2), "bcn"), split_notation((1, 1), "bk")
+    ('b32 n2', 'unsplit')
+    """
+    config = [int(c) for c in config]
+    if len(dims) != len(config) or len(set(dims)) != len(dims):
+        return "(" + ",".join(str(c) for c in config) + ")"
+    parts = [f"{letter}{c}" for letter, c in zip(dims, config) if c != 1]
+    return " ".join(parts) if parts else "unsplit"
+
+
+def _shape(domain: Sequence[int]) -> str:
+    return "x".join(str(int(d)) for d in domain)
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], aligns: Sequence[str]) -> list:
+    """Lines of a table with aligned columns (``aligns``: ``"<"`` or ``">"`` per column)."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, aligns, widths)).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------
+# The default table
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the layer table: its header, alignment and how to fill a cell."""
+
+    header: str
+    cell: Callable[[LayerRow], str]
+    align: str = "<"
+
+
+#: The layer table, left to right. Later options (e.g. per-device memory) append here.
+LAYER_COLUMNS = (
+    Column("id", lambda r: str(r.id), ">"),
+    Column("layer", lambda r: r.name),
+    Column("type", lambda r: r.op),
+    Column("dims", lambda r: r.dims),
+    Column("iteration space", lambda r: _shape(r.domain)),
+    Column("K", lambda r: str(r.configs), ">"),
+    Column("configuration", lambda r: split_notation(r.config, r.dims)),
+    Column("layer cost", lambda r: format_cost(r.cost), ">"),
+    Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
+)
+
+
+def _header_lines(report: Report) -> list:
+    m = report.machine
+    what = "cost of a given strategy" if report.evaluated else "optimal parallelization strategy"
+    model = f", model width {report.model}" if report.model is not None else ""
+    return [
+        f"PaSE {what}: {report.graph} ({len(report.layers)} layers, {len(report.edges)} edges){model}",
+        f"devices {report.procs}, batch {report.batch}; machine {m.flops:g} TFLOPS and {m.bw:g} GB/s per device "
+        f"(rho = {m.rho:g} FLOP per 8-byte word)",
+        "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step",
+    ]
+
+
+def _summary_lines(report: Report) -> list:
+    def with_time(cost):
+        return f"{format_cost(cost)} FLOP-equivalents ({format_seconds(report.seconds_per_step(cost))} at peak)"
+
+    label = "strategy cost" if report.evaluated else "optimal total cost"
+    speedup = report.speedup
+    lines = [
+        (label, with_time(report.total_cost)),
+        ("data-parallel cost", with_time(report.data_parallel_cost)),
+        ("modelled speedup", f"{speedup:.3f}x over data parallelism" if speedup is not None else "n/a"),
+    ]
+    if report.search is not None:
+        s = report.search
+        lines.append((
+            "search",
+            f"{ALGO_NAMES.get(s.ordering, s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
+            f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
+        ))
+    width = max(len(k) for k, _ in lines)
+    return [f"{k:<{width}}  {v}" for k, v in lines]
+
+
+def format_table(report: Report, columns: Sequence[Column] = LAYER_COLUMNS) -> str:
+    """The default output: header, one row per layer, totals and search statistics."""
+    rows = [[c.cell(r) for c in columns] for r in report.layers]
+    lines = _header_lines(report) + [""]
+    lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
+    lines += ["", *_summary_lines(report)]
+    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads)")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# JSON
+
+
+def _finite(x: float | None):
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def report_dict(report: Report) -> dict:
+    """The JSON object of ``cli.md`` (keys may be added, never renamed)."""
+    out = {
+        "graph": report.graph,
+        "procs": report.procs,
+        "batch": report.batch,
+        "model": report.model,
+        "flops": float(report.machine.flops),
+        "bw": float(report.machine.bw),
+        "total_cost": report.total_cost,
+        "data_parallel_cost": report.data_parallel_cost,
+        "speedup_over_data_parallel": _finite(report.speedup),
+        "evaluated": report.evaluated,
+        "layers": [
+            {
+                "id": r.id,
+                "name": r.name,
+                "op": r.op,
+                "dims": r.dims,
+                "domain": list(r.domain),
+                "configs": r.configs,
+                "config": list(r.config),
+                "cost": r.cost,
+                "edge_cost": r.edge_cost,
+            }
+            for r in report.layers
+        ],
+        "edges": [list(e) for e in report.edges],
+        "search": None,
+    }
+    if report.search is not None:
+        s = report.search
+        out["search"] = {
+            "algo": s.ordering,
+            "seconds": s.seconds,
+            "max_dependent_set": s.max_dependent_set,
+            "table_entries": s.table_entries,
+            "largest_table": s.largest_table,
+            "peak_bytes": s.peak_bytes,
+        }
+    if report.measure is not None:
+        m = report.measure
+        out["measure"] = {
+            "warmup": m.warmup,
+            "runs": len(m.search_seconds),
+            "search_seconds": m.search_summary(),
+            "wall_seconds": m.wall_summary(),
+        }
+    out.update(report.extra)
+    return out
+
+
+def format_json(report: Report, indent: int | None = 1) -> str:
+    """``report_dict`` as JSON text; ``indent=None`` gives one line (sweeps)."""
+    return json.dumps(report_dict(report), indent=indent, allow_nan=False) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Sweeps over the device count
+
+#: Columns of a sweep: header and alignment.
+SWEEP_COLUMNS = (
+    ("devices", ">"),
+    ("optimal cost", ">"),
+    ("data-parallel cost", ">"),
+    ("speedup", ">"),
+    ("search seconds", ">"),
+)
+_SWEEP_WIDTHS = (7, 12, 18, 8, 14)
+
+
+def _sweep_line(cells) -> str:
+    return "  ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(cells, SWEEP_COLUMNS, _SWEEP_WIDTHS)).rstrip()
+
+
+def format_sweep_header(graph: str, batch: int, machine: Machine, model: int | None = None) -> str:
+    """Title and column headers of a sweep table (costs in FLOP-equivalents)."""
+    model = f", model width {model}" if model is not None else ""
+    return (
+        f"PaSE sweep: {graph}, batch {batch}{model}; machine {machine.flops:g} TFLOPS and {machine.bw:g} GB/s "
+        f"per device; costs in FLOP-equivalents\n"
+        + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
+    )
+
+
+def format_sweep_row(report: Report) -> str:
+    """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds."""
+    speedup = report.speedup
+    return _sweep_line([
+        str(report.procs),
+        format_cost(report.total_cost),
+        format_cost(report.data_parallel_cost),
+        f"{speedup:.3f}x" if speedup is not None else "n/a",
+        f"{report.search.seconds:.4f}" if report.search is not None else "-",
+    ]) + "\n"
+
+
+def format_sweep_refusal(procs: int, data_parallel_cost: float) -> str:
+    """A sweep row for a device count whose search was too large (the paper's "OOM" cells)."""
+    return _sweep_line([str(procs), "too large", format_cost(data_parallel_cost), "-", "-"]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# --measure and --profile
+
+
+def format_measurement(m: Measurement) -> str:
+    """The ``--measure`` section: mean, spread and range of the timed searches."""
+    s, w = m.search_summary(), m.wall_summary()
+    runs = len(m.search_seconds)
+    ns = 1e9 * s["mean"] / max(m.table_entries, 1)
+    return (
+        f"measurement ({m.warmup} warm-up, {runs} timed searches):\n"
+        f"  dynamic programme  mean {s['mean']:.4f} s, std dev {s['stdev']:.4f} s, "
+        f"min {s['min']:.4f} s, max {s['max']:.4f} s ({ns:.1f} ns per entry)\n"
+        f"  whole search       mean {w['mean']:.4f} s, std dev {w['stdev']:.4f} s, "
+        f"min {w['min']:.4f} s, max {w['max']:.4f} s (ordering, tables, back-substitution, re-costing)\n"
+    )
+
+
+def format_profile(profiler, limit: int = 20) -> str:
+    """The hottest functions of a ``cProfile.Profile`` run, by time spent in the function itself."""
+    buffer = io.StringIO()
+    stats = pstats.Stats(profiler, stream=buffer)
+    stats.sort_stats("tottime", "cumulative").print_stats(limit)
+    text = buffer.getvalue().strip("\n")
+    return f"profile (the {limit} functions with the most own time):\n{text}\n"
+
+
+# ---------------------------------------------------------------------------------------
+# DOT
+
+
+def _dot_id(text: str) -> str:
+    """A DOT identifier that needs no quoting (pydot versions quote differently)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def _dot_label(lines: Sequence[str]) -> str:
+    # Escaped newlines: Graphviz centres each line; quotes and backslashes are escaped so
+    # the label survives any layer name.
+    escaped = [line.replace("\\", "\\\\").replace('"', '\\"') for line in lines]
+    return '"' + "\\n".join(escaped) + '"'
+
+
+def dot_graph(network: Network, configs: Sequence[Sequence[int]] | None = None):
+    """The computation graph as a ``pydot.Dot``: one node per layer, one edge per graph edge.
+
+    Node ``v<i>`` is labelled with the layer name, its type and iteration-space letters,
+    the iteration space and, when ``configs`` is given, the chosen configuration.
+    """
+    import pydot  # imported here: only --dump-graph needs it
+
+    dot = pydot.Dot(graph_name=_dot_id(network.name) or "G", graph_type="digraph")
+    dot.set_node_defaults(shape="box", fontname="Helvetica", fontsize="10")
+    for v, (name, layer) in enumerate(zip(network.names, network.layers)):
+        lines = [name, f"{layer.op} {layer.dims}", _shape(layer.domain)]
+        if configs is not None:
+            config = [int(c) for c in configs[v]]
+            lines.append(f"config ({','.join(map(str, config))}): {split_notation(config, layer.dims)}")
+        dot.add_node(pydot.Node(f"v{v}", label=_dot_label(lines)))
+    for u, v in sorted(network.edges):
+        dot.add_edge(pydot.Edge(f"v{u}", f"v{v}"))
+    return dot
