@@ -250,3 +250,17 @@ def test_bad_device_counts_are_rejected(nets):
             owt(nets["alexnet"], bad)
         with pytest.raises(ValueError, match="positive integer"):
             expert_strategies(nets["alexnet"], bad)
+
+
+@pytest.mark.skipif("gpt2-small" not in graphs.GRAPHS, reason="no GPT graphs in this tree")
+def test_mesh_tf_fits_a_decoder_only_gpt_by_structure():
+    net = graphs.build("gpt2-small", 16)
+    strategies = expert_strategies(net, 16)
+    # Not a paper graph: every expert that fits. Mesh-TF's letters b/h/f/v fit a GPT block;
+    # OWT (no convolution) and GNMT (no LSTM) do not.
+    assert list(strategies) == ["mesh-tf"]
+    m, n = best_mesh(net, 16)
+    assert m * n == 16 and 16 % m == 0
+    # 12 heads: a 16-device mesh can only use n in {1, 2, 4}, and 50304 = 2^7 * 3 * 131 with
+    # feed-forward 3072 = 2^10 * 3 both allow those.
+    assert [mesh[1] for mesh in mesh_tensorflow_meshes(net, 16)] == [1, 2, 4]
