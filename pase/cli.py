@@ -29,6 +29,7 @@ from .report import (
     Measurement,
     Report,
     dot_graph,
+    format_bytes,
     format_json,
     format_measurement,
     format_profile,
@@ -38,7 +39,7 @@ from .report import (
     format_table,
     make_report,
 )
-from .solver import SearchTooLarge
+from .solver import DEFAULT_MEMORY_SHARE, SearchTooLarge, available_memory
 from .strategy import evaluate, find_strategy
 
 __all__ = ["main", "run", "build_parser", "Options", "CliError", "EXIT_CODES"]
@@ -76,6 +77,9 @@ PROGRESS_DELAY = 1.0
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
+#: Largest batch size or model width accepted (a dimension's splits are enumerated in
+#: sqrt(size) steps, once per layer).
+MAX_DIMENSION = 2**31 - 1
 
 
 class CliError(Exception):
@@ -84,6 +88,13 @@ class CliError(Exception):
     def __init__(self, message: str, status: int = EXIT_INPUT):
         super().__init__(message)
         self.status = status
+
+
+class _TablesTooLarge(CliError):
+    """The cost tables of the graph would not fit the memory budget (before the search)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_TOO_LARGE)
 
 
 class _ParserExit(Exception):
@@ -135,6 +146,15 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _dimension_size(text: str) -> int:
+    """A batch size or model width: a positive integer the divisor enumeration can handle."""
+    value = _positive_int(text)
+    if value > MAX_DIMENSION:
+        # Enumerating the splits of a dimension takes sqrt(size) steps per layer.
+        raise argparse.ArgumentTypeError(f"{text} is larger than the largest supported size, {MAX_DIMENSION}")
     return value
 
 
@@ -234,9 +254,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add = parser.add_argument
     add("-p", "--procs", type=_positive_int, default=None, metavar="PROCS",
         help=f"number of devices p. (Default: {DEFAULT_PROCS})")
-    add("-b", "--batch", type=_positive_int, default=None, metavar="BATCH",
+    add("-b", "--batch", type=_dimension_size, default=None, metavar="BATCH",
         help=f"mini-batch size. (Default: {DEFAULT_BATCH})")
-    add("-m", "--model", type=_positive_int, default=None, metavar="MODEL", help=_model_help())
+    add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
     add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
         help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
     add("--flops", type=_positive_float, default=None,
@@ -325,6 +345,24 @@ def _build_network(opts: Options) -> Network:
         return graphs.build(opts.graph, opts.batch, opts.model)
     except ValueError as err:
         raise CliError(str(err), EXIT_USAGE) from None
+
+
+def _costed_graph(network: Network, procs: int, opts: Options):
+    """``network.graph(procs, machine)``, refused first if its edge-cost matrices cannot fit.
+
+    The search checks its own tables before allocating; the cost tables come first and can
+    be as large on many devices (``K_u x K_v`` float64 entries per edge), so they are
+    estimated here the same way, from the configuration counts alone.
+    """
+    counts = [len(c) for c in network.configs(procs)]
+    needed = 8 * sum(counts[u] * counts[v] for (u, v) in network.edges) + 8 * sum(counts)
+    budget = opts.table_budget if opts.table_budget is not None else int(DEFAULT_MEMORY_SHARE * available_memory())
+    if needed > budget:
+        raise _TablesTooLarge(
+            f"the cost tables of {network.name} on {procs} devices are too large: about {format_bytes(needed)} "
+            f"(up to {max(counts)} configurations per layer), over the budget of {format_bytes(budget)}"
+        )
+    return network.graph(procs, opts.machine)
 
 
 def _effective_model(opts: Options) -> int | None:
@@ -429,7 +467,7 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
     if profiler is not None:
         profiler.enable()
     try:
-        graph = network.graph(opts.procs, machine)
+        graph = _costed_graph(network, opts.procs, opts)
         strategy = _search(network, opts.procs, opts, err, graph)
     finally:
         if profiler is not None:
@@ -476,9 +514,9 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
             if profiler is not None:
                 profiler.enable()
             try:
-                graph = network.graph(procs, machine)
+                graph = _costed_graph(network, procs, opts)
                 strategy = find_strategy(network, procs, machine, opts.algo, opts.table_budget, graph=graph)
-            except SearchTooLarge as too_large:
+            except (SearchTooLarge, _TablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
                 dp = _data_parallel(network, procs, machine)

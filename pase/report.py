@@ -32,6 +32,7 @@ __all__ = [
     "make_report",
     "format_cost",
     "format_seconds",
+    "format_bytes",
     "split_notation",
     "format_table",
     "report_dict",
@@ -247,6 +248,19 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"
+
+
+def format_bytes(n: float) -> str:
+    """Bytes with a decimal unit (GB = 1e9 bytes, as ``--table-budget`` counts them).
+
+    >>> format_bytes(1.5e9), format_bytes(2048)
+    ('1.5 GB', '2.05 KB')
+    """
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1000.0
+    return f"{n:.3g} TB"  # pragma: no cover
 
 
 def split_notation(config: Sequence[int], dims: str) -> str:
