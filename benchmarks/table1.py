@@ -244,7 +244,7 @@ def plot(rows: list, path: str) -> None:
         ax.grid(True, which="major", alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes.flat:
         for h, l in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(l, h)

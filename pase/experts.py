@@ -16,7 +16,6 @@ configurations the search enumerates. Three experts, one per kind of network:
 
 from __future__ import annotations
 
-import math
 from types import MappingProxyType
 
 from .baselines import batch_split
