@@ -302,18 +302,18 @@ class TestEinsum:
         assert outs == [(2, 3, 5)]
 
     def test_reduction_order_and_no_batch(self):
-        # ijk,kjl->il: reductions in order of first appearance in A: j, k. Space (i, l, j, k).
-        # Sizes i=2, j=3, k=4, l=5: domain (2, 5, 3, 4). No batch dim; M = 2, N = 5, K = 12.
-        # All 1: 3*2*5*12 = 360.
-        a, b = _inputs((2, 3, 4), (4, 3, 5))
-        e = Einsum("ijk,kjl->il", a, b)
-        assert e.domain == (2, 5, 3, 4)
-        assert e.dims == "iljk"
+        # ikj,jkl->il: reductions in order of first appearance in A: k, then j (not
+        # alphabetical). Space (i, l, k, j). Sizes i=2, k=4, j=3, l=5: domain (2, 5, 4, 3).
+        # No batch dim; M = 2, N = 5, K = 12. All 1: 3*2*5*12 = 360.
+        a, b = _inputs((2, 4, 3), (3, 4, 5))
+        e = Einsum("ikj,jkl->il", a, b)
+        assert e.domain == (2, 5, 4, 3)
+        assert e.dims == "ilkj"
         np.testing.assert_allclose(_cost(e, [(1, 1, 1, 1)]), [360.0])
-        # Splitting j by 3 and k by 2 is a k-split of 6: Mp=2, Np=5, Kp=2: compute 60;
+        # Splitting k by 2 and j by 3 is a K-split of 6: Mp=2, Np=5, Kp=2: compute 60;
         # AR(Mp Np = 10, 6) = 10/6*2*5 = 50/3. Total 230/3.
-        np.testing.assert_allclose(_cost(e, [(1, 1, 3, 2)]), [230.0 / 3.0], rtol=1e-12)
-        ins, outs = _tensor_configs(e, (2, 3, 5, 7))  # i=2, l=3, j=5, k=7
+        np.testing.assert_allclose(_cost(e, [(1, 1, 2, 3)]), [230.0 / 3.0], rtol=1e-12)
+        ins, outs = _tensor_configs(e, (2, 3, 5, 7))  # i=2, l=3, k=5, j=7
         assert ins == [(2, 5, 7), (7, 5, 3)] and outs == [(2, 3)]
 
     def test_pointwise_without_batch_dims(self):
@@ -690,9 +690,20 @@ class TestLSTM:
             # L split 2, n and k split 2: Bp = 1; Np = 8, Kp = 4: 3*6*8*4 = 576, pw 3*3*6*8 = 432,
             # AR(Mp Np = 48, k=2) = 48, AR(Mp Kp = 24, n=2) = 24 -> 1080. Hand-over (1,2)->(1,2): 0.
             (2, 1, 1, 2, 2),
+            # L split 2, n split 2: Bp = 1; Np = 8: 1152 + 432 + AR(Mp Kp = 48, n=2) = 48 -> 1632.
+            # Hand-over (1,2) -> (1,1): 4 words as above, with the FULL L and s (not L / c_L):
+            # 2*3*4 = 24. Total 1656.
+            (2, 1, 1, 2, 1),
+            # n split 4: Np = 4: 3*6*4*8 = 576, pw 3*3*6*4 = 216, AR(Mp Kp = 48, n=4) = 48/4*2*3 = 72
+            # -> 864; times 2: 1728. Hand-over from (b, n) split (1, 4): src (2, 1), Ps = 4, to
+            # (b, k) split (1, 1): tgt (2, 4): overlap 2*1 = 2, w = 8 - 2 = 6 (the reverse
+            # direction would give 2): 2*3*6 = 36. Total 1764.
+            (1, 1, 1, 4, 1),
         ]
         np.testing.assert_allclose(
-            _cost(self.layer(), configs), [6336.0, 3424.0, 3288.0, 4248.0, 1080.0], rtol=1e-12
+            _cost(self.layer(), configs),
+            [6336.0, 3424.0, 3288.0, 4248.0, 1080.0, 1656.0, 1764.0],
+            rtol=1e-12,
         )
         # rho = 2: the AR and hand-over terms double.
         # (1,1,1,2,1): 2*(1584 + 96) + 48 = 3408; (1,1,1,1,2): 2*(2016 + 192) + 48 = 4464.
