@@ -343,7 +343,7 @@ class Search:
         while cut > 0 and tail * shape[cut - 1] <= self.chunk_entries:
             cut -= 1
             tail *= shape[cut]
-        if cut == 0:
+        if cut == 0 or rank == 1:  # one slice: the whole table (or one vertex, no D)
             buf = np.empty(shape, dtype=np.float64)
             self._sum_into([t.array for t in terms], buf)
             self._argmin_into(buf, argmin, reduced)
