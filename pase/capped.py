@@ -21,7 +21,10 @@ from .memory import MemoryModel
 from .solver import Search, SearchStats
 from .strategy import Strategy, indexed_cost, strategy_from_indices
 
-__all__ = ["CappedStrategy", "find_capped_strategy", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
+__all__ = [
+    "CappedStrategy", "CappedSearchResult", "capped_search", "find_capped_strategy",
+    "UNCONSTRAINED", "CAPPED", "NOTHING_FITS",
+]
 
 UNCONSTRAINED = "unconstrained"  # the unconstrained optimum fits
 CAPPED = "capped"  # found by the Lagrangian search
@@ -86,33 +89,56 @@ class CappedStrategy:
         return max(self.cost - self.lower_bound, 0.0) / self.cost if self.cost else 0.0
 
 
-def find_capped_strategy(
-    network: Network,
-    procs: int,
+@dataclass(frozen=True)
+class CappedSearchResult:
+    """Outcome of ``capped_search`` on a bare graph (indices, not configurations).
+
+    ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; the other
+    fields are those of ``CappedStrategy``.
+    """
+
+    status: str
+    choice: dict
+    cost: float
+    memory: float
+    min_memory: float | None
+    lower_bound: float
+    multiplier: float
+    searches: int
+    table_entries: int
+    seconds: float
+    search: Search
+
+
+def capped_search(
+    G,
+    memory: dict,
     cap_bytes: float,
-    machine: Machine | None = None,
-    memory: MemoryModel | None = None,
     ordering="generateseq",
     memory_budget: int | None = None,
-    graph=None,
     max_searches: int = 40,
     tolerance: float = 1e-4,
     lambda_tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
     trace: list | None = None,
-) -> CappedStrategy:
-    """The cheapest strategy found whose per-device memory is at most ``cap_bytes``.
+) -> CappedSearchResult:
+    """Minimise the graph's cost subject to ``sum of memory[v][choice[v]] <= cap_bytes``.
+
+    Works on any graph the solver accepts (vertex ``cost`` vectors, edge ``cost``
+    matrices); ``memory`` gives one vector per vertex, aligned with its costs.
 
     Parameters
     ----------
-    network, procs, machine, ordering, memory_budget, graph
-        As for ``pase.strategy.find_strategy``.
+    G : networkx.DiGraph
+        The costed graph.
+    memory : dict
+        ``v -> `` memory of each configuration of ``v`` (bytes per device).
     cap_bytes : float
-        Memory cap per device, bytes.
-    memory : MemoryModel, optional
-        Bytes per parameter and activation element (default 16 and 2).
+        The cap ``M``.
+    ordering, memory_budget
+        As for ``pase.solver.Search``.
     max_searches : int
-        At most this many dynamic programmes in the bisection.
+        At most this many dynamic programmes.
     tolerance : float
         Stop once the relative gap between the best fitting cost and the bound is below.
     lambda_tolerance : float
@@ -126,14 +152,15 @@ def find_capped_strategy(
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
-    machine = machine or Machine()
-    memory = memory or MemoryModel()
-    G = graph if graph is not None else network.graph(procs, machine)
-    vertices = range(len(network.layers))
     start = time.perf_counter()
     search = Search(G, ordering)
-    costs = {v: G.nodes[v]["cost"] for v in vertices}
-    mem = {v: m for v, m in zip(vertices, memory.vectors(network, [G.nodes[v]["configs"] for v in vertices]))}
+    vertices = list(search.ordering.sequence)
+    costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
+    mem = {}
+    for v in vertices:
+        mem[v] = np.asarray(memory[v], dtype=np.float64)
+        if mem[v].shape != costs[v].shape:
+            raise ValueError(f"vertex {v!r}: memory vector of shape {mem[v].shape}, costs {costs[v].shape}")
     work = 0
     count = 0
 
@@ -141,12 +168,9 @@ def find_capped_strategy(
         return float(sum(mem[v][choice[v]] for v in vertices))
 
     def finish(status, choice, cost, lower_bound, multiplier, min_memory):
-        seconds = time.perf_counter() - start
-        e = search.estimate
-        stats = SearchStats(e.ordering, work, e.largest_table, e.max_dependent_set, e.peak_bytes, seconds)
-        strategy = strategy_from_indices(network, G, [choice[v] for v in vertices], cost, stats)
-        return CappedStrategy(status, strategy, memory_of(choice), float(cap_bytes), min_memory,
-                              float(lower_bound), float(multiplier), count, work, seconds)
+        return CappedSearchResult(status, dict(choice), float(cost), memory_of(choice), min_memory,
+                                  float(lower_bound), float(multiplier), count, work,
+                                  time.perf_counter() - start, search)
 
     def run(lam: float):
         nonlocal work, count
@@ -172,74 +196,117 @@ def find_capped_strategy(
 
     # 3. Bisection on lambda over exact dynamic programmes.
     bound = base.cost  # lambda = 0: F* <= any capped optimum
-    best_choice, best_cost, best_lam = None, float("inf"), 0.0
-
-    over_choice = None  # the latest Lagrangian optimum that did not fit
+    best_choice, best_cost, best_lam = dict(least), indexed_cost(G, least), float("inf")
+    fitting = {_key(least, vertices): least}  # distinct strategies seen, for relinking
+    over = {_key(base.choice, vertices): base.choice}
 
     def consider(lam, result):
-        nonlocal bound, best_choice, best_cost, best_lam, over_choice
+        nonlocal bound, best_choice, best_cost, best_lam
         bound = max(bound, result.cost - lam * cap_bytes)
-        fits = memory_of(result.choice) <= cap_bytes
-        if not fits:
-            over_choice = result.choice
+        used = memory_of(result.choice)
+        cost = indexed_cost(G, result.choice)
         if trace is not None:
-            trace.append((lam, result.cost, memory_of(result.choice), indexed_cost(G, result.choice)))
-        if fits:
-            cost = indexed_cost(G, result.choice)
-            if cost < best_cost:
-                best_choice, best_cost, best_lam = result.choice, cost, lam
-        return fits
+            trace.append((lam, result.cost, used, cost))
+        if used > cap_bytes:
+            over.setdefault(_key(result.choice, vertices), result.choice)
+            return False
+        fitting.setdefault(_key(result.choice, vertices), result.choice)
+        if cost < best_cost or (cost == best_cost and lam < best_lam):
+            best_choice, best_cost, best_lam = result.choice, cost, lam
+        return True
 
     # A first multiplier that makes the excess memory cost about as much as the optimum.
     excess = memory_of(base.choice) - min_memory
     lo, hi = 0.0, max(base.cost, 1.0) / max(excess, 1.0)
-    while not consider(hi, run(hi)):
+    while count < max_searches and not consider(hi, run(hi)):
         lo, hi = hi, 4.0 * hi
-        if count >= max_searches:
-            # Ever larger multipliers converge on the least-memory strategy, which fits.
-            best_choice, best_cost, best_lam = least, indexed_cost(G, least), float("inf")
-            break
     while count < max_searches and best_cost - bound > tolerance * best_cost and hi - lo > lambda_tolerance * hi:
         mid = 0.5 * (lo + hi)
         if consider(mid, run(mid)):
             hi = mid
         else:
             lo = mid
-    # The Lagrangian optimum jumps across the cap (a duality gap): mix the last strategy
-    # that did not fit with the best that did, switching vertices in id order, and keep
-    # the cheapest mix that fits. Costs are exact; only the choice is heuristic.
-    if over_choice is not None and best_choice is not None:
-        mixed, mixed_cost = _relink(G, mem, best_choice, over_choice, cap_bytes)
-        if mixed_cost < best_cost:
-            best_choice, best_cost = mixed, mixed_cost
+
+    # The Lagrangian optimum jumps across the cap (a duality gap): mix every strategy seen
+    # that did not fit with every one that did, and keep the cheapest mix that fits.
+    # Costs are exact; only the choice among mixes is heuristic.
+    orders = (sorted(vertices, key=_rank(vertices)), vertices)
+    for a in fitting.values():
+        for b in over.values():
+            for order in orders:
+                mixed, mixed_cost = _relink(G, mem, a, b, cap_bytes, order)
+                if mixed_cost < best_cost:
+                    best_choice, best_cost = mixed, mixed_cost
+    best_choice, best_cost = _improve(G, mem, best_choice, cap_bytes, vertices)
     return finish(CAPPED, best_choice, best_cost, min(bound, best_cost), best_lam, min_memory)
 
 
-def _relink(G, mem: dict, fitting: dict, over: dict, cap: float):
-    """The cheapest fitting strategy among prefix/suffix mixes of two strategies.
+def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50) -> tuple:
+    """Local search: change one vertex at a time while the cost drops and memory fits.
 
-    Mix ``k`` takes the first ``k`` differing vertices (by id; and, separately, the last
-    ``k``) from ``over`` and the rest from ``fitting``. Each step changes one vertex, so
-    cost and memory are updated through its incident edges only.
+    For each vertex the cost of every alternative configuration, given its neighbours'
+    current ones, is one vector (its layer costs plus a row or column of each incident
+    edge matrix); the cheapest alternative that keeps the strategy within the cap wins.
     """
-    vertices = sorted(G.nodes)
-    differing = [v for v in vertices if fitting[v] != over[v]]
-    incident = {v: [(a, b) for a, b in G.in_edges(v)] + [(a, b) for a, b in G.out_edges(v)] for v in differing}
-    best_choice, best_cost = dict(fitting), indexed_cost(G, fitting)
-    for order in (differing, differing[::-1]):
+    choice = dict(choice)
+    used = float(sum(mem[v][choice[v]] for v in vertices))
+    for _ in range(passes):
+        improved = False
+        for v in vertices:
+            local = np.array(G.nodes[v]["cost"], dtype=np.float64)
+            for a, _, m in G.in_edges(v, data="cost"):
+                local = local + m[choice[a], :]
+            for _, b, m in G.out_edges(v, data="cost"):
+                local = local + m[:, choice[b]]
+            room = cap - (used - mem[v][choice[v]])
+            local = np.where(mem[v] <= room, local, np.inf)
+            k = int(np.argmin(local))
+            if local[k] < local[choice[v]] - 1e-12 * abs(local[choice[v]]):
+                used += float(mem[v][k] - mem[v][choice[v]])
+                choice[v] = k
+                improved = True
+        if not improved:
+            break
+    return choice, indexed_cost(G, choice)
+
+
+def _key(choice: dict, vertices) -> tuple:
+    return tuple(choice[v] for v in vertices)
+
+
+def _rank(vertices):
+    try:
+        sorted(vertices)
+        return lambda v: v
+    except TypeError:
+        position = {v: i for i, v in enumerate(vertices)}
+        return position.__getitem__
+
+
+def _relink(G, mem: dict, fitting: dict, over: dict, cap: float, order) -> tuple:
+    """The cheapest fitting strategy among prefix and suffix mixes of two strategies.
+
+    Mix ``k`` takes the first ``k`` differing vertices of ``order`` (and, separately, the
+    last ``k``) from ``over`` and the rest from ``fitting``. Each step changes one vertex,
+    so cost and memory are updated through its incident edges only.
+    """
+    differing = [v for v in order if fitting[v] != over[v]]
+    incident = {v: list(G.in_edges(v)) + list(G.out_edges(v)) for v in differing}
+    start_cost = indexed_cost(G, fitting)
+    start_memory = float(sum(mem[v][fitting[v]] for v in mem))
+    best_choice, best_cost = fitting, start_cost
+    for steps in (differing, differing[::-1]):
         choice = dict(fitting)
-        cost = best_cost
-        used = sum(float(mem[v][choice[v]]) for v in vertices)
-        for v in order:
+        cost, used = start_cost, start_memory
+        for v in steps:
             old, new = choice[v], over[v]
             delta = float(G.nodes[v]["cost"][new] - G.nodes[v]["cost"][old])
             for a, b in incident[v]:
                 m = G.edges[a, b]["cost"]
                 before = m[choice[a], choice[b]]
                 choice[v] = new
-                after = m[choice[a], choice[b]]
+                delta += float(m[choice[a], choice[b]] - before)
                 choice[v] = old
-                delta += float(after - before)
             choice[v] = new
             cost += delta
             used += float(mem[v][new] - mem[v][old])
@@ -247,3 +314,54 @@ def _relink(G, mem: dict, fitting: dict, over: dict, cap: float):
                 best_choice, best_cost = dict(choice), cost
     # Re-read the winner's cost from the tables, free of accumulated rounding.
     return best_choice, indexed_cost(G, best_choice)
+
+
+def find_capped_strategy(
+    network: Network,
+    procs: int,
+    cap_bytes: float,
+    machine: Machine | None = None,
+    memory: MemoryModel | None = None,
+    ordering="generateseq",
+    memory_budget: int | None = None,
+    graph=None,
+    progress: Callable[[int, int], None] | None = None,
+    **options,
+) -> CappedStrategy:
+    """The cheapest strategy found for ``network`` whose per-device memory fits ``cap_bytes``.
+
+    Parameters
+    ----------
+    network, procs, machine, ordering, memory_budget, graph
+        As for ``pase.strategy.find_strategy``.
+    cap_bytes : float
+        Memory cap per device, bytes.
+    memory : MemoryModel, optional
+        Bytes per parameter and activation element (default 16 and 2).
+    progress : callable, optional
+        ``progress(searches_done, max_searches)`` after every dynamic programme.
+    **options
+        ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of
+        ``capped_search``.
+
+    Examples
+    --------
+    >>> import graphs
+    >>> found = find_capped_strategy(graphs.build("gpt2-small", 8), 8, 4e9)
+    >>> found.status, found.fits
+    ('unconstrained', True)
+    """
+    machine = machine or Machine()
+    memory = memory or MemoryModel()
+    G = graph if graph is not None else network.graph(procs, machine)
+    vertices = range(len(network.layers))
+    vectors = memory.vectors(network, [G.nodes[v]["configs"] for v in vertices])
+    result = capped_search(G, dict(zip(vertices, vectors)), cap_bytes, ordering, memory_budget,
+                           progress=progress, **options)
+    e = result.search.estimate
+    stats = SearchStats(e.ordering, result.table_entries, e.largest_table, e.max_dependent_set,
+                        e.peak_bytes, result.seconds)
+    strategy = strategy_from_indices(network, G, [result.choice[v] for v in vertices], result.cost, stats)
+    return CappedStrategy(result.status, strategy, result.memory, float(cap_bytes), result.min_memory,
+                          result.lower_bound, result.multiplier, result.searches, result.table_entries,
+                          result.seconds)
