@@ -563,12 +563,21 @@ class Norm(Layer):
 
 
 class BatchNorm(Norm):
-    """Batch normalisation: the reference model's Norm with axis 0."""
+    """Batch normalisation: the reference model's Norm with axis 0.
+
+    Its cost is that of ``Norm(x, axis=0)`` (``cost-model.md``). Its parameters, for the
+    memory model, are what batch norm learns: a scale and a bias per channel (axis 1).
+    """
 
     op = "BatchNorm"
 
     def __init__(self, x: Tensor):
         super().__init__(x, axis=0)
+        if x.rank < 2:
+            raise ValueError(f"BatchNorm needs a (batch, channel, ...) input, got shape {list(x.shape)}")
+
+    def parameters(self):
+        return [((self.domain[1],), (1,))] * 2
 
 
 class ReduceMean(Layer):

@@ -226,21 +226,29 @@ def test_norm_on_a_middle_axis():
     _check(layer, [(1, 3, 1), (1, 1, 4)], [2, 6], [8, 6], [48, 108])
 
 
-def test_batchnorm_is_norm_on_axis_zero():
-    # cost-model.md: BatchNorm is Norm with axis 0, so by memory.md its scale and bias are
-    # each of length dom[0] = 4, split c[0]. x (4, 3, 2, 2): P 8, output 48.
-    #   (1,1,1,1): P 8,       A 48      -> 128 + 96 = 224;  (4, 1): 32 + 48 = 80
-    #   (4,1,1,1): P 8/4 = 2, A 12      -> 32 + 24 = 56;    8 + 12 = 20
-    #   (1,3,1,1): P 8,       A 16      -> 128 + 32 = 160;  32 + 16 = 48
-    #   (2,1,2,1): P 8/2 = 4, A 12      -> 64 + 24 = 88;    16 + 12 = 28
+def test_batchnorm_parameters_are_per_channel():
+    # The cost model treats BatchNorm as Norm on axis 0, but its learned scale and bias
+    # are per channel: two tensors of length c = dom[1], split c[1] (a batch split
+    # replicates them). x (4, 3, 2, 2): P = 2 * 3 = 6, output 48.
+    #   (1,1,1,1): P 6,       A 48 -> 96 + 96 = 192;  (4, 1): 24 + 48 = 72
+    #   (4,1,1,1): P 6,       A 12 -> 96 + 24 = 120;  24 + 12 = 36
+    #   (1,3,1,1): P 6/3 = 2, A 16 -> 32 + 32 = 64;   8 + 16 = 24
+    #   (2,1,2,1): P 6,       A 12 -> 96 + 24 = 120;  24 + 12 = 36
     g = GraphBuilder("t")
     layer = BatchNorm(g.input((4, 3, 2, 2), "x"))
     _check(
         layer,
         [(1, 1, 1, 1), (4, 1, 1, 1), (1, 3, 1, 1), (2, 1, 2, 1)],
-        [8, 2, 8, 4], [48, 12, 16, 12], [224, 56, 160, 88],
-        MemoryModel(4, 1), [80, 20, 48, 28],
+        [6, 6, 2, 6], [48, 12, 16, 12], [192, 120, 64, 120],
+        MemoryModel(4, 1), [72, 36, 24, 36],
     )
+
+
+def test_resnet_parameter_count_does_not_depend_on_the_batch():
+    # Per-channel batch-norm parameters: the count is a property of the model alone.
+    import graphs
+    from pase.memory import parameter_count
+    assert parameter_count(graphs.build("resnet101", 64)) == parameter_count(graphs.build("resnet101", 128))
 
 
 # ---------------------------------------------------------------------------------------
