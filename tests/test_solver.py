@@ -527,12 +527,19 @@ def test_breadth_first_refused_on_dense_graphs_with_default_budget(name):
 # Progress
 
 
-def _check_progress(calls, total):
+def _check_progress(calls, total, G=None, sequence=None):
     assert calls, "progress was never called"
     assert all(t == total for _, t in calls)
     done = [d for d, _ in calls]
     assert all(a <= b for a, b in zip(done, done[1:])), done
     assert done[0] > 0 and done[-1] == total
+    if G is not None:
+        # "done" counts table entries: when the table of v(i) is finished it is the sum of
+        # the sizes of the first i tables, prod(K_u for u in D(j) ∪ {v(j)}).
+        definition = _dependent_by_definition(G, sequence)
+        K = {v: len(G.nodes[v]["cost"]) for v in G}
+        prefix = list(itertools.accumulate(math.prod(K[u] for u in definition[v][0] | {v}) for v in sequence))
+        assert set(prefix) <= set(done), (prefix, done)
 
 
 @pytest.mark.parametrize("index", range(1, N_RANDOM, 7))
@@ -542,7 +549,7 @@ def test_progress_monotone_to_total_random(index):
         calls = []
         search = Search(G, "breadth-first", chunk_entries=chunk)
         search.run(progress=lambda done, total: calls.append((done, total)))
-        _check_progress(calls, search.estimate.table_entries)
+        _check_progress(calls, search.estimate.table_entries, G, search.ordering.sequence)
 
 
 @pytest.mark.parametrize("chunk", [DEFAULT_CHUNK_ENTRIES, 5000])
@@ -551,6 +558,6 @@ def test_progress_monotone_to_total_transformer(chunk):
     search = Search(G, chunk_entries=chunk)
     calls = []
     result = search.run(progress=lambda done, total: calls.append((done, total)))
-    _check_progress(calls, search.estimate.table_entries)
+    _check_progress(calls, search.estimate.table_entries, G, search.ordering.sequence)
     assert len(calls) >= len(G)
     assert math.isclose(result.cost, Search(G).run().cost, rel_tol=1e-12)
