@@ -532,7 +532,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 _data_parallel(network, procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
                 search=strategy.stats, model=model,
             )
-            line = format_json(report, indent=None) if opts.json else format_sweep_row(report)
+            line = format_json(report, one_line=True) if opts.json else format_sweep_row(report)
             bar.write(line, file=out, end="")
     finally:
         bar.close()

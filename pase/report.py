@@ -334,7 +334,8 @@ def _header_lines(report: Report) -> list:
 
 def _summary_lines(report: Report) -> list:
     def with_time(cost):
-        return f"{format_cost(cost)} FLOP-equivalents ({format_seconds(report.seconds_per_step(cost))} at peak)"
+        seconds = format_seconds(report.seconds_per_step(cost))
+        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {report.machine.flops:g} TFLOPS)"
 
     label = "strategy cost" if report.evaluated else "optimal total cost"
     speedup = report.speedup
@@ -424,9 +425,20 @@ def report_dict(report: Report) -> dict:
     return out
 
 
-def format_json(report: Report, indent: int | None = 1) -> str:
-    """``report_dict`` as JSON text; ``indent=None`` gives one line (sweeps)."""
-    return json.dumps(report_dict(report), indent=indent, allow_nan=False) + "\n"
+def format_json(report: Report, one_line: bool = False) -> str:
+    """``report_dict`` as JSON text: one key per line and one layer per line, or all on one
+    line (``one_line``, for sweeps)."""
+    data = report_dict(report)
+    if one_line:
+        return json.dumps(data, allow_nan=False) + "\n"
+
+    def value(v):
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            return "[\n  " + ",\n  ".join(json.dumps(x, allow_nan=False) for x in v) + "\n ]"
+        return json.dumps(v, allow_nan=False)
+
+    body = ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in data.items())
+    return "{\n" + body + "\n}\n"
 
 
 # ---------------------------------------------------------------------------------------

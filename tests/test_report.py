@@ -93,7 +93,7 @@ def test_report_dict_schema():
 
 def test_one_line_json_for_sweeps():
     _, report = tiny_report()
-    text = format_json(report, indent=None)
+    text = format_json(report, one_line=True)
     assert text.count("\n") == 1 and json.loads(text)["total_cost"] == report.total_cost
 
 
