@@ -188,10 +188,9 @@ def test_optimum_equals_exhaustive_enumeration(index):
     rng = np.random.default_rng([SEED, index, 1])
     orderings = {"generateseq": "generateseq", "breadth-first": "breadth-first", "fixed": _random_order(G, index)}
     for name, ordering in orderings.items():
-        # A slice of 5..11 entries holds one configuration axis (K <= 5) but slices every
-        # larger table, so the sliced reduction runs on most graphs. (Slices smaller than
-        # one axis: see test_slices_smaller_than_one_configuration_axis.)
-        for chunk in (DEFAULT_CHUNK_ENTRIES, int(rng.integers(5, 12))):
+        # Slices of 1..11 entries: the sliced reduction runs on most graphs, including
+        # slices narrower than one configuration axis (K <= 5).
+        for chunk in (DEFAULT_CHUNK_ENTRIES, int(rng.integers(1, 12))):
             result = Search(G, ordering, chunk_entries=chunk).run()
             where = f"{name}, chunk {chunk}"
             assert _close(result.cost, best, G), f"{where}: search {result.cost!r} != enumeration {best!r}"
@@ -238,8 +237,8 @@ def test_slices_smaller_than_one_configuration_axis(chunk):
     # chunk_entries is public and documented as "table entries processed per slice"; any
     # positive value must give the optimum. Hand example: one vertex with costs [3, 1, 2]
     # -> optimum 1 at index 1; a second vertex [0, 5] joined by a zero matrix -> 1 + 0.
-    # (Found failing: a table with an empty dependent set, i.e. rank 1, whose K_v exceeds
-    # chunk_entries, raises IndexError in Search._reduce.)
+    # (This raised IndexError in Search._reduce before commit 26e465b: a table with an
+    # empty dependent set, i.e. rank 1, whose K_v exceeds chunk_entries.)
     G = nx.DiGraph()
     G.add_node(0, cost=np.array([3.0, 1.0, 2.0]))
     r = Search(G, chunk_entries=chunk).run()
@@ -387,7 +386,7 @@ def test_search_does_not_mutate_the_graph():
     for G in cases:
         before = _frozen(G)
         for ordering in ("generateseq", "breadth-first"):
-            search = Search(G, ordering, chunk_entries=5 if len(G) < 20 else DEFAULT_CHUNK_ENTRIES)
+            search = Search(G, ordering, chunk_entries=3 if len(G) < 20 else DEFAULT_CHUNK_ENTRIES)
             if search.estimate.peak_bytes < 1 << 28:
                 search.run()
             assert _frozen(G) == before
@@ -545,7 +544,7 @@ def _check_progress(calls, total, G=None, sequence=None):
 @pytest.mark.parametrize("index", range(1, N_RANDOM, 7))
 def test_progress_monotone_to_total_random(index):
     G = _random_costed_graph(index)
-    for chunk in (5, 9, DEFAULT_CHUNK_ENTRIES):
+    for chunk in (1, 4, 9, DEFAULT_CHUNK_ENTRIES):
         calls = []
         search = Search(G, "breadth-first", chunk_entries=chunk)
         search.run(progress=lambda done, total: calls.append((done, total)))
