@@ -22,7 +22,7 @@ import graphs
 from pase.builder import GraphBuilder
 from pase.layers import FC, Elementwise, SoftmaxCrossEntropy
 from pase.machine import Machine
-from pase.ordering import breadth_first, fixed_order, generate_seq
+from pase.ordering import fixed_order
 from pase.solver import DEFAULT_CHUNK_ENTRIES, Search, SearchTooLarge, WorkEstimate, solve
 from pase.strategy import evaluate
 
