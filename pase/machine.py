@@ -32,7 +32,7 @@ class Machine:
     --------
     >>> Machine(10.0, 16.0).rho
     5000.0
-    >>> Machine(10.0, 16.0).all_reduce(8.0, 4)
+    >>> float(Machine(10.0, 16.0).all_reduce(8.0, 4))
     60000.0
     """
 

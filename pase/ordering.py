@@ -107,7 +107,7 @@ def generate_seq(G) -> Ordering:
     >>> import networkx as nx
     >>> o = generate_seq(nx.star_graph(3))
     >>> o.sequence, o.dependent[1], o.max_dependent_set
-    ((1, 0, 2, 3), (0,), 1)
+    ((1, 2, 0, 3), (0,), 1)
     """
     return _eliminate(G, "generateseq", _min_dependent)
 
