@@ -80,6 +80,9 @@ DOT_FILE = "graph.dot"
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
 #: sqrt(size) steps, once per layer).
 MAX_DIMENSION = 2**31 - 1
+#: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
+#: rho and every cost stay finite in float64.
+MACHINE_RANGE = (1e-6, 1e9)
 
 
 class CliError(Exception):
@@ -165,6 +168,15 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _machine_rate(text: str) -> float:
+    """--flops / --bw: a positive number in ``MACHINE_RANGE`` (outside it costs overflow)."""
+    value = _positive_float(text)
+    low, high = MACHINE_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}")
     return value
 
 
@@ -259,9 +271,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
     add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
         help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
-    add("--flops", type=_positive_float, default=None,
+    add("--flops", type=_machine_rate, default=None,
         help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
-    add("--bw", type=_positive_float, default=None,
+    add("--bw", type=_machine_rate, default=None,
         help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "

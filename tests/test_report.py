@@ -30,6 +30,9 @@ from pase.report import (
 from pase.solver import SearchStats
 
 
+# pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pydot.*")
+
 def tiny_network(name="mlp", fc_name="fc"):
     """x (8, 16) -> FC to 4 units (iteration space b=8, n=4, k=16) -> softmax cross-entropy (8, 4)."""
     g = GraphBuilder(name, cutoff=1, batch=8)
