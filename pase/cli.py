@@ -25,8 +25,11 @@ from . import __version__
 from .baselines import data_parallel
 from .builder import Network
 from .machine import Machine
+from .capped import NOTHING_FITS, find_capped_strategy
+from .memory import ASSUMPTIONS, MemoryModel
 from .report import (
     Measurement,
+    MemorySummary,
     Report,
     dot_graph,
     format_bytes,
@@ -49,6 +52,7 @@ EXIT_OK = 0
 EXIT_INPUT = 1  # a file could not be read or written, or the strategy in it is invalid
 EXIT_USAGE = 2  # the command line is wrong (argparse's own status for the same thing)
 EXIT_TOO_LARGE = 3  # the search's tables would exceed the memory budget (nothing allocated)
+EXIT_NOTHING_FITS = 4  # no strategy fits the --memory cap per device
 EXIT_INTERNAL = 70  # a bug: please report it (EX_SOFTWARE of sysexits.h)
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -58,6 +62,7 @@ EXIT_CODES = {
     EXIT_INPUT: "a file could not be read or written, or the strategy given to --evaluate is invalid",
     EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, or a value the graph cannot take",
     EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
+    EXIT_NOTHING_FITS: "no strategy fits the --memory cap per device (the least any strategy needs is printed)",
     EXIT_INTERNAL: "internal error (a bug; set PASE_TRACEBACK=1 to see the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -136,10 +141,17 @@ class Options:
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
     table_budget: int | None = None  # --table-budget: bytes the search's tables may use
+    memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
+    param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
+    act_bytes: float = 2.0  # --act-bytes: bytes per activation element
 
     @property
     def machine(self) -> Machine:
         return Machine(self.flops, self.bw)
+
+    @property
+    def memory_model(self) -> MemoryModel:
+        return MemoryModel(self.param_bytes, self.act_bytes)
 
 
 def _positive_int(text: str) -> int:
@@ -168,6 +180,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _byte_size(text: str) -> float:
+    """--param-bytes / --act-bytes: a non-negative finite number of bytes per element."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or value > 1e6:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes between 0 and 1e6, got {text!r}")
     return value
 
 
@@ -298,6 +321,15 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
+    add("--memory", type=_positive_float, default=None, metavar="GB",
+        help="memory cap per device in GB (1e9 bytes): find the cheapest strategy that fits, "
+             "or say that nothing does and how much the least any strategy needs. Memory model: "
+             f"{ASSUMPTIONS}.")
+    add("--param-bytes", type=_byte_size, default=None, metavar="B",
+        help="bytes per parameter element in the memory model: 16 = fp16 weight and gradient plus "
+             "fp32 master weight and two Adam moments. (Default: 16)")
+    add("--act-bytes", type=_byte_size, default=None, metavar="B",
+        help="bytes per activation element in the memory model. (Default: 2, fp16)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
              f"for searches longer than {PROGRESS_DELAY:g} s)")
@@ -326,6 +358,8 @@ def options_from_args(args: argparse.Namespace, defaults: dict | None = None) ->
     if args.measure and (args.sweep is not None or args.evaluate is not None):
         raise CliError("--measure times a single search; it cannot be combined with --sweep or --evaluate",
                        EXIT_USAGE)
+    if args.measure and args.memory is not None:
+        raise CliError("--measure times the unconstrained search; drop --memory", EXIT_USAGE)
     dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
     if dot_path is not None and not dot_path.strip():
         raise CliError("--dot-path needs a file name", EXIT_USAGE)
@@ -345,6 +379,9 @@ def options_from_args(args: argparse.Namespace, defaults: dict | None = None) ->
         measure=args.measure,
         progress=args.progress,
         table_budget=None if args.table_budget is None else int(args.table_budget * 1e9),
+        memory_cap=None if args.memory is None else args.memory * 1e9,
+        param_bytes=pick("param_bytes", 16.0),
+        act_bytes=pick("act_bytes", 2.0),
     )
 
 
@@ -466,6 +503,70 @@ def _measure(network: Network, opts: Options, graph) -> Measurement:
     return Measurement(MEASURE_WARMUP, tuple(search_seconds), tuple(wall_seconds), entries)
 
 
+def _memory(network: Network, procs: int, opts: Options, configs, capped=None) -> tuple:
+    """``(MemorySummary, per-layer bytes)`` of a strategy under the options' memory model."""
+    model = opts.memory_model
+    per_layer = model.strategy_memory(network, configs)
+    dp_bytes = model.per_device(network, data_parallel(network, procs))
+    summary = MemorySummary(
+        per_device_bytes=float(per_layer.sum()),
+        data_parallel_per_device_bytes=dp_bytes,
+        param_bytes=model.param_bytes,
+        act_bytes=model.act_bytes,
+        cap_bytes=opts.memory_cap,
+        status=None if capped is None else capped.status,
+        lower_bound=None if capped is None or capped.status == NOTHING_FITS else capped.lower_bound,
+        gap=None if capped is None or capped.status == NOTHING_FITS else capped.gap,
+        least_bytes=None if capped is None else capped.min_memory,
+        searches=None if capped is None else capped.searches,
+    )
+    return summary, per_layer
+
+
+class _CappedProgress:
+    """The capped search's progress callback: a tqdm bar of dynamic programmes."""
+
+    def __init__(self, stream: IO, desc: str):
+        self.stream = stream
+        self.desc = desc
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=total, file=self.stream, delay=PROGRESS_DELAY, desc=self.desc,
+                            unit="DP", leave=False, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _nothing_fits_message(network: Network, procs: int, opts: Options, least: float, dp_bytes: float) -> str:
+    return (
+        f"nothing fits in {format_bytes(opts.memory_cap)} per device: {network.name} on {procs} devices, "
+        f"batch {opts.batch}, needs at least {format_bytes(least)} per device with any strategy "
+        f"(data parallelism: {format_bytes(dp_bytes)}); memory model: {opts.param_bytes:g} bytes per "
+        f"parameter, {opts.act_bytes:g} per activation, {ASSUMPTIONS}"
+    )
+
+
+def _best(network: Network, procs: int, opts: Options, err: IO, graph, bar: bool = True):
+    """``(strategy, capped)``: the optimum, or with ``--memory`` the capped search's result."""
+    if opts.memory_cap is None:
+        if bar:
+            return _search(network, procs, opts, err, graph), None
+        return find_strategy(network, procs, opts.machine, opts.algo, opts.table_budget, graph=graph), None
+    progress = _CappedProgress(err, f"{network.name} p={procs} capped") if bar and _show_progress(opts, err) else None
+    try:
+        capped = find_capped_strategy(network, procs, opts.memory_cap, opts.machine, opts.memory_model,
+                                      opts.algo, opts.table_budget, graph=graph, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    return capped.strategy, capped
+
+
 # ---------------------------------------------------------------------------------------
 # Commands
 
@@ -480,15 +581,22 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
         profiler.enable()
     try:
         graph = _costed_graph(network, opts.procs, opts)
-        strategy = _search(network, opts.procs, opts, err, graph)
+        strategy, capped = _best(network, opts.procs, opts, err, graph)
     finally:
         if profiler is not None:
             profiler.disable()
+    memory, per_layer = _memory(network, opts.procs, opts, strategy.configs, capped)
+    if capped is not None and capped.status == NOTHING_FITS:
+        raise CliError(
+            _nothing_fits_message(network, opts.procs, opts, capped.min_memory, memory.data_parallel_per_device_bytes),
+            EXIT_NOTHING_FITS,
+        )
     measurement = _measure(network, opts, graph) if opts.measure else None
     report = make_report(
         network, opts.procs, machine, strategy.evaluation, strategy.total_cost,
         _data_parallel(network, opts.procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
         search=strategy.stats, model=_effective_model(opts), measure=measurement,
+        memory=memory, layer_memory=per_layer,
     )
     if opts.dot_path is not None:
         _write_dot(opts.dot_path, network, strategy.configs)
@@ -527,7 +635,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 profiler.enable()
             try:
                 graph = _costed_graph(network, procs, opts)
-                strategy = find_strategy(network, procs, machine, opts.algo, opts.table_budget, graph=graph)
+                strategy, capped = _best(network, procs, opts, err, graph, bar=False)
             except (SearchTooLarge, _TablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
@@ -539,10 +647,20 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
             finally:
                 if profiler is not None:
                     profiler.disable()
+            memory, per_layer = _memory(network, procs, opts, strategy.configs, capped)
+            if capped is not None and capped.status == NOTHING_FITS:
+                status = EXIT_NOTHING_FITS
+                dp = _data_parallel(network, procs, machine)
+                message = _nothing_fits_message(network, procs, opts, capped.min_memory,
+                                                memory.data_parallel_per_device_bytes)
+                bar.write(f"pase: error: p={procs}: {message}", file=err)
+                if not opts.json:
+                    bar.write(format_sweep_refusal(procs, dp.total, "nothing fits", memory), file=out, end="")
+                continue
             report = make_report(
                 network, procs, machine, strategy.evaluation, strategy.total_cost,
                 _data_parallel(network, procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
-                search=strategy.stats, model=model,
+                search=strategy.stats, model=model, memory=memory, layer_memory=per_layer,
             )
             line = format_json(report, one_line=True) if opts.json else format_sweep_row(report)
             bar.write(line, file=out, end="")
@@ -637,9 +755,11 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     finally:
         if profiler is not None:
             profiler.disable()
+    memory, per_layer = _memory(network, opts.procs, opts, evaluation.configs)
     report = make_report(
         network, opts.procs, machine, evaluation, evaluation.total, _data_parallel(network, opts.procs, machine),
         [len(c) for c in network.configs(opts.procs)], model=_effective_model(opts), evaluated=True,
+        memory=memory, layer_memory=per_layer,
     )
     if opts.dot_path is not None:
         _write_dot(opts.dot_path, network, evaluation.configs)

@@ -23,6 +23,7 @@ from .strategy import Evaluation
 
 __all__ = [
     "LayerRow",
+    "MemorySummary",
     "Report",
     "Measurement",
     "Column",
@@ -73,6 +74,8 @@ class LayerRow:
         Layer cost of ``config`` (FLOP-equivalents).
     edge_cost : float
         Cost of redistributing the tensors this layer reads (edges into it).
+    memory : float or None
+        Bytes per device of this layer under the memory model (parameters and outputs).
     """
 
     id: int
@@ -84,6 +87,51 @@ class LayerRow:
     config: tuple
     cost: float
     edge_cost: float
+    memory: float | None = None
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """Per-device memory of the strategy shown and of data parallelism (``memory.md``).
+
+    Attributes
+    ----------
+    per_device_bytes, data_parallel_per_device_bytes : float
+        Bytes per device of the strategy shown and of data parallelism.
+    param_bytes, act_bytes : float
+        Bytes per parameter element and per activation element.
+    cap_bytes : float or None
+        The ``--memory`` cap, if any.
+    status : str or None
+        Outcome of the capped search: ``unconstrained``, ``capped`` or ``nothing-fits``.
+    lower_bound : float or None
+        Lagrangian lower bound on the cost of any fitting strategy (capped search).
+    gap : float or None
+        ``(cost - lower_bound) / cost``.
+    least_bytes : float or None
+        The least memory any strategy needs (computed when the optimum does not fit).
+    searches : int or None
+        Dynamic programmes the capped search ran.
+    """
+
+    per_device_bytes: float
+    data_parallel_per_device_bytes: float
+    param_bytes: float
+    act_bytes: float
+    cap_bytes: float | None = None
+    status: str | None = None
+    lower_bound: float | None = None
+    gap: float | None = None
+    least_bytes: float | None = None
+    searches: int | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.per_device_bytes <= self.cap_bytes
+
+    @property
+    def data_parallel_fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.data_parallel_per_device_bytes <= self.cap_bytes
 
 
 @dataclass(frozen=True)
@@ -140,6 +188,8 @@ class Report:
     evaluated : bool
         True when the strategy came from ``--evaluate``.
     measure : Measurement or None
+    memory : MemorySummary or None
+        Per-device memory of the strategy and of data parallelism.
     """
 
     graph: str
@@ -154,6 +204,7 @@ class Report:
     search: SearchStats | None = None
     evaluated: bool = False
     measure: Measurement | None = None
+    memory: MemorySummary | None = None
     extra: dict = field(default_factory=dict)  # further JSON keys added by later options
 
     @property
@@ -178,12 +229,15 @@ def make_report(
     model: int | None = None,
     evaluated: bool = False,
     measure: Measurement | None = None,
+    memory: MemorySummary | None = None,
+    layer_memory: Sequence[float] | None = None,
 ) -> Report:
     """Collect a ``Report`` from a network, a costed strategy and the data-parallel baseline.
 
     ``evaluation`` gives the per-layer and per-edge terms of the strategy shown;
     ``total_cost`` is the figure reported as its total (the search's optimum, or
-    ``evaluation.total`` for an evaluated strategy).
+    ``evaluation.total`` for an evaluated strategy). ``layer_memory`` gives each layer's
+    bytes per device.
     """
     edge_in = evaluation.incident_edge_costs()
     rows = tuple(
@@ -197,6 +251,7 @@ def make_report(
             config=tuple(int(c) for c in evaluation.configs[v]),
             cost=float(evaluation.layer_costs[v]),
             edge_cost=float(edge_in[v]),
+            memory=None if layer_memory is None else float(layer_memory[v]),
         )
         for v, layer in enumerate(network.layers)
     )
@@ -213,6 +268,7 @@ def make_report(
         search=search,
         evaluated=evaluated,
         measure=measure,
+        memory=memory,
     )
 
 
@@ -317,12 +373,15 @@ LAYER_COLUMNS = (
     Column("configuration", lambda r: split_notation(r.config, r.dims)),
     Column("layer cost", lambda r: format_cost(r.cost), ">"),
     Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
+    Column("memory", lambda r: "-" if r.memory is None else format_bytes(r.memory), ">"),
 )
 
 
 def _header_lines(report: Report) -> list:
     m = report.machine
-    what = "cost of a given strategy" if report.evaluated else "optimal parallelization strategy"
+    capped = report.memory is not None and report.memory.status == "capped"
+    what = ("cost of a given strategy" if report.evaluated
+            else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
     model = f", model width {report.model}" if report.model is not None else ""
     return [
         f"PaSE {what}: {report.graph} ({len(report.layers)} layers, {len(report.edges)} edges){model}",
@@ -337,13 +396,16 @@ def _summary_lines(report: Report) -> list:
         seconds = format_seconds(report.seconds_per_step(cost))
         return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {report.machine.flops:g} TFLOPS)"
 
-    label = "strategy cost" if report.evaluated else "optimal total cost"
+    capped = report.memory is not None and report.memory.status == "capped"
+    label = "strategy cost" if report.evaluated else "best fitting cost" if capped else "optimal total cost"
     speedup = report.speedup
     lines = [
         (label, with_time(report.total_cost)),
         ("data-parallel cost", with_time(report.data_parallel_cost)),
         ("modelled speedup", f"{speedup:.3f}x over data parallelism" if speedup is not None else "n/a"),
     ]
+    if report.memory is not None:
+        lines += _memory_lines(report)
     if report.search is not None:
         s = report.search
         lines.append((
@@ -355,13 +417,42 @@ def _summary_lines(report: Report) -> list:
     return [f"{k:<{width}}  {v}" for k, v in lines]
 
 
+def _fits(fits: bool | None, cap: float | None) -> str:
+    if fits is None:
+        return ""
+    return f" (fits the {format_bytes(cap)} cap)" if fits else f" (over the {format_bytes(cap)} cap)"
+
+
+def _memory_lines(report: Report) -> list:
+    """Summary lines of the memory model: the strategy, data parallelism, the capped search."""
+    from .memory import ASSUMPTIONS
+
+    m = report.memory
+    lines = [
+        ("memory per device", f"{format_bytes(m.per_device_bytes)}{_fits(m.fits, m.cap_bytes)}"),
+        ("data parallelism", f"{format_bytes(m.data_parallel_per_device_bytes)} per device"
+                             f"{_fits(m.data_parallel_fits, m.cap_bytes)}"),
+        ("memory model", f"{m.param_bytes:g} bytes per parameter, {m.act_bytes:g} per activation; {ASSUMPTIONS}"),
+    ]
+    if m.status == "unconstrained":
+        lines.append(("memory cap", "the unconstrained optimum fits: it is the answer"))
+    elif m.status == "capped":
+        lines.append((
+            "memory cap",
+            f"Lagrangian search, {m.searches} dynamic programmes; lower bound {format_cost(m.lower_bound)}, "
+            f"gap {100 * m.gap:.3g}% (the capped optimum lies between the bound and the cost above)",
+        ))
+    return lines
+
+
 def format_table(report: Report, columns: Sequence[Column] = LAYER_COLUMNS) -> str:
     """The default output: header, one row per layer, totals and search statistics."""
     rows = [[c.cell(r) for c in columns] for r in report.layers]
     lines = _header_lines(report) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(report)]
-    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads)")
+    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads"
+                 + ("; memory: per device, parameters and outputs)" if report.memory is not None else ")"))
     return "\n".join(lines) + "\n"
 
 
@@ -397,6 +488,7 @@ def report_dict(report: Report) -> dict:
                 "config": list(r.config),
                 "cost": r.cost,
                 "edge_cost": r.edge_cost,
+                **({} if r.memory is None else {"memory_bytes": r.memory}),
             }
             for r in report.layers
         ],
@@ -413,6 +505,8 @@ def report_dict(report: Report) -> dict:
             "largest_table": s.largest_table,
             "peak_bytes": s.peak_bytes,
         }
+    if report.memory is not None:
+        out["memory"] = memory_dict(report.memory)
     if report.measure is not None:
         m = report.measure
         out["measure"] = {
@@ -423,6 +517,24 @@ def report_dict(report: Report) -> dict:
         }
     out.update(report.extra)
     return out
+
+
+def memory_dict(m: MemorySummary) -> dict:
+    """The JSON ``memory`` object (``memory.md``): bytes per device, cap, fits, bound and gap."""
+    return {
+        "per_device_bytes": m.per_device_bytes,
+        "data_parallel_per_device_bytes": m.data_parallel_per_device_bytes,
+        "cap_bytes": m.cap_bytes,
+        "fits": m.fits,
+        "data_parallel_fits": m.data_parallel_fits,
+        "lower_bound": _finite(m.lower_bound),
+        "gap": _finite(m.gap),
+        "status": m.status,
+        "least_bytes": m.least_bytes,
+        "searches": m.searches,
+        "param_bytes": m.param_bytes,
+        "act_bytes": m.act_bytes,
+    }
 
 
 def format_json(report: Report, one_line: bool = False) -> str:
@@ -450,9 +562,12 @@ SWEEP_COLUMNS = (
     ("optimal cost", ">"),
     ("data-parallel cost", ">"),
     ("speedup", ">"),
+    ("memory", ">"),
+    ("DP memory", ">"),
+    ("cap", "<"),
     ("search seconds", ">"),
 )
-_SWEEP_WIDTHS = (7, 12, 18, 8, 14)
+_SWEEP_WIDTHS = (7, 12, 18, 8, 9, 9, 16, 14)
 
 
 def _sweep_line(cells) -> str:
@@ -469,21 +584,41 @@ def format_sweep_header(graph: str, batch: int, machine: Machine, model: int | N
     )
 
 
+def _cap_cell(m: MemorySummary | None) -> str:
+    if m is None or m.cap_bytes is None:
+        return "-"
+    if m.status == "capped":
+        return f"capped, gap {100 * m.gap:.2g}%"
+    return "fits" if m.fits else "over"
+
+
 def format_sweep_row(report: Report) -> str:
-    """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds."""
+    """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
     speedup = report.speedup
+    m = report.memory
     return _sweep_line([
         str(report.procs),
         format_cost(report.total_cost),
         format_cost(report.data_parallel_cost),
         f"{speedup:.3f}x" if speedup is not None else "n/a",
+        "-" if m is None else format_bytes(m.per_device_bytes),
+        "-" if m is None else format_bytes(m.data_parallel_per_device_bytes),
+        _cap_cell(m),
         f"{report.search.seconds:.4f}" if report.search is not None else "-",
     ]) + "\n"
 
 
-def format_sweep_refusal(procs: int, data_parallel_cost: float) -> str:
-    """A sweep row for a device count whose search was too large (the paper's "OOM" cells)."""
-    return _sweep_line([str(procs), "too large", format_cost(data_parallel_cost), "-", "-"]) + "\n"
+def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
+                         memory: MemorySummary | None = None) -> str:
+    """A sweep row for a device count with no answer: its search was too large (the
+    paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
+    return _sweep_line([
+        str(procs), reason, format_cost(data_parallel_cost), "-",
+        "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
+        "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
+        "-" if memory is None else "memory: least",
+        "-",
+    ]) + "\n"
 
 
 # ---------------------------------------------------------------------------------------

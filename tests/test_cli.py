@@ -22,6 +22,7 @@ import pase.layers
 from pase import Machine, data_parallel, evaluate
 from pase import cli
 from pase.cli import main
+from pase.report import format_bytes
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pydot.*")
@@ -326,7 +327,8 @@ def test_sweep_table_has_one_row_per_device_count():
     assert status == 0
     lines = out.splitlines()
     assert "rnnlm" in lines[0] and "FLOP-equivalents" in lines[0]
-    assert lines[1].split() == ["devices", "optimal", "cost", "data-parallel", "cost", "speedup", "search", "seconds"]
+    assert lines[1].split() == ["devices", "optimal", "cost", "data-parallel", "cost", "speedup", "memory", "DP",
+                                "memory", "cap", "search", "seconds"]
     rows = [line.split() for line in lines[2:]]
     assert [r[0] for r in rows] == ["8", "4"]
     for row in rows:
@@ -335,7 +337,10 @@ def test_sweep_table_has_one_row_per_device_count():
         assert row[1] == f"{single['total_cost']:.4e}"
         assert row[2] == f"{single['data_parallel_cost']:.4e}"
         assert row[3] == f"{single['speedup_over_data_parallel']:.3f}x"
-        float(row[4])
+        assert " ".join(row[4:6]) == format_bytes(single["memory"]["per_device_bytes"])
+        assert " ".join(row[6:8]) == format_bytes(single["memory"]["data_parallel_per_device_bytes"])
+        assert row[8] == "-"  # no --memory cap
+        float(row[9])
 
 
 def test_sweep_marks_device_counts_whose_search_is_too_large():
