@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Unstack
+from pase.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
 from pase.tensor import Tensor
+
+from .transformer import multi_head
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "gpt", "parameter_count"]
 
@@ -52,16 +54,10 @@ def parameter_count(config: GPTConfig) -> int:
 
 
 def _block(g: GraphBuilder, name: str, x: Tensor, cfg: GPTConfig) -> Tensor:
-    h, e, k, f = cfg.heads, cfg.width, cfg.key, cfg.hidden
+    """Pre-norm block: ``r = x + attention(norm(x))``, then ``r + ff(norm(r))``."""
+    e, f = cfg.width, cfg.hidden
     y = g.add(f"{name}.attn.norm", Norm(x, axis=-1))
-    wqkv = g.weight((3, h, e, k), f"{name}.attn.wqkv", letters="shek")
-    qkv = g.add(f"{name}.attn.qkv", Einsum("ble,shek->sbhlk", y, wqkv))
-    q, kk, v = g.add(f"{name}.attn.split", Unstack(qkv, axis=0))
-    scores = g.add(f"{name}.attn.scores", Einsum("bhlk,bhmk->bhlm", q, kk))
-    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=3))
-    context = g.add(f"{name}.attn.context", Einsum("bhlm,bhmk->bhlk", weights, v))
-    wo = g.weight((h, e, k), f"{name}.attn.wo", letters="hek")
-    out = g.add(f"{name}.attn.out", Einsum("bhlk,hek->ble", context, wo))
+    out = multi_head(g, f"{name}.attn", [y], cfg.heads, cfg.key)
     r = g.add(f"{name}.attn.residual", Elementwise(x, out))
     y = g.add(f"{name}.ff.norm", Norm(r, axis=-1))
     w1 = g.weight((e, f), f"{name}.ff.w1", letters="ef")

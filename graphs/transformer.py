@@ -10,7 +10,7 @@ from pase.builder import GraphBuilder, Network
 from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Stack, Unstack
 from pase.tensor import Tensor
 
-__all__ = ["transformer", "attention", "feed_forward"]
+__all__ = ["transformer", "multi_head", "attention", "feed_forward"]
 
 SEQUENCE = 256
 VOCAB = 50000
@@ -19,23 +19,33 @@ HEADS = 8
 LAYERS = 6
 
 
-def attention(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Tensor:
-    """Multi-head attention on ``[x]`` (self) or ``[x, mem, mem]`` (encoder-decoder)."""
-    x = xs[0]
-    width = x.shape[-1]
+def multi_head(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Tensor:
+    """The attention core: q, k, v projections, scores, softmax, context, output projection.
+
+    ``xs`` is ``[x]`` (self-attention: one Einsum projects ``x``) or ``[x, mem, mem]``
+    (encoder-decoder: the three are stacked first). Returns the ``(b, l, e)`` output,
+    before any residual or norm. Shared by the Transformer and the GPT graphs.
+    """
+    width = xs[0].shape[-1]
     wqkv = g.weight((3, heads, width, key), f"{name}.wqkv", letters="shek")
     if len(xs) == 1:
-        qkv = g.add(f"{name}.qkv", Einsum("ble,shek->sbhlk", x, wqkv))
+        qkv = g.add(f"{name}.qkv", Einsum("ble,shek->sbhlk", xs[0], wqkv))
     else:
         stacked = g.add(f"{name}.stack", Stack(xs, axis=0))
         qkv = g.add(f"{name}.qkv", Einsum("sble,shek->sbhlk", stacked, wqkv))
     q, k, v = g.add(f"{name}.split", Unstack(qkv, axis=0))
     scores = g.add(f"{name}.scores", Einsum("bhlk,bhmk->bhlm", q, k))
     weights = g.add(f"{name}.softmax", Softmax(scores, axis=3))
-    heads_out = g.add(f"{name}.context", Einsum("bhlm,bhmk->bhlk", weights, v))
+    context = g.add(f"{name}.context", Einsum("bhlm,bhmk->bhlk", weights, v))
     wo = g.weight((heads, width, key), f"{name}.wo", letters="hek")
-    out = g.add(f"{name}.out", Einsum("bhlk,hek->ble", heads_out, wo))
-    res = g.add(f"{name}.residual", Elementwise(x, out))
+    return g.add(f"{name}.out", Einsum("bhlk,hek->ble", context, wo))
+
+
+def attention(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Tensor:
+    """Multi-head attention on ``[x]`` (self) or ``[x, mem, mem]`` (encoder-decoder),
+    then the residual with ``x`` and a layer norm (post-norm, as in the paper's model)."""
+    out = multi_head(g, name, xs, heads, key)
+    res = g.add(f"{name}.residual", Elementwise(xs[0], out))
     return g.add(f"{name}.norm", Norm(res, axis=-1))
 
 

@@ -173,23 +173,27 @@ def _dimension_size(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _float(text: str, what: str) -> float:
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _float(text, "a positive finite number")
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
 
 
 def _byte_size(text: str) -> float:
-    """--param-bytes / --act-bytes: a non-negative finite number of bytes per element."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or value > 1e6:
+    """--param-bytes / --act-bytes: a non-negative number of bytes per element."""
+    value = _float(text, "a number of bytes between 0 and 1e6")
+    if not 0 <= value <= 1e6:
         raise argparse.ArgumentTypeError(f"expected a number of bytes between 0 and 1e6, got {text!r}")
     return value
 
@@ -453,18 +457,22 @@ def _show_progress(opts: Options, err: IO) -> bool:
         return False
 
 
-class _SearchProgress:
-    """``find_strategy``'s progress callback: a tqdm bar of table entries, after a delay."""
+class _Progress:
+    """A ``progress(done, total)`` callback drawing a tqdm bar once a search runs a while.
 
-    def __init__(self, stream: IO, desc: str):
+    ``find_strategy`` counts table entries; the capped search counts dynamic programmes.
+    """
+
+    def __init__(self, stream: IO, desc: str, unit: str = "entry"):
         self.stream = stream
         self.desc = desc
+        self.unit = unit
         self.bar = None
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
             self.bar = tqdm(total=total, file=self.stream, delay=PROGRESS_DELAY, desc=self.desc,
-                            unit="entry", unit_scale=True, leave=False, dynamic_ncols=True)
+                            unit=self.unit, unit_scale=self.unit == "entry", leave=False, dynamic_ncols=True)
         self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
@@ -475,7 +483,7 @@ class _SearchProgress:
 def _search(network: Network, procs: int, opts: Options, err: IO, graph=None):
     """One search with the options' ordering, budget and (maybe) progress bar."""
     machine = opts.machine
-    progress = _SearchProgress(err, f"{network.name} p={procs}") if _show_progress(opts, err) else None
+    progress = _Progress(err, f"{network.name} p={procs}") if _show_progress(opts, err) else None
     try:
         return find_strategy(network, procs, machine, opts.algo, opts.table_budget,
                              progress=progress, graph=graph)
@@ -523,25 +531,6 @@ def _memory(network: Network, procs: int, opts: Options, configs, capped=None) -
     return summary, per_layer
 
 
-class _CappedProgress:
-    """The capped search's progress callback: a tqdm bar of dynamic programmes."""
-
-    def __init__(self, stream: IO, desc: str):
-        self.stream = stream
-        self.desc = desc
-        self.bar = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = tqdm(total=total, file=self.stream, delay=PROGRESS_DELAY, desc=self.desc,
-                            unit="DP", leave=False, dynamic_ncols=True)
-        self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _nothing_fits_message(network: Network, procs: int, opts: Options, least: float, dp_bytes: float) -> str:
     return (
         f"nothing fits in {format_bytes(opts.memory_cap)} per device: {network.name} on {procs} devices, "
@@ -557,7 +546,7 @@ def _best(network: Network, procs: int, opts: Options, err: IO, graph, bar: bool
         if bar:
             return _search(network, procs, opts, err, graph), None
         return find_strategy(network, procs, opts.machine, opts.algo, opts.table_budget, graph=graph), None
-    progress = _CappedProgress(err, f"{network.name} p={procs} capped") if bar and _show_progress(opts, err) else None
+    progress = _Progress(err, f"{network.name} p={procs} capped", "DP") if bar and _show_progress(opts, err) else None
     try:
         capped = find_capped_strategy(network, procs, opts.memory_cap, opts.machine, opts.memory_model,
                                       opts.algo, opts.table_budget, graph=graph, progress=progress)

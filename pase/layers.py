@@ -520,18 +520,14 @@ class Elementwise(Layer):
         return (1.0 + self.pw) * self._E(C)
 
 
-class Norm(Layer):
-    """Normalisation over one axis (layer norm on the last axis, batch norm on axis 0).
+class _ShapeOfInput(Layer):
+    """A layer on one tensor whose iteration space is that tensor's shape.
 
-    Cost: ``16 E + 4 AR(E / dpp[axis], c[axis]) + 4 AR(dpp[axis], prod(c without axis))``
-    (statistics reduced across the axis splits, scale/bias gradients across the others).
+    Its input and its output (of the same shape) are split exactly like the iteration space.
     """
 
-    op = "Norm"
-
-    def __init__(self, x: Tensor, axis: int = -1):
-        x = _tensor(x, "Norm input")
-        self.axis = _check_axis(axis, x.rank, "Norm")
+    def __init__(self, x: Tensor):
+        x = _tensor(x, f"{self.op} input")
         self.inputs = (x,)
         self.domain = tuple(x.shape)
         self.dims = _letters_of(x)
@@ -544,6 +540,20 @@ class Norm(Layer):
 
     def output_configs(self, C):
         return [C]
+
+
+class Norm(_ShapeOfInput):
+    """Normalisation over one axis (layer norm on the last axis, batch norm on axis 0).
+
+    Cost: ``16 E + 4 AR(E / dpp[axis], c[axis]) + 4 AR(dpp[axis], prod(c without axis))``
+    (statistics reduced across the axis splits, scale/bias gradients across the others).
+    """
+
+    op = "Norm"
+
+    def __init__(self, x: Tensor, axis: int = -1):
+        super().__init__(x)
+        self.axis = _check_axis(axis, x.rank, self.op)
 
     def cost(self, C, machine):
         dpp = self._per_device(C)
@@ -623,26 +633,14 @@ class ReduceMean(Layer):
         return machine.all_reduce(self._E(C), _as_float(C[:, list(self.axes)]).prod(axis=1))
 
 
-class Softmax(Layer):
+class Softmax(_ShapeOfInput):
     """Softmax along one axis: ``4E + E dom[axis] + AR(e, a) + AR(e dom[axis], a) + AR(e, a)``."""
 
     op = "Softmax"
 
     def __init__(self, x: Tensor, axis: int = -1):
-        x = _tensor(x, "Softmax input")
-        self.axis = _check_axis(axis, x.rank, "Softmax")
-        self.inputs = (x,)
-        self.domain = tuple(x.shape)
-        self.dims = _letters_of(x)
-        self.output_shapes = (tuple(x.shape),)
-        self.output_letters = (self.dims,)
-        self.batch_dim = 0
-
-    def input_configs(self, C):
-        return [C]
-
-    def output_configs(self, C):
-        return [C]
+        super().__init__(x)
+        self.axis = _check_axis(axis, x.rank, self.op)
 
     def cost(self, C, machine):
         dpp = self._per_device(C)
@@ -660,28 +658,13 @@ class Softmax(Layer):
         )
 
 
-class SoftmaxCrossEntropy(Layer):
+class SoftmaxCrossEntropy(_ShapeOfInput):
     """Softmax and cross-entropy loss; the class axis is the last.
 
     Cost ``4E + 2 bpp``, plus ``comm(2 bpp)`` when the class axis is split.
     """
 
     op = "SoftmaxCrossEntropy"
-
-    def __init__(self, x: Tensor):
-        x = _tensor(x, "SoftmaxCrossEntropy input")
-        self.inputs = (x,)
-        self.domain = tuple(x.shape)
-        self.dims = _letters_of(x)
-        self.output_shapes = (tuple(x.shape),)
-        self.output_letters = (self.dims,)
-        self.batch_dim = 0
-
-    def input_configs(self, C):
-        return [C]
-
-    def output_configs(self, C):
-        return [C]
 
     def cost(self, C, machine):
         dpp = self._per_device(C)
@@ -747,7 +730,14 @@ class LSTM(Layer):
 # Data-movement layers (zero layer cost; they shape the edges)
 
 
-class Concat(Layer):
+class _DataMovement(Layer):
+    """A layer that only moves or reshapes data: no layer cost; it shapes the edges."""
+
+    def cost(self, C, machine):
+        return np.zeros(len(C))
+
+
+class Concat(_DataMovement):
     """Concatenation along ``axis``; the axis is size 1 in the iteration space."""
 
     op = "Concat"
@@ -779,11 +769,8 @@ class Concat(Layer):
     def output_configs(self, C):
         return [C]
 
-    def cost(self, C, machine):
-        return np.zeros(len(C))
 
-
-class Ravel(Layer):
+class Ravel(_DataMovement):
     """Flatten a tensor to one dimension; contiguous configurations only."""
 
     op = "Ravel"
@@ -804,11 +791,8 @@ class Ravel(Layer):
     def output_configs(self, C):
         return [C.prod(axis=1, keepdims=True)]
 
-    def cost(self, C, machine):
-        return np.zeros(len(C))
 
-
-class Unravel(Layer):
+class Unravel(_DataMovement):
     """Give a flat tensor a shape; contiguous configurations only."""
 
     op = "Unravel"
@@ -836,11 +820,8 @@ class Unravel(Layer):
     def output_configs(self, C):
         return [C]
 
-    def cost(self, C, machine):
-        return np.zeros(len(C))
 
-
-class Stack(Layer):
+class Stack(_DataMovement):
     """Stack tensors of one shape along a new ``axis`` (size 1 in the iteration space)."""
 
     op = "Stack"
@@ -869,11 +850,8 @@ class Stack(Layer):
     def output_configs(self, C):
         return [C]
 
-    def cost(self, C, machine):
-        return np.zeros(len(C))
 
-
-class Unstack(Layer):
+class Unstack(_DataMovement):
     """Split a tensor along ``axis`` into ``x.shape[axis]`` tensors."""
 
     op = "Unstack"
@@ -896,9 +874,6 @@ class Unstack(Layer):
 
     def output_configs(self, C):
         return [np.delete(C, self.axis, axis=1)] * len(self.output_shapes)
-
-    def cost(self, C, machine):
-        return np.zeros(len(C))
 
 
 def _generic_letters(rank: int) -> str:
