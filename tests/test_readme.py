@@ -15,10 +15,8 @@ from pase import cli
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The two commands the README promises to work on a fresh machine from a fresh clone.
-MAIN_COMMAND = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/pase -g transformer -p 64"
-TEST_COMMAND = (
-    "python3 -m venv .venv && .venv/bin/pip install -r requirements-test.txt && .venv/bin/python -m pytest -q"
-)
+MAIN_COMMAND = "python3 -m pip install . && python3 scheduler.py -g transformer -p 64"
+TEST_COMMAND = "python3 -m pip install -r requirements-test.txt && python3 -m pytest -q"
 
 
 def read(name):
