@@ -8,6 +8,7 @@ from .baselines import batch_split, data_parallel
 from .builder import GraphBuilder, Network
 from .capped import CappedStrategy, find_capped_strategy
 from .configs import enumerate_configs, is_contiguous
+from .experts import expert_strategies
 from .layers import (
     FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Layer, Norm,
     Pooling, Ravel, ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack,
@@ -31,5 +32,5 @@ __all__ = [
     "Search", "SearchResult", "SearchStats", "SearchTooLarge", "WorkEstimate", "solve",
     "Evaluation", "Strategy", "evaluate", "find_strategy",
     "data_parallel", "batch_split",
-    "MemoryModel", "CappedStrategy", "find_capped_strategy",
+    "MemoryModel", "CappedStrategy", "find_capped_strategy", "expert_strategies",
 ]
