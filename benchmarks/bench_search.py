@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import numpy as np  # noqa: E402
+from common import ROOT, RESULTS, machine_info, machine_lines  # also puts ROOT on sys.path
 
 import graphs  # noqa: E402
 from pase.capped import find_capped_strategy  # noqa: E402
@@ -41,28 +37,6 @@ CASES = [
     ("gpt3-6.7b", 32, 16, 20, 120.0),
 ]
 QUICK = {("transformer", 32), ("inception3", 64), ("resnet101", 64), ("alexnet", 64), ("rnnlm", 64)}
-
-
-def machine_description() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory = ""
-    try:
-        with open("/proc/meminfo") as f:
-            memory = f"{int(f.readline().split()[1]) / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return (
-        f"{model}, {os.cpu_count()} cores, {memory}; Python {platform.python_version()}, "
-        f"NumPy {np.__version__}; {time.strftime('%Y-%m-%d')}"
-    )
 
 
 def measure(graph: str, procs: int, batch: int, cap_gb, repeats: int) -> dict:
@@ -101,12 +75,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="only the cases that take about a second")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "search_speed.md"))
+    parser.add_argument("--output", default=os.path.join(RESULTS, "search_speed.md"))
     args = parser.parse_args(argv)
     lines = [
         "# Search speed, end to end",
         "",
-        f"Machine: {machine_description()}.",
+        "Machine:",
+        "",
+        *machine_lines(machine_info()),
+        "",
         f"Best of {args.repeats} runs in one process; build = graph and every cost table, search = the",
         "dynamic programme (for a memory cap: every dynamic programme of the Lagrangian search).",
         "Regenerate with `python benchmarks/bench_search.py`.",

@@ -18,10 +18,8 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from tqdm import tqdm  # noqa: E402
+from common import RESULTS, machine_info, machine_lines  # also puts the checkout on sys.path
+from tqdm import tqdm
 
 import graphs  # noqa: E402
 from graphs.gpt import GPT_CONFIGS  # noqa: E402
@@ -29,9 +27,6 @@ from pase.baselines import data_parallel  # noqa: E402
 from pase.capped import NOTHING_FITS, find_capped_strategy  # noqa: E402
 from pase.memory import ASSUMPTIONS, MemoryModel  # noqa: E402
 from pase.strategy import evaluate  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_search import machine_description  # noqa: E402
 
 COLUMNS = [
     "model", "procs", "batch", "cap_gb", "dp_gb", "dp_fits", "status", "strategy_gb", "fits",
@@ -65,7 +60,10 @@ def markdown(rows: list, batch: int, memory: MemoryModel) -> str:
     lines = [
         "# GPT models under a memory cap",
         "",
-        f"Machine: {machine_description()}.",
+        "Machine:",
+        "",
+        *machine_lines(machine_info()),
+        "",
         f"Batch {batch}; {memory.param_bytes:g} bytes per parameter (mixed-precision Adam), "
         f"{memory.act_bytes:g} per activation element; {ASSUMPTIONS}. Reference cost model, "
         "10 TFLOPS and 16 GB/s per device. Speedup = data-parallel cost / cost of the strategy found "
@@ -97,7 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--procs", default="8,16,32,64")
     parser.add_argument("--caps", default="40,80", help="caps in GB (10^9 bytes) per device")
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "gpt_memory"))
+    parser.add_argument("--output", default=os.path.join(RESULTS, "gpt_memory"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
     procs = [int(p) for p in args.procs.split(",")]

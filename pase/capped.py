@@ -18,6 +18,7 @@ import numpy as np
 from .builder import Network
 from .machine import Machine
 from .memory import MemoryModel
+from .ordering import _vertex_order
 from .solver import Search, SearchStats
 from .strategy import Strategy, indexed_cost, strategy_from_indices
 
@@ -230,7 +231,7 @@ def capped_search(
     # The Lagrangian optimum jumps across the cap (a duality gap): mix every strategy seen
     # that did not fit with every one that did, and keep the cheapest mix that fits.
     # Costs are exact; only the choice among mixes is heuristic.
-    orders = (sorted(vertices, key=_rank(vertices)), vertices)
+    orders = (_vertex_order(G), vertices)  # by vertex id, and in the search's sequence
     for a in fitting.values():
         for b in over.values():
             for order in orders:
@@ -272,15 +273,6 @@ def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50)
 
 def _key(choice: dict, vertices) -> tuple:
     return tuple(choice[v] for v in vertices)
-
-
-def _rank(vertices):
-    try:
-        sorted(vertices)
-        return lambda v: v
-    except TypeError:
-        position = {v: i for i, v in enumerate(vertices)}
-        return position.__getitem__
 
 
 def _relink(G, mem: dict, fitting: dict, over: dict, cap: float, order) -> tuple:

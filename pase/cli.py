@@ -556,6 +556,27 @@ def _best(network: Network, procs: int, opts: Options, err: IO, graph, bar: bool
     return capped.strategy, capped
 
 
+class _Profiler:
+    """``--profile``: cProfile the blocks run ``with`` it, print the hottest functions after."""
+
+    def __init__(self, enabled: bool):
+        self.profile = cProfile.Profile() if enabled else None
+
+    def __enter__(self):
+        if self.profile is not None:
+            self.profile.enable()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.profile is not None:
+            self.profile.disable()
+        return False
+
+    def write(self, opts: Options, out: IO, err: IO) -> None:
+        if self.profile is not None:
+            (err if opts.json else out).write(format_profile(self.profile, PROFILE_LIMIT))
+
+
 # ---------------------------------------------------------------------------------------
 # Commands
 
@@ -565,15 +586,10 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
     if opts.dot_path is not None:
         _check_dot_path(opts.dot_path)
     machine = opts.machine
-    profiler = cProfile.Profile() if opts.profile else None
-    if profiler is not None:
-        profiler.enable()
-    try:
+    profiler = _Profiler(opts.profile)
+    with profiler:
         graph = _costed_graph(network, opts.procs, opts)
         strategy, capped = _best(network, opts.procs, opts, err, graph)
-    finally:
-        if profiler is not None:
-            profiler.disable()
     memory, per_layer = _memory(network, opts.procs, opts, strategy.configs, capped)
     if capped is not None and capped.status == NOTHING_FITS:
         raise CliError(
@@ -590,8 +606,7 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
     if opts.dot_path is not None:
         _write_dot(opts.dot_path, network, strategy.configs)
     _print_report(report, opts, out)
-    if profiler is not None:
-        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    profiler.write(opts, out, err)
     return EXIT_OK
 
 
@@ -615,16 +630,15 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
     if not opts.json:
         out.write(format_sweep_header(network.name, opts.batch, machine, model))
     status = EXIT_OK
-    profiler = cProfile.Profile() if opts.profile else None
+    profiler = _Profiler(opts.profile)
     bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,
                disable=not _show_progress(opts, err))
     try:
         for procs in bar:
-            if profiler is not None:
-                profiler.enable()
             try:
-                graph = _costed_graph(network, procs, opts)
-                strategy, capped = _best(network, procs, opts, err, graph, bar=False)
+                with profiler:
+                    graph = _costed_graph(network, procs, opts)
+                    strategy, capped = _best(network, procs, opts, err, graph, bar=False)
             except (SearchTooLarge, _TablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
@@ -633,9 +647,6 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if not opts.json:
                     bar.write(format_sweep_refusal(procs, dp.total), file=out, end="")
                 continue
-            finally:
-                if profiler is not None:
-                    profiler.disable()
             memory, per_layer = _memory(network, procs, opts, strategy.configs, capped)
             if capped is not None and capped.status == NOTHING_FITS:
                 status = EXIT_NOTHING_FITS
@@ -657,8 +668,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
         bar.close()
     if opts.dot_path is not None:
         _write_dot(opts.dot_path, network)
-    if profiler is not None:
-        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    profiler.write(opts, out, err)
     return status
 
 
@@ -734,16 +744,11 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     if opts.dot_path is not None:
         _check_dot_path(opts.dot_path)
     machine = opts.machine
-    profiler = cProfile.Profile() if opts.profile else None
-    if profiler is not None:
-        profiler.enable()
     try:
-        evaluation = evaluate(network, configs, machine, opts.procs)
+        with _Profiler(opts.profile) as profiler:
+            evaluation = evaluate(network, configs, machine, opts.procs)
     except ValueError as error:
         raise CliError(f"strategy file {opts.evaluate}: {error}") from None
-    finally:
-        if profiler is not None:
-            profiler.disable()
     memory, per_layer = _memory(network, opts.procs, opts, evaluation.configs)
     report = make_report(
         network, opts.procs, machine, evaluation, evaluation.total, _data_parallel(network, opts.procs, machine),
@@ -753,8 +758,7 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     if opts.dot_path is not None:
         _write_dot(opts.dot_path, network, evaluation.configs)
     _print_report(report, opts, out)
-    if profiler is not None:
-        (err if opts.json else out).write(format_profile(profiler, PROFILE_LIMIT))
+    profiler.write(opts, out, err)
     return EXIT_OK
 
 
