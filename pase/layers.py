@@ -222,6 +222,8 @@ class Conv(Layer):
         wo = (w - s + 2 * pwd) // sw + 1
         if h - r + 2 * ph < 0 or w - s + 2 * pwd < 0:
             raise ValueError(f"Conv kernel {r}x{s} does not fit the padded {h}x{w} image")
+        # TODO(jax): temporary, until main's Layer.args lands (the JAX verifier reads it).
+        self.args = {"filters": n, "kernel": [r, s], "stride": [sh, sw], "pad": [ph, pwd], "pw": int(pw)}
         self.inputs = (x,)
         self.pw = int(pw)
         self.domain = (b, c, ho, wo, r, s, n)
@@ -276,6 +278,8 @@ class Pooling(Layer):
             raise ValueError(f"Pooling window {r}x{s} does not fit the padded {h}x{w} image")
         ho = (h - r + 2 * ph) // sh + 1
         wo = (w - s + 2 * pwd) // sw + 1
+        # TODO(jax): temporary, until main's Layer.args lands (the JAX verifier reads it).
+        self.args = {"window": [r, s], "stride": [sh, sw], "pad": [ph, pwd]}
         self.inputs = (x,)
         self.window = (r, s)
         self.image = (h, w)
