@@ -1,6 +1,6 @@
 """The network as a JAX program: one function per layer type, run sharded and unsharded.
 
-Imported only by the child process of ``pase.jax_verify`` (it imports jax at the top). Layer
+Run only in the child process of ``pase.jax_verify``, where XLA has its host devices. Layer
 semantics are described in ``pase.jax_verify``; to support a new layer type, add a function
 to ``OPS`` that takes ``(layer, args, inputs, weights, extra)`` and returns its outputs.
 """
@@ -11,10 +11,14 @@ import math
 import re
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+except ImportError:  # only so that pytest's doctest collection can import the module without jax
+    jax = None
 
 __all__ = ["OPS", "layer_args", "scope_name", "run"]
 
@@ -337,23 +341,31 @@ class _Program:
                 return jax.lax.with_sharding_constraint(x, self.sharding(spec))
 
             with jax.named_scope(scope_name(v, entry["name"])):
+                # Sub-scopes tell pase.jax_verify which collectives redistribute a tensor on
+                # an edge (in<i>: the layer's input i; out<j>: its output j) and which belong to
+                # the layer's own work.
                 inputs = []
                 specs = iter(entry["inputs"])
                 weight_specs = iter(entry["weights"])
-                for t, key in zip(layer.inputs, self.data_key[v]):
+                for i, (t, key) in enumerate(zip(layer.inputs, self.data_key[v])):
                     if key is None:
-                        x, spec = env[(t.producer, t.index)], next(specs)["spec"]
+                        x, spec, sub = env[(t.producer, t.index)], next(specs)["spec"], f"in{i}"
                     elif key[0] == "param":
-                        x, spec = params[key[1]], next(weight_specs)["spec"]
+                        x, spec, sub = params[key[1]], next(weight_specs)["spec"], f"w{i}"
                     else:
-                        x, spec = data[key[1]], next(specs)["spec"]
-                    inputs.append(constrain(x, spec))
-                implicit = [constrain(params[k], w["spec"]) for k, w in zip(self.weight_key[v], entry["weights"])
-                            if not any(t.is_param for t in layer.inputs)]
+                        x, spec, sub = data[key[1]], next(specs)["spec"], f"in{i}"
+                    with jax.named_scope(sub):
+                        inputs.append(constrain(x, spec))
+                implicit = []
+                if not any(t.is_param for t in layer.inputs):
+                    for i, (k, w) in enumerate(zip(self.weight_key[v], entry["weights"])):
+                        with jax.named_scope(f"w{i}"):
+                            implicit.append(constrain(params[k], w["spec"]))
                 extra = {"constrain": constrain, "losses": losses, "labels": data.get(f"labels{v}")}
                 outputs = OPS[layer.op](layer, args, inputs, implicit, extra)
-                for i, (y, out) in enumerate(zip(outputs, entry["outputs"])):
-                    env[(v, i)] = constrain(y, out["spec"])
+                for j, (y, out) in enumerate(zip(outputs, entry["outputs"])):
+                    with jax.named_scope(f"out{j}"):
+                        env[(v, j)] = constrain(y, out["spec"])
         with jax.named_scope("loss"):
             loss = sum(losses) if losses else jnp.float32(0.0)
             for v, i in self.sinks:
@@ -364,8 +376,10 @@ class _Program:
 
 def run(network, plan: dict, seed: int) -> dict:
     """Run ``plan`` sharded and unsharded; returns numbers, errors, HLO text and timings."""
-    from .jax_verify import _relative_error
+    from .jax_verify import INSTALL_HINT, JaxMissing, _relative_error
 
+    if jax is None:
+        raise JaxMissing(INSTALL_HINT)
     if len(jax.devices()) < plan["procs"]:
         raise RuntimeError(f"jax has {len(jax.devices())} devices, the plan needs {plan['procs']}")
     program = _Program(network, plan, seed)

@@ -36,7 +36,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -216,6 +216,11 @@ class Collective:
         Vertex id of the layer whose named scope it carries, if any.
     backward : bool
         In the backward pass (its name is under ``transpose(...)``).
+    role : str
+        ``"in"`` or ``"out"``: it redistributes the layer's input or output ``slot`` (an
+        edge); ``"layer"``: the layer's own work (its collectives, its weights).
+    slot : int or None
+        Which input or output, for ``"in"`` and ``"out"``.
     name : str
         The HLO instruction name.
     """
@@ -226,6 +231,8 @@ class Collective:
     group: int
     layer: int | None
     backward: bool
+    role: str
+    slot: int | None
     name: str
 
     @property
@@ -316,15 +323,27 @@ def _group_size(attrs: str, procs: int) -> int:
     return procs
 
 
-def _attribution(op_name: str | None):
-    """``(layer id or None, backward)`` of an HLO op name: the first layer scope in it."""
+def _attribution(op_name: str | None) -> tuple:
+    """``(layer, backward, role, slot)`` of an HLO op name, from the first layer scope in it.
+
+    ``role`` is ``"in"``/``"out"`` under the layer's ``in<i>``/``out<j>`` sub-scope (slot ``i``
+    or ``j``), else ``"layer"``.
+
+    >>> _attribution("jit(f)/transpose(jvp(L12.enc1.ff.up))/out0/sharding_constraint")
+    (12, True, 'out', 0)
+    >>> _attribution("jit(f)/jvp(L3.fc)/dot_general")
+    (3, False, 'layer', None)
+    """
     if not op_name:
-        return None, False
+        return None, False, "layer", None
     match = _SCOPE.search(op_name)
     if not match:
-        return None, "transpose(" in op_name
-    before = op_name[: match.start() + 1]
-    return int(match.group(1)), "transpose(" in before
+        return None, "transpose(" in op_name, "layer", None
+    backward = "transpose(" in op_name[: match.start() + 1]
+    sub = re.match(r"[^/()]*\)*/(in|out)(\d+)/", op_name[match.end():])
+    if sub:
+        return int(match.group(1)), backward, sub.group(1), int(sub.group(2))
+    return int(match.group(1)), backward, "layer", None
 
 
 def parse_collectives(hlo_text: str, procs: int) -> list:
@@ -433,33 +452,45 @@ def parse_collectives(hlo_text: str, procs: int) -> list:
                 per_device = [(q - 1) / q * float(sum(sizes))]
                 owners = [op_name]
             for i, (nbytes, owner) in enumerate(zip(per_device, owners)):
-                layer, backward = _attribution(owner)
+                layer, backward, role, slot = _attribution(owner)
                 records.append(Collective(kind, float(nbytes), int(multiplicity[comp]), int(q), layer, backward,
-                                          name if len(owners) == 1 else f"{name}#{i}"))
+                                          role, slot, name if len(owners) == 1 else f"{name}#{i}"))
     return records
 
 
-def collective_bytes(records: Sequence[Collective], layers: int) -> dict:
-    """Per-layer sums of ``records``: forward and backward bytes, and counts by kind.
+def collective_bytes(records: Sequence[Collective], network: Network) -> dict:
+    """XLA bytes per device per step, by layer: its own work and the edges into it.
 
-    Returns ``{"forward": array, "backward": array, "kinds": [dict per layer],
-    "unattributed": bytes, "unattributed_kinds": dict}``.
+    A collective in a layer's ``in<i>`` scope redistributes that input: the edge into the
+    layer. One in a layer's ``out<j>`` scope (XLA puts a gradient back into the producer's
+    layout there) counts for the edge to the first layer that reads output ``j``. Returns
+    arrays over the layers, ``layer_forward``, ``layer_backward``, ``edge_forward``,
+    ``edge_backward``, a per-layer ``kinds`` count, and the bytes and kinds of collectives
+    that carry no layer scope (``unattributed``, ``unattributed_kinds``).
     """
-    forward = np.zeros(layers)
-    backward = np.zeros(layers)
-    kinds = [dict() for _ in range(layers)]
+    n = len(network.layers)
+    readers: dict = {}
+    for v, layer in enumerate(network.layers):
+        for t in layer.inputs:
+            if t.producer is not None:
+                readers.setdefault((t.producer, t.index), []).append(v)
+    sums = {key: np.zeros(n) for key in ("layer_forward", "layer_backward", "edge_forward", "edge_backward")}
+    kinds = [dict() for _ in range(n)]
     unattributed, loose = 0.0, {}
     for c in records:
         if c.total == 0:
             continue
-        if c.layer is None or not 0 <= c.layer < layers:
+        row = c.layer
+        if row is not None and 0 <= row < n and c.role == "out":
+            row = min(readers.get((row, c.slot), [row]))
+        if row is None or not 0 <= row < n:
             unattributed += c.total
             loose[c.kind] = loose.get(c.kind, 0) + c.count
             continue
-        (backward if c.backward else forward)[c.layer] += c.total
-        kinds[c.layer][c.kind] = kinds[c.layer].get(c.kind, 0) + c.count
-    return {"forward": forward, "backward": backward, "kinds": kinds, "unattributed": unattributed,
-            "unattributed_kinds": loose}
+        part = "layer" if c.role == "layer" else "edge"
+        sums[f"{part}_{'backward' if c.backward else 'forward'}"][row] += c.total
+        kinds[row][c.kind] = kinds[row].get(c.kind, 0) + c.count
+    return dict(sums, kinds=kinds, unattributed=unattributed, unattributed_kinds=loose)
 
 
 # ---------------------------------------------------------------------------------------
@@ -468,7 +499,11 @@ def collective_bytes(records: Sequence[Collective], layers: int) -> dict:
 
 @dataclass(frozen=True)
 class LayerTraffic:
-    """Modelled and XLA-inserted communication of one layer, bytes per device per step."""
+    """Modelled and XLA-inserted communication of one layer, bytes per device per step.
+
+    ``*_layer``: the layer's own collectives; ``*_edge``: redistribution of the tensors it
+    reads (forward, and their gradients backward).
+    """
 
     id: int
     name: str
@@ -476,8 +511,10 @@ class LayerTraffic:
     config: tuple
     modelled_layer: float
     modelled_edge: float
-    xla_forward: float
-    xla_backward: float
+    xla_layer_forward: float
+    xla_layer_backward: float
+    xla_edge_forward: float
+    xla_edge_backward: float
     collectives: dict
 
     @property
@@ -485,17 +522,37 @@ class LayerTraffic:
         return self.modelled_layer + self.modelled_edge
 
     @property
+    def xla_layer(self) -> float:
+        return self.xla_layer_forward + self.xla_layer_backward
+
+    @property
+    def xla_edge(self) -> float:
+        return self.xla_edge_forward + self.xla_edge_backward
+
+    @property
     def xla(self) -> float:
-        return self.xla_forward + self.xla_backward
+        return self.xla_layer + self.xla_edge
 
     @property
     def ratio(self) -> float | None:
-        """XLA bytes over modelled bytes (None when the model charges nothing)."""
+        """XLA bytes over modelled bytes, layer and edges together (None when the model charges nothing)."""
         return self.xla / self.modelled if self.modelled > 0 else None
 
 
 _KIND_SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
                "collective-permute": "CP"}
+
+
+def _ratio(xla: float, modelled: float):
+    return xla / modelled if modelled > 0 else None
+
+
+def _format_bytes(n: float) -> str:
+    """``1.5 MB``-style, powers of 1000, like the rest of the project's output."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 @dataclass(frozen=True)
@@ -504,23 +561,27 @@ class VerifyResult:
 
     Attributes
     ----------
-    graph, procs : str, int
+    graph : str
+    procs : int
     ok : bool
         The loss and every gradient are within ``tolerance`` of the unsharded run.
     tolerance : float
-        Largest relative error allowed: ``max |sharded - reference| / max |reference|``
-        per tensor.
-    loss, loss_reference : float
-    loss_error : float
+        Largest relative error allowed: ``max |sharded - unsharded| / max |unsharded|`` per
+        tensor.
+    loss, loss_reference, loss_error : float
+        The sharded and unsharded loss and their relative difference.
     gradients : list of (name, shape, relative error)
+        One per weight.
     layers : list of LayerTraffic
     unattributed : float
         XLA bytes per device in collectives that carry no layer's scope.
     unattributed_kinds : dict
     seconds : dict
-        ``compile``, ``run``, ``reference`` (the child's wall-clock) and ``total``.
+        ``compile``, ``run`` (sharded), ``reference`` (unsharded) and ``total``.
     jax_version : str
     seed : int
+    notes : tuple of str
+        What XLA said about the plan: where it could only reshard by replicating a tensor.
     """
 
     graph: str
@@ -537,7 +598,7 @@ class VerifyResult:
     seconds: dict
     jax_version: str
     seed: int
-    notes: list = field(default_factory=list)
+    notes: tuple = ()
 
     @property
     def max_error(self) -> float:
@@ -553,15 +614,21 @@ class VerifyResult:
         return float(sum(l.xla for l in self.layers) + self.unattributed)
 
     def by_op(self) -> dict:
-        """Modelled and XLA bytes summed per layer type: ``{op: (modelled, xla, layers)}``."""
+        """Bytes summed per layer type: ``{op: {"layers", "modelled_layer", "xla_layer",
+        "modelled_edge", "xla_edge"}}``."""
         sums: dict = {}
         for l in self.layers:
-            m, x, n = sums.get(l.op, (0.0, 0.0, 0))
-            sums[l.op] = (m + l.modelled, x + l.xla, n + 1)
+            entry = sums.setdefault(l.op, {"layers": 0, "modelled_layer": 0.0, "xla_layer": 0.0,
+                                           "modelled_edge": 0.0, "xla_edge": 0.0})
+            entry["layers"] += 1
+            entry["modelled_layer"] += l.modelled_layer
+            entry["xla_layer"] += l.xla_layer
+            entry["modelled_edge"] += l.modelled_edge
+            entry["xla_edge"] += l.xla_edge
         return sums
 
     def to_dict(self) -> dict:
-        """The JSON ``"verify"`` object."""
+        """The JSON ``"verify"`` object (bytes are per device per step)."""
         worst = max(self.gradients, key=lambda g: g[2]) if self.gradients else None
         return {
             "ok": self.ok,
@@ -574,21 +641,21 @@ class VerifyResult:
             "max_error": self.max_error,
             "worst_gradient": None if worst is None else {"name": worst[0], "error": worst[2]},
             "gradients": [{"name": n, "shape": list(s), "error": e} for n, s, e in self.gradients],
-            "bytes_unit": "bytes per device per step",
             "modelled_bytes": self.modelled_total,
             "xla_bytes": self.xla_total,
+            "ratio": _ratio(self.xla_total, self.modelled_total),
             "unattributed_xla_bytes": self.unattributed,
             "unattributed_collectives": dict(self.unattributed_kinds),
             "layers": [
                 {"id": l.id, "name": l.name, "op": l.op, "config": list(l.config),
-                 "modelled_bytes": l.modelled, "modelled_layer_bytes": l.modelled_layer,
-                 "modelled_edge_bytes": l.modelled_edge, "xla_bytes": l.xla,
-                 "xla_forward_bytes": l.xla_forward, "xla_backward_bytes": l.xla_backward,
+                 "modelled_layer_bytes": l.modelled_layer, "modelled_edge_bytes": l.modelled_edge,
+                 "xla_layer_bytes": {"forward": l.xla_layer_forward, "backward": l.xla_layer_backward},
+                 "xla_edge_bytes": {"forward": l.xla_edge_forward, "backward": l.xla_edge_backward},
                  "ratio": l.ratio, "collectives": dict(l.collectives)}
                 for l in self.layers
             ],
-            "by_op": {op: {"modelled_bytes": m, "xla_bytes": x, "layers": n,
-                           "ratio": (x / m if m > 0 else None)} for op, (m, x, n) in self.by_op().items()},
+            "by_op": {op: dict(e, layer_ratio=_ratio(e["xla_layer"], e["modelled_layer"]))
+                      for op, e in self.by_op().items()},
             "seconds": dict(self.seconds),
             "jax_version": self.jax_version,
             "notes": list(self.notes),
@@ -599,35 +666,41 @@ class VerifyResult:
 
         Layers where neither moves anything are left out unless ``all_layers``.
         """
-        from .report import format_bytes  # the project's one byte formatter
-
         lines = [
             f"JAX verification of {self.graph} on {self.procs} XLA host devices (jax {self.jax_version}, seed {self.seed})",
             f"numbers: {'OK' if self.ok else 'FAILED'}: largest relative error {self.max_error:.2e} "
             f"(tolerance {self.tolerance:.0e}); loss {self.loss:.6g}, unsharded {self.loss_reference:.6g}",
         ]
-        if not self.ok:
-            bad = [(n, e) for n, _, e in self.gradients if not e <= self.tolerance]
-            lines += [f"  gradient of {n}: relative error {e:.2e}" for n, e in bad[:10]]
-            if not self.loss_error <= self.tolerance:
-                lines.append(f"  loss: relative error {self.loss_error:.2e}")
-        lines.append("communication, bytes per device per step (modelled: layer collectives + edge redistribution):")
-        headers = ["id", "layer", "type", "modelled", "XLA fwd", "XLA bwd", "XLA/model", "XLA collectives"]
+        if not self.loss_error <= self.tolerance:
+            lines.append(f"  loss: relative error {self.loss_error:.2e}")
+        bad = [(n, e) for n, _, e in self.gradients if not e <= self.tolerance]
+        lines += [f"  gradient of {n}: relative error {e:.2e}" for n, e in bad[:10]]
+        if len(bad) > 10:
+            lines.append(f"  ... and {len(bad) - 10} more gradients")
+        lines.append("communication, bytes per device per step: the layer's own collectives, and redistribution "
+                     "on the edges into it")
+        headers = ["id", "layer", "type", "model layer", "XLA layer", "model edges", "XLA edges", "XLA/model",
+                   "XLA collectives"]
         rows = []
         for l in self.layers:
             if not all_layers and l.modelled == 0 and l.xla == 0:
                 continue
             kinds = " ".join(f"{_KIND_SHORT[k]}x{n}" for k, n in sorted(l.collectives.items()))
-            rows.append([str(l.id), l.name, l.op, format_bytes(l.modelled), format_bytes(l.xla_forward),
-                         format_bytes(l.xla_backward), "-" if l.ratio is None else f"{l.ratio:.2f}", kinds])
+            rows.append([str(l.id), l.name, l.op, _format_bytes(l.modelled_layer), _format_bytes(l.xla_layer),
+                         _format_bytes(l.modelled_edge), _format_bytes(l.xla_edge),
+                         "-" if l.ratio is None else f"{l.ratio:.2f}", kinds])
         if self.unattributed:
             kinds = " ".join(f"{_KIND_SHORT[k]}x{n}" for k, n in sorted(self.unattributed_kinds.items()))
-            rows.append(["", "(no layer scope)", "", "", format_bytes(self.unattributed), "", "", kinds])
-        total_ratio = self.xla_total / self.modelled_total if self.modelled_total > 0 else None
-        rows.append(["", "total", "", format_bytes(self.modelled_total), format_bytes(self.xla_total), "",
-                     "-" if total_ratio is None else f"{total_ratio:.2f}", ""])
+            rows.append(["", "(no layer scope)", "", "", _format_bytes(self.unattributed), "", "", "", kinds])
+        layer_m = sum(l.modelled_layer for l in self.layers)
+        edge_m = sum(l.modelled_edge for l in self.layers)
+        layer_x = sum(l.xla_layer for l in self.layers) + self.unattributed
+        edge_x = sum(l.xla_edge for l in self.layers)
+        total = _ratio(self.xla_total, self.modelled_total)
+        rows.append(["", "total", "", _format_bytes(layer_m), _format_bytes(layer_x), _format_bytes(edge_m),
+                     _format_bytes(edge_x), "-" if total is None else f"{total:.2f}", ""])
         widths = [max(len(r[i]) for r in rows + [headers]) for i in range(len(headers))]
-        right = {0, 3, 4, 5, 6}
+        right = {0, 3, 4, 5, 6, 7}
         for row in [headers] + rows:
             cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
             lines.append("  ".join(cells).rstrip())
@@ -714,21 +787,47 @@ def verify(
         tail = child.stderr.decode(errors="replace").strip().splitlines()[-15:]
         raise RuntimeError("the JAX run failed:\n" + "\n".join(tail))
     out = json.loads(child.stdout.decode())
+    out["seconds"]["total"] = time.perf_counter() - started
+    out["notes"] = _xla_notes(child.stderr.decode(errors="replace"), network)
+    return _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolerance)
+
+
+def _xla_notes(stderr: str, network: Network) -> list:
+    """XLA's warnings worth showing: reshardings it could only do by replicating the tensor."""
+    places = []
+    for line in stderr.splitlines():
+        if "Involuntary full rematerialization" not in line:
+            continue
+        op_name = _OP_NAME.search(line)
+        layer, backward, role, slot = _attribution(op_name.group(1) if op_name else None)
+        where = "?" if layer is None or layer >= len(network.layers) else network.names[layer]
+        if role != "layer":
+            where += f" ({role}put {slot})"
+        places.append(f"{where}{' backward' if backward else ''}")
+    if not places:
+        return []
+    unique = list(dict.fromkeys(places))
+    return [f"XLA resharded by replicating the whole tensor ({len(places)} times) at: " + ", ".join(unique)]
+
+
+def _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolerance) -> VerifyResult:
+    """Assemble the result from the child's output and the modelled bytes."""
     records = [Collective(**r) for r in out["collectives"]]
-    sums = collective_bytes(records, len(network.layers))
+    sums = collective_bytes(records, network)
     layers = [
         LayerTraffic(v, network.names[v], layer.op, tuple(strategy[v]), float(layer_bytes[v]), float(edge_bytes[v]),
-                     float(sums["forward"][v]), float(sums["backward"][v]), sums["kinds"][v])
+                     float(sums["layer_forward"][v]), float(sums["layer_backward"][v]),
+                     float(sums["edge_forward"][v]), float(sums["edge_backward"][v]), sums["kinds"][v])
         for v, layer in enumerate(network.layers)
     ]
     errors = [out["loss_error"]] + [e for _, _, e in out["gradients"]]
-    seconds = dict(out["seconds"], total=time.perf_counter() - started)
     return VerifyResult(
         graph=network.name, procs=int(procs), ok=all(e <= tolerance for e in errors), tolerance=float(tolerance),
         loss=out["loss"], loss_reference=out["loss_reference"], loss_error=out["loss_error"],
         gradients=[(n, tuple(s), e) for n, s, e in out["gradients"]], layers=layers,
         unattributed=float(sums["unattributed"]), unattributed_kinds=sums["unattributed_kinds"],
-        seconds=seconds, jax_version=out["jax_version"], seed=int(seed), notes=out.get("notes", []),
+        seconds=dict(out["seconds"]), jax_version=out["jax_version"], seed=int(seed),
+        notes=tuple(out.get("notes", ())),
     )
 
 
