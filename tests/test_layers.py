@@ -22,7 +22,7 @@ from pase.layers import (
     FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling,
     Ravel, ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
 )
-from pase.machine import Machine
+from pase.machine import Group, Machine
 
 RHO1 = Machine(1.0, 8000.0)
 RHO2 = Machine(1.0, 4000.0)
@@ -55,7 +55,7 @@ def test_every_layer_type_is_covered_here():
     # The spec's table lists exactly these types; each has a test class below.
     assert set(LAYER_TYPES) == {
         "Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm",
-        "BatchNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
+        "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
         "Stack", "Unstack",
     }
 
@@ -69,10 +69,16 @@ def test_gemm_cost_by_hand():
     # AR(Mp Np = 4, k=2) = 4/2*2*1 = 4; AR(Mp Kp = 8, n=3) = 8/3*2*2 = 32/3;
     # AR(Np Kp = 8, m=2) = 8/2*2*1 = 8. Sum per batch 48+12+4+32/3+8 = 72 + 32/3 = 248/3.
     # Times Bp = 2: 496/3.
-    got = gemm_cost(RHO1, 2, 1, 4, 2, 6, 3, 8, 2, pw=1)
-    assert float(got) == pytest.approx(496.0 / 3.0, rel=1e-12)
+    # Compute 2 * (48 + 12) = 120; communication 2 * (4 + 32/3 + 8) = 136/3.
+    groups = (Group.flat(2), Group.flat(3), Group.flat(2))  # m, n, k
+    got = gemm_cost(RHO1, (2.0, 2.0, 2.0, 4.0), groups, pw=1)
+    assert float(np.ravel(got.compute)[0]) == pytest.approx(120.0, rel=1e-12)
+    assert float(np.ravel(got.communication)[0]) == pytest.approx(136.0 / 3.0, rel=1e-12)
+    assert float(np.ravel(got.total)[0]) == pytest.approx(496.0 / 3.0, rel=1e-12)
     # Unsplit: 2 * (3*4*6*8) = 1152, no communication.
-    assert float(gemm_cost(RHO1, 2, 1, 4, 1, 6, 1, 8, 1)) == pytest.approx(1152.0)
+    one = (Group.flat(1),) * 3
+    unsplit = gemm_cost(RHO1, (2.0, 4.0, 6.0, 8.0), one)
+    assert float(np.ravel(unsplit.total)[0]) == pytest.approx(1152.0) and float(np.ravel(unsplit.communication)[0]) == 0.0
 
 
 # ----------------------------------------------------------------------------- Conv
