@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 import graphs
 
-from . import __version__
+from . import __version__, graph_json
 from .builder import CostTablesTooLarge
 from .fileio import InputError, check_writable, read_json, write_atomic
 from .machine import load_machine
@@ -128,6 +128,7 @@ class Options:
     sweep: tuple | None = None  # --sweep: device counts
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
+    export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -225,6 +226,17 @@ def _device_list(text: str) -> tuple:
     return tuple(counts)
 
 
+def _graph_spec(text: str) -> str:
+    """-g: a registry name, a ``.json`` graph file or ``prefix:...`` of a model source."""
+    prefix, sep, _ = text.partition(":")
+    if text in graphs.GRAPHS or text.endswith(".json") or (sep and prefix in graphs.SOURCES):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown graph {text!r}: choose one of {', '.join(graphs.GRAPHS)}, a graph file FILE.json, "
+        "or torch:FILE_OR_MODULE:FUNCTION"
+    )
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse writing to the given streams and raising instead of exiting."""
 
@@ -293,8 +305,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-b", "--batch", type=_dimension_size, default=None, metavar="BATCH",
         help=f"mini-batch size. (Default: {DEFAULT_BATCH})")
     add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
-    add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
-        help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
+    add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
+        help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
+             f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
     add("--flops", type=_machine_rate, default=None,
         help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=_machine_rate, default=None,
@@ -319,6 +332,8 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
              "Settings the file records are used; a flag given overrides them (with a note).")
+    add("--export-graph", metavar="FILE", default=None,
+        help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
@@ -387,6 +402,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         sweep=args.sweep,
         evaluate=args.evaluate,
         dot_path=dot_path,
+        export_graph=args.export_graph,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -523,6 +539,13 @@ def _check_outputs(opts: Options) -> None:
     """Refuse unwritable output paths before any work."""
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
+    if opts.export_graph is not None:
+        check_writable(opts.export_graph, "graph file")
+
+
+def _export_graph(opts: Options, network) -> None:
+    if opts.export_graph is not None:
+        write_atomic(opts.export_graph, graph_json.dumps(network), "graph file")
 
 
 # ---------------------------------------------------------------------------------------
@@ -532,6 +555,7 @@ def _check_outputs(opts: Options) -> None:
 def _run_search(opts: Options, out: IO, err: IO) -> int:
     network = _load_network(opts)
     _check_outputs(opts)
+    _export_graph(opts, network)
     profiler = _Profiler(opts.profile)
     with profiler:
         found = _plan(network, opts.procs, opts, err)
@@ -548,6 +572,7 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
 def _run_sweep(opts: Options, out: IO, err: IO) -> int:
     network = _load_network(opts)
     _check_outputs(opts)
+    _export_graph(opts, network)
     machine = opts.machine
     model = _effective_model(opts)
     if not opts.json:
@@ -621,6 +646,7 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     opts = options_from_args(args, settings)
     network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
     _check_outputs(opts)
+    _export_graph(opts, network)
     with _Profiler(opts.profile) as profiler:
         try:
             found = evaluate_plan(network, configs, opts.procs, opts.machine, opts.memory_model, opts.memory_cap)
