@@ -1,6 +1,6 @@
 """What the CLI shows: the layer table, the JSON object, sweep rows, timings and the DOT graph.
 
-Every function here returns text (or a ``pydot.Dot``) rendered from a ``pase.plan.Plan``;
+Every function here returns text (or a ``pydot.Dot``) rendered from a ``pase.planner.Plan``;
 nothing prints. A new output column is one ``Column`` in ``LAYER_COLUMNS``; a new JSON key is
 one line in ``report_dict``.
 """
@@ -19,13 +19,13 @@ from typing import Callable, Sequence
 from .builder import Network
 from .memory import ASSUMPTIONS
 from .ordering import ordering_title
-from .plan import Measurement, Plan
+from .planner import Measurement, Plan
 from .units import format_bytes, format_cost, format_seconds
 
 __all__ = [
     "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "SWEEP_COLUMNS",
     "format_cost", "format_seconds", "format_bytes", "split_notation",
-    "format_table", "report_dict", "memory_dict", "format_json",
+    "format_table", "report_dict", "refusal_dict", "memory_dict", "format_json",
     "format_sweep_header", "format_sweep_row", "format_sweep_refusal",
     "format_measurement", "format_profile", "dot_graph",
 ]
@@ -56,6 +56,8 @@ class LayerRow:
         Cost of redistributing the tensors this layer reads (edges into it).
     memory : float
         Bytes per device of this layer under the memory model (parameters and outputs).
+    procs : int
+        Devices of the plan; those beyond the configuration's own hold replicas.
     """
 
     id: int
@@ -69,11 +71,29 @@ class LayerRow:
     communication: float
     edge_cost: float
     memory: float
+    procs: int
 
     @property
     def cost(self) -> float:
         """The layer cost: compute plus communication."""
         return self.compute + self.communication
+
+    @property
+    def replicas(self) -> int:
+        """Copies of every part: the configuration uses ``prod(config)`` devices of ``procs``."""
+        return self.procs // math.prod(self.config)
+
+    @property
+    def idle(self) -> int:
+        """Devices left without a part or a whole copy (when ``prod(config)`` does not divide ``p``)."""
+        return self.procs % math.prod(self.config)
+
+    def configuration(self) -> str:
+        """The configuration as the dimensions it splits, and the replicas it leaves."""
+        text = split_notation(self.config, self.dims)
+        notes = [f"x{self.replicas} replicated"] if self.replicas > 1 else []
+        notes += [f"{self.idle} idle"] if self.idle else []
+        return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def layer_rows(plan: Plan) -> tuple:
@@ -86,7 +106,7 @@ def layer_rows(plan: Plan) -> tuple:
             id=v, name=net.names[v], op=layer.op, dims=layer.dims, domain=tuple(int(d) for d in layer.domain),
             configs=int(plan.config_counts[v]), config=tuple(int(c) for c in plan.configs[v]),
             compute=float(ev.compute[v]), communication=float(ev.communication[v]), edge_cost=float(edge_in[v]),
-            memory=float(plan.memory.per_layer[v]),
+            memory=float(plan.memory.per_layer[v]), procs=plan.procs,
         )
         for v, layer in enumerate(net.layers)
     )
@@ -164,7 +184,7 @@ LAYER_COLUMNS = (
     Column("dims", lambda r: r.dims),
     Column("iteration space", lambda r: _shape(r.domain)),
     Column("K", lambda r: str(r.configs), ">"),
-    Column("configuration", lambda r: split_notation(r.config, r.dims)),
+    Column("configuration", lambda r: r.configuration()),
     Column("layer cost", lambda r: format_cost(r.cost), ">"),
     Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
     Column("memory", lambda r: "-" if r.memory is None else format_bytes(r.memory), ">"),
@@ -265,6 +285,7 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
         "model": model,
         "flops": float(plan.machine.flops),
         "bw": float(plan.machine.bw),
+        "status": "ok",
         "total_cost": plan.total_cost,
         "data_parallel_cost": plan.data_parallel.total,
         "speedup_over_data_parallel": _finite(plan.speedup),
@@ -278,6 +299,7 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
                 "domain": list(r.domain),
                 "configs": r.configs,
                 "config": list(r.config),
+                "replicas": r.replicas,
                 "cost": r.cost,
                 "edge_cost": r.edge_cost,
                 "memory_bytes": r.memory,
@@ -305,6 +327,28 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "search_seconds": _stats(measure.search_seconds),
             "wall_seconds": _stats(measure.wall_seconds),
         }
+    return out
+
+
+def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=None) -> dict:
+    """The JSON record of a device count with no answer: ``status`` is ``"too_large"`` (the
+    tables would not fit: the estimate and budget are given) or ``"nothing_fits"`` (no
+    strategy fits the memory cap: the least memory is given). ``plan`` carries data
+    parallelism and, for ``nothing_fits``, the least-memory strategy's summary."""
+    out = {
+        "graph": plan.network.name, "procs": plan.procs, "batch": _batch_of(plan.network), "model": model,
+        "status": status, "data_parallel_cost": plan.data_parallel.total,
+    }
+    if too_large is not None:
+        estimate = getattr(too_large, "estimate", None)
+        out["budget_bytes"] = too_large.budget
+        out["needed_bytes"] = estimate.peak_bytes if estimate is not None else too_large.needed
+        if estimate is not None:
+            out["table_entries"] = estimate.table_entries
+            out["max_dependent_set"] = estimate.max_dependent_set
+    else:
+        out["least_bytes"] = plan.memory.least_bytes
+        out["memory"] = memory_dict(plan)
     return out
 
 

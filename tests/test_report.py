@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from pase import GraphBuilder, Machine
 from pase.layers import FC, SoftmaxCrossEntropy
-from pase.plan import Measurement, evaluate_plan
+from pase.planner import Measurement, evaluate_plan
 from pase.report import (
     LAYER_COLUMNS,
     dot_graph,
@@ -92,8 +92,9 @@ def test_report_dict_schema():
     assert data["edges"] == [[0, 1]]
     assert data["layers"][0] == {
         "id": 0, "name": "fc", "op": "FC", "dims": "bnk", "domain": [8, 4, 16], "configs": 6,
-        "config": [2, 1, 1], "cost": FC_COST, "edge_cost": 0.0, "memory_bytes": FC_MEMORY,
+        "config": [2, 1, 1], "replicas": 1, "cost": FC_COST, "edge_cost": 0.0, "memory_bytes": FC_MEMORY,
     }
+    assert data["layers"][1]["replicas"] == 2 and data["status"] == "ok"
     assert data["layers"][1]["config"] == [1, 1] and data["layers"][1]["edge_cost"] == EDGE_COST
     assert data["search"] == {"algo": "generateseq", "seconds": 0.5, "max_dependent_set": 1,
                               "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096}
@@ -122,7 +123,8 @@ def test_table_columns_line_up():
     header, rows = lines[header_at], lines[header_at + 1: header_at + 3]
     assert [c.header for c in LAYER_COLUMNS][:3] == ["id", "layer", "type"]
     assert rows[0].split() == ["0", "fc", "FC", "bnk", "8x4x16", "6", "b2", "3.2077e+05", "0.0000e+00", "1.06", "KB"]
-    assert rows[1].split() == ["1", "loss", "SoftmaxCrossEntropy", "bn", "8x4", "3", "unsplit",
+    # The loss uses one device of two: the other holds a replica.
+    assert rows[1].split() == ["1", "loss", "SoftmaxCrossEntropy", "bn", "8x4", "3", "unsplit", "(x2", "replicated)",
                                "1.4400e+02", "1.6000e+05", "64", "B"]
     for title in ("layer cost", "edge cost"):
         end = header.index(title) + len(title)
