@@ -23,7 +23,7 @@ from .planner import Measurement, Plan
 from .units import format_bytes, format_cost, format_seconds
 
 __all__ = [
-    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "SWEEP_COLUMNS",
+    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "layer_columns", "SWEEP_COLUMNS", "machine_line",
     "format_cost", "format_seconds", "format_bytes", "split_notation",
     "format_table", "report_dict", "refusal_dict", "memory_dict", "format_json",
     "format_sweep_header", "format_sweep_row", "format_sweep_refusal",
@@ -176,23 +176,58 @@ class Column:
     align: str = "<"
 
 
-#: The layer table, left to right. Later options (e.g. per-device memory) append here.
-LAYER_COLUMNS = (
-    Column("id", lambda r: str(r.id), ">"),
-    Column("layer", lambda r: r.name),
-    Column("type", lambda r: r.op),
-    Column("dims", lambda r: r.dims),
-    Column("iteration space", lambda r: _shape(r.domain)),
-    Column("K", lambda r: str(r.configs), ">"),
-    Column("configuration", lambda r: r.configuration()),
-    Column("layer cost", lambda r: format_cost(r.cost), ">"),
-    Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
-    Column("memory", lambda r: "-" if r.memory is None else format_bytes(r.memory), ">"),
-)
+def _cost_cell(unit: str):
+    """Cells of one cost column: FLOP-equivalents in scientific notation, seconds as ms."""
+    if unit == SECONDS:
+        return lambda x: f"{1e3 * x:.4f}"
+    return format_cost
+
+
+def layer_columns(unit: str) -> tuple:
+    """The layer table, left to right, for costs in ``unit``."""
+    cell = _cost_cell(unit)
+    suffix = " ms" if unit == SECONDS else ""
+    return (
+        Column("id", lambda r: str(r.id), ">"),
+        Column("layer", lambda r: r.name),
+        Column("type", lambda r: r.op),
+        Column("dims", lambda r: r.dims),
+        Column("iteration space", lambda r: _shape(r.domain)),
+        Column("K", lambda r: str(r.configs), ">"),
+        Column("configuration", lambda r: r.configuration()),
+        Column("compute" + suffix, lambda r: cell(r.compute), ">"),
+        Column("communication" + suffix, lambda r: cell(r.communication), ">"),
+        Column("edge cost" + suffix, lambda r: cell(r.edge_cost), ">"),
+        Column("memory", lambda r: format_bytes(r.memory), ">"),
+    )
+
+
+#: The unit of calibrated machines (``machines.md``); the reference machine's is FLOP-equivalents.
+SECONDS = "seconds"
+#: The layer table of the reference machine.
+LAYER_COLUMNS = layer_columns("flop-equivalents")
+
+
+def machine_line(machine) -> str:
+    """One line naming the machine and what it prices with."""
+    if machine.cost_unit != SECONDS:
+        return (f"machine {machine.name}: {machine.flops:g} TFLOPS and {machine.bw:g} GB/s per device "
+                f"(rho = {machine.rho:g} FLOP per 8-byte word)")
+    d = machine.describe()
+    return (
+        f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+        f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
+        + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+    )
+
+
+def unit_line(machine) -> str:
+    if machine.cost_unit == SECONDS:
+        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+    return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
 
 
 def _header_lines(plan: Plan, model: int | None) -> list:
-    m = plan.machine
     capped = plan.memory.status == "capped"
     what = ("cost of a given strategy" if plan.evaluated
             else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
@@ -200,14 +235,15 @@ def _header_lines(plan: Plan, model: int | None) -> list:
     net = plan.network
     return [
         f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
-        f"devices {plan.procs}, batch {_batch_of(net)}; machine {m.flops:g} TFLOPS and {m.bw:g} GB/s per device "
-        f"(rho = {m.rho:g} FLOP per 8-byte word)",
-        "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step",
+        f"devices {plan.procs}, batch {_batch_of(net)}; {machine_line(plan.machine)}",
+        unit_line(plan.machine),
     ]
 
 
 def _summary_lines(plan: Plan) -> list:
     def with_time(cost):
+        if plan.machine.cost_unit == SECONDS:
+            return f"{format_seconds(cost)} per training step"
         seconds = format_seconds(_seconds_per_step(plan, cost))
         return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {plan.machine.flops:g} TFLOPS)"
 
@@ -257,14 +293,15 @@ def _memory_lines(plan: Plan) -> list:
     return lines
 
 
-def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] = LAYER_COLUMNS) -> str:
+def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None) -> str:
     """The default output: header, one row per layer, totals and search statistics."""
+    columns = columns or layer_columns(plan.machine.cost_unit)
     rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
     lines = _header_lines(plan, model) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(plan)]
-    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads"
-                 "; memory: per device, parameters and outputs)")
+    lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
+                 "edge cost: redistributing the tensors it reads; memory: per device, parameters and outputs)")
     return "\n".join(lines) + "\n"
 
 
@@ -283,8 +320,7 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
         "procs": plan.procs,
         "batch": _batch_of(plan.network),
         "model": model,
-        "flops": float(plan.machine.flops),
-        "bw": float(plan.machine.bw),
+        **_machine_keys(plan.machine),
         "status": "ok",
         "total_cost": plan.total_cost,
         "data_parallel_cost": plan.data_parallel.total,
@@ -301,6 +337,8 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
                 "config": list(r.config),
                 "replicas": r.replicas,
                 "cost": r.cost,
+                "compute": r.compute,
+                "communication": r.communication,
                 "edge_cost": r.edge_cost,
                 "memory_bytes": r.memory,
             }
@@ -328,6 +366,14 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "wall_seconds": _stats(measure.wall_seconds),
         }
     return out
+
+
+def _machine_keys(machine) -> dict:
+    """The machine keys of the JSON: ``flops``/``bw`` for the reference machine, the unit, the machine."""
+    keys = {}
+    if machine.cost_unit != SECONDS:
+        keys = {"flops": float(machine.flops), "bw": float(machine.bw)}
+    return {**keys, "cost_unit": machine.cost_unit, "machine": machine.describe()}
 
 
 def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=None) -> dict:
