@@ -40,7 +40,7 @@ from .builder import Network
 from .layers import Layer
 from .strategy import check_strategy
 
-__all__ = ["FORMAT", "export_shardings", "mesh_axes", "layout_axes", "tensor_dims", "partition_spec"]
+__all__ = ["FORMAT", "export_shardings", "mesh_axes", "layout_axes", "tensor_dims", "partition_spec", "unpack_plan"]
 
 #: Name and version of the export format.
 FORMAT = "pase-jax-shardings/1"
@@ -180,13 +180,25 @@ def _weight_names(layer: Layer, name: str) -> list:
     return [f"{name}.weight{i}" for i in range(count)]
 
 
-def export_shardings(network: Network, configs: Sequence[Sequence[int]], procs: int) -> dict:
+def unpack_plan(network, configs=None, procs=None) -> tuple:
+    """``(network, configs, procs)`` from a ``pase.Plan`` or from the three given apart."""
+    if isinstance(network, Network):
+        if configs is None or procs is None:
+            raise ValueError("give the configurations and the device count with a network (or pass a Plan)")
+        return network, configs, procs
+    if all(hasattr(network, a) for a in ("network", "configs", "procs")):
+        return network.network, network.configs if configs is None else configs, network.procs if procs is None else procs
+    raise TypeError(f"expected a pase.Plan or a Network, got {type(network).__name__}")
+
+
+def export_shardings(network, configs: Sequence[Sequence[int]] | None = None, procs: int | None = None) -> dict:
     """The plan ``configs`` for ``network`` on ``procs`` devices as a JAX mesh and shardings.
 
     Parameters
     ----------
-    network : Network
-        The computation graph.
+    network : Network or Plan
+        The computation graph, or a ``pase.Plan`` (then ``configs`` and ``procs`` default to
+        its own).
     configs : sequence of sequences of int
         One configuration per layer, in vertex-id order (a strategy's ``configs``).
     procs : int
@@ -210,6 +222,7 @@ def export_shardings(network: Network, configs: Sequence[Sequence[int]], procs: 
     >>> fc["inputs"][0]["spec"], fc["weights"][0]["spec"], fc["outputs"][0]["spec"]
     ([['d0'], None], [['d1'], None], [['d0'], ['d1']])
     """
+    network, configs, procs = unpack_plan(network, configs, procs)
     strategy = check_strategy(network, configs, procs)
     names, sizes = mesh_axes(procs)
     layers = []

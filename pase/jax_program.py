@@ -20,7 +20,7 @@ try:
 except ImportError:  # only so that pytest's doctest collection can import the module without jax
     jax = None
 
-__all__ = ["OPS", "layer_args", "scope_name", "run"]
+__all__ = ["OPS", "scope_name", "run"]
 
 EPS = 1e-5
 
@@ -32,25 +32,6 @@ def scope_name(v: int, name: str) -> str:
     ``/ ( ; :``, so the name must not contain those.
     """
     return f"L{v}." + re.sub(r"[/();:\s\"]", "_", name)
-
-
-def layer_args(layer) -> dict:
-    """The layer's constructor arguments other than tensors (``layer.args``)."""
-    args = getattr(layer, "args", None)
-    if args is not None:
-        return dict(args)
-    # Layers from before ``Layer.args``: read the attributes that exist.
-    found = {}
-    for key in ("pw", "axis", "axes", "keepdims", "equation", "vocab", "width"):
-        if hasattr(layer, key):
-            found[key] = getattr(layer, key)
-    if layer.op == "LSTM":
-        found["layers"] = layer.domain[0]
-    if layer.op == "Unravel":
-        found["shape"] = list(layer.domain)
-    if layer.op in ("Conv", "Pooling"):
-        raise ValueError(f"{layer.op}: stride and padding are unknown (the layer has no args)")
-    return found
 
 
 def _pointwise(x, pw: int):
@@ -267,7 +248,7 @@ class _Program:
         for op in sorted({layer.op for layer in network.layers}):
             if op not in OPS:
                 raise ValueError(f"layer type {op!r} has no JAX implementation")
-        self.args = [layer_args(layer) for layer in network.layers]
+        self.args = [dict(layer.args) for layer in network.layers]
         rng = np.random.RandomState(seed)
         # Weights: graph weights (a tensor, shared by its readers) or a layer's own.
         self.weight_key: list = []  # per layer, per weight slot: key into self.params

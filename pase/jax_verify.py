@@ -41,10 +41,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .builder import Network, edge_cost_matrix
-from .jax_export import export_shardings
-from .machine import Machine
-from .strategy import check_strategy
+from .builder import Network
+from .jax_export import export_shardings, unpack_plan
+from .strategy import check_strategy, evaluate
 
 __all__ = [
     "verify", "VerifyResult", "LayerTraffic", "TrafficMachine", "JaxMissing", "modelled_bytes",
@@ -66,87 +65,59 @@ class JaxMissing(ImportError):
 # Modelled bytes
 
 
-class TrafficMachine(Machine):
+@dataclass(frozen=True)
+class TrafficMachine:
     """A machine that prices only communication, in bytes per device.
 
-    Every communication term of the cost model becomes its volume in elements times
-    ``element_bytes``: a ring all-reduce of ``w`` elements over ``q`` devices
-    ``2 (q-1)/q w``, an exchange or a redistribution ``w``. Computation costs nothing.
+    It answers the machine protocol (``pase.machine``): every communication term of the cost
+    model becomes its volume in elements times ``element_bytes`` (a ring all-reduce of ``w``
+    elements over ``q`` devices ``2 (q-1)/q w``, an exchange or a redistribution ``w``);
+    computation costs nothing. ``evaluate`` under it gives the modelled bytes.
 
     Examples
     --------
-    >>> float(TrafficMachine().all_reduce(100.0, 4))    # 2 * 3/4 * 100 elements * 4 bytes
-    600.0
-    >>> float(TrafficMachine().comm(10.0))
-    40.0
+    >>> from pase.machine import Group
+    >>> TrafficMachine().all_reduce(100.0, Group.flat(4)).tolist()   # 2 * 3/4 * 100 elements * 4 bytes
+    [600.0]
+    >>> TrafficMachine().exchange(10.0, Group.flat(2)).tolist()
+    [40.0]
     """
 
     element_bytes: int = ELEMENT_BYTES
 
-    @property
-    def rho(self) -> float:
-        return float(self.element_bytes)
+    name = "traffic"
+    cost_unit = "bytes"
+    memory_bytes = None
 
-    def comm(self, words):
-        return self.element_bytes * np.asarray(words, dtype=np.float64)
+    def check_procs(self, procs: int) -> None:
+        """Any device count."""
 
-    def all_reduce(self, elements, devices, grad: bool = False):
-        q = np.asarray(getattr(devices, "size", devices) if hasattr(devices, "sizes") else devices,
-                       dtype=np.float64)
-        return self.element_bytes * np.asarray(elements, dtype=np.float64) / q * 2.0 * (q - 1.0)
-
-    # The calls of the machine protocol (compute is free; data moves at its size).
     def gemm(self, B, M, N, K):
         return np.zeros(np.broadcast(B, M, N, K).shape)
 
-    def memory_bound(self, kind, elements, flops):
+    def memory_bound(self, kind: str, elements, flops):
         return np.zeros(np.shape(elements))
 
+    def all_reduce(self, elements, group, grad: bool = False):
+        q = np.asarray(group.size, dtype=np.float64)
+        return self.element_bytes * np.asarray(elements, dtype=np.float64) / q * 2.0 * (q - 1.0)
+
     def exchange(self, elements, group):
-        return np.where(np.asarray(group.size) > 1, self.comm(elements), 0.0)
+        return np.where(np.asarray(group.size) > 1, self.element_bytes * np.asarray(elements, dtype=np.float64), 0.0)
 
-    def redistribute(self, elements, procs):
-        return self.comm(elements)
+    def redistribute(self, elements, procs: int):
+        return self.element_bytes * np.asarray(elements, dtype=np.float64)
 
-
-class _NoCommMachine(Machine):
-    """The reference machine with free communication: what remains of a layer cost is compute."""
-
-    def comm(self, words):
-        return np.zeros(np.shape(words))
-
-    def all_reduce(self, words, devices, grad: bool = False):
-        return np.zeros(np.broadcast(np.asarray(words), np.asarray(getattr(devices, "size", devices))).shape)
-
-
-def _layer_comm_bytes(layer, C: np.ndarray) -> np.ndarray:
-    """Bytes per device of a layer's own collectives, for every configuration row of ``C``.
-
-    The one place where cost-model volumes become bytes. With a layer that splits its cost
-    (``costs`` -> compute and communication) it is the communication priced by
-    ``TrafficMachine``; otherwise the total under ``TrafficMachine`` less the total under a
-    machine whose communication is free.
-    """
-    traffic = TrafficMachine()
-    if hasattr(layer, "costs"):
-        return np.asarray(layer.costs(C, traffic).communication, dtype=np.float64)
-    return np.asarray(layer.cost(C, traffic), dtype=np.float64) - np.asarray(layer.cost(C, _NoCommMachine()))
-
-
-def _edge_bytes(shape, source, target, procs: int) -> float:
-    """Bytes per device that the model moves on one edge tensor (forward and backward)."""
-    try:
-        matrix = edge_cost_matrix(shape, source, target, TrafficMachine(), procs)
-    except TypeError:  # the signature before machines priced device groups
-        matrix = edge_cost_matrix(shape, source, target, TrafficMachine())
-    return float(matrix[0, 0])
+    def describe(self) -> dict:
+        return {"name": self.name, "element_bytes": self.element_bytes}
 
 
 def modelled_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int | None = None) -> tuple:
     """Bytes per device the cost model moves for the strategy ``configs``.
 
     Returns ``(layer_bytes, edge_bytes)``, two arrays over the layers: the layer's own
-    collectives, and the redistribution on the edges into it (forward and backward).
+    collectives, and the redistribution on the edges into it (forward and backward). It is
+    ``evaluate`` under ``TrafficMachine``: the one place where model volumes become bytes.
 
     Examples
     --------
@@ -157,18 +128,8 @@ def modelled_bytes(network: Network, configs: Sequence[Sequence[int]], procs: in
     >>> float(layer[0])   # forward output (8 x 4) all-reduced over k = 2: 2 * 1/2 * 32 * 4 bytes
     128.0
     """
-    strategy = check_strategy(network, configs, procs)
-    rows = [np.asarray([c], dtype=np.int64) for c in strategy]
-    layer_bytes = np.array([float(_layer_comm_bytes(layer, C)[0]) for layer, C in zip(network.layers, rows)])
-    outputs = [layer.output_configs(C) for layer, C in zip(network.layers, rows)]
-    inputs = [layer.input_configs(C) for layer, C in zip(network.layers, rows)]
-    edge_bytes = np.zeros(len(network.layers))
-    p = procs or max(math.prod(c) for c in strategy)
-    for (u, v), tensors in network.edges.items():
-        edge_bytes[v] += sum(
-            _edge_bytes(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], p) for t in tensors
-        )
-    return layer_bytes, edge_bytes
+    evaluation = evaluate(network, configs, TrafficMachine(), procs)
+    return np.asarray(evaluation.communication, dtype=np.float64), evaluation.incident_edge_costs()
 
 
 # ---------------------------------------------------------------------------------------
@@ -730,9 +691,9 @@ def _child_env(procs: int) -> dict:
 
 
 def verify(
-    network: Network,
-    configs: Sequence[Sequence[int]],
-    procs: int,
+    network,
+    configs: Sequence[Sequence[int]] | None = None,
+    procs: int | None = None,
     machine=None,
     seed: int = 0,
     tolerance: float = 1e-4,
@@ -742,7 +703,8 @@ def verify(
 
     Parameters
     ----------
-    network : Network
+    network : Network or Plan
+        The computation graph, or a ``pase.Plan`` (``configs`` and ``procs`` default to its own).
     configs : sequence of sequences of int
         One configuration per layer; each must use a divisor of ``procs`` devices.
     procs : int
@@ -774,6 +736,7 @@ def verify(
     """
     if importlib.util.find_spec("jax") is None:
         raise JaxMissing(INSTALL_HINT)
+    network, configs, procs = unpack_plan(network, configs, procs)
     strategy = check_strategy(network, configs, procs)
     plan = export_shardings(network, strategy, procs)
     layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs)

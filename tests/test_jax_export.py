@@ -14,7 +14,7 @@ import pytest
 import graphs
 from pase import (
     FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, GraphBuilder, Norm, ReduceMean, Softmax,
-    SoftmaxCrossEntropy, Stack, Unstack, find_strategy,
+    SoftmaxCrossEntropy, Stack, Unstack, plan,
 )
 from pase.baselines import data_parallel
 from pase.jax_export import FORMAT, export_shardings, layout_axes, mesh_axes, partition_spec, tensor_dims
@@ -247,10 +247,10 @@ def test_exported_specs_split_every_tensor_as_its_configuration(name, batch, mod
     # Independent check: for every tensor, the axes of its spec multiply to the split the
     # layer's own tensor configuration gives, and no mesh axis appears twice in one tensor.
     net = graphs.build(name, batch, model)
-    for configs in (find_strategy(net, 8).configs, data_parallel(net, 8)):
-        plan = export_shardings(net, configs, 8)
-        sizes = dict(zip(plan["mesh"]["axis_names"], plan["mesh"]["axis_sizes"]))
-        for layer, entry, config in zip(net.layers, plan["layers"], configs):
+    for configs in (plan(net, 8).configs, data_parallel(net, 8)):
+        exported = export_shardings(net, configs, 8)
+        sizes = dict(zip(exported["mesh"]["axis_names"], exported["mesh"]["axis_sizes"]))
+        for layer, entry, config in zip(net.layers, exported["layers"], configs):
             C = np.asarray([config])
             expected = [c[0].tolist() for c in layer.input_configs(C)]
             got_specs = [t["spec"] for t in entry["inputs"]] + [w["spec"] for w in entry["weights"]
@@ -268,5 +268,15 @@ def test_exported_specs_split_every_tensor_as_its_configuration(name, batch, mod
 
 def test_export_is_deterministic():
     net = graphs.build("alexnet", 8)
-    configs = find_strategy(net, 8).configs
+    configs = plan(net, 8).configs
     assert json.dumps(export_shardings(net, configs, 8)) == json.dumps(export_shardings(net, configs, 8))
+
+
+def test_export_takes_a_plan():
+    net = _mlp()
+    found = plan(net, 4)
+    assert export_shardings(found) == export_shardings(net, found.configs, 4)
+    with pytest.raises(ValueError, match="give the configurations"):
+        export_shardings(net)
+    with pytest.raises(TypeError, match="expected a pase.Plan or a Network"):
+        export_shardings("alexnet", [], 4)

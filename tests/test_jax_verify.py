@@ -14,9 +14,10 @@ import pytest
 from graphs.transformer import multi_head
 from pase import (
     FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, GraphBuilder, Machine, Norm, Pooling, ReduceMean,
-    SoftmaxCrossEntropy, evaluate, find_strategy,
+    SoftmaxCrossEntropy, evaluate, plan,
 )
 from pase.baselines import data_parallel
+from pase.machine import Group
 from pase.jax_verify import (
     INSTALL_HINT, Collective, JaxMissing, TrafficMachine, _attribution, _group_size, _relative_error, _result,
     collective_bytes, modelled_bytes, parse_collectives, verify,
@@ -38,11 +39,16 @@ def _mlp(units=32):
 def test_traffic_machine_by_hand():
     m = TrafficMachine()
     # Ring all-reduce of 100 elements over 4 devices: 2 * 3/4 * 100 = 150 elements = 600 bytes.
-    assert float(m.all_reduce(100.0, 4)) == 600.0
-    assert float(m.all_reduce(100.0, 1)) == 0.0
-    # 10 elements moved: 40 bytes.
-    assert float(m.comm(10.0)) == 40.0
-    assert m.all_reduce(np.array([8.0, 8.0]), np.array([2, 8])).tolist() == [32.0, 56.0]
+    assert m.all_reduce(100.0, Group.flat(4)).tolist() == [600.0]
+    assert m.all_reduce(100.0, Group.flat(1)).tolist() == [0.0]
+    # Two configurations: 8 elements over 2 devices (8 elements, 32 bytes) and over 8 (14, 56).
+    assert m.all_reduce(np.array([8.0, 8.0]), Group.flat(np.array([2, 8]))).tolist() == [32.0, 56.0]
+    # An exchange moves its elements when the group has more than one device; redistribution always.
+    assert m.exchange(np.array([10.0, 10.0]), Group.flat(np.array([1, 2]))).tolist() == [0.0, 40.0]
+    assert float(m.redistribute(10.0, 8)) == 40.0
+    # Computation is free.
+    assert float(np.sum(m.gemm(2.0, 3.0, 4.0, 5.0))) == 0.0
+    assert float(np.sum(m.memory_bound("add", np.array([5.0]), np.array([5.0])))) == 0.0
 
 
 def test_modelled_bytes_by_hand():
@@ -66,7 +72,7 @@ def test_modelled_bytes_agree_with_the_reference_cost_model():
     import graphs
 
     net = graphs.build("alexnet", 8)
-    configs = find_strategy(net, 8).configs
+    configs = plan(net, 8).configs
     fast, slow = Machine(10.0, 16.0), Machine(10.0, 8.0)
     a, b = evaluate(net, configs, slow), evaluate(net, configs, fast)
     words = (a.layer_costs - b.layer_costs) / (slow.rho - fast.rho)
@@ -317,7 +323,7 @@ def jax_available():
 def test_plans_run_and_match_the_unsharded_numbers(jax_available, build):
     net = build()
     flags = os.environ.get("XLA_FLAGS")
-    for configs in (find_strategy(net, 4).configs, _random_plan(net, 4, 1)):
+    for configs in (plan(net, 4).configs, _random_plan(net, 4, 1)):
         result = verify(net, configs, 4, seed=3)
         assert result.ok, result.table()
         assert result.max_error <= 1e-4
