@@ -12,5 +12,7 @@ setup(
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],
+    # Optional: running a plan on XLA host devices (pase.jax_verify); jax on CPU, ~100 MB.
+    extras_require={"jax": ["jax>=0.4.30"]},
     entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )
