@@ -43,10 +43,14 @@ import numpy as np
 
 from .builder import Network
 from .jax_export import export_shardings, unpack_plan
+from .memory import activation_elements, parameter_elements
+from .solver import available_memory
 from .strategy import check_strategy, evaluate
+from .units import format_bytes
 
 __all__ = [
-    "verify", "VerifyResult", "LayerTraffic", "TrafficMachine", "JaxMissing", "modelled_bytes",
+    "verify", "VerifyResult", "LayerTraffic", "TrafficMachine", "JaxMissing", "VerifyTooLarge", "estimated_bytes",
+    "modelled_bytes",
     "Collective", "parse_collectives", "collective_bytes", "INSTALL_HINT",
 ]
 
@@ -59,6 +63,40 @@ ELEMENT_BYTES = 4
 
 class JaxMissing(ImportError):
     """jax is not importable; the message says how to install it."""
+
+
+class VerifyTooLarge(MemoryError):
+    """The run would need more memory than the budget; raised before anything starts.
+
+    ``needed`` and ``budget`` are bytes.
+    """
+
+    def __init__(self, graph: str, procs: int, needed: float, budget: float):
+        self.needed = needed
+        self.budget = budget
+        super().__init__(
+            f"the JAX run of {graph} on {procs} devices needs about {format_bytes(needed)} of memory "
+            f"(every device's activations, replicas included, and their gradients), over the budget of "
+            f"{format_bytes(budget)}; shrink the graph with -b (batch) or -m (width)"
+        )
+
+
+def estimated_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int) -> float:
+    """A rough peak of the run's memory in bytes, for refusing runs that cannot fit.
+
+    Twice the float32 layer outputs (kept for the backward pass, and their gradients) of the
+    larger of the two runs, plus twice the weights (and their gradients) of both runs. The
+    sharded run counts every device's copy: a plan that replicates parts over idle devices
+    costs that many times more.
+    """
+    strategy = check_strategy(network, configs, procs)
+    sharded = reference = weights = 0.0
+    for layer, config in zip(network.layers, strategy):
+        C = np.asarray([config])
+        sharded += float(activation_elements(layer, C)[0]) * procs
+        reference += sum(math.prod(shape) for shape in layer.output_shapes)
+        weights += float(parameter_elements(layer, C)[0]) * procs + sum(math.prod(s) for s, _ in layer.parameters())
+    return ELEMENT_BYTES * 2.0 * (max(sharded, reference) + weights)
 
 
 # ---------------------------------------------------------------------------------------
@@ -508,14 +546,6 @@ def _ratio(xla: float, modelled: float):
     return xla / modelled if modelled > 0 else None
 
 
-def _format_bytes(n: float) -> str:
-    """``1.5 MB``-style, powers of 1000, like the rest of the project's output."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
 @dataclass(frozen=True)
 class VerifyResult:
     """What ``verify`` found: the numbers check and the communication, layer by layer.
@@ -647,19 +677,19 @@ class VerifyResult:
             if not all_layers and l.modelled == 0 and l.xla == 0:
                 continue
             kinds = " ".join(f"{_KIND_SHORT[k]}x{n}" for k, n in sorted(l.collectives.items()))
-            rows.append([str(l.id), l.name, l.op, _format_bytes(l.modelled_layer), _format_bytes(l.xla_layer),
-                         _format_bytes(l.modelled_edge), _format_bytes(l.xla_edge),
+            rows.append([str(l.id), l.name, l.op, format_bytes(l.modelled_layer), format_bytes(l.xla_layer),
+                         format_bytes(l.modelled_edge), format_bytes(l.xla_edge),
                          "-" if l.ratio is None else f"{l.ratio:.2f}", kinds])
         if self.unattributed:
             kinds = " ".join(f"{_KIND_SHORT[k]}x{n}" for k, n in sorted(self.unattributed_kinds.items()))
-            rows.append(["", "(no layer scope)", "", "", _format_bytes(self.unattributed), "", "", "", kinds])
+            rows.append(["", "(no layer scope)", "", "", format_bytes(self.unattributed), "", "", "", kinds])
         layer_m = sum(l.modelled_layer for l in self.layers)
         edge_m = sum(l.modelled_edge for l in self.layers)
         layer_x = sum(l.xla_layer for l in self.layers) + self.unattributed
         edge_x = sum(l.xla_edge for l in self.layers)
         total = _ratio(self.xla_total, self.modelled_total)
-        rows.append(["", "total", "", _format_bytes(layer_m), _format_bytes(layer_x), _format_bytes(edge_m),
-                     _format_bytes(edge_x), "-" if total is None else f"{total:.2f}", ""])
+        rows.append(["", "total", "", format_bytes(layer_m), format_bytes(layer_x), format_bytes(edge_m),
+                     format_bytes(edge_x), "-" if total is None else f"{total:.2f}", ""])
         widths = [max(len(r[i]) for r in rows + [headers]) for i in range(len(headers))]
         right = {0, 3, 4, 5, 6, 7}
         for row in [headers] + rows:
@@ -698,6 +728,7 @@ def verify(
     seed: int = 0,
     tolerance: float = 1e-4,
     timeout: float | None = None,
+    memory_budget: float | None = None,
 ) -> VerifyResult:
     """Run the plan ``configs`` on ``procs`` XLA host devices and check it.
 
@@ -718,6 +749,9 @@ def verify(
         Largest relative error allowed per tensor, ``max|sharded - unsharded| / max|unsharded|``.
     timeout : float, optional
         Seconds after which the child is stopped (``subprocess.TimeoutExpired``).
+    memory_budget : float, optional
+        Bytes the run may use (default 80 % of the memory available); a run whose
+        ``estimated_bytes`` exceed it is refused before it starts.
 
     Returns
     -------
@@ -729,16 +763,22 @@ def verify(
     ------
     JaxMissing
         jax is not installed.
+    VerifyTooLarge
+        The run would not fit ``memory_budget``.
     ValueError
         A bad strategy, or a configuration whose device count does not divide ``procs``.
     RuntimeError
         The child failed (its last lines of output in the message).
     """
-    if importlib.util.find_spec("jax") is None:
-        raise JaxMissing(INSTALL_HINT)
     network, configs, procs = unpack_plan(network, configs, procs)
     strategy = check_strategy(network, configs, procs)
     plan = export_shardings(network, strategy, procs)
+    if importlib.util.find_spec("jax") is None:
+        raise JaxMissing(INSTALL_HINT)
+    budget = 0.8 * available_memory() if memory_budget is None else float(memory_budget)
+    needed = estimated_bytes(network, strategy, procs)
+    if needed > budget:
+        raise VerifyTooLarge(network.name, procs, needed, budget)
     layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs)
     payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed)})
     started = time.perf_counter()

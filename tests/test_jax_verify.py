@@ -19,7 +19,7 @@ from pase import (
 from pase.baselines import data_parallel
 from pase.machine import Group
 from pase.jax_verify import (
-    INSTALL_HINT, Collective, JaxMissing, TrafficMachine, _attribution, _group_size, _relative_error, _result,
+    INSTALL_HINT, Collective, JaxMissing, TrafficMachine, VerifyTooLarge, estimated_bytes, _attribution, _group_size, _relative_error, _result,
     collective_bytes, modelled_bytes, parse_collectives, verify,
 )
 
@@ -247,6 +247,22 @@ def test_verify_says_how_to_install_jax(monkeypatch):
     with pytest.raises(JaxMissing, match=r"pip install '\.\[jax\]'"):
         verify(_mlp(), [(1, 1, 1), (1, 1)], 2)
     assert INSTALL_HINT == "jax is not installed: pip install '.[jax]'"
+
+
+def test_estimated_bytes_by_hand():
+    # mlp: FC output (8, 32) = 256 elements, loss output (8, 32) = 256; weight (32, 16) = 512.
+    # Plan: FC split (2, 1, 1) (each device 128 output elements, the whole weight), loss unsplit,
+    # on 2 devices. Sharded outputs: (128 + 256) * 2 devices = 768 > the reference's 512.
+    # Weights: 512 on each of 2 devices plus the reference's 512 = 1536.
+    # 4 bytes * 2 * (768 + 1536) = 18432.
+    assert estimated_bytes(_mlp(), [(2, 1, 1), (1, 1)], 2) == 18432.0
+
+
+def test_verify_refuses_a_run_over_the_memory_budget(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "jax" else real(name, *a))
+    with pytest.raises(VerifyTooLarge, match=r"needs about 18\.4 KB .* over the budget of 1 KB; shrink"):
+        verify(_mlp(), [(2, 1, 1), (1, 1)], 2, memory_budget=1000)
 
 
 # ---------------------------------------------------------------------------------------
