@@ -406,3 +406,37 @@ def test_verify_refuses_a_plan_jax_cannot_shard(jax_available):
     g.add("loss", SoftmaxCrossEntropy(h))
     with pytest.raises(ValueError, match="does not divide 4"):
         verify(g.build(), [(3, 1, 1), (1, 1)], 4)
+
+
+SNIPPET = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+plan = json.load(open(sys.argv[1]))
+mesh = Mesh(np.array(jax.devices()[: plan["procs"]]).reshape(plan["mesh"]["axis_sizes"]),
+            plan["mesh"]["axis_names"])
+
+def sharding(spec):
+    return NamedSharding(mesh, PartitionSpec(*(tuple(e) if e else None for e in spec)))
+
+fc = {layer["name"]: layer for layer in plan["layers"]}["fc"]
+w = jax.device_put(np.zeros(fc["weights"][0]["shape"], np.float32), sharding(fc["weights"][0]["spec"]))
+print(sorted({tuple(s.data.shape) for s in w.addressable_shards}), len(w.addressable_shards))
+"""
+
+
+def test_readme_snippet_applies_an_export(jax_available, tmp_path):
+    # The README's way of applying an export, on 4 devices: FC (b, n, k) split (1, 2, 2) puts
+    # its (32, 16) weight in (16, 8) blocks, one per device.
+    import subprocess
+    import sys
+
+    from pase.jax_export import export_shardings
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(export_shardings(_mlp(), [(1, 2, 2), (1, 1)], 4)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SNIPPET, str(path)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[(16,", "8)]", "4"]
