@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     lines += markdown_table(["graph", "setting", "strategy", "numbers", "max rel. error", "modelled MB",
                              "XLA MB", "XLA/model", "seconds"], rows, "lllllrrrr")
     if refused:
-        lines += ["", "Refused runs would not fit 80 % of this machine's memory "
+        lines += ["", "Refused runs would not fit 90 % of this machine's available memory "
                   "(`pase.jax_verify.estimated_bytes`: every device's activations, replicas included)."]
     lines += ["", "## Per layer type (all graphs above together)", ""]
     rows = []

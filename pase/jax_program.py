@@ -257,6 +257,7 @@ class _Program:
         self.data: dict = {}
         self.data_key: list = []  # per layer, per input slot: key into self.data or None
         consumed = set()
+        names_of: dict = {}  # graph weight tensor -> its parameter name
         for v, (layer, entry) in enumerate(zip(network.layers, plan["layers"])):
             keys, data_keys = [], []
             weights = iter(entry["weights"])
@@ -266,7 +267,11 @@ class _Program:
                     data_keys.append(None)
                 elif t.is_param:
                     w = next(weights)
-                    key = f"{entry['name']}.weight" if layer.op == "Embedding" else t.name or f"input{t.index}"
+                    if layer.op == "Embedding":  # its table is its own, whatever the tensor
+                        key = w["name"]
+                    else:  # a graph weight, shared by the layers that read it
+                        key = names_of.setdefault(t.key, t.name if t.name and t.name not in self.params
+                                                  else f"{t.name or 'weight'}#{t.index}")
                     if key not in self.params:
                         self.params[key] = self._weight(rng, w["name"], t.shape)
                         self.param_spec[key] = w["spec"]

@@ -265,6 +265,20 @@ def test_verify_refuses_a_run_over_the_memory_budget(monkeypatch):
         verify(_mlp(), [(2, 1, 1), (1, 1)], 2, memory_budget=1000)
 
 
+@pytest.mark.parametrize(
+    "code, stderr, message",
+    [(-9, b"", r"was killed \(out of memory\?\); shrink"), (1, b"Traceback\nValueError: boom", "failed:\nTraceback\nValueError: boom")],
+)
+def test_a_failed_child_is_one_clear_error(monkeypatch, code, stderr, message):
+    import subprocess
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "jax" else real(name, *a))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, code, b"", stderr))
+    with pytest.raises(RuntimeError, match=message):
+        verify(_mlp(), [(2, 1, 1), (1, 1)], 2)
+
+
 # ---------------------------------------------------------------------------------------
 # Runs on XLA host devices (jax needed)
 
