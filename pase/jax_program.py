@@ -362,7 +362,7 @@ class _Program:
 
 def run(network, plan: dict, seed: int) -> dict:
     """Run ``plan`` sharded and unsharded; returns numbers, errors, HLO text and timings."""
-    from .jax_verify import INSTALL_HINT, JaxMissing, _relative_error
+    from .jax_verify import GRADIENT_FLOOR, INSTALL_HINT, JaxMissing, _relative_error
 
     if jax is None:
         raise JaxMissing(INSTALL_HINT)
@@ -399,7 +399,9 @@ def run(network, plan: dict, seed: int) -> dict:
     ref_grads = {k: np.asarray(g) for k, g in ref_grads.items()}
     seconds["reference"] = time.perf_counter() - started
 
-    gradients = [(k, list(program.params[k].shape), _relative_error(grads[k], ref_grads[k])) for k in program.params]
+    largest = max((float(np.max(np.abs(g))) for g in ref_grads.values() if g.size), default=0.0)
+    gradients = [(k, list(program.params[k].shape), _relative_error(grads[k], ref_grads[k], GRADIENT_FLOOR * largest))
+                 for k in program.params]
     return {
         "loss": loss,
         "loss_reference": ref_loss,

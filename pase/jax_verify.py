@@ -846,10 +846,23 @@ def _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolera
 # The child: everything below runs with jax imported
 
 
-def _relative_error(value, reference) -> float:
+#: A gradient is compared at its own scale, or at this fraction of the largest gradient element
+#: of the model if that is larger (see ``_relative_error``).
+GRADIENT_FLOOR = 1e-3
+
+
+def _relative_error(value, reference, floor: float = 0.0) -> float:
+    """``max |value - reference| / max(max |reference|, floor)``; the absolute error without a scale.
+
+    A gradient that is mathematically zero (a bias right before a normalisation) holds only
+    rounding noise, so its own scale means nothing: weights' gradients are compared at their
+    own scale or at ``GRADIENT_FLOOR`` times the model's largest gradient element, whichever
+    is larger. A wrong sharding changes a gradient by about its own size, so it is still
+    caught in every gradient larger than ``1e-7`` of the largest one (at tolerance ``1e-4``).
+    """
     value = np.asarray(value, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
-    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    scale = max(float(np.max(np.abs(reference))) if reference.size else 0.0, floor)
     diff = float(np.max(np.abs(value - reference))) if reference.size else 0.0
     return diff / scale if scale > 0 else diff
 

@@ -212,6 +212,9 @@ def test_relative_error_by_hand():
     assert _relative_error([1.0, 2.5], [1.0, 2.0]) == 0.25
     assert _relative_error(3.0, 3.0) == 0.0
     assert _relative_error([0.0, 1e-3], [0.0, 0.0]) == 1e-3  # no scale: the absolute error
+    # A tiny reference is compared at the floor: |diff| 1e-8 over max(1e-8, 1e-6) = 1e-2.
+    assert _relative_error([2e-8], [1e-8], floor=1e-6) == pytest.approx(1e-2)
+    assert _relative_error([1.5], [1.0], floor=1e-6) == 0.5  # the floor is below the scale: no effect
 
 
 def _fake_output(errors):
