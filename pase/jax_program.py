@@ -238,9 +238,10 @@ def _partition(spec) -> PartitionSpec:
 class _Program:
     """The network's forward function over named arrays, and its random inputs."""
 
-    def __init__(self, network, plan, seed: int):
+    def __init__(self, network, plan, seed: int, dtype: str = "float32"):
         self.network = network
         self.plan = plan
+        self.dtype = np.dtype(dtype)
         names = plan["mesh"]["axis_names"] or ["d0"]
         sizes = plan["mesh"]["axis_sizes"] or [1]
         devices = np.asarray(jax.devices()[: plan["procs"]], dtype=object).reshape(sizes)
@@ -283,7 +284,7 @@ class _Program:
                         if layer.op == "Embedding" and i == 0:
                             self.data[key] = rng.randint(0, layer.domain[-1], size=t.shape[:-1]).astype(np.int32)
                         else:
-                            self.data[key] = rng.standard_normal(t.shape).astype(np.float32)
+                            self.data[key] = rng.standard_normal(t.shape).astype(self.dtype)
                     data_keys.append(("data", key))
             for w in weights:  # implicit weights
                 self.params[w["name"]] = self._weight(rng, w["name"], w["shape"])
@@ -299,13 +300,12 @@ class _Program:
             for i in range(len(layer.output_shapes)) if (v, i) not in consumed
         ]
 
-    @staticmethod
-    def _weight(rng, name: str, shape) -> np.ndarray:
+    def _weight(self, rng, name: str, shape) -> np.ndarray:
         if name.endswith(".scale"):
-            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(self.dtype)
         if name.endswith(".bias"):
-            return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        return rng.standard_normal(tuple(shape)).astype(np.float32)
+            return (0.1 * rng.standard_normal(shape)).astype(self.dtype)
+        return rng.standard_normal(tuple(shape)).astype(self.dtype)
 
     def sharding(self, spec) -> NamedSharding:
         return NamedSharding(self.mesh, _partition(spec))
@@ -353,22 +353,24 @@ class _Program:
                     with jax.named_scope(f"out{j}"):
                         env[(v, j)] = constrain(y, out["spec"])
         with jax.named_scope("loss"):
-            loss = sum(losses) if losses else jnp.float32(0.0)
+            loss = sum(losses) if losses else jnp.zeros((), self.dtype)
             for v, i in self.sinks:
                 y = env[(v, i)]
                 loss = loss + 0.5 * jnp.mean(y * y)
         return loss
 
 
-def run(network, plan: dict, seed: int) -> dict:
-    """Run ``plan`` sharded and unsharded; returns numbers, errors, HLO text and timings."""
+def run(network, plan: dict, seed: int, dtype: str = "float32") -> dict:
+    """Run ``plan`` sharded and unsharded in ``dtype``; returns numbers, errors, HLO text and timings."""
     from .jax_verify import GRADIENT_FLOOR, INSTALL_HINT, JaxMissing, _relative_error
 
     if jax is None:
         raise JaxMissing(INSTALL_HINT)
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)  # this process runs nothing else
     if len(jax.devices()) < plan["procs"]:
         raise RuntimeError(f"jax has {len(jax.devices())} devices, the plan needs {plan['procs']}")
-    program = _Program(network, plan, seed)
+    program = _Program(network, plan, seed, dtype)
     param_shardings = {k: program.sharding(s) for k, s in program.param_spec.items()}
     replicated = program.sharding([])
     data_shardings = {k: replicated for k in program.data}

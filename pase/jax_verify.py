@@ -7,7 +7,7 @@ collectives XLA inserted and sets their bytes, layer by layer, next to the bytes
 model charges. jax is imported only in a child process (``python -m pase.jax_verify``), since
 XLA's device count is fixed when jax starts; the caller's process and environment are untouched.
 
-Numeric semantics of the layers (float32, random inputs and weights, ``seed``):
+Numeric semantics of the layers (float32, or float64 on request; random inputs and weights, ``seed``):
 ``pw`` is that many ``tanh`` after the layer; GEMM-like layers (Conv, FC, Einsum, LSTM) divide
 by the square root of their reduction size; Pooling is average pooling (padding counts as
 zeros); Elementwise adds; Embedding gathers random token ids; Norm is a layer norm over its
@@ -22,7 +22,7 @@ all-reduce of ``n`` bytes ``2 (q-1)/q n`` (ring); all-gather to ``n_out`` bytes
 ``(q-1)/q n_out``; reduce-scatter of ``n_in`` bytes ``(q-1)/q n_in``; all-to-all of ``n``
 bytes ``(q-1)/q n``; collective-permute of ``n`` bytes ``n`` (0 when every device keeps its
 own data). The modelled bytes are the cost model's communication volumes in elements (its
-all-reduces ``2 (q-1)/q w``, exchanges and redistribution ``w``) times 4 bytes.
+all-reduces ``2 (q-1)/q w``, exchanges and redistribution ``w``) times 4 bytes (8 in float64).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from .units import format_bytes
 
 __all__ = [
     "verify", "VerifyResult", "LayerTraffic", "TrafficMachine", "JaxMissing", "VerifyTooLarge", "estimated_bytes",
+    "DTYPES",
     "modelled_bytes",
     "Collective", "parse_collectives", "collective_bytes", "INSTALL_HINT",
 ]
@@ -57,8 +58,11 @@ __all__ = [
 #: What to tell a user without jax.
 INSTALL_HINT = "jax is not installed: pip install '.[jax]'"
 
-#: Bytes of one float32 element: the numeric run is float32.
+#: Bytes of one float32 element: the numeric run is float32 unless asked for float64.
 ELEMENT_BYTES = 4
+
+#: The element types a run may use, and their bytes.
+DTYPES = {"float32": 4, "float64": 8}
 
 #: Share of the available memory a run may be estimated to need. The estimate is high: the
 #: peaks measured in ``benchmarks/jax_comm.py`` were 0.73 to 0.84 of it.
@@ -85,10 +89,11 @@ class VerifyTooLarge(MemoryError):
         )
 
 
-def estimated_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int) -> float:
+def estimated_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int,
+                    element_bytes: int = ELEMENT_BYTES) -> float:
     """A rough peak of the run's memory in bytes, for refusing runs that cannot fit.
 
-    Twice the float32 layer outputs (kept for the backward pass, and their gradients) of the
+    Twice the layer outputs (kept for the backward pass, and their gradients) of the
     larger of the two runs, plus twice the weights (and their gradients) of both runs. The
     sharded run counts every device's copy: a plan that replicates parts over idle devices
     costs that many times more.
@@ -100,7 +105,7 @@ def estimated_bytes(network: Network, configs: Sequence[Sequence[int]], procs: i
         sharded += float(activation_elements(layer, C)[0]) * procs
         reference += sum(math.prod(shape) for shape in layer.output_shapes)
         weights += float(parameter_elements(layer, C)[0]) * procs + sum(math.prod(s) for s, _ in layer.parameters())
-    return ELEMENT_BYTES * 2.0 * (max(sharded, reference) + weights)
+    return element_bytes * 2.0 * (max(sharded, reference) + weights)
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,7 +159,8 @@ class TrafficMachine:
         return {"name": self.name, "element_bytes": self.element_bytes}
 
 
-def modelled_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int | None = None) -> tuple:
+def modelled_bytes(network: Network, configs: Sequence[Sequence[int]], procs: int | None = None,
+                   element_bytes: int = ELEMENT_BYTES) -> tuple:
     """Bytes per device the cost model moves for the strategy ``configs``.
 
     Returns ``(layer_bytes, edge_bytes)``, two arrays over the layers: the layer's own
@@ -170,7 +176,7 @@ def modelled_bytes(network: Network, configs: Sequence[Sequence[int]], procs: in
     >>> float(layer[0])   # forward output (8 x 4) all-reduced over k = 2: 2 * 1/2 * 32 * 4 bytes
     128.0
     """
-    evaluation = evaluate(network, configs, TrafficMachine(), procs)
+    evaluation = evaluate(network, configs, TrafficMachine(element_bytes), procs)
     return np.asarray(evaluation.communication, dtype=np.float64), evaluation.incident_edge_costs()
 
 
@@ -578,6 +584,8 @@ class VerifyResult:
     seed : int
     notes : tuple of str
         What XLA said about the plan: where it could only reshard by replicating a tensor.
+    dtype : str
+        The element type of the run.
     """
 
     graph: str
@@ -595,6 +603,7 @@ class VerifyResult:
     jax_version: str
     seed: int
     notes: tuple = ()
+    dtype: str = "float32"
 
     @property
     def max_error(self) -> float:
@@ -631,6 +640,7 @@ class VerifyResult:
             "procs": self.procs,
             "tolerance": self.tolerance,
             "seed": self.seed,
+            "dtype": self.dtype,
             "loss": self.loss,
             "loss_reference": self.loss_reference,
             "loss_error": self.loss_error,
@@ -663,7 +673,8 @@ class VerifyResult:
         Layers where neither moves anything are left out unless ``all_layers``.
         """
         lines = [
-            f"JAX verification of {self.graph} on {self.procs} XLA host devices (jax {self.jax_version}, seed {self.seed})",
+            f"JAX verification of {self.graph} on {self.procs} XLA host devices "
+            f"({self.dtype}, jax {self.jax_version}, seed {self.seed})",
             f"numbers: {'OK' if self.ok else 'FAILED'}: largest relative error {self.max_error:.2e} "
             f"(tolerance {self.tolerance:.0e}); loss {self.loss:.6g}, unsharded {self.loss_reference:.6g}",
         ]
@@ -734,6 +745,7 @@ def verify(
     tolerance: float = 1e-4,
     timeout: float | None = None,
     memory_budget: float | None = None,
+    dtype: str = "float32",
 ) -> VerifyResult:
     """Run the plan ``configs`` on ``procs`` XLA host devices and check it.
 
@@ -757,6 +769,9 @@ def verify(
     memory_budget : float, optional
         Bytes the run may use (default ``MEMORY_SHARE`` of the memory available); a run whose
         ``estimated_bytes`` exceed it is refused before it starts.
+    dtype : {"float32", "float64"}
+        Element type of both runs and of the bytes compared. float64 tells a plan's error
+        from float32 rounding in ill-conditioned networks, at twice the memory.
 
     Returns
     -------
@@ -775,17 +790,19 @@ def verify(
     RuntimeError
         The child failed (its last lines of output in the message).
     """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     network, configs, procs = unpack_plan(network, configs, procs)
     strategy = check_strategy(network, configs, procs)
     plan = export_shardings(network, strategy, procs)
     if importlib.util.find_spec("jax") is None:
         raise JaxMissing(INSTALL_HINT)
     budget = MEMORY_SHARE * available_memory() if memory_budget is None else float(memory_budget)
-    needed = estimated_bytes(network, strategy, procs)
+    needed = estimated_bytes(network, strategy, procs, DTYPES[dtype])
     if needed > budget:
         raise VerifyTooLarge(network.name, procs, needed, budget)
-    layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs)
-    payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed)})
+    layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs, DTYPES[dtype])
+    payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed), "dtype": dtype})
     started = time.perf_counter()
     child = subprocess.run(
         [sys.executable, "-m", "pase.jax_verify"], input=payload, capture_output=True,
@@ -800,6 +817,7 @@ def verify(
     out = json.loads(child.stdout.decode())
     out["seconds"]["total"] = time.perf_counter() - started
     out["notes"] = _xla_notes(child.stderr.decode(errors="replace"), network)
+    out["dtype"] = dtype
     return _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolerance)
 
 
@@ -838,7 +856,7 @@ def _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolera
         gradients=[(n, tuple(s), e) for n, s, e in out["gradients"]], layers=layers,
         unattributed=float(sums["unattributed"]), unattributed_kinds=sums["unattributed_kinds"],
         seconds=dict(out["seconds"]), jax_version=out["jax_version"], seed=int(seed),
-        notes=tuple(out.get("notes", ())),
+        notes=tuple(out.get("notes", ())), dtype=out.get("dtype", "float32"),
     )
 
 
@@ -871,7 +889,7 @@ def _child_main() -> int:
     payload = pickle.loads(sys.stdin.buffer.read())
     from . import jax_program  # imports jax
 
-    out = jax_program.run(payload["network"], payload["plan"], payload["seed"])
+    out = jax_program.run(payload["network"], payload["plan"], payload["seed"], payload["dtype"])
     out["collectives"] = [c.__dict__ for c in parse_collectives(out.pop("hlo"), payload["plan"]["procs"])]
     sys.stdout.write(json.dumps(out))
     return 0

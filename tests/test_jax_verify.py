@@ -388,6 +388,15 @@ def test_fc_collectives_match_the_model_by_hand(jax_available):
     assert (fc.xla_layer_forward, fc.xla_layer_backward) == (1024.0, 0.0)
     assert fc.collectives == {"all-reduce": 1}
     assert loss.xla == 0.0 and result.unattributed == 0.0
+    # In float64 every element is 8 bytes, on both sides, and the numbers agree far closer.
+    wide = verify(net, [(1, 1, 2), (1, 1)], 2, dtype="float64")
+    assert wide.dtype == "float64" and wide.ok and wide.max_error < 1e-12
+    assert (wide.layers[0].modelled_layer, wide.layers[0].xla_layer_forward) == (2048.0, 2048.0)
+
+
+def test_verify_rejects_an_unknown_dtype():
+    with pytest.raises(ValueError, match="dtype must be one of float32, float64"):
+        verify(_mlp(), [(1, 1, 2), (1, 1)], 2, dtype="bfloat16")
 
 
 def test_edge_redistribution_lands_on_the_reader(jax_available):
