@@ -16,13 +16,14 @@ from functools import partial
 from .alexnet import alexnet
 from .gpt import GPT_CONFIGS, gpt
 from .inception import inception3
+from .llama import LLAMA_CONFIGS, llama
 from .resnet import resnet101
 from .rnnlm import rnnlm
 from .transformer import transformer
 
 __all__ = [
     "GraphEntry", "GRAPHS", "build", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
-    "GPT_CONFIGS",
+    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS",
 ]
 
 
@@ -53,6 +54,13 @@ for _name, _cfg in GPT_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(
         _name, partial(gpt, _name),
         f"GPT decoder, {_cfg.layers} layers, width {_cfg.width}, {12 * _cfg.layers + 5} vertices",
+    )
+for _name, _cfg in LLAMA_CONFIGS.items():
+    GRAPHS[_name] = GraphEntry(
+        _name, partial(llama, _name),
+        f"Llama 3 decoder, {_cfg.layers} layers, width {_cfg.width}, {_cfg.heads} heads "
+        f"({_cfg.kv_heads} key/value), {17 * _cfg.layers + 4} vertices",
+        "sequence length", 2048,
     )
 del _name, _cfg
 

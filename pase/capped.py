@@ -10,7 +10,7 @@ true capped optimum from below.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -95,7 +95,10 @@ class CappedSearchResult:
     """Outcome of ``capped_search`` on a bare graph (indices, not configurations).
 
     ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; the other
-    fields are those of ``CappedStrategy``.
+    fields are those of ``CappedStrategy``, and: ``search``, the prepared ``Search`` every
+    dynamic programme reused (its block structure included); ``plain_table_entries``, what
+    the same dynamic programmes would have computed without blocks; ``blocks``, the runs of
+    blocks used (``pase.blocks.BlockSummary``; empty: the plain programme).
     """
 
     status: str
@@ -109,6 +112,8 @@ class CappedSearchResult:
     table_entries: int
     seconds: float
     search: Search
+    plain_table_entries: int = 0
+    blocks: tuple = ()
 
 
 def capped_search(
@@ -122,6 +127,7 @@ def capped_search(
     lambda_tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
     trace: list | None = None,
+    blocks: bool = True,
 ) -> CappedSearchResult:
     """Minimise the graph's cost subject to ``sum of memory[v][choice[v]] <= cap_bytes``.
 
@@ -150,11 +156,16 @@ def capped_search(
     trace : list, optional
         If given, ``(lambda, Lagrangian optimum, memory, cost)`` of every multiplier tried
         in the bisection is appended to it.
+    blocks : bool
+        Solve runs of identical blocks once (``Search``'s option). The search, and so
+        the block structure, is prepared once for all the Lagrangian searches: memory is
+        the same for every copy of a block, so ``F + lambda * mem`` keeps the copies
+        identical (were it not so, a search would fall back to the plain programme).
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
     start = time.perf_counter()
-    search = Search(G, ordering)
+    search = Search(G, ordering, blocks=blocks)
     vertices = list(search.ordering.sequence)
     costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
     mem = {}
@@ -162,8 +173,9 @@ def capped_search(
         mem[v] = np.asarray(memory[v], dtype=np.float64)
         if mem[v].shape != costs[v].shape:
             raise ValueError(f"vertex {v!r}: memory vector of shape {mem[v].shape}, costs {costs[v].shape}")
-    work = 0
+    work = plain_work = 0
     count = 0
+    used_blocks = ()
 
     def memory_of(choice) -> float:
         return float(sum(mem[v][choice[v]] for v in vertices))
@@ -171,13 +183,15 @@ def capped_search(
     def finish(status, choice, cost, lower_bound, multiplier, min_memory):
         return CappedSearchResult(status, dict(choice), float(cost), memory_of(choice), min_memory,
                                   float(lower_bound), float(multiplier), count, work,
-                                  time.perf_counter() - start, search)
+                                  time.perf_counter() - start, search, plain_work, used_blocks)
 
     def run(lam: float):
-        nonlocal work, count
+        nonlocal work, plain_work, count, used_blocks
         weighted = {v: costs[v] + lam * mem[v] for v in vertices} if lam else None
         result = search.run(costs=weighted, memory_budget=memory_budget)
         work += result.stats.table_entries
+        plain_work += result.stats.plain_table_entries
+        used_blocks = used_blocks or result.stats.blocks
         count += 1
         if progress is not None:
             progress(count, max_searches)
@@ -350,9 +364,9 @@ def find_capped_strategy(
     vectors = memory.vectors(network, [G.nodes[v]["configs"] for v in vertices])
     result = capped_search(G, dict(zip(vertices, vectors)), cap_bytes, ordering, memory_budget,
                            progress=progress, **options)
-    e = result.search.estimate
-    stats = SearchStats(e.ordering, result.table_entries, e.largest_table, e.max_dependent_set,
-                        e.peak_bytes, result.seconds)
+    e = replace(result.search.estimate, table_entries=result.table_entries,
+                plain_table_entries=result.plain_table_entries, blocks=result.blocks)
+    stats = SearchStats(e, result.seconds)
     strategy = strategy_from_indices(network, G, [result.choice[v] for v in vertices], result.cost, stats)
     return CappedStrategy(result.status, strategy, result.memory, float(cap_bytes), result.min_memory,
                           result.lower_bound, result.multiplier, result.searches, result.table_entries,

@@ -27,7 +27,7 @@ from pase.report import (
     report_dict,
     split_notation,
 )
-from pase.solver import SearchStats
+from pase.solver import SearchStats, WorkEstimate
 
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
@@ -61,7 +61,7 @@ def tiny_report(**kwargs):
     machine = Machine()
     strategy = [(2, 1, 1), (1, 1)]
     evaluation = evaluate(net, strategy, machine, 2)
-    stats = SearchStats("generateseq", 1234, 100, 1, 4096, 0.5)
+    stats = SearchStats(WorkEstimate("generateseq", 1234, 100, 1, 4096), 0.5)
     dp = evaluate(net, data_parallel(net, 2), machine, 2)
     return net, make_report(net, 2, machine, evaluation, evaluation.total, dp, [6, 3], search=stats)
 
