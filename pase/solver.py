@@ -477,10 +477,11 @@ class Search:
         returning an ``Ordering``.
     chunk_entries : int
         Table entries processed per slice.
-    blocks : bool
+    blocks : bool or "always"
         Solve runs of identical blocks once (``pase.blocks``; default). Used with the
         GenerateSeq ordering, and only where it computes fewer table entries than the
-        plain programme; ``False`` always runs the plain programme.
+        plain programme; ``False`` always runs the plain programme; ``"always"`` uses
+        every run found, saving or not (for tests of the block search).
 
     Notes
     -----
@@ -502,9 +503,11 @@ class Search:
     (5.0, [0, 0])
     """
 
-    def __init__(self, G, ordering="generateseq", chunk_entries: int = DEFAULT_CHUNK_ENTRIES, blocks: bool = True):
+    def __init__(self, G, ordering="generateseq", chunk_entries: int = DEFAULT_CHUNK_ENTRIES, blocks=True):
         if chunk_entries < 1:
             raise ValueError("chunk_entries must be positive")
+        if blocks not in (True, False, "always"):
+            raise ValueError(f"blocks must be True, False or 'always', got {blocks!r}")
         self.chunk_entries = int(chunk_entries)
         self.vertices = list(G.nodes)
         self.K = {}
@@ -554,7 +557,7 @@ class Search:
                                            w.peak, table_axes=w.axes)
         self._blocked = None
         if blocks and self.ordering.name == "generateseq":
-            self._blocked = _BlockedProgramme.build(self)
+            self._blocked = _BlockedProgramme.build(self, saving=blocks is True)
         self.estimate = self._blocked.estimate if self._blocked is not None else self.plain_estimate
 
     # ----------------------------------------------------------------------------------
@@ -691,8 +694,11 @@ class _BlockedProgramme:
         )
 
     @classmethod
-    def build(cls, search: Search):
-        """The blocked programme, or ``None`` where it would not compute fewer entries."""
+    def build(cls, search: Search, saving: bool = True):
+        """The blocked programme, or ``None`` where it would not compute fewer entries.
+
+        With ``saving`` false, every run found is used whatever the work.
+        """
         K = search.K
         edges = [(a, b, m) for (a, b), m in search._pairs.items()]
         runs = find_block_runs(search._id_order, K, search.base_costs, edges)
@@ -708,13 +714,13 @@ class _BlockedProgramme:
             shared = math.prod(K[x] for x in run.shared)
             chained = engine.work.entries + run.copies * run.states * run.states * shared
             plain = sum(search._plain.table_size(v) for v in run.vertices)
-            if chained < plain:
+            if chained < plain or not saving:
                 accepted.append(run)
                 engines.append(engine)
         if not accepted:
             return None
         programme = cls(search, accepted, engines)
-        if programme.estimate.table_entries >= search.plain_estimate.table_entries:
+        if saving and programme.estimate.table_entries >= search.plain_estimate.table_entries:
             return None
         return programme
 
