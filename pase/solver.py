@@ -532,6 +532,7 @@ class Search:
         id_order = _vertex_order(G)
         rank = {v: i for i, v in enumerate(id_order)}
         pairs: dict = {}
+        checked = {}  # id -> matrix found free of NaN (repeated blocks share matrices)
         for u, v, data in G.edges(data=True):
             if u == v:
                 raise ValueError(f"vertex {u!r} has an edge to itself")
@@ -543,8 +544,10 @@ class Search:
                 raise ValueError(
                     f"edge {(u, v)!r}: the cost matrix has shape {matrix.shape}, expected {(self.K[u], self.K[v])}"
                 )
-            if np.isnan(matrix).any():
-                raise ValueError(f"edge {(u, v)!r}: the cost matrix contains NaN")
+            if id(matrix) not in checked:
+                if np.isnan(matrix).any():
+                    raise ValueError(f"edge {(u, v)!r}: the cost matrix contains NaN")
+                checked[id(matrix)] = matrix  # held, so that the id stays its own
             if rank[u] > rank[v]:
                 u, v, matrix = v, u, matrix.T
             pairs[u, v] = pairs[u, v] + matrix if (u, v) in pairs else matrix
@@ -741,10 +744,10 @@ class _BlockedProgramme:
                 seen.add(key)
                 scopes.append(key)
         graph = nx.Graph()
-        graph.add_nodes_from(allowed)
+        graph.add_nodes_from(copy0 + run.previous + run.shared)  # a fixed order, for any vertex ids
         graph.add_edges_from(scopes)
         ordering = generate_seq(graph, last=tuple(reversed(keep)))
-        Kb = {v: K[v] for v in allowed}
+        Kb = {v: K[v] for v in graph}
         return _Elimination(Kb, ordering, scopes, [pairs[s] for s in scopes], keep, chunk_entries)
 
     def periodic(self, costs: dict) -> bool:
