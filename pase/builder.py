@@ -104,10 +104,19 @@ class Network:
                 memo[key] = matrix
             return memo[key]
 
+        sums: dict = {}  # edges carrying several tensors: their summed matrix, once per distinct sum
         for (u, v), tensors in sorted(self.edges.items()):
-            matrix = matrix_of(tensors[0], u, v)
-            for t in tensors[1:]:
-                matrix = matrix + matrix_of(t, u, v)
+            parts = [matrix_of(t, u, v) for t in tensors]
+            matrix = parts[0]
+            if len(parts) > 1:
+                key = tuple(id(m) for m in parts)  # the parts live in memo: ids stay theirs
+                if key not in sums:
+                    summed = parts[0]
+                    for m in parts[1:]:
+                        summed = summed + m
+                    summed.setflags(write=False)
+                    sums[key] = summed
+                matrix = sums[key]
             G.add_edge(u, v, cost=matrix, tensors=tensors)
         return G
 

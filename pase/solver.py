@@ -397,7 +397,17 @@ class _Elimination:
         step = max(1, self.chunk_entries // tail)
         # Addends that span no sliced axis are summed once, before the loop.
         fixed = [t.array for t in terms if min(t.axes, default=rank) >= cut]
-        moving = [t for t in terms if min(t.axes, default=rank) < cut]
+        # Addends sliced for every chunk are read row by row: a transposed edge matrix
+        # would be read across its rows, so copy it once into the table's axis order.
+        # Addends over the same axes are summed first (each is a fraction of the table).
+        same: dict = {}
+        for t in terms:
+            if min(t.axes, default=rank) < cut:
+                same.setdefault(t.array.shape, []).append(t)
+        moving = []
+        for group in same.values():
+            array = group[0].array if len(group) == 1 else _sum_tree([t.array for t in group])
+            moving.append(_Term(np.ascontiguousarray(array), group[0].axes))
         if fixed:
             # Read again for every slice: make it one contiguous array (edge matrices
             # arrive as transposed views).
