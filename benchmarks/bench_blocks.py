@@ -6,13 +6,14 @@ Writes ``benchmarks/results/blocks.md`` (and prints it):
    ``--repeats``; and the command line in a fresh process): gpt3-175b, llama3-70b and
    gpt3-13b at p = 64, batch 16, and gpt3-13b under a 40 GB cap, the capped search also
    run without blocks for its cost and gap;
-2. the largest p (powers of two) at which gpt3-175b still solves in under a minute;
+2. the largest p (of 64, 128, ..., 1024, 1536, 2048, ...) at which gpt3-175b still solves in
+   under a minute, end to end;
 3. for every graph of the benchmark (the paper's five, the GPT family, Llama 3) at
    ``--procs``: table entries computed with blocks against the plain programme's, and,
    where the plain programme is affordable (``--plain-limit`` entries), its time and the
    relative difference of the two optima.
 
-    python benchmarks/bench_blocks.py              # everything (about 10 min on 2 busy cores)
+    python benchmarks/bench_blocks.py              # everything (about 15 min on 2 cores)
     python benchmarks/bench_blocks.py --quick      # no plain capped search, no p sweep
 """
 
@@ -86,24 +87,24 @@ def promised(args) -> list:
         r = best_of(args.repeats, graph, procs, batch, cap)
         command = ["-g", graph, "-p", str(procs), "-b", str(batch)] + (["--memory", str(cap)] if cap else [])
         cli = min(cli_seconds(command) for _ in range(args.repeats))
+        plain = "-" if args.quick else end_to_end(graph, procs, batch, cap, blocks=False)
         rows.append([graph, procs, batch, cap or "-", f"{r['build']:.2f}", f"{r['search']:.2f}", f"{r['total']:.2f}",
-                     f"{cli:.2f}", target, r["searches"], f"{r['entries']:.3g}", f"{r['plain']:.3g}",
-                     f"{r['plain'] / r['entries']:.0f}x", r["blocks"]])
+                     f"{cli:.2f}", target, "-" if args.quick else f"{plain['search']:.1f}", r["searches"],
+                     f"{r['entries']:.3g}", f"{r['plain']:.3g}", f"{r['plain'] / r['entries']:.0f}x", r["blocks"]])
         print(rows[-1], flush=True)
         if cap:
-            capped[(graph, procs, batch, cap)] = r
+            capped[(graph, procs, batch, cap)] = (r, plain)
     lines += markdown_table(
-        ["graph", "p", "batch", "cap GB", "build s", "search s", "total s", "CLI s", "promised s", "DPs",
-         "table entries", "plain entries", "fewer", "blocks"], rows, "lrrrrrrrrrrrrl")
-    for (graph, procs, batch, cap), r in capped.items():
-        lines += ["", f"Capped search, {graph} p={procs} batch {batch} at {cap} GB:", ""]
+        ["graph", "p", "batch", "cap GB", "build s", "search s", "total s", "CLI s", "promised s",
+         "plain search s", "DPs", "table entries", "plain entries", "fewer", "blocks"], rows, "lrrrrrrrrrrrrrl")
+    lines += ["", "plain search s: the same search with `blocks=False` (one run), for comparison."]
+    for (graph, procs, batch, cap), (r, p) in capped.items():
+        lines += ["", f"Capped search, {graph} p={procs} batch {batch} at {cap} GB, with and without blocks:", ""]
         table = [["blocks", r["status"], f"{r['cost']:.6e}", f"{r['bound']:.6e}", f"{100 * r['gap']:.3f}%",
                   f"{r['memory'] / 1e9:.2f}", r["searches"], f"{r['entries']:.3g}", f"{r['search']:.1f}"]]
-        if not args.quick:
-            p = end_to_end(graph, procs, batch, cap, blocks=False)
+        if p != "-":
             table.append(["plain", p["status"], f"{p['cost']:.6e}", f"{p['bound']:.6e}", f"{100 * p['gap']:.3f}%",
                           f"{p['memory'] / 1e9:.2f}", p["searches"], f"{p['entries']:.3g}", f"{p['search']:.1f}"])
-            print(table[-1], flush=True)
         lines += markdown_table(["search", "status", "cost", "lower bound", "gap", "GB", "DPs", "table entries",
                                  "search s"], table, "llrrrrrrr")
     return lines
@@ -111,11 +112,13 @@ def promised(args) -> list:
 
 def largest_p(args) -> list:
     lines = ["", "## 2. gpt3-175b: the largest p solved in under a minute", "",
-             "Batch 16, powers of two, one run each, end to end in one process.", ""]
+             "Batch 16, one run each, end to end (build + search) in one process; the sweep stops at the first "
+             "p over a minute.", ""]
     rows = []
     largest = None
-    p = 64
-    while p <= args.max_procs:
+    for p in (64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096):
+        if p > args.max_procs:
+            break
         try:
             r = end_to_end("gpt3-175b", p, 16, None)
         except SearchTooLarge as too_large:
@@ -127,7 +130,6 @@ def largest_p(args) -> list:
         if r["total"] >= 60:
             break
         largest = p
-        p *= 2
     lines += markdown_table(["p", "build s", "search s", "total s", "table entries", "plain entries", "blocks"],
                             rows, "rrrrrrl")
     lines += ["", f"Largest p under a minute: **{largest}**." if largest else "", ""]
@@ -174,7 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="skip the plain capped search and the p sweep")
     parser.add_argument("--procs", type=int, default=64, help="p for the every-graph table")
-    parser.add_argument("--plain-limit", type=float, default=6e9, help="run the plain programme up to this many entries")
+    parser.add_argument("--plain-limit", type=float, default=2.5e10,
+                        help="run the plain programme up to this many entries")
     parser.add_argument("--max-procs", type=int, default=4096)
     parser.add_argument("--output", default=os.path.join(RESULTS, "blocks.md"))
     args = parser.parse_args(argv)

@@ -165,10 +165,12 @@ def find_strategy(
     memory_budget: int | None = None,
     progress=None,
     graph=None,
+    blocks=True,
 ) -> Strategy:
     """Build the costed graph of ``network`` for ``procs`` devices and search it exactly.
 
     ``graph`` may pass an already costed graph (``network.graph(procs, machine)``).
+    ``blocks`` is ``Search``'s option: solve runs of identical blocks once (default).
     Raises ``SearchTooLarge`` before allocating when the tables would not fit
     ``memory_budget`` bytes (default: most of the available memory).
 
@@ -181,7 +183,7 @@ def find_strategy(
     """
     machine = machine or Machine()
     G = graph if graph is not None else network.graph(procs, machine)
-    result = Search(G, ordering).run(memory_budget=memory_budget, progress=progress)
+    result = Search(G, ordering, blocks=blocks).run(memory_budget=memory_budget, progress=progress)
     return strategy_from_indices(network, G, result.indices(range(len(network.layers))), result.cost, result.stats)
 
 
