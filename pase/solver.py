@@ -286,6 +286,7 @@ class _Elimination:
             kept += reduced[v] * np.dtype(_index_dtype(self.K[v])).itemsize
             slice_entries = min(size, max(self.chunk_entries, self.K[v]))
             working = 8 * (3 * slice_entries + 2 * reduced[v]) + 8 * slice_entries // max(self.K[v], 1)
+            working += self._sliced_copies(v)
             peak = max(peak, kept + alive + working)
             alive += 8 * reduced[v]
             alive -= sum(8 * reduced[w] for w in self.handed[v])
@@ -298,6 +299,31 @@ class _Elimination:
             kept += 8 * size
         max_dependent = max((len(d) for d in self.dependent.values()), default=0)
         return _Work(entries, largest, max_dependent, peak, kept, axes)
+
+    def _sliced_copies(self, v) -> int:
+        """Bytes of the copies ``_reduce`` makes of the addends it slices (at most)."""
+        axes = self.axes[v]
+        shape = [self.K[u] for u in axes]
+        tail, cut = 1, len(shape)
+        while cut > 0 and tail * shape[cut - 1] <= self.chunk_entries:
+            cut -= 1
+            tail *= shape[cut]
+        if cut == 0 or len(shape) == 1:
+            return 0  # one slice: nothing is copied
+        cut = min(cut, len(shape) - 1)
+        where = {u: i for i, u in enumerate(axes)}
+        groups: dict = {}
+        for _, _, over in self.owned[v]:
+            spans = tuple(where[u] for u in over if u in where)
+            groups.setdefault(spans, []).append(True)  # a factor: maybe a transposed view
+        for w in self.handed[v]:
+            spans = tuple(where[u] for u in self.axes[w][:-1])
+            groups.setdefault(spans, []).append(False)  # a table: already in table order
+        copied = 0
+        for spans, factors in groups.items():
+            if spans and min(spans) < cut and (len(factors) > 1 or factors[0]):
+                copied += 8 * math.prod(shape[i] for i in spans)
+        return copied
 
     def run(self, unary: dict, dynamic: dict, progress, done: int, total: int):
         """Eliminate the sequence; returns ``(constant, kept table or None, argmins, done)``.
