@@ -403,18 +403,23 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
         folder = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(folder):
             raise _UsageError(f"--out: no such directory {folder}")
+        if os.path.isdir(args.out):
+            raise _UsageError(f"--out: {args.out} is a directory")
     except _Done as done:
         return done.status
     except _UsageError as e:
         err.write(f"{prog}: error: {e}\n")
         return 2
+    if not os.access(folder, os.W_OK):  # find out now, not after an hour of measuring
+        err.write(f"{prog}: error: cannot write {args.out}: permission denied\n")
+        return 1
     try:
         if timer is None:
             timer = TorchTimer()
         from tqdm import tqdm
 
         bar = tqdm(total=len(gemm_grid(args.quick)) + len(memory_grid(args.quick)), desc="calibrate",
-                   unit="shape", file=err, leave=False)
+                   unit="shape", file=err, leave=False, disable=None)
 
         def progress(done, total):
             bar.update(done - bar.n)

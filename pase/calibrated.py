@@ -19,7 +19,7 @@ from .measured import ELEMENT_TRAFFIC, MEMORY_BOUND_KINDS, MeasuredTables
 
 __all__ = [
     "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_machine",
-    "validate_description",
+    "validate_description", "placement_strides",
 ]
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -200,6 +200,41 @@ def load_machine(name_or_path: str, *, flops: float | None = None, bw: float | N
             )
         tables = MeasuredTables.load(table_path)
     return CalibratedMachine(description, tables, f"machine file {os.path.basename(label)}")
+
+
+def placement_strides(configs, batch_dim: int = 0) -> np.ndarray:
+    """Each dimension's device stride when configurations are laid out on devices.
+
+    ``machines.md``: parts go on devices row-major, the batch dimension outermost, then
+    the other dimensions in iteration-space order, the last innermost; a dimension's
+    stride is the product of the splits placed inside it.
+
+    Parameters
+    ----------
+    configs : (K, r) int array
+        One configuration per row.
+    batch_dim : int
+        The iteration-space dimension that goes outermost.
+
+    Examples
+    --------
+    FC ``(b, n, k)`` split ``(2, 4, 2)``: ``k`` innermost (stride 1), ``n`` inside ``b``:
+
+    >>> placement_strides([[2, 4, 2]]).tolist()
+    [[8, 2, 1]]
+    """
+    C = np.atleast_2d(np.asarray(configs, dtype=np.int64))
+    r = C.shape[1]
+    if not 0 <= batch_dim < r:
+        raise ValueError(f"batch dimension {batch_dim} is out of range for {r} dimensions")
+    order = [batch_dim] + [j for j in range(r) if j != batch_dim]
+    ordered = C[:, order]
+    # inside[:, i] = product of the splits placed after position i
+    inside = np.ones_like(ordered)
+    inside[:, :-1] = np.cumprod(ordered[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    strides = np.empty_like(C)
+    strides[:, order] = inside
+    return strides
 
 
 class CalibratedMachine:
