@@ -6,8 +6,9 @@ every Einsum of the Transformer (batch 128) and of gpt3-2.7b and gpt3-13b (batch
 p = 8, 16, 32, 64, rounded to the nearest grid point (powers of two in M, N, K, the nearest
 measured B in log scale). Reports median and 90th-percentile relative error and the median
 Spearman rank correlation over each layer's configurations, for several hold-out schemes,
-against a log-log interpolation and the reference model's FLOP count; times the costing of
-the Transformer at p = 64. Writes ``benchmarks/results/machine_accuracy.md``.
+against a log-log interpolation and the reference model's FLOP count; times the calibrated
+costing of the Transformer at p = 64 (its GEMMs and its edge matrices). Writes
+``benchmarks/results/machine_accuracy.md``.
 
     python benchmarks/machine_accuracy.py
 """
@@ -23,7 +24,7 @@ import numpy as np
 from common import RESULTS, machine_info, machine_lines, markdown_table  # puts the checkout on sys.path
 
 import graphs  # noqa: E402
-from pase.calibrated import PRESET_TABLES  # noqa: E402
+from pase.calibrated import PRESET_TABLES, load_machine  # noqa: E402
 from pase.layers import Einsum, Embedding  # noqa: E402
 from pase.measured import MeasuredTables  # noqa: E402
 
@@ -222,6 +223,26 @@ def costing_time(table: MeasuredTables) -> tuple:
     return best, total
 
 
+def edge_time(machine) -> tuple:
+    """Seconds to price every edge-matrix entry of the Transformer at p = 64 with ``redistribute``.
+
+    The volumes are the reference model's (its edge costs over ``rho``: forward plus backward
+    elements), one call per edge as the builder makes them; best of 3.
+    """
+    from pase.machine import Machine
+
+    paper = Machine()
+    G = graphs.build("transformer", 128).graph(64, paper)
+    volumes = [d["cost"] / paper.rho for _, _, d in G.edges(data=True)]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for v in volumes:
+            machine.redistribute(v, 64)
+        best = min(best, time.perf_counter() - t0)
+    return best, sum(v.size for v in volumes), len(volumes)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(RESULTS, "machine_accuracy.md"))
@@ -258,6 +279,7 @@ def main(argv=None) -> int:
         for name, r in results if r["both"]
     ]
     seconds, shapes = costing_time(table)
+    edge_seconds, entries, edges = edge_time(load_machine("h100-sxm"))
     info = machine_info()
     lines = [
         "# Accuracy of the measured-table interpolation (h100-sxm)",
@@ -313,6 +335,8 @@ def main(argv=None) -> int:
         f"- Loading and preparing the table: {load_seconds:.3f} s.",
         f"- Pricing all {shapes} Einsum configurations of the Transformer at p = 64 (one call per",
         f"  layer, best of 3): {seconds:.4f} s.",
+        f"- Pricing all {entries:,} entries of its {edges} edge matrices with `redistribute` (one call",
+        f"  per edge, best of 3): {edge_seconds:.3f} s.",
     ]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -389,7 +389,11 @@ class CalibratedMachine:
         ``procs <= devices_per_node`` (one node), else at ``B_out``, plus two latencies
         of that link (one message forward, one backward); zero where nothing moves.
         """
-        n = np.asarray(elements, dtype=np.float64) * self.act_bytes
+        e = np.asarray(elements, dtype=np.float64)
         one_node = np.asarray(procs) <= self.devices_per_node
+        if one_node.ndim == 0:  # the usual call: one p for a whole edge matrix, fewer passes
+            bw, latency = (self.b_in, self.a_in) if one_node else (self.b_out, self.a_out)
+            return np.where(e > 0, e * (self.act_bytes / bw) + 2.0 * latency, 0.0)
+        n = e * self.act_bytes
         seconds = np.where(one_node, n / self.b_in + 2.0 * self.a_in, n / self.b_out + 2.0 * self.a_out)
         return np.where(n > 0, seconds, 0.0)

@@ -173,6 +173,8 @@ def test_redistribute(h100):
     assert float(h100.redistribute(E, 8)) == pytest.approx(2e6 / 450e9 + 6e-6, rel=1e-12)
     assert float(h100.redistribute(E, 16)) == pytest.approx(2e6 / 50e9 + 20e-6, rel=1e-12)
     np.testing.assert_array_equal(h100.redistribute(np.array([[0.0, 0.0]]), 16), [[0.0, 0.0]])
+    # p may vary per entry too.
+    np.testing.assert_allclose(h100.redistribute([E, E, 0], [8, 16, 16]), [2e6 / 450e9 + 6e-6, 2e6 / 50e9 + 20e-6, 0])
 
 
 # -- compute --------------------------------------------------------------------------------
