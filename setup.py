@@ -4,7 +4,7 @@ from setuptools import setup
 
 setup(
     name="pase",
-    version="0.1.0",
+    version="0.2.0",
     description="Exact parallelization strategies for DNN training (PaSE, IPDPS 2021)",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",

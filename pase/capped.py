@@ -15,87 +15,25 @@ from typing import Callable
 
 import numpy as np
 
-from .builder import Network
-from .machine import Machine
-from .memory import MemoryModel
+from .memory import CAPPED, NOTHING_FITS, UNCONSTRAINED
 from .ordering import _vertex_order
-from .solver import Search, SearchStats
-from .strategy import Strategy, indexed_cost, strategy_from_indices
+from .solver import Search
+from .strategy import indexed_cost
 
-__all__ = [
-    "CappedStrategy", "CappedSearchResult", "capped_search", "find_capped_strategy",
-    "UNCONSTRAINED", "CAPPED", "NOTHING_FITS",
-]
-
-UNCONSTRAINED = "unconstrained"  # the unconstrained optimum fits
-CAPPED = "capped"  # found by the Lagrangian search
-NOTHING_FITS = "nothing-fits"  # even the least-memory strategy exceeds the cap
-
-
-@dataclass(frozen=True)
-class CappedStrategy:
-    """Result of the capped search.
-
-    Attributes
-    ----------
-    status : str
-        ``"unconstrained"``, ``"capped"`` or ``"nothing-fits"``.
-    strategy : Strategy
-        The strategy returned: the unconstrained optimum, the cheapest fitting strategy
-        found, or (nothing fits) the least-memory strategy.
-    memory : float
-        Its bytes per device.
-    cap : float
-        The cap ``M`` in bytes per device.
-    min_memory : float or None
-        The least memory any strategy needs (computed when the optimum does not fit).
-    lower_bound : float
-        A lower bound on the cost of any fitting strategy (the optimum itself when
-        unconstrained).
-    multiplier : float
-        The smallest ``lambda`` found whose Lagrangian optimum fits (0 when
-        unconstrained, infinite when nothing fits).
-    searches : int
-        Dynamic programmes run.
-    table_entries : int
-        Their total table entries (the DP work).
-    seconds : float
-        Total search time.
-    """
-
-    status: str
-    strategy: Strategy
-    memory: float
-    cap: float
-    min_memory: float | None
-    lower_bound: float
-    multiplier: float
-    searches: int
-    table_entries: int
-    seconds: float
-
-    @property
-    def fits(self) -> bool:
-        return self.memory <= self.cap
-
-    @property
-    def cost(self) -> float:
-        return self.strategy.total_cost
-
-    @property
-    def gap(self) -> float:
-        """Relative gap ``(cost - lower_bound) / cost`` between returned cost and bound."""
-        if self.status == NOTHING_FITS:
-            return float("nan")
-        return max(self.cost - self.lower_bound, 0.0) / self.cost if self.cost else 0.0
+__all__ = ["CappedSearchResult", "capped_search", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
 
 
 @dataclass(frozen=True)
 class CappedSearchResult:
     """Outcome of ``capped_search`` on a bare graph (indices, not configurations).
 
-    ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; the other
-    fields are those of ``CappedStrategy``.
+    ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; ``memory``
+    its bytes per device; ``min_memory`` the least any strategy needs (computed when the
+    optimum does not fit); ``lower_bound`` a bound on the cost of any fitting strategy;
+    ``multiplier`` the smallest ``lambda`` found whose Lagrangian optimum fits (0 when
+    unconstrained, infinite when nothing fits); ``searches`` and ``table_entries`` the
+    dynamic programmes run and their work; ``status`` one of ``UNCONSTRAINED``, ``CAPPED``,
+    ``NOTHING_FITS``.
     """
 
     status: str
@@ -306,54 +244,3 @@ def _relink(G, mem: dict, fitting: dict, over: dict, cap: float, order) -> tuple
                 best_choice, best_cost = dict(choice), cost
     # Re-read the winner's cost from the tables, free of accumulated rounding.
     return best_choice, indexed_cost(G, best_choice)
-
-
-def find_capped_strategy(
-    network: Network,
-    procs: int,
-    cap_bytes: float,
-    machine: Machine | None = None,
-    memory: MemoryModel | None = None,
-    ordering="generateseq",
-    memory_budget: int | None = None,
-    graph=None,
-    progress: Callable[[int, int], None] | None = None,
-    **options,
-) -> CappedStrategy:
-    """The cheapest strategy found for ``network`` whose per-device memory fits ``cap_bytes``.
-
-    Parameters
-    ----------
-    network, procs, machine, ordering, memory_budget, graph
-        As for ``pase.strategy.find_strategy``.
-    cap_bytes : float
-        Memory cap per device, bytes.
-    memory : MemoryModel, optional
-        Bytes per parameter and activation element (default 16 and 2).
-    progress : callable, optional
-        ``progress(searches_done, max_searches)`` after every dynamic programme.
-    **options
-        ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of
-        ``capped_search``.
-
-    Examples
-    --------
-    >>> import graphs
-    >>> found = find_capped_strategy(graphs.build("gpt2-small", 8), 8, 4e9)
-    >>> found.status, found.fits
-    ('unconstrained', True)
-    """
-    machine = machine or Machine()
-    memory = memory or MemoryModel()
-    G = graph if graph is not None else network.graph(procs, machine)
-    vertices = range(len(network.layers))
-    vectors = memory.vectors(network, [G.nodes[v]["configs"] for v in vertices])
-    result = capped_search(G, dict(zip(vertices, vectors)), cap_bytes, ordering, memory_budget,
-                           progress=progress, **options)
-    e = result.search.estimate
-    stats = SearchStats(e.ordering, result.table_entries, e.largest_table, e.max_dependent_set,
-                        e.peak_bytes, result.seconds)
-    strategy = strategy_from_indices(network, G, [result.choice[v] for v in vertices], result.cost, stats)
-    return CappedStrategy(result.status, strategy, result.memory, float(cap_bytes), result.min_memory,
-                          result.lower_bound, result.multiplier, result.searches, result.table_entries,
-                          result.seconds)

@@ -692,7 +692,7 @@ def test_internal_errors_are_one_line(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(cli, "find_strategy", broken)
+    monkeypatch.setattr(cli, "plan", broken)
     monkeypatch.delenv("PASE_TRACEBACK", raising=False)
     status, out, err = run("-g", "alexnet")
     assert status == cli.EXIT_INTERNAL and out == ""
