@@ -20,7 +20,7 @@ import os
 import sys
 from typing import IO, Callable, Sequence
 
-from .calibrated import load_machine, validate_description
+from .calibrated import load_calibrated, validate_description
 from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = ["gemm_grid", "memory_grid", "calibrate", "main", "TorchTimer", "gemm_step", "memory_bound_step", "TORCH_HINT"]
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
             )
         finally:
             bar.close()
-        load_machine(args.out)  # what was written loads back
+        load_calibrated(args.out)  # what was written loads back
     except OSError as e:
         err.write(f"{prog}: error: cannot write {e.filename or args.out}: {e.strerror or e}\n")
         return 1

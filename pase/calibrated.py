@@ -15,11 +15,12 @@ from typing import Mapping
 
 import numpy as np
 
-from .measured import ELEMENT_TRAFFIC, MEMORY_BOUND_KINDS, MeasuredTables
+from .machine import MEMORY_BOUND_KINDS
+from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = [
-    "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_machine",
-    "validate_description", "placement_strides",
+    "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
+    "validate_description",
 ]
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -170,22 +171,16 @@ def load_description(name_or_path: str) -> dict:
     return _read_file(label)
 
 
-def load_machine(name_or_path: str, *, flops: float | None = None, bw: float | None = None):
-    """The machine ``--machine`` names: ``paper`` (the reference model), a preset or a JSON file.
+def load_calibrated(name_or_path: str) -> "CalibratedMachine":
+    """The calibrated machine of a preset name or a description file (``machines.md``).
 
-    ``flops`` and ``bw`` (TFLOPS, GB/s) tune only the paper machine.
+    ``pase.load_machine`` calls it for every name but ``paper``. A description's
+    ``measured`` table is read relative to the file.
 
-    >>> m = load_machine("h100-sxm")
+    >>> m = load_calibrated("h100-sxm")
     >>> m.cost_unit, m.devices_per_node, m.memory_bytes
     ('seconds', 8, 80000000000.0)
     """
-    if name_or_path == "paper":
-        from .machine import Machine
-
-        kwargs = {k: v for k, v in (("flops", flops), ("bw", bw)) if v is not None}
-        return Machine(**kwargs)
-    if flops is not None or bw is not None:
-        raise ValueError(f"--flops and --bw apply only to the paper machine, not to {name_or_path!r}")
     kind, label = _source_of(name_or_path)
     if kind == "preset":
         return CalibratedMachine(PRESETS[label], MeasuredTables.load(PRESET_TABLES[label]), f"machine {label}")
@@ -200,41 +195,6 @@ def load_machine(name_or_path: str, *, flops: float | None = None, bw: float | N
             )
         tables = MeasuredTables.load(table_path)
     return CalibratedMachine(description, tables, f"machine file {os.path.basename(label)}")
-
-
-def placement_strides(configs, batch_dim: int = 0) -> np.ndarray:
-    """Each dimension's device stride when configurations are laid out on devices.
-
-    ``machines.md``: parts go on devices row-major, the batch dimension outermost, then
-    the other dimensions in iteration-space order, the last innermost; a dimension's
-    stride is the product of the splits placed inside it.
-
-    Parameters
-    ----------
-    configs : (K, r) int array
-        One configuration per row.
-    batch_dim : int
-        The iteration-space dimension that goes outermost.
-
-    Examples
-    --------
-    FC ``(b, n, k)`` split ``(2, 4, 2)``: ``k`` innermost (stride 1), ``n`` inside ``b``:
-
-    >>> placement_strides([[2, 4, 2]]).tolist()
-    [[8, 2, 1]]
-    """
-    C = np.atleast_2d(np.asarray(configs, dtype=np.int64))
-    r = C.shape[1]
-    if not 0 <= batch_dim < r:
-        raise ValueError(f"batch dimension {batch_dim} is out of range for {r} dimensions")
-    order = [batch_dim] + [j for j in range(r) if j != batch_dim]
-    ordered = C[:, order]
-    # inside[:, i] = product of the splits placed after position i
-    inside = np.ones_like(ordered)
-    inside[:, :-1] = np.cumprod(ordered[:, ::-1], axis=1)[:, ::-1][:, 1:]
-    strides = np.empty_like(C)
-    strides[:, order] = inside
-    return strides
 
 
 class CalibratedMachine:
@@ -323,7 +283,7 @@ class CalibratedMachine:
     def memory_bound(self, kind: str, elements, flops=None) -> np.ndarray:
         """Seconds of the forward and backward of memory-bound work on ``elements`` elements.
 
-        ``kind`` is one of :data:`pase.measured.MEMORY_BOUND_KINDS`. A kind the table
+        ``kind`` is one of :data:`pase.machine.MEMORY_BOUND_KINDS`. A kind the table
         measured: its interpolated time. Another kind (``pool``, ``loss``, ``copy`` with
         the shipped table): its traffic (:data:`pase.measured.ELEMENT_TRAFFIC`) at the
         best rate the table reaches at that size; without a table, bytes over

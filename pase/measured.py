@@ -42,10 +42,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["MeasuredTables", "MEMORY_BOUND_KINDS", "ELEMENT_TRAFFIC", "load_table"]
-
-#: Kinds of memory-bound work a layer may ask a machine to price (``machines.md``).
-MEMORY_BOUND_KINDS = ("add", "gelu", "layer_norm", "softmax", "pool", "loss", "copy")
+__all__ = ["MeasuredTables", "ELEMENT_TRAFFIC", "load_table"]
 
 #: Elements read plus written per element of the tensor, forward and backward together:
 #: the traffic that prices a kind the table lacks (bytes over the table's bandwidth).

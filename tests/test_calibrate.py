@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pase.calibrate import TORCH_HINT, calibrate, gemm_grid, main, memory_bound_step, gemm_step, memory_grid
-from pase.calibrated import load_machine
+from pase.machine import load_machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json")

@@ -14,30 +14,15 @@ import numpy as np
 import pytest
 
 from pase.calibrated import (
-    MACHINE_NAMES, PRESET_TABLES, PRESETS, CalibratedMachine, load_description, load_machine, placement_strides,
-    validate_description,
+    MACHINE_NAMES, PRESET_TABLES, PRESETS, CalibratedMachine, load_calibrated, load_description, validate_description,
 )
+from pase.machine import Group as _Group
+from pase.machine import Machine, layout_strides, load_machine
 from pase.measured import MeasuredTables
 
-try:  # the lead's Group (pase/machine.py) once it exists; until then a mirror of the protocol
-    from pase.machine import Group as _Group
 
-    def Group(sizes, strides):
-        return _Group(np.atleast_2d(sizes), np.atleast_2d(strides))
-except ImportError:
-    class Group:
-        """Mirror of the protocol's Group: the splits and strides of the dims a collective spans."""
-
-        def __init__(self, sizes, strides):
-            self.sizes = np.atleast_2d(np.asarray(sizes, dtype=np.int64))
-            self.strides = np.atleast_2d(np.asarray(strides, dtype=np.int64))
-
-        @property
-        def size(self):
-            return self.sizes.prod(axis=1)
-
-        def members_per_node(self, g):
-            return np.clip(g // self.strides, 1, self.sizes).prod(axis=1)
+def Group(sizes, strides):
+    return _Group(np.atleast_2d(np.asarray(sizes, dtype=np.int64)), np.atleast_2d(np.asarray(strides, dtype=np.int64)))
 
 
 SPEC_EXAMPLE = {  # machines.md, "The description", verbatim
@@ -70,21 +55,21 @@ def bare():
 
 def test_placement_strides_of_an_fc_layer():
     # FC (b, n, k) split (2, 4, 2), b outermost: k innermost (1), n inside b (2), b (4 * 2 = 8).
-    assert placement_strides([[2, 4, 2]]).tolist() == [[8, 2, 1]]
+    assert layout_strides(np.array([[2, 4, 2]]), 0).tolist() == [[8, 2, 1]]
 
 
 def test_placement_strides_with_the_batch_dimension_not_first():
     # LSTM (L, s, b, n, k), batch b = dim 2, split (2, 1, 4, 2, 2). Order b, L, s, n, k:
     # k 1, n 2, s 2 * 2 = 4, L 1 * 2 * 2 = 4, b 2 * 1 * 2 * 2 = 8.
-    assert placement_strides([[2, 1, 4, 2, 2]], batch_dim=2).tolist() == [[4, 4, 8, 2, 1]]
+    assert layout_strides(np.array([[2, 1, 4, 2, 2]]), batch_dim=2).tolist() == [[4, 4, 8, 2, 1]]
     # The Transformer's qkv Einsum (s, b, h, l, k, e), batch b = dim 1, split (1, 2, 2, 1, 1, 2):
     # e 1, k 2, l 2, h 2, s 2 * 1 * 1 * 2 = 4, b 1 * 2 * 1 * 1 * 2 = 4.
-    assert placement_strides([[1, 2, 2, 1, 1, 2]], batch_dim=1).tolist() == [[4, 4, 2, 2, 2, 1]]
+    assert layout_strides(np.array([[1, 2, 2, 1, 1, 2]]), batch_dim=1).tolist() == [[4, 4, 2, 2, 2, 1]]
 
 
 def test_placement_strides_are_per_configuration():
     # Attention scores (b, h, l, m, k) split (2, 2, 1, 1, 4) and (8, 1, 1, 1, 1).
-    got = placement_strides([[2, 2, 1, 1, 4], [8, 1, 1, 1, 1]])
+    got = layout_strides(np.array([[2, 2, 1, 1, 4], [8, 1, 1, 1, 1]]), 0)
     assert got.tolist() == [[8, 4, 4, 4, 1], [1, 1, 1, 1, 1]]
 
 
@@ -238,12 +223,12 @@ def test_check_procs(h100):
 
 
 def test_paper_machine_and_tuning():
-    from pase.machine import Machine
-
     assert load_machine("paper") == Machine()
     assert load_machine("paper", flops=20.0, bw=8.0) == Machine(20.0, 8.0)
-    with pytest.raises(ValueError, match="apply only to the paper machine"):
+    with pytest.raises(ValueError, match="paper machine only"):
         load_machine("h100-sxm", flops=20.0)
+    assert isinstance(load_machine("h100-sxm"), CalibratedMachine)
+    assert load_calibrated("h100-sxm").describe() == SPEC_EXAMPLE
 
 
 # -- descriptions from files and their checks --------------------------------------------------

@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from pase.measured import ELEMENT_TRAFFIC, MEMORY_BOUND_KINDS, MeasuredTables
+from pase.machine import MEMORY_BOUND_KINDS
+from pase.measured import ELEMENT_TRAFFIC, MeasuredTables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json")
