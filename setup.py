@@ -12,5 +12,5 @@ setup(
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],
-    entry_points={"console_scripts": ["pase = pase.cli:run"]},
+    entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )

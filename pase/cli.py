@@ -13,7 +13,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Sequence
 
 from tqdm import tqdm
@@ -21,12 +21,13 @@ from tqdm import tqdm
 import graphs
 
 from . import __version__, graph_json
+from .baselines import data_parallel
 from .builder import CostTablesTooLarge
 from .fileio import InputError, check_writable, read_json, write_atomic
 from .machine import load_machine
 from .memory import ASSUMPTIONS, NOTHING_FITS, MemoryModel
 from .ordering import ORDERINGS
-from .plan import Plan, default_budget, evaluate_plan, measure_search, plan, strategy_from_json
+from .planner import Plan, default_budget, evaluate_plan, measure_search, plan, strategy_from_json
 from .report import (
     dot_graph,
     format_bytes,
@@ -37,6 +38,7 @@ from .report import (
     format_sweep_refusal,
     format_sweep_row,
     format_table,
+    refusal_dict,
     report_dict,
 )
 from .solver import SearchTooLarge
@@ -471,6 +473,34 @@ class _Progress:
             self.bar.close()
 
 
+#: A search estimated to take longer than this (seconds) says so before it starts.
+NOTICE_SECONDS = 10.0
+#: Rough dynamic-programme speed on a two-core machine, for that estimate (seconds per entry).
+SECONDS_PER_ENTRY = 2e-9
+
+
+def _notice(err: IO, label: str):
+    """``notice(estimate, searches)`` for ``pase.plan``: a line on stderr for a long search."""
+
+    def notice(estimate, searches: int) -> None:
+        seconds = estimate.table_entries * SECONDS_PER_ENTRY
+        if seconds > NOTICE_SECONDS:
+            each = f" each, up to {searches} of them under the memory cap" if searches > 1 else ""
+            err.write(f"pase: note: {label}: the search fills {estimate.table_entries:.3g} table entries; expect "
+                      f"roughly {_duration(seconds)}{each} (Ctrl-C stops it)\n")
+            err.flush()
+
+    return notice
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
     progress = None
@@ -481,7 +511,8 @@ def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan
             progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
         return plan(network, procs, opts.machine, opts.memory_cap, opts.algo, progress,
-                    memory_model=opts.memory_model, table_budget=opts.table_budget)
+                    memory_model=opts.memory_model, table_budget=opts.table_budget,
+                    notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
             progress.close()
@@ -589,17 +620,22 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
             except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
-                dp = evaluate_plan(network, _data_parallel_configs(network, procs), procs, machine)
+                dp = evaluate_plan(network, data_parallel(network, procs), procs, machine, opts.memory_model)
                 bar.write(f"pase: error: p={procs}: {too_large}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, dp.total_cost), file=out, end="")
+                if opts.json:
+                    line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, dp.total_cost)
+                bar.write(line, file=out, end="")
                 continue
             if found.memory.status == NOTHING_FITS:
                 status = EXIT_NOTHING_FITS
                 bar.write(f"pase: error: p={procs}: {_nothing_fits_message(found, opts)}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory),
-                              file=out, end="")
+                if opts.json:
+                    line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory)
+                bar.write(line, file=out, end="")
                 continue
             line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
             bar.write(line, file=out, end="")
@@ -611,12 +647,6 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
     return status
 
 
-def _data_parallel_configs(network, procs: int) -> list:
-    from .baselines import data_parallel
-
-    return data_parallel(network, procs)
-
-
 # Settings a strategy file may record (a previous --json output does), and their checks.
 _FILE_SETTINGS = {
     "graph": lambda v: isinstance(v, str) and v in graphs.GRAPHS,
@@ -625,7 +655,14 @@ _FILE_SETTINGS = {
     "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION),
     "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
     "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
 }
+
+#: How a recorded setting is named on the command line, for the notes on overrides.
+_FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
+            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory"}
 
 
 def _read_strategy_file(path: str) -> tuple:
@@ -636,14 +673,38 @@ def _read_strategy_file(path: str) -> tuple:
     except InputError as err:
         raise CliError(str(err)) from None
     for key, value in list(settings.items()):
-        if key in _FILE_SETTINGS and not _FILE_SETTINGS[key](value):
+        if key not in _FILE_SETTINGS:
+            del settings[key]  # recorded, but not a setting this version takes
+        elif not _FILE_SETTINGS[key](value):
             raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
+    if "graph" in settings and settings["graph"] not in graphs.GRAPHS:
+        raise CliError(f"{where}: unknown graph {settings['graph']!r}")
     return configs, settings
+
+
+def _overrides(args: argparse.Namespace, settings: dict) -> list:
+    """Notes on the flags that override settings recorded in a strategy file."""
+    given = {"cap_bytes": None if args.memory is None else args.memory * 1e9}
+    notes = []
+    for key, recorded in settings.items():
+        value = given[key] if key in given else getattr(args, key, None)
+        if value is not None and value != recorded:
+            shown = f"{value / 1e9:g} GB" if key == "cap_bytes" else value
+            was = f"{recorded / 1e9:g} GB" if key == "cap_bytes" else recorded
+            notes.append(f"pase: note: {_FLAG_OF[key]} {shown} overrides the file's {key.replace('_', ' ')} {was}")
+    return notes
 
 
 def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     configs, settings = _read_strategy_file(args.evaluate)
+    if args.graph is not None and args.graph != settings.get("graph", args.graph):
+        # The recorded width belongs to the recorded graph, not to the one asked for.
+        settings.pop("model", None)
     opts = options_from_args(args, settings)
+    if args.memory is None and "cap_bytes" in settings:
+        opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
+    for note in _overrides(args, settings):
+        err.write(note + "\n")
     network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
     _check_outputs(opts)
     _export_graph(opts, network)
@@ -705,6 +766,9 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # writing the output failed (a full disk, a closed stream)
+        err.write(f"{prog}: error: cannot write the output: {error.strerror or error}\n")
+        return EXIT_INPUT
     except Exception as bug:  # a bug: one line, unless asked for the traceback
         if os.environ.get("PASE_TRACEBACK"):
             raise
@@ -713,16 +777,10 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
 
 
 def run() -> None:
-    """Console-script entry point (``pase``): ``sys.exit(main())``."""
-    status = main()
-    if status == EXIT_BROKEN_PIPE:
-        # The reader went away (``pase ... | head``): silence the final flush of stdout.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-    sys.exit(status)
+    """Run the tool as a process (``python3 -m pase.cli``): exit with its status."""
+    from ._entry import run as run_process
+
+    run_process()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pase.cli import main
 from pase.fileio import InputError
 from pase.graph_json import dumps, network_from_json, network_to_json
 from pase.layers import FC, Elementwise, SoftmaxCrossEntropy
-from pase.plan import plan
+from pase.planner import plan
 
 # Small batches keep the big GPT graphs quick; the structure does not depend on the batch.
 BATCH = {"alexnet": 8, "resnet101": 8, "inception3": 8}

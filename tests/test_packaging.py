@@ -27,11 +27,13 @@ def requirement_lines(name):
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
 
-def test_console_script_points_at_cli_run():
+def test_console_script_points_at_the_light_entry_point():
     kw = setup_keywords()
     scripts = ast.literal_eval(kw["entry_points"])["console_scripts"]
-    assert scripts == ["pase = pase.cli:run"]
-    assert callable(pase.cli.run)
+    assert scripts == ["pase = pase._entry:run"]
+    import pase._entry
+
+    assert callable(pase._entry.run)
 
 
 def test_packages_and_scheduler_module_are_shipped():
