@@ -24,7 +24,8 @@ import numpy as np
 from common import RESULTS, machine_info, machine_lines, markdown_table  # puts the checkout on sys.path
 
 import graphs  # noqa: E402
-from pase.calibrated import PRESET_TABLES, load_machine  # noqa: E402
+from pase.calibrated import PRESET_TABLES  # noqa: E402
+from pase.machine import load_machine  # noqa: E402
 from pase.layers import Einsum, Embedding  # noqa: E402
 from pase.measured import MeasuredTables  # noqa: E402
 

@@ -21,7 +21,7 @@ from common import RESULTS, machine_info, machine_lines, markdown_table, parse_l
 
 import graphs  # noqa: E402
 from pase.machine import load_machine  # noqa: E402
-from pase.plan import evaluate_plan, plan  # noqa: E402
+from pase.planner import evaluate_plan, plan  # noqa: E402
 
 CASES = ("gpt3-2.7b:16", "gpt3-13b:16", "transformer:128")
 PROCS = (8, 16, 32, 64)
