@@ -17,7 +17,7 @@ _EXPORTS = {
     "plan": "planner", "evaluate_plan": "planner", "Plan": "planner",
     "GraphBuilder": "builder", "Network": "builder", "CostTablesTooLarge": "builder",
     "Tensor": "tensor",
-    "Machine": "machine", "Group": "machine", "load_machine": "machine",
+    "Machine": "machine", "Group": "machine", "load_machine": "machine", "CalibratedMachine": "calibrated",
     "network_to_json": "graph_json", "network_from_json": "graph_json",
     "enumerate_configs": "configs", "is_contiguous": "configs",
     "Layer": "layers", "LayerCost": "layers", "LAYER_TYPES": "layers", "make_layer": "layers",

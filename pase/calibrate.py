@@ -21,6 +21,7 @@ import sys
 from typing import IO, Callable, Sequence
 
 from .calibrated import load_calibrated, validate_description
+from .fileio import write_atomic
 from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = ["gemm_grid", "memory_grid", "calibrate", "main", "TorchTimer", "gemm_step", "memory_bound_step", "TORCH_HINT"]
@@ -301,12 +302,9 @@ def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | Non
     }
     description = validate_description(description, f"machine file {os.path.basename(out_path)}")
     folder = os.path.dirname(os.path.abspath(out_path))
-    with open(os.path.join(folder, table_name), "w", encoding="utf-8") as f:
-        json.dump(table, f, separators=(",", ":"))
-        f.write("\n")
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(description, f, indent=2)
-        f.write("\n")
+    # The table first: the description names it, so it must never point at a missing file.
+    write_atomic(os.path.join(folder, table_name), json.dumps(table, separators=(",", ":")) + "\n", "measured table")
+    write_atomic(out_path, json.dumps(description, indent=2) + "\n", "machine description")
     return description
 
 

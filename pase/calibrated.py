@@ -8,7 +8,6 @@ collectives over device groups with it, through the same protocol as the paper m
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from typing import Mapping
@@ -16,6 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from .machine import MEMORY_BOUND_KINDS
+from .fileio import read_json
 from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = [
@@ -143,20 +143,8 @@ def _source_of(name_or_path: str) -> tuple:
 
 
 def _read_file(path: str) -> dict:
-    label = f"machine file {os.path.basename(path)}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"machine file {path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"machine file {path}: is a directory") from None
-    except OSError as e:
-        raise ValueError(f"machine file {path}: cannot read it ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        detail = f"{e.msg}, line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
-        raise ValueError(f"{label}: not valid JSON ({detail})") from None
-    return validate_description(data, label)
+    # read_json turns every unreadable, malformed or hostile file into one InputError line.
+    return validate_description(read_json(path, "machine file"), f"machine file {os.path.basename(path)}")
 
 
 def load_description(name_or_path: str) -> dict:

@@ -24,10 +24,11 @@ from . import __version__, graph_json
 from .baselines import data_parallel
 from .builder import CostTablesTooLarge
 from .fileio import InputError, check_writable, read_json, write_atomic
+from .calibrated import MACHINE_NAMES
 from .machine import load_machine
 from .memory import ASSUMPTIONS, NOTHING_FITS, MemoryModel
 from .ordering import ORDERINGS
-from .planner import Plan, default_budget, evaluate_plan, measure_search, plan, strategy_from_json
+from .planner import Plan, evaluate_plan, measure_search, plan, strategy_from_json
 from .report import (
     dot_graph,
     format_bytes,
@@ -123,8 +124,9 @@ class Options:
     procs: int = DEFAULT_PROCS  # -p: devices
     batch: int | None = None  # -b: mini-batch size (None: the graph's own)
     model: int | None = None  # -m: width of graphs that have one
-    flops: float = DEFAULT_FLOPS  # --flops: peak TFLOPS per device
-    bw: float = DEFAULT_BW  # --bw: peak GB/s per device
+    machine: str = "paper"  # --machine: a preset name or a machine description file
+    flops: float | None = None  # --flops: peak TFLOPS per device (paper machine)
+    bw: float | None = None  # --bw: peak GB/s per device (paper machine)
     algo: str = "generateseq"  # --algo: ordering heuristic
     json: bool = False  # --json: one JSON object (per line with --sweep)
     sweep: tuple | None = None  # --sweep: device counts
@@ -138,10 +140,6 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
-
-    @property
-    def machine(self):
-        return load_machine("paper", self.flops, self.bw)
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -310,10 +308,15 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
         help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
              f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
+    add("--machine", default=None, metavar="NAME|FILE",
+        help=f"the machine that prices the work: {', '.join(MACHINE_NAMES)} (a preset), or a machine "
+             "description FILE.json. paper is the reference model in FLOP-equivalents; the others are "
+             "calibrated (measured compute, nodes, seconds), and --memory defaults to their device memory. "
+             "(Default: paper)")
     add("--flops", type=_machine_rate, default=None,
-        help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
+        help=f"peak FLOPS of each device in TFLOPS, paper machine. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=_machine_rate, default=None,
-        help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
+        help=f"peak interconnect bandwidth of each device in GB/s, paper machine. (Default: {DEFAULT_BW})")
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "
              "(to stderr with --json).")
@@ -397,8 +400,9 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         procs=pick("procs", DEFAULT_PROCS),
         batch=pick("batch", None),
         model=pick("model", None),
-        flops=pick("flops", DEFAULT_FLOPS),
-        bw=pick("bw", DEFAULT_BW),
+        machine=pick("machine", "paper"),
+        flops=pick("flops", None),
+        bw=pick("bw", None),
         algo=ALGOS[args.algo if args.algo is not None else 0],
         json=args.json,
         sweep=args.sweep,
@@ -430,6 +434,24 @@ def _load_network(opts: Options, model_from_file: bool = False):
             message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, EXIT_USAGE) from None
+
+
+def _load_machine(opts: Options, procs) -> object:
+    """The machine of ``--machine``, checked against every device count before any work."""
+    try:
+        machine = load_machine(opts.machine, opts.flops, opts.bw)
+        for p in procs:
+            machine.check_procs(p)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    return machine
+
+
+def _memory_cap(opts: Options, machine) -> float | None:
+    """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
+    if opts.memory_cap is not None or opts.measure:
+        return opts.memory_cap
+    return machine.memory_bytes
 
 
 def _effective_model(opts: Options) -> int | None:
@@ -501,16 +523,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan:
+def _plan(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
     progress = None
+    cap = _memory_cap(opts, machine)
     if bar and _show_progress(opts, err):
-        if opts.memory_cap is None:
+        if cap is None:
             progress = _Progress(err, f"{network.name} p={procs}")
         else:
             progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
-        return plan(network, procs, opts.machine, opts.memory_cap, opts.algo, progress,
+        return plan(network, procs, machine, cap, opts.algo, progress,
                     memory_model=opts.memory_model, table_budget=opts.table_budget,
                     notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
@@ -521,7 +544,7 @@ def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan
 def _nothing_fits_message(found: Plan, opts: Options) -> str:
     m = found.memory
     return (
-        f"nothing fits in {format_bytes(opts.memory_cap)} per device: {found.network.name} on {found.procs} devices, "
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {found.network.name} on {found.procs} devices, "
         f"batch {opts.batch if opts.batch is not None else found.network.batch}, needs at least "
         f"{format_bytes(m.least_bytes)} per device with any strategy "
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
@@ -584,12 +607,13 @@ def _export_graph(opts: Options, network) -> None:
 
 
 def _run_search(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts)
     _check_outputs(opts)
     _export_graph(opts, network)
     profiler = _Profiler(opts.profile)
     with profiler:
-        found = _plan(network, opts.procs, opts, err)
+        found = _plan(network, opts.procs, machine, opts, err)
     if found.memory.status == NOTHING_FITS:
         raise CliError(_nothing_fits_message(found, opts), EXIT_NOTHING_FITS)
     measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS) if opts.measure else None
@@ -601,10 +625,10 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
 
 
 def _run_sweep(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, opts.sweep)
     network = _load_network(opts)
     _check_outputs(opts)
     _export_graph(opts, network)
-    machine = opts.machine
     model = _effective_model(opts)
     if not opts.json:
         out.write(format_sweep_header(network.name, network.batch, machine, model))
@@ -616,7 +640,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
         for procs in bar:
             try:
                 with profiler:
-                    found = _plan(network, procs, opts, err, bar=False)
+                    found = _plan(network, procs, machine, opts, err, bar=False)
             except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
@@ -625,7 +649,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if opts.json:
                     line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, dp.total_cost)
+                    line = format_sweep_refusal(procs, dp.total_cost, unit=machine.cost_unit)
                 bar.write(line, file=out, end="")
                 continue
             if found.memory.status == NOTHING_FITS:
@@ -634,7 +658,8 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if opts.json:
                     line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory)
+                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
+                                                machine.cost_unit)
                 bar.write(line, file=out, end="")
                 continue
             line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
@@ -658,11 +683,13 @@ _FILE_SETTINGS = {
     "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
     "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
     "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+    "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
 
 #: How a recorded setting is named on the command line, for the notes on overrides.
 _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
-            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory"}
+            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
+            "machine": "--machine"}
 
 
 def _read_strategy_file(path: str) -> tuple:
@@ -672,6 +699,14 @@ def _read_strategy_file(path: str) -> tuple:
         configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
     except InputError as err:
         raise CliError(str(err)) from None
+    recorded = settings.get("machine")
+    if isinstance(recorded, dict):
+        # The machine a plan was priced on: the reference machine or a preset by name; a
+        # machine from a file must be named again with --machine.
+        name = recorded.get("name")
+        settings["machine"] = name if name in MACHINE_NAMES else None
+        if settings["machine"] is None:
+            del settings["machine"]
     for key, value in list(settings.items()):
         if key not in _FILE_SETTINGS:
             del settings[key]  # recorded, but not a setting this version takes
@@ -700,17 +735,24 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     if args.graph is not None and args.graph != settings.get("graph", args.graph):
         # The recorded width belongs to the recorded graph, not to the one asked for.
         settings.pop("model", None)
+    if args.machine is not None and args.machine != settings.get("machine", args.machine):
+        # Recorded rates belong to the recorded machine: pricing on another one drops them.
+        for key in ("flops", "bw"):
+            settings.pop(key, None)
+    if settings.get("machine", "paper") != "paper" and (args.flops is not None or args.bw is not None):
+        settings.pop("machine")
     opts = options_from_args(args, settings)
     if args.memory is None and "cap_bytes" in settings:
         opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
     for note in _overrides(args, settings):
         err.write(note + "\n")
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
     _check_outputs(opts)
     _export_graph(opts, network)
     with _Profiler(opts.profile) as profiler:
         try:
-            found = evaluate_plan(network, configs, opts.procs, opts.machine, opts.memory_model, opts.memory_cap)
+            found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, _memory_cap(opts, machine))
         except ValueError as error:
             raise CliError(f"strategy file {opts.evaluate}: {error}") from None
     if opts.dot_path is not None:
@@ -734,6 +776,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
     parser = build_parser(out, err, prog)
     try:
         args = parser.parse_args(argv)

@@ -35,7 +35,6 @@ Examples
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from typing import Mapping
@@ -233,17 +232,9 @@ class MeasuredTables:
     @classmethod
     def load(cls, path: str) -> "MeasuredTables":
         """Read a measured-table JSON file; every problem is a ``ValueError`` naming it."""
-        name = os.path.basename(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise ValueError(f"measured table {path}: no such file") from None
-        except OSError as e:
-            raise ValueError(f"measured table {path}: cannot read it ({e.strerror})") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"measured table {name}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
-        return cls.from_dict(data, f"measured table {name}")
+        from .fileio import read_json  # every unreadable, malformed or hostile file is one line
+
+        return cls.from_dict(read_json(path, "measured table"), f"measured table {os.path.basename(path)}")
 
     def _check_gemm(self, rows) -> np.ndarray:
         if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__") or len(rows) == 0:

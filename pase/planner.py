@@ -12,17 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .baselines import data_parallel
 from .builder import Network, check_procs
 from .capped import MAX_SEARCHES, capped_search
 from .fileio import InputError
 from .machine import Machine
-from .memory import CAPPED, NOTHING_FITS, UNCONSTRAINED, MemoryModel, MemorySummary
+from .memory import NOTHING_FITS, MemoryModel, MemorySummary
 from .ordering import ORDERINGS
 from .solver import DEFAULT_MEMORY_SHARE, Search, SearchStats, available_memory
-from .strategy import Evaluation, check_strategy, evaluate
+from .strategy import Evaluation, evaluate
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json",
            "default_budget"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .builder import Network
-from .memory import ASSUMPTIONS
+from .memory import ASSUMPTIONS, MemorySummary
 from .ordering import ordering_title
 from .planner import Measurement, Plan
 from .units import format_bytes, format_cost, format_seconds
@@ -454,11 +454,11 @@ def _sweep_line(cells) -> str:
 
 
 def format_sweep_header(graph: str, batch: int, machine, model: int | None = None) -> str:
-    """Title and column headers of a sweep table (costs in FLOP-equivalents)."""
+    """Title and column headers of a sweep table."""
     model = f", model width {model}" if model is not None else ""
+    unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; machine {machine.flops:g} TFLOPS and {machine.bw:g} GB/s "
-        f"per device; costs in FLOP-equivalents\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 
@@ -476,10 +476,11 @@ def format_sweep_row(plan: Plan) -> str:
     """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
     speedup = plan.speedup
     m = plan.memory
+    cost = _cost_cell(plan.machine.cost_unit)
     return _sweep_line([
         str(plan.procs),
-        format_cost(plan.total_cost),
-        format_cost(plan.data_parallel.total),
+        cost(plan.total_cost),
+        cost(plan.data_parallel.total),
         f"{speedup:.3f}x" if speedup is not None else "n/a",
         format_bytes(m.per_device_bytes),
         format_bytes(m.data_parallel_per_device_bytes),
@@ -489,11 +490,11 @@ def format_sweep_row(plan: Plan) -> str:
 
 
 def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
-                         memory: MemorySummary | None = None) -> str:
+                         memory: MemorySummary | None = None, unit: str = "flop-equivalents") -> str:
     """A sweep row for a device count with no answer: its search was too large (the
     paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
     return _sweep_line([
-        str(procs), reason, format_cost(data_parallel_cost), "-",
+        str(procs), reason, _cost_cell(unit)(data_parallel_cost), "-",
         "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
         "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
         "-" if memory is None else "memory: least",

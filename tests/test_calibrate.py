@@ -139,20 +139,17 @@ def test_output_that_is_a_directory(tmp_path):
     assert status == 2 and err == f"pase calibrate: error: --out: {tmp_path / 'x.json'} is a directory\n"
 
 
-def test_write_errors_are_one_line(tmp_path, monkeypatch):
-    import builtins
+def test_write_errors_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch):
+    import os
 
-    real_open = builtins.open
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
 
-    def failing_open(path, mode="r", *args, **kwargs):
-        if "w" in mode:
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, mode, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", failing_open)
+    monkeypatch.setattr(os, "replace", refuse)  # the last step of every (atomic) write
     status, _, err = run(["--out", str(tmp_path / "x.json"), "--quick"], timer=FakeTimer())
     assert status == 1 and err.startswith("pase calibrate: error: cannot write ") and err.count("\n") == 1
     assert "Permission denied" in err
+    assert os.listdir(tmp_path) == []  # no half-written table or temporary file
 
 
 # -- the measured steps, on the CPU ----------------------------------------------------------

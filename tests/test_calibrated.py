@@ -299,11 +299,14 @@ def test_every_bad_field_is_named(change, message):
 
 
 def test_file_errors(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match="No such file"):
         load_machine(str(tmp_path / "nope.json"))
     bad = tmp_path / "bad.json"
     bad.write_text("{name: 1}")
-    with pytest.raises(ValueError, match=r"^machine file bad.json: not valid JSON \("):
+    with pytest.raises(ValueError, match=r"^machine file .*bad.json is not valid JSON"):
+        load_machine(str(bad))
+    bad.write_text("[" * 100000)  # hostile: nesting deep enough to exhaust the parser
+    with pytest.raises(ValueError, match=r"^machine file .*bad.json is nested too deeply"):
         load_machine(str(bad))
     with pytest.raises(ValueError, match="expected a JSON object"):
         load_machine(write(tmp_path / "list.json", [1, 2]))

@@ -225,11 +225,14 @@ def test_bad_queries_are_refused(shipped):
 
 
 def test_file_errors_are_one_clear_line(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match="No such file"):
         MeasuredTables.load(str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"gemm": [1, 2,')
-    with pytest.raises(ValueError, match=r"^measured table bad.json: not valid JSON \(.*line 1"):
+    with pytest.raises(ValueError, match=r"^measured table .*bad.json is not valid JSON: .*line 1"):
+        MeasuredTables.load(str(bad))
+    bad.write_text('{"gemm": [[' + "7" * 5000 + "]]}")  # hostile: an integer too long to convert
+    with pytest.raises(ValueError, match=r"^measured table .*bad.json is not valid input JSON"):
         MeasuredTables.load(str(bad))
 
 
