@@ -28,7 +28,7 @@ import time
 from common import ROOT, RESULTS, machine_info, machine_lines, markdown_table, write_text  # sets sys.path
 
 import graphs  # noqa: E402
-from pase.capped import find_capped_strategy  # noqa: E402
+from pase.planner import plan  # noqa: E402
 from pase.solver import Search, SearchTooLarge  # noqa: E402
 from pase.strategy import indexed_cost  # noqa: E402
 
@@ -54,10 +54,11 @@ def end_to_end(graph: str, procs: int, batch: int, cap_gb, blocks=True) -> dict:
         row = {"entries": result.stats.table_entries, "plain": search.plain_estimate.table_entries,
                "cost": result.cost, "blocks": result.stats.blocks_description, "searches": 1}
     else:
-        found = find_capped_strategy(network, procs, cap_gb * 1e9, graph=G, blocks=blocks)
-        row = {"entries": found.table_entries, "plain": found.strategy.stats.plain_table_entries,
-               "cost": found.cost, "blocks": found.strategy.stats.blocks_description, "searches": found.searches,
-               "bound": found.lower_bound, "gap": found.gap, "status": found.status, "memory": found.memory}
+        found = plan(network, procs, memory_cap=cap_gb * 1e9, graph=G, blocks=blocks)
+        row = {"entries": found.search.table_entries, "plain": found.search.plain_table_entries,
+               "cost": found.total_cost, "blocks": found.search.blocks_description,
+               "searches": found.memory.searches, "bound": found.memory.lower_bound, "gap": found.gap,
+               "status": found.memory.status, "memory": found.memory.per_device_bytes}
     t2 = time.perf_counter()
     row.update(build=t1 - t0, search=t2 - t1, total=t2 - t0)
     return row
@@ -77,7 +78,7 @@ def cli_seconds(args: list) -> float:
 def promised(args) -> list:
     lines = ["## 1. The promised cases, end to end", "",
              f"In one process, best of {args.repeats}: build = graph and every cost table; search = "
-             "`Search(G)` (block detection, orderings) and its run, or `find_capped_strategy` for a cap "
+             "`Search(G)` (block detection, orderings) and its run, or `pase.planner.plan` with `memory_cap` "
              "(every Lagrangian dynamic programme). CLI = `python scheduler.py -g G -p 64 -b 16 [--memory 40]` "
              "in a fresh process (start-up, imports, evaluation and the printed table included), best of "
              f"{args.repeats}.", ""]

@@ -10,20 +10,20 @@ from __future__ import annotations
 from .builder import Network
 from .configs import divisors
 
-__all__ = ["data_parallel", "batch_split"]
+__all__ = ["data_parallel", "largest_divisor"]
 
 
-def batch_split(size: int, procs: int) -> int:
-    """The largest divisor of ``size`` that is at most ``procs``.
+def largest_divisor(size: int, limit: int) -> int:
+    """The largest divisor of ``size`` that is at most ``limit`` (the split data parallelism uses).
 
-    >>> batch_split(128, 64), batch_split(96, 64), batch_split(7, 4)
+    >>> largest_divisor(128, 64), largest_divisor(96, 64), largest_divisor(7, 4)
     (64, 48, 1)
     """
-    return max(d for d in divisors(size) if d <= procs)
+    return max(d for d in divisors(size) if d <= limit)
 
 
 def data_parallel(network: Network, procs: int) -> list:
-    """Data parallelism: every layer's batch dimension split ``batch_split(b, procs)`` ways.
+    """Data parallelism: every layer's batch dimension split ``largest_divisor(b, procs)`` ways.
 
     >>> from graphs import rnnlm
     >>> data_parallel(rnnlm(128), 32)[1]
@@ -32,6 +32,6 @@ def data_parallel(network: Network, procs: int) -> list:
     strategy = []
     for layer in network.layers:
         config = [1] * len(layer.domain)
-        config[layer.batch_dim] = batch_split(layer.domain[layer.batch_dim], procs)
+        config[layer.batch_dim] = largest_divisor(layer.domain[layer.batch_dim], procs)
         strategy.append(tuple(config))
     return strategy

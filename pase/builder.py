@@ -18,8 +18,31 @@ from .configs import enumerate_configs
 from .layers import Layer, Ravel, Unravel, redistribution_volume
 from .machine import Machine
 from .tensor import Tensor
+from .units import format_bytes
 
-__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix"]
+__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge", "check_procs"]
+
+
+class CostTablesTooLarge(MemoryError):
+    """The layer-cost vectors and edge-cost matrices would not fit the memory budget.
+
+    Raised before they are computed; ``needed`` and ``budget`` are bytes.
+    """
+
+    def __init__(self, network: str, procs: int, needed: int, largest: int, budget: int):
+        self.needed = needed
+        self.budget = budget
+        super().__init__(
+            f"the cost tables of {network} on {procs} devices are too large: about {format_bytes(needed)} "
+            f"(up to {largest} configurations per layer), over the budget of {format_bytes(budget)}"
+        )
+
+
+def check_procs(procs) -> int:
+    """``procs`` as an int; ``ValueError`` unless it is a positive integer."""
+    if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
+        raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
+    return int(procs)
 
 # Builders hand out tensors tagged with their own serial number, so a tensor of one
 # network can never be wired into another. itertools.count is thread-safe and its value
@@ -68,24 +91,40 @@ class Network:
 
     def configs(self, procs: int) -> list:
         """Valid configurations of every layer for ``procs`` devices."""
+        procs = check_procs(procs)
         return [
             enumerate_configs(layer.domain, procs, self.cutoff, layer.unsplit, layer.contiguous)
             for layer in self.layers
         ]
 
-    def graph(self, procs: int, machine: Machine | None = None) -> nx.DiGraph:
+    def cost_table_bytes(self, configs: list) -> tuple:
+        """``(bytes, largest K)`` of the cost vectors and edge matrices over ``configs``."""
+        counts = [len(c) for c in configs]
+        needed = 8 * sum(counts[u] * counts[v] for (u, v) in self.edges) + 8 * sum(counts)
+        return needed, max(counts)
+
+    def graph(self, procs: int, machine=None, configs: list | None = None, budget: int | None = None) -> nx.DiGraph:
         """The costed computation graph for ``procs`` devices.
 
         Vertices are ids ``0..n-1`` in creation order with attributes ``layer``, ``name``,
         ``configs`` (``(K, n_dims)`` int array) and ``cost`` (length ``K``); every edge
         ``(u, v)`` has ``cost``, the ``K_u x K_v`` redistribution-cost matrix, and
         ``tensors``. Graph attributes: ``network``, ``procs``, ``machine``.
+
+        ``configs`` may pass the configurations already enumerated by ``configs(procs)``.
+        With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
+        computed if they would need more.
         """
-        if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
-            raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
+        procs = check_procs(procs)
         machine = machine or Machine()
-        G = nx.DiGraph(network=self, procs=int(procs), machine=machine, name=self.name)
-        configs = self.configs(int(procs))
+        machine.check_procs(procs)
+        if configs is None:
+            configs = self.configs(procs)
+        if budget is not None:
+            needed, largest = self.cost_table_bytes(configs)
+            if needed > budget:
+                raise CostTablesTooLarge(self.name, procs, needed, largest, budget)
+        G = nx.DiGraph(network=self, procs=procs, machine=machine, name=self.name)
         for v, (layer, name, C) in enumerate(zip(self.layers, self.names, configs)):
             G.add_node(v, layer=layer, name=name, configs=C, cost=np.asarray(layer.cost(C, machine), dtype=np.float64))
         outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
@@ -99,7 +138,7 @@ class Network:
             target = np.ascontiguousarray(inputs[v][t.input_index])
             key = (t.shape, source.shape, target.shape, source.tobytes(), target.tobytes())
             if key not in memo:
-                matrix = edge_cost_matrix(t.shape, source, target, machine)
+                matrix = edge_cost_matrix(t.shape, source, target, machine, procs)
                 matrix.setflags(write=False)  # shared by the edges of repeated blocks
                 memo[key] = matrix
             return memo[key]
@@ -125,17 +164,18 @@ class Network:
         return [[u, v] for (u, v) in self.edges]
 
 
-def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine: Machine) -> np.ndarray:
+def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine, procs: int) -> np.ndarray:
     """Redistribution cost of one tensor for every (source, target) configuration pair.
 
-    ``comm(2 * volume)``: the volume moves forward, and its gradient backward. Layers
+    ``2 * volume`` elements move (forward, and the gradient backward), priced by the
+    machine for ``procs`` devices (``comm(2 * volume)`` in the reference). Layers
     often imply the same tensor configuration for many of their configurations, so the
     volume is computed for the distinct rows only and then expanded.
     """
     sources, source_of = np.unique(source, axis=0, return_inverse=True)
     targets, target_of = np.unique(target, axis=0, return_inverse=True)
     volume = redistribution_volume(shape, sources[:, None, :], targets[None, :, :])
-    cost = machine.comm(2.0 * volume)
+    cost = machine.redistribute(2.0 * volume, procs)
     return cost[np.ix_(source_of.reshape(-1), target_of.reshape(-1))]
 
 
@@ -185,8 +225,12 @@ class GraphBuilder:
         """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them)."""
         if not isinstance(layer, Layer):
             raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
-        if not name or name in self._names:
+        if not isinstance(name, str) or not name or name in self._names:
             raise ValueError(f"layer names must be unique and non-empty, got {name!r}")
+        try:
+            layer.check()
+        except ValueError as err:
+            raise ValueError(f"layer {name!r}: {err}") from None
         v = len(self._layers)
         reads: dict = {}
         for position, t in enumerate(layer.inputs):
@@ -205,11 +249,9 @@ class GraphBuilder:
             )
         self._layers.append(layer)
         self._names.append(name)
-        letters = getattr(layer, "output_letters", ())
         outputs = tuple(
-            Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id,
-                   letters[i] if i < len(letters) else "")
-            for i, shape in enumerate(layer.output_shapes)
+            Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id, letters)
+            for i, (shape, letters) in enumerate(zip(layer.output_shapes, layer.output_letters))
         )
         return outputs[0] if len(outputs) == 1 else outputs
 

@@ -10,95 +10,36 @@ true capped optimum from below.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .builder import Network
-from .machine import Machine
-from .memory import MemoryModel
+from .memory import CAPPED, NOTHING_FITS, UNCONSTRAINED
 from .ordering import _vertex_order
-from .solver import Search, SearchStats
-from .strategy import Strategy, indexed_cost, strategy_from_indices
+from .solver import Search
+from .strategy import indexed_cost
 
-__all__ = [
-    "CappedStrategy", "CappedSearchResult", "capped_search", "find_capped_strategy",
-    "UNCONSTRAINED", "CAPPED", "NOTHING_FITS",
-]
+__all__ = ["CappedSearchResult", "capped_search", "MAX_SEARCHES", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
 
-UNCONSTRAINED = "unconstrained"  # the unconstrained optimum fits
-CAPPED = "capped"  # found by the Lagrangian search
-NOTHING_FITS = "nothing-fits"  # even the least-memory strategy exceeds the cap
-
-
-@dataclass(frozen=True)
-class CappedStrategy:
-    """Result of the capped search.
-
-    Attributes
-    ----------
-    status : str
-        ``"unconstrained"``, ``"capped"`` or ``"nothing-fits"``.
-    strategy : Strategy
-        The strategy returned: the unconstrained optimum, the cheapest fitting strategy
-        found, or (nothing fits) the least-memory strategy.
-    memory : float
-        Its bytes per device.
-    cap : float
-        The cap ``M`` in bytes per device.
-    min_memory : float or None
-        The least memory any strategy needs (computed when the optimum does not fit).
-    lower_bound : float
-        A lower bound on the cost of any fitting strategy (the optimum itself when
-        unconstrained).
-    multiplier : float
-        The smallest ``lambda`` found whose Lagrangian optimum fits (0 when
-        unconstrained, infinite when nothing fits).
-    searches : int
-        Dynamic programmes run.
-    table_entries : int
-        Their total table entries (the DP work).
-    seconds : float
-        Total search time.
-    """
-
-    status: str
-    strategy: Strategy
-    memory: float
-    cap: float
-    min_memory: float | None
-    lower_bound: float
-    multiplier: float
-    searches: int
-    table_entries: int
-    seconds: float
-
-    @property
-    def fits(self) -> bool:
-        return self.memory <= self.cap
-
-    @property
-    def cost(self) -> float:
-        return self.strategy.total_cost
-
-    @property
-    def gap(self) -> float:
-        """Relative gap ``(cost - lower_bound) / cost`` between returned cost and bound."""
-        if self.status == NOTHING_FITS:
-            return float("nan")
-        return max(self.cost - self.lower_bound, 0.0) / self.cost if self.cost else 0.0
+#: The most dynamic programmes one capped search runs by default.
+MAX_SEARCHES = 40
 
 
 @dataclass(frozen=True)
 class CappedSearchResult:
     """Outcome of ``capped_search`` on a bare graph (indices, not configurations).
 
-    ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; the other
-    fields are those of ``CappedStrategy``, and: ``search``, the prepared ``Search`` every
-    dynamic programme reused (its block structure included); ``plain_table_entries``, what
-    the same dynamic programmes would have computed without blocks; ``blocks``, the runs of
-    blocks used (``pase.blocks.BlockSummary``; empty: the plain programme).
+    ``choice`` maps each vertex to a configuration index; ``cost`` is its ``F``; ``memory``
+    its bytes per device; ``min_memory`` the least any strategy needs (computed when the
+    optimum does not fit); ``lower_bound`` a bound on the cost of any fitting strategy;
+    ``multiplier`` the smallest ``lambda`` found whose Lagrangian optimum fits (0 when
+    unconstrained, infinite when nothing fits); ``searches`` and ``table_entries`` the
+    dynamic programmes run and their work; ``status`` one of ``UNCONSTRAINED``, ``CAPPED``,
+    ``NOTHING_FITS``; ``search`` the prepared ``Search`` every dynamic programme reused (its block structure
+    included); ``plain_table_entries`` what the same dynamic programmes would have computed
+    without blocks; ``blocks`` the runs of blocks used (``pase.blocks.BlockSummary``; empty:
+    the plain programme).
     """
 
     status: str
@@ -122,11 +63,12 @@ def capped_search(
     cap_bytes: float,
     ordering="generateseq",
     memory_budget: int | None = None,
-    max_searches: int = 40,
+    max_searches: int = MAX_SEARCHES,
     tolerance: float = 1e-4,
     lambda_tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
     trace: list | None = None,
+    search: Search | None = None,
     blocks: bool = True,
 ) -> CappedSearchResult:
     """Minimise the graph's cost subject to ``sum of memory[v][choice[v]] <= cap_bytes``.
@@ -156,16 +98,20 @@ def capped_search(
     trace : list, optional
         If given, ``(lambda, Lagrangian optimum, memory, cost)`` of every multiplier tried
         in the bisection is appended to it.
+    search : Search, optional
+        The search of ``G`` already prepared with ``ordering`` (its ordering is reused).
     blocks : bool
-        Solve runs of identical blocks once (``Search``'s option). The search, and so
-        the block structure, is prepared once for all the Lagrangian searches: memory is
-        the same for every copy of a block, so ``F + lambda * mem`` keeps the copies
-        identical (were it not so, a search would fall back to the plain programme).
+        Solve runs of identical blocks once (``Search``'s option; ignored when ``search``
+        is given). The search, and so the block structure, is prepared once for all the
+        Lagrangian searches: memory is the same for every copy of a block, so
+        ``F + lambda * mem`` keeps the copies identical (were it not so, a search would
+        fall back to the plain programme).
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
     start = time.perf_counter()
-    search = Search(G, ordering, blocks=blocks)
+    if search is None:
+        search = Search(G, ordering, blocks=blocks)
     vertices = list(search.ordering.sequence)
     costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
     mem = {}
@@ -320,54 +266,3 @@ def _relink(G, mem: dict, fitting: dict, over: dict, cap: float, order) -> tuple
                 best_choice, best_cost = dict(choice), cost
     # Re-read the winner's cost from the tables, free of accumulated rounding.
     return best_choice, indexed_cost(G, best_choice)
-
-
-def find_capped_strategy(
-    network: Network,
-    procs: int,
-    cap_bytes: float,
-    machine: Machine | None = None,
-    memory: MemoryModel | None = None,
-    ordering="generateseq",
-    memory_budget: int | None = None,
-    graph=None,
-    progress: Callable[[int, int], None] | None = None,
-    **options,
-) -> CappedStrategy:
-    """The cheapest strategy found for ``network`` whose per-device memory fits ``cap_bytes``.
-
-    Parameters
-    ----------
-    network, procs, machine, ordering, memory_budget, graph
-        As for ``pase.strategy.find_strategy``.
-    cap_bytes : float
-        Memory cap per device, bytes.
-    memory : MemoryModel, optional
-        Bytes per parameter and activation element (default 16 and 2).
-    progress : callable, optional
-        ``progress(searches_done, max_searches)`` after every dynamic programme.
-    **options
-        ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of
-        ``capped_search``.
-
-    Examples
-    --------
-    >>> import graphs
-    >>> found = find_capped_strategy(graphs.build("gpt2-small", 8), 8, 4e9)
-    >>> found.status, found.fits
-    ('unconstrained', True)
-    """
-    machine = machine or Machine()
-    memory = memory or MemoryModel()
-    G = graph if graph is not None else network.graph(procs, machine)
-    vertices = range(len(network.layers))
-    vectors = memory.vectors(network, [G.nodes[v]["configs"] for v in vertices])
-    result = capped_search(G, dict(zip(vertices, vectors)), cap_bytes, ordering, memory_budget,
-                           progress=progress, **options)
-    e = replace(result.search.estimate, table_entries=result.table_entries,
-                plain_table_entries=result.plain_table_entries, blocks=result.blocks)
-    stats = SearchStats(e, result.seconds)
-    strategy = strategy_from_indices(network, G, [result.choice[v] for v in vertices], result.cost, stats)
-    return CappedStrategy(result.status, strategy, result.memory, float(cap_bytes), result.min_memory,
-                          result.lower_bound, result.multiplier, result.searches, result.table_entries,
-                          result.seconds)

@@ -1,8 +1,8 @@
 """The command line: ``scheduler.py`` and the ``pase`` console script (``cli.md``).
 
-``main(argv) -> exit status`` parses the flags into ``Options`` and runs one of three
-commands: a search (the default), a sweep over device counts, or the evaluation of a given
-strategy. It prints to the streams it is given and never exits the interpreter itself.
+``main(argv) -> exit status``: parse the flags into ``Options``, call the library
+(``graphs.load`` -> ``pase.plan`` or ``pase.evaluate_plan``), render the result. It prints to
+the streams it is given and never exits the interpreter itself.
 """
 
 from __future__ import annotations
@@ -13,24 +13,23 @@ import json
 import math
 import os
 import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Sequence
 
 from tqdm import tqdm
 
 import graphs
 
-from . import __version__
+from . import __version__, graph_json
 from .baselines import data_parallel
-from .builder import Network
-from .machine import Machine
-from .capped import NOTHING_FITS, find_capped_strategy
-from .memory import ASSUMPTIONS, MemoryModel
+from .builder import CostTablesTooLarge
+from .fileio import InputError, check_writable, read_json, write_atomic
+from .calibrated import MACHINE_NAMES
+from .machine import load_machine
+from .memory import ASSUMPTIONS, NOTHING_FITS, MemoryModel
+from .ordering import ORDERINGS
+from .planner import Plan, evaluate_plan, measure_search, plan, strategy_from_json
 from .report import (
-    Measurement,
-    MemorySummary,
-    Report,
     dot_graph,
     format_bytes,
     format_json,
@@ -40,10 +39,10 @@ from .report import (
     format_sweep_refusal,
     format_sweep_row,
     format_table,
-    make_report,
+    refusal_dict,
+    report_dict,
 )
-from .solver import DEFAULT_MEMORY_SHARE, SearchTooLarge, available_memory
-from .strategy import evaluate, find_strategy
+from .solver import SearchTooLarge
 
 __all__ = ["main", "run", "build_parser", "Options", "CliError", "EXIT_CODES"]
 
@@ -69,11 +68,11 @@ EXIT_CODES = {
 
 DEFAULT_GRAPH = "alexnet"
 DEFAULT_PROCS = 32
-DEFAULT_BATCH = 128
+DEFAULT_BATCH = graphs.DEFAULT_BATCH
 DEFAULT_FLOPS = 10.0
 DEFAULT_BW = 16.0
-#: --algo values: the ordering heuristic each selects (paper Fig. 3 and Section III-A).
-ALGOS = {0: "generateseq", 1: "breadth-first"}
+#: --algo values: the ordering registry, in order (paper Fig. 3 and Section III-A first).
+ALGOS = dict(enumerate(ORDERINGS))
 #: --measure: warm-up and timed searches.
 MEASURE_WARMUP = 2
 MEASURE_RUNS = 5
@@ -85,6 +84,8 @@ DOT_FILE = "graph.dot"
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
 #: sqrt(size) steps, once per layer).
 MAX_DIMENSION = 2**31 - 1
+#: Largest device count accepted: far beyond any machine, yet its configurations enumerate.
+MAX_PROCS = 2**20
 #: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
 #: rho and every cost stay finite in float64.
 MACHINE_RANGE = (1e-6, 1e9)
@@ -96,13 +97,6 @@ class CliError(Exception):
     def __init__(self, message: str, status: int = EXIT_INPUT):
         super().__init__(message)
         self.status = status
-
-
-class _TablesTooLarge(CliError):
-    """The cost tables of the graph would not fit the memory budget (before the search)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, EXIT_TOO_LARGE)
 
 
 class _ParserExit(Exception):
@@ -126,17 +120,19 @@ class Options:
     stderr is a terminal".
     """
 
-    graph: str = DEFAULT_GRAPH  # -g: a key of graphs.GRAPHS
+    graph: str = DEFAULT_GRAPH  # -g: a registry name, a graph file or torch:...
     procs: int = DEFAULT_PROCS  # -p: devices
-    batch: int = DEFAULT_BATCH  # -b: mini-batch size
+    batch: int | None = None  # -b: mini-batch size (None: the graph's own)
     model: int | None = None  # -m: width of graphs that have one
-    flops: float = DEFAULT_FLOPS  # --flops: peak TFLOPS per device
-    bw: float = DEFAULT_BW  # --bw: peak GB/s per device
+    machine: str = "paper"  # --machine: a preset name or a machine description file
+    flops: float | None = None  # --flops: peak TFLOPS per device (paper machine)
+    bw: float | None = None  # --bw: peak GB/s per device (paper machine)
     algo: str = "generateseq"  # --algo: ordering heuristic
     json: bool = False  # --json: one JSON object (per line with --sweep)
     sweep: tuple | None = None  # --sweep: device counts
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
+    export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -144,10 +140,6 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
-
-    @property
-    def machine(self) -> Machine:
-        return Machine(self.flops, self.bw)
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -164,13 +156,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _dimension_size(text: str) -> int:
-    """A batch size or model width: a positive integer the divisor enumeration can handle."""
-    value = _positive_int(text)
-    if value > MAX_DIMENSION:
-        # Enumerating the splits of a dimension takes sqrt(size) steps per layer.
-        raise argparse.ArgumentTypeError(f"{text} is larger than the largest supported size, {MAX_DIMENSION}")
-    return value
+def _bounded_int(limit: int):
+    def parse(text: str) -> int:
+        if len(text.strip()) > 30:
+            raise argparse.ArgumentTypeError(f"{text[:20]}... is larger than the largest supported value, {limit}")
+        value = _positive_int(text)
+        if value > limit:
+            # Enumerating a dimension's splits takes sqrt(size) steps; p bounds every product.
+            raise argparse.ArgumentTypeError(f"{text} is larger than the largest supported value, {limit}")
+        return value
+
+    return parse
+
+
+_dimension_size = _bounded_int(MAX_DIMENSION)
+_device_count = _bounded_int(MAX_PROCS)
 
 
 def _float(text: str, what: str) -> float:
@@ -217,15 +217,24 @@ def _device_list(text: str) -> tuple:
     counts = []
     for item in items:
         try:
-            count = int(item, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not an integer device count") from None
-        if count < 1:
-            raise argparse.ArgumentTypeError(f"device counts must be positive, got {item!r} in {text!r}")
+            count = _device_count(item)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"device count {item!r} in {text!r}: {err}") from None
         if count in counts:
             raise argparse.ArgumentTypeError(f"device count {count} appears twice in {text!r}")
         counts.append(count)
     return tuple(counts)
+
+
+def _graph_spec(text: str) -> str:
+    """-g: a registry name, a ``.json`` graph file or ``prefix:...`` of a model source."""
+    prefix, sep, _ = text.partition(":")
+    if text in graphs.GRAPHS or text.endswith(".json") or (sep and prefix in graphs.SOURCES):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown graph {text!r}: choose one of {', '.join(graphs.GRAPHS)}, a graph file FILE.json, "
+        "or torch:FILE_OR_MODULE:FUNCTION"
+    )
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -291,17 +300,23 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         err=err or sys.stderr,
     )
     add = parser.add_argument
-    add("-p", "--procs", type=_positive_int, default=None, metavar="PROCS",
-        help=f"number of devices p. (Default: {DEFAULT_PROCS})")
+    add("-p", "--procs", type=_device_count, default=None, metavar="PROCS",
+        help=f"number of devices p, at most {MAX_PROCS}. (Default: {DEFAULT_PROCS})")
     add("-b", "--batch", type=_dimension_size, default=None, metavar="BATCH",
         help=f"mini-batch size. (Default: {DEFAULT_BATCH})")
     add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
-    add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
-        help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
+    add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
+        help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
+             f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
+    add("--machine", default=None, metavar="NAME|FILE",
+        help=f"the machine that prices the work: {', '.join(MACHINE_NAMES)} (a preset), or a machine "
+             "description FILE.json. paper is the reference model in FLOP-equivalents; the others are "
+             "calibrated (measured compute, nodes, seconds), and --memory defaults to their device memory. "
+             "(Default: paper)")
     add("--flops", type=_machine_rate, default=None,
-        help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
+        help=f"peak FLOPS of each device in TFLOPS, paper machine. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=_machine_rate, default=None,
-        help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
+        help=f"peak interconnect bandwidth of each device in GB/s, paper machine. (Default: {DEFAULT_BW})")
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "
              "(to stderr with --json).")
@@ -311,7 +326,7 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help=f"write the graph in DOT format to {DOT_FILE} in the working directory "
              "(with each layer's chosen configuration).")
     add("--dot-path", metavar="PATH", default=None, help="write the DOT graph to PATH instead (implies -d).")
-    add("-a", "--algo", type=int, choices=sorted(ALGOS), default=0,
+    add("-a", "--algo", type=int, choices=sorted(ALGOS), default=None,
         help="algorithm computing the strategy: 0 = GenerateSeq ordering (Eq. 4), "
              "1 = breadth-first ordering (paper III-A). (Default: 0)")
     add("--json", action="store_true",
@@ -319,9 +334,11 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("--sweep", type=_device_list, default=None, metavar="P1,P2,...",
         help="search for each of these device counts; one row (or JSON line) each.")
     add("--evaluate", metavar="FILE", default=None,
-        help="cost the strategy in FILE instead of searching: a previous --json output, or "
-             '{"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
-             "Flags not given are taken from FILE when it records them.")
+        help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
+             'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
+             "Settings the file records are used; a flag given overrides them (with a note).")
+    add("--export-graph", metavar="FILE", default=None,
+        help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
@@ -341,18 +358,24 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     return parser
 
 
-def options_from_args(args: argparse.Namespace, defaults: dict | None = None) -> Options:
-    """``Options`` from parsed flags; ``defaults`` fills the flags left out before the built-ins.
+#: Flags whose value an --evaluate file may record, with the file's key for each.
+_RECORDED = {"graph": "graph", "procs": "procs", "batch": "batch", "model": "model", "flops": "flops", "bw": "bw",
+             "param_bytes": "param_bytes", "act_bytes": "act_bytes"}
+
+
+def options_from_args(args: argparse.Namespace, recorded: dict | None = None) -> Options:
+    """``Options`` from parsed flags; ``recorded`` (an ``--evaluate`` file's settings) fills
+    the flags left out, before the built-in defaults.
 
     Raises ``CliError`` (usage status) for flags that cannot go together.
     """
-    defaults = defaults or {}
+    recorded = recorded or {}
 
     def pick(name, builtin):
         value = getattr(args, name)
         if value is not None:
             return value
-        return defaults.get(name, builtin)
+        return recorded.get(name, builtin)
 
     if args.sweep is not None:
         if args.evaluate is not None:
@@ -362,6 +385,11 @@ def options_from_args(args: argparse.Namespace, defaults: dict | None = None) ->
     if args.measure and (args.sweep is not None or args.evaluate is not None):
         raise CliError("--measure times a single search; it cannot be combined with --sweep or --evaluate",
                        EXIT_USAGE)
+    if args.evaluate is not None:
+        for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None)):
+            if given:
+                raise CliError(f"{flag} applies to a search; --evaluate costs a given strategy without one",
+                               EXIT_USAGE)
     if args.measure and args.memory is not None:
         raise CliError("--measure times the unconstrained search; drop --memory", EXIT_USAGE)
     dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
@@ -370,15 +398,17 @@ def options_from_args(args: argparse.Namespace, defaults: dict | None = None) ->
     return Options(
         graph=pick("graph", DEFAULT_GRAPH),
         procs=pick("procs", DEFAULT_PROCS),
-        batch=pick("batch", DEFAULT_BATCH),
+        batch=pick("batch", None),
         model=pick("model", None),
-        flops=pick("flops", DEFAULT_FLOPS),
-        bw=pick("bw", DEFAULT_BW),
-        algo=ALGOS[args.algo],
+        machine=pick("machine", "paper"),
+        flops=pick("flops", None),
+        bw=pick("bw", None),
+        algo=ALGOS[args.algo if args.algo is not None else 0],
         json=args.json,
         sweep=args.sweep,
         evaluate=args.evaluate,
         dot_path=dot_path,
+        export_graph=args.export_graph,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -393,58 +423,43 @@ def options_from_args(args: argparse.Namespace, defaults: dict | None = None) ->
 # Pieces shared by the commands
 
 
-def _build_network(opts: Options) -> Network:
+def _load_network(opts: Options, model_from_file: bool = False):
     try:
-        return graphs.build(opts.graph, opts.batch, opts.model)
+        return graphs.load(opts.graph, opts.batch, opts.model)
+    except InputError as err:
+        raise CliError(str(err), EXIT_INPUT) from None
+    except ValueError as err:
+        message = str(err)
+        if model_from_file and "has no model size" in message:
+            message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
+                       "does not take (it has no width); drop -g or give the file of a graph with a width")
+        raise CliError(message, EXIT_USAGE) from None
+
+
+def _load_machine(opts: Options, procs) -> object:
+    """The machine of ``--machine``, checked against every device count before any work."""
+    try:
+        machine = load_machine(opts.machine, opts.flops, opts.bw)
+        for p in procs:
+            machine.check_procs(p)
     except ValueError as err:
         raise CliError(str(err), EXIT_USAGE) from None
+    return machine
 
 
-def _costed_graph(network: Network, procs: int, opts: Options):
-    """``network.graph(procs, machine)``, refused first if its edge-cost matrices cannot fit.
-
-    The search checks its own tables before allocating; the cost tables come first and can
-    be as large on many devices (``K_u x K_v`` float64 entries per edge), so they are
-    estimated here the same way, from the configuration counts alone.
-    """
-    counts = [len(c) for c in network.configs(procs)]
-    needed = 8 * sum(counts[u] * counts[v] for (u, v) in network.edges) + 8 * sum(counts)
-    budget = opts.table_budget if opts.table_budget is not None else int(DEFAULT_MEMORY_SHARE * available_memory())
-    if needed > budget:
-        raise _TablesTooLarge(
-            f"the cost tables of {network.name} on {procs} devices are too large: about {format_bytes(needed)} "
-            f"(up to {max(counts)} configurations per layer), over the budget of {format_bytes(budget)}"
-        )
-    return network.graph(procs, opts.machine)
+def _memory_cap(opts: Options, machine) -> float | None:
+    """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
+    if opts.memory_cap is not None or opts.measure:
+        return opts.memory_cap
+    return machine.memory_bytes
 
 
 def _effective_model(opts: Options) -> int | None:
     """The width the graph was built with (``-m`` or the graph's default), if it has one."""
-    entry = graphs.GRAPHS[opts.graph]
-    if entry.model_help is None:
+    entry = graphs.GRAPHS.get(opts.graph)
+    if entry is None or entry.model_help is None:
         return None
     return opts.model if opts.model is not None else entry.default_model
-
-
-def _check_dot_path(path: str) -> None:
-    """Refuse an unwritable DOT path before any search runs."""
-    target = os.path.abspath(path)
-    parent = os.path.dirname(target)
-    if os.path.isdir(target):
-        raise CliError(f"cannot write the DOT graph to {path}: it is a directory")
-    if not os.path.isdir(parent):
-        raise CliError(f"cannot write the DOT graph to {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
-        raise CliError(f"cannot write the DOT graph to {path}: permission denied")
-
-
-def _write_dot(path: str, network: Network, configs=None) -> None:
-    text = dot_graph(network, configs).to_string()
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as err:
-        raise CliError(f"cannot write the DOT graph to {path}: {err.strerror or err}") from None
 
 
 def _show_progress(opts: Options, err: IO) -> bool:
@@ -460,7 +475,7 @@ def _show_progress(opts: Options, err: IO) -> bool:
 class _Progress:
     """A ``progress(done, total)`` callback drawing a tqdm bar once a search runs a while.
 
-    ``find_strategy`` counts table entries; the capped search counts dynamic programmes.
+    An uncapped search counts table entries; the capped search counts dynamic programmes.
     """
 
     def __init__(self, stream: IO, desc: str, unit: str = "entry"):
@@ -480,80 +495,61 @@ class _Progress:
             self.bar.close()
 
 
-def _search(network: Network, procs: int, opts: Options, err: IO, graph=None):
-    """One search with the options' ordering, budget and (maybe) progress bar."""
-    machine = opts.machine
-    progress = _Progress(err, f"{network.name} p={procs}") if _show_progress(opts, err) else None
+#: A search estimated to take longer than this (seconds) says so before it starts.
+NOTICE_SECONDS = 10.0
+#: Rough dynamic-programme speed on a two-core machine, for that estimate (seconds per entry).
+SECONDS_PER_ENTRY = 2e-9
+
+
+def _notice(err: IO, label: str):
+    """``notice(estimate, searches)`` for ``pase.plan``: a line on stderr for a long search."""
+
+    def notice(estimate, searches: int) -> None:
+        seconds = estimate.table_entries * SECONDS_PER_ENTRY
+        if seconds > NOTICE_SECONDS:
+            each = f" each, up to {searches} of them under the memory cap" if searches > 1 else ""
+            err.write(f"pase: note: {label}: the search fills {estimate.table_entries:.3g} table entries; expect "
+                      f"roughly {_duration(seconds)}{each} (Ctrl-C stops it)\n")
+            err.flush()
+
+    return notice
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _plan(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
+    """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
+    progress = None
+    cap = _memory_cap(opts, machine)
+    if bar and _show_progress(opts, err):
+        if cap is None:
+            progress = _Progress(err, f"{network.name} p={procs}")
+        else:
+            progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
-        return find_strategy(network, procs, machine, opts.algo, opts.table_budget,
-                             progress=progress, graph=graph)
+        return plan(network, procs, machine, cap, opts.algo, progress,
+                    memory_model=opts.memory_model, table_budget=opts.table_budget,
+                    notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
             progress.close()
 
 
-def _data_parallel(network: Network, procs: int, machine: Machine):
-    return evaluate(network, data_parallel(network, procs), machine, procs)
-
-
-def _measure(network: Network, opts: Options, graph) -> Measurement:
-    """``MEASURE_WARMUP`` untimed, then ``MEASURE_RUNS`` timed searches on the costed graph."""
-    search_seconds, wall_seconds = [], []
-    entries = 0
-    for run in range(MEASURE_WARMUP + MEASURE_RUNS):
-        start = time.perf_counter()
-        strategy = find_strategy(network, opts.procs, opts.machine, opts.algo, opts.table_budget, graph=graph)
-        wall = time.perf_counter() - start
-        entries = strategy.stats.table_entries
-        if run >= MEASURE_WARMUP:
-            search_seconds.append(strategy.stats.seconds)
-            wall_seconds.append(wall)
-    return Measurement(MEASURE_WARMUP, tuple(search_seconds), tuple(wall_seconds), entries)
-
-
-def _memory(network: Network, procs: int, opts: Options, configs, capped=None) -> tuple:
-    """``(MemorySummary, per-layer bytes)`` of a strategy under the options' memory model."""
-    model = opts.memory_model
-    per_layer = model.strategy_memory(network, configs)
-    dp_bytes = model.per_device(network, data_parallel(network, procs))
-    summary = MemorySummary(
-        per_device_bytes=float(per_layer.sum()),
-        data_parallel_per_device_bytes=dp_bytes,
-        param_bytes=model.param_bytes,
-        act_bytes=model.act_bytes,
-        cap_bytes=opts.memory_cap,
-        status=None if capped is None else capped.status,
-        lower_bound=None if capped is None or capped.status == NOTHING_FITS else capped.lower_bound,
-        gap=None if capped is None or capped.status == NOTHING_FITS else capped.gap,
-        least_bytes=None if capped is None else capped.min_memory,
-        searches=None if capped is None else capped.searches,
-    )
-    return summary, per_layer
-
-
-def _nothing_fits_message(network: Network, procs: int, opts: Options, least: float, dp_bytes: float) -> str:
+def _nothing_fits_message(found: Plan, opts: Options) -> str:
+    m = found.memory
     return (
-        f"nothing fits in {format_bytes(opts.memory_cap)} per device: {network.name} on {procs} devices, "
-        f"batch {opts.batch}, needs at least {format_bytes(least)} per device with any strategy "
-        f"(data parallelism: {format_bytes(dp_bytes)}); memory model: {opts.param_bytes:g} bytes per "
-        f"parameter, {opts.act_bytes:g} per activation, {ASSUMPTIONS}"
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {found.network.name} on {found.procs} devices, "
+        f"batch {opts.batch if opts.batch is not None else found.network.batch}, needs at least "
+        f"{format_bytes(m.least_bytes)} per device with any strategy "
+        f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
+        f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}"
     )
-
-
-def _best(network: Network, procs: int, opts: Options, err: IO, graph, bar: bool = True):
-    """``(strategy, capped)``: the optimum, or with ``--memory`` the capped search's result."""
-    if opts.memory_cap is None:
-        if bar:
-            return _search(network, procs, opts, err, graph), None
-        return find_strategy(network, procs, opts.machine, opts.algo, opts.table_budget, graph=graph), None
-    progress = _Progress(err, f"{network.name} p={procs} capped", "DP") if bar and _show_progress(opts, err) else None
-    try:
-        capped = find_capped_strategy(network, procs, opts.memory_cap, opts.machine, opts.memory_model,
-                                      opts.algo, opts.table_budget, graph=graph, progress=progress)
-    finally:
-        if progress is not None:
-            progress.close()
-    return capped.strategy, capped
 
 
 class _Profiler:
@@ -577,58 +573,65 @@ class _Profiler:
             (err if opts.json else out).write(format_profile(self.profile, PROFILE_LIMIT))
 
 
+def _write_dot(opts: Options, network, configs=None) -> None:
+    write_atomic(opts.dot_path, dot_graph(network, configs).to_string(), "DOT graph")
+
+
+def _print_plan(found: Plan, opts: Options, out: IO, measure=None) -> None:
+    model = _effective_model(opts)
+    if opts.json:
+        out.write(format_json(report_dict(found, model, measure)))
+        return
+    out.write(format_table(found, model))
+    if measure is not None:
+        out.write("\n" + format_measurement(measure))
+    if opts.dot_path is not None:
+        out.write(f"\nDOT graph written to {opts.dot_path}\n")
+
+
+def _check_outputs(opts: Options) -> None:
+    """Refuse unwritable output paths before any work."""
+    if opts.dot_path is not None:
+        check_writable(opts.dot_path, "DOT graph")
+    if opts.export_graph is not None:
+        check_writable(opts.export_graph, "graph file")
+
+
+def _export_graph(opts: Options, network) -> None:
+    if opts.export_graph is not None:
+        write_atomic(opts.export_graph, graph_json.dumps(network), "graph file")
+
+
 # ---------------------------------------------------------------------------------------
 # Commands
 
 
 def _run_search(opts: Options, out: IO, err: IO) -> int:
-    network = _build_network(opts)
-    if opts.dot_path is not None:
-        _check_dot_path(opts.dot_path)
-    machine = opts.machine
+    machine = _load_machine(opts, [opts.procs])
+    network = _load_network(opts)
+    _check_outputs(opts)
+    _export_graph(opts, network)
     profiler = _Profiler(opts.profile)
     with profiler:
-        graph = _costed_graph(network, opts.procs, opts)
-        strategy, capped = _best(network, opts.procs, opts, err, graph)
-    memory, per_layer = _memory(network, opts.procs, opts, strategy.configs, capped)
-    if capped is not None and capped.status == NOTHING_FITS:
-        raise CliError(
-            _nothing_fits_message(network, opts.procs, opts, capped.min_memory, memory.data_parallel_per_device_bytes),
-            EXIT_NOTHING_FITS,
-        )
-    measurement = _measure(network, opts, graph) if opts.measure else None
-    report = make_report(
-        network, opts.procs, machine, strategy.evaluation, strategy.total_cost,
-        _data_parallel(network, opts.procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
-        search=strategy.stats, model=_effective_model(opts), measure=measurement,
-        memory=memory, layer_memory=per_layer,
-    )
+        found = _plan(network, opts.procs, machine, opts, err)
+    if found.memory.status == NOTHING_FITS:
+        raise CliError(_nothing_fits_message(found, opts), EXIT_NOTHING_FITS)
+    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS) if opts.measure else None
     if opts.dot_path is not None:
-        _write_dot(opts.dot_path, network, strategy.configs)
-    _print_report(report, opts, out)
+        _write_dot(opts, network, found.configs)
+    _print_plan(found, opts, out, measurement)
     profiler.write(opts, out, err)
     return EXIT_OK
 
 
-def _print_report(report: Report, opts: Options, out: IO) -> None:
-    if opts.json:
-        out.write(format_json(report))
-        return
-    out.write(format_table(report))
-    if report.measure is not None:
-        out.write("\n" + format_measurement(report.measure))
-    if opts.dot_path is not None:
-        out.write(f"\nDOT graph written to {opts.dot_path}\n")
-
-
 def _run_sweep(opts: Options, out: IO, err: IO) -> int:
-    network = _build_network(opts)
-    if opts.dot_path is not None:
-        _check_dot_path(opts.dot_path)
-    machine = opts.machine
+    machine = _load_machine(opts, opts.sweep)
+    network = _load_network(opts)
+    _check_outputs(opts)
+    _export_graph(opts, network)
     model = _effective_model(opts)
     if not opts.json:
-        out.write(format_sweep_header(network.name, opts.batch, machine, model))
+        out.write(format_sweep_header(network.name, network.batch, machine, model))
     status = EXIT_OK
     profiler = _Profiler(opts.profile)
     bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,
@@ -637,37 +640,34 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
         for procs in bar:
             try:
                 with profiler:
-                    graph = _costed_graph(network, procs, opts)
-                    strategy, capped = _best(network, procs, opts, err, graph, bar=False)
-            except (SearchTooLarge, _TablesTooLarge) as too_large:
+                    found = _plan(network, procs, machine, opts, err, bar=False)
+            except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
-                dp = _data_parallel(network, procs, machine)
+                dp = evaluate_plan(network, data_parallel(network, procs), procs, machine, opts.memory_model)
                 bar.write(f"pase: error: p={procs}: {too_large}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, dp.total), file=out, end="")
+                if opts.json:
+                    line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, dp.total_cost, unit=machine.cost_unit)
+                bar.write(line, file=out, end="")
                 continue
-            memory, per_layer = _memory(network, procs, opts, strategy.configs, capped)
-            if capped is not None and capped.status == NOTHING_FITS:
+            if found.memory.status == NOTHING_FITS:
                 status = EXIT_NOTHING_FITS
-                dp = _data_parallel(network, procs, machine)
-                message = _nothing_fits_message(network, procs, opts, capped.min_memory,
-                                                memory.data_parallel_per_device_bytes)
-                bar.write(f"pase: error: p={procs}: {message}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, dp.total, "nothing fits", memory), file=out, end="")
+                bar.write(f"pase: error: p={procs}: {_nothing_fits_message(found, opts)}", file=err)
+                if opts.json:
+                    line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
+                                                machine.cost_unit)
+                bar.write(line, file=out, end="")
                 continue
-            report = make_report(
-                network, procs, machine, strategy.evaluation, strategy.total_cost,
-                _data_parallel(network, procs, machine), [len(graph.nodes[v]["configs"]) for v in graph.nodes],
-                search=strategy.stats, model=model, memory=memory, layer_memory=per_layer,
-            )
-            line = format_json(report, one_line=True) if opts.json else format_sweep_row(report)
+            line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
             bar.write(line, file=out, end="")
     finally:
         bar.close()
     if opts.dot_path is not None:
-        _write_dot(opts.dot_path, network)
+        _write_dot(opts, network)
     profiler.write(opts, out, err)
     return status
 
@@ -675,89 +675,89 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
 # Settings a strategy file may record (a previous --json output does), and their checks.
 _FILE_SETTINGS = {
     "graph": lambda v: isinstance(v, str) and v in graphs.GRAPHS,
-    "procs": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-    "batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-    "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-    "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
-    "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+    "procs": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_PROCS,
+    "batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION,
+    "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION),
+    "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+    "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
+
+#: How a recorded setting is named on the command line, for the notes on overrides.
+_FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
+            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
+            "machine": "--machine"}
 
 
 def _read_strategy_file(path: str) -> tuple:
     """``(configs, settings)`` from a strategy file; ``CliError`` for anything malformed."""
-    where = f"strategy file {path}"
+    where = f"strategy file {path}" if path != "-" else "strategy file on standard input"
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise CliError(f"cannot read {where}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"{where} is not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CliError(f"{where} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise CliError(f'{where} must hold a JSON object with "configs" or "layers"')
-    if "configs" in data:
-        configs = data["configs"]
-        if not isinstance(configs, list):
-            raise CliError(f'{where}: "configs" must be a list of configurations')
-    elif "layers" in data:
-        layers = data["layers"]
-        if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
-            raise CliError(f'{where}: "layers" must be a list of objects')
-        missing = [i for i, layer in enumerate(layers) if "config" not in layer]
-        if missing:
-            raise CliError(f'{where}: layers[{missing[0]}] has no "config"')
-        if all("id" in layer for layer in layers):
-            ids = [layer["id"] for layer in layers]
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(
-                range(len(layers))
-            ):
-                raise CliError(f"{where}: layer ids must be 0..{len(layers) - 1}, each once")
-            layers = sorted(layers, key=lambda layer: layer["id"])
-        configs = [layer["config"] for layer in layers]
-    else:
-        raise CliError(f'{where} has neither "configs" nor "layers"')
-    checked = []
-    for v, config in enumerate(configs):
-        if not isinstance(config, list) or not all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) and float(c).is_integer() for c in config
-        ):
-            raise CliError(f"{where}: configuration {v} must be a list of integers, got {json.dumps(config)}")
-        checked.append([int(c) for c in config])
-    settings = {}
-    for key, valid in _FILE_SETTINGS.items():
-        if key in data:
-            if not valid(data[key]):
-                raise CliError(f"{where}: invalid {key!r}: {json.dumps(data[key])}")
-            if data[key] is not None:
-                settings[key] = data[key]
-    return checked, settings
+        configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
+    except InputError as err:
+        raise CliError(str(err)) from None
+    recorded = settings.get("machine")
+    if isinstance(recorded, dict):
+        # The machine a plan was priced on: the reference machine or a preset by name; a
+        # machine from a file must be named again with --machine.
+        name = recorded.get("name")
+        settings["machine"] = name if name in MACHINE_NAMES else None
+        if settings["machine"] is None:
+            del settings["machine"]
+    for key, value in list(settings.items()):
+        if key not in _FILE_SETTINGS:
+            del settings[key]  # recorded, but not a setting this version takes
+        elif not _FILE_SETTINGS[key](value):
+            raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
+    if "graph" in settings and settings["graph"] not in graphs.GRAPHS:
+        raise CliError(f"{where}: unknown graph {settings['graph']!r}")
+    return configs, settings
+
+
+def _overrides(args: argparse.Namespace, settings: dict) -> list:
+    """Notes on the flags that override settings recorded in a strategy file."""
+    given = {"cap_bytes": None if args.memory is None else args.memory * 1e9}
+    notes = []
+    for key, recorded in settings.items():
+        value = given[key] if key in given else getattr(args, key, None)
+        if value is not None and value != recorded:
+            shown = f"{value / 1e9:g} GB" if key == "cap_bytes" else value
+            was = f"{recorded / 1e9:g} GB" if key == "cap_bytes" else recorded
+            notes.append(f"pase: note: {_FLAG_OF[key]} {shown} overrides the file's {key.replace('_', ' ')} {was}")
+    return notes
 
 
 def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     configs, settings = _read_strategy_file(args.evaluate)
+    if args.graph is not None and args.graph != settings.get("graph", args.graph):
+        # The recorded width belongs to the recorded graph, not to the one asked for.
+        settings.pop("model", None)
+    if args.machine is not None and args.machine != settings.get("machine", args.machine):
+        # Recorded rates belong to the recorded machine: pricing on another one drops them.
+        for key in ("flops", "bw"):
+            settings.pop(key, None)
+    if settings.get("machine", "paper") != "paper" and (args.flops is not None or args.bw is not None):
+        settings.pop("machine")
     opts = options_from_args(args, settings)
-    network = _build_network(opts)
+    if args.memory is None and "cap_bytes" in settings:
+        opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
+    for note in _overrides(args, settings):
+        err.write(note + "\n")
+    machine = _load_machine(opts, [opts.procs])
+    network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
+    _check_outputs(opts)
+    _export_graph(opts, network)
+    with _Profiler(opts.profile) as profiler:
+        try:
+            found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, _memory_cap(opts, machine))
+        except ValueError as error:
+            raise CliError(f"strategy file {opts.evaluate}: {error}") from None
     if opts.dot_path is not None:
-        _check_dot_path(opts.dot_path)
-    machine = opts.machine
-    try:
-        with _Profiler(opts.profile) as profiler:
-            evaluation = evaluate(network, configs, machine, opts.procs)
-    except ValueError as error:
-        raise CliError(f"strategy file {opts.evaluate}: {error}") from None
-    memory, per_layer = _memory(network, opts.procs, opts, evaluation.configs)
-    report = make_report(
-        network, opts.procs, machine, evaluation, evaluation.total, _data_parallel(network, opts.procs, machine),
-        [len(c) for c in network.configs(opts.procs)], model=_effective_model(opts), evaluated=True,
-        memory=memory, layer_memory=per_layer,
-    )
-    if opts.dot_path is not None:
-        _write_dot(opts.dot_path, network, evaluation.configs)
-    _print_report(report, opts, out)
+        _write_dot(opts, network, found.configs)
+    _print_plan(found, opts, out)
     profiler.write(opts, out, err)
     return EXIT_OK
 
@@ -776,6 +776,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
     parser = build_parser(out, err, prog)
     try:
         args = parser.parse_args(argv)
@@ -790,9 +795,15 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
     except CliError as error:
         err.write(f"{prog}: error: {error}\n")
         return error.status
+    except InputError as error:
+        err.write(f"{prog}: error: {error}\n")
+        return EXIT_INPUT
     except SearchTooLarge as too_large:
         hint = " (GenerateSeq, --algo 0, needs far smaller tables)" if too_large.estimate.ordering != "generateseq" else ""
         err.write(f"{prog}: error: {too_large}{hint}\n")
+        return EXIT_TOO_LARGE
+    except CostTablesTooLarge as too_large:
+        err.write(f"{prog}: error: {too_large}\n")
         return EXIT_TOO_LARGE
     except MemoryError as error:
         err.write(f"{prog}: error: out of memory ({error or 'the cost tables are too large'})\n")
@@ -802,6 +813,9 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # writing the output failed (a full disk, a closed stream)
+        err.write(f"{prog}: error: cannot write the output: {error.strerror or error}\n")
+        return EXIT_INPUT
     except Exception as bug:  # a bug: one line, unless asked for the traceback
         if os.environ.get("PASE_TRACEBACK"):
             raise
@@ -810,13 +824,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
 
 
 def run() -> None:
-    """Console-script entry point (``pase``): ``sys.exit(main())``."""
-    status = main()
-    if status == EXIT_BROKEN_PIPE:
-        # The reader went away (``pase ... | head``): silence the final flush of stdout.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-    sys.exit(status)
+    """Run the tool as a process (``python3 -m pase.cli``): exit with its status."""
+    from ._entry import run as run_process
+
+    run_process()
+
+
+if __name__ == "__main__":
+    run()

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from .baselines import batch_split
-from .builder import Network
+from .baselines import largest_divisor
+from .builder import Network, check_procs
 from .machine import Machine
 from .strategy import evaluate
 
@@ -56,17 +56,6 @@ _MESH_MODEL_SPLIT = frozenset({"Einsum", "Embedding", "Softmax", "SoftmaxCrossEn
 _MESH_BATCH_ONLY = frozenset({"Norm", "Elementwise", "Stack"})
 
 
-def _check_procs(procs) -> int:
-    if isinstance(procs, bool) or not isinstance(procs, int) or procs < 1:
-        raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
-    return procs
-
-
-def _largest_divisor(size: int, procs: int) -> int:
-    """Largest divisor of ``size`` that is at most ``procs`` (the split of one dimension)."""
-    return batch_split(size, procs)
-
-
 def _ops(network: Network) -> set:
     return {layer.op for layer in network.layers}
 
@@ -82,7 +71,7 @@ def owt(network: Network, procs: int) -> list:
 
     - Conv, Pooling, BatchNorm/Norm, Concat, Elementwise, ReduceMean, Ravel and Unravel (the
       reshape before the classifier): data parallelism, the batch dimension split
-      ``batch_split(b, p)`` ways (the largest divisor of the batch ``<= p``), nothing else
+      ``largest_divisor(b, p)`` ways (the largest divisor of the batch ``<= p``), nothing else
       split, exactly as ``data_parallel``.
     - FC ``(b, n, k)``: parameter parallelism, the output-neuron dimension ``n`` split by
       its largest divisor ``<= p``; batch and input dimension ``k`` unsplit. Each device
@@ -119,7 +108,7 @@ def owt(network: Network, procs: int) -> list:
     >>> owt(alexnet(128), 8)[-4:]
     [(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 8)]
     """
-    procs = _check_procs(procs)
+    procs = check_procs(procs)
     ops = _ops(network)
     allowed = _OWT_DATA_PARALLEL | {"FC", "SoftmaxCrossEntropy"}
     if "Conv" not in ops or not ops <= allowed:
@@ -135,12 +124,12 @@ def owt(network: Network, procs: int) -> list:
         config = [1] * len(layer.domain)
         if layer.op == "FC":
             n_dim = len(layer.domain) - 2  # FC space (x1..xj, n, k)
-            config[n_dim] = _largest_divisor(layer.domain[n_dim], procs)
+            config[n_dim] = largest_divisor(layer.domain[n_dim], procs)
         elif layer.op == "SoftmaxCrossEntropy" and v in producer_of and network.layers[producer_of[v]].op == "FC":
             fc = configs[producer_of[v]]
             config[-1] = fc[len(fc) - 2]
         else:
-            config[layer.batch_dim] = batch_split(layer.domain[layer.batch_dim], procs)
+            config[layer.batch_dim] = largest_divisor(layer.domain[layer.batch_dim], procs)
         configs.append(tuple(config))
     return configs
 
@@ -156,10 +145,10 @@ def gnmt(network: Network, procs: int) -> list:
     data parallelism. Here:
 
     - LSTM ``(L, s, b, n, k)``: the layer dimension ``L`` split ``L`` ways (2 for RNNLM) and
-      the batch split ``batch_split(b, p // L)`` ways (``p / 2`` for RNNLM); ``s``, ``n``,
+      the batch split ``largest_divisor(b, p // L)`` ways (``p / 2`` for RNNLM); ``s``, ``n``,
       ``k`` unsplit.
     - Embedding, FC, SoftmaxCrossEntropy (and any Elementwise): data parallelism over all
-      ``p`` devices, the batch split ``batch_split(b, p)`` ways.
+      ``p`` devices, the batch split ``largest_divisor(b, p)`` ways.
 
     Why splitting ``L`` is "layers on different devices": the LSTM vertex is a GEMM batched
     over its layers (``cost-model.md``). With ``L`` split ``L`` ways each device group holds
@@ -187,7 +176,7 @@ def gnmt(network: Network, procs: int) -> list:
     >>> gnmt(rnnlm(128), 8)
     [(8, 1, 1, 1), (2, 1, 4, 1, 1), (8, 1, 1, 1), (8, 1, 1)]
     """
-    procs = _check_procs(procs)
+    procs = check_procs(procs)
     ops = [layer.op for layer in network.layers]
     foreign = sorted(set(ops) - _GNMT_DATA_PARALLEL - {"LSTM"})
     if ops.count("LSTM") != 1 or foreign:
@@ -204,9 +193,9 @@ def gnmt(network: Network, procs: int) -> list:
             if procs < L:
                 raise ValueError(f"GNMT-style parallelism puts the {L} LSTM layers on different devices: it needs p >= {L}, got {procs}")
             config[0] = L
-            config[layer.batch_dim] = batch_split(layer.domain[layer.batch_dim], procs // L)
+            config[layer.batch_dim] = largest_divisor(layer.domain[layer.batch_dim], procs // L)
         else:
-            config[layer.batch_dim] = batch_split(layer.domain[layer.batch_dim], procs)
+            config[layer.batch_dim] = largest_divisor(layer.domain[layer.batch_dim], procs)
         configs.append(tuple(config))
     return configs
 
@@ -219,7 +208,7 @@ def _mesh_roles(network: Network) -> list:
     """Per layer: (batch column, model column or None); raises if Mesh-TF does not apply."""
     roles = []
     for v, layer in enumerate(network.layers):
-        dims = getattr(layer, "dims", "")
+        dims = layer.dims
         if layer.op not in _MESH_MODEL_SPLIT | _MESH_BATCH_ONLY or "b" not in dims:
             raise ValueError(
                 f"Mesh-TensorFlow's batch x model mesh applies to Transformer-style graphs of Einsum, "
@@ -268,7 +257,7 @@ def mesh_tensorflow_meshes(network: Network, procs: int) -> list:
     >>> mesh_tensorflow_meshes(transformer(128), 64)
     [(64, 1), (32, 2), (16, 4), (8, 8)]
     """
-    procs = _check_procs(procs)
+    procs = check_procs(procs)
     roles = _mesh_roles(network)
     for used in range(procs, 0, -1):
         meshes = [(used // n, n) for n in range(1, used + 1)
@@ -323,7 +312,7 @@ def mesh_tensorflow(network: Network, procs: int, machine: Machine | None = None
     >>> mesh_tensorflow(net, 8, m=4)[net.names.index("enc1.ff.up")]
     (4, 1, 2, 1)
     """
-    procs = _check_procs(procs)
+    procs = check_procs(procs)
     roles = _mesh_roles(network)
     if m is not None:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or procs % m:
@@ -391,7 +380,7 @@ def expert_strategies(network: Network, procs: int, machine: Machine | None = No
     >>> list(expert_strategies(rnnlm(128), 4))
     ['gnmt']
     """
-    procs = _check_procs(procs)
+    procs = check_procs(procs)
     names = PAPER_EXPERTS.get(network.name, tuple(EXPERTS))
     strategies = {}
     for name in names:

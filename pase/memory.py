@@ -18,7 +18,15 @@ from .builder import Network
 from .layers import Layer
 from .strategy import check_strategy
 
-__all__ = ["MemoryModel", "ASSUMPTIONS", "parameter_elements", "activation_elements", "parameter_count"]
+__all__ = [
+    "MemoryModel", "MemorySummary", "ASSUMPTIONS", "parameter_elements", "activation_elements", "parameter_count",
+    "UNCONSTRAINED", "CAPPED", "NOTHING_FITS",
+]
+
+#: Outcomes of the memory-capped search (``memory.md``, "The capped search").
+UNCONSTRAINED = "unconstrained"  # the unconstrained optimum fits
+CAPPED = "capped"  # found by the Lagrangian search
+NOTHING_FITS = "nothing-fits"  # even the least-memory strategy exceeds the cap
 
 #: What the figure leaves out; printed wherever a memory figure is.
 ASSUMPTIONS = (
@@ -103,3 +111,50 @@ class MemoryModel:
     def per_device(self, network: Network, strategy: Sequence[Sequence[int]], procs: int | None = None) -> float:
         """Total bytes per device of a strategy: the sum over its layers."""
         return float(self.strategy_memory(network, strategy, procs).sum())
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """Per-device memory of a strategy and of data parallelism, and the capped search's outcome.
+
+    Attributes
+    ----------
+    per_layer : tuple of float
+        Bytes per device of every layer (parameters and outputs), in vertex-id order.
+    per_device_bytes, data_parallel_per_device_bytes : float
+        Bytes per device of the strategy and of data parallelism.
+    param_bytes, act_bytes : float
+        Bytes per parameter element and per activation element.
+    cap_bytes : float or None
+        The memory cap, if any.
+    status : str or None
+        ``UNCONSTRAINED``, ``CAPPED`` or ``NOTHING_FITS`` after a capped search, else None.
+    lower_bound : float or None
+        Lagrangian lower bound on the cost of any fitting strategy (capped search).
+    least_bytes : float or None
+        The least memory any strategy needs (computed when the optimum does not fit).
+    multiplier : float or None
+        The smallest multiplier found whose Lagrangian optimum fits.
+    searches : int or None
+        Dynamic programmes the capped search ran.
+    """
+
+    per_layer: tuple
+    per_device_bytes: float
+    data_parallel_per_device_bytes: float
+    param_bytes: float
+    act_bytes: float
+    cap_bytes: float | None = None
+    status: str | None = None
+    lower_bound: float | None = None
+    least_bytes: float | None = None
+    multiplier: float | None = None
+    searches: int | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.per_device_bytes <= self.cap_bytes
+
+    @property
+    def data_parallel_fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.data_parallel_per_device_bytes <= self.cap_bytes

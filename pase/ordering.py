@@ -21,6 +21,8 @@ __all__ = [
     "fixed_order",
     "dependent_sets_by_definition",
     "ORDERINGS",
+    "OrderingEntry",
+    "ordering_title",
     "get_ordering",
 ]
 
@@ -214,8 +216,26 @@ def dependent_sets_by_definition(G, sequence) -> dict:
     return result
 
 
-#: Orderings by name; ``--algo 0`` is GenerateSeq, ``--algo 1`` breadth-first.
-ORDERINGS = {"generateseq": generate_seq, "breadth-first": breadth_first}
+@dataclass(frozen=True)
+class OrderingEntry:
+    """A registered ordering heuristic: its function and the title outputs show."""
+
+    function: Callable
+    title: str
+
+
+#: Orderings by name, in ``--algo`` order: ``--algo 0`` is GenerateSeq, ``--algo 1``
+#: breadth-first (the paper's numbering); a new entry becomes ``--algo 2``.
+ORDERINGS = {
+    "generateseq": OrderingEntry(generate_seq, "GenerateSeq"),
+    "breadth-first": OrderingEntry(breadth_first, "breadth-first"),
+}
+
+
+def ordering_title(name: str) -> str:
+    """The display title of a registered ordering (the name itself if unknown)."""
+    entry = ORDERINGS.get(name)
+    return entry.title if entry is not None else name
 
 
 def get_ordering(ordering) -> Callable:
@@ -223,6 +243,6 @@ def get_ordering(ordering) -> Callable:
     if callable(ordering):
         return ordering
     try:
-        return ORDERINGS[ordering]
-    except KeyError:
+        return ORDERINGS[ordering].function
+    except (KeyError, TypeError):
         raise ValueError(f"unknown ordering {ordering!r}; choose one of: {', '.join(ORDERINGS)}") from None

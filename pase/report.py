@@ -1,8 +1,8 @@
 """What the CLI shows: the layer table, the JSON object, sweep rows, timings and the DOT graph.
 
-Every function here returns text (or a ``pydot.Dot``) built from a ``Report``; nothing
-prints. A new output column is one ``Column`` in ``LAYER_COLUMNS``; a new JSON key is one
-line in ``report_dict``.
+Every function here returns text (or a ``pydot.Dot``) rendered from a ``pase.planner.Plan``;
+nothing prints. A new output column is one ``Column`` in ``LAYER_COLUMNS``; a new JSON key is
+one line in ``report_dict``.
 """
 
 from __future__ import annotations
@@ -13,45 +13,25 @@ import math
 import pstats
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .builder import Network
-from .machine import Machine
-from .solver import SearchStats
-from .strategy import Evaluation
+from .memory import ASSUMPTIONS, MemorySummary
+from .ordering import ordering_title
+from .planner import Measurement, Plan
+from .units import format_bytes, format_cost, format_seconds
 
 __all__ = [
-    "LayerRow",
-    "MemorySummary",
-    "Report",
-    "Measurement",
-    "Column",
-    "LAYER_COLUMNS",
-    "SWEEP_COLUMNS",
-    "ALGO_NAMES",
-    "make_report",
-    "format_cost",
-    "format_seconds",
-    "format_bytes",
-    "split_notation",
-    "format_table",
-    "report_dict",
-    "format_json",
-    "format_sweep_header",
-    "format_sweep_row",
-    "format_sweep_refusal",
-    "format_measurement",
-    "format_profile",
-    "dot_graph",
+    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "layer_columns", "SWEEP_COLUMNS", "machine_line",
+    "format_cost", "format_seconds", "format_bytes", "split_notation",
+    "format_table", "report_dict", "refusal_dict", "memory_dict", "format_json",
+    "format_sweep_header", "format_sweep_row", "format_sweep_refusal",
+    "format_measurement", "format_profile", "dot_graph",
 ]
 
-#: Names of the orderings in the JSON ``search.algo`` field and in the table.
-ALGO_NAMES = {"generateseq": "GenerateSeq", "breadth-first": "breadth-first"}
-
-
 # ---------------------------------------------------------------------------------------
-# The data every output format is rendered from
+# The rows every output format is rendered from
 
 
 @dataclass(frozen=True)
@@ -70,12 +50,14 @@ class LayerRow:
         Number of valid (enumerated) configurations on ``procs`` devices.
     config : tuple of int
         The configuration of the strategy shown.
-    cost : float
-        Layer cost of ``config`` (FLOP-equivalents).
+    compute, communication : float
+        The two parts of the layer cost of ``config``.
     edge_cost : float
         Cost of redistributing the tensors this layer reads (edges into it).
-    memory : float or None
+    memory : float
         Bytes per device of this layer under the memory model (parameters and outputs).
+    procs : int
+        Devices of the plan; those beyond the configuration's own hold replicas.
     """
 
     id: int
@@ -85,190 +67,48 @@ class LayerRow:
     domain: tuple
     configs: int
     config: tuple
-    cost: float
+    compute: float
+    communication: float
     edge_cost: float
-    memory: float | None = None
-
-
-@dataclass(frozen=True)
-class MemorySummary:
-    """Per-device memory of the strategy shown and of data parallelism (``memory.md``).
-
-    Attributes
-    ----------
-    per_device_bytes, data_parallel_per_device_bytes : float
-        Bytes per device of the strategy shown and of data parallelism.
-    param_bytes, act_bytes : float
-        Bytes per parameter element and per activation element.
-    cap_bytes : float or None
-        The ``--memory`` cap, if any.
-    status : str or None
-        Outcome of the capped search: ``unconstrained``, ``capped`` or ``nothing-fits``.
-    lower_bound : float or None
-        Lagrangian lower bound on the cost of any fitting strategy (capped search).
-    gap : float or None
-        ``(cost - lower_bound) / cost``.
-    least_bytes : float or None
-        The least memory any strategy needs (computed when the optimum does not fit).
-    searches : int or None
-        Dynamic programmes the capped search ran.
-    """
-
-    per_device_bytes: float
-    data_parallel_per_device_bytes: float
-    param_bytes: float
-    act_bytes: float
-    cap_bytes: float | None = None
-    status: str | None = None
-    lower_bound: float | None = None
-    gap: float | None = None
-    least_bytes: float | None = None
-    searches: int | None = None
-
-    @property
-    def fits(self) -> bool | None:
-        return None if self.cap_bytes is None else self.per_device_bytes <= self.cap_bytes
-
-    @property
-    def data_parallel_fits(self) -> bool | None:
-        return None if self.cap_bytes is None else self.data_parallel_per_device_bytes <= self.cap_bytes
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Timings of repeated searches (``--measure``).
-
-    ``search_seconds`` are the dynamic programme's own times (``SearchStats.seconds``);
-    ``wall_seconds`` add the ordering, back-substitution and the re-evaluation.
-    """
-
-    warmup: int
-    search_seconds: tuple
-    wall_seconds: tuple
-    table_entries: int
-
-    @staticmethod
-    def _summary(values) -> dict:
-        values = list(values)
-        return {
-            "mean": statistics.fmean(values),
-            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values),
-            "max": max(values),
-        }
-
-    def search_summary(self) -> dict:
-        return self._summary(self.search_seconds)
-
-    def wall_summary(self) -> dict:
-        return self._summary(self.wall_seconds)
-
-
-@dataclass(frozen=True)
-class Report:
-    """Everything one run shows: the strategy, its costs and how it was found.
-
-    Attributes
-    ----------
-    graph : str
-    procs, batch : int
-    model : int or None
-        The ``-m`` width, when one was given.
-    machine : Machine
-    layers : tuple of LayerRow
-        In vertex-id order.
-    edges : tuple of (int, int)
-        ``(producer, consumer)`` pairs, sorted.
-    total_cost : float
-        The optimum of the search, or the evaluated strategy's cost.
-    data_parallel_cost : float
-        Cost of data parallelism under the same model.
-    search : SearchStats or None
-        None for an evaluated (not searched) strategy.
-    evaluated : bool
-        True when the strategy came from ``--evaluate``.
-    measure : Measurement or None
-    memory : MemorySummary or None
-        Per-device memory of the strategy and of data parallelism.
-    """
-
-    graph: str
+    memory: float
     procs: int
-    batch: int
-    model: int | None
-    machine: Machine
-    layers: tuple
-    edges: tuple
-    total_cost: float
-    data_parallel_cost: float
-    search: SearchStats | None = None
-    evaluated: bool = False
-    measure: Measurement | None = None
-    memory: MemorySummary | None = None
-    extra: dict = field(default_factory=dict)  # further JSON keys added by later options
 
     @property
-    def speedup(self) -> float | None:
-        """Modelled speedup over data parallelism (``None`` if the cost is zero)."""
-        return self.data_parallel_cost / self.total_cost if self.total_cost > 0 else None
+    def cost(self) -> float:
+        """The layer cost: compute plus communication."""
+        return self.compute + self.communication
 
-    def seconds_per_step(self, cost: float) -> float:
-        """A cost in FLOP-equivalents as seconds of one device at peak FLOPS."""
-        return cost / (self.machine.flops * 1e12)
+    @property
+    def replicas(self) -> int:
+        """Copies of every part: the configuration uses ``prod(config)`` devices of ``procs``."""
+        return self.procs // math.prod(self.config)
+
+    @property
+    def idle(self) -> int:
+        """Devices left without a part or a whole copy (when ``prod(config)`` does not divide ``p``)."""
+        return self.procs % math.prod(self.config)
+
+    def configuration(self) -> str:
+        """The configuration as the dimensions it splits, and the replicas it leaves."""
+        text = split_notation(self.config, self.dims)
+        notes = [f"x{self.replicas} replicated"] if self.replicas > 1 else []
+        notes += [f"{self.idle} idle"] if self.idle else []
+        return f"{text} ({', '.join(notes)})" if notes else text
 
 
-def make_report(
-    network: Network,
-    procs: int,
-    machine: Machine,
-    evaluation: Evaluation,
-    total_cost: float,
-    data_parallel: Evaluation,
-    config_counts: Sequence[int],
-    search: SearchStats | None = None,
-    model: int | None = None,
-    evaluated: bool = False,
-    measure: Measurement | None = None,
-    memory: MemorySummary | None = None,
-    layer_memory: Sequence[float] | None = None,
-) -> Report:
-    """Collect a ``Report`` from a network, a costed strategy and the data-parallel baseline.
-
-    ``evaluation`` gives the per-layer and per-edge terms of the strategy shown;
-    ``total_cost`` is the figure reported as its total (the search's optimum, or
-    ``evaluation.total`` for an evaluated strategy). ``layer_memory`` gives each layer's
-    bytes per device.
-    """
-    edge_in = evaluation.incident_edge_costs()
-    rows = tuple(
+def layer_rows(plan: Plan) -> tuple:
+    """One ``LayerRow`` per vertex of the plan, in vertex-id order."""
+    ev = plan.evaluation
+    edge_in = ev.incident_edge_costs()
+    net = plan.network
+    return tuple(
         LayerRow(
-            id=v,
-            name=network.names[v],
-            op=layer.op,
-            dims=layer.dims,
-            domain=tuple(int(d) for d in layer.domain),
-            configs=int(config_counts[v]),
-            config=tuple(int(c) for c in evaluation.configs[v]),
-            cost=float(evaluation.layer_costs[v]),
-            edge_cost=float(edge_in[v]),
-            memory=None if layer_memory is None else float(layer_memory[v]),
+            id=v, name=net.names[v], op=layer.op, dims=layer.dims, domain=tuple(int(d) for d in layer.domain),
+            configs=int(plan.config_counts[v]), config=tuple(int(c) for c in plan.configs[v]),
+            compute=float(ev.compute[v]), communication=float(ev.communication[v]), edge_cost=float(edge_in[v]),
+            memory=float(plan.memory.per_layer[v]), procs=plan.procs,
         )
-        for v, layer in enumerate(network.layers)
-    )
-    return Report(
-        graph=network.name,
-        procs=int(procs),
-        batch=_batch_of(network),
-        model=model,
-        machine=machine,
-        layers=rows,
-        edges=tuple(sorted((int(u), int(v)) for (u, v) in network.edges)),
-        total_cost=float(total_cost),
-        data_parallel_cost=float(data_parallel.total),
-        search=search,
-        evaluated=evaluated,
-        measure=measure,
-        memory=memory,
+        for v, layer in enumerate(net.layers)
     )
 
 
@@ -280,43 +120,17 @@ def _batch_of(network: Network) -> int:
     return int(first.domain[first.batch_dim])
 
 
+def _edges(network: Network) -> list:
+    return sorted((int(u), int(v)) for (u, v) in network.edges)
+
+
+def _seconds_per_step(plan: Plan, cost: float) -> float:
+    """A cost in FLOP-equivalents as seconds of one device at peak FLOPS."""
+    return cost / (plan.machine.flops * 1e12)
+
+
 # ---------------------------------------------------------------------------------------
 # Small formatting helpers
-
-
-def format_cost(cost: float) -> str:
-    """A cost in FLOP-equivalents in scientific notation, four significant digits after the point.
-
-    >>> format_cost(53136349552.0)
-    '5.3136e+10'
-    """
-    return f"{cost:.4e}"
-
-
-def format_seconds(seconds: float) -> str:
-    """Seconds with a unit that keeps three or four significant digits.
-
-    >>> format_seconds(0.0123), format_seconds(2.5), format_seconds(4e-6)
-    ('12.3 ms', '2.5 s', '4 us')
-    """
-    if seconds >= 1.0:
-        return f"{seconds:.4g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
-def format_bytes(n: float) -> str:
-    """Bytes with a decimal unit (GB = 1e9 bytes, as ``--table-budget`` counts them).
-
-    >>> format_bytes(1.5e9), format_bytes(2048)
-    ('1.5 GB', '2.05 KB')
-    """
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.3g} {unit}"
-        n /= 1000.0
-    return f"{n:.3g} TB"  # pragma: no cover
 
 
 def split_notation(config: Sequence[int], dims: str) -> str:
@@ -362,55 +176,91 @@ class Column:
     align: str = "<"
 
 
-#: The layer table, left to right. Later options (e.g. per-device memory) append here.
-LAYER_COLUMNS = (
-    Column("id", lambda r: str(r.id), ">"),
-    Column("layer", lambda r: r.name),
-    Column("type", lambda r: r.op),
-    Column("dims", lambda r: r.dims),
-    Column("iteration space", lambda r: _shape(r.domain)),
-    Column("K", lambda r: str(r.configs), ">"),
-    Column("configuration", lambda r: split_notation(r.config, r.dims)),
-    Column("layer cost", lambda r: format_cost(r.cost), ">"),
-    Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
-    Column("memory", lambda r: "-" if r.memory is None else format_bytes(r.memory), ">"),
-)
+def _cost_cell(unit: str):
+    """Cells of one cost column: FLOP-equivalents in scientific notation, seconds as ms."""
+    if unit == SECONDS:
+        return lambda x: f"{1e3 * x:.4f}"
+    return format_cost
 
 
-def _header_lines(report: Report) -> list:
-    m = report.machine
-    capped = report.memory is not None and report.memory.status == "capped"
-    what = ("cost of a given strategy" if report.evaluated
+def layer_columns(unit: str) -> tuple:
+    """The layer table, left to right, for costs in ``unit``."""
+    cell = _cost_cell(unit)
+    suffix = " ms" if unit == SECONDS else ""
+    return (
+        Column("id", lambda r: str(r.id), ">"),
+        Column("layer", lambda r: r.name),
+        Column("type", lambda r: r.op),
+        Column("dims", lambda r: r.dims),
+        Column("iteration space", lambda r: _shape(r.domain)),
+        Column("K", lambda r: str(r.configs), ">"),
+        Column("configuration", lambda r: r.configuration()),
+        Column("compute" + suffix, lambda r: cell(r.compute), ">"),
+        Column("communication" + suffix, lambda r: cell(r.communication), ">"),
+        Column("edge cost" + suffix, lambda r: cell(r.edge_cost), ">"),
+        Column("memory", lambda r: format_bytes(r.memory), ">"),
+    )
+
+
+#: The unit of calibrated machines (``machines.md``); the reference machine's is FLOP-equivalents.
+SECONDS = "seconds"
+#: The layer table of the reference machine.
+LAYER_COLUMNS = layer_columns("flop-equivalents")
+
+
+def machine_line(machine) -> str:
+    """One line naming the machine and what it prices with."""
+    if machine.cost_unit != SECONDS:
+        return (f"machine {machine.name}: {machine.flops:g} TFLOPS and {machine.bw:g} GB/s per device "
+                f"(rho = {machine.rho:g} FLOP per 8-byte word)")
+    d = machine.describe()
+    return (
+        f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+        f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
+        + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+    )
+
+
+def unit_line(machine) -> str:
+    if machine.cost_unit == SECONDS:
+        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+    return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
+
+
+def _header_lines(plan: Plan, model: int | None) -> list:
+    capped = plan.memory.status == "capped"
+    what = ("cost of a given strategy" if plan.evaluated
             else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
-    model = f", model width {report.model}" if report.model is not None else ""
+    width = f", model width {model}" if model is not None else ""
+    net = plan.network
     return [
-        f"PaSE {what}: {report.graph} ({len(report.layers)} layers, {len(report.edges)} edges){model}",
-        f"devices {report.procs}, batch {report.batch}; machine {m.flops:g} TFLOPS and {m.bw:g} GB/s per device "
-        f"(rho = {m.rho:g} FLOP per 8-byte word)",
-        "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step",
+        f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
+        f"devices {plan.procs}, batch {_batch_of(net)}; {machine_line(plan.machine)}",
+        unit_line(plan.machine),
     ]
 
 
-def _summary_lines(report: Report) -> list:
+def _summary_lines(plan: Plan) -> list:
     def with_time(cost):
-        seconds = format_seconds(report.seconds_per_step(cost))
-        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {report.machine.flops:g} TFLOPS)"
+        if plan.machine.cost_unit == SECONDS:
+            return f"{format_seconds(cost)} per training step"
+        seconds = format_seconds(_seconds_per_step(plan, cost))
+        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {plan.machine.flops:g} TFLOPS)"
 
-    capped = report.memory is not None and report.memory.status == "capped"
-    label = "strategy cost" if report.evaluated else "best fitting cost" if capped else "optimal total cost"
-    speedup = report.speedup
+    capped = plan.memory.status == "capped"
+    label = "strategy cost" if plan.evaluated else "best fitting cost" if capped else "optimal total cost"
+    speedup = plan.speedup
     lines = [
-        (label, with_time(report.total_cost)),
-        ("data-parallel cost", with_time(report.data_parallel_cost)),
+        (label, with_time(plan.total_cost)),
+        ("data-parallel cost", with_time(plan.data_parallel.total)),
         ("modelled speedup", f"{speedup:.3f}x over data parallelism" if speedup is not None else "n/a"),
     ]
-    if report.memory is not None:
-        lines += _memory_lines(report)
-    if report.search is not None:
-        s = report.search
+    lines += _memory_lines(plan)
+    if plan.search is not None:
+        s = plan.search
         lines.append((
             "search",
-            f"{ALGO_NAMES.get(s.ordering, s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
+            f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
     width = max(len(k) for k, _ in lines)
@@ -423,11 +273,9 @@ def _fits(fits: bool | None, cap: float | None) -> str:
     return f" (fits the {format_bytes(cap)} cap)" if fits else f" (over the {format_bytes(cap)} cap)"
 
 
-def _memory_lines(report: Report) -> list:
+def _memory_lines(plan: Plan) -> list:
     """Summary lines of the memory model: the strategy, data parallelism, the capped search."""
-    from .memory import ASSUMPTIONS
-
-    m = report.memory
+    m = plan.memory
     lines = [
         ("memory per device", f"{format_bytes(m.per_device_bytes)}{_fits(m.fits, m.cap_bytes)}"),
         ("data parallelism", f"{format_bytes(m.data_parallel_per_device_bytes)} per device"
@@ -440,19 +288,20 @@ def _memory_lines(report: Report) -> list:
         lines.append((
             "memory cap",
             f"Lagrangian search, {m.searches} dynamic programmes; lower bound {format_cost(m.lower_bound)}, "
-            f"gap {100 * m.gap:.3g}% (the capped optimum lies between the bound and the cost above)",
+            f"gap {100 * plan.gap:.3g}% (the capped optimum lies between the bound and the cost above)",
         ))
     return lines
 
 
-def format_table(report: Report, columns: Sequence[Column] = LAYER_COLUMNS) -> str:
+def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None) -> str:
     """The default output: header, one row per layer, totals and search statistics."""
-    rows = [[c.cell(r) for c in columns] for r in report.layers]
-    lines = _header_lines(report) + [""]
+    columns = columns or layer_columns(plan.machine.cost_unit)
+    rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
+    lines = _header_lines(plan, model) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
-    lines += ["", *_summary_lines(report)]
-    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads"
-                 + ("; memory: per device, parameters and outputs)" if report.memory is not None else ")"))
+    lines += ["", *_summary_lines(plan)]
+    lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
+                 "edge cost: redistributing the tensors it reads; memory: per device, parameters and outputs)")
     return "\n".join(lines) + "\n"
 
 
@@ -464,19 +313,19 @@ def _finite(x: float | None):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def report_dict(report: Report) -> dict:
+def report_dict(plan: Plan, model: int | None = None, measure: Measurement | None = None) -> dict:
     """The JSON object of ``cli.md`` (keys may be added, never renamed)."""
     out = {
-        "graph": report.graph,
-        "procs": report.procs,
-        "batch": report.batch,
-        "model": report.model,
-        "flops": float(report.machine.flops),
-        "bw": float(report.machine.bw),
-        "total_cost": report.total_cost,
-        "data_parallel_cost": report.data_parallel_cost,
-        "speedup_over_data_parallel": _finite(report.speedup),
-        "evaluated": report.evaluated,
+        "graph": plan.network.name,
+        "procs": plan.procs,
+        "batch": _batch_of(plan.network),
+        "model": model,
+        **_machine_keys(plan.machine),
+        "status": "ok",
+        "total_cost": plan.total_cost,
+        "data_parallel_cost": plan.data_parallel.total,
+        "speedup_over_data_parallel": _finite(plan.speedup),
+        "evaluated": plan.evaluated,
         "layers": [
             {
                 "id": r.id,
@@ -486,17 +335,20 @@ def report_dict(report: Report) -> dict:
                 "domain": list(r.domain),
                 "configs": r.configs,
                 "config": list(r.config),
+                "replicas": r.replicas,
                 "cost": r.cost,
+                "compute": r.compute,
+                "communication": r.communication,
                 "edge_cost": r.edge_cost,
-                **({} if r.memory is None else {"memory_bytes": r.memory}),
+                "memory_bytes": r.memory,
             }
-            for r in report.layers
+            for r in layer_rows(plan)
         ],
-        "edges": [list(e) for e in report.edges],
+        "edges": [list(e) for e in _edges(plan.network)],
         "search": None,
     }
-    if report.search is not None:
-        s = report.search
+    if plan.search is not None:
+        s = plan.search
         out["search"] = {
             "algo": s.ordering,
             "seconds": s.seconds,
@@ -505,22 +357,50 @@ def report_dict(report: Report) -> dict:
             "largest_table": s.largest_table,
             "peak_bytes": s.peak_bytes,
         }
-    if report.memory is not None:
-        out["memory"] = memory_dict(report.memory)
-    if report.measure is not None:
-        m = report.measure
+    out["memory"] = memory_dict(plan)
+    if measure is not None:
         out["measure"] = {
-            "warmup": m.warmup,
-            "runs": len(m.search_seconds),
-            "search_seconds": m.search_summary(),
-            "wall_seconds": m.wall_summary(),
+            "warmup": measure.warmup,
+            "runs": len(measure.search_seconds),
+            "search_seconds": _stats(measure.search_seconds),
+            "wall_seconds": _stats(measure.wall_seconds),
         }
-    out.update(report.extra)
     return out
 
 
-def memory_dict(m: MemorySummary) -> dict:
+def _machine_keys(machine) -> dict:
+    """The machine keys of the JSON: ``flops``/``bw`` for the reference machine, the unit, the machine."""
+    keys = {}
+    if machine.cost_unit != SECONDS:
+        keys = {"flops": float(machine.flops), "bw": float(machine.bw)}
+    return {**keys, "cost_unit": machine.cost_unit, "machine": machine.describe()}
+
+
+def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=None) -> dict:
+    """The JSON record of a device count with no answer: ``status`` is ``"too_large"`` (the
+    tables would not fit: the estimate and budget are given) or ``"nothing_fits"`` (no
+    strategy fits the memory cap: the least memory is given). ``plan`` carries data
+    parallelism and, for ``nothing_fits``, the least-memory strategy's summary."""
+    out = {
+        "graph": plan.network.name, "procs": plan.procs, "batch": _batch_of(plan.network), "model": model,
+        "status": status, "data_parallel_cost": plan.data_parallel.total,
+    }
+    if too_large is not None:
+        estimate = getattr(too_large, "estimate", None)
+        out["budget_bytes"] = too_large.budget
+        out["needed_bytes"] = estimate.peak_bytes if estimate is not None else too_large.needed
+        if estimate is not None:
+            out["table_entries"] = estimate.table_entries
+            out["max_dependent_set"] = estimate.max_dependent_set
+    else:
+        out["least_bytes"] = plan.memory.least_bytes
+        out["memory"] = memory_dict(plan)
+    return out
+
+
+def memory_dict(plan: Plan) -> dict:
     """The JSON ``memory`` object (``memory.md``): bytes per device, cap, fits, bound and gap."""
+    m = plan.memory
     return {
         "per_device_bytes": m.per_device_bytes,
         "data_parallel_per_device_bytes": m.data_parallel_per_device_bytes,
@@ -528,7 +408,7 @@ def memory_dict(m: MemorySummary) -> dict:
         "fits": m.fits,
         "data_parallel_fits": m.data_parallel_fits,
         "lower_bound": _finite(m.lower_bound),
-        "gap": _finite(m.gap),
+        "gap": _finite(plan.gap),
         "status": m.status,
         "least_bytes": m.least_bytes,
         "searches": m.searches,
@@ -537,10 +417,9 @@ def memory_dict(m: MemorySummary) -> dict:
     }
 
 
-def format_json(report: Report, one_line: bool = False) -> str:
-    """``report_dict`` as JSON text: one key per line and one layer per line, or all on one
+def format_json(data: dict, one_line: bool = False) -> str:
+    """A report's JSON object as text: one key per line and one layer per line, or all on one
     line (``one_line``, for sweeps)."""
-    data = report_dict(report)
     if one_line:
         return json.dumps(data, allow_nan=False) + "\n"
 
@@ -574,46 +453,48 @@ def _sweep_line(cells) -> str:
     return "  ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(cells, SWEEP_COLUMNS, _SWEEP_WIDTHS)).rstrip()
 
 
-def format_sweep_header(graph: str, batch: int, machine: Machine, model: int | None = None) -> str:
-    """Title and column headers of a sweep table (costs in FLOP-equivalents)."""
+def format_sweep_header(graph: str, batch: int, machine, model: int | None = None) -> str:
+    """Title and column headers of a sweep table."""
     model = f", model width {model}" if model is not None else ""
+    unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; machine {machine.flops:g} TFLOPS and {machine.bw:g} GB/s "
-        f"per device; costs in FLOP-equivalents\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 
 
-def _cap_cell(m: MemorySummary | None) -> str:
-    if m is None or m.cap_bytes is None:
+def _cap_cell(plan: Plan) -> str:
+    m = plan.memory
+    if m.cap_bytes is None:
         return "-"
     if m.status == "capped":
-        return f"capped, gap {100 * m.gap:.2g}%"
+        return f"capped, gap {100 * plan.gap:.2g}%"
     return "fits" if m.fits else "over"
 
 
-def format_sweep_row(report: Report) -> str:
+def format_sweep_row(plan: Plan) -> str:
     """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
-    speedup = report.speedup
-    m = report.memory
+    speedup = plan.speedup
+    m = plan.memory
+    cost = _cost_cell(plan.machine.cost_unit)
     return _sweep_line([
-        str(report.procs),
-        format_cost(report.total_cost),
-        format_cost(report.data_parallel_cost),
+        str(plan.procs),
+        cost(plan.total_cost),
+        cost(plan.data_parallel.total),
         f"{speedup:.3f}x" if speedup is not None else "n/a",
-        "-" if m is None else format_bytes(m.per_device_bytes),
-        "-" if m is None else format_bytes(m.data_parallel_per_device_bytes),
-        _cap_cell(m),
-        f"{report.search.seconds:.4f}" if report.search is not None else "-",
+        format_bytes(m.per_device_bytes),
+        format_bytes(m.data_parallel_per_device_bytes),
+        _cap_cell(plan),
+        f"{plan.search.seconds:.4f}" if plan.search is not None else "-",
     ]) + "\n"
 
 
 def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
-                         memory: MemorySummary | None = None) -> str:
+                         memory: MemorySummary | None = None, unit: str = "flop-equivalents") -> str:
     """A sweep row for a device count with no answer: its search was too large (the
     paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
     return _sweep_line([
-        str(procs), reason, format_cost(data_parallel_cost), "-",
+        str(procs), reason, _cost_cell(unit)(data_parallel_cost), "-",
         "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
         "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
         "-" if memory is None else "memory: least",
@@ -625,9 +506,19 @@ def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "t
 # --measure and --profile
 
 
+def _stats(values) -> dict:
+    values = list(values)
+    return {
+        "mean": statistics.fmean(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
 def format_measurement(m: Measurement) -> str:
     """The ``--measure`` section: mean, spread and range of the timed searches."""
-    s, w = m.search_summary(), m.wall_summary()
+    s, w = _stats(m.search_seconds), _stats(m.wall_seconds)
     runs = len(m.search_seconds)
     ns = 1e9 * s["mean"] / max(m.table_entries, 1)
     return (

@@ -12,15 +12,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .builder import Network, edge_cost_matrix
+from .builder import Network, check_procs
+from .layers import redistribution_volume
 from .configs import check_config
 from .machine import Machine
-from .solver import Search, SearchStats
 
-__all__ = [
-    "Evaluation", "Strategy", "evaluate", "check_strategy", "find_strategy", "strategy_from_indices",
-    "indexed_cost",
-]
+__all__ = ["Evaluation", "evaluate", "check_strategy", "indexed_cost"]
 
 
 @dataclass(frozen=True)
@@ -31,15 +28,21 @@ class Evaluation:
     ----------
     configs : list of tuple
         The strategy: one configuration per vertex id.
-    layer_costs : numpy.ndarray
-        Layer cost of every vertex.
+    compute, communication : numpy.ndarray
+        The two parts of every vertex's layer cost (``Layer.costs``).
     edge_costs : dict
         ``(u, v) -> `` redistribution cost of every edge.
     """
 
     configs: list
-    layer_costs: np.ndarray
+    compute: np.ndarray
+    communication: np.ndarray
     edge_costs: dict
+
+    @property
+    def layer_costs(self) -> np.ndarray:
+        """Layer cost of every vertex: compute plus communication."""
+        return self.compute + self.communication
 
     @property
     def total(self) -> float:
@@ -80,7 +83,7 @@ def check_strategy(network: Network, configs: Sequence[Sequence[int]], procs: in
 def evaluate(
     network: Network,
     configs: Sequence[Sequence[int]],
-    machine: Machine | None = None,
+    machine=None,
     procs: int | None = None,
 ) -> Evaluation:
     """Cost of the strategy ``configs`` (one configuration per vertex id).
@@ -91,10 +94,12 @@ def evaluate(
         The computation graph.
     configs : sequence of sequences of int
         The strategy; configurations need not be among the enumerated ones.
-    machine : Machine, optional
-        Defaults to ``Machine()`` (10 TFLOPS, 16 GB/s).
+    machine : optional
+        Any machine (``pase.machine``); defaults to ``Machine()`` (10 TFLOPS, 16 GB/s).
     procs : int, optional
-        When given, a configuration needing more devices is rejected.
+        The device count. A configuration needing more devices is rejected. Without it, the
+        largest configuration's device count is taken (it matters only to machines whose
+        edges are priced by where the devices are).
 
     Examples
     --------
@@ -105,98 +110,32 @@ def evaluate(
     True
     """
     machine = machine or Machine()
+    if procs is not None:
+        procs = check_procs(procs)
+        machine.check_procs(procs)
     strategy = check_strategy(network, configs, procs)
+    if procs is None:
+        procs = max(int(np.prod(c)) for c in strategy)
     rows = [np.asarray([c], dtype=np.int64) for c in strategy]
-    layer_costs = np.array(
-        [float(layer.cost(C, machine)[0]) for layer, C in zip(network.layers, rows)], dtype=np.float64
-    )
+    costs = [layer.costs(C, machine) for layer, C in zip(network.layers, rows)]
+    compute = np.array([float(c.compute[0]) for c in costs], dtype=np.float64)
+    communication = np.array([float(c.communication[0]) for c in costs], dtype=np.float64)
     outputs = [layer.output_configs(C) for layer, C in zip(network.layers, rows)]
     inputs = [layer.input_configs(C) for layer, C in zip(network.layers, rows)]
     edge_costs = {}
     for (u, v), tensors in network.edges.items():
+        # One (source, target) pair per tensor: the volume of edge_cost_matrix without its
+        # de-duplication, priced the same way.
         edge_costs[(u, v)] = float(
             sum(
-                edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine)[0, 0]
+                machine.redistribute(
+                    2.0 * redistribution_volume(t.shape, outputs[u][t.output_index][0], inputs[v][t.input_index][0]),
+                    procs,
+                )
                 for t in tensors
             )
         )
-    return Evaluation(strategy, layer_costs, edge_costs)
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """The best strategy found for a network on ``procs`` devices.
-
-    Attributes
-    ----------
-    network : Network
-    procs : int
-    machine : Machine
-    graph : networkx.DiGraph
-        The costed graph the search ran on (configurations, cost vectors and matrices).
-    indices : list of int
-        Chosen configuration index of every vertex (into ``graph.nodes[v]["configs"]``).
-    configs : list of tuple
-        The chosen configurations, in vertex-id order.
-    total_cost : float
-        The optimum ``min F(G, phi)`` found by the dynamic programme.
-    evaluation : Evaluation
-        The chosen strategy re-costed from scratch (per-layer and per-edge terms).
-    stats : SearchStats
-        Ordering, largest dependent set, table entries, seconds.
-    """
-
-    network: Network
-    procs: int
-    machine: Machine
-    graph: object
-    indices: list
-    configs: list
-    total_cost: float
-    evaluation: Evaluation
-    stats: SearchStats
-
-
-def find_strategy(
-    network: Network,
-    procs: int,
-    machine: Machine | None = None,
-    ordering="generateseq",
-    memory_budget: int | None = None,
-    progress=None,
-    graph=None,
-    blocks=True,
-) -> Strategy:
-    """Build the costed graph of ``network`` for ``procs`` devices and search it exactly.
-
-    ``graph`` may pass an already costed graph (``network.graph(procs, machine)``).
-    ``blocks`` is ``Search``'s option: solve runs of identical blocks once (default).
-    Raises ``SearchTooLarge`` before allocating when the tables would not fit
-    ``memory_budget`` bytes (default: most of the available memory).
-
-    Examples
-    --------
-    >>> from graphs import alexnet
-    >>> best = find_strategy(alexnet(128), 32)
-    >>> best.total_cost
-    53136349552.0
-    """
-    machine = machine or Machine()
-    G = graph if graph is not None else network.graph(procs, machine)
-    result = Search(G, ordering, blocks=blocks).run(memory_budget=memory_budget, progress=progress)
-    return strategy_from_indices(network, G, result.indices(range(len(network.layers))), result.cost, result.stats)
-
-
-def strategy_from_indices(network: Network, G, indices, total_cost: float, stats: SearchStats) -> Strategy:
-    """A ``Strategy`` from configuration indices into the costed graph ``G``."""
-    machine = G.graph["machine"]
-    procs = G.graph["procs"]
-    indices = [int(i) for i in indices]
-    configs = [tuple(int(c) for c in G.nodes[v]["configs"][i]) for v, i in enumerate(indices)]
-    return Strategy(
-        network, procs, machine, G, indices, configs, float(total_cost),
-        evaluate(network, configs, machine, procs), stats,
-    )
+    return Evaluation(strategy, compute, communication, edge_costs)
 
 
 def indexed_cost(G, choice) -> float:

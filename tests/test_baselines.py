@@ -1,6 +1,6 @@
 """Data parallelism as a strategy (``pase.baselines``), costed by the reference model.
 
-Data parallelism splits every layer's batch dimension ``batch_split(b, p)`` ways (the
+Data parallelism splits every layer's batch dimension ``largest_divisor(b, p)`` ways (the
 largest divisor of ``b`` that is at most ``p``) and nothing else; ``evaluate`` costs those
 configurations even when the enumeration (cut-off) would not produce them.
 """
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.baselines import batch_split, data_parallel
+from pase.baselines import largest_divisor, data_parallel
 from pase.builder import GraphBuilder
 from pase.layers import FC, Einsum, SoftmaxCrossEntropy, Unstack
 from pase.machine import Machine
@@ -36,8 +36,8 @@ RHO1 = Machine(1.0, 8000.0)  # rho = 1000 / (8000 / 8) = 1
         (40, 32, 20),
     ],
 )
-def test_batch_split_by_hand(size, procs, expected):
-    assert batch_split(size, procs) == expected
+def test_largest_divisor_by_hand(size, procs, expected):
+    assert largest_divisor(size, procs) == expected
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -52,7 +52,7 @@ def test_only_the_batch_dimension_is_split(name, procs):
     net = graphs.build(name, 40)
     strategy = data_parallel(net, procs)
     assert len(strategy) == len(net)
-    split = batch_split(40, procs)  # 8 on 8 devices; 20 on 32 (divisors of 40: ..., 10, 20, 40)
+    split = largest_divisor(40, procs)  # 8 on 8 devices; 20 on 32 (divisors of 40: ..., 10, 20, 40)
     assert split == {8: 8, 32: 20}[procs]
     for v, (layer, config) in enumerate(zip(net.layers, strategy)):
         assert len(config) == len(layer.domain)
@@ -132,7 +132,7 @@ def test_tiny_graph_data_parallel_cost_by_hand():
     # loss (4, 1): E = 8, bpp = 1: 32 + 2 = 34. Total 250.
     assert evaluate(net, data_parallel(net, 4), RHO1, 4).total == pytest.approx(250.0)
 
-    # p = 3: batch_split(4, 3) = 2: the same strategy as p = 2 (one device idle): 404.
+    # p = 3: largest_divisor(4, 3) = 2: the same strategy as p = 2 (one device idle): 404.
     assert data_parallel(net, 3) == [(2, 1, 1), (2, 1)]
     assert evaluate(net, data_parallel(net, 3), RHO1, 3).total == pytest.approx(404.0)
 

@@ -68,8 +68,8 @@ def test_edge_cost_matrix_is_comm_of_twice_the_volume():
     src = np.array([[2, 1]])
     tgt = np.array([[1, 2]])
     # Volume 6 (above); forward and backward: 2 * 6 = 12 words; rho = 5000 -> 60000.
-    np.testing.assert_allclose(edge_cost_matrix((4, 6), src, tgt, Machine()), [[60000.0]])
-    np.testing.assert_allclose(edge_cost_matrix((4, 6), src, tgt, RHO1), [[12.0]])
+    np.testing.assert_allclose(edge_cost_matrix((4, 6), src, tgt, Machine(), 4), [[60000.0]])
+    np.testing.assert_allclose(edge_cost_matrix((4, 6), src, tgt, RHO1, 4), [[12.0]])
 
 
 # ----------------------------------------------------------------------------- graph matrices

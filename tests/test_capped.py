@@ -1,18 +1,14 @@
 """The memory-capped search (``spec/memory.md``, "The capped search") against brute force.
 
-``find_capped_strategy`` takes a ``Network`` and reads memory through
-``memory.vectors(network, configs)``; it accepts an already costed ``graph``. The random
-cases below use that seam in two ways:
+Two levels are tested:
 
-- *table cases*: a random DAG of up to 7 vertices with 1-4 configurations each, random
-  layer-cost vectors, random edge matrices and random memory per configuration. The
-  network is a placeholder of independent Elementwise layers whose only job is to give
-  each vertex the right number of valid configurations; the costed graph is replaced by
-  the random one and memory comes from a table (``TableMemory``, which has the one method
-  the search calls).
-- *layer cases*: small random networks of real FC / Norm / Elementwise layers (chains and
-  branches) on a random machine with p = 2..4, with ``MemoryModel`` at random byte sizes.
-  Cost is re-checked with ``pase.strategy.evaluate`` and memory with formulas written here.
+- *table cases*: ``capped_search`` on a bare graph: a random DAG of up to 7 vertices with 1-4
+  configurations each, random layer-cost vectors, random edge matrices and random memory
+  per configuration.
+- *layer cases*: ``pase.plan`` with a memory cap on small random networks of real FC / Norm /
+  Elementwise layers (chains and branches) on a random machine with p = 2..4, with
+  ``MemoryModel`` at random byte sizes. Cost is re-checked with ``pase.strategy.evaluate``
+  and memory with formulas written here.
 
 Every case is checked against exhaustive enumeration of all strategies. All randomness is
 seeded; each case is its own test so a failure names its seed.
@@ -27,10 +23,11 @@ import pytest
 import graphs
 from pase.baselines import data_parallel
 from pase.builder import GraphBuilder
-from pase.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, find_capped_strategy
+from pase.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
 from pase.layers import FC, Elementwise, Norm
 from pase.machine import Machine
 from pase.memory import MemoryModel
+from pase.planner import plan
 from pase.strategy import evaluate
 
 TABLE_CASES = 120
@@ -43,15 +40,30 @@ SHAPE_FOR_K = {1: (1,), 2: (2,), 3: (4,), 4: (12,)}
 TABLE_PROCS = 4
 
 
-class TableMemory:
-    """Memory per configuration from a table: what the search reads of a memory model."""
+class Outcome:
+    """What ``check`` reads of a capped result, from either level."""
 
-    def __init__(self, vectors):
-        self.table = [np.asarray(v, dtype=np.float64) for v in vectors]
+    def __init__(self, status, chosen, cost, memory, min_memory, lower_bound, multiplier, cap):
+        self.status, self.chosen, self.cost, self.memory = status, chosen, cost, memory
+        self.min_memory, self.lower_bound, self.multiplier = min_memory, lower_bound, multiplier
+        self.fits = memory <= cap
+        self.gap = (float("nan") if status == NOTHING_FITS
+                    else max(cost - lower_bound, 0.0) / cost if cost else 0.0)
 
-    def vectors(self, network, configs):
-        assert [len(c) for c in configs] == [len(v) for v in self.table]
-        return list(self.table)
+
+def search_table(G, memory, cap, **options):
+    """``capped_search`` on the bare graph, as an ``Outcome``."""
+    r = capped_search(G, dict(enumerate(memory)), cap, **options)
+    return Outcome(r.status, [r.choice[v] for v in range(len(G))], r.cost, r.memory, r.min_memory, r.lower_bound,
+                   r.multiplier, cap)
+
+
+def plan_capped(net, procs, cap, machine, model):
+    """``pase.plan`` with a memory cap, as an ``Outcome``."""
+    p = plan(net, procs, machine, memory_cap=cap, memory_model=model)
+    m = p.memory
+    return Outcome(m.status, p.indices, p.total_cost, m.per_device_bytes, m.least_bytes,
+                   m.lower_bound if m.lower_bound is not None else float("nan"), m.multiplier, cap)
 
 
 def _close(a, b):
@@ -179,7 +191,7 @@ def caps_for(rng, mem, cost, exact):
 def check(result, cap, idx, cost, mem, own_cost, own_memory, exact):
     """The properties the spec promises, against the brute force ``cost``/``mem`` arrays."""
     least = float(mem.min())
-    chosen = result.strategy.indices
+    chosen = result.chosen
     if least > cap:
         assert result.status == NOTHING_FITS
         assert _close(result.min_memory, least)
@@ -228,9 +240,7 @@ def test_random_tables_against_brute_force(seed):
     rng = np.random.default_rng([7, seed])
     for cap in caps_for(rng, mem, cost, exact=True):
         trace = []
-        result = find_capped_strategy(
-            net, TABLE_PROCS, cap, machine, memory=TableMemory(memory), graph=G, trace=trace
-        )
+        result = search_table(G, memory, cap, trace=trace)
         check(result, cap, idx, cost, mem, own_cost, own_memory, exact=True)
         # Every multiplier tried was solved exactly: its Lagrangian optimum is the brute-force
         # minimum of cost + lambda * memory, and the bound is the best of them.
@@ -262,7 +272,7 @@ def test_random_networks_against_brute_force(seed):
 
     rng = np.random.default_rng([11, seed])
     for cap in caps_for(rng, mem, cost, exact=False):
-        result = find_capped_strategy(net, procs, cap, machine, memory=model)
+        result = plan_capped(net, procs, cap, machine, model)
         check(result, cap, idx, cost, mem, own_cost, own_memory, exact=False)
 
 
@@ -275,7 +285,7 @@ def test_the_random_cases_cover_every_outcome():
         idx, cost, mem = brute_force(G, memory)
         rng = np.random.default_rng([7, seed])
         for cap in caps_for(rng, mem, cost, exact=True):
-            result = find_capped_strategy(net, TABLE_PROCS, cap, machine, memory=TableMemory(memory), graph=G)
+            result = search_table(G, memory, cap)
             statuses.add(result.status)
             gaps += result.status == CAPPED and result.lower_bound < float(cost[mem <= cap].min()) - 1e-6
     assert statuses == {UNCONSTRAINED, CAPPED, NOTHING_FITS}
@@ -296,7 +306,7 @@ def _pair_of_vertices():
     G = nx.DiGraph(network=net, procs=2, machine=Machine())
     for v, C in enumerate(net.configs(2)):
         G.add_node(v, layer=net.layers[v], name=net.names[v], configs=C, cost=np.array([0.0, 10.0]))
-    return net, G, TableMemory([[10.0, 0.0], [10.0, 0.0]])
+    return net, G, [[10.0, 0.0], [10.0, 0.0]]
 
 
 def test_duality_gap_pair():
@@ -306,22 +316,22 @@ def test_duality_gap_pair():
     # Bound: max over lambda of 2 min(10 lambda, 10) - 10 lambda, which is 10 at lambda = 1,
     # so the bisection's bound approaches 10 from below.
     net, G, memory = _pair_of_vertices()
-    result = find_capped_strategy(net, 2, 10.0, memory=memory, graph=G)
+    result = search_table(G, memory, 10.0)
     assert result.status == CAPPED
     assert result.cost == 10.0
     assert result.memory == 10.0
-    assert sorted(result.strategy.indices) == [0, 1]
+    assert sorted(result.chosen) == [0, 1]
     assert 9.9 <= result.lower_bound <= 10.0
 
 
 def test_pair_with_loose_and_impossible_caps():
     net, G, memory = _pair_of_vertices()
     # Cap 20: (0,0) fits; cost 0.
-    result = find_capped_strategy(net, 2, 20.0, memory=memory, graph=G)
-    assert (result.status, result.cost, result.strategy.indices) == (UNCONSTRAINED, 0.0, [0, 0])
+    result = search_table(G, memory, 20.0)
+    assert (result.status, result.cost, result.chosen) == (UNCONSTRAINED, 0.0, [0, 0])
     # Cap 5: only (1,1), memory 0, fits; cost 20, and the bound can be no more than 20.
-    result = find_capped_strategy(net, 2, 5.0, memory=memory, graph=G)
-    assert (result.status, result.cost, result.strategy.indices) == (CAPPED, 20.0, [1, 1])
+    result = search_table(G, memory, 5.0)
+    assert (result.status, result.cost, result.chosen) == (CAPPED, 20.0, [1, 1])
     assert result.lower_bound <= 20.0
 
 
@@ -329,7 +339,9 @@ def test_pair_with_loose_and_impossible_caps():
 def test_non_positive_cap_is_rejected(cap):
     net, G, memory = _pair_of_vertices()
     with pytest.raises(ValueError):
-        find_capped_strategy(net, 2, cap, memory=memory, graph=G)
+        search_table(G, memory, cap)
+    with pytest.raises(ValueError):
+        plan(net, 2, memory_cap=cap)
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,9 +366,10 @@ def test_gpt3_6_7b_batch_128_does_not_fit_80_gb():
     assert math.isclose(
         MemoryModel().per_device(net, data_parallel(net, 32), 32), DATA_PARALLEL_128, rel_tol=0.02
     )
-    result = find_capped_strategy(net, 32, 80e9)
-    assert result.status == NOTHING_FITS
-    assert not result.fits
-    assert math.isclose(result.min_memory, LEAST_128, rel_tol=0.02)
-    assert result.min_memory >= LEAST_128 * (1 - 1e-9)  # the floor: 32-way division of everything
-    assert math.isclose(MemoryModel().per_device(net, result.strategy.configs, 32), result.min_memory, rel_tol=1e-9)
+    result = plan(net, 32, memory_cap=80e9)
+    m = result.memory
+    assert m.status == NOTHING_FITS
+    assert not m.fits
+    assert math.isclose(m.least_bytes, LEAST_128, rel_tol=0.02)
+    assert m.least_bytes >= LEAST_128 * (1 - 1e-9)  # the floor: 32-way division of everything
+    assert math.isclose(MemoryModel().per_device(net, result.configs, 32), m.least_bytes, rel_tol=1e-9)

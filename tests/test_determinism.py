@@ -32,11 +32,11 @@ import numpy as np
 import graphs
 from pase.machine import Machine
 from pase.solver import Search
-from pase.strategy import find_strategy
+from pase.planner import plan
 
 out = {"witness": list({"conv%d" % i for i in range(12)})}
 for name in ("inception3", "transformer"):
-    best = find_strategy(graphs.build(name, 128), 8, Machine(10, 16))
+    best = plan(graphs.build(name, 128), 8, Machine(10, 16))
     out[name] = {"configs": [list(c) for c in best.configs], "total": repr(best.total_cost),
                  "sequence": list(Search(best.graph).ordering.sequence)}
 rng = np.random.default_rng(99)

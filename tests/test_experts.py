@@ -6,7 +6,7 @@ import math
 import pytest
 
 import graphs
-from pase import GraphBuilder, Machine, data_parallel, evaluate, find_strategy
+from pase import GraphBuilder, Machine, data_parallel, evaluate, plan
 from pase.experts import (
     EXPERTS, PAPER_EXPERTS, best_mesh, expert_strategies, gnmt, mesh_tensorflow, mesh_tensorflow_meshes, owt,
 )
@@ -198,7 +198,7 @@ def test_mesh_tf_meshes_fall_back_to_fewer_devices():
 def test_expert_costs_at_least_the_optimum(nets, name, procs):
     net = nets[name]
     machine = Machine()
-    best = find_strategy(net, procs, machine)
+    best = plan(net, procs, machine)
     strategies = expert_strategies(net, procs, machine)
     assert strategies
     for expert, configs in strategies.items():

@@ -13,7 +13,8 @@ import graphs
 from graphs.gpt import GPT_CONFIGS
 from graphs.gpt import parameter_count as gpt_closed_form
 from pase.baselines import data_parallel
-from pase.capped import CAPPED, UNCONSTRAINED, find_capped_strategy
+from pase.memory import CAPPED, UNCONSTRAINED
+from pase.planner import plan
 from pase.memory import MemoryModel, parameter_count
 
 # The spec's table: layers L, width e, heads h, key width k, feed-forward f, sequence s, vocabulary V.
@@ -198,17 +199,17 @@ def test_data_parallelism_needs_about_137_gb(gpt3_b16):
 
 def test_the_best_strategy_fits_80_gb(gpt3_b16):
     cap = 80e9
-    result = find_capped_strategy(gpt3_b16, 32, cap)
-    assert result.status in (UNCONSTRAINED, CAPPED)
-    configs = result.strategy.configs
+    result = plan(gpt3_b16, 32, memory_cap=cap)
+    assert result.memory.status in (UNCONSTRAINED, CAPPED)
+    configs = result.configs
     memory = MemoryModel().per_device(gpt3_b16, configs, 32)
     assert memory <= cap
-    assert math.isclose(memory, result.memory, rel_tol=1e-9)
+    assert math.isclose(memory, result.memory.per_device_bytes, rel_tol=1e-9)
     # No strategy on 32 devices can divide any tensor more than 32 ways, so the memory is
     # at least (parameters + all 16 samples' activations) / 32 = (109.68 + 428.31) / 32 GB.
     floor = (PARAM_BYTES_6_7B + 16 * ACT_BYTES_PER_SAMPLE_6_7B) / 32
     assert memory >= floor * (1 - 1e-9)
     # Its cost, re-costed from the layer and edge formulas, is the reported one and no
     # less than the lower bound.
-    assert math.isclose(result.strategy.evaluation.total, result.cost, rel_tol=1e-9)
-    assert result.cost >= result.lower_bound * (1 - 1e-9)
+    assert math.isclose(result.evaluation.total, result.total_cost, rel_tol=1e-9)
+    assert result.total_cost >= result.memory.lower_bound * (1 - 1e-9)

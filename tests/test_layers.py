@@ -20,9 +20,9 @@ import pytest
 from pase.builder import GraphBuilder
 from pase.layers import (
     FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling,
-    Ravel, ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
+    Ravel, ReduceMean, RMSNorm, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
 )
-from pase.machine import Machine
+from pase.machine import Group, Machine
 
 RHO1 = Machine(1.0, 8000.0)
 RHO2 = Machine(1.0, 4000.0)
@@ -55,7 +55,7 @@ def test_every_layer_type_is_covered_here():
     # The spec's table lists exactly these types; each has a test class below.
     assert set(LAYER_TYPES) == {
         "Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm",
-        "BatchNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
+        "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
         "Stack", "Unstack",
     }
 
@@ -69,10 +69,16 @@ def test_gemm_cost_by_hand():
     # AR(Mp Np = 4, k=2) = 4/2*2*1 = 4; AR(Mp Kp = 8, n=3) = 8/3*2*2 = 32/3;
     # AR(Np Kp = 8, m=2) = 8/2*2*1 = 8. Sum per batch 48+12+4+32/3+8 = 72 + 32/3 = 248/3.
     # Times Bp = 2: 496/3.
-    got = gemm_cost(RHO1, 2, 1, 4, 2, 6, 3, 8, 2, pw=1)
-    assert float(got) == pytest.approx(496.0 / 3.0, rel=1e-12)
+    # Compute 2 * (48 + 12) = 120; communication 2 * (4 + 32/3 + 8) = 136/3.
+    groups = (Group.flat(2), Group.flat(3), Group.flat(2))  # m, n, k
+    got = gemm_cost(RHO1, (2.0, 2.0, 2.0, 4.0), groups, pw=1)
+    assert float(np.ravel(got.compute)[0]) == pytest.approx(120.0, rel=1e-12)
+    assert float(np.ravel(got.communication)[0]) == pytest.approx(136.0 / 3.0, rel=1e-12)
+    assert float(np.ravel(got.total)[0]) == pytest.approx(496.0 / 3.0, rel=1e-12)
     # Unsplit: 2 * (3*4*6*8) = 1152, no communication.
-    assert float(gemm_cost(RHO1, 2, 1, 4, 1, 6, 1, 8, 1)) == pytest.approx(1152.0)
+    one = (Group.flat(1),) * 3
+    unsplit = gemm_cost(RHO1, (2.0, 4.0, 6.0, 8.0), one)
+    assert float(np.ravel(unsplit.total)[0]) == pytest.approx(1152.0) and float(np.ravel(unsplit.communication)[0]) == 0.0
 
 
 # ----------------------------------------------------------------------------- Conv
@@ -816,3 +822,80 @@ class TestStackUnstack:
         (x,) = _inputs((3,))
         with pytest.raises(ValueError):
             Unstack(x)
+
+
+# ----------------------------------------------------------------------------- the interface
+
+
+def test_layer_declaration_is_checked_once_when_added():
+    from pase.layers import Layer
+
+    class Forgetful(Layer):  # no op, so it is not registered; forgets Layer.__init__
+        def __init__(self, x):
+            self.inputs = (x,)
+
+    g = GraphBuilder("t")
+    x = g.input((4,), "x")
+    with pytest.raises(ValueError, match="does not declare 'domain'"):
+        g.add("bad", Forgetful(x))
+
+    class Mismatched(Layer):  # declares an output configuration of the wrong rank
+        op = None
+
+        def __init__(self, x):
+            super().__init__((x,), (4,), "b", ((4, 2),))
+
+        def input_configs(self, C):
+            return [C]
+
+        def output_configs(self, C):
+            return [C]
+
+    with pytest.raises(ValueError, match="has no op name"):
+        g.add("bad", Mismatched(x))
+    odd = Mismatched(x)
+    odd.op = "Mismatched"  # on the instance: the registry stays untouched
+    with pytest.raises(ValueError, match="does not match the output shape"):
+        g.add("bad", odd)
+
+
+def test_a_second_class_for_one_op_is_refused():
+    from pase.layers import Layer
+
+    with pytest.raises(TypeError, match="defined twice"):
+        class AnotherFC(Layer):
+            op = "FC"
+
+
+def test_make_layer_rebuilds_from_args_and_names_problems():
+    from pase.layers import make_layer
+
+    (x,) = _inputs((2, 2, 8, 8), letters=["bchw"])
+    conv = Conv(x, 4, 3, stride=2, pad=1, pw=1)
+    assert conv.args == {"filters": 4, "kernel": [3, 3], "stride": [2, 2], "pad": [1, 1], "pw": 1}
+    again = make_layer("Conv", [x], conv.args)
+    assert again.domain == conv.domain and again.args == conv.args
+    with pytest.raises(ValueError, match="unknown layer type 'Nope'.*Conv"):
+        make_layer("Nope", [x], {})
+    with pytest.raises(ValueError, match="Conv: .*'width'"):
+        make_layer("Conv", [x], {"filters": 4, "kernel": 3, "width": 2})
+    with pytest.raises(ValueError, match="Einsum: missing argument 'equation'"):
+        make_layer("Einsum", [x, x], {})
+
+
+def test_rmsnorm_costs_like_norm_with_one_scale():
+    (x,) = _inputs((4, 6), letters=["bk"])
+    rms, norm = RMSNorm(x, axis=-1), Norm(x, axis=-1)
+    C = np.array([[1, 1], [2, 3], [4, 1]])
+    np.testing.assert_array_equal(rms.cost(C, RHO2), norm.cost(C, RHO2))
+    assert rms.parameters() == [((6,), (1,))]
+    assert len(norm.parameters()) == 2
+
+
+def test_cost_splits_into_compute_and_communication():
+    # FC (b=8, n=4, k=16) split (2, 1, 1) on rho = 1: compute 3 * 4 * 4 * 16 = 768; the weight
+    # gradient (4 * 16 = 64 elements) all-reduced over 2: 64 / 2 * 2 * 1 = 64.
+    (x,) = _inputs((8, 16), letters=["bk"])
+    costs = FC(x, 4).costs(np.array([[2, 1, 1]]), RHO1)
+    assert float(costs.compute[0]) == 768.0 and float(costs.communication[0]) == 64.0
+    assert float(costs.total[0]) == 832.0

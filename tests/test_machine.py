@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pase.machine import WORD_BYTES, Machine
+from pase.machine import WORD_BYTES, Group, Machine
 
 
 def test_word_is_eight_bytes():
@@ -78,12 +78,12 @@ def test_comm_scalar_and_array():
     ],
 )
 def test_ring_all_reduce_hand_computed(flops, bw, words, q, expected):
-    assert float(Machine(flops, bw).all_reduce(words, q)) == pytest.approx(expected, rel=1e-12, abs=0.0)
+    assert float(Machine(flops, bw).all_reduce(words, Group.flat(q))[0]) == pytest.approx(expected, rel=1e-12, abs=0.0)
 
 
 def test_all_reduce_single_device_is_exactly_zero():
     m = Machine()
-    assert float(m.all_reduce(1e12, 1)) == 0.0
+    assert float(m.all_reduce(1e12, Group.flat(1))[0]) == 0.0
 
 
 def test_all_reduce_broadcasts_over_arrays():
@@ -91,9 +91,9 @@ def test_all_reduce_broadcasts_over_arrays():
     words = np.array([10.0, 12.0, 16.0, 5.0])
     q = np.array([2, 3, 8, 1])
     # 10/2*2*1 = 10; 12/3*2*2 = 16; 16/8*2*7 = 28; q = 1 -> 0.
-    np.testing.assert_allclose(m.all_reduce(words, q), [10.0, 16.0, 28.0, 0.0])
+    np.testing.assert_allclose(m.all_reduce(words, Group.flat(q)), [10.0, 16.0, 28.0, 0.0])
     # A scalar word count against several device counts: 6/q * 2 (q-1) for q = 1, 2, 3, 6.
-    np.testing.assert_allclose(m.all_reduce(6.0, np.array([1, 2, 3, 6])), [0.0, 6.0, 8.0, 10.0])
+    np.testing.assert_allclose(m.all_reduce(6.0, Group.flat(np.array([1, 2, 3, 6]))), [0.0, 6.0, 8.0, 10.0])
 
 
 @pytest.mark.parametrize(

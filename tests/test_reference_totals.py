@@ -18,7 +18,8 @@ import graphs
 from pase.machine import Machine
 from pase.ordering import fixed_order
 from pase.solver import Search
-from pase.strategy import evaluate, find_strategy
+from pase.planner import plan
+from pase.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 
@@ -39,7 +40,7 @@ def test_reference_file_has_cases():
 def test_reference_total(case):
     net = graphs.build(case["graph"], case["batch"])
     machine = Machine(case["flops"], case["bw"])
-    best = find_strategy(net, case["procs"], machine)
+    best = plan(net, case["procs"], machine)
     assert math.isclose(best.total_cost, case["total_cost"], rel_tol=1e-9), (best.total_cost, case["total_cost"])
     # The returned configurations, re-costed from scratch by the cost model, give the optimum.
     again = evaluate(net, best.configs, machine, case["procs"]).total
@@ -97,7 +98,7 @@ def test_alexnet_p32_reference_strategy_costs_the_optimum():
     configs = [layer["config"] for layer in sorted(ref["layers"], key=lambda layer: layer["id"])]
     reference_cost = evaluate(net, configs, machine, ref["procs"]).total
     assert math.isclose(reference_cost, ref["total_cost"], rel_tol=1e-9)
-    best = find_strategy(net, ref["procs"], machine)
+    best = plan(net, ref["procs"], machine)
     assert math.isclose(best.total_cost, reference_cost, rel_tol=1e-9)
     # The reference strategy uses only enumerated configurations: it lies in the space the
     # optimum is taken over, so the equal cost above is a tie, not a cheaper strategy missed.

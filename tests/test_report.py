@@ -8,11 +8,13 @@ import subprocess
 
 import pytest
 
-from pase import GraphBuilder, Machine, data_parallel, evaluate
+from dataclasses import replace
+
+from pase import GraphBuilder, Machine
 from pase.layers import FC, SoftmaxCrossEntropy
+from pase.planner import Measurement, evaluate_plan
 from pase.report import (
     LAYER_COLUMNS,
-    Measurement,
     dot_graph,
     format_bytes,
     format_cost,
@@ -23,7 +25,7 @@ from pase.report import (
     format_sweep_refusal,
     format_sweep_row,
     format_table,
-    make_report,
+    layer_rows,
     report_dict,
     split_notation,
 )
@@ -49,36 +51,41 @@ def tiny_network(name="mlp", fc_name="fc"):
 #   Edge: the (8, 4) output lives as 4 x 4 blocks, the loss needs all 32 elements; each
 #     device lacks 32 - 16 = 16 words, moved forward and back: 5000 * 2 * 16 = 160000.
 FC_COST = 320768.0
+FC_COMPUTE = 768.0
 LOSS_COST = 144.0
 EDGE_COST = 160000.0
 # Data parallelism on 2 devices: FC as above, loss split (2, 1): E = 16, bpp = 4: 4*16 + 2*4 = 72;
 # the output already lies as the loss needs it, no edge cost.
 DP_COST = FC_COST + 72.0
+# Memory (16 bytes per parameter, 2 per activation): the FC's weight (4 x 16 = 64 elements,
+# n and k unsplit) 1024 bytes plus its output (8 x 4) / 2 = 16 elements, 32 bytes: 1056;
+# the loss has no parameters and keeps its whole (8, 4) output: 64 bytes.
+FC_MEMORY = 1056.0
+LOSS_MEMORY = 64.0
 
 
 def tiny_report(**kwargs):
+    """A plan of the tiny network as if searched: the hand-worked strategy and made-up statistics."""
     net = tiny_network(**kwargs)
-    machine = Machine()
-    strategy = [(2, 1, 1), (1, 1)]
-    evaluation = evaluate(net, strategy, machine, 2)
+    found = evaluate_plan(net, [(2, 1, 1), (1, 1)], 2, Machine())
     stats = SearchStats(WorkEstimate("generateseq", 1234, 100, 1, 4096), 0.5)
-    dp = evaluate(net, data_parallel(net, 2), machine, 2)
-    return net, make_report(net, 2, machine, evaluation, evaluation.total, dp, [6, 3], search=stats)
+    return net, replace(found, search=stats, config_counts=(6, 3))
 
 
 def test_report_carries_the_hand_worked_costs():
     _, report = tiny_report()
-    assert [r.cost for r in report.layers] == [FC_COST, LOSS_COST]
-    assert [r.edge_cost for r in report.layers] == [0.0, EDGE_COST]
+    rows = layer_rows(report)
+    assert [r.cost for r in rows] == [FC_COST, LOSS_COST]
+    assert [r.edge_cost for r in rows] == [0.0, EDGE_COST]
+    assert [r.memory for r in rows] == [FC_MEMORY, LOSS_MEMORY]
     assert report.total_cost == FC_COST + LOSS_COST + EDGE_COST
-    assert report.data_parallel_cost == DP_COST
+    assert report.data_parallel.total == DP_COST
     assert report.speedup == pytest.approx(DP_COST / (FC_COST + LOSS_COST + EDGE_COST))
-    assert report.batch == 8 and report.edges == ((0, 1),)
 
 
 def test_report_dict_schema():
     _, report = tiny_report()
-    data = json.loads(format_json(report))
+    data = json.loads(format_json(report_dict(report)))
     assert data == report_dict(report)
     assert data["graph"] == "mlp" and data["procs"] == 2 and data["batch"] == 8
     assert data["flops"] == 10.0 and data["bw"] == 16.0
@@ -86,8 +93,12 @@ def test_report_dict_schema():
     assert data["edges"] == [[0, 1]]
     assert data["layers"][0] == {
         "id": 0, "name": "fc", "op": "FC", "dims": "bnk", "domain": [8, 4, 16], "configs": 6,
-        "config": [2, 1, 1], "cost": FC_COST, "edge_cost": 0.0,
+        "config": [2, 1, 1], "replicas": 1, "cost": FC_COST, "compute": FC_COMPUTE,
+        "communication": FC_COST - FC_COMPUTE, "edge_cost": 0.0, "memory_bytes": FC_MEMORY,
     }
+    assert data["cost_unit"] == "flop-equivalents"
+    assert data["machine"] == {"name": "paper", "flops": 10.0, "bw": 16.0, "rho": 5000.0}
+    assert data["layers"][1]["replicas"] == 2 and data["status"] == "ok"
     assert data["layers"][1]["config"] == [1, 1] and data["layers"][1]["edge_cost"] == EDGE_COST
     assert data["search"] == {"algo": "generateseq", "seconds": 0.5, "max_dependent_set": 1,
                               "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096}
@@ -96,17 +107,15 @@ def test_report_dict_schema():
 
 def test_one_line_json_for_sweeps():
     _, report = tiny_report()
-    text = format_json(report, one_line=True)
+    text = format_json(report_dict(report), one_line=True)
     assert text.count("\n") == 1 and json.loads(text)["total_cost"] == report.total_cost
 
 
 def test_zero_cost_has_no_speedup():
     _, report = tiny_report()
-    from dataclasses import replace
-
     zero = replace(report, total_cost=0.0)
     assert zero.speedup is None
-    assert json.loads(format_json(zero))["speedup_over_data_parallel"] is None
+    assert report_dict(zero)["speedup_over_data_parallel"] is None
     assert "n/a" in format_table(zero)
 
 
@@ -117,11 +126,13 @@ def test_table_columns_line_up():
     header_at = next(i for i, line in enumerate(lines) if line.startswith("id"))
     header, rows = lines[header_at], lines[header_at + 1: header_at + 3]
     assert [c.header for c in LAYER_COLUMNS][:3] == ["id", "layer", "type"]
-    # No memory summary in this report: the memory column shows "-".
-    assert rows[0].split() == ["0", "fc", "FC", "bnk", "8x4x16", "6", "b2", "3.2077e+05", "0.0000e+00", "-"]
-    assert rows[1].split() == ["1", "loss", "SoftmaxCrossEntropy", "bn", "8x4", "3", "unsplit",
-                               "1.4400e+02", "1.6000e+05", "-"]
-    for title in ("layer cost", "edge cost"):
+    # Compute 768 and communication 320000 (the weight-gradient all-reduce).
+    assert rows[0].split() == ["0", "fc", "FC", "bnk", "8x4x16", "6", "b2", "7.6800e+02", "3.2000e+05", "0.0000e+00",
+                               "1.06", "KB"]
+    # The loss uses one device of two: the other holds a replica.
+    assert rows[1].split() == ["1", "loss", "SoftmaxCrossEntropy", "bn", "8x4", "3", "unsplit", "(x2", "replicated)",
+                               "1.4400e+02", "0.0000e+00", "1.6000e+05", "64", "B"]
+    for title in ("compute", "communication", "edge cost"):
         end = header.index(title) + len(title)
         assert all(len(row) >= end and row[end - 1] != " " for row in rows)
     assert "PaSE optimal parallelization strategy: mlp (2 layers, 1 edges)" in lines[0]
@@ -158,9 +169,11 @@ def test_sweep_rows_line_up_under_their_headers():
 
 def test_measurement_summary():
     m = Measurement(2, (1.0, 2.0, 3.0), (2.0, 2.0, 2.0), 1000)
-    s = m.search_summary()
+    _, report = tiny_report()
+    data = report_dict(report, measure=m)["measure"]
+    s = data["search_seconds"]
     assert (s["mean"], s["stdev"], s["min"], s["max"]) == (2.0, 1.0, 1.0, 3.0)
-    assert m.wall_summary()["stdev"] == 0.0
+    assert data["wall_seconds"]["stdev"] == 0.0 and (data["warmup"], data["runs"]) == (2, 3)
     text = format_measurement(m)
     assert "2 warm-up, 3 timed searches" in text
     assert "mean 2.0000 s, std dev 1.0000 s" in text
@@ -175,7 +188,7 @@ def _parse_dot(text):
 
 def test_dot_nodes_edges_and_labels():
     net, report = tiny_report()
-    dot = dot_graph(net, [r.config for r in report.layers])
+    dot = dot_graph(net, report.configs)
     parsed = _parse_dot(dot.to_string())
     nodes = {n.get_name(): n.get_label() for n in parsed.get_nodes() if n.get_name().startswith("v")}
     assert sorted(nodes) == ["v0", "v1"]

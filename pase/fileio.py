@@ -1,0 +1,114 @@
+"""Reading JSON and writing files safely: one place for every file the tool reads or writes.
+
+Input files are untrusted: anything malformed or hostile (deep nesting, huge numbers, NaN)
+becomes an ``InputError`` with one clear line. Output files are written to a temporary file
+in the same directory and renamed into place, so a failed write never destroys the old file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+__all__ = ["InputError", "read_json", "parse_json", "write_atomic"]
+
+#: Largest JSON input accepted, bytes: far above any real graph, plan or machine file.
+MAX_JSON_BYTES = 256 * 1024 * 1024
+
+
+class InputError(ValueError):
+    """A file (or its contents) the tool cannot use; the message names the file and the problem."""
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str, where: str):
+    """Parse ``text`` as strict JSON; ``InputError`` naming ``where`` for anything else.
+
+    Rejects NaN and Infinity, nesting deep enough to exhaust the parser, and integers too
+    long to convert, which ``json`` would otherwise raise as unrelated errors.
+    """
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InputError(f"{where} is nested too deeply to be a valid input") from None
+    except ValueError as err:  # over-long integers, NaN/Infinity
+        raise InputError(f"{where} is not valid input JSON: {err}") from None
+
+
+def read_json(path: str, what: str):
+    """Read the JSON file ``path`` (``-`` for standard input); ``what`` names it in messages."""
+    where = f"{what} {path}" if path != "-" else f"{what} on standard input"
+    try:
+        if path == "-":
+            text = sys.stdin.read(MAX_JSON_BYTES + 1)
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_JSON_BYTES + 1)
+    except OSError as err:
+        raise InputError(f"cannot read {where}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where} is not UTF-8 text") from None
+    if len(text) > MAX_JSON_BYTES:
+        raise InputError(f"{where} is larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB")
+    return parse_json(text, where)
+
+
+def write_atomic(path: str, text: str, what: str = "file") -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory.
+
+    The old file (if any) is replaced only once the new one is complete; on any failure it
+    is left as it was and ``InputError`` names the path and the reason.
+    """
+    target = os.path.abspath(path)
+    directory = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write the {what} to {path}: directory {directory} does not exist")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(target):
+            try:
+                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+            except OSError:
+                pass
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as err:
+        raise InputError(f"cannot write the {what} to {path}: {err.strerror or err}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def check_writable(path: str, what: str) -> None:
+    """Refuse, before any work, a path the tool could not write (``InputError``)."""
+    target = os.path.abspath(path)
+    directory = os.path.dirname(target)
+    if not path.strip():
+        raise InputError(f"the {what} needs a file name")
+    if os.path.isdir(target):
+        raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write the {what} to {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
+        raise InputError(f"cannot write the {what} to {path}: permission denied")

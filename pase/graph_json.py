@@ -1,0 +1,149 @@
+"""The JSON graph format: any network written to a file and read back exactly.
+
+A graph file lists the graph inputs (images, token ids, weights) and the layers in vertex
+order, each with its ``op``, the tensors it reads (by name) and its arguments; reading it
+rebuilds every layer through the layer registry, so the costs are identical to the bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .builder import GraphBuilder, Network
+from .fileio import InputError
+from .layers import make_layer
+
+__all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps"]
+
+FORMAT = "pase-graph"
+VERSION = 1
+
+
+def network_to_json(network: Network) -> dict:
+    """The graph file of ``network`` as a JSON-able dict.
+
+    Graph inputs are named by their own names (made unique where two share one); a layer
+    output is named by its layer, with ``:i`` for output ``i`` of a layer with several.
+    """
+    inputs: list = []
+    names: dict = {}  # tensor key -> name in the file
+    used = set(network.names)
+    for layer in network.layers:
+        for t in layer.operands:
+            if t.producer is not None or t.key in names:
+                continue
+            name = t.name or f"input{len(inputs)}"
+            base, n = name, 2
+            while name in used:
+                name, n = f"{base}#{n}", n + 1
+            used.add(name)
+            names[t.key] = name
+            inputs.append({"name": name, "shape": list(t.shape), "letters": t.letters, "param": t.is_param})
+
+    def ref(t) -> str:
+        if t.producer is None:
+            return names[t.key]
+        producer = network.names[t.producer]
+        return producer if len(network.layers[t.producer].output_shapes) == 1 else f"{producer}:{t.index}"
+
+    layers = [
+        {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args}
+        for name, layer in zip(network.names, network.layers)
+    ]
+    return {
+        "format": FORMAT, "version": VERSION, "name": network.name, "cutoff": network.cutoff,
+        "batch": network.batch, "inputs": inputs, "layers": layers,
+    }
+
+
+def dumps(network: Network) -> str:
+    """The graph file's text: one input or layer per line."""
+    data = network_to_json(network)
+    head = {k: v for k, v in data.items() if k not in ("inputs", "layers")}
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    for key in ("inputs", "layers"):
+        items = ",\n  ".join(json.dumps(x) for x in data[key])
+        lines.append(f' "{key}": [\n  {items}\n ]' + ("," if key == "inputs" else ""))
+    return "\n".join(lines) + "\n}\n"
+
+
+def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
+    if key not in obj:
+        if optional:
+            return default
+        raise InputError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, (int,)))
+    if not ok:
+        raise InputError(f"{where}: field {key!r} must be {_kind_name(kind)}, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _kind_name(kind) -> str:
+    return {str: "a string", int: "an integer", list: "a list", dict: "an object", bool: "true or false"}.get(
+        kind, "of another type")
+
+
+def network_from_json(data, where: str = "graph file") -> Network:
+    """Rebuild the network of a graph file's parsed JSON; ``InputError`` names the layer and field."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where} must hold a JSON object")
+    if data.get("format") != FORMAT:
+        raise InputError(f"{where}: field 'format' must be {FORMAT!r} (is it a graph file?)")
+    version = _field(data, "version", int, where)
+    if version != VERSION:
+        raise InputError(f"{where}: version {version} is not supported (this tool reads version {VERSION})")
+    name = _field(data, "name", str, where)
+    cutoff = _field(data, "cutoff", int, where)
+    batch = data.get("batch")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise InputError(f"{where}: field 'batch' must be a positive integer or null")
+    if cutoff < 1:
+        raise InputError(f"{where}: field 'cutoff' must be a positive integer")
+    g = GraphBuilder(name or "graph", cutoff=cutoff, batch=batch)
+    tensors: dict = {}
+    for i, spec in enumerate(_field(data, "inputs", list, where)):
+        at = f"{where}: inputs[{i}]"
+        if not isinstance(spec, dict):
+            raise InputError(f"{at} must be an object")
+        tname = _field(spec, "name", str, at)
+        if not tname or tname in tensors:
+            raise InputError(f"{at}: input names must be unique and non-empty, got {tname!r}")
+        shape = _field(spec, "shape", list, at)
+        letters = _field(spec, "letters", str, at, optional=True, default="")
+        param = _field(spec, "param", bool, at, optional=True, default=False)
+        try:
+            tensors[tname] = g.input(shape, tname, letters=letters, param=param)
+        except (ValueError, TypeError) as err:
+            raise InputError(f"{at} ({tname}): {err}") from None
+    layers = _field(data, "layers", list, where)
+    if not layers:
+        raise InputError(f"{where}: the graph has no layers")
+    for v, spec in enumerate(layers):
+        at = f"{where}: layers[{v}]"
+        if not isinstance(spec, dict):
+            raise InputError(f"{at} must be an object")
+        lname = _field(spec, "name", str, at)
+        at = f"{where}: layer {lname!r}"
+        op = _field(spec, "op", str, at)
+        refs = _field(spec, "inputs", list, at)
+        args = _field(spec, "args", dict, at, optional=True, default={})
+        operands = []
+        for r in refs:
+            if not isinstance(r, str) or r not in tensors:
+                raise InputError(f"{at} ({op}): field 'inputs' names {json.dumps(r)[:60]}, which is neither a graph "
+                                 "input nor the output of an earlier layer")
+            operands.append(tensors[r])
+        if lname in tensors:
+            raise InputError(f"{at}: the name is already used by a graph input or another layer")
+        try:
+            out = g.add(lname, make_layer(op, operands, args))
+        except (ValueError, TypeError) as err:
+            raise InputError(f"{at} ({op}): {err}") from None
+        if isinstance(out, tuple):
+            for i, t in enumerate(out):
+                tensors[f"{lname}:{i}"] = t
+            tensors[lname] = out[0]
+        else:
+            tensors[lname] = out
+    return g.build()
