@@ -141,7 +141,7 @@ def every_graph(args) -> list:
     lines = ["## 3. Table entries with blocks against the plain programme", "",
              f"p = {args.procs}; batch 128 for the paper's graphs, 16 for GPT and Llama. Plain entries come from "
              "the plain programme's estimate (exact: the tables it would fill); it is run too where it fills at "
-             f"most {args.plain_limit:.0e} entries, and the two optima compared (relative difference).", ""]
+             f"most {args.plain_limit:.2g} entries, and the two optima compared (relative difference).", ""]
     rows = []
     for graph in PAPER + FAMILY:
         batch = 128 if graph in PAPER else 16
