@@ -1081,23 +1081,39 @@ class _Importer:
             name = name[:-1]
         if aux is not None:
             self._problem(node, f"it reads the {aux.what}")
-            return _UNKNOWN
+            return self._opaque(node)
         if not any(_dependent(v) for v in flat):
             result = self._replicated(node, name, args)
         else:
             handler = _HANDLERS.get(name)
             if handler is None:
                 self._problem(node, "no PaSE layer expresses it")
-                return _UNKNOWN
+                return self._opaque(node)
             try:
                 result = handler(self, node, name, *args, **kwargs)
             except _Unmappable as why:
                 self._problem(node, str(why))
-                return _UNKNOWN
+                return self._opaque(node)
         if inplace and node.args and hasattr(node.args[0], "name"):
             # The mutated tensor now holds the result: later readers of it see the result.
             self.values[node.args[0].name] = result
         return result
+
+    def _opaque(self, node):
+        """The result of an operation that could not be mapped: a stand-in of its shape.
+
+        The walk goes on from it, so that every unmappable operation is found in one pass;
+        the import fails at the end anyway.
+        """
+        val = node.meta.get("val")
+
+        def one(v):
+            if not hasattr(v, "shape"):
+                return _Replicated(None)
+            atoms = [_Atom(int(d), frozen=True) for d in v.shape]
+            return _View(_Base(atoms, name="unmapped"), tuple((a,) if a.size > 1 else () for a in atoms))
+
+        return [one(v) for v in val] if isinstance(val, (list, tuple)) else one(val)
 
     def _replicated(self, node, name, args):
         val = node.meta.get("val")
@@ -1118,6 +1134,17 @@ class _Importer:
                 return value
         return None
 
+    def finish_outputs(self) -> None:
+        """The model computes its outputs: lazy ones become layers, pending ops are charged."""
+        try:
+            for i, value in enumerate(self.outputs):
+                if _dependent(value):
+                    view = self._view(value, None)
+                    self._charge(view)
+                    self.outputs[i] = view
+        except _Unmappable as why:
+            raise TorchImportError(f"{self.model_name}: an output of the model cannot be mapped: {why}") from None
+
     def add_loss(self) -> None:
         value = self.output_view()
         if value is None:
@@ -1126,7 +1153,6 @@ class _Importer:
                 "put a loss on (use loss=None / --loss none)")
         try:
             view = self._view(value, None)
-            self._charge(view)
             if view.dims and self._natural(view):
                 last = _big(view.dims[-1])
                 leaves = view.base.leaves()
@@ -1704,7 +1730,7 @@ def _h_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=F
     context = _contract(imp, node, "context", [(weights, w_spec),
                                                (v, v_spec + [("S", rank - 2), ("V", rank - 1)])],
                         out_batch + ["L", "V"], hints=hints)
-    if len(out_batch) == len(batch):
+    if not gqa:
         return context
     # Grouped heads: (..., g, r, l, v) back to the (..., h, l, v) of the torch output.
     dims = list(context.dims)
@@ -2038,6 +2064,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     if importer.problems:
         ops = [(op, where, reason, count) for op, (where, reason, count) in importer.problems.items()]
         raise UnmappableOpsError(model_name, ops)
+    importer.finish_outputs()
     if loss is not None:
         importer.add_loss()
     if not importer.protos:
