@@ -167,7 +167,7 @@ def _freeze(atoms) -> None:
 class _Base:
     """A layer output (``proto`` set) or a graph input: the tensor the search sees."""
 
-    __slots__ = ("atoms", "proto", "index", "name", "norm_pattern")
+    __slots__ = ("atoms", "proto", "index", "name", "norm_pattern", "consumed")
 
     def __init__(self, atoms, proto=None, index: int = 0, name: str = ""):
         self.atoms = list(atoms)
@@ -175,6 +175,7 @@ class _Base:
         self.index = index
         self.name = name
         self.norm_pattern = False  # made by the mean/rsqrt pattern of a hand-written norm
+        self.consumed = False  # a layer reads it: its layout is fixed
 
     def leaves(self) -> list:
         return _leaves(self.atoms)
@@ -831,9 +832,11 @@ class _Importer:
         kind = kind if isinstance(kind, str) else getattr(kind, "__qualname__", str(kind))
         return str(path), kind.rsplit(".", 1)[-1]
 
-    def _name(self, node, suffix: str) -> str:
+    def _name(self, node, suffix: str, leaf: bool = False) -> str:
+        """A unique layer name: the module path, for the layer a leaf module (a Linear, a
+        Conv2d, a norm) is made of (``leaf``); otherwise the path and what the layer does."""
         path, kind = self._where(node) if node is not None else ("", "")
-        if path and _LEAF_MODULE.search(kind):
+        if leaf and path and _LEAF_MODULE.search(kind):
             base = path
         elif path:
             base = f"{path}.{suffix or 'layer'}"
@@ -847,7 +850,37 @@ class _Importer:
 
     def _record(self, proto: _Proto) -> _Proto:
         self.protos.append(proto)
+        for attr in ("x", "a", "b", "ids"):
+            if isinstance(getattr(proto, attr, None), _Base):
+                getattr(proto, attr).consumed = True
+        for item in getattr(proto, "items", ()):
+            if isinstance(item, _Base):
+                item.consumed = True
+        for op in getattr(proto, "operands", ()):
+            if op[0] == "view":
+                op[1].base.consumed = True
         return proto
+
+    def _reorder(self, view: _View) -> bool:
+        """Lay a product's output out as ``view`` reads it, if no layer has read it yet.
+
+        An Einsum may write its output in any order: a transpose read by a layer that
+        needs its input in its own order (a norm, an Elementwise) then costs nothing.
+        """
+        base = view.base
+        proto = base.proto
+        if not isinstance(proto, _Gemm) or base.consumed:
+            return False
+        mine = [a for dim in view.dims for a in _leaves(dim)]
+        leaves = base.leaves()
+        big = [a for a in leaves if a.size > 1]
+        if any(a.broadcast for a in mine) or len(mine) != len(big) or {id(a) for a in mine} != {id(a) for a in big}:
+            return False
+        for atom in base.atoms:  # the leaves inherit the source of their ancestor
+            for leaf in atom.leaves():
+                proto.sources.setdefault(id(leaf), proto.sources[id(atom)])
+        base.atoms = mine + [a for a in leaves if a.size == 1]
+        return True
 
     def _problem(self, node, reason: str) -> None:
         op = _display_op(node.target)
@@ -893,12 +926,16 @@ class _Importer:
 
     def _exact(self, view: _View, node) -> _View:
         """A view that *is* its layer output, dimension for dimension: or a Reshape to one."""
+        if not self._natural(view):
+            self._reorder(view)
         if self._natural(view) and view.base.shape() == view.shape:
             return view
         return self._reshape(view, node)
 
     def _axis_leaf(self, view: _View, dim: int, node) -> tuple:
         """``(view, atom)``: a natural view whose ``dim`` is one atom of its layer output."""
+        if not self._natural(view):
+            self._reorder(view)
         if self._natural(view):
             big = _big(view.dims[dim])
             if len(big) == 1:
@@ -920,9 +957,17 @@ class _Importer:
         shape = tuple(view.shape if shape is None else shape)
         proto = self._record(_Reshape(self._name(node, "reshape"), view.base, shape))
         atoms = [_Atom(s, frozen=True) for s in shape]
-        first = next((a for dim in view.dims for a in _leaves(dim)), None)
-        if first is not None and first.batch and atoms and atoms[0].size == first.size:
-            atoms[0].batch = True
+        if shape == view.shape:  # dimension for dimension: keep the names and the batch mark
+            for atom, dim in zip(atoms, view.dims):
+                leaves = _leaves(dim)
+                if leaves:
+                    atom.hint = leaves[0].hint
+                    atom.batch = leaves[0].batch and len(leaves) == 1
+        else:
+            first = next((a for dim in view.dims for a in _leaves(dim)), None)
+            if first is not None and first.batch and atoms and atoms[0].size == first.size:
+                atoms[0].batch = True
+                atoms[0].hint = first.hint
         base = proto.output(atoms)
         return _View(base, tuple((a,) if a.size > 1 else () for a in atoms))
 
@@ -963,7 +1008,7 @@ class _Importer:
             del dims[s.dim]
         return _View(proto.outputs[s.start // width], tuple(dims), s.ops)
 
-    def _reduce(self, stat: _Stat, node) -> _View:
+    def _reduce(self, stat: _Stat, node, leaf: bool = False) -> _View:
         """A statistic read by a layer: a ReduceMean of its source."""
         src = stat.source
         if not self._natural(src):
@@ -976,7 +1021,7 @@ class _Importer:
             return _View(src.base, tuple(dims), stat.ops)
         for a in reduced:
             a.frozen = True
-        proto = self._record(_ReduceMean(self._name(node, stat.kind), src.base, reduced))
+        proto = self._record(_ReduceMean(self._name(node, stat.kind, leaf), src.base, reduced))
         kept = [a for a in src.base.leaves() if all(a is not r for r in reduced)]
         base = proto.output(kept or [_Atom(1)])
         dims = []
@@ -1153,6 +1198,8 @@ class _Importer:
                 "put a loss on (use loss=None / --loss none)")
         try:
             view = self._view(value, None)
+            if not self._natural(view):
+                self._reorder(view)
             if view.dims and self._natural(view):
                 last = _big(view.dims[-1])
                 leaves = view.base.leaves()
@@ -1412,6 +1459,9 @@ def _combine(imp, node, name, values):
 def _elementwise(imp, node, a: _View, b: _View) -> _View:
     imp._charge(a)
     imp._charge(b)
+    for v in (a, b):
+        if not imp._natural(v):
+            imp._reorder(v)
     if imp._natural(a) and imp._natural(b):
         pairs = _unify([x for x in a.base.leaves() if x.size > 1], [y for y in b.base.leaves() if y.size > 1])
         if pairs is None or a.base.shape() != b.base.shape():
@@ -1440,7 +1490,7 @@ def _norm_pattern(imp, node, name, view: _View, stat: _Stat):
     view, axis = imp._axis_leaf(view, rank - 1, node)
     axis.frozen = True
     path, kind = imp._where(node)
-    proto = imp._record(_Norm(imp._name(node, "norm"), "Norm" if name == "sub" else "RMSNorm", view.base, axis))
+    proto = imp._record(_Norm(imp._name(node, "norm", leaf=True), "Norm" if name == "sub" else "RMSNorm", view.base, axis))
     base = proto.output(view.base.atoms)
     base.norm_pattern = True
     return _View(base, view.dims)
@@ -1605,7 +1655,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             sources[id(unit)] = ("own", weight_side)
             base.atoms.append(unit)
     proto.check()
-    proto.name = imp._name(node, suffix)
+    proto.name = imp._name(node, suffix, leaf=True)
     proto.pw_ops = {f"{node.name}#{i}" for i in range(pw)}
     imp._record(proto)
     return _View(base, tuple(tuple(a for a in dim if a.size > 1) for dim in out_dims))
@@ -1743,7 +1793,7 @@ def _softmax_view(imp, node, value, dim):
     imp._charge(view)
     view, axis = imp._axis_leaf(view, dim, node)
     axis.frozen = True
-    proto = imp._record(_Softmax(imp._name(node, "softmax"), view.base, axis))
+    proto = imp._record(_Softmax(imp._name(node, "softmax", leaf=True), view.base, axis))
     return _View(proto.output(view.base.atoms), view.dims)
 
 
@@ -1785,7 +1835,7 @@ def _h_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation
         raise _Unmappable("a convolution whose output shape the layer does not reproduce")
     _freeze(view.base.atoms)
     imp.has_conv = True
-    proto = imp._record(_Conv(imp._name(node, "conv"), view.base, n, (r, s), stride, pad))
+    proto = imp._record(_Conv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad))
     batch = view.base.leaves()[0]
     atoms = [batch, _Atom(n, "c", frozen=True), _Atom(ho, "h", frozen=True), _Atom(wo, "w", frozen=True)]
     return _View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
@@ -1798,11 +1848,19 @@ def _pool(imp, node, x, window, stride, pad, suffix="pool"):
     imp._charge(view)
     view = imp._exact(view, node)
     b, c, h, w = view.shape
+    want = _shape_arg(node, imp)[:4]
+    pad = list(pad)
+    for axis, size in ((0, h), (1, w)):
+        # ceil_mode: the last, partial window is a padded one; the smallest pad giving the
+        # output size stands for it (the layer's halo is priced on the unpadded input).
+        while (size - window[axis] + 2 * pad[axis]) // stride[axis] + 1 < want[2 + axis] and pad[axis] < window[axis]:
+            pad[axis] += 1
+    pad = tuple(pad)
     ho, wo = (h - window[0] + 2 * pad[0]) // stride[0] + 1, (w - window[1] + 2 * pad[1]) // stride[1] + 1
-    if (b, c, ho, wo) != _shape_arg(node, imp)[:4]:
-        raise _Unmappable("pooling whose output shape the layer does not reproduce (ceil mode?)")
+    if (b, c, ho, wo) != want:
+        raise _Unmappable("pooling whose output shape the layer does not reproduce")
     _freeze(view.base.atoms)
-    proto = imp._record(_Pooling(imp._name(node, suffix), view.base, window, stride, pad))
+    proto = imp._record(_Pooling(imp._name(node, suffix, leaf=True), view.base, window, stride, pad))
     leaves = view.base.leaves()
     atoms = [leaves[0], leaves[1], _Atom(ho, "h", frozen=True), _Atom(wo, "w", frozen=True)]
     return _View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
@@ -1835,7 +1893,7 @@ def _h_adaptive_pool(imp, node, name, x, output_size):
         out = view
     elif (oh, ow) == (1, 1) and not with_indices:
         # The global average of the built-in CNNs: a ReduceMean over height and width.
-        out = imp._reduce(_Stat(imp._exact(view, node), (2, 3), True, "mean"), node)
+        out = imp._reduce(_Stat(imp._exact(view, node), (2, 3), True, "mean"), node, leaf=True)
     elif h % oh == 0 and w % ow == 0:
         window = (h // oh, w // ow)
         out = _pool(imp, node, view, window, window, (0, 0))
@@ -1849,7 +1907,7 @@ def _norm_layer(imp, node, kind, x, dim):
     imp._charge(view)
     view, axis = imp._axis_leaf(view, dim, node)
     axis.frozen = True
-    proto = imp._record(_Norm(imp._name(node, "norm"), kind, view.base, axis))
+    proto = imp._record(_Norm(imp._name(node, "norm", leaf=True), kind, view.base, axis))
     return _View(proto.output(view.base.atoms), view.dims)
 
 
@@ -1872,7 +1930,7 @@ def _h_batch_norm(imp, node, name, x, *rest, **kwargs):
     imp._charge(view)
     view = imp._exact(view, node)
     _freeze(view.base.atoms)
-    proto = imp._record(_Norm(imp._name(node, "norm"), "BatchNorm", view.base))
+    proto = imp._record(_Norm(imp._name(node, "norm", leaf=True), "BatchNorm", view.base))
     out = _View(proto.output(view.base.atoms), view.dims)
     count = {"batch_norm": 1, "_native_batch_norm_legit_no_training": 3, "_native_batch_norm_legit": 3,
              "_native_batch_norm_legit_functional": 5, "native_batch_norm": 3, "cudnn_batch_norm": 4,
@@ -1892,7 +1950,7 @@ def _h_embedding(imp, node, name, weight, indices, *rest):
         raise _Unmappable("token ids that are reshaped before the lookup")
     _freeze(view.base.atoms)
     vocab, width = weight.shape
-    proto = imp._record(_Embedding(imp._name(node, "embedding"), view.base, vocab, width))
+    proto = imp._record(_Embedding(imp._name(node, "embedding", leaf=True), view.base, vocab, width))
     atoms = view.base.leaves() + [_Atom(width, "e", frozen=True)]
     out = proto.output(atoms)
     return _View(out, tuple(view.dims) + ((atoms[-1],),))

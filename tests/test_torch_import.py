@@ -164,6 +164,33 @@ def test_a_transposed_input_is_absorbed_by_the_product():
     assert net.layers[1].equation.count(",") == 1
 
 
+def test_a_product_writes_its_output_in_the_order_its_reader_needs():
+    # A sequence-first linear (torch's MultiheadAttention layout) whose output is turned
+    # back to batch-first for a residual add: the product writes (b, l, n) directly, so
+    # neither transpose is a vertex, and the layer is a plain FC.
+    def forward(m, x):
+        return m.fc(x.transpose(0, 1)).transpose(0, 1) + x
+
+    net = from_torch(Lambda(forward, fc=nn.Linear(16, 16)), (torch.randn(4, 6, 16),), loss=None)
+    g = GraphBuilder("want", cutoff=1)
+    x = g.input((4, 6, 16), "x")
+    y = g.add("fc", FC(x, 16))
+    g.add("add", Elementwise(y, x))
+    assert_same_network(net, g.build())
+
+
+def test_ceil_mode_pooling_is_a_padded_window():
+    # MaxPool2d(3, 2, ceil_mode=True) on 9 x 9: ceil((9 - 3) / 2) + 1 = 4 outputs, which
+    # floor((9 - 3 + 2 * 0) / 2) + 1 = 4 gives already; on 8 x 8: ceil(5 / 2) + 1 = 4, which
+    # needs pad 1: floor((8 - 3 + 2) / 2) + 1 = 4.
+    for size, pad in ((9, 0), (8, 1)):
+        net = from_torch(nn.MaxPool2d(3, 2, ceil_mode=True), (torch.randn(2, 4, size, size),), loss=None)
+        g = GraphBuilder("want", cutoff=1)
+        g.add("pool", Pooling(g.input((2, 4, size, size), "x"), 3, stride=2, pad=pad))
+        assert_same_network(net, g.build())
+        assert net.layers[0].domain == (2, 4, 4, 4)
+
+
 def test_split_heads_projection_becomes_one_einsum_and_an_unstack():
     # GPT-2's pattern: one projection to 3e, split in three, each viewed as (b, l, h, k):
     # the projection's output dimension is refined to (3, h, k) and the split is an Unstack.
