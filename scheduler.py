@@ -4,15 +4,7 @@
 The same program as the ``pase`` console script; everything is in ``pase.cli``.
 """
 
-import sys
-
 if __name__ == "__main__":
-    try:
-        from pase.cli import main
-    except ModuleNotFoundError as missing:  # a dependency is not installed in this Python
-        sys.stderr.write(
-            f"pase: error: the module {missing.name!r} is missing from {sys.executable}; "
-            "install the requirements first: python3 -m pip install .\n"
-        )
-        sys.exit(1)
-    sys.exit(main())
+    from pase._entry import run
+
+    run()

@@ -20,7 +20,7 @@ import time
 from common import ROOT, RESULTS, machine_info, machine_lines  # also puts ROOT on sys.path
 
 import graphs  # noqa: E402
-from pase.capped import find_capped_strategy  # noqa: E402
+from pase.planner import plan  # noqa: E402
 from pase.solver import Search  # noqa: E402
 
 # (graph, procs, batch, memory cap in GB or None, promised seconds)
@@ -51,9 +51,9 @@ def measure(graph: str, procs: int, batch: int, cap_gb, repeats: int) -> dict:
             entries, searches, status = result.stats.table_entries, 1, "-"
             max_d = result.stats.max_dependent_set
         else:
-            capped = find_capped_strategy(network, procs, cap_gb * 1e9, graph=G)
-            entries, searches, status = capped.table_entries, capped.searches, capped.status
-            max_d = capped.strategy.stats.max_dependent_set
+            capped = plan(network, procs, memory_cap=cap_gb * 1e9, graph=G)
+            entries, searches, status = capped.search.table_entries, capped.memory.searches, capped.memory.status
+            max_d = capped.search.max_dependent_set
         t2 = time.perf_counter()
         row = {
             "build": t1 - t0, "search": t2 - t1, "total": t2 - t0, "entries": entries,

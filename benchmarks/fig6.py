@@ -1,7 +1,7 @@
 """Strategy quality, a modelled Fig. 6: speedup over data parallelism per graph and p.
 
 For every graph and device count: the cost (FLOP-equivalents, ``cost-model.md``) of data
-parallelism, of PaSE's optimum (``find_strategy``) and of every expert strategy that applies
+parallelism, of PaSE's optimum (``pase.plan``) and of every expert strategy that applies
 (``pase.experts``: OWT for the CNNs, GNMT-style for RNNLM, Mesh-TensorFlow for the
 Transformer), and each one's modelled speedup ``data-parallel cost / strategy cost``. The
 paper's Fig. 6 measures throughput on GPUs; this is the same comparison under the cost model.
@@ -31,7 +31,7 @@ from common import (
 import numpy as np  # noqa: E402
 
 import graphs  # noqa: E402  (common puts the repository root on the path)
-from pase import Machine, data_parallel, evaluate, find_strategy  # noqa: E402
+from pase import Machine, data_parallel, evaluate, plan  # noqa: E402
 from pase.experts import best_mesh, expert_strategies, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
 
 #: Batch sizes of the paper's evaluation (Section IV).
@@ -76,7 +76,7 @@ def measure(name: str, batch: int, procs: int, machine: Machine) -> dict:
     net = graphs.build(name, batch)
     dp_configs = data_parallel(net, procs)
     dp = evaluate(net, dp_configs, machine, procs).total
-    best = find_strategy(net, procs, machine)
+    best = plan(net, procs, machine)
     cell = {"graph": name, "batch": batch, "procs": procs, "dp": dp, "pase": best.total_cost,
             "pase_devices": devices_used(best.configs), "dp_devices": devices_used(dp_configs),
             "experts": {}, "meshes": [], "violations": []}
@@ -121,7 +121,7 @@ def write_outputs(cells: list, args, info: dict, machine: Machine, stem: str) ->
     for c in cells:
         rows.append([c["graph"], c["batch"], c["procs"], "data-parallel", repr(c["dp"]), "1.0", c["dp_devices"], ""])
         rows.append([c["graph"], c["batch"], c["procs"], "pase", repr(c["pase"]), f"{c['dp'] / c['pase']:.6f}",
-                     c["pase_devices"], "optimum of find_strategy"])
+                     c["pase_devices"], "optimum of pase.plan"])
         for expert, e in c["experts"].items():
             rows.append([c["graph"], c["batch"], c["procs"], expert, repr(e["cost"]), f"{c['dp'] / e['cost']:.6f}",
                          e["devices"], e["detail"]])
@@ -146,7 +146,7 @@ def write_outputs(cells: list, args, info: dict, machine: Machine, stem: str) ->
            else f"{args.batch} for every graph (the paper used 64 for RNNLM and the Transformer: see "
                 "`fig6-paper-batch.md`)") + ".",
         "- *speedup* = data-parallel cost / strategy cost (higher is better; data parallelism is 1). "
-        "PaSE: the exact optimum of `find_strategy`. Experts (`pase/experts.py`): OWT for the CNNs "
+        "PaSE: the exact optimum of `pase.plan`. Experts (`pase/experts.py`): OWT for the CNNs "
         "(data parallelism, FC layers split over output neurons), GNMT-style for RNNLM (the two LSTM "
         "layers on different devices, data parallelism over the rest), Mesh-TensorFlow for the Transformer "
         "(batch m ways, heads / feed-forward / vocabulary n ways, m n = p, the cheapest mesh).",

@@ -24,7 +24,8 @@ from tqdm import tqdm
 import graphs  # noqa: E402
 from graphs.gpt import GPT_CONFIGS  # noqa: E402
 from pase.baselines import data_parallel  # noqa: E402
-from pase.capped import NOTHING_FITS, find_capped_strategy  # noqa: E402
+from pase.memory import NOTHING_FITS  # noqa: E402
+from pase.planner import plan  # noqa: E402
 from pase.memory import ASSUMPTIONS, MemoryModel  # noqa: E402
 from pase.strategy import evaluate  # noqa: E402
 
@@ -41,18 +42,20 @@ def run_case(name: str, procs: int, batch: int, cap_gb: float, memory: MemoryMod
     dp_cost = evaluate(network, dp, procs=procs).total
     dp_bytes = memory.per_device(network, dp, procs)
     t0 = time.perf_counter()
-    result = find_capped_strategy(network, procs, cap_gb * 1e9, memory=memory, graph=G)
+    result = plan(network, procs, memory_cap=cap_gb * 1e9, memory_model=memory, graph=G)
     seconds = time.perf_counter() - t0
-    nothing = result.status == NOTHING_FITS
+    m = result.memory
+    nothing = m.status == NOTHING_FITS
     return {
         "model": name, "procs": procs, "batch": batch, "cap_gb": cap_gb,
         "dp_gb": dp_bytes / 1e9, "dp_fits": dp_bytes <= cap_gb * 1e9,
-        "status": result.status, "strategy_gb": result.memory / 1e9, "fits": result.fits,
-        "speedup_over_dp": float("nan") if nothing else dp_cost / result.cost,
-        "cost": float("nan") if nothing else result.cost,
-        "lower_bound": result.lower_bound, "gap": result.gap,
-        "min_gb": (result.min_memory / 1e9) if result.min_memory is not None else float("nan"),
-        "searches": result.searches, "table_entries": result.table_entries, "seconds": seconds,
+        "status": m.status, "strategy_gb": m.per_device_bytes / 1e9, "fits": m.fits,
+        "speedup_over_dp": float("nan") if nothing else dp_cost / result.total_cost,
+        "cost": float("nan") if nothing else result.total_cost,
+        "lower_bound": float("nan") if m.lower_bound is None else m.lower_bound,
+        "gap": float("nan") if result.gap is None else result.gap,
+        "min_gb": (m.least_bytes / 1e9) if m.least_bytes is not None else float("nan"),
+        "searches": m.searches, "table_entries": result.search.table_entries, "seconds": seconds,
     }
 
 

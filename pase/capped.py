@@ -20,7 +20,10 @@ from .ordering import _vertex_order
 from .solver import Search
 from .strategy import indexed_cost
 
-__all__ = ["CappedSearchResult", "capped_search", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
+__all__ = ["CappedSearchResult", "capped_search", "MAX_SEARCHES", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
+
+#: The most dynamic programmes one capped search runs by default.
+MAX_SEARCHES = 40
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,12 @@ def capped_search(
     cap_bytes: float,
     ordering="generateseq",
     memory_budget: int | None = None,
-    max_searches: int = 40,
+    max_searches: int = MAX_SEARCHES,
     tolerance: float = 1e-4,
     lambda_tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
     trace: list | None = None,
+    search: Search | None = None,
 ) -> CappedSearchResult:
     """Minimise the graph's cost subject to ``sum of memory[v][choice[v]] <= cap_bytes``.
 
@@ -88,11 +92,14 @@ def capped_search(
     trace : list, optional
         If given, ``(lambda, Lagrangian optimum, memory, cost)`` of every multiplier tried
         in the bisection is appended to it.
+    search : Search, optional
+        The search of ``G`` already prepared with ``ordering`` (its ordering is reused).
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
     start = time.perf_counter()
-    search = Search(G, ordering)
+    if search is None:
+        search = Search(G, ordering)
     vertices = list(search.ordering.sequence)
     costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
     mem = {}

@@ -13,20 +13,22 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Sequence
 
 from tqdm import tqdm
 
 import graphs
 
-from . import __version__
+from . import __version__, graph_json
+from .baselines import data_parallel
 from .builder import CostTablesTooLarge
 from .fileio import InputError, check_writable, read_json, write_atomic
+from .calibrated import MACHINE_NAMES
 from .machine import load_machine
 from .memory import ASSUMPTIONS, NOTHING_FITS, MemoryModel
 from .ordering import ORDERINGS
-from .plan import Plan, default_budget, evaluate_plan, measure_search, plan, strategy_from_json
+from .planner import Plan, evaluate_plan, measure_search, plan, strategy_from_json
 from .report import (
     dot_graph,
     format_bytes,
@@ -37,6 +39,7 @@ from .report import (
     format_sweep_refusal,
     format_sweep_row,
     format_table,
+    refusal_dict,
     report_dict,
 )
 from .solver import SearchTooLarge
@@ -121,13 +124,15 @@ class Options:
     procs: int = DEFAULT_PROCS  # -p: devices
     batch: int | None = None  # -b: mini-batch size (None: the graph's own)
     model: int | None = None  # -m: width of graphs that have one
-    flops: float = DEFAULT_FLOPS  # --flops: peak TFLOPS per device
-    bw: float = DEFAULT_BW  # --bw: peak GB/s per device
+    machine: str = "paper"  # --machine: a preset name or a machine description file
+    flops: float | None = None  # --flops: peak TFLOPS per device (paper machine)
+    bw: float | None = None  # --bw: peak GB/s per device (paper machine)
     algo: str = "generateseq"  # --algo: ordering heuristic
     json: bool = False  # --json: one JSON object (per line with --sweep)
     sweep: tuple | None = None  # --sweep: device counts
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
+    export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -135,10 +140,6 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
-
-    @property
-    def machine(self):
-        return load_machine("paper", self.flops, self.bw)
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -225,6 +226,17 @@ def _device_list(text: str) -> tuple:
     return tuple(counts)
 
 
+def _graph_spec(text: str) -> str:
+    """-g: a registry name, a ``.json`` graph file or ``prefix:...`` of a model source."""
+    prefix, sep, _ = text.partition(":")
+    if text in graphs.GRAPHS or text.endswith(".json") or (sep and prefix in graphs.SOURCES):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown graph {text!r}: choose one of {', '.join(graphs.GRAPHS)}, a graph file FILE.json, "
+        "or torch:FILE_OR_MODULE:FUNCTION"
+    )
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse writing to the given streams and raising instead of exiting."""
 
@@ -293,12 +305,18 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-b", "--batch", type=_dimension_size, default=None, metavar="BATCH",
         help=f"mini-batch size. (Default: {DEFAULT_BATCH})")
     add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
-    add("-g", "--graph", choices=list(graphs.GRAPHS), default=None, metavar="GRAPH",
-        help=f"neural network graph: {', '.join(graphs.GRAPHS)}. (Default: {DEFAULT_GRAPH!r})")
+    add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
+        help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
+             f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
+    add("--machine", default=None, metavar="NAME|FILE",
+        help=f"the machine that prices the work: {', '.join(MACHINE_NAMES)} (a preset), or a machine "
+             "description FILE.json. paper is the reference model in FLOP-equivalents; the others are "
+             "calibrated (measured compute, nodes, seconds), and --memory defaults to their device memory. "
+             "(Default: paper)")
     add("--flops", type=_machine_rate, default=None,
-        help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
+        help=f"peak FLOPS of each device in TFLOPS, paper machine. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=_machine_rate, default=None,
-        help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
+        help=f"peak interconnect bandwidth of each device in GB/s, paper machine. (Default: {DEFAULT_BW})")
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "
              "(to stderr with --json).")
@@ -319,6 +337,8 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
              "Settings the file records are used; a flag given overrides them (with a note).")
+    add("--export-graph", metavar="FILE", default=None,
+        help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
@@ -380,13 +400,15 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         procs=pick("procs", DEFAULT_PROCS),
         batch=pick("batch", None),
         model=pick("model", None),
-        flops=pick("flops", DEFAULT_FLOPS),
-        bw=pick("bw", DEFAULT_BW),
+        machine=pick("machine", "paper"),
+        flops=pick("flops", None),
+        bw=pick("bw", None),
         algo=ALGOS[args.algo if args.algo is not None else 0],
         json=args.json,
         sweep=args.sweep,
         evaluate=args.evaluate,
         dot_path=dot_path,
+        export_graph=args.export_graph,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -412,6 +434,24 @@ def _load_network(opts: Options, model_from_file: bool = False):
             message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, EXIT_USAGE) from None
+
+
+def _load_machine(opts: Options, procs) -> object:
+    """The machine of ``--machine``, checked against every device count before any work."""
+    try:
+        machine = load_machine(opts.machine, opts.flops, opts.bw)
+        for p in procs:
+            machine.check_procs(p)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    return machine
+
+
+def _memory_cap(opts: Options, machine) -> float | None:
+    """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
+    if opts.memory_cap is not None or opts.measure:
+        return opts.memory_cap
+    return machine.memory_bytes
 
 
 def _effective_model(opts: Options) -> int | None:
@@ -455,17 +495,47 @@ class _Progress:
             self.bar.close()
 
 
-def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan:
+#: A search estimated to take longer than this (seconds) says so before it starts.
+NOTICE_SECONDS = 10.0
+#: Rough dynamic-programme speed on a two-core machine, for that estimate (seconds per entry).
+SECONDS_PER_ENTRY = 2e-9
+
+
+def _notice(err: IO, label: str):
+    """``notice(estimate, searches)`` for ``pase.plan``: a line on stderr for a long search."""
+
+    def notice(estimate, searches: int) -> None:
+        seconds = estimate.table_entries * SECONDS_PER_ENTRY
+        if seconds > NOTICE_SECONDS:
+            each = f" each, up to {searches} of them under the memory cap" if searches > 1 else ""
+            err.write(f"pase: note: {label}: the search fills {estimate.table_entries:.3g} table entries; expect "
+                      f"roughly {_duration(seconds)}{each} (Ctrl-C stops it)\n")
+            err.flush()
+
+    return notice
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _plan(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
     progress = None
+    cap = _memory_cap(opts, machine)
     if bar and _show_progress(opts, err):
-        if opts.memory_cap is None:
+        if cap is None:
             progress = _Progress(err, f"{network.name} p={procs}")
         else:
             progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
-        return plan(network, procs, opts.machine, opts.memory_cap, opts.algo, progress,
-                    memory_model=opts.memory_model, table_budget=opts.table_budget)
+        return plan(network, procs, machine, cap, opts.algo, progress,
+                    memory_model=opts.memory_model, table_budget=opts.table_budget,
+                    notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
             progress.close()
@@ -474,7 +544,7 @@ def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan
 def _nothing_fits_message(found: Plan, opts: Options) -> str:
     m = found.memory
     return (
-        f"nothing fits in {format_bytes(opts.memory_cap)} per device: {found.network.name} on {found.procs} devices, "
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {found.network.name} on {found.procs} devices, "
         f"batch {opts.batch if opts.batch is not None else found.network.batch}, needs at least "
         f"{format_bytes(m.least_bytes)} per device with any strategy "
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
@@ -523,6 +593,13 @@ def _check_outputs(opts: Options) -> None:
     """Refuse unwritable output paths before any work."""
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
+    if opts.export_graph is not None:
+        check_writable(opts.export_graph, "graph file")
+
+
+def _export_graph(opts: Options, network) -> None:
+    if opts.export_graph is not None:
+        write_atomic(opts.export_graph, graph_json.dumps(network), "graph file")
 
 
 # ---------------------------------------------------------------------------------------
@@ -530,11 +607,13 @@ def _check_outputs(opts: Options) -> None:
 
 
 def _run_search(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts)
     _check_outputs(opts)
+    _export_graph(opts, network)
     profiler = _Profiler(opts.profile)
     with profiler:
-        found = _plan(network, opts.procs, opts, err)
+        found = _plan(network, opts.procs, machine, opts, err)
     if found.memory.status == NOTHING_FITS:
         raise CliError(_nothing_fits_message(found, opts), EXIT_NOTHING_FITS)
     measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS) if opts.measure else None
@@ -546,9 +625,10 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
 
 
 def _run_sweep(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, opts.sweep)
     network = _load_network(opts)
     _check_outputs(opts)
-    machine = opts.machine
+    _export_graph(opts, network)
     model = _effective_model(opts)
     if not opts.json:
         out.write(format_sweep_header(network.name, network.batch, machine, model))
@@ -560,21 +640,27 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
         for procs in bar:
             try:
                 with profiler:
-                    found = _plan(network, procs, opts, err, bar=False)
+                    found = _plan(network, procs, machine, opts, err, bar=False)
             except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
-                dp = evaluate_plan(network, _data_parallel_configs(network, procs), procs, machine)
+                dp = evaluate_plan(network, data_parallel(network, procs), procs, machine, opts.memory_model)
                 bar.write(f"pase: error: p={procs}: {too_large}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, dp.total_cost), file=out, end="")
+                if opts.json:
+                    line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, dp.total_cost, unit=machine.cost_unit)
+                bar.write(line, file=out, end="")
                 continue
             if found.memory.status == NOTHING_FITS:
                 status = EXIT_NOTHING_FITS
                 bar.write(f"pase: error: p={procs}: {_nothing_fits_message(found, opts)}", file=err)
-                if not opts.json:
-                    bar.write(format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory),
-                              file=out, end="")
+                if opts.json:
+                    line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
+                else:
+                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
+                                                machine.cost_unit)
+                bar.write(line, file=out, end="")
                 continue
             line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
             bar.write(line, file=out, end="")
@@ -586,12 +672,6 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
     return status
 
 
-def _data_parallel_configs(network, procs: int) -> list:
-    from .baselines import data_parallel
-
-    return data_parallel(network, procs)
-
-
 # Settings a strategy file may record (a previous --json output does), and their checks.
 _FILE_SETTINGS = {
     "graph": lambda v: isinstance(v, str) and v in graphs.GRAPHS,
@@ -600,7 +680,16 @@ _FILE_SETTINGS = {
     "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION),
     "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
     "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
+    "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+    "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
+
+#: How a recorded setting is named on the command line, for the notes on overrides.
+_FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
+            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
+            "machine": "--machine"}
 
 
 def _read_strategy_file(path: str) -> tuple:
@@ -610,20 +699,60 @@ def _read_strategy_file(path: str) -> tuple:
         configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
     except InputError as err:
         raise CliError(str(err)) from None
+    recorded = settings.get("machine")
+    if isinstance(recorded, dict):
+        # The machine a plan was priced on: the reference machine or a preset by name; a
+        # machine from a file must be named again with --machine.
+        name = recorded.get("name")
+        settings["machine"] = name if name in MACHINE_NAMES else None
+        if settings["machine"] is None:
+            del settings["machine"]
     for key, value in list(settings.items()):
-        if key in _FILE_SETTINGS and not _FILE_SETTINGS[key](value):
+        if key not in _FILE_SETTINGS:
+            del settings[key]  # recorded, but not a setting this version takes
+        elif not _FILE_SETTINGS[key](value):
             raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
+    if "graph" in settings and settings["graph"] not in graphs.GRAPHS:
+        raise CliError(f"{where}: unknown graph {settings['graph']!r}")
     return configs, settings
+
+
+def _overrides(args: argparse.Namespace, settings: dict) -> list:
+    """Notes on the flags that override settings recorded in a strategy file."""
+    given = {"cap_bytes": None if args.memory is None else args.memory * 1e9}
+    notes = []
+    for key, recorded in settings.items():
+        value = given[key] if key in given else getattr(args, key, None)
+        if value is not None and value != recorded:
+            shown = f"{value / 1e9:g} GB" if key == "cap_bytes" else value
+            was = f"{recorded / 1e9:g} GB" if key == "cap_bytes" else recorded
+            notes.append(f"pase: note: {_FLAG_OF[key]} {shown} overrides the file's {key.replace('_', ' ')} {was}")
+    return notes
 
 
 def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     configs, settings = _read_strategy_file(args.evaluate)
+    if args.graph is not None and args.graph != settings.get("graph", args.graph):
+        # The recorded width belongs to the recorded graph, not to the one asked for.
+        settings.pop("model", None)
+    if args.machine is not None and args.machine != settings.get("machine", args.machine):
+        # Recorded rates belong to the recorded machine: pricing on another one drops them.
+        for key in ("flops", "bw"):
+            settings.pop(key, None)
+    if settings.get("machine", "paper") != "paper" and (args.flops is not None or args.bw is not None):
+        settings.pop("machine")
     opts = options_from_args(args, settings)
+    if args.memory is None and "cap_bytes" in settings:
+        opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
+    for note in _overrides(args, settings):
+        err.write(note + "\n")
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
     _check_outputs(opts)
+    _export_graph(opts, network)
     with _Profiler(opts.profile) as profiler:
         try:
-            found = evaluate_plan(network, configs, opts.procs, opts.machine, opts.memory_model, opts.memory_cap)
+            found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, _memory_cap(opts, machine))
         except ValueError as error:
             raise CliError(f"strategy file {opts.evaluate}: {error}") from None
     if opts.dot_path is not None:
@@ -647,6 +776,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
     parser = build_parser(out, err, prog)
     try:
         args = parser.parse_args(argv)
@@ -679,6 +813,9 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # writing the output failed (a full disk, a closed stream)
+        err.write(f"{prog}: error: cannot write the output: {error.strerror or error}\n")
+        return EXIT_INPUT
     except Exception as bug:  # a bug: one line, unless asked for the traceback
         if os.environ.get("PASE_TRACEBACK"):
             raise
@@ -687,16 +824,10 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
 
 
 def run() -> None:
-    """Console-script entry point (``pase``): ``sys.exit(main())``."""
-    status = main()
-    if status == EXIT_BROKEN_PIPE:
-        # The reader went away (``pase ... | head``): silence the final flush of stdout.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-    sys.exit(status)
+    """Run the tool as a process (``python3 -m pase.cli``): exit with its status."""
+    from ._entry import run as run_process
+
+    run_process()
 
 
 if __name__ == "__main__":

@@ -314,9 +314,10 @@ class Layer:
     def _E(self, C: np.ndarray) -> np.ndarray:
         return self._per_device(C).prod(axis=1)
 
-    def _group(self, C: np.ndarray, dims) -> Group:
-        """The devices a collective over iteration-space ``dims`` involves (``machines.md``)."""
-        return Group.of(C, layout_strides(C, self.batch_dim), dims)
+    def _groups(self, C: np.ndarray, *dim_lists) -> tuple:
+        """The devices a collective over each of ``dim_lists`` involves (``machines.md``)."""
+        strides = layout_strides(C, self.batch_dim)
+        return tuple(Group.of(C, strides, dims) for dims in dim_lists)
 
     def __repr__(self) -> str:
         return f"{self.op}(domain={list(self.domain)})"
@@ -392,7 +393,7 @@ class Conv(Layer):
         return gemm_cost(
             machine,
             (1.0, b * ho * wo / (Cf[:, 0] * Cf[:, 2] * Cf[:, 3]), n / Cf[:, 6], c * r * s / (Cf[:, 1] * Cf[:, 4] * Cf[:, 5])),
-            (self._group(C, (0, 2, 3)), self._group(C, (6,)), self._group(C, (1, 4, 5))),
+            self._groups(C, (0, 2, 3), (6,), (1, 4, 5)),
             self.pw,
         )
 
@@ -447,7 +448,8 @@ class Pooling(Layer):
         wg = np.where(Cf[:, 3] > 1, wi + s, wi)
         halo = (hg * wg - hi * wi) * (b / Cf[:, 0]) * (c / Cf[:, 1])
         E = self._E(C)
-        return LayerCost(machine.memory_bound("pool", E, E), machine.exchange(halo, self._group(C, (2, 3))))
+        (hw,) = self._groups(C, (2, 3))
+        return LayerCost(machine.memory_bound("pool", E, E), machine.exchange(halo, hw))
 
 
 class FC(Layer):
@@ -488,7 +490,7 @@ class FC(Layer):
             machine,
             (1.0, math.prod(self.domain[:j]) / Cf[:, :j].prod(axis=1), self.domain[j] / Cf[:, j],
              self.domain[j + 1] / Cf[:, j + 1]),
-            (self._group(C, range(j)), self._group(C, (j,)), self._group(C, (j + 1,))),
+            self._groups(C, range(j), (j,), (j + 1,)),
             self.pw,
         )
 
@@ -592,7 +594,7 @@ class Einsum(Layer):
             return dom[cols].prod() / Cf[:, cols].prod(axis=1)
 
         sizes = tuple(per_device(x) for x in (self.batch_letters, self.m_letters, self.n_letters, self.k_letters))
-        groups = tuple(self._group(C, self._columns(x)) for x in (self.m_letters, self.n_letters, self.k_letters))
+        groups = self._groups(C, *(self._columns(x) for x in (self.m_letters, self.n_letters, self.k_letters)))
         return gemm_cost(machine, sizes, groups, self.pw, (self.inputs[0].is_param, self.inputs[1].is_param))
 
     def parameters(self):
@@ -726,10 +728,10 @@ class Norm(_ShapeOfInput):
         compute = machine.memory_bound("layer_norm", E, 16.0 * E)
         if self.pw:
             compute = compute + self.pw * machine.memory_bound("gelu", E, E)
-        rest = [d for d in range(len(self.domain)) if d != a]
+        along, across = self._groups(C, (a,), [d for d in range(len(self.domain)) if d != a])
         communication = (
-            4.0 * machine.all_reduce(E / dpp[:, a], self._group(C, (a,)))
-            + 4.0 * machine.all_reduce(dpp[:, a], self._group(C, rest), grad=True)
+            4.0 * machine.all_reduce(E / dpp[:, a], along)
+            + 4.0 * machine.all_reduce(dpp[:, a], across, grad=True)
         )
         return LayerCost(compute, communication)
 
@@ -811,7 +813,8 @@ class ReduceMean(Layer):
         # The reference counts only the all-reduce of the partial sums; the reading pass is
         # memory-bound work a measured machine sees.
         E = self._E(C)
-        return LayerCost(machine.memory_bound("pool", E, 0.0 * E), machine.all_reduce(E, self._group(C, self.axes)))
+        (reduced,) = self._groups(C, self.axes)
+        return LayerCost(machine.memory_bound("pool", E, 0.0 * E), machine.all_reduce(E, reduced))
 
 
 class Softmax(_ShapeOfInput):
@@ -830,7 +833,7 @@ class Softmax(_ShapeOfInput):
         ax = self.axis
         e = E / dpp[:, ax]
         full = float(self.domain[ax])
-        group = self._group(C, (ax,))
+        (group,) = self._groups(C, (ax,))
         compute = machine.memory_bound("softmax", E, 4.0 * E + E * full)
         communication = (
             machine.all_reduce(e, group) + machine.all_reduce(e * full, group) + machine.all_reduce(e, group)
@@ -853,7 +856,7 @@ class SoftmaxCrossEntropy(_ShapeOfInput):
         last = len(self.domain) - 1
         return LayerCost(
             machine.memory_bound("loss", E, 4.0 * E + 2.0 * bpp),
-            machine.exchange(2.0 * bpp, self._group(C, (last,))),
+            machine.exchange(2.0 * bpp, self._groups(C, (last,))[0]),
         )
 
 
@@ -895,11 +898,12 @@ class LSTM(Layer):
         gemm = gemm_cost(
             machine,
             (L / Cf[:, 0], s * b / (Cf[:, 1] * Cf[:, 2]), 4 * n / Cf[:, 3], 2 * k / Cf[:, 4]),
-            (self._group(C, (1, 2)), self._group(C, (3,)), self._group(C, (4,))),
+            self._groups(C, (1, 2), (3,), (4,)),
             3,
         )
         handover = redistribution_volume((b, n), C[:, [2, 3]], C[:, [2, 4]])
-        return LayerCost(gemm.compute, gemm.communication + L * s * machine.exchange(handover, self._group(C, (3, 4))))
+        (model,) = self._groups(C, (3, 4))
+        return LayerCost(gemm.compute, gemm.communication + L * s * machine.exchange(handover, model))
 
     def parameters(self):
         L, s, b, n, k = self.domain

@@ -1,6 +1,6 @@
 """What the CLI shows: the layer table, the JSON object, sweep rows, timings and the DOT graph.
 
-Every function here returns text (or a ``pydot.Dot``) rendered from a ``pase.plan.Plan``;
+Every function here returns text (or a ``pydot.Dot``) rendered from a ``pase.planner.Plan``;
 nothing prints. A new output column is one ``Column`` in ``LAYER_COLUMNS``; a new JSON key is
 one line in ``report_dict``.
 """
@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .builder import Network
-from .memory import ASSUMPTIONS
+from .memory import ASSUMPTIONS, MemorySummary
 from .ordering import ordering_title
-from .plan import Measurement, Plan
+from .planner import Measurement, Plan
 from .units import format_bytes, format_cost, format_seconds
 
 __all__ = [
-    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "SWEEP_COLUMNS",
+    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "layer_columns", "SWEEP_COLUMNS", "machine_line",
     "format_cost", "format_seconds", "format_bytes", "split_notation",
-    "format_table", "report_dict", "memory_dict", "format_json",
+    "format_table", "report_dict", "refusal_dict", "memory_dict", "format_json",
     "format_sweep_header", "format_sweep_row", "format_sweep_refusal",
     "format_measurement", "format_profile", "dot_graph",
 ]
@@ -56,6 +56,8 @@ class LayerRow:
         Cost of redistributing the tensors this layer reads (edges into it).
     memory : float
         Bytes per device of this layer under the memory model (parameters and outputs).
+    procs : int
+        Devices of the plan; those beyond the configuration's own hold replicas.
     """
 
     id: int
@@ -69,11 +71,29 @@ class LayerRow:
     communication: float
     edge_cost: float
     memory: float
+    procs: int
 
     @property
     def cost(self) -> float:
         """The layer cost: compute plus communication."""
         return self.compute + self.communication
+
+    @property
+    def replicas(self) -> int:
+        """Copies of every part: the configuration uses ``prod(config)`` devices of ``procs``."""
+        return self.procs // math.prod(self.config)
+
+    @property
+    def idle(self) -> int:
+        """Devices left without a part or a whole copy (when ``prod(config)`` does not divide ``p``)."""
+        return self.procs % math.prod(self.config)
+
+    def configuration(self) -> str:
+        """The configuration as the dimensions it splits, and the replicas it leaves."""
+        text = split_notation(self.config, self.dims)
+        notes = [f"x{self.replicas} replicated"] if self.replicas > 1 else []
+        notes += [f"{self.idle} idle"] if self.idle else []
+        return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def layer_rows(plan: Plan) -> tuple:
@@ -86,7 +106,7 @@ def layer_rows(plan: Plan) -> tuple:
             id=v, name=net.names[v], op=layer.op, dims=layer.dims, domain=tuple(int(d) for d in layer.domain),
             configs=int(plan.config_counts[v]), config=tuple(int(c) for c in plan.configs[v]),
             compute=float(ev.compute[v]), communication=float(ev.communication[v]), edge_cost=float(edge_in[v]),
-            memory=float(plan.memory.per_layer[v]),
+            memory=float(plan.memory.per_layer[v]), procs=plan.procs,
         )
         for v, layer in enumerate(net.layers)
     )
@@ -156,23 +176,58 @@ class Column:
     align: str = "<"
 
 
-#: The layer table, left to right. Later options (e.g. per-device memory) append here.
-LAYER_COLUMNS = (
-    Column("id", lambda r: str(r.id), ">"),
-    Column("layer", lambda r: r.name),
-    Column("type", lambda r: r.op),
-    Column("dims", lambda r: r.dims),
-    Column("iteration space", lambda r: _shape(r.domain)),
-    Column("K", lambda r: str(r.configs), ">"),
-    Column("configuration", lambda r: split_notation(r.config, r.dims)),
-    Column("layer cost", lambda r: format_cost(r.cost), ">"),
-    Column("edge cost", lambda r: format_cost(r.edge_cost), ">"),
-    Column("memory", lambda r: "-" if r.memory is None else format_bytes(r.memory), ">"),
-)
+def _cost_cell(unit: str):
+    """Cells of one cost column: FLOP-equivalents in scientific notation, seconds as ms."""
+    if unit == SECONDS:
+        return lambda x: f"{1e3 * x:.4f}"
+    return format_cost
+
+
+def layer_columns(unit: str) -> tuple:
+    """The layer table, left to right, for costs in ``unit``."""
+    cell = _cost_cell(unit)
+    suffix = " ms" if unit == SECONDS else ""
+    return (
+        Column("id", lambda r: str(r.id), ">"),
+        Column("layer", lambda r: r.name),
+        Column("type", lambda r: r.op),
+        Column("dims", lambda r: r.dims),
+        Column("iteration space", lambda r: _shape(r.domain)),
+        Column("K", lambda r: str(r.configs), ">"),
+        Column("configuration", lambda r: r.configuration()),
+        Column("compute" + suffix, lambda r: cell(r.compute), ">"),
+        Column("communication" + suffix, lambda r: cell(r.communication), ">"),
+        Column("edge cost" + suffix, lambda r: cell(r.edge_cost), ">"),
+        Column("memory", lambda r: format_bytes(r.memory), ">"),
+    )
+
+
+#: The unit of calibrated machines (``machines.md``); the reference machine's is FLOP-equivalents.
+SECONDS = "seconds"
+#: The layer table of the reference machine.
+LAYER_COLUMNS = layer_columns("flop-equivalents")
+
+
+def machine_line(machine) -> str:
+    """One line naming the machine and what it prices with."""
+    if machine.cost_unit != SECONDS:
+        return (f"machine {machine.name}: {machine.flops:g} TFLOPS and {machine.bw:g} GB/s per device "
+                f"(rho = {machine.rho:g} FLOP per 8-byte word)")
+    d = machine.describe()
+    return (
+        f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+        f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
+        + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+    )
+
+
+def unit_line(machine) -> str:
+    if machine.cost_unit == SECONDS:
+        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+    return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
 
 
 def _header_lines(plan: Plan, model: int | None) -> list:
-    m = plan.machine
     capped = plan.memory.status == "capped"
     what = ("cost of a given strategy" if plan.evaluated
             else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
@@ -180,14 +235,15 @@ def _header_lines(plan: Plan, model: int | None) -> list:
     net = plan.network
     return [
         f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
-        f"devices {plan.procs}, batch {_batch_of(net)}; machine {m.flops:g} TFLOPS and {m.bw:g} GB/s per device "
-        f"(rho = {m.rho:g} FLOP per 8-byte word)",
-        "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step",
+        f"devices {plan.procs}, batch {_batch_of(net)}; {machine_line(plan.machine)}",
+        unit_line(plan.machine),
     ]
 
 
 def _summary_lines(plan: Plan) -> list:
     def with_time(cost):
+        if plan.machine.cost_unit == SECONDS:
+            return f"{format_seconds(cost)} per training step"
         seconds = format_seconds(_seconds_per_step(plan, cost))
         return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {plan.machine.flops:g} TFLOPS)"
 
@@ -237,14 +293,15 @@ def _memory_lines(plan: Plan) -> list:
     return lines
 
 
-def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] = LAYER_COLUMNS) -> str:
+def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None) -> str:
     """The default output: header, one row per layer, totals and search statistics."""
+    columns = columns or layer_columns(plan.machine.cost_unit)
     rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
     lines = _header_lines(plan, model) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(plan)]
-    lines.append("(K: valid configurations of the layer; edge cost: redistributing the tensors it reads"
-                 "; memory: per device, parameters and outputs)")
+    lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
+                 "edge cost: redistributing the tensors it reads; memory: per device, parameters and outputs)")
     return "\n".join(lines) + "\n"
 
 
@@ -263,8 +320,8 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
         "procs": plan.procs,
         "batch": _batch_of(plan.network),
         "model": model,
-        "flops": float(plan.machine.flops),
-        "bw": float(plan.machine.bw),
+        **_machine_keys(plan.machine),
+        "status": "ok",
         "total_cost": plan.total_cost,
         "data_parallel_cost": plan.data_parallel.total,
         "speedup_over_data_parallel": _finite(plan.speedup),
@@ -278,7 +335,10 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
                 "domain": list(r.domain),
                 "configs": r.configs,
                 "config": list(r.config),
+                "replicas": r.replicas,
                 "cost": r.cost,
+                "compute": r.compute,
+                "communication": r.communication,
                 "edge_cost": r.edge_cost,
                 "memory_bytes": r.memory,
             }
@@ -305,6 +365,36 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "search_seconds": _stats(measure.search_seconds),
             "wall_seconds": _stats(measure.wall_seconds),
         }
+    return out
+
+
+def _machine_keys(machine) -> dict:
+    """The machine keys of the JSON: ``flops``/``bw`` for the reference machine, the unit, the machine."""
+    keys = {}
+    if machine.cost_unit != SECONDS:
+        keys = {"flops": float(machine.flops), "bw": float(machine.bw)}
+    return {**keys, "cost_unit": machine.cost_unit, "machine": machine.describe()}
+
+
+def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=None) -> dict:
+    """The JSON record of a device count with no answer: ``status`` is ``"too_large"`` (the
+    tables would not fit: the estimate and budget are given) or ``"nothing_fits"`` (no
+    strategy fits the memory cap: the least memory is given). ``plan`` carries data
+    parallelism and, for ``nothing_fits``, the least-memory strategy's summary."""
+    out = {
+        "graph": plan.network.name, "procs": plan.procs, "batch": _batch_of(plan.network), "model": model,
+        "status": status, "data_parallel_cost": plan.data_parallel.total,
+    }
+    if too_large is not None:
+        estimate = getattr(too_large, "estimate", None)
+        out["budget_bytes"] = too_large.budget
+        out["needed_bytes"] = estimate.peak_bytes if estimate is not None else too_large.needed
+        if estimate is not None:
+            out["table_entries"] = estimate.table_entries
+            out["max_dependent_set"] = estimate.max_dependent_set
+    else:
+        out["least_bytes"] = plan.memory.least_bytes
+        out["memory"] = memory_dict(plan)
     return out
 
 
@@ -364,11 +454,11 @@ def _sweep_line(cells) -> str:
 
 
 def format_sweep_header(graph: str, batch: int, machine, model: int | None = None) -> str:
-    """Title and column headers of a sweep table (costs in FLOP-equivalents)."""
+    """Title and column headers of a sweep table."""
     model = f", model width {model}" if model is not None else ""
+    unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; machine {machine.flops:g} TFLOPS and {machine.bw:g} GB/s "
-        f"per device; costs in FLOP-equivalents\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 
@@ -386,10 +476,11 @@ def format_sweep_row(plan: Plan) -> str:
     """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
     speedup = plan.speedup
     m = plan.memory
+    cost = _cost_cell(plan.machine.cost_unit)
     return _sweep_line([
         str(plan.procs),
-        format_cost(plan.total_cost),
-        format_cost(plan.data_parallel.total),
+        cost(plan.total_cost),
+        cost(plan.data_parallel.total),
         f"{speedup:.3f}x" if speedup is not None else "n/a",
         format_bytes(m.per_device_bytes),
         format_bytes(m.data_parallel_per_device_bytes),
@@ -399,11 +490,11 @@ def format_sweep_row(plan: Plan) -> str:
 
 
 def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
-                         memory: MemorySummary | None = None) -> str:
+                         memory: MemorySummary | None = None, unit: str = "flop-equivalents") -> str:
     """A sweep row for a device count with no answer: its search was too large (the
     paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
     return _sweep_line([
-        str(procs), reason, format_cost(data_parallel_cost), "-",
+        str(procs), reason, _cost_cell(unit)(data_parallel_cost), "-",
         "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
         "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
         "-" if memory is None else "memory: least",

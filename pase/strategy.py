@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .builder import Network, check_procs, edge_cost_matrix
+from .builder import Network, check_procs
+from .layers import redistribution_volume
 from .configs import check_config
 from .machine import Machine
 
@@ -123,9 +124,14 @@ def evaluate(
     inputs = [layer.input_configs(C) for layer, C in zip(network.layers, rows)]
     edge_costs = {}
     for (u, v), tensors in network.edges.items():
+        # One (source, target) pair per tensor: the volume of edge_cost_matrix without its
+        # de-duplication, priced the same way.
         edge_costs[(u, v)] = float(
             sum(
-                edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine, procs)[0, 0]
+                machine.redistribute(
+                    2.0 * redistribution_volume(t.shape, outputs[u][t.output_index][0], inputs[v][t.input_index][0]),
+                    procs,
+                )
                 for t in tensors
             )
         )

@@ -27,7 +27,7 @@ from pase.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
 from pase.layers import FC, Elementwise, Norm
 from pase.machine import Machine
 from pase.memory import MemoryModel
-from pase.plan import plan
+from pase.planner import plan
 from pase.strategy import evaluate
 
 TABLE_CASES = 120

@@ -114,7 +114,7 @@ def test_table_has_one_aligned_row_per_layer_with_its_configuration():
     for column in ("layer", "type", "dims", "iteration space", "configuration"):
         at = header.index(column)
         assert all(row[at - 1] == " " and row[at] != " " for row in rows), column
-    for title in ("K", "layer cost", "edge cost"):  # right-aligned: cells end under the header
+    for title in ("K", "compute", "communication", "edge cost"):  # right-aligned: cells end under the header
         end = header.index(title) + len(title)
         assert all(row[end - 1] != " " and (len(row) == end or row[end] == " ") for row in rows), title
 

@@ -32,7 +32,7 @@ import numpy as np
 import graphs
 from pase.machine import Machine
 from pase.solver import Search
-from pase.plan import plan
+from pase.planner import plan
 
 out = {"witness": list({"conv%d" % i for i in range(12)})}
 for name in ("inception3", "transformer"):

@@ -14,7 +14,7 @@ from graphs.gpt import GPT_CONFIGS
 from graphs.gpt import parameter_count as gpt_closed_form
 from pase.baselines import data_parallel
 from pase.memory import CAPPED, UNCONSTRAINED
-from pase.plan import plan
+from pase.planner import plan
 from pase.memory import MemoryModel, parameter_count
 
 # The spec's table: layers L, width e, heads h, key width k, feed-forward f, sequence s, vocabulary V.

@@ -20,7 +20,7 @@ import pytest
 from pase.builder import GraphBuilder
 from pase.layers import (
     FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling,
-    Ravel, ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
+    Ravel, ReduceMean, RMSNorm, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
 )
 from pase.machine import Group, Machine
 
@@ -822,3 +822,80 @@ class TestStackUnstack:
         (x,) = _inputs((3,))
         with pytest.raises(ValueError):
             Unstack(x)
+
+
+# ----------------------------------------------------------------------------- the interface
+
+
+def test_layer_declaration_is_checked_once_when_added():
+    from pase.layers import Layer
+
+    class Forgetful(Layer):  # no op, so it is not registered; forgets Layer.__init__
+        def __init__(self, x):
+            self.inputs = (x,)
+
+    g = GraphBuilder("t")
+    x = g.input((4,), "x")
+    with pytest.raises(ValueError, match="does not declare 'domain'"):
+        g.add("bad", Forgetful(x))
+
+    class Mismatched(Layer):  # declares an output configuration of the wrong rank
+        op = None
+
+        def __init__(self, x):
+            super().__init__((x,), (4,), "b", ((4, 2),))
+
+        def input_configs(self, C):
+            return [C]
+
+        def output_configs(self, C):
+            return [C]
+
+    with pytest.raises(ValueError, match="has no op name"):
+        g.add("bad", Mismatched(x))
+    odd = Mismatched(x)
+    odd.op = "Mismatched"  # on the instance: the registry stays untouched
+    with pytest.raises(ValueError, match="does not match the output shape"):
+        g.add("bad", odd)
+
+
+def test_a_second_class_for_one_op_is_refused():
+    from pase.layers import Layer
+
+    with pytest.raises(TypeError, match="defined twice"):
+        class AnotherFC(Layer):
+            op = "FC"
+
+
+def test_make_layer_rebuilds_from_args_and_names_problems():
+    from pase.layers import make_layer
+
+    (x,) = _inputs((2, 2, 8, 8), letters=["bchw"])
+    conv = Conv(x, 4, 3, stride=2, pad=1, pw=1)
+    assert conv.args == {"filters": 4, "kernel": [3, 3], "stride": [2, 2], "pad": [1, 1], "pw": 1}
+    again = make_layer("Conv", [x], conv.args)
+    assert again.domain == conv.domain and again.args == conv.args
+    with pytest.raises(ValueError, match="unknown layer type 'Nope'.*Conv"):
+        make_layer("Nope", [x], {})
+    with pytest.raises(ValueError, match="Conv: .*'width'"):
+        make_layer("Conv", [x], {"filters": 4, "kernel": 3, "width": 2})
+    with pytest.raises(ValueError, match="Einsum: missing argument 'equation'"):
+        make_layer("Einsum", [x, x], {})
+
+
+def test_rmsnorm_costs_like_norm_with_one_scale():
+    (x,) = _inputs((4, 6), letters=["bk"])
+    rms, norm = RMSNorm(x, axis=-1), Norm(x, axis=-1)
+    C = np.array([[1, 1], [2, 3], [4, 1]])
+    np.testing.assert_array_equal(rms.cost(C, RHO2), norm.cost(C, RHO2))
+    assert rms.parameters() == [((6,), (1,))]
+    assert len(norm.parameters()) == 2
+
+
+def test_cost_splits_into_compute_and_communication():
+    # FC (b=8, n=4, k=16) split (2, 1, 1) on rho = 1: compute 3 * 4 * 4 * 16 = 768; the weight
+    # gradient (4 * 16 = 64 elements) all-reduced over 2: 64 / 2 * 2 * 1 = 64.
+    (x,) = _inputs((8, 16), letters=["bk"])
+    costs = FC(x, 4).costs(np.array([[2, 1, 1]]), RHO1)
+    assert float(costs.compute[0]) == 768.0 and float(costs.communication[0]) == 64.0
+    assert float(costs.total[0]) == 832.0

@@ -10,7 +10,6 @@ import ast
 import os
 import re
 
-import pase.cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,11 +26,13 @@ def requirement_lines(name):
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
 
-def test_console_script_points_at_cli_run():
+def test_console_script_points_at_the_light_entry_point():
     kw = setup_keywords()
     scripts = ast.literal_eval(kw["entry_points"])["console_scripts"]
-    assert scripts == ["pase = pase.cli:run"]
-    assert callable(pase.cli.run)
+    assert scripts == ["pase = pase._entry:run"]
+    import pase._entry
+
+    assert callable(pase._entry.run)
 
 
 def test_packages_and_scheduler_module_are_shipped():
@@ -55,3 +56,14 @@ def test_test_requirements_add_pytest_to_the_runtime_ones():
     lines = requirement_lines("requirements-test.txt")
     assert "-r requirements.txt" in lines
     assert any(line.startswith("pytest") for line in lines)
+
+
+def test_measured_tables_ship_as_package_data():
+    kw = setup_keywords()
+    assert ast.literal_eval(kw["package_data"]) == {"pase": ["data/*.json"]}
+    assert os.path.exists(os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json"))
+
+
+def test_optional_extras_are_declared():
+    extras = ast.literal_eval(setup_keywords()["extras_require"])
+    assert set(extras) == {"torch", "jax"}

@@ -18,7 +18,7 @@ import graphs
 from pase.machine import Machine
 from pase.ordering import fixed_order
 from pase.solver import Search
-from pase.plan import plan
+from pase.planner import plan
 from pase.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")

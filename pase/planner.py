@@ -12,17 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .baselines import data_parallel
 from .builder import Network, check_procs
-from .capped import capped_search
+from .capped import MAX_SEARCHES, capped_search
 from .fileio import InputError
 from .machine import Machine
-from .memory import CAPPED, NOTHING_FITS, UNCONSTRAINED, MemoryModel, MemorySummary
+from .memory import NOTHING_FITS, MemoryModel, MemorySummary
 from .ordering import ORDERINGS
 from .solver import DEFAULT_MEMORY_SHARE, Search, SearchStats, available_memory
-from .strategy import Evaluation, check_strategy, evaluate
+from .strategy import Evaluation, evaluate
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json",
            "default_budget"]
@@ -141,6 +140,7 @@ def plan(
     memory_model: MemoryModel | None = None,
     table_budget: int | None = None,
     graph=None,
+    notice: Callable | None = None,
     **capped_options,
 ) -> Plan:
     """The cheapest strategy for ``network`` on ``procs`` devices, found exactly.
@@ -167,6 +167,9 @@ def plan(
     graph : networkx.DiGraph, optional
         The costed graph ``network.graph(procs, machine)`` when already built (it must be
         exactly that one: ``ValueError`` otherwise).
+    notice : callable, optional
+        ``notice(estimate, searches)`` before the first dynamic programme: the
+        ``WorkEstimate`` of one and how many may run (1, or the capped search's most).
     **capped_options
         ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of the capped search
         (only with ``memory_cap``).
@@ -194,13 +197,17 @@ def plan(
         _check_graph(graph, network, procs, machine)
     vertices = range(len(network.layers))
     configs_of = [graph.nodes[v]["configs"] for v in vertices]
+    search = Search(graph, ordering)
+    search.check_budget(budget)  # refuse before any notice or allocation
+    if notice is not None:
+        notice(search.estimate, 1 if memory_cap is None else capped_options.get("max_searches", MAX_SEARCHES))
     if memory_cap is None:
-        result = Search(graph, ordering).run(memory_budget=budget, progress=progress)
+        result = search.run(memory_budget=budget, progress=progress)
         choice, total, stats, capped = result.choice, result.cost, result.stats, {}
     else:
         vectors = memory_model.vectors(network, configs_of)
         found = capped_search(graph, dict(zip(vertices, vectors)), memory_cap, ordering, budget,
-                              progress=progress, **capped_options)
+                              progress=progress, search=search, **capped_options)
         e = found.search.estimate
         stats = SearchStats(e.ordering, found.table_entries, e.largest_table, e.max_dependent_set,
                             e.peak_bytes, found.seconds)
@@ -335,11 +342,16 @@ def strategy_from_json(data, where: str) -> tuple:
             raise InputError(f"{where}: configuration {v} must be a list of integers, got {_short(config)}")
         checked.append([int(c) for c in config])
     settings = {key: data[key] for key in _SETTINGS if key in data and data[key] is not None}
+    memory = data.get("memory")
+    if isinstance(memory, dict):
+        settings.update({key: memory[key] for key in _MEMORY_SETTINGS if memory.get(key) is not None})
     return checked, settings
 
 
-#: Settings a plan file records (a ``--json`` output does) that a later ``--evaluate`` takes.
-_SETTINGS = ("graph", "procs", "batch", "model", "flops", "bw", "machine", "memory")
+#: Settings a plan file records (a ``--json`` output does) that a later ``--evaluate`` takes,
+#: at the top level and inside its ``memory`` object.
+_SETTINGS = ("graph", "procs", "batch", "model", "flops", "bw", "machine")
+_MEMORY_SETTINGS = ("param_bytes", "act_bytes", "cap_bytes")
 
 
 def _short(value, limit: int = 80) -> str:
