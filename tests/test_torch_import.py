@@ -24,7 +24,7 @@ import graphs  # noqa: E402
 from pase import GraphBuilder, Machine  # noqa: E402
 from pase.layers import (  # noqa: E402
     FC, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling, ReduceMean, RMSNorm, Softmax,
-    SoftmaxCrossEntropy, Unravel, Unstack,
+    SoftmaxCrossEntropy, Stack, Unravel, Unstack,
 )
 from pase.strategy import evaluate  # noqa: E402
 from pase.torch_import import (  # noqa: E402
@@ -401,6 +401,28 @@ def test_chunked_halves_read_by_layers_are_an_unstack():
     assert_same_network(net, g.build())
 
 
+def test_stack_of_two_branches_and_select_of_a_token():
+    # stack -> Stack; x[:, 0] (a class token) read by a layer -> one output of an Unstack
+    # over the sequence (5 outputs, the first read).
+    def forward(m, x):
+        y = torch.stack([m.a(x), m.b(x)], dim=1)  # (b, 2, l, n)
+        return m.head(y.sum(1)[:, 0])
+
+    model = Lambda(forward, a=nn.Linear(8, 6), b=nn.Linear(8, 6), head=nn.Linear(6, 3))
+    net = from_torch(model, (torch.randn(4, 5, 8),))
+    g = GraphBuilder("want", cutoff=1)
+    x = g.input((4, 5, 8), "x")
+    a = g.add("a", FC(x, 6))
+    b = g.add("b", FC(x, 6))
+    y = g.add("stack", Stack([a, b], axis=1, batch_dim=0))
+    y = g.add("sum", ReduceMean(y, 1))  # a sum read by a layer: priced as the mean's all-reduce
+    tokens = g.add("split", Unstack(y, axis=1))
+    y = g.add("head", FC(tokens[0], 3))
+    g.add("loss", SoftmaxCrossEntropy(y))
+    assert_same_network(net, g.build())
+    assert len(net.layers[4].output_shapes) == 5
+
+
 def test_rotate_half_is_put_back_together_at_no_cost():
     # Rotary embedding: x * cos + cat(-x2, x1) * sin with replicated tables: four
     # point-wise ops (mul, neg, mul, add) on the projection; no vertex, no Unstack.
@@ -686,3 +708,47 @@ def test_torchvision_resnet101_is_the_built_in_resnet101():
     assert len(relu_after_bn) == 2 * 33 + 1  # bn1, bn2 of every block, and the stem
     assert all(not layer.pw for layer in ref.layers if layer.op == "BatchNorm")
     assert torchvision is not None
+
+
+def test_tiny_llama_parameters_are_the_models_own():
+    # Llama has no biases and untied embeddings: every weight of the model is one parameter
+    # tensor of one layer (Embedding, the Einsums and FCs, one scale per RMSNorm).
+    from pase.memory import parameter_count
+
+    module, args, kwargs = load_factory("examples/hf_llama.py:tiny_llama", 4)
+    net = from_torch(module, args, kwargs)
+    assert parameter_count(net) == sum(p.numel() for p in module.parameters())
+
+
+def test_an_imported_network_survives_the_graph_file_round_trip():
+    from pase import network_from_json, network_to_json
+
+    net = graphs.load("torch:examples/hf_llama.py:tiny_llama", 4)
+    assert_same_network(network_from_json(network_to_json(net)), net, procs=(4,))
+
+
+def test_import_is_the_same_under_every_hash_seed():
+    code = textwrap.dedent("""
+        import json, sys, torch
+        sys.path.insert(0, %r)
+        from pase import network_to_json
+        from pase.torch_import import from_torch
+        torch.manual_seed(0)
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv, self.out = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+            def forward(self, x):
+                q, k, v = (t.view(2, 4, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.out(y.transpose(1, 2).reshape(2, 4, 16)) + x
+        net = from_torch(Attention(), (torch.randn(2, 4, 16),))
+        print(json.dumps(network_to_json(net), sort_keys=True))
+    """ % ROOT)
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
