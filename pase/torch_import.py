@@ -1489,7 +1489,6 @@ def _norm_pattern(imp, node, name, view: _View, stat: _Stat):
     imp._charge(view)
     view, axis = imp._axis_leaf(view, rank - 1, node)
     axis.frozen = True
-    path, kind = imp._where(node)
     proto = imp._record(_Norm(imp._name(node, "norm", leaf=True), "Norm" if name == "sub" else "RMSNorm", view.base, axis))
     base = proto.output(view.base.atoms)
     base.norm_pattern = True
@@ -1945,15 +1944,15 @@ def _h_embedding(imp, node, name, weight, indices, *rest):
     view = imp._view(indices, node)
     if view.base.proto is not None:
         raise _Unmappable("token ids computed by a layer (PaSE's Embedding reads graph inputs)")
-    view = imp._exact(view, node) if imp._natural(view) and view.base.shape() == view.shape else None
-    if view is None:
-        raise _Unmappable("token ids that are reshaped before the lookup")
+    if any(a.broadcast for dim in view.dims for a in _leaves(dim)):
+        raise _Unmappable("expanded token ids")
+    # The lookup reads the ids as given; a view of them (a flatten, a transpose) is a view
+    # of the lookup's output, which is the ids' shape and the embedding width.
     _freeze(view.base.atoms)
     vocab, width = weight.shape
     proto = imp._record(_Embedding(imp._name(node, "embedding", leaf=True), view.base, vocab, width))
-    atoms = view.base.leaves() + [_Atom(width, "e", frozen=True)]
-    out = proto.output(atoms)
-    return _View(out, tuple(view.dims) + ((atoms[-1],),))
+    out = proto.output(view.base.leaves() + [_Atom(width, "e", frozen=True)])
+    return _View(out, tuple(view.dims) + ((out.atoms[-1],),))
 
 
 def _h_cat(imp, node, name, tensors, dim=0):

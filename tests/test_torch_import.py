@@ -351,6 +351,19 @@ def test_embedding_with_replicated_positions():
     assert_same_network(net, g.build())
 
 
+def test_flattened_token_ids_are_looked_up_as_given():
+    # The lookup reads the (b, l) ids; flattening them first only changes the view.
+    def forward(m, ids):
+        return m.head(m.tok(ids.flatten()).view(ids.shape[0], ids.shape[1], 16))
+
+    net = from_torch(Lambda(forward, tok=nn.Embedding(50, 16), head=nn.Linear(16, 50)),
+                     (torch.zeros(4, 10, dtype=torch.long),))
+    g = GraphBuilder("want", cutoff=1)
+    x = g.add("tok", Embedding(g.input((4, 10), "ids"), 50, 16))
+    g.add("loss", SoftmaxCrossEntropy(g.add("head", FC(x, 50))))
+    assert_same_network(net, g.build())
+
+
 def test_point_wise_ops_count_once_each_and_casts_count_nothing():
     # After the FC: gelu, * 2, + 1, a cast, dropout (training), and an add of the FC's own
     # output (the same tensor twice: a point-wise op, not an Elementwise): 5 point-wise ops.
