@@ -65,8 +65,8 @@ class TorchImportError(ValueError):
 class TorchNotInstalledError(TorchImportError, ImportError):
     """PyTorch is missing: the message tells how to install it."""
 
-    def __init__(self, what: str = "PyTorch"):
-        super().__init__(f"importing a PyTorch model needs {what}, which is not installed: {INSTALL_HINT}")
+    def __init__(self):
+        super().__init__(f"importing a PyTorch model needs PyTorch, which is not installed: {INSTALL_HINT}")
 
 
 class UnmappableOpsError(TorchImportError):
@@ -2170,9 +2170,7 @@ def load_factory(spec: str, batch: int):
         except TorchNotInstalledError:
             raise
         except ImportError as err:
-            if getattr(err, "name", None) in ("torch", "torchvision", "transformers"):
-                raise TorchNotInstalledError(err.name) from None
-            raise FactoryError(f"{label}: importing {where} failed: {type(err).__name__}: {err}") from None
+            raise _missing(label, err, f"importing {where} failed") from None
         except Exception as err:
             raise FactoryError(f"{label}: importing {where} failed: {type(err).__name__}: {_one_line(err)}") from None
         finally:
@@ -2182,9 +2180,7 @@ def load_factory(spec: str, batch: int):
         try:
             source = importlib.import_module(where)
         except ImportError as err:
-            if getattr(err, "name", None) in ("torch", "torchvision", "transformers"):
-                raise TorchNotInstalledError(err.name) from None
-            raise FactoryError(f"{label}: cannot import module {where}: {_one_line(err)}") from None
+            raise _missing(label, err, f"cannot import module {where}") from None
         except Exception as err:
             raise FactoryError(f"{label}: importing {where} failed: {type(err).__name__}: {_one_line(err)}") from None
     factory = getattr(source, func, None)
@@ -2197,9 +2193,7 @@ def load_factory(spec: str, batch: int):
     except TorchNotInstalledError:
         raise
     except ImportError as err:
-        if getattr(err, "name", None) in ("torch", "torchvision", "transformers"):
-            raise TorchNotInstalledError(err.name) from None
-        raise FactoryError(f"{label} raised {type(err).__name__}: {_one_line(err)}") from None
+        raise _missing(label, err, "raised") from None
     except Exception as err:
         raise FactoryError(f"{label} raised {type(err).__name__}: {_one_line(err)}") from None
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
@@ -2227,6 +2221,15 @@ def load_torch_graph(spec: str, batch: int, loss: str | None = "cross-entropy", 
     """
     module, args, kwargs = load_factory(spec, batch)
     return from_torch(module, args, kwargs, name=name or spec.rpartition(":")[2], loss=loss, cutoff=cutoff)
+
+
+def _missing(label: str, err: ImportError, what: str) -> TorchImportError:
+    """The error for a factory whose imports fail: torch itself, or a package it needs."""
+    missing = getattr(err, "name", None)
+    if missing == "torch":
+        return TorchNotInstalledError()
+    hint = f" (pip install {missing})" if missing and "." not in missing and isinstance(err, ModuleNotFoundError) else ""
+    return FactoryError(f"{label}: {what}: {type(err).__name__}: {_one_line(err)}{hint}")
 
 
 def _one_line(err) -> str:

@@ -578,6 +578,13 @@ def test_torch_missing_is_one_clear_line(monkeypatch):
     assert isinstance(info.value, ImportError) and isinstance(info.value, ValueError)
 
 
+def test_a_factory_without_torch_is_the_same_clear_line(tmp_path, monkeypatch):
+    path = write(tmp_path, "import torch\ndef model(batch): pass\n")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(TorchNotInstalledError, match=r"pip install '\.\[torch\]'"):
+        load_factory(f"{path}:model", 4)
+
+
 def test_import_pase_stays_torch_free():
     code = "import sys, pase, graphs, pase.torch_import; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -614,6 +621,7 @@ def test_load_factory_from_a_file_with_kwargs(tmp_path):
 
 
 def test_load_factory_from_a_module():
+    pytest.importorskip("transformers")
     module, args, _ = load_factory("examples.hf_llama:tiny_llama", 3)
     assert args[0].shape == (3, 16)
 
@@ -627,7 +635,9 @@ def test_load_factory_from_a_module():
     ("import torch\ndef model(batch): return 3, (torch.zeros(1),)", "{path}:model", "where a torch.nn.Module belongs"),
     ("import torch\ndef model(batch): return torch.nn.Linear(1, 1), 3", "{path}:model", "expected a tuple"),
     ("raise ValueError('broken file')", "{path}:model", "importing .* failed: ValueError: broken file"),
-    ("", "no_such_package.models:model", "cannot import module no_such_package.models"),
+    ("", "no_such_package.models:model", "cannot import module no_such_package.models: .*"
+                                           "pip install no_such_package"),
+    ("import no_such_dependency", "{path}:model", "No module named 'no_such_dependency' .pip install"),
     ("", "{path}", "FILE.py:FUNCTION"),
 ])
 def test_factory_errors_name_the_factory_and_the_problem(tmp_path, body, spec, match):
@@ -658,6 +668,7 @@ def test_graphs_load_takes_a_torch_spec(tmp_path):
 
 
 def test_tiny_llama_blocks_are_identical():
+    pytest.importorskip("transformers")
     net = graphs.load("torch:examples/hf_llama.py:tiny_llama", 4)
     ops = [layer.op for layer in net.layers]
     # embedding, 2 x 15 block vertices, final norm, head, loss
@@ -728,6 +739,7 @@ def test_tiny_llama_parameters_are_the_models_own():
     # tensor of one layer (Embedding, the Einsums and FCs, one scale per RMSNorm).
     from pase.memory import parameter_count
 
+    pytest.importorskip("transformers")
     module, args, kwargs = load_factory("examples/hf_llama.py:tiny_llama", 4)
     net = from_torch(module, args, kwargs)
     assert parameter_count(net) == sum(p.numel() for p in module.parameters())
@@ -736,6 +748,7 @@ def test_tiny_llama_parameters_are_the_models_own():
 def test_an_imported_network_survives_the_graph_file_round_trip():
     from pase import network_from_json, network_to_json
 
+    pytest.importorskip("transformers")
     net = graphs.load("torch:examples/hf_llama.py:tiny_llama", 4)
     assert_same_network(network_from_json(network_to_json(net)), net, procs=(4,))
 
