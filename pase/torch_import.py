@@ -30,7 +30,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from . import layers as L
 from .builder import GraphBuilder, Network
@@ -413,7 +412,6 @@ class _Emitter:
     def __init__(self, builder: GraphBuilder):
         self.g = builder
         self.tensors: dict = {}  # id(_Base) -> pase Tensor
-        self.extra = 0
 
     def tensor(self, base: _Base):
         if id(base) not in self.tensors:
@@ -425,7 +423,6 @@ class _Emitter:
 
     def constant(self, shape, name: str):
         """A replicated operand of a data-movement layer (a Concat): a graph input."""
-        self.extra += 1
         return self.g.input(tuple(shape), name)
 
     def add(self, proto: _Proto, layer) -> None:
@@ -2127,7 +2124,10 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     if not importer.protos:
         raise TorchImportError(f"{model_name}: no layer depends on the batch input; there is nothing to plan")
     chosen = cutoff if cutoff is not None else (4 if importer.has_conv else 1)
-    return importer.emit(chosen)
+    try:
+        return importer.emit(chosen)
+    except _Unmappable as why:
+        raise TorchImportError(f"{model_name}: {why}") from None
 
 
 def load_factory(spec: str, batch: int):
