@@ -7,7 +7,6 @@ and every cost vector and edge matrix at a few device counts). Skipped without t
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
