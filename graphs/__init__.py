@@ -129,7 +129,8 @@ def load(spec: str, batch: int | None = None, model: int | None = None, **option
     if sep and prefix in SOURCES:
         return SOURCES[prefix](rest, batch, model, **options)
     if options:
-        raise ValueError(f"{', '.join(sorted(options))} apply only to imported models (torch:...), not to {spec!r}")
+        raise ValueError(f"options {', '.join(sorted(options))} apply only to imported models (torch:...), "
+                         f"not to {spec!r}")
     if spec.endswith(".json"):
         return _load_json(spec, batch, model)
     return build(spec, DEFAULT_BATCH if batch is None else batch, model)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "Tensor": "tensor",
     "Machine": "machine", "Group": "machine", "load_machine": "machine", "CalibratedMachine": "calibrated",
     "network_to_json": "graph_json", "network_from_json": "graph_json",
+    "from_torch": "torch_import",
     "enumerate_configs": "configs", "is_contiguous": "configs",
     "Layer": "layers", "LayerCost": "layers", "LAYER_TYPES": "layers", "make_layer": "layers",
     "Conv": "layers", "Pooling": "layers", "FC": "layers", "Einsum": "layers", "Embedding": "layers",

@@ -81,6 +81,8 @@ PROGRESS_DELAY = 1.0
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
+#: --loss values for imported models.
+LOSSES = ("cross-entropy", "none")
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
 #: sqrt(size) steps, once per layer).
 MAX_DIMENSION = 2**31 - 1
@@ -133,6 +135,7 @@ class Options:
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
     export_graph: str | None = None  # --export-graph: where to write the JSON graph file
+    loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -337,6 +340,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
              "Settings the file records are used; a flag given overrides them (with a note).")
+    add("--loss", choices=LOSSES, default=None,
+        help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
+             "output, as the built-in graphs have, or none. (Default: cross-entropy)")
     add("--export-graph", metavar="FILE", default=None,
         help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
@@ -409,6 +415,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         evaluate=args.evaluate,
         dot_path=dot_path,
         export_graph=args.export_graph,
+        loss=args.loss,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -424,8 +431,11 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
 
 
 def _load_network(opts: Options, model_from_file: bool = False):
+    options = {} if opts.loss is None else {"loss": None if opts.loss == "none" else opts.loss}
+    if options and not opts.graph.startswith("torch:"):
+        raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", EXIT_USAGE)
     try:
-        return graphs.load(opts.graph, opts.batch, opts.model)
+        return graphs.load(opts.graph, opts.batch, opts.model, **options)
     except InputError as err:
         raise CliError(str(err), EXIT_INPUT) from None
     except ValueError as err:
