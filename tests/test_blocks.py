@@ -536,3 +536,19 @@ def test_more_than_32_wide_axes_refused_clearly():
         search.run(memory_budget=10**30)
     # GenerateSeq eliminates the leaves first: tables of two axes.
     assert Search(G).run().cost == 0.0
+
+
+def test_graph_read_back_from_a_file_finds_the_same_blocks():
+    # Detection needs nothing from the builder: a graph written to the JSON graph format and
+    # read back (an "imported" graph) has the same runs and the same optimum.
+    import json
+
+    from pase.graph_json import network_from_json, network_to_json
+
+    net = graphs.build("gpt2-small", 8)
+    again = network_from_json(json.loads(json.dumps(network_to_json(net))))
+    G, H = net.graph(8), again.graph(8)
+    a, b = Search(G), Search(H)
+    assert [(r.vertices, r.previous, r.interface) for r in a.blocks] == [
+        (r.vertices, r.previous, r.interface) for r in b.blocks] != []
+    assert math.isclose(a.run().cost, b.run().cost, rel_tol=REL)
