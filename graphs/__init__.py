@@ -37,6 +37,7 @@ class GraphEntry:
     description: str
     model_help: str | None = None  # what -m sets; None: the graph takes no -m
     default_model: int | None = None
+    model_name: str = "model width"  # how outputs name the -m value
 
 
 GRAPHS = {
@@ -61,7 +62,7 @@ for _name, _cfg in LLAMA_CONFIGS.items():
         _name, partial(llama, _name),
         f"Llama 3 decoder, {_cfg.layers} layers, width {_cfg.width}, {_cfg.heads} heads "
         f"({_cfg.kv_heads} key/value), {17 * _cfg.layers + 4} vertices",
-        "sequence length", 2048,
+        "sequence length", 2048, "sequence length",
     )
 del _name, _cfg
 

@@ -9,14 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy
+from pase.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
 from pase.tensor import Tensor
 
 __all__ = ["LlamaConfig", "LLAMA_CONFIGS", "llama", "parameter_count"]
-
-# TODO(lead): use RMSNorm(x, axis=-1) from pase.layers once it lands on main (same cost as
-# Norm, one scale parameter instead of scale and bias); Norm stands in for it until then.
-RMSNorm = Norm
 
 
 @dataclass(frozen=True)
@@ -47,16 +43,16 @@ LLAMA_CONFIGS = {
 SEQUENCE = 2048
 
 
-def parameter_count(config: LlamaConfig, norm_vectors: int = 1) -> int:
-    """Closed form ``2 V e + L (2 e^2 + 2 e g k + 3 e f) + (2 L + 1) n e``.
+def parameter_count(config: LlamaConfig) -> int:
+    """Closed form ``2 V e + L (2 e^2 + 2 e g k + 3 e f) + (2 L + 1) e``.
 
     Embedding and output weight (``V e`` each, untied); per block Wq and Wo (``e^2`` each,
     ``heads * k = e``), Wk and Wv (``e g k`` each), the gate, up and down projections
-    (``e f`` each); ``2 L + 1`` norms of ``n`` vectors of length ``e`` (RMSNorm: ``n = 1``).
+    (``e f`` each); ``2 L + 1`` RMSNorms of one scale vector of length ``e`` each.
     """
     V, e, L, f = config.vocab, config.width, config.layers, config.hidden
     gk = config.kv_heads * config.key
-    return 2 * V * e + L * (2 * e * e + 2 * e * gk + 3 * e * f) + (2 * L + 1) * norm_vectors * e
+    return 2 * V * e + L * (2 * e * e + 2 * e * gk + 3 * e * f) + (2 * L + 1) * e
 
 
 def _block(g: GraphBuilder, name: str, x: Tensor, cfg: LlamaConfig, rotary_q: Tensor, rotary_k: Tensor) -> Tensor:

@@ -188,15 +188,16 @@ def find_block_runs(order, K: dict, costs: dict, edges, min_copies: int = 2) -> 
 
     Examples
     --------
-    A path of five vertices with equal costs and equal matrices: the middle three are
-    copies of a one-vertex block (the ends have other records: one neighbour only).
+    A path of five vertices with equal costs and equal matrices: vertices 1 to 4 are copies
+    of a one-vertex block, each read by the one before it (vertex 0, which reads nothing, is the
+    run's predecessor; the last copy has nothing after it).
 
     >>> import numpy as np
     >>> m = np.ones((2, 2))
     >>> runs = find_block_runs(range(5), dict.fromkeys(range(5), 2), dict.fromkeys(range(5), np.zeros(2)),
     ...                        [(i, i + 1, m) for i in range(4)])
     >>> [(r.vertices, r.previous, r.following) for r in runs]
-    [((1, 2, 3), (0,), (4,))]
+    [((1, 2, 3, 4), (0,), ())]
     """
     order = list(order)
     n = len(order)

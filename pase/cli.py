@@ -136,6 +136,7 @@ class Options:
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
     export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
+    blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -263,13 +264,13 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def _model_help() -> str:
-    widths = [
+    sizes = [
         f"{name}: {entry.model_help} (default {entry.default_model})"
         for name, entry in graphs.GRAPHS.items()
         if entry.model_help
     ]
     return (
-        "model width, for the graphs that have one: " + "; ".join(widths)
+        "model size, for the graphs that have one: " + "; ".join(sizes)
         + ". Refused for every other graph."
     )
 
@@ -345,6 +346,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
     add("--export-graph", metavar="FILE", default=None,
         help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
+    add("--no-blocks", action="store_true",
+        help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
+             "such as a transformer's layers, are found and solved once; the optimum is the same)")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
@@ -392,7 +396,8 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         raise CliError("--measure times a single search; it cannot be combined with --sweep or --evaluate",
                        EXIT_USAGE)
     if args.evaluate is not None:
-        for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None)):
+        for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None),
+                            ("--no-blocks", args.no_blocks)):
             if given:
                 raise CliError(f"{flag} applies to a search; --evaluate costs a given strategy without one",
                                EXIT_USAGE)
@@ -416,6 +421,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         dot_path=dot_path,
         export_graph=args.export_graph,
         loss=args.loss,
+        blocks=not args.no_blocks,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -465,11 +471,17 @@ def _memory_cap(opts: Options, machine) -> float | None:
 
 
 def _effective_model(opts: Options) -> int | None:
-    """The width the graph was built with (``-m`` or the graph's default), if it has one."""
+    """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
     entry = graphs.GRAPHS.get(opts.graph)
     if entry is None or entry.model_help is None:
         return None
     return opts.model if opts.model is not None else entry.default_model
+
+
+def _model_name(opts: Options) -> str:
+    """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
+    entry = graphs.GRAPHS.get(opts.graph)
+    return entry.model_name if entry is not None else "model width"
 
 
 def _show_progress(opts: Options, err: IO) -> bool:
@@ -544,7 +556,7 @@ def _plan(network, procs: int, machine, opts: Options, err: IO, bar: bool = True
             progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
         return plan(network, procs, machine, cap, opts.algo, progress,
-                    memory_model=opts.memory_model, table_budget=opts.table_budget,
+                    memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
                     notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
@@ -592,7 +604,7 @@ def _print_plan(found: Plan, opts: Options, out: IO, measure=None) -> None:
     if opts.json:
         out.write(format_json(report_dict(found, model, measure)))
         return
-    out.write(format_table(found, model))
+    out.write(format_table(found, model, model_name=_model_name(opts)))
     if measure is not None:
         out.write("\n" + format_measurement(measure))
     if opts.dot_path is not None:
@@ -626,7 +638,7 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
         found = _plan(network, opts.procs, machine, opts, err)
     if found.memory.status == NOTHING_FITS:
         raise CliError(_nothing_fits_message(found, opts), EXIT_NOTHING_FITS)
-    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS) if opts.measure else None
+    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
     if opts.dot_path is not None:
         _write_dot(opts, network, found.configs)
     _print_plan(found, opts, out, measurement)
@@ -641,7 +653,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
     _export_graph(opts, network)
     model = _effective_model(opts)
     if not opts.json:
-        out.write(format_sweep_header(network.name, network.batch, machine, model))
+        out.write(format_sweep_header(network.name, network.batch, machine, model, _model_name(opts)))
     status = EXIT_OK
     profiler = _Profiler(opts.profile)
     bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,

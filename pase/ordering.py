@@ -120,7 +120,7 @@ def generate_seq(G, last=()) -> Ordering:
     >>> o.sequence, o.dependent[1], o.max_dependent_set
     ((1, 2, 0, 3), (0,), 1)
     >>> generate_seq(nx.path_graph(4), last=[1]).sequence
-    (0, 2, 3, 1)
+    (0, 3, 2, 1)
     """
     order = _vertex_order(G)
     rank = {v: i for i, v in enumerate(order)}

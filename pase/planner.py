@@ -288,8 +288,9 @@ class Measurement:
     table_entries: int
 
 
-def measure_search(found: Plan, warmup: int = 2, runs: int = 5) -> Measurement:
-    """Time ``warmup`` untimed and ``runs`` timed searches of the plan's costed graph."""
+def measure_search(found: Plan, warmup: int = 2, runs: int = 5, blocks: bool = True) -> Measurement:
+    """Time ``warmup`` untimed and ``runs`` timed searches of the plan's costed graph
+    (``blocks`` as for ``plan``)."""
     if found.graph is None:
         raise ValueError("only a searched plan can be timed")
     ordering = found.search.ordering
@@ -298,7 +299,7 @@ def measure_search(found: Plan, warmup: int = 2, runs: int = 5) -> Measurement:
     for run in range(warmup + runs):
         start = time.perf_counter()
         again = plan(found.network, found.procs, found.machine, ordering=ordering,
-                     memory_model=found.memory_model, graph=found.graph)
+                     memory_model=found.memory_model, graph=found.graph, blocks=blocks)
         wall = time.perf_counter() - start
         entries = again.search.table_entries
         if run >= warmup:

@@ -7,6 +7,7 @@ one line in ``report_dict``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -227,11 +228,11 @@ def unit_line(machine) -> str:
     return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
 
 
-def _header_lines(plan: Plan, model: int | None) -> list:
+def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
     capped = plan.memory.status == "capped"
     what = ("cost of a given strategy" if plan.evaluated
             else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
-    width = f", model width {model}" if model is not None else ""
+    width = f", {model_name} {model}" if model is not None else ""
     net = plan.network
     return [
         f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
@@ -263,6 +264,11 @@ def _summary_lines(plan: Plan) -> list:
             f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
+        if s.blocks:
+            lines.append((
+                "blocks",
+                f"{s.blocks_description}; the plain programme would fill {s.plain_table_entries:,} table entries",
+            ))
     width = max(len(k) for k, _ in lines)
     return [f"{k:<{width}}  {v}" for k, v in lines]
 
@@ -293,11 +299,14 @@ def _memory_lines(plan: Plan) -> list:
     return lines
 
 
-def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None) -> str:
-    """The default output: header, one row per layer, totals and search statistics."""
+def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None,
+                 model_name: str = "model width") -> str:
+    """The default output: header, one row per layer, totals and search statistics.
+
+    ``model`` is the graph's ``-m`` value, shown as ``model_name``."""
     columns = columns or layer_columns(plan.machine.cost_unit)
     rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
-    lines = _header_lines(plan, model) + [""]
+    lines = _header_lines(plan, model, model_name) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(plan)]
     lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
@@ -356,6 +365,8 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "table_entries": s.table_entries,
             "largest_table": s.largest_table,
             "peak_bytes": s.peak_bytes,
+            "plain_table_entries": s.plain_table_entries,
+            "blocks": [dataclasses.asdict(b) for b in s.blocks],
         }
     out["memory"] = memory_dict(plan)
     if measure is not None:
@@ -453,9 +464,10 @@ def _sweep_line(cells) -> str:
     return "  ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(cells, SWEEP_COLUMNS, _SWEEP_WIDTHS)).rstrip()
 
 
-def format_sweep_header(graph: str, batch: int, machine, model: int | None = None) -> str:
+def format_sweep_header(graph: str, batch: int, machine, model: int | None = None,
+                        model_name: str = "model width") -> str:
     """Title and column headers of a sweep table."""
-    model = f", model width {model}" if model is not None else ""
+    model = f", {model_name} {model}" if model is not None else ""
     unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
         f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"

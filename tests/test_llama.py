@@ -19,10 +19,10 @@ SPEC = {
 }
 
 BLOCK = [
-    ("Norm", None), ("Einsum", "ble,grek->bgrlk"), ("Einsum", "ble,gek->bglk"), ("Einsum", "ble,gek->bglk"),
+    ("RMSNorm", None), ("Einsum", "ble,grek->bgrlk"), ("Einsum", "ble,gek->bglk"), ("Einsum", "ble,gek->bglk"),
     ("Elementwise", None), ("Elementwise", None), ("Einsum", "bgrlk,bgmk->bgrlm"), ("Softmax", None),
     ("Einsum", "bgrlm,bgmk->bgrlk"), ("Einsum", "bgrlk,grek->ble"), ("Elementwise", None),
-    ("Norm", None), ("Einsum", "ble,ef->blf"), ("Einsum", "ble,ef->blf"), ("Elementwise", None),
+    ("RMSNorm", None), ("Einsum", "ble,ef->blf"), ("Einsum", "ble,ef->blf"), ("Elementwise", None),
     ("Einsum", "blf,fe->ble"), ("Elementwise", None),
 ]
 
@@ -44,7 +44,7 @@ def test_structure(name):
     net = graphs.build(name, b)
     assert len(net) == 17 * L + 4
     got = [(layer.op, getattr(layer, "equation", None) if layer.op == "Einsum" else None) for layer in net.layers]
-    assert got == [("Embedding", None)] + BLOCK * L + [("Norm", None), ("Einsum", "ble,ev->blv"),
+    assert got == [("Embedding", None)] + BLOCK * L + [("RMSNorm", None), ("Einsum", "ble,ev->blv"),
                                                        ("SoftmaxCrossEntropy", None)]
     at = net.names.index
     assert net.names[1:4] == ("block1.attn.norm", "block1.attn.q", "block1.attn.k")
@@ -72,10 +72,9 @@ def test_parameter_count(name, published):
     assert closed_form(LLAMA_CONFIGS["llama3-8b"]) == 8_030_261_248
     net = graphs.build(name, 1)
     L = LLAMA_CONFIGS[name].layers
-    norm_vectors = len(net.layers[1].parameters())  # 1 for RMSNorm, 2 for Norm until it lands
-    assert parameter_count(net) == closed_form(LLAMA_CONFIGS[name], norm_vectors)
+    assert parameter_count(net) == closed_form(LLAMA_CONFIGS[name])
     assert math.isclose(parameter_count(net), published, rel_tol=1e-3)
-    assert (2 * L + 1) == sum(layer.op in ("Norm", "RMSNorm") for layer in net.layers)
+    assert (2 * L + 1) == sum(layer.op == "RMSNorm" for layer in net.layers)
 
 
 def test_sequence_length_is_the_model_option():

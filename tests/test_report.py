@@ -101,7 +101,8 @@ def test_report_dict_schema():
     assert data["layers"][1]["replicas"] == 2 and data["status"] == "ok"
     assert data["layers"][1]["config"] == [1, 1] and data["layers"][1]["edge_cost"] == EDGE_COST
     assert data["search"] == {"algo": "generateseq", "seconds": 0.5, "max_dependent_set": 1,
-                              "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096}
+                              "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096,
+                              "plain_table_entries": 1234, "blocks": []}
     assert data["evaluated"] is False and "measure" not in data
 
 
