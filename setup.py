@@ -9,10 +9,12 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=["pase", "graphs"],
+    # The measured tables of the calibrated machine presets (pase/data).
+    package_data={"pase": ["data/*.json"]},
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],
-    # Optional: running a plan on XLA host devices (pase.jax_verify); jax on CPU, ~100 MB.
-    extras_require={"jax": ["jax>=0.4.30"]},
+    # Optional: importing PyTorch models and `pase calibrate` (torch); running plans (jax).
+    extras_require={"torch": ["torch>=2.1"], "jax": ["jax>=0.4.30"]},
     entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )

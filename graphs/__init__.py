@@ -17,13 +17,14 @@ from functools import partial
 from .alexnet import alexnet
 from .gpt import GPT_CONFIGS, gpt
 from .inception import inception3
+from .llama import LLAMA_CONFIGS, llama
 from .resnet import resnet101
 from .rnnlm import rnnlm
 from .transformer import transformer
 
 __all__ = [
     "GraphEntry", "GRAPHS", "SOURCES", "build", "load", "DEFAULT_BATCH", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
-    "GPT_CONFIGS",
+    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS",
 ]
 
 
@@ -36,6 +37,7 @@ class GraphEntry:
     description: str
     model_help: str | None = None  # what -m sets; None: the graph takes no -m
     default_model: int | None = None
+    model_name: str = "model width"  # how outputs name the -m value
 
 
 GRAPHS = {
@@ -54,6 +56,13 @@ for _name, _cfg in GPT_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(
         _name, partial(gpt, _name),
         f"GPT decoder, {_cfg.layers} layers, width {_cfg.width}, {12 * _cfg.layers + 5} vertices",
+    )
+for _name, _cfg in LLAMA_CONFIGS.items():
+    GRAPHS[_name] = GraphEntry(
+        _name, partial(llama, _name),
+        f"Llama 3 decoder, {_cfg.layers} layers, width {_cfg.width}, {_cfg.heads} heads "
+        f"({_cfg.kv_heads} key/value), {17 * _cfg.layers + 4} vertices",
+        "sequence length", 2048, "sequence length",
     )
 del _name, _cfg
 
@@ -121,7 +130,8 @@ def load(spec: str, batch: int | None = None, model: int | None = None, **option
     if sep and prefix in SOURCES:
         return SOURCES[prefix](rest, batch, model, **options)
     if options:
-        raise ValueError(f"{', '.join(sorted(options))} apply only to imported models (torch:...), not to {spec!r}")
+        raise ValueError(f"options {', '.join(sorted(options))} apply only to imported models (torch:...), "
+                         f"not to {spec!r}")
     if spec.endswith(".json"):
         return _load_json(spec, batch, model)
     return build(spec, DEFAULT_BATCH if batch is None else batch, model)

@@ -1,4 +1,4 @@
-"""GPT-style decoder-only language models (``graphs.md``): gpt2-small ... gpt3-13b.
+"""GPT-style decoder-only language models (``graphs.md``): gpt2-small ... gpt3-175b.
 
 A pre-LayerNorm decoder of ``L`` blocks, ``12 L + 5`` vertices. Token ids, the position
 embedding and all weights are graph inputs; the weights are parameters (``memory.md``).
@@ -44,6 +44,7 @@ GPT_CONFIGS = {
     "gpt3-2.7b": GPTConfig(32, 2560, 32, 2048),
     "gpt3-6.7b": GPTConfig(32, 4096, 32, 2048),
     "gpt3-13b": GPTConfig(40, 5120, 40, 2048),
+    "gpt3-175b": GPTConfig(96, 12288, 96, 2048),  # GPT-3 paper, Table 2.1 (key width 128)
 }
 
 

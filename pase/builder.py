@@ -97,11 +97,37 @@ class Network:
             for layer in self.layers
         ]
 
-    def cost_table_bytes(self, configs: list) -> tuple:
-        """``(bytes, largest K)`` of the cost vectors and edge matrices over ``configs``."""
+    def _edge_keys(self, configs: list) -> tuple:
+        """The tensor configurations of every edge and a key per distinct edge matrix.
+
+        Returns ``(outputs, inputs, keys)``: per layer its output and input configuration
+        arrays, and per edge ``(u, v)`` a tuple of one key per tensor it carries. Repeated
+        blocks give equal keys: their matrices are computed (and stored) once.
+        """
+        outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(self.layers, configs)]
+        keys = {}
+        for (u, v), tensors in sorted(self.edges.items()):
+            keys[(u, v)] = tuple(
+                (t.shape, np.ascontiguousarray(outputs[u][t.output_index]).tobytes(),
+                 np.ascontiguousarray(inputs[v][t.input_index]).tobytes(), len(configs[u]), len(configs[v]))
+                for t in tensors
+            )
+        return outputs, inputs, keys
+
+    @staticmethod
+    def _table_bytes(configs: list, keys: dict) -> int:
+        """Bytes of the cost vectors and of the distinct edge matrices (and distinct sums)."""
         counts = [len(c) for c in configs]
-        needed = 8 * sum(counts[u] * counts[v] for (u, v) in self.edges) + 8 * sum(counts)
-        return needed, max(counts)
+        distinct = {}
+        for (u, v), tensor_keys in keys.items():
+            for key in tensor_keys + ((tensor_keys,) if len(tensor_keys) > 1 else ()):
+                distinct[key] = counts[u] * counts[v]
+        return 8 * (sum(distinct.values()) + sum(counts))
+
+    def cost_table_bytes(self, configs: list) -> tuple:
+        """``(bytes, largest K)`` of the cost vectors and distinct edge matrices over ``configs``."""
+        return self._table_bytes(configs, self._edge_keys(configs)[2]), max(len(c) for c in configs)
 
     def graph(self, procs: int, machine=None, configs: list | None = None, budget: int | None = None) -> nx.DiGraph:
         """The costed computation graph for ``procs`` devices.
@@ -113,41 +139,44 @@ class Network:
 
         ``configs`` may pass the configurations already enumerated by ``configs(procs)``.
         With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
-        computed if they would need more.
+        computed if they would need more. Edges of repeated blocks share one read-only matrix.
         """
         procs = check_procs(procs)
         machine = machine or Machine()
         machine.check_procs(procs)
         if configs is None:
             configs = self.configs(procs)
+        outputs, inputs, keys = self._edge_keys(configs)
         if budget is not None:
-            needed, largest = self.cost_table_bytes(configs)
+            needed = self._table_bytes(configs, keys)
             if needed > budget:
-                raise CostTablesTooLarge(self.name, procs, needed, largest, budget)
+                raise CostTablesTooLarge(self.name, procs, needed, max(len(c) for c in configs), budget)
         G = nx.DiGraph(network=self, procs=procs, machine=machine, name=self.name)
         for v, (layer, name, C) in enumerate(zip(self.layers, self.names, configs)):
             G.add_node(v, layer=layer, name=name, configs=C, cost=np.asarray(layer.cost(C, machine), dtype=np.float64))
-        outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
-        inputs = [layer.input_configs(C) for layer, C in zip(self.layers, configs)]
-        # Repeated blocks (transformer layers, ResNet stages) give identical matrices; each
-        # distinct one is computed once per call. The memo lives only in this call.
+        # Each distinct matrix (and each distinct sum, for edges carrying several tensors) is
+        # computed once per call; the memo lives only in this call.
         memo: dict = {}
 
-        def matrix_of(t: EdgeTensor, u: int, v: int) -> np.ndarray:
-            source = np.ascontiguousarray(outputs[u][t.output_index])
-            target = np.ascontiguousarray(inputs[v][t.input_index])
-            key = (t.shape, source.shape, target.shape, source.tobytes(), target.tobytes())
+        def matrix_of(key, t: EdgeTensor, u: int, v: int) -> np.ndarray:
             if key not in memo:
-                matrix = edge_cost_matrix(t.shape, source, target, machine, procs)
+                matrix = edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine, procs)
                 matrix.setflags(write=False)  # shared by the edges of repeated blocks
                 memo[key] = matrix
             return memo[key]
 
         for (u, v), tensors in sorted(self.edges.items()):
-            matrix = matrix_of(tensors[0], u, v)
-            for t in tensors[1:]:
-                matrix = matrix + matrix_of(t, u, v)
-            G.add_edge(u, v, cost=matrix, tensors=tensors)
+            tensor_keys = keys[(u, v)]
+            parts = [matrix_of(key, t, u, v) for key, t in zip(tensor_keys, tensors)]
+            if len(parts) > 1:
+                if tensor_keys not in memo:
+                    summed = parts[0]
+                    for m in parts[1:]:
+                        summed = summed + m
+                    summed.setflags(write=False)
+                    memo[tensor_keys] = summed
+                parts = [memo[tensor_keys]]
+            G.add_edge(u, v, cost=parts[0], tensors=tensors)
         return G
 
     def edge_list(self) -> list:

@@ -36,7 +36,10 @@ class CappedSearchResult:
     ``multiplier`` the smallest ``lambda`` found whose Lagrangian optimum fits (0 when
     unconstrained, infinite when nothing fits); ``searches`` and ``table_entries`` the
     dynamic programmes run and their work; ``status`` one of ``UNCONSTRAINED``, ``CAPPED``,
-    ``NOTHING_FITS``.
+    ``NOTHING_FITS``; ``search`` the prepared ``Search`` every dynamic programme reused (its block structure
+    included); ``plain_table_entries`` what the same dynamic programmes would have computed
+    without blocks; ``blocks`` the runs of blocks used (``pase.blocks.BlockSummary``; empty:
+    the plain programme).
     """
 
     status: str
@@ -50,6 +53,8 @@ class CappedSearchResult:
     table_entries: int
     seconds: float
     search: Search
+    plain_table_entries: int = 0
+    blocks: tuple = ()
 
 
 def capped_search(
@@ -64,6 +69,7 @@ def capped_search(
     progress: Callable[[int, int], None] | None = None,
     trace: list | None = None,
     search: Search | None = None,
+    blocks: bool = True,
 ) -> CappedSearchResult:
     """Minimise the graph's cost subject to ``sum of memory[v][choice[v]] <= cap_bytes``.
 
@@ -94,12 +100,18 @@ def capped_search(
         in the bisection is appended to it.
     search : Search, optional
         The search of ``G`` already prepared with ``ordering`` (its ordering is reused).
+    blocks : bool
+        Solve runs of identical blocks once (``Search``'s option; ignored when ``search``
+        is given). The search, and so the block structure, is prepared once for all the
+        Lagrangian searches: memory is the same for every copy of a block, so
+        ``F + lambda * mem`` keeps the copies identical (were it not so, a search would
+        fall back to the plain programme).
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
     start = time.perf_counter()
     if search is None:
-        search = Search(G, ordering)
+        search = Search(G, ordering, blocks=blocks)
     vertices = list(search.ordering.sequence)
     costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
     mem = {}
@@ -107,8 +119,9 @@ def capped_search(
         mem[v] = np.asarray(memory[v], dtype=np.float64)
         if mem[v].shape != costs[v].shape:
             raise ValueError(f"vertex {v!r}: memory vector of shape {mem[v].shape}, costs {costs[v].shape}")
-    work = 0
+    work = plain_work = 0
     count = 0
+    used_blocks = ()
 
     def memory_of(choice) -> float:
         return float(sum(mem[v][choice[v]] for v in vertices))
@@ -116,13 +129,15 @@ def capped_search(
     def finish(status, choice, cost, lower_bound, multiplier, min_memory):
         return CappedSearchResult(status, dict(choice), float(cost), memory_of(choice), min_memory,
                                   float(lower_bound), float(multiplier), count, work,
-                                  time.perf_counter() - start, search)
+                                  time.perf_counter() - start, search, plain_work, used_blocks)
 
     def run(lam: float):
-        nonlocal work, count
+        nonlocal work, plain_work, count, used_blocks
         weighted = {v: costs[v] + lam * mem[v] for v in vertices} if lam else None
         result = search.run(costs=weighted, memory_budget=memory_budget)
         work += result.stats.table_entries
+        plain_work += result.stats.plain_table_entries
+        used_blocks = used_blocks or result.stats.blocks
         count += 1
         if progress is not None:
             progress(count, max_searches)

@@ -24,10 +24,11 @@ from . import __version__, graph_json
 from .baselines import data_parallel
 from .builder import CostTablesTooLarge
 from .fileio import InputError, check_writable, read_json, write_atomic
+from .calibrated import MACHINE_NAMES
 from .machine import load_machine
 from .memory import ASSUMPTIONS, NOTHING_FITS, MemoryModel
 from .ordering import ORDERINGS
-from .planner import Plan, default_budget, evaluate_plan, measure_search, plan, strategy_from_json
+from .planner import Plan, evaluate_plan, measure_search, plan, strategy_from_json
 from .report import (
     dot_graph,
     format_bytes,
@@ -80,6 +81,8 @@ PROGRESS_DELAY = 1.0
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
+#: --loss values for imported models.
+LOSSES = ("cross-entropy", "none")
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
 #: sqrt(size) steps, once per layer).
 MAX_DIMENSION = 2**31 - 1
@@ -123,14 +126,17 @@ class Options:
     procs: int = DEFAULT_PROCS  # -p: devices
     batch: int | None = None  # -b: mini-batch size (None: the graph's own)
     model: int | None = None  # -m: width of graphs that have one
-    flops: float = DEFAULT_FLOPS  # --flops: peak TFLOPS per device
-    bw: float = DEFAULT_BW  # --bw: peak GB/s per device
+    machine: str = "paper"  # --machine: a preset name or a machine description file
+    flops: float | None = None  # --flops: peak TFLOPS per device (paper machine)
+    bw: float | None = None  # --bw: peak GB/s per device (paper machine)
     algo: str = "generateseq"  # --algo: ordering heuristic
     json: bool = False  # --json: one JSON object (per line with --sweep)
     sweep: tuple | None = None  # --sweep: device counts
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
     export_graph: str | None = None  # --export-graph: where to write the JSON graph file
+    loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
+    blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -138,10 +144,6 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
-
-    @property
-    def machine(self):
-        return load_machine("paper", self.flops, self.bw)
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -262,13 +264,13 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def _model_help() -> str:
-    widths = [
+    sizes = [
         f"{name}: {entry.model_help} (default {entry.default_model})"
         for name, entry in graphs.GRAPHS.items()
         if entry.model_help
     ]
     return (
-        "model width, for the graphs that have one: " + "; ".join(widths)
+        "model size, for the graphs that have one: " + "; ".join(sizes)
         + ". Refused for every other graph."
     )
 
@@ -310,10 +312,15 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
         help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
              f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
+    add("--machine", default=None, metavar="NAME|FILE",
+        help=f"the machine that prices the work: {', '.join(MACHINE_NAMES)} (a preset), or a machine "
+             "description FILE.json. paper is the reference model in FLOP-equivalents; the others are "
+             "calibrated (measured compute, nodes, seconds), and --memory defaults to their device memory. "
+             "(Default: paper)")
     add("--flops", type=_machine_rate, default=None,
-        help=f"peak FLOPS of each device in TFLOPS. (Default: {DEFAULT_FLOPS})")
+        help=f"peak FLOPS of each device in TFLOPS, paper machine. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=_machine_rate, default=None,
-        help=f"peak interconnect bandwidth of each device in GB/s. (Default: {DEFAULT_BW})")
+        help=f"peak interconnect bandwidth of each device in GB/s, paper machine. (Default: {DEFAULT_BW})")
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "
              "(to stderr with --json).")
@@ -334,8 +341,14 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
              "Settings the file records are used; a flag given overrides them (with a note).")
+    add("--loss", choices=LOSSES, default=None,
+        help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
+             "output, as the built-in graphs have, or none. (Default: cross-entropy)")
     add("--export-graph", metavar="FILE", default=None,
         help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
+    add("--no-blocks", action="store_true",
+        help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
+             "such as a transformer's layers, are found and solved once; the optimum is the same)")
     add("--table-budget", type=_positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
@@ -383,7 +396,8 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         raise CliError("--measure times a single search; it cannot be combined with --sweep or --evaluate",
                        EXIT_USAGE)
     if args.evaluate is not None:
-        for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None)):
+        for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None),
+                            ("--no-blocks", args.no_blocks)):
             if given:
                 raise CliError(f"{flag} applies to a search; --evaluate costs a given strategy without one",
                                EXIT_USAGE)
@@ -397,14 +411,17 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         procs=pick("procs", DEFAULT_PROCS),
         batch=pick("batch", None),
         model=pick("model", None),
-        flops=pick("flops", DEFAULT_FLOPS),
-        bw=pick("bw", DEFAULT_BW),
+        machine=pick("machine", "paper"),
+        flops=pick("flops", None),
+        bw=pick("bw", None),
         algo=ALGOS[args.algo if args.algo is not None else 0],
         json=args.json,
         sweep=args.sweep,
         evaluate=args.evaluate,
         dot_path=dot_path,
         export_graph=args.export_graph,
+        loss=args.loss,
+        blocks=not args.no_blocks,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -420,8 +437,11 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
 
 
 def _load_network(opts: Options, model_from_file: bool = False):
+    options = {} if opts.loss is None else {"loss": None if opts.loss == "none" else opts.loss}
+    if options and not opts.graph.startswith("torch:"):
+        raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", EXIT_USAGE)
     try:
-        return graphs.load(opts.graph, opts.batch, opts.model)
+        return graphs.load(opts.graph, opts.batch, opts.model, **options)
     except InputError as err:
         raise CliError(str(err), EXIT_INPUT) from None
     except ValueError as err:
@@ -432,12 +452,36 @@ def _load_network(opts: Options, model_from_file: bool = False):
         raise CliError(message, EXIT_USAGE) from None
 
 
+def _load_machine(opts: Options, procs) -> object:
+    """The machine of ``--machine``, checked against every device count before any work."""
+    try:
+        machine = load_machine(opts.machine, opts.flops, opts.bw)
+        for p in procs:
+            machine.check_procs(p)
+    except ValueError as err:
+        raise CliError(str(err), EXIT_USAGE) from None
+    return machine
+
+
+def _memory_cap(opts: Options, machine) -> float | None:
+    """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
+    if opts.memory_cap is not None or opts.measure:
+        return opts.memory_cap
+    return machine.memory_bytes
+
+
 def _effective_model(opts: Options) -> int | None:
-    """The width the graph was built with (``-m`` or the graph's default), if it has one."""
+    """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
     entry = graphs.GRAPHS.get(opts.graph)
     if entry is None or entry.model_help is None:
         return None
     return opts.model if opts.model is not None else entry.default_model
+
+
+def _model_name(opts: Options) -> str:
+    """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
+    entry = graphs.GRAPHS.get(opts.graph)
+    return entry.model_name if entry is not None else "model width"
 
 
 def _show_progress(opts: Options, err: IO) -> bool:
@@ -501,17 +545,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan:
+def _plan(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
     progress = None
+    cap = _memory_cap(opts, machine)
     if bar and _show_progress(opts, err):
-        if opts.memory_cap is None:
+        if cap is None:
             progress = _Progress(err, f"{network.name} p={procs}")
         else:
             progress = _Progress(err, f"{network.name} p={procs} capped", "DP")
     try:
-        return plan(network, procs, opts.machine, opts.memory_cap, opts.algo, progress,
-                    memory_model=opts.memory_model, table_budget=opts.table_budget,
+        return plan(network, procs, machine, cap, opts.algo, progress,
+                    memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
                     notice=_notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
@@ -521,7 +566,7 @@ def _plan(network, procs: int, opts: Options, err: IO, bar: bool = True) -> Plan
 def _nothing_fits_message(found: Plan, opts: Options) -> str:
     m = found.memory
     return (
-        f"nothing fits in {format_bytes(opts.memory_cap)} per device: {found.network.name} on {found.procs} devices, "
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {found.network.name} on {found.procs} devices, "
         f"batch {opts.batch if opts.batch is not None else found.network.batch}, needs at least "
         f"{format_bytes(m.least_bytes)} per device with any strategy "
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
@@ -559,7 +604,7 @@ def _print_plan(found: Plan, opts: Options, out: IO, measure=None) -> None:
     if opts.json:
         out.write(format_json(report_dict(found, model, measure)))
         return
-    out.write(format_table(found, model))
+    out.write(format_table(found, model, model_name=_model_name(opts)))
     if measure is not None:
         out.write("\n" + format_measurement(measure))
     if opts.dot_path is not None:
@@ -584,15 +629,16 @@ def _export_graph(opts: Options, network) -> None:
 
 
 def _run_search(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts)
     _check_outputs(opts)
     _export_graph(opts, network)
     profiler = _Profiler(opts.profile)
     with profiler:
-        found = _plan(network, opts.procs, opts, err)
+        found = _plan(network, opts.procs, machine, opts, err)
     if found.memory.status == NOTHING_FITS:
         raise CliError(_nothing_fits_message(found, opts), EXIT_NOTHING_FITS)
-    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS) if opts.measure else None
+    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
     if opts.dot_path is not None:
         _write_dot(opts, network, found.configs)
     _print_plan(found, opts, out, measurement)
@@ -601,13 +647,13 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
 
 
 def _run_sweep(opts: Options, out: IO, err: IO) -> int:
+    machine = _load_machine(opts, opts.sweep)
     network = _load_network(opts)
     _check_outputs(opts)
     _export_graph(opts, network)
-    machine = opts.machine
     model = _effective_model(opts)
     if not opts.json:
-        out.write(format_sweep_header(network.name, network.batch, machine, model))
+        out.write(format_sweep_header(network.name, network.batch, machine, model, _model_name(opts)))
     status = EXIT_OK
     profiler = _Profiler(opts.profile)
     bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,
@@ -616,7 +662,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
         for procs in bar:
             try:
                 with profiler:
-                    found = _plan(network, procs, opts, err, bar=False)
+                    found = _plan(network, procs, machine, opts, err, bar=False)
             except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = EXIT_TOO_LARGE
@@ -625,7 +671,7 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if opts.json:
                     line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, dp.total_cost)
+                    line = format_sweep_refusal(procs, dp.total_cost, unit=machine.cost_unit)
                 bar.write(line, file=out, end="")
                 continue
             if found.memory.status == NOTHING_FITS:
@@ -634,7 +680,8 @@ def _run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if opts.json:
                     line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory)
+                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
+                                                machine.cost_unit)
                 bar.write(line, file=out, end="")
                 continue
             line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
@@ -658,11 +705,13 @@ _FILE_SETTINGS = {
     "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
     "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
     "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+    "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
 
 #: How a recorded setting is named on the command line, for the notes on overrides.
 _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
-            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory"}
+            "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
+            "machine": "--machine"}
 
 
 def _read_strategy_file(path: str) -> tuple:
@@ -672,6 +721,14 @@ def _read_strategy_file(path: str) -> tuple:
         configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
     except InputError as err:
         raise CliError(str(err)) from None
+    recorded = settings.get("machine")
+    if isinstance(recorded, dict):
+        # The machine a plan was priced on: the reference machine or a preset by name; a
+        # machine from a file must be named again with --machine.
+        name = recorded.get("name")
+        settings["machine"] = name if name in MACHINE_NAMES else None
+        if settings["machine"] is None:
+            del settings["machine"]
     for key, value in list(settings.items()):
         if key not in _FILE_SETTINGS:
             del settings[key]  # recorded, but not a setting this version takes
@@ -700,17 +757,24 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     if args.graph is not None and args.graph != settings.get("graph", args.graph):
         # The recorded width belongs to the recorded graph, not to the one asked for.
         settings.pop("model", None)
+    if args.machine is not None and args.machine != settings.get("machine", args.machine):
+        # Recorded rates belong to the recorded machine: pricing on another one drops them.
+        for key in ("flops", "bw"):
+            settings.pop(key, None)
+    if settings.get("machine", "paper") != "paper" and (args.flops is not None or args.bw is not None):
+        settings.pop("machine")
     opts = options_from_args(args, settings)
     if args.memory is None and "cap_bytes" in settings:
         opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
     for note in _overrides(args, settings):
         err.write(note + "\n")
+    machine = _load_machine(opts, [opts.procs])
     network = _load_network(opts, model_from_file=args.model is None and "model" in settings)
     _check_outputs(opts)
     _export_graph(opts, network)
     with _Profiler(opts.profile) as profiler:
         try:
-            found = evaluate_plan(network, configs, opts.procs, opts.machine, opts.memory_model, opts.memory_cap)
+            found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, _memory_cap(opts, machine))
         except ValueError as error:
             raise CliError(f"strategy file {opts.evaluate}: {error}") from None
     if opts.dot_path is not None:
@@ -734,6 +798,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
     parser = build_parser(out, err, prog)
     try:
         args = parser.parse_args(argv)

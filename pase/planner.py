@@ -9,20 +9,19 @@ for a given strategy; a plan can be re-priced on another machine and read back f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .baselines import data_parallel
 from .builder import Network, check_procs
 from .capped import MAX_SEARCHES, capped_search
 from .fileio import InputError
 from .machine import Machine
-from .memory import CAPPED, NOTHING_FITS, UNCONSTRAINED, MemoryModel, MemorySummary
+from .memory import NOTHING_FITS, MemoryModel, MemorySummary
 from .ordering import ORDERINGS
 from .solver import DEFAULT_MEMORY_SHARE, Search, SearchStats, available_memory
-from .strategy import Evaluation, check_strategy, evaluate
+from .strategy import Evaluation, evaluate
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json",
            "default_budget"]
@@ -142,6 +141,7 @@ def plan(
     table_budget: int | None = None,
     graph=None,
     notice: Callable | None = None,
+    blocks: bool = True,
     **capped_options,
 ) -> Plan:
     """The cheapest strategy for ``network`` on ``procs`` devices, found exactly.
@@ -171,6 +171,9 @@ def plan(
     notice : callable, optional
         ``notice(estimate, searches)`` before the first dynamic programme: the
         ``WorkEstimate`` of one and how many may run (1, or the capped search's most).
+    blocks : bool
+        Solve runs of identical blocks once (``pase.solver.Search``; default); ``False``
+        runs the plain dynamic programme. The optimum is the same.
     **capped_options
         ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of the capped search
         (only with ``memory_cap``).
@@ -198,7 +201,7 @@ def plan(
         _check_graph(graph, network, procs, machine)
     vertices = range(len(network.layers))
     configs_of = [graph.nodes[v]["configs"] for v in vertices]
-    search = Search(graph, ordering)
+    search = Search(graph, ordering, blocks=blocks)
     search.check_budget(budget)  # refuse before any notice or allocation
     if notice is not None:
         notice(search.estimate, 1 if memory_cap is None else capped_options.get("max_searches", MAX_SEARCHES))
@@ -209,9 +212,9 @@ def plan(
         vectors = memory_model.vectors(network, configs_of)
         found = capped_search(graph, dict(zip(vertices, vectors)), memory_cap, ordering, budget,
                               progress=progress, search=search, **capped_options)
-        e = found.search.estimate
-        stats = SearchStats(e.ordering, found.table_entries, e.largest_table, e.max_dependent_set,
-                            e.peak_bytes, found.seconds)
+        e = replace(found.search.estimate, table_entries=found.table_entries,
+                    plain_table_entries=found.plain_table_entries, blocks=found.blocks)
+        stats = SearchStats(e, found.seconds)
         choice, total = found.choice, found.cost
         capped = {
             "status": found.status,
@@ -285,8 +288,9 @@ class Measurement:
     table_entries: int
 
 
-def measure_search(found: Plan, warmup: int = 2, runs: int = 5) -> Measurement:
-    """Time ``warmup`` untimed and ``runs`` timed searches of the plan's costed graph."""
+def measure_search(found: Plan, warmup: int = 2, runs: int = 5, blocks: bool = True) -> Measurement:
+    """Time ``warmup`` untimed and ``runs`` timed searches of the plan's costed graph
+    (``blocks`` as for ``plan``)."""
     if found.graph is None:
         raise ValueError("only a searched plan can be timed")
     ordering = found.search.ordering
@@ -295,7 +299,7 @@ def measure_search(found: Plan, warmup: int = 2, runs: int = 5) -> Measurement:
     for run in range(warmup + runs):
         start = time.perf_counter()
         again = plan(found.network, found.procs, found.machine, ordering=ordering,
-                     memory_model=found.memory_model, graph=found.graph)
+                     memory_model=found.memory_model, graph=found.graph, blocks=blocks)
         wall = time.perf_counter() - start
         entries = again.search.table_entries
         if run >= warmup:

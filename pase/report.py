@@ -7,6 +7,7 @@ one line in ``report_dict``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .builder import Network
-from .memory import ASSUMPTIONS
+from .memory import ASSUMPTIONS, MemorySummary
 from .ordering import ordering_title
 from .planner import Measurement, Plan
 from .units import format_bytes, format_cost, format_seconds
@@ -227,11 +228,11 @@ def unit_line(machine) -> str:
     return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
 
 
-def _header_lines(plan: Plan, model: int | None) -> list:
+def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
     capped = plan.memory.status == "capped"
     what = ("cost of a given strategy" if plan.evaluated
             else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
-    width = f", model width {model}" if model is not None else ""
+    width = f", {model_name} {model}" if model is not None else ""
     net = plan.network
     return [
         f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
@@ -263,6 +264,11 @@ def _summary_lines(plan: Plan) -> list:
             f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
+        if s.blocks:
+            lines.append((
+                "blocks",
+                f"{s.blocks_description}; the plain programme would fill {s.plain_table_entries:,} table entries",
+            ))
     width = max(len(k) for k, _ in lines)
     return [f"{k:<{width}}  {v}" for k, v in lines]
 
@@ -293,11 +299,14 @@ def _memory_lines(plan: Plan) -> list:
     return lines
 
 
-def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None) -> str:
-    """The default output: header, one row per layer, totals and search statistics."""
+def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column] | None = None,
+                 model_name: str = "model width") -> str:
+    """The default output: header, one row per layer, totals and search statistics.
+
+    ``model`` is the graph's ``-m`` value, shown as ``model_name``."""
     columns = columns or layer_columns(plan.machine.cost_unit)
     rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
-    lines = _header_lines(plan, model) + [""]
+    lines = _header_lines(plan, model, model_name) + [""]
     lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(plan)]
     lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
@@ -356,6 +365,8 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "table_entries": s.table_entries,
             "largest_table": s.largest_table,
             "peak_bytes": s.peak_bytes,
+            "plain_table_entries": s.plain_table_entries,
+            "blocks": [dataclasses.asdict(b) for b in s.blocks],
         }
     out["memory"] = memory_dict(plan)
     if measure is not None:
@@ -453,12 +464,13 @@ def _sweep_line(cells) -> str:
     return "  ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(cells, SWEEP_COLUMNS, _SWEEP_WIDTHS)).rstrip()
 
 
-def format_sweep_header(graph: str, batch: int, machine, model: int | None = None) -> str:
-    """Title and column headers of a sweep table (costs in FLOP-equivalents)."""
-    model = f", model width {model}" if model is not None else ""
+def format_sweep_header(graph: str, batch: int, machine, model: int | None = None,
+                        model_name: str = "model width") -> str:
+    """Title and column headers of a sweep table."""
+    model = f", {model_name} {model}" if model is not None else ""
+    unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; machine {machine.flops:g} TFLOPS and {machine.bw:g} GB/s "
-        f"per device; costs in FLOP-equivalents\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 
@@ -476,10 +488,11 @@ def format_sweep_row(plan: Plan) -> str:
     """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
     speedup = plan.speedup
     m = plan.memory
+    cost = _cost_cell(plan.machine.cost_unit)
     return _sweep_line([
         str(plan.procs),
-        format_cost(plan.total_cost),
-        format_cost(plan.data_parallel.total),
+        cost(plan.total_cost),
+        cost(plan.data_parallel.total),
         f"{speedup:.3f}x" if speedup is not None else "n/a",
         format_bytes(m.per_device_bytes),
         format_bytes(m.data_parallel_per_device_bytes),
@@ -489,11 +502,11 @@ def format_sweep_row(plan: Plan) -> str:
 
 
 def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
-                         memory: MemorySummary | None = None) -> str:
+                         memory: MemorySummary | None = None, unit: str = "flop-equivalents") -> str:
     """A sweep row for a device count with no answer: its search was too large (the
     paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
     return _sweep_line([
-        str(procs), reason, format_cost(data_parallel_cost), "-",
+        str(procs), reason, _cost_cell(unit)(data_parallel_cost), "-",
         "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
         "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
         "-" if memory is None else "memory: least",

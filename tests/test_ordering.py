@@ -371,3 +371,53 @@ def test_get_ordering():
     assert isinstance(o, Ordering) and o.name == "mine"
     assert generate_seq(nx.path_graph(2)).name == "generateseq"
     assert breadth_first(nx.path_graph(2)).name == "breadth-first"
+
+
+# --------------------------------------------------------------------------------------
+# The heap-based GenerateSeq and its held-back vertices (pase.blocks uses them)
+
+
+def _scan_generate_seq(G):
+    """GenerateSeq as Fig. 3 writes it: every round, scan all unsequenced vertices for the
+    smallest (|d(v)|, id); then d(u) = (d(u) ∪ d(v)) - {u, v} for u in d(v)."""
+    order = sorted(G.nodes)
+    d = {v: set() for v in order}
+    for u, v in G.edges():
+        d[u].add(v)
+        d[v].add(u)
+    left, sequence, dependent = set(order), [], {}
+    while left:
+        v = min(left, key=lambda x: (len(d[x]), order.index(x)))
+        left.discard(v)
+        sequence.append(v)
+        dependent[v] = set(d[v])
+        for u in d[v]:
+            d[u] = (d[u] | d[v]) - {u, v}
+    return sequence, dependent
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_heap_generate_seq_is_the_scan(seed):
+    rng = np.random.default_rng([SEED, seed, 11])
+    n = int(rng.integers(1, 40))
+    G = nx.gnp_random_graph(n, float(rng.uniform(0.02, 0.4)), seed=int(rng.integers(1 << 30)))
+    o = generate_seq(G)
+    sequence, dependent = _scan_generate_seq(G)
+    assert list(o.sequence) == sequence
+    assert {v: set(dv) for v, dv in o.dependent.items()} == dependent
+
+
+def test_held_back_vertices_come_last_in_the_given_order():
+    # Path 0-1-2-3-4 with 1 and 3 held back (given as [3, 1]). The others by the rule:
+    # |d| is 1 for 0 and 4, 2 for 2 -> 0 (smaller id), D(0) = {1}; then 4 (|d| = 1 < 2),
+    # D(4) = {3}; then 2, D(2) = {1, 3}, which leaves d(3) = {1}; then the held ones in the
+    # given order: 3 with D(3) = {1}, and 1 with D(1) = {}.
+    G = nx.path_graph(5)
+    o = generate_seq(G, last=[3, 1])
+    assert o.sequence == (0, 4, 2, 3, 1)
+    assert {v: set(d) for v, d in o.dependent.items()} == {0: {1}, 4: {3}, 2: {1, 3}, 3: {1}, 1: set()}
+    assert _as_sets(o.dependent) == _dependent_by_definition(G, o.sequence)
+    with pytest.raises(ValueError, match="distinct vertices"):
+        generate_seq(G, last=[1, 1])
+    with pytest.raises(ValueError, match="distinct vertices"):
+        generate_seq(G, last=[7])

@@ -10,7 +10,6 @@ import ast
 import os
 import re
 
-import pase.cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,3 +56,14 @@ def test_test_requirements_add_pytest_to_the_runtime_ones():
     lines = requirement_lines("requirements-test.txt")
     assert "-r requirements.txt" in lines
     assert any(line.startswith("pytest") for line in lines)
+
+
+def test_measured_tables_ship_as_package_data():
+    kw = setup_keywords()
+    assert ast.literal_eval(kw["package_data"]) == {"pase": ["data/*.json"]}
+    assert os.path.exists(os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json"))
+
+
+def test_optional_extras_are_declared():
+    extras = ast.literal_eval(setup_keywords()["extras_require"])
+    assert set(extras) == {"torch", "jax"}

@@ -29,7 +29,7 @@ from pase.report import (
     report_dict,
     split_notation,
 )
-from pase.solver import SearchStats
+from pase.solver import SearchStats, WorkEstimate
 
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
@@ -68,7 +68,7 @@ def tiny_report(**kwargs):
     """A plan of the tiny network as if searched: the hand-worked strategy and made-up statistics."""
     net = tiny_network(**kwargs)
     found = evaluate_plan(net, [(2, 1, 1), (1, 1)], 2, Machine())
-    stats = SearchStats("generateseq", 1234, 100, 1, 4096, 0.5)
+    stats = SearchStats(WorkEstimate("generateseq", 1234, 100, 1, 4096), 0.5)
     return net, replace(found, search=stats, config_counts=(6, 3))
 
 
@@ -101,7 +101,8 @@ def test_report_dict_schema():
     assert data["layers"][1]["replicas"] == 2 and data["status"] == "ok"
     assert data["layers"][1]["config"] == [1, 1] and data["layers"][1]["edge_cost"] == EDGE_COST
     assert data["search"] == {"algo": "generateseq", "seconds": 0.5, "max_dependent_set": 1,
-                              "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096}
+                              "table_entries": 1234, "largest_table": 100, "peak_bytes": 4096,
+                              "plain_table_entries": 1234, "blocks": []}
     assert data["evaluated"] is False and "measure" not in data
 
 

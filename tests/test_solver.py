@@ -468,8 +468,9 @@ def test_estimate_table_entries_random(index):
                                            ("inception3", "breadth-first"), ("transformer", "breadth-first"),
                                            ("resnet101", "breadth-first")])
 def test_estimate_table_entries_real_graphs(name, ordering):
+    # The plain programme's work (with blocks the work is less: tests/test_blocks.py).
     G = graphs.build(name).graph(8)
-    search = Search(G, ordering)
+    search = Search(G, ordering, blocks=False)
     e = search.estimate
     assert (e.table_entries, e.largest_table, e.max_dependent_set) == _expected_work(G, search.ordering.sequence)
     assert e.ordering == ordering
@@ -553,8 +554,9 @@ def test_progress_monotone_to_total_random(index):
 
 @pytest.mark.parametrize("chunk", [DEFAULT_CHUNK_ENTRIES, 5000])
 def test_progress_monotone_to_total_transformer(chunk):
+    # The plain programme (progress with blocks: tests/test_blocks.py).
     G = graphs.build("transformer").graph(8)
-    search = Search(G, chunk_entries=chunk)
+    search = Search(G, chunk_entries=chunk, blocks=False)
     calls = []
     result = search.run(progress=lambda done, total: calls.append((done, total)))
     _check_progress(calls, search.estimate.table_entries, G, search.ordering.sequence)
