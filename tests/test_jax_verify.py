@@ -466,3 +466,14 @@ def test_readme_snippet_applies_an_export(jax_available, tmp_path):
     out = subprocess.run([sys.executable, "-c", SNIPPET, str(path)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[(16,", "8)]", "4"]
+
+
+def test_a_network_read_from_a_graph_file_runs(jax_available):
+    # A model source other than the built-in builders (a JSON graph file, the format the
+    # PyTorch importer's graphs are written in) rebuilds every layer from its args.
+    from pase.graph_json import network_from_json, network_to_json
+
+    net = network_from_json(json.loads(json.dumps(network_to_json(_lstm()))))
+    result = verify(net, plan(net, 4).configs, 4)
+    assert result.ok, result.table()
+    assert [l.op for l in result.layers] == ["Embedding", "LSTM", "FC", "SoftmaxCrossEntropy"]
