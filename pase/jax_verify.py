@@ -802,7 +802,10 @@ def verify(
     if needed > budget:
         raise VerifyTooLarge(network.name, procs, needed, budget)
     layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs, DTYPES[dtype])
-    payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed), "dtype": dtype})
+    try:  # the child rebuilds nothing: it gets the network's layers as they are
+        payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed), "dtype": dtype})
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise ValueError(f"the network cannot be sent to the JAX run (its layers must be picklable): {err}") from None
     started = time.perf_counter()
     child = subprocess.run(
         [sys.executable, "-m", "pase.jax_verify"], input=payload, capture_output=True,
