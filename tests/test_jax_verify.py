@@ -477,3 +477,10 @@ def test_a_network_read_from_a_graph_file_runs(jax_available):
     result = verify(net, plan(net, 4).configs, 4)
     assert result.ok, result.table()
     assert [l.op for l in result.layers] == ["Embedding", "LSTM", "FC", "SoftmaxCrossEntropy"]
+
+
+def test_verify_takes_a_plan(jax_available):
+    found = plan(_mlp(), 2)
+    result = verify(found)
+    assert result.ok and result.procs == 2
+    assert [l.config for l in result.layers] == [tuple(c) for c in found.configs]
