@@ -102,7 +102,12 @@ def summary_row(r: dict) -> list:
     pmem = r["paper_on_h100"].memory
     # A gain over a strategy that does not fit the device is no gain: say so instead.
     gain = f"{p[3] / h[3]:.2f}x" if fits(r["paper_on_h100"]) and fits(r["h100"]) else "-"
-    mt_gain = f"{mt_ms / h[3]:.2f}x" if fits(mt) and fits(r["h100"]) else "-"
+    mt_gain = "-"
+    fitting = r["megatron"]["fitting"]
+    if fits(r["h100"]) and fitting is not None:
+        # Against the chosen mesh when it fits, else against the fastest mesh that does.
+        fit_ms = split_ms(r["megatron"]["meshes"][fitting].evaluation)[3]
+        mt_gain = f"{fit_ms / h[3]:.2f}x" + ("" if fitting == r["megatron"]["mesh"] else f" (vs {fitting[0]}x{fitting[1]})")
     m, n = r["megatron"]["mesh"]
     return [
         r["name"], r["procs"],
@@ -125,6 +130,20 @@ def megatron_rows(r: dict) -> list:
         rows.append([r["name"], r["procs"], f"{m} x {n}", f"{total:.2f}", f"{c:.2f} / {comm:.2f} / {e:.2f}",
                      _gb(p), mark or ""])
     return rows
+
+
+def nearest_mesh(r: dict, key: str) -> str:
+    """The Megatron mesh whose configurations agree with a strategy's on the most layers."""
+    configs = r[key].configs
+    best = None
+    for (m, n), p in r["megatron"]["meshes"].items():
+        differ = sum(a != b for a, b in zip(configs, p.configs))
+        if best is None or differ < best[0]:
+            best = (differ, m, n)
+    differ, m, n = best
+    if differ == len(configs):
+        return "none (every layer differs from every mesh)"
+    return f"{m} x {n}" + (" (identical)" if differ == 0 else f" ({differ} of {len(configs)} layers differ)")
 
 
 def block_rows(r: dict, block: str = "block1.") -> list:
@@ -334,9 +353,10 @@ def placement_section(r: dict, h100) -> list:
         "dims, operand B's over `M` dims; batch dims of a batched GEMM need none). `comm ms`: the",
         "layer's communication on `h100-sxm`; `flat ms`: the same with every link as fast as NVLink",
         "(450 GB/s, 3 us: a machine identical but for `inter_node`), so the difference is what",
-        "crossing nodes costs. A layer whose configuration uses fewer than p devices occupies",
-        "devices `0..c-1` (`c` the product of its splits), so its groups may all lie in node 0;",
-        "edges are priced at the inter-node bandwidth whenever p > 8 (`machines.md`).",
+        "crossing nodes costs. A layer whose configuration uses `c < p` devices (the table of",
+        "`pase` shows it as replicated `p / c` times) is laid out on its `c` devices as on",
+        "`0..c-1`, so its groups may all lie in one node; edges are priced at the inter-node",
+        "bandwidth whenever p > 8 (`machines.md`).",
         "Layers: block 1 (every block is the same) and the layers outside the",
         f"blocks. Megatron expert: mesh {m} x {n} (batch {m} ways, heads / ff / vocabulary {n} ways).",
         "",
@@ -419,10 +439,11 @@ def main(argv=None) -> int:
         "",
         "Splits are compute / communication / edges (ms).",
         "`gain`: how much faster the h100 optimum is than the paper one on the H100 (`-` where either",
-        "needs more than 80 GB per device); `over DP`, `over Megatron` likewise against DP and the",
-        "Megatron expert. Memory: GB per device (parameters with mixed-precision Adam and all",
-        "activations, `memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's",
-        "outcome (`capped`: the unconstrained optimum did not fit and a fitting strategy was found;",
+        "needs more than 80 GB per device); `over DP`: against DP; `over Megatron`: against the",
+        "Megatron mesh, or where it does not fit against the fastest mesh that does (named).",
+        "Memory: GB per device (parameters with mixed-precision Adam and all activations,",
+        "`memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's outcome",
+        "(`capped`: the unconstrained optimum did not fit and a fitting strategy was found;",
         "`nothing-fits`: no strategy fits, the least-memory one is shown).",
         "",
         *markdown_table(
@@ -440,6 +461,13 @@ def main(argv=None) -> int:
         "",
         *markdown_table(["graph", "p", "mesh", "ms", "compute / comm / edges", "GB", ""],
                         [row for r in results for row in megatron_rows(r)], "lllrrrl"),
+        "",
+        "How close each optimum is to a mesh: the mesh whose configurations agree with it on the",
+        "most layers, and on how many layers they differ.",
+        "",
+        *markdown_table(["graph", "p", "paper optimum", "h100 optimum"],
+                        [[r["name"], r["procs"], nearest_mesh(r, "paper"), nearest_mesh(r, "h100")]
+                         for r in results], "llll"),
     ]
     focus = [r for r in results if r["name"] == "gpt3-13b" and r["procs"] == 64]
     if focus:
