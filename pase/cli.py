@@ -52,6 +52,7 @@ EXIT_INPUT = 1  # a file could not be read or written, or the strategy in it is 
 EXIT_USAGE = 2  # the command line is wrong (argparse's own status for the same thing)
 EXIT_TOO_LARGE = 3  # the search's tables would exceed the memory budget (nothing allocated)
 EXIT_NOTHING_FITS = 4  # no strategy fits the --memory cap per device
+EXIT_VERIFY = 5  # --verify: the sharded run's numbers differ from the unsharded run
 EXIT_INTERNAL = 70  # a bug: please report it (EX_SOFTWARE of sysexits.h)
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -62,6 +63,7 @@ EXIT_CODES = {
     EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, or a value the graph cannot take",
     EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
     EXIT_NOTHING_FITS: "no strategy fits the --memory cap per device (the least any strategy needs is printed)",
+    EXIT_VERIFY: "--verify: the plan run sharded on XLA devices gave other numbers than the unsharded run",
     EXIT_INTERNAL: "internal error (a bug; set PASE_TRACEBACK=1 to see the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -81,6 +83,8 @@ PROGRESS_DELAY = 1.0
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
+#: --verify engines: JAX in float32 or float64.
+VERIFIERS = ("jax", "jax64")
 #: --loss values for imported models.
 LOSSES = ("cross-entropy", "none")
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
@@ -137,6 +141,8 @@ class Options:
     export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
+    export_jax: str | None = None  # --export-jax: where to write the plan's JAX shardings
+    verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -346,6 +352,13 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
     add("--export-graph", metavar="FILE", default=None,
         help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
+    add("--export-jax", metavar="FILE", default=None,
+        help="also write the plan's device mesh and the PartitionSpec of every layer's inputs, outputs "
+             "and weights as JSON, for JAX (no JAX needed to write it).")
+    add("--verify", choices=VERIFIERS, default=None,
+        help="run the plan's training step (forward and backward) sharded on p XLA host devices and "
+             "check the loss and every gradient against the unsharded run (jax: float32, jax64: float64); "
+             "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'.")
     add("--no-blocks", action="store_true",
         help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
              "such as a transformer's layers, are found and solved once; the optimum is the same)")
@@ -401,6 +414,10 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
             if given:
                 raise CliError(f"{flag} applies to a search; --evaluate costs a given strategy without one",
                                EXIT_USAGE)
+    if args.sweep is not None and args.verify is not None:
+        raise CliError("--verify runs one plan; it cannot be combined with --sweep", EXIT_USAGE)
+    if args.sweep is not None and args.export_jax is not None:
+        raise CliError("--export-jax writes one plan; it cannot be combined with --sweep", EXIT_USAGE)
     if args.measure and args.memory is not None:
         raise CliError("--measure times the unconstrained search; drop --memory", EXIT_USAGE)
     dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
@@ -422,6 +439,8 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         export_graph=args.export_graph,
         loss=args.loss,
         blocks=not args.no_blocks,
+        export_jax=args.export_jax,
+        verify=args.verify,
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -599,14 +618,19 @@ def _write_dot(opts: Options, network, configs=None) -> None:
     write_atomic(opts.dot_path, dot_graph(network, configs).to_string(), "DOT graph")
 
 
-def _print_plan(found: Plan, opts: Options, out: IO, measure=None) -> None:
+def _print_plan(found: Plan, opts: Options, out: IO, measure=None, verified=None) -> None:
     model = _effective_model(opts)
     if opts.json:
-        out.write(format_json(report_dict(found, model, measure)))
+        data = report_dict(found, model, measure)
+        if verified is not None:
+            data["verify"] = verified.to_dict()
+        out.write(format_json(data))
         return
     out.write(format_table(found, model, model_name=_model_name(opts)))
     if measure is not None:
         out.write("\n" + format_measurement(measure))
+    if verified is not None:
+        out.write("\n" + verified.table().rstrip("\n") + "\n")
     if opts.dot_path is not None:
         out.write(f"\nDOT graph written to {opts.dot_path}\n")
 
@@ -617,6 +641,35 @@ def _check_outputs(opts: Options) -> None:
         check_writable(opts.dot_path, "DOT graph")
     if opts.export_graph is not None:
         check_writable(opts.export_graph, "graph file")
+    if opts.export_jax is not None:
+        check_writable(opts.export_jax, "JAX shardings")
+
+
+def _export_jax(opts: Options, found: Plan) -> None:
+    """--export-jax: the plan's mesh and shardings (pure Python: no JAX needed)."""
+    if opts.export_jax is None:
+        return
+    from .jax_export import export_shardings
+
+    try:
+        text = json.dumps(export_shardings(found), indent=1)
+    except ValueError as error:  # a configuration on a number of devices that does not divide p
+        raise CliError(f"--export-jax: {error}") from None
+    write_atomic(opts.export_jax, text + "\n", "JAX shardings")
+
+
+def _verify(opts: Options, found: Plan):
+    """--verify: run the plan on XLA host devices in a child process (``pase.jax_verify``)."""
+    if opts.verify is None:
+        return None
+    from .jax_verify import JaxMissing, verify  # imports no JAX here: the run is a child process
+
+    try:
+        return verify(found, dtype="float64" if opts.verify == "jax64" else "float32")
+    except JaxMissing as error:
+        raise CliError(str(error), EXIT_USAGE) from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(f"--verify {opts.verify}: {error}") from None
 
 
 def _export_graph(opts: Options, network) -> None:
@@ -641,8 +694,17 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
     measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
     if opts.dot_path is not None:
         _write_dot(opts, network, found.configs)
-    _print_plan(found, opts, out, measurement)
+    _export_jax(opts, found)
+    verified = _verify(opts, found)
+    _print_plan(found, opts, out, measurement, verified)
     profiler.write(opts, out, err)
+    return _verified_status(verified, err)
+
+
+def _verified_status(verified, err: IO) -> int:
+    if verified is not None and not verified.ok:
+        err.write("pase: error: --verify: the sharded run's numbers differ from the unsharded run (see the report)\n")
+        return EXIT_VERIFY
     return EXIT_OK
 
 
@@ -779,9 +841,11 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
             raise CliError(f"strategy file {opts.evaluate}: {error}") from None
     if opts.dot_path is not None:
         _write_dot(opts, network, found.configs)
-    _print_plan(found, opts, out)
+    _export_jax(opts, found)
+    verified = _verify(opts, found)
+    _print_plan(found, opts, out, verified=verified)
     profiler.write(opts, out, err)
-    return EXIT_OK
+    return _verified_status(verified, err)
 
 
 # ---------------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def test_readme_names_every_graph_of_the_registry():
 
 
 def test_readme_library_example_runs():
-    code = re.search(r"```python\n(.*?)```", README, flags=re.S).group(1)
+    library = README[README.index("## Using it as a library"):]
+    code = re.search(r"```python\n(.*?)```", library, flags=re.S).group(1)
     printed = io.StringIO()
     namespace = {"print": lambda *a: printed.write(" ".join(map(str, a)) + "\n")}
     exec(compile(code, "README.md", "exec"), namespace)
