@@ -1,0 +1,1564 @@
+"""Fuzz the tool's file inputs and output paths as a new user would, and check every answer.
+
+Generates (deterministically, from ``--seed``) hundreds of commands over graph files
+(``-g FILE.json``), machine files (``--machine FILE.json`` and their measured tables),
+strategy files (``--evaluate FILE`` and ``--evaluate -``), model factories (``-g torch:...``)
+and output paths (``--dot-path``, ``--export-graph``, ``--export-jax``, ``pase calibrate
+--out``), runs them through ``pase.cli.main`` in a worker process (and a few as real
+``python3 scheduler.py`` processes), and checks the rules of the command line:
+
+- a documented exit status (never 70, the internal error; never an escaped exception, a
+  hang or a crash), and the status the case calls for (1: an unreadable or invalid file,
+  2: a bad command line or value);
+- a failing run prints exactly one ``pase: error:`` line on stderr (``pase: note:`` lines
+  aside), no traceback, nothing on stdout, and nothing outside the streams it was given;
+- a successful run prints finite numbers, and inputs that mean the same thing give the same
+  total (a graph file against the built-in graph it was exported from, a strategy file
+  against the search that wrote it, a machine file against the preset it copies);
+- output files: a failing run leaves the directory exactly as it was; a successful one
+  writes the file completely, through symlinks, without replacing devices or links, and
+  leaves no temporary file behind.
+
+Writes ``benchmarks/results/fuzz_inputs.md``: what was tried, counts per category, and every
+failure with its command. Exit status 1 if any case failed.
+
+    python benchmarks/fuzz_inputs.py                 # a few minutes on 2 cores
+    python benchmarks/fuzz_inputs.py --only graph    # one category
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+#: The virtual environment with PyTorch for the ``torch:`` cases (skipped when missing).
+TORCH_PYTHON = "/work/venvs/torch/bin/python"
+#: Exit statuses ``pase --help`` documents (70, the internal error, is a failure here).
+DOCUMENTED = {0, 1, 2, 3, 4, 5, 130}
+#: Seconds one in-process case may run before it counts as a hang.
+CASE_TIMEOUT = 30
+#: Address space of the worker process: a hostile input must be refused, not exhaust memory.
+WORKER_MEMORY = 4 * 1024 ** 3
+
+BAD_FILE = frozenset({1})
+BAD_VALUE = frozenset({2})
+OK = frozenset({0})
+ANY = frozenset(DOCUMENTED - {5, 130})
+
+
+# ---------------------------------------------------------------------------------------
+# Cases
+
+
+@dataclass
+class Case:
+    """One command: its files, arguments, what it must give, and how to check its output."""
+
+    category: str
+    kind: str  # sub-category, counted in the report
+    what: str  # one line: what the input is
+    argv: list
+    expect: frozenset = ANY
+    files: dict = field(default_factory=dict)  # relative path -> bytes, or ("symlink", target), ("dir",), ...
+    stdin: str | None = None
+    same_as: str | None = None  # a group whose successful totals must all be equal
+    outputs: tuple = ()  # files a successful run must leave complete: (path, "json" | "dot" | "text")
+    python: str = "system"  # "system" or "torch" (the interpreter of the worker)
+    process: bool = False  # run as a real process (python3 scheduler.py) instead of in-process
+    env: dict = field(default_factory=dict)  # process cases: extra environment
+    stdout_file: str | None = None  # process cases: a path (inside the case) to send stdout to
+    skip: str | None = None  # why the case is not run here
+    index: int = 0
+    directory: str = ""
+
+    def command(self) -> str:
+        prefix = "python3 scheduler.py" if self.process else "pase"
+        if self.python == "torch":
+            prefix = "(torch venv) " + prefix
+        text = prefix + " " + " ".join(_quote(a) for a in self.argv)
+        if self.stdin is not None:
+            text += f" < stdin({_short(self.stdin, 40)})"
+        if self.stdout_file:
+            text += f" > {self.stdout_file}"
+        return text
+
+
+def _quote(arg: str) -> str:
+    """A shell word; control characters (a NUL, a newline) as ``$'...'`` escapes."""
+    if not re.search(r"[\x00-\x1f\x7f]", arg):
+        return shlex.quote(arg)
+    return "$'" + "".join(c if " " <= c < "\x7f" and c not in "'\\" else f"\\x{ord(c):02x}" for c in arg) + "'"
+
+
+def _short(value, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# Reference inputs
+
+
+def zoo_graph() -> dict:
+    """A small graph file with one layer of every type (checked to load and plan)."""
+    L = lambda name, op, inputs, **args: {"name": name, "op": op, "inputs": inputs, "args": args}  # noqa: E731
+    return {
+        "format": "pase-graph", "version": 1, "name": "zoo", "cutoff": 1, "batch": 4,
+        "inputs": [
+            {"name": "image", "shape": [4, 3, 8, 8], "letters": "bchw", "param": False},
+            {"name": "ids", "shape": [4, 6], "letters": "bl", "param": False},
+            {"name": "w", "shape": [8, 8], "letters": "kn", "param": True},
+        ],
+        "layers": [
+            L("conv", "Conv", ["image"], filters=4, kernel=[3, 3], stride=[1, 1], pad=[1, 1], pw=1),
+            L("bn", "BatchNorm", ["conv"], pw=0),
+            L("pool", "Pooling", ["bn"], window=[2, 2], stride=[2, 2], pad=[0, 0]),
+            L("mean", "ReduceMean", ["pool"], axes=[2, 3], keepdims=False),
+            L("flat", "Ravel", ["pool"]),
+            L("unflat", "Unravel", ["flat"], shape=[4, 64], letters="bk"),
+            L("fc", "FC", ["unflat"], units=8, pw=1, letters="b"),
+            L("cat", "Concat", ["fc", "mean"], axis=1),
+            L("head", "SoftmaxCrossEntropy", ["cat"]),
+            L("emb", "Embedding", ["ids"], vocab=16, width=8, letters="bl"),
+            L("lstm", "LSTM", ["emb"], layers=2),
+            L("proj", "Einsum", ["lstm", "w"], equation="blk,kn->bln", pw=0, batch="b"),
+            L("add", "Elementwise", ["proj", "emb"], pw=0),
+            L("norm", "Norm", ["add"], axis=2, pw=0),
+            L("rms", "RMSNorm", ["norm"], axis=2, pw=0),
+            L("stack", "Stack", ["rms", "norm"], axis=0, batch_dim=1),
+            L("split", "Unstack", ["stack"], axis=0, batch_dim=1),
+            L("soft", "Softmax", ["split:0"], axis=2),
+            L("sum", "Elementwise", ["soft", "split:1"], pw=0),
+            L("loss", "SoftmaxCrossEntropy", ["sum"]),
+        ],
+    }
+
+
+def mini_graph(batch: int = 8, k: int = 16, n: int = 4) -> dict:
+    """The smallest useful graph file: an FC layer and its loss."""
+    return {
+        "format": "pase-graph", "version": 1, "name": "mini", "cutoff": 1, "batch": batch,
+        "inputs": [{"name": "x", "shape": [batch, k], "letters": "bk", "param": False}],
+        "layers": [{"name": "fc", "op": "FC", "inputs": ["x"], "args": {"units": n}},
+                   {"name": "loss", "op": "SoftmaxCrossEntropy", "inputs": ["fc"], "args": {}}],
+    }
+
+
+def _dump(data) -> bytes:
+    return (json.dumps(data) + "\n").encode()
+
+
+#: The JSON type each graph-file field takes (``None`` allowed where marked).
+GRAPH_TOP = {"format": str, "version": int, "name": str, "cutoff": int, "batch": (int, None),
+             "inputs": list, "layers": list}
+GRAPH_INPUT = {"name": str, "shape": list, "letters": str, "param": bool}
+GRAPH_LAYER = {"name": str, "op": str, "inputs": list, "args": dict}
+GRAPH_OPTIONAL = {"batch", "letters", "param", "args"}
+#: Layer arguments by JSON type ("pair": an integer or a list of two).
+ARG_TYPES = {
+    "filters": int, "units": int, "pw": int, "vocab": int, "width": int, "layers": int, "axis": int,
+    "batch_dim": int, "kernel": "pair", "stride": "pair", "pad": "pair", "window": "pair", "axes": list,
+    "shape": list, "keepdims": bool, "equation": str, "batch": (str, None), "letters": (str, None),
+}
+#: Values of every JSON type, for replacing a field.
+PALETTE = [None, True, False, 0, 1, -1, 2, 1.5, -0.0, 10 ** 30, "", "x", "FC", [], [1], [[1]], {}, {"a": 1}]
+
+
+def _json_type(value):
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, int):
+        return int
+    for kind in (float, str, list, dict):
+        if isinstance(value, kind):
+            return kind
+    raise TypeError(value)
+
+
+def _type_fits(value, kind) -> bool:
+    """Whether ``value``'s JSON type is one the field takes (its value may still be wrong)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    t = _json_type(value)
+    for k in kinds:
+        if k == "pair" and (t is int or (t is list and len(value) == 2)):
+            return True
+        if k is t:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# Case generators
+
+
+def graph_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    zoo = zoo_graph()
+    zoo_text = _dump(zoo)
+
+    def add(kind, what, data, *extra, expect=BAD_FILE, name="graph.json", **kw):
+        body = data if isinstance(data, bytes) else _dump(data)
+        files = dict(kw.pop("files", {}))
+        files[name] = body
+        cases.append(Case("graph", kind, what, ["-g", name, "-p", "4", *extra], expect, files, **kw))
+
+    # Good files: every layer type; round trips of built-in graphs give the very same totals.
+    add("good", "a graph with one layer of every type", zoo, expect=OK)
+    add("good", "a graph with one layer of every type, JSON output", zoo, "--json", expect=OK, same_as="zoo")
+    add("good", "the same graph, keys reordered and indented", json.dumps(
+        {k: zoo[k] for k in reversed(list(zoo))}, indent=3).encode(), "--json", expect=OK, same_as="zoo")
+    add("good", "the same graph, every name \\u-escaped", json.dumps(zoo, ensure_ascii=True).encode().replace(
+        b'"conv"', b'"\\u0063onv"'), "--json", expect=OK, same_as="zoo")
+    add("good", "the same graph with -b equal to its batch", zoo, "-b", "4", "--json", expect=OK, same_as="zoo")
+    add("good", "the graph re-exported", zoo, "--export-graph", "again.json", expect=OK,
+        outputs=(("again.json", "json"),))
+    for name, text in refs["exported"].items():
+        add("round trip", f"built-in {name} exported with --export-graph", text, "-b", "8", "--json",
+            expect=OK, same_as=f"builtin:{name}")
+        cases.append(Case("graph", "round trip", f"built-in {name}", ["-g", name, "-p", "4", "-b", "8", "--json"],
+                          OK, same_as=f"builtin:{name}"))
+        add("round trip", f"{name} exported, then exported again", text, "--export-graph", "copy.json",
+            expect=OK, outputs=(("copy.json", "same:graph.json"),))
+
+    # Syntax: truncation, encodings, JSON extensions, hostile nesting and numbers.
+    offsets = sorted({0, 1, len(zoo_text) - 2, len(zoo_text) - 3} | {rng.randrange(2, len(zoo_text) - 3)
+                                                                     for _ in range(14)})
+    for cut in offsets:
+        add("syntax", f"the zoo graph truncated to {cut} of {len(zoo_text)} bytes", zoo_text[:cut])
+    for what, body in [
+        ("an empty file", b""), ("only white space", b" \n\t\n"), ("null", b"null"), ("a list", b"[]"),
+        ("a number", b"42"), ("a string", b'"zoo"'), ("an empty object", b"{}"),
+        ("a UTF-8 byte-order mark before the JSON", b"\xef\xbb\xbf" + zoo_text),
+        ("UTF-16 text", json.dumps(zoo).encode("utf-16")),
+        ("a Latin-1 byte in a layer name", zoo_text.replace(b'"conv"', b'"conv\xe9"')),
+        ("binary noise", bytes(rng.randrange(256) for _ in range(300))),
+        ("NaN as a dimension", zoo_text.replace(b"[4, 3, 8, 8]", b"[4, 3, NaN, 8]", 1)),
+        ("Infinity as a dimension", zoo_text.replace(b"[4, 3, 8, 8]", b"[4, 3, Infinity, 8]", 1)),
+        ("-Infinity as the cutoff", zoo_text.replace(b'"cutoff": 1', b'"cutoff": -Infinity')),
+        ("1e999 (overflows to infinity) as a dimension", zoo_text.replace(b"[4, 3, 8, 8]", b"[4, 3, 1e999, 8]", 1)),
+        ("100000 nested lists", b"[" * 100000 + b"]" * 100000),
+        ("a layer argument nested 5000 deep", zoo_text.replace(b'"units": 8', b'"units": ' + b"[" * 5000 + b"]" * 5000)),
+        ("a 5000-digit integer as a dimension", zoo_text.replace(b"[4, 3, 8, 8]", b"[4, 3, " + b"9" * 5000 + b", 8]", 1)),
+        ("two JSON documents", zoo_text + zoo_text),
+        ("a comment", b"// graph\n" + zoo_text),
+        ("a trailing comma", zoo_text.rstrip().rstrip(b"}") + b", }"),
+        ("single quotes", zoo_text.replace(b'"format"', b"'format'")),
+    ]:
+        add("syntax", what, body)
+    add("syntax", "a duplicated key (JSON keeps the last)", zoo_text.replace(b'"units": 8', b'"units": 3, "units": 8'),
+        "--json", expect=OK, same_as="zoo")
+
+    # Wrong types and missing fields, field by field.
+    def mutate(path, value):
+        data = copy.deepcopy(zoo)
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        if value is _DELETE:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return data
+
+    fields = [((k,), t) for k, t in GRAPH_TOP.items()]
+    fields += [(("inputs", 0, k), t) for k, t in GRAPH_INPUT.items()]
+    for v in (0, 6, 16):
+        fields += [(("layers", v, k), t) for k, t in GRAPH_LAYER.items()]
+    for path, kind in fields:
+        label = _path_text(path)
+        optional = path[-1] in GRAPH_OPTIONAL
+        add("missing field", f"field {label} missing", mutate(path, _DELETE), expect=ANY if optional else BAD_FILE)
+        for value in rng.sample(PALETTE, 8):
+            if _type_fits(value, kind):
+                continue  # a value of the right type: the "values" cases cover those
+            add("wrong type", f"field {label} = {_short(value)}", mutate(path, value))
+    for v, layer in enumerate(zoo["layers"]):
+        for arg in layer["args"]:
+            add("layer args", f"{layer['op']} argument {arg} missing", mutate(("layers", v, "args", arg), _DELETE),
+                expect=ANY)
+            for value in rng.sample(PALETTE, 5):
+                fits = _type_fits(value, ARG_TYPES[arg])
+                add("layer args", f"{layer['op']} argument {arg} = {_short(value)}",
+                    mutate(("layers", v, "args", arg), value), expect=ANY if fits else BAD_FILE)
+        add("layer args", f"{layer['op']} with an unknown argument", mutate(("layers", v, "args", "bogus"), 1))
+        other = rng.choice([op for op in _layer_types() if op != layer["op"]])
+        add("layer args", f"layer {layer['name']} ({layer['op']}) given op {other}",
+            mutate(("layers", v, "op"), other), expect=ANY)
+
+    # Fields the reader does not know: a typo must not be silently ignored.
+    for what, data in [
+        ("an unknown top-level field", mutate(("comment",), "hi")),
+        ("an unknown field in an input", mutate(("inputs", 2, "trainable"), True)),
+        ("'params' for 'param' in an input", _rename(zoo, ("inputs", 2), "param", "params")),
+        ("an unknown field in a layer", mutate(("layers", 0, "bias"), True)),
+        ("'arg' for 'args' in a layer", _rename(zoo, ("layers", 17), "args", "arg")),
+        ("'input' for 'inputs' in a layer", _rename(zoo, ("layers", 1), "inputs", "input")),
+    ]:
+        add("unknown field", what, data)
+
+    # Values: dimensions, counts and the format's own fields.
+    for value, expect in [(0, BAD_FILE), (-4, BAD_FILE), (1, ANY), (3, ANY), (10 ** 12, ANY), (2 ** 53, ANY),
+                          (2 ** 62, ANY), (2 ** 63, ANY), (2 ** 64 + 1, ANY), (10 ** 30, ANY), (10 ** 400, ANY)]:
+        add("dimensions", f"the batch dimension of the image input = {_short(value)}",
+            mutate(("inputs", 0, "shape", 0), value), expect=expect)
+        add("dimensions", f"the first dimension of the mini graph's input = {_short(value)}",
+            _mini_with(value), expect=expect)
+        add("dimensions", f"FC units = {_short(value)}", mutate(("layers", 6, "args", "units"), value),
+            expect=expect)
+    for what, data, expect in [
+        ("an empty shape", mutate(("inputs", 0, "shape"), []), BAD_FILE),
+        ("a rank-30 input", _mini_shape([2] * 30), ANY),
+        ("a rank-40 input of 2**50 dims", _mini_shape([2 ** 50] * 40), ANY),
+        ("letters longer than the shape", mutate(("inputs", 0, "letters"), "bchwx"), BAD_FILE),
+        ("cutoff 0", mutate(("cutoff",), 0), BAD_FILE),
+        ("cutoff 10**30", mutate(("cutoff",), 10 ** 30), ANY),
+        ("batch 0", mutate(("batch",), 0), BAD_FILE),
+        ("batch null", mutate(("batch",), None), OK),
+        ("batch 10**30", mutate(("batch",), 10 ** 30), ANY),
+        ("version 2", mutate(("version",), 2), BAD_FILE),
+        ("format 'pase-graph2'", mutate(("format",), "pase-graph2"), BAD_FILE),
+        ("an empty graph name", mutate(("name",), ""), ANY),
+        ("a 100000-character graph name", mutate(("name",), "n" * 100000), OK),
+        ("no layers", mutate(("layers",), []), BAD_FILE),
+        ("no inputs", mutate(("inputs",), []), BAD_FILE),
+        ("a layer reading nothing", mutate(("layers", 1, "inputs"), []), BAD_FILE),
+        ("an unknown op", mutate(("layers", 0, "op"), "Convolution"), BAD_FILE),
+        ("an op in lower case", mutate(("layers", 0, "op"), "conv"), BAD_FILE),
+        ("an empty op", mutate(("layers", 0, "op"), ""), BAD_FILE),
+        ("an op named like a Python attribute", mutate(("layers", 0, "op"), "__class__"), BAD_FILE),
+    ]:
+        add("values", what, data, expect=expect)
+
+    # Structure: references, cycles, names, shapes.
+    for what, data in [
+        ("a layer reading an undefined tensor", mutate(("layers", 1, "inputs"), ["nothing"])),
+        ("a layer reading a later layer (forward reference)", mutate(("layers", 1, "inputs"), ["pool"])),
+        ("a layer reading itself", mutate(("layers", 1, "inputs"), ["bn"])),
+        ("a cycle: conv reads bn, bn reads conv", mutate(("layers", 0, "inputs"), ["bn"])),
+        ("output :2 of a two-output layer", mutate(("layers", 17, "inputs"), ["split:2"])),
+        ("output :0 of a one-output layer", mutate(("layers", 1, "inputs"), ["conv:0"])),
+        ("a reference that is a number", mutate(("layers", 1, "inputs"), [0])),
+        ("two layers with one name", mutate(("layers", 2, "name"), "conv")),
+        ("a layer named like a graph input", mutate(("layers", 2, "name"), "image")),
+        ("two inputs with one name", mutate(("inputs", 1, "name"), "image")),
+        ("an input with an empty name", mutate(("inputs", 1, "name"), "")),
+        ("a layer with an empty name", mutate(("layers", 1, "name"), "")),
+        ("an FC reading a rank-1 tensor", mutate(("layers", 6, "inputs"), ["flat"])),
+        ("an Elementwise of two shapes", mutate(("layers", 12, "inputs"), ["proj", "w"])),
+        ("an Einsum whose equation does not match", mutate(("layers", 11, "args", "equation"), "bk,kn->bn")),
+        ("an Einsum with an upper-case letter", mutate(("layers", 11, "args", "equation"), "blK,Kn->bln")),
+        ("a Conv reading a rank-2 tensor", mutate(("layers", 0, "inputs"), ["ids"])),
+        ("a Conv kernel larger than the image", mutate(("layers", 0, "args", "kernel"), [30, 30])),
+        ("an Unravel to the wrong number of elements", mutate(("layers", 5, "args", "shape"), [4, 65])),
+        ("a Concat of shapes that differ off the axis", mutate(("layers", 7, "inputs"), ["fc", "emb"])),
+        ("a Stack of two shapes", mutate(("layers", 15, "inputs"), ["rms", "proj", "fc"])),
+        ("an Embedding of a layer output", mutate(("layers", 9, "inputs"), ["fc"])),
+        ("a Norm axis out of range", mutate(("layers", 13, "args", "axis"), 3)),
+        ("ReduceMean over a repeated axis", mutate(("layers", 3, "args", "axes"), [2, 2])),
+    ]:
+        add("structure", what, data)
+    for what, name in [("a layer name with a double quote", 'co"nv'), ("a layer name with a newline", "co\nnv"),
+                       ("a layer name with a backslash", "co\\nv"), ("a layer name in Devanagari", "परत"),
+                       ("a layer name with braces and a semicolon", "a};b{")]:
+        data = copy.deepcopy(zoo)
+        data["layers"][0]["name"] = name
+        data["layers"][1]["inputs"] = [name]
+        add("structure", what + ", DOT output", data, "--dot-path", "g.dot", expect=OK, outputs=(("g.dot", "dot"),))
+
+    # Size: very many layers, very many outputs.
+    add("size", "a chain of 3000 Elementwise layers", _chain(3000), expect=OK)
+    add("size", "a Concat of 3000 inputs", _wide_concat(3000), expect=ANY)
+    add("size", "a Stack of the same tensor 3000 times", _stack_many(3000), expect=ANY)
+    add("size", "an Unstack into 1000 outputs", _unstack(1000), expect=OK)
+    for count in (10 ** 8, 2 ** 40, 10 ** 30):
+        add("size", f"an Unstack into {count} outputs", _unstack(count))
+    add("size", "an Elementwise over a rank-30 input of 2**40 dims (10**361 elements)", _square([2 ** 40] * 30),
+        expect=ANY)
+    add("size", "an Elementwise over a rank-12 input of 2**40 dims (10**144 elements)", _square([2 ** 40] * 12),
+        expect=ANY)
+
+    # The file system.
+    files_cases = [
+        ("a missing file", ["-g", "missing.json"], {}, BAD_FILE),
+        ("a directory named x.json", ["-g", "x.json"], {"x.json": ("dir",)}, BAD_FILE),
+        ("a symlink loop", ["-g", "loop.json"], {"loop.json": ("symlink", "loop.json")}, BAD_FILE),
+        ("a dangling symlink", ["-g", "dangling.json"], {"dangling.json": ("symlink", "nowhere.json")}, BAD_FILE),
+        ("a symlink to /dev/null", ["-g", "null.json"], {"null.json": ("symlink", "/dev/null")}, BAD_FILE),
+        ("a symlink to /dev/zero (endless NUL bytes)", ["-g", "zero.json"], {"zero.json": ("symlink", "/dev/zero")},
+         BAD_FILE),
+        ("a symlink to /dev/urandom", ["-g", "random.json"], {"random.json": ("symlink", "/dev/urandom")}, BAD_FILE),
+        ("a file name of 300 characters", ["-g", "g" * 295 + ".json"], {}, BAD_FILE),
+        ("a path through a file", ["-g", "file.txt/g.json"], {"file.txt": b"x"}, BAD_FILE),
+        ("a path with a NUL byte (in-process only)", ["-g", "gr\0aph.json"], {}, frozenset({1, 2})),
+        ("just '.json'", ["-g", ".json"], {}, BAD_FILE),
+        ("a graph file not ending in .json", ["-g", "graph.txt"], {"graph.txt": zoo_text}, BAD_VALUE),
+        ("an empty -g", ["-g", ""], {}, BAD_VALUE),
+    ]
+    if os.geteuid() != 0:
+        files_cases.append(("an unreadable file", ["-g", "secret.json"], {"secret.json": ("mode", zoo_text, 0)},
+                            BAD_FILE))
+    for what, argv, files, expect in files_cases:
+        cases.append(Case("graph", "file system", what, argv + ["-p", "4"], expect, files))
+    if os.geteuid() == 0:
+        cases.append(Case("graph", "file system", "an unreadable file", [], skip="running as root, which reads any file"))
+
+    # Flags that go with a graph file.
+    for what, extra, expect in [
+        ("-b other than the file's batch", ["-b", "8"], BAD_VALUE), ("-m with a graph file", ["-m", "64"], BAD_VALUE),
+        ("--loss with a graph file", ["--loss", "none"], BAD_VALUE), ("-p not dividing anything", ["-p", "7"], OK),
+        ("--sweep", ["--sweep", "1,2,4", "--json"], OK), ("--algo 1", ["--algo", "1"], OK),
+        ("--memory far too small", ["--memory", "1e-9"], frozenset({4})),
+    ]:
+        argv = ["-g", "graph.json"] + extra + ([] if "-p" in extra or "--sweep" in extra else ["-p", "4"])
+        cases.append(Case("graph", "flags", what, argv, expect, {"graph.json": zoo_text}))
+    return cases
+
+
+_DELETE = object()
+
+
+def _path_text(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
+
+
+def _rename(data, path, old, new):
+    data = copy.deepcopy(data)
+    target = data
+    for key in path:
+        target = target[key]
+    target[new] = target.pop(old)
+    return data
+
+
+def _layer_types() -> list:
+    from pase.layers import LAYER_TYPES
+
+    return sorted(LAYER_TYPES)
+
+
+def _mini_with(first: int) -> dict:
+    data = mini_graph()
+    data["batch"] = None
+    data["inputs"][0]["shape"][0] = first
+    return data
+
+
+def _mini_shape(shape: list) -> dict:
+    data = mini_graph()
+    data["batch"] = None
+    data["inputs"][0]["shape"] = shape
+    data["inputs"][0]["letters"] = ""
+    return data
+
+
+def _square(shape: list) -> dict:
+    data = _mini_shape(shape)
+    data["layers"] = [{"name": "sq", "op": "Elementwise", "inputs": ["x", "x"], "args": {}}]
+    return data
+
+
+def _chain(n: int) -> dict:
+    data = mini_graph()
+    layers = [{"name": "l0", "op": "Elementwise", "inputs": ["x", "x"], "args": {}}]
+    layers += [{"name": f"l{i}", "op": "Elementwise", "inputs": [f"l{i - 1}", "x"], "args": {}} for i in range(1, n)]
+    data["layers"] = layers
+    return data
+
+
+def _wide_concat(n: int) -> dict:
+    data = mini_graph()
+    data["inputs"] = [{"name": f"x{i}", "shape": [8, 2], "letters": "bk"} for i in range(n)]
+    data["layers"] = [{"name": "cat", "op": "Concat", "inputs": [f"x{i}" for i in range(n)], "args": {"axis": 1}},
+                      {"name": "loss", "op": "SoftmaxCrossEntropy", "inputs": ["cat"], "args": {}}]
+    return data
+
+
+def _stack_many(n: int) -> dict:
+    data = mini_graph()
+    data["layers"] = [{"name": "fc", "op": "FC", "inputs": ["x"], "args": {"units": 4}},
+                      {"name": "st", "op": "Stack", "inputs": ["fc"] * n, "args": {"axis": 0}}]
+    return data
+
+
+def _unstack(count: int) -> dict:
+    data = mini_graph()
+    data["batch"] = None
+    data["inputs"][0]["shape"] = [count, 4]
+    data["layers"] = [{"name": "parts", "op": "Unstack", "inputs": ["x"], "args": {"axis": 0, "batch_dim": 1}},
+                      {"name": "loss", "op": "SoftmaxCrossEntropy", "inputs": ["parts:0"], "args": {}}]
+    return data
+
+
+# -- machine files --------------------------------------------------------------------------
+
+MACHINE_FIELDS = {"name": str, "devices_per_node": int, "memory_gb": float, "peak_tflops": float,
+                  "hbm_gbps": float, "intra_node": dict, "inter_node": dict, "act_bytes": float,
+                  "grad_bytes": float, "measured": str, "device": str, "notes": str}
+MACHINE_OPTIONAL = {"measured", "device", "notes"}
+
+
+def _number_fits(value, kind) -> bool:
+    if kind is float:
+        return _json_type(value) in (int, float)
+    return _type_fits(value, kind)
+
+
+def machine_cases(rng: random.Random, refs: dict) -> list:
+    from pase.calibrated import PRESET_TABLES, PRESETS
+
+    cases = []
+    preset = dict(PRESETS["h100-sxm"])
+    bare = {k: v for k, v in preset.items() if k != "measured"}
+    bare["name"] = "box"
+    with open(PRESET_TABLES["h100-sxm"], "rb") as f:
+        shipped_table = f.read()
+    small = {"gemm": [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 64)] for b in (1, 8) for m in (1, 64)
+                      for n in (1, 64) for k in (1, 64)],
+             "memory_bound": [["add", 1024, 2e-6], ["add", 1 << 20, 5e-5]]}
+
+    def add(kind, what, description, *extra, expect=BAD_FILE, files=None, **kw):
+        files = dict(files or {})
+        files["machine.json"] = description if isinstance(description, bytes) else _dump(description)
+        procs = [] if "-p" in extra or "--sweep" in extra else ["-p", "8"]
+        cases.append(Case("machine", kind, what, ["-g", "mini.json", "--machine", "machine.json", *procs, *extra],
+                          expect, dict(files, **{"mini.json": _dump(mini_graph())}), **kw))
+
+    # Good files; a copy of the preset (with its table) prices exactly as the preset.
+    add("good", "the h100-sxm preset without its table", bare, expect=OK)
+    add("good", "the h100-sxm preset copied with its table", dict(preset, name="copy"), "--json", expect=OK,
+        files={"h100-sxm-measured.json": shipped_table}, same_as="h100")
+    cases.append(Case("machine", "good", "the h100-sxm preset by name", ["-g", "mini.json", "--machine", "h100-sxm",
+                                                                          "-p", "8", "--json"], OK,
+                      {"mini.json": _dump(mini_graph())}, same_as="h100"))
+    add("good", "a table in a subdirectory", dict(bare, measured="tables/t.json"), expect=OK,
+        files={"tables/t.json": _dump(small)})
+    add("good", "a small table", dict(bare, measured="t.json"), "--sweep", "1,8,16", expect=OK,
+        files={"t.json": _dump(small)})
+
+    # Field by field: missing, wrong types, out-of-range values.
+    for name, kind in MACHINE_FIELDS.items():
+        data = dict(bare, measured="t.json")
+        if name in data:
+            del data[name]
+        add("missing field", f"field {name} missing", data, expect=ANY if name in MACHINE_OPTIONAL else BAD_FILE,
+            files={"t.json": _dump(small)})
+        for value in rng.sample(PALETTE, 9):
+            if _number_fits(value, kind):
+                continue
+            add("wrong type", f"field {name} = {_short(value)}", dict(bare, **{name: value}))
+    for link in ("intra_node", "inter_node"):
+        for sub in ("gbps", "latency_us"):
+            data = copy.deepcopy(bare)
+            del data[link][sub]
+            add("missing field", f"field {link}.{sub} missing", data)
+            for value in (None, "1", [], True):
+                data = copy.deepcopy(bare)
+                data[link][sub] = value
+                add("wrong type", f"field {link}.{sub} = {_short(value)}", data)
+    for name in ("memory_gb", "peak_tflops", "hbm_gbps", "act_bytes", "grad_bytes", "intra_node.gbps",
+                 "inter_node.gbps", "intra_node.latency_us", "inter_node.latency_us", "devices_per_node"):
+        for value in (0, -1, 1e-300, 5e-324, 1e300, 10 ** 30, 2 ** 62, 1e999):
+            if name == "devices_per_node" and isinstance(value, float):
+                continue
+            data = copy.deepcopy(bare)
+            if "." in name:
+                link, sub = name.split(".")
+                data[link][sub] = value
+            else:
+                data[name] = value
+            zero_ok = name.endswith("latency_us") and value == 0
+            bad = (value <= 0 and not zero_ok) or value == math.inf
+            add("values", f"field {name} = {value!r}", data, "--json", expect=BAD_FILE if bad else ANY)
+    for what, data in [("an unknown field", dict(bare, gpus=8)),
+                       ("an unknown field in a link", dict(bare, inter_node={"gbps": 50, "latency_us": 1, "hops": 2})),
+                       ("a name of spaces", dict(bare, name="   ")),
+                       ("an empty device text", dict(bare, device="")),
+                       ("a list, not an object", [bare]), ("null", None)]:
+        add("fields", what, data)
+    for what, body in [("an empty file", b""), ("truncated", _dump(bare)[:40]), ("NaN", _dump(bare).replace(
+            b'"memory_gb": 80', b'"memory_gb": NaN')), ("nested 100000 deep", b"[" * 100000),
+            ("not UTF-8", _dump(bare).replace(b"box", b"b\xffx"))]:
+        add("syntax", what, body)
+
+    # Device counts against nodes.
+    for g, procs, expect in [(3, 8, BAD_VALUE), (3, 2, OK), (3, 9, OK), (8, 12, BAD_VALUE), (1, 64, OK),
+                             (2 ** 62, 8, ANY), (10 ** 30, 8, ANY)]:
+        add("nodes", f"devices_per_node {g} with -p {procs}", dict(bare, devices_per_node=g), "-p", str(procs),
+            expect=expect)
+    add("nodes", "devices_per_node 3 with --sweep 2,3,4", dict(bare, devices_per_node=3), "--sweep", "2,3,4",
+        expect=BAD_VALUE)
+
+    # The measured table: missing, malformed, hostile, enormous.
+    def table_case(what, body, expect=BAD_FILE, measured="t.json"):
+        files = {} if body is None else {"t.json": body if isinstance(body, (bytes, tuple)) else _dump(body)}
+        add("measured table", what, dict(bare, measured=measured), expect=expect, files=files)
+
+    grid = small["gemm"]
+    table_case("a missing table", None)
+    table_case("the table is a directory", ("dir",))
+    table_case("the table is the machine file itself", None, measured="machine.json")
+    table_case("the table is a symlink loop", ("symlink", "t.json"))
+    table_case("the table is /dev/zero", ("symlink", "/dev/zero"))
+    table_case("an absolute path to a missing table", None, measured="/nonexistent/t.json")
+    table_case("a path out of the directory", None, measured="../../../../../../etc/hostname")
+    for what, body in [
+        ("an empty table", b""), ("truncated", _dump(small)[:100]), ("a list", []), ("no gemm", {"memory_bound": []}),
+        ("an empty gemm", {"gemm": []}), ("gemm not a list", {"gemm": "rows"}), ("a short row", {"gemm": grid + [[1, 2]]}),
+        ("a row of strings", {"gemm": grid + [["1", "1", "1", "1", "1"]]}),
+        ("a boolean size", {"gemm": [[True] + r[1:] for r in grid]}),
+        ("a zero size", {"gemm": grid + [[0, 1, 1, 1, 1e-6]]}), ("negative seconds", {"gemm": grid + [[2, 1, 1, 1, -1]]}),
+        ("zero seconds", {"gemm": grid + [[2, 1, 1, 1, 0]]}), ("a float size", {"gemm": grid + [[2.5, 1, 1, 1, 1e-6]]}),
+        ("a 5000-digit size", b'{"gemm": [[1, 1, 1, ' + b"9" * 5000 + b", 1e-6]]}"),
+        ("a repeated row", {"gemm": grid + [grid[0]]}), ("one value of B", {"gemm": [r for r in grid if r[0] == 1]}),
+        ("a memory_bound op with one size", dict(small, memory_bound=[["add", 1024, 1e-6]])),
+        ("a memory_bound row of four", dict(small, memory_bound=[["add", 1024, 1e-6, 1]])),
+        ("memory_bound not a list", dict(small, memory_bound=5)),
+        ("an empty op name", dict(small, memory_bound=[["", 1, 1e-6], ["", 2, 2e-6]])),
+    ]:
+        table_case(what, body)
+    for what, body in [
+        ("a size of 10**400", {"gemm": grid + [[2, 1, 1, 10 ** 400, 1e-6]]}),
+        ("a size of 2**64", {"gemm": grid + [[2, 1, 1, 2 ** 64, 1e-6]]}),
+        ("seconds of 1e300", {"gemm": [r[:4] + [1e300] for r in grid]}),
+        ("seconds of 5e-324", {"gemm": [r[:4] + [5e-324] for r in grid]}),
+        ("memory_bound seconds of 1e300", dict(small, memory_bound=[["add", 1, 1e300], ["add", 2, 1e300]])),
+        ("an unknown memory_bound op", dict(small, memory_bound=[["bogus", 1, 1e-6], ["bogus", 2, 2e-6]])),
+        ("a diagonal of 40 rows (a 40**4 grid, nearly all holes)",
+         {"gemm": [[i + 1, i + 1, i + 1, i + 1, 1e-6 * (i + 1)] for i in range(40)]}),
+        ("a diagonal of 400 rows (a 400**4 grid)",
+         {"gemm": [[i + 1, i + 1, i + 1, i + 1, 1e-6 * (i + 1)] for i in range(400)]}),
+        ("200000 memory_bound ops of two sizes each",
+         dict(small, memory_bound=[[f"op{i}", s, 1e-6 * s] for i in range(100000) for s in (1, 2)])),
+        ("the shipped table", shipped_table),
+    ]:
+        table_case(what, body, expect=ANY)
+
+    # Names and flags.
+    for what, argv, files, expect in [
+        ("an unknown machine name", ["--machine", "h200"], {}, BAD_VALUE),
+        ("an empty machine name", ["--machine", ""], {}, BAD_VALUE),
+        ("a missing machine file", ["--machine", "missing.json"], {}, BAD_FILE),
+        ("a directory", ["--machine", "dir.json"], {"dir.json": ("dir",)}, BAD_FILE),
+        ("a directory without .json", ["--machine", "sub/"], {"sub": ("dir",)}, BAD_FILE),
+        ("a symlink loop", ["--machine", "loop.json"], {"loop.json": ("symlink", "loop.json")}, BAD_FILE),
+        ("a file and --flops", ["--machine", "m.json", "--flops", "5"], {"m.json": _dump(bare)}, BAD_VALUE),
+        ("paper and --bw", ["--machine", "paper", "--bw", "1e-7"], {}, BAD_VALUE),
+    ]:
+        files = dict(files, **{"mini.json": _dump(mini_graph())})
+        cases.append(Case("machine", "names", what, ["-g", "mini.json", "-p", "8", *argv], expect, files))
+    return cases
+
+
+# -- strategy files ---------------------------------------------------------------------------
+
+
+def strategy_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    plan = refs["plan"]  # alexnet, -b 8, -p 4, --json
+    plan_text = json.dumps(plan).encode()
+    configs = [layer["config"] for layer in plan["layers"]]
+
+    def add(kind, what, data, *extra, expect=BAD_FILE, files=None, **kw):
+        files = dict(files or {})
+        files["plan.json"] = data if isinstance(data, bytes) else json.dumps(data).encode()
+        cases.append(Case("strategy", kind, what, ["--evaluate", "plan.json", *extra], expect, files, **kw))
+
+    cases.append(Case("strategy", "good", "the search that wrote the plan", ["-g", "alexnet", "-p", "4", "-b", "8",
+                                                                             "--json"], OK, same_as="alexnet plan"))
+    add("good", "a previous --json output", plan_text, "--json", expect=OK, same_as="alexnet plan")
+    cases.append(Case("strategy", "good", "the same plan on standard input", ["--evaluate", "-", "--json"], OK,
+                      stdin=plan_text.decode(), same_as="alexnet plan"))
+    add("good", "only the configurations", {"configs": configs}, "-g", "alexnet", "-b", "8", "-p", "4", "--json",
+        expect=OK, same_as="alexnet plan")
+    add("good", "configurations written as floats (2.0)", {"configs": [[float(c) for c in cfg] for cfg in configs]},
+        "-g", "alexnet", "-b", "8", "-p", "4", "--json", expect=OK, same_as="alexnet plan")
+    add("good", "layers in reverse order with their ids", dict(plan, layers=plan["layers"][::-1]), "--json",
+        expect=OK, same_as="alexnet plan")
+    add("good", "the plan with -p 8 (an override, with a note)", plan_text, "-p", "8", expect=OK)
+
+    # Graphs that do not match.
+    add("mismatch", "an alexnet plan on resnet101", plan_text, "-g", "resnet101")
+    add("mismatch", "an alexnet plan on transformer", plan_text, "-g", "transformer")
+    add("mismatch", "an alexnet plan with -b 6", plan_text, "-b", "6", expect=ANY)
+    add("mismatch", "an alexnet plan with -p 2 (too few devices)", plan_text, "-p", "2")
+    add("mismatch", "an alexnet plan with -m 64 (alexnet has no width)", plan_text, "-m", "64", expect=BAD_VALUE)
+
+    # Configurations: ranks, splits, values.
+    def with_config(v, config):
+        cfgs = [list(c) for c in configs]
+        cfgs[v] = config
+        return {"configs": cfgs}
+
+    rank = len(configs[0])
+    for what, config in [
+        ("one entry too few", configs[0][:-1]), ("one entry too many", configs[0] + [1]), ("an empty configuration", []),
+        ("a split that does not divide", [3] + [1] * (rank - 1)), ("more devices than p", [8] + [1] * (rank - 1)),
+        ("a zero split", [0] + [1] * (rank - 1)), ("a negative split", [-2] + [1] * (rank - 1)),
+        ("a split of 2.5", [2.5] + [1] * (rank - 1)), ("a boolean split", [True] + [1] * (rank - 1)),
+        ("a string split", ["2"] + [1] * (rank - 1)), ("a null split", [None] + [1] * (rank - 1)),
+        ("a nested list", [[1]] + [1] * (rank - 1)), ("a split of 10**30", [10 ** 30] + [1] * (rank - 1)),
+        ("a split of 2**63", [2 ** 63] + [1] * (rank - 1)), ("a configuration that is a number", 4),
+        ("a configuration that is null", None), ("a configuration that is an object", {"b": 4}),
+    ]:
+        add("configs", what, with_config(0, config), "-g", "alexnet", "-b", "8", "-p", "4")
+    add("configs", "a split of 1e999 (infinity)", json.dumps(with_config(0, [1] * rank)).replace(
+        "[[1, 1", "[[1e999, 1", 1).encode(), "-g", "alexnet", "-b", "8", "-p", "4")
+    add("configs", "one configuration too few", {"configs": configs[:-1]}, "-g", "alexnet", "-b", "8", "-p", "4")
+    add("configs", "no configurations", {"configs": []}, "-g", "alexnet", "-b", "8", "-p", "4")
+    add("configs", "configs is an object", {"configs": {"0": configs[0]}}, "-g", "alexnet", "-b", "8", "-p", "4")
+    for what, layers in [
+        ("a layer without config", [dict(plan["layers"][0], config=None) if False else
+                                    {k: v for k, v in plan["layers"][0].items() if k != "config"}] + plan["layers"][1:]),
+        ("a repeated layer id", [dict(plan["layers"][0], id=1)] + plan["layers"][1:]),
+        ("a layer id of 0.0", [dict(plan["layers"][0], id=0.0)] + plan["layers"][1:]),
+        ("a layer id out of range", [dict(plan["layers"][0], id=99)] + plan["layers"][1:]),
+        ("a layer that is a list", [[1]] + plan["layers"][1:]),
+        ("layers is an object", {"0": plan["layers"][0]}),
+    ]:
+        add("layers", what, dict(plan, layers=layers))
+    add("layers", "neither configs nor layers", {"graph": "alexnet"})
+
+    # Recorded settings of the wrong type or out of range.
+    for key in ("graph", "procs", "batch", "model", "flops", "bw", "machine"):
+        for value in rng.sample(PALETTE, 7):
+            add("settings", f"recorded {key} = {_short(value)}", dict(plan, **{key: value}), expect=ANY)
+    for key in ("param_bytes", "act_bytes", "cap_bytes"):
+        for value in rng.sample(PALETTE, 6):
+            add("settings", f"recorded memory.{key} = {_short(value)}",
+                dict(plan, memory=dict(plan["memory"], **{key: value})), expect=ANY)
+    add("settings", "memory is a list", dict(plan, memory=[1]), expect=ANY)
+    add("settings", "an unknown graph name", dict(plan, graph="alexnet2"), expect=frozenset({1, 2}))
+    add("settings", "procs 2**20 + 1", dict(plan, procs=2 ** 20 + 1))
+    add("settings", "batch 2**31", dict(plan, batch=2 ** 31))
+
+    # A plan from a graph file, and plans from other machines.
+    mini = _dump(mini_graph())
+    files = {"mini.json": mini, "minip.json": json.dumps(refs["mini_plan"]).encode()}
+    cases.append(Case("strategy", "graph file", "the search on a graph file", ["-g", "mini.json", "-p", "4", "--json"],
+                      OK, files, same_as="mini plan"))
+    cases.append(Case("strategy", "graph file", "its plan with -g of the graph file",
+                      ["--evaluate", "minip.json", "-g", "mini.json", "--json"], OK, files, same_as="mini plan"))
+    cases.append(Case("strategy", "graph file", "its plan without -g (the recorded graph is no built-in)",
+                      ["--evaluate", "minip.json"], frozenset({1, 2}), files))
+    cases.append(Case("strategy", "graph file", "its plan with -g alexnet", ["--evaluate", "minip.json", "-g", "alexnet"],
+                      BAD_FILE, files))
+    box = dict(refs["box"])
+    machine_files = {"box.json": _dump(box), "fake.json": _dump(dict(box, name="h100-sxm")),
+                     "boxp.json": json.dumps(refs["box_plan"]).encode(),
+                     "fakep.json": json.dumps(refs["fake_plan"]).encode(),
+                     "h100p.json": json.dumps(refs["h100_plan"]).encode()}
+    for what, argv, expect, same in [
+        ("a plan from h100-sxm", ["--evaluate", "h100p.json", "--json"], OK, "h100 plan"),
+        ("the search that wrote it", ["-g", "alexnet", "-p", "8", "-b", "8", "--machine", "h100-sxm", "--json"], OK,
+         "h100 plan"),
+        ("a plan from h100-sxm priced on paper", ["--evaluate", "h100p.json", "--machine", "paper"], OK, None),
+        ("a plan from h100-sxm with --flops", ["--evaluate", "h100p.json", "--flops", "5"], OK, None),
+        ("a plan from machine file box.json, with --machine box.json", ["--evaluate", "boxp.json", "--machine",
+                                                                       "box.json", "--json"], OK, "box plan"),
+        ("the search that wrote it", ["-g", "alexnet", "-p", "8", "-b", "8", "--machine", "box.json", "--json"], OK,
+         "box plan"),
+        ("a plan from machine file box.json, without --machine", ["--evaluate", "boxp.json", "--json"],
+         frozenset({2}), None),
+        ("a plan from a file machine named h100-sxm (no table), without --machine",
+         ["--evaluate", "fakep.json", "--json"], frozenset({2}), None),
+        ("a plan from a file machine named h100-sxm, with --machine fake.json",
+         ["--evaluate", "fakep.json", "--machine", "fake.json", "--json"], OK, "fake plan"),
+        ("the search that wrote it", ["-g", "alexnet", "-p", "8", "-b", "8", "--machine", "fake.json", "--json"], OK,
+         "fake plan"),
+        ("a paper plan with recorded flops and machine h100-sxm",
+         ["--evaluate", "mixed.json"], frozenset({0, 1, 2}), None),
+    ]:
+        extra = {"mixed.json": json.dumps(dict(plan, machine={"name": "h100-sxm"}, procs=8)).encode()}
+        cases.append(Case("strategy", "machines", what, argv, expect, dict(machine_files, **extra), same_as=same))
+
+    # Standard input and the file system.
+    for what, text in [("empty standard input", ""), ("two plans on standard input", plan_text.decode() * 2),
+                       ("a sweep's JSON lines on standard input", refs["sweep_lines"]),
+                       ("NaN on standard input", '{"configs": [[NaN]]}'),
+                       ("nesting 100000 deep on standard input", "[" * 100000)]:
+        cases.append(Case("strategy", "stdin", what, ["--evaluate", "-", "-g", "alexnet"], BAD_FILE, stdin=text))
+    for what, argv, files in [
+        ("a missing file", ["--evaluate", "missing.json"], {}),
+        ("a directory", ["--evaluate", "dir"], {"dir": ("dir",)}),
+        ("a symlink loop", ["--evaluate", "loop"], {"loop": ("symlink", "loop")}),
+        ("/dev/null", ["--evaluate", "/dev/null"], {}),
+        ("an empty file name", ["--evaluate", ""], {}),
+    ]:
+        cases.append(Case("strategy", "file system", what, argv, BAD_FILE, files))
+    for what, argv in [("with --sweep", ["--sweep", "2,4"]), ("with --algo 1", ["--algo", "1"]),
+                       ("with --no-blocks", ["--no-blocks"]), ("with --measure", ["--measure"])]:
+        add("flags", what, plan_text, *argv, expect=BAD_VALUE)
+    return cases
+
+
+# -- factories -----------------------------------------------------------------------------------
+
+FACTORY_PLAIN = {
+    "raises.py": "def build(batch):\n    raise RuntimeError('boom\\nsecond line')\n",
+    "exits.py": "import sys\ndef build(batch):\n    sys.exit(0)\n",
+    "exits_text.py": "import sys\ndef build(batch):\n    sys.exit('bye')\n",
+    "exit_on_import.py": "import sys\nsys.exit(3)\ndef build(batch):\n    pass\n",
+    "syntax.py": "def build(batch):\n    return (\n",
+    "import_error.py": "import no_such_package_xyz\ndef build(batch):\n    pass\n",
+    "import_raises.py": "raise ValueError('at import')\n",
+    "needs_torch.py": "import torch\ndef build(batch):\n    return torch.nn.Linear(4, 4), (torch.randn(batch, 4),)\n",
+    "not_callable.py": "build = 5\n",
+    "returns_none.py": "def build(batch):\n    return None\n",
+    "interrupt.py": "def build(batch):\n    raise KeyboardInterrupt\n",
+    "base_exception.py": "def build(batch):\n    raise GeneratorExit\n",
+    "recursion.py": "def build(batch):\n    return build(batch)\n",
+    "notes.txt": "def build(batch):\n    return None\n",
+}
+
+FACTORY_TORCH = """\
+import logging
+import sys
+import torch
+
+def ok(batch): return (torch.nn.Linear(4, 4), (torch.randn(batch, 4),))
+def with_kwargs(batch): return (torch.nn.Linear(4, 4), (), {"input": torch.randn(batch, 4)})
+def none(batch): return None
+def one(batch): return (torch.nn.Linear(4, 4),)
+def four(batch): return (1, 2, 3, 4)
+def not_module(batch): return (object(), (torch.randn(batch, 4),))
+def args_str(batch): return (torch.nn.Linear(4, 4), "x")
+def kwargs_list(batch): return (torch.nn.Linear(4, 4), (torch.randn(batch, 4),), [1])
+def shape_error(batch): return (torch.nn.Linear(4, 4), (torch.randn(batch, 5),))
+def no_inputs(batch): return (torch.nn.Linear(4, 4), ())
+def int_inputs(batch): return (torch.nn.Linear(4, 4), (torch.ones(batch, 4, dtype=torch.long),))
+def scalar_input(batch): return (torch.nn.Linear(4, 4), (3,))
+def generator(batch): yield 1
+class _Raises(torch.nn.Module):
+    def forward(self, x): raise ValueError("in forward")
+def forward_raises(batch): return (_Raises(), (torch.randn(batch, 4),))
+class _Sort(torch.nn.Module):
+    def forward(self, x): return torch.sort(x, dim=-1).values
+def unmappable(batch): return (_Sort(), (torch.randn(batch, 4),))
+class _Exits(torch.nn.Module):
+    def forward(self, x): sys.exit(4)
+def forward_exits(batch): return (_Exits(), (torch.randn(batch, 4),))
+class _Nothing(torch.nn.Module):
+    def forward(self, x): return torch.ones(3, 3)
+def no_batch_layer(batch): return (_Nothing(), (torch.randn(batch, 4),))
+def memory_error(batch): raise MemoryError("fake")
+def logs(batch):
+    logging.getLogger("torch").error("a log line from the factory")
+    return ok(batch)
+"""
+
+
+def factory_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    files = {f"fac/{name}": text.encode() for name, text in FACTORY_PLAIN.items()}
+    files["fac/models.py"] = FACTORY_TORCH.encode()
+    files["fac/dir.py"] = ("dir",)
+    expect_exit = {"interrupt.py": frozenset({130})}
+    for spec in ["torch:", "torch::", "torch:x.py:", "torch::build", "torch:fac/missing.py:build",
+                 "torch:fac/dir.py:build", "torch:fac:build", "torch:fac/notes.txt:build",
+                 "torch:fac/raises.py:nope", "torch:fac/raises.py:bad-name", "torch:no_such.module:build",
+                 "torch:..relative:build", "torch:sys:exit", "torch:os:getcwd",
+                 "torch:fac/raises.py:build:extra", "torch:fac/raises.py:__class__"] + [
+                     f"torch:fac/{name}:build" for name in sorted(FACTORY_PLAIN) if name.endswith(".py")]:
+        name = spec.split("/")[-1].split(":")[0]
+        cases.append(Case("factory", "no torch", f"{spec} in a Python without PyTorch", ["-g", spec, "-p", "4", "-b", "8"],
+                          expect_exit.get(name, BAD_VALUE), files))
+    cases.append(Case("factory", "no torch", "a factory with -m", ["-g", "torch:fac/raises.py:build", "-m", "8"],
+                      BAD_VALUE, files))
+    cases.append(Case("factory", "no torch", "a factory with --export-graph into a missing directory",
+                      ["-g", "torch:fac/raises.py:build", "--export-graph", "none/x.json"], frozenset({1, 2}), files))
+    torch_skip = None if os.path.exists(TORCH_PYTHON) else f"no PyTorch environment at {TORCH_PYTHON}"
+    for func in ["ok", "with_kwargs", "none", "one", "four", "not_module", "args_str", "kwargs_list", "shape_error",
+                 "no_inputs", "int_inputs", "scalar_input", "generator", "forward_raises", "unmappable",
+                 "forward_exits", "no_batch_layer", "memory_error", "logs"]:
+        expect = OK if func in ("ok", "with_kwargs", "logs") else BAD_VALUE
+        cases.append(Case("factory", "torch", f"factory models.py:{func}", ["-g", f"torch:fac/models.py:{func}", "-p",
+                                                                            "4", "-b", "8"],
+                          expect, files, python="torch", skip=torch_skip))
+    for spec in ["torch:fac/exits.py:build", "torch:fac/exit_on_import.py:build", "torch:sys:exit",
+                 "torch:fac/needs_torch.py:build", "torch:fac/base_exception.py:build"]:
+        cases.append(Case("factory", "torch", f"{spec} with PyTorch", ["-g", spec, "-p", "4", "-b", "8"],
+                          OK if "needs_torch" in spec else BAD_VALUE, files, python="torch", skip=torch_skip))
+    cases.append(Case("factory", "torch", "a model exported and read back", ["-g", "torch:fac/models.py:ok", "-p", "4",
+                                                                             "-b", "8", "--export-graph", "m.json"],
+                      OK, files, python="torch", skip=torch_skip, outputs=(("m.json", "json"),)))
+    cases.append(Case("factory", "torch", "pase calibrate without a GPU", ["calibrate", "--out", "gpu.json", "--quick"],
+                      BAD_FILE, {}, python="torch", skip=torch_skip))
+    return cases
+
+
+# -- output paths -------------------------------------------------------------------------------
+
+OUTPUT_FLAGS = {"--dot-path": "dot", "--export-graph": "json", "--export-jax": "json"}
+
+
+def output_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    mini = _dump(mini_graph())
+    keep = b"previous contents\n"
+    for flag, check in OUTPUT_FLAGS.items():
+        def add(what, target, files, expect, outputs=(), extra=()):
+            files = dict({"mini.json": mini}, **files)
+            cases.append(Case("output", flag, what, ["-g", "mini.json", "-p", "4", flag, target, *extra], expect, files,
+                              outputs=outputs))
+
+        add("a new file", "out.x", {}, OK, (("out.x", check),))
+        add("an existing file (replaced)", "out.x", {"out.x": keep}, OK, (("out.x", check),))
+        add("a directory", "d", {"d": ("dir",)}, BAD_FILE)
+        add("a directory with a trailing slash", "d/", {"d": ("dir",)}, BAD_FILE)
+        add("a missing directory", "no/such/out.x", {}, BAD_FILE)
+        add("a path through a file", "f/out.x", {"f": keep}, BAD_FILE)
+        add("an empty name", "", {}, frozenset({1, 2}))
+        add("a name of spaces", "  ", {}, frozenset({1, 2}))
+        add("a file name of 300 characters", "o" * 300, {}, BAD_FILE)
+        add("a path with a NUL byte (in-process only)", "out\0x", {}, frozenset({1, 2}))
+        add("a symlink to an existing file (the file is written)", "link.x",
+            {"real.x": keep, "link.x": ("symlink", "real.x")}, OK, (("real.x", check), ("link.x", "symlink")))
+        add("a dangling symlink (its target is created)", "link.x", {"link.x": ("symlink", "made.x")}, OK,
+            (("made.x", check), ("link.x", "symlink")))
+        add("a symlink loop", "loop.x", {"loop.x": ("symlink", "loop.x")}, BAD_FILE)
+        add("a full device (a copy of /dev/full)", "full", {"full": ("device", 1, 7)}, BAD_FILE,
+            (("full", "device"),))
+        add("a symlink to a full device", "link", {"full": ("device", 1, 7), "link": ("symlink", "full")}, BAD_FILE,
+            (("full", "device"),))
+        add("a null device (a copy of /dev/null)", "null", {"null": ("device", 1, 3)}, OK, (("null", "device"),))
+        add("an existing file, and a graph file that fails", "out.x", {"out.x": keep, "mini.json": b"{"}, BAD_FILE)
+        add("an existing file, and -p the machine refuses", "out.x", {"out.x": keep}, BAD_VALUE,
+            extra=("--machine", "h100-sxm", "-p", "12"))
+        add("the same file as the graph file (rewritten from it)", "mini.json", {}, OK)
+        if os.geteuid() != 0:
+            add("a read-only file", "ro.x", {"ro.x": ("mode", keep, 0o444)}, BAD_FILE)
+            add("a file in a read-only directory", "rod/out.x", {"rod": ("dirmode", 0o555)}, BAD_FILE)
+        else:
+            cases.append(Case("output", flag, "read-only files and directories", [],
+                              skip="running as root, which writes anywhere"))
+    cases.append(Case("output", "-d", "-d writes graph.dot in the working directory", ["-g", "mini.json", "-p", "4", "-d"],
+                      OK, {"mini.json": mini}, outputs=(("graph.dot", "dot"),)))
+    cases.append(Case("output", "-d", "-d with graph.dot a directory", ["-g", "mini.json", "-p", "4", "-d"],
+                      BAD_FILE, {"mini.json": mini, "graph.dot": ("dir",)}))
+    cases.append(Case("output", "several", "--dot-path and --export-graph to one file",
+                      ["-g", "mini.json", "-p", "4", "--dot-path", "same", "--export-graph", "same"], OK,
+                      {"mini.json": mini}, outputs=(("same", "dot"),)))
+    cases.append(Case("output", "several", "--sweep with --dot-path", ["-g", "mini.json", "--sweep", "1,2", "--dot-path",
+                                                                       "s.dot"], OK, {"mini.json": mini},
+                      outputs=(("s.dot", "dot"),)))
+    for what, target, files, expect in [
+        ("a directory", "d", {"d": ("dir",)}, BAD_VALUE), ("a .json directory", "d.json", {"d.json": ("dir",)}, BAD_VALUE),
+        ("a missing directory", "no/x.json", {}, BAD_VALUE), ("not .json", "x.txt", {}, BAD_VALUE),
+        ("an existing file, no PyTorch", "x.json", {"x.json": keep}, BAD_FILE),
+        ("a full device", "full.json", {"full.json": ("device", 1, 7)}, BAD_FILE),
+        ("an empty name", "", {}, BAD_VALUE),
+    ]:
+        cases.append(Case("output", "calibrate --out", what, ["calibrate", "--out", target], expect, files,
+                          outputs=(("full.json", "device"),) if "device" in what else ()))
+    # The literal /dev/full: only once the copies above show that devices are written through
+    # (a tool that replaced the target by a file would replace /dev/full itself).
+    cases.append(Case("output", "--dot-path", "/dev/full itself", ["-g", "mini.json", "-p", "4", "--dot-path",
+                                                                   "/dev/full"], BAD_FILE, {"mini.json": mini},
+                      skip="guarded"))
+    return cases
+
+
+# -- real processes -------------------------------------------------------------------------------
+
+
+def process_cases(rng: random.Random, refs: dict) -> list:
+    zoo = _dump(zoo_graph())
+    bad_machine = _dump({"name": "x"})
+    cases = []
+    for what, argv, files, expect, kw in [
+        ("a truncated graph file", ["-g", "g.json"], {"g.json": zoo[:50]}, BAD_FILE, {}),
+        ("a graph file with an unknown op", ["-g", "g.json"], {"g.json": zoo.replace(b'"Conv"', b'"Conv2d"')}, BAD_FILE,
+         {}),
+        ("a machine file missing fields", ["--machine", "m.json"], {"m.json": bad_machine}, BAD_FILE, {}),
+        ("a strategy of invalid UTF-8 on standard input", ["--evaluate", "-"], {}, BAD_FILE, {"stdin": "\udcff"}),
+        ("a factory calling sys.exit(0)", ["-g", "torch:f.py:build"], {"f.py": FACTORY_PLAIN["exits.py"].encode()},
+         BAD_VALUE, {}),
+        ("a factory calling sys.exit at import", ["-g", "torch:f.py:build"],
+         {"f.py": FACTORY_PLAIN["exit_on_import.py"].encode()}, BAD_VALUE, {}),
+        ("--dot-path to a full device", ["-g", "g.json", "--dot-path", "full"], {"g.json": zoo, "full": ("device", 1, 7)},
+         BAD_FILE, {"outputs": (("full", "device"),)}),
+        ("standard output to a full device", ["-g", "g.json"], {"g.json": zoo, "full": ("device", 1, 7)}, BAD_FILE,
+         {"stdout_file": "full"}),
+        ("a good graph file, PYTHONHASHSEED=0", ["-g", "g.json", "-p", "4", "--json"], {"g.json": zoo}, OK,
+         {"env": {"PYTHONHASHSEED": "0"}, "same_as": "hashseed"}),
+        ("a good graph file, PYTHONHASHSEED=12345", ["-g", "g.json", "-p", "4", "--json"], {"g.json": zoo}, OK,
+         {"env": {"PYTHONHASHSEED": "12345"}, "same_as": "hashseed"}),
+        ("a symlink loop as the graph", ["-g", "loop.json"], {"loop.json": ("symlink", "loop.json")}, BAD_FILE, {}),
+    ]:
+        argv = argv if "-p" in argv else argv + ["-p", "4"]
+        cases.append(Case("process", "scheduler.py", what, argv, expect, files, process=True, **kw))
+    return cases
+
+
+CATEGORIES = {
+    "graph": (graph_cases, "graph files (`-g FILE.json`)"),
+    "machine": (machine_cases, "machine files (`--machine FILE.json`) and their measured tables"),
+    "strategy": (strategy_cases, "strategy files (`--evaluate FILE`, `--evaluate -`)"),
+    "factory": (factory_cases, "model factories (`-g torch:...`), without and with PyTorch"),
+    "output": (output_cases, "output paths (`--dot-path`, `-d`, `--export-graph`, `--export-jax`, "
+                             "`pase calibrate --out`)"),
+    "process": (process_cases, "real processes (`python3 scheduler.py`): exit status, streams, hash seeds"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Reference artifacts (computed in this process, before the cases)
+
+
+def references() -> dict:
+    from pase.calibrated import PRESETS
+    from pase.cli import main
+
+    def run_json(argv, cwd=None):
+        out, err = io.StringIO(), io.StringIO()
+        old = os.getcwd()
+        if cwd:
+            os.chdir(cwd)
+        try:
+            status = main(argv, stdout=out, stderr=err)
+        finally:
+            os.chdir(old)
+        if status != 0:
+            raise RuntimeError(f"reference run {argv} failed: {err.getvalue()}")
+        return out.getvalue()
+
+    refs = {"exported": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("alexnet", "transformer", "gpt2-small", "llama3-8b", "inception3", "rnnlm"):
+            path = os.path.join(tmp, f"{name}.json")
+            run_json(["-g", name, "-p", "1", "-b", "8", "--export-graph", path])
+            with open(path, "rb") as f:
+                refs["exported"][name] = f.read()
+        refs["plan"] = json.loads(run_json(["-g", "alexnet", "-p", "4", "-b", "8", "--json"]))
+        refs["sweep_lines"] = run_json(["-g", "alexnet", "-b", "8", "--sweep", "2,4", "--json"])
+        with open(os.path.join(tmp, "mini.json"), "wb") as f:
+            f.write(_dump(mini_graph()))
+        refs["mini_plan"] = json.loads(run_json(["-g", "mini.json", "-p", "4", "--json"], cwd=tmp))
+        box = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured"}
+        box["name"] = "box"
+        refs["box"] = box
+        for key, description in (("box", box), ("fake", dict(box, name="h100-sxm"))):
+            with open(os.path.join(tmp, f"{key}.json"), "wb") as f:
+                f.write(_dump(description))
+            refs[f"{key}_plan"] = json.loads(run_json(["-g", "alexnet", "-p", "8", "-b", "8", "--machine", f"{key}.json",
+                                                       "--json"], cwd=tmp))
+        refs["h100_plan"] = json.loads(run_json(["-g", "alexnet", "-p", "8", "-b", "8", "--machine", "h100-sxm",
+                                                 "--json"]))
+    return refs
+
+
+# ---------------------------------------------------------------------------------------
+# Setting up a case's files, and looking at them afterwards
+
+
+def make_files(directory: str, files: dict) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for rel, spec in files.items():
+        path = os.path.join(directory, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if isinstance(spec, bytes):
+            with open(path, "wb") as f:
+                f.write(spec)
+        elif spec[0] == "dir":
+            os.makedirs(path, exist_ok=True)
+        elif spec[0] == "symlink":
+            os.symlink(spec[1], path)
+        elif spec[0] == "device":
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(spec[1], spec[2]))
+        elif spec[0] == "mode":
+            with open(path, "wb") as f:
+                f.write(spec[1])
+            os.chmod(path, spec[2])
+        elif spec[0] == "dirmode":
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, spec[1])
+        else:
+            raise ValueError(spec)
+
+
+def snapshot(directory: str) -> dict:
+    """Every entry under ``directory``: its type, and a digest of regular files."""
+    entries = {}
+    for base, dirs, names in os.walk(directory):
+        for name in sorted(dirs + names):
+            path = os.path.join(base, name)
+            rel = os.path.relpath(path, directory)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                entries[rel] = "link:" + os.readlink(path)
+            elif stat.S_ISDIR(st.st_mode):
+                entries[rel] = "dir"
+            elif stat.S_ISCHR(st.st_mode):
+                entries[rel] = f"chr:{os.major(st.st_rdev)},{os.minor(st.st_rdev)}"
+            elif stat.S_ISREG(st.st_mode):
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+                entries[rel] = "file:" + h.hexdigest()[:16]
+            else:
+                entries[rel] = "other"
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(base, d))]
+    return entries
+
+
+# ---------------------------------------------------------------------------------------
+# The worker: runs cases in-process, one after another, and reports each as a JSON line
+
+
+class _Timeout(BaseException):
+    """A case ran past its time (a BaseException, so that no ``except Exception`` takes it)."""
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_in_process(case: dict, timeout: int) -> dict:
+    from pase.cli import main
+
+    os.chdir(case["directory"])
+    out, err = io.StringIO(), io.StringIO()
+    stray = tempfile.TemporaryFile()
+    saved = os.dup(1), os.dup(2)
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(case["stdin"]) if case["stdin"] is not None else io.StringIO("")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(stray.fileno(), 1)
+    os.dup2(stray.fileno(), 2)
+    result = {"index": case["index"], "status": None, "escaped": None, "timed_out": False}
+    start = time.perf_counter()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(timeout)
+    try:
+        result["status"] = main(case["argv"], stdout=out, stderr=err)
+    except _Timeout:
+        result["timed_out"] = True
+    except BaseException as error:  # noqa: BLE001  (SystemExit, KeyboardInterrupt...: all failures)
+        result["escaped"] = f"{type(error).__name__}: {_short(str(error), 200)}"
+    finally:
+        signal.alarm(0)
+        result["seconds"] = time.perf_counter() - start
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        sys.stdin = old_stdin
+        os.chdir(ROOT)
+    stray.seek(0)
+    result["stray"] = stray.read(4000).decode("utf-8", "replace")
+    result["stdout"] = out.getvalue()
+    result["stderr"] = err.getvalue()
+    return result
+
+
+def worker_main(case_file: str, result_file: str, start: int, timeout: int, limit_memory: bool) -> None:
+    if limit_memory:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, WORKER_MEMORY))
+    with open(case_file) as f:
+        cases = json.load(f)
+    with open(result_file, "a") as results:
+        for case in cases[start:]:
+            result = run_in_process(case, timeout)
+            result["after"] = snapshot(case["directory"])
+            results.write(json.dumps(result) + "\n")
+            results.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# The driver
+
+
+def run_workers(cases: list, python: str, work: str, timeout: int, log) -> dict:
+    """Run ``cases`` in-process in worker processes; restart after a crash. ``index -> result``."""
+    if not cases:
+        return {}
+    tag = os.path.basename(python)
+    case_file = os.path.join(work, f"cases-{tag}.json")
+    result_file = os.path.join(work, f"results-{tag}.jsonl")
+    payload = [{"index": c.index, "argv": c.argv, "stdin": c.stdin, "directory": c.directory} for c in cases]
+    with open(case_file, "w") as f:
+        json.dump(payload, f)
+    open(result_file, "w").close()
+    results: dict = {}
+    start = 0
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("PASE_TRACEBACK", None)
+    while start < len(cases):
+        proc = subprocess.run(
+            [python, os.path.abspath(__file__), "--worker", case_file, result_file, str(start), str(timeout),
+             "1" if python == sys.executable else "0"],
+            cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+            timeout=timeout * (len(cases) - start) + 120)
+        with open(result_file) as f:
+            for line in f:
+                record = json.loads(line)
+                results[record["index"]] = record
+        done = sum(1 for c in cases if c.index in results)
+        if done < len(cases):
+            crashed = next(c for c in cases if c.index not in results)
+            results[crashed.index] = {"index": crashed.index, "status": None, "escaped": None, "timed_out": False,
+                                      "crashed": f"worker exit {proc.returncode}: {_short(proc.stderr.strip(), 300)}",
+                                      "stdout": "", "stderr": "", "stray": "", "seconds": 0.0,
+                                      "after": snapshot(crashed.directory)}
+            log(f"  worker died on case {crashed.index} ({crashed.what}); restarting")
+            with open(result_file, "a") as f:
+                f.write(json.dumps(results[crashed.index]) + "\n")
+            start = cases.index(crashed) + 1
+        else:
+            break
+    return results
+
+
+def run_process_case(case: Case, timeout: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT, **case.env)
+    env.pop("PASE_TRACEBACK", None)
+    stdin = case.stdin.encode("utf-8", "surrogateescape") if case.stdin is not None else b""
+    stdout = open(os.path.join(case.directory, case.stdout_file), "wb") if case.stdout_file else subprocess.PIPE
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "scheduler.py"), *case.argv], cwd=case.directory,
+                              env=env, input=stdin, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout,
+                              check=False)
+        status, timed_out = proc.returncode, False
+        out = proc.stdout.decode("utf-8", "replace") if proc.stdout is not None else ""
+        err = proc.stderr.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        status, timed_out, out, err = None, True, "", ""
+    finally:
+        if case.stdout_file:
+            stdout.close()
+    return {"index": case.index, "status": status, "escaped": None, "timed_out": timed_out, "stdout": out,
+            "stderr": err, "stray": "", "seconds": time.perf_counter() - start, "after": snapshot(case.directory)}
+
+
+def check(case: Case, result: dict, before: dict) -> list:
+    """The rules a case broke (empty: it passed)."""
+    problems = []
+    status = result["status"]
+    if result.get("crashed"):
+        return [f"the worker process died ({result['crashed']})"]
+    if result["timed_out"]:
+        return [f"no answer within {CASE_TIMEOUT} s (a hang)"]
+    if result["escaped"]:
+        return [f"an exception escaped main(): {result['escaped']}"]
+    err_lines = [line for line in result["stderr"].splitlines() if line.strip()]
+    if "Traceback" in result["stderr"] or "Traceback" in result["stray"]:
+        problems.append("a traceback")
+    if status == 70 or any("internal error" in line for line in err_lines):
+        problems.append("internal error (exit 70)")
+    elif status not in DOCUMENTED:
+        problems.append(f"undocumented exit status {status}")
+    elif status not in case.expect:
+        problems.append(f"exit {status}, expected {' or '.join(str(s) for s in sorted(case.expect))}")
+    if result["stray"].strip():
+        problems.append(f"output outside the given streams: {_short(result['stray'].strip(), 120)}")
+    prog = "pase calibrate" if case.argv[:1] == ["calibrate"] else "pase"
+    if status not in (0, None) and status != 70:
+        errors = [line for line in err_lines if not line.startswith(f"{prog}: note:")]
+        if len(errors) != 1 or not (errors[0].startswith(f"{prog}: error: ") or errors[0] == f"{prog}: interrupted"):
+            problems.append(f"stderr is not one error line: {_short(result['stderr'], 200)}")
+        if result["stdout"].strip() and "--sweep" not in case.argv:
+            problems.append(f"output on stdout although it failed: {_short(result['stdout'], 80)}")
+        if result["after"] != before:
+            problems.append(f"the failed run changed files: {_changes(before, result['after'])}")
+    if status == 0:
+        bad = [line for line in err_lines if not line.startswith(f"{prog}: note:")]
+        if bad:
+            problems.append(f"stderr on success: {_short(bad[0], 120)}")
+        if not result["stdout"].strip():
+            problems.append("nothing on stdout")
+        problems += _numbers(case, result["stdout"])
+    problems += _check_outputs(case, result, before)
+    leftovers = [p for p in result["after"] if re.search(r"(^|/)\.[^/]*\.tmp$", p)]
+    if leftovers:
+        problems.append(f"temporary files left behind: {leftovers}")
+    return problems
+
+
+def _changes(before: dict, after: dict) -> str:
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    return ", ".join(f"{k} ({before.get(k, 'absent')} -> {after.get(k, 'absent')})" for k in changed[:4])
+
+
+def _numbers(case: Case, stdout: str) -> list:
+    if "--json" in case.argv:
+        try:
+            records = [json.loads(line) for line in stdout.splitlines() if line.strip()] if "--sweep" in case.argv \
+                else [json.loads(stdout)]
+        except ValueError as error:
+            return [f"--json output is not JSON: {error}"]
+        for record in records:
+            total = record.get("total_cost")
+            if not isinstance(total, (int, float)) or not math.isfinite(total) or total < 0:
+                return [f"total_cost is {total!r}"]
+        return []
+    if re.search(r"\b(nan|inf|-inf)\b", stdout, re.IGNORECASE):
+        return ["nan or inf in the table"]
+    return []
+
+
+def _check_outputs(case: Case, result: dict, before: dict) -> list:
+    problems = []
+    for rel, kind in case.outputs:
+        path = os.path.join(case.directory, rel)
+        entry = result["after"].get(rel)
+        if kind == "device":
+            if entry is None or not entry.startswith("chr:"):
+                problems.append(f"{rel} was a device and is now {entry}")
+            continue
+        if kind == "symlink":
+            if entry is None or not entry.startswith("link:"):
+                problems.append(f"{rel} was a symlink and is now {entry}")
+            continue
+        if result["status"] != 0:
+            continue
+        if entry is None:
+            problems.append(f"{rel} was not written")
+            continue
+        try:
+            with open(path, "rb") as f:
+                body = f.read()
+        except OSError as error:
+            problems.append(f"{rel} cannot be read back: {error}")
+            continue
+        if kind == "json":
+            try:
+                json.loads(body)
+            except ValueError:
+                problems.append(f"{rel} is not complete JSON")
+        elif kind == "dot":
+            import pydot
+
+            try:
+                parsed = pydot.graph_from_dot_data(body.decode())
+            except Exception as error:  # noqa: BLE001  (pydot raises what its parser raises)
+                parsed, problems_text = None, f"{type(error).__name__}: {error}"
+            else:
+                problems_text = "no graph"
+            if not parsed:
+                problems.append(f"{rel} is not a DOT graph pydot reads ({_short(problems_text, 80)})")
+        elif kind.startswith("same:"):
+            with open(os.path.join(case.directory, kind[5:]), "rb") as f:
+                if f.read() != body:
+                    problems.append(f"{rel} differs from {kind[5:]}")
+    return problems
+
+
+def check_groups(cases: list, results: dict) -> dict:
+    """``index -> problem`` for the cases whose total differs from their group's."""
+    groups: dict = {}
+    for c in cases:
+        if c.same_as and c.index in results and results[c.index]["status"] == 0:
+            try:
+                total = json.loads(results[c.index]["stdout"])["total_cost"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            groups.setdefault(c.same_as, []).append((c, total))
+    problems = {}
+    for name, members in groups.items():
+        first_case, first = members[0]
+        for c, total in members[1:]:
+            if not math.isclose(total, first, rel_tol=1e-12, abs_tol=0.0):
+                problems[c.index] = (f"total {total!r} differs from {first!r} of '{first_case.what}' "
+                                     f"(group {name})")
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=14, help="seed of the random choices (default 14)")
+    parser.add_argument("--only", default=None, help=f"comma-separated categories: {', '.join(CATEGORIES)}")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="results directory")
+    parser.add_argument("--timeout", type=int, default=CASE_TIMEOUT, help="seconds per case before it is a hang")
+    parser.add_argument("--keep", action="store_true", help="keep the case directories (printed)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(CATEGORIES)
+    unknown = only - set(CATEGORIES)
+    if unknown:
+        parser.error(f"unknown categories: {', '.join(sorted(unknown))}")
+
+    def log(text):
+        print(text, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    log("computing the reference plans and graph files...")
+    refs = references()
+    cases = []
+    for name, (generate, _) in CATEGORIES.items():
+        if name in only:
+            cases += generate(random.Random(f"{args.seed}:{name}"), refs)
+    work = tempfile.mkdtemp(prefix="pase-fuzz-")
+    for i, case in enumerate(cases):
+        case.index = i
+        case.directory = os.path.join(work, f"case{i:04d}")
+        if case.skip is None:
+            make_files(case.directory, case.files)
+    before = {c.index: snapshot(c.directory) for c in cases if c.skip is None}
+    log(f"{len(cases)} cases in {work}")
+
+    results: dict = {}
+    in_process = [c for c in cases if c.skip is None and not c.process]
+    for python in ("system", "torch"):
+        batch = [c for c in in_process if c.python == python]
+        interpreter = sys.executable if python == "system" else TORCH_PYTHON
+        log(f"running {len(batch)} in-process cases ({python} Python)...")
+        results.update(run_workers(batch, interpreter, work, args.timeout, log))
+    processes = [c for c in cases if c.skip is None and c.process]
+    log(f"running {len(processes)} process cases...")
+    for c in processes:
+        results[c.index] = run_process_case(c, max(60, args.timeout))
+    problems = {c.index: check(c, results[c.index], before[c.index]) for c in cases if c.index in results}
+    for index, problem in check_groups(cases, results).items():
+        problems[index].append(problem)
+    hashed = [c for c in processes if c.same_as == "hashseed"]
+    if len(hashed) == 2:
+        a, b = (_without_seconds(results[c.index]["stdout"]) for c in hashed)
+        if a != b:
+            problems[hashed[1].index].append("output differs between PYTHONHASHSEED values")
+
+    # The literal /dev/full, once its copies showed that devices are written through.
+    guarded = [c for c in cases if c.skip == "guarded"]
+    copies_ok = [c for c in cases if c.category == "output" and "full device" in c.what and c.index in problems]
+    for c in guarded:
+        if copies_ok and all(not problems[x.index] for x in copies_ok) and os.path.exists("/dev/full"):
+            c.skip = None
+            make_files(c.directory, c.files)
+            before[c.index] = snapshot(c.directory)
+            res = run_workers([c], sys.executable, work, args.timeout, log)[c.index]
+            results[c.index] = res
+            problems[c.index] = check(c, res, before[c.index])
+            if not stat.S_ISCHR(os.lstat("/dev/full").st_mode):
+                problems[c.index].append("/dev/full is no longer a device")
+        else:
+            c.skip = "the copies of /dev/full were not written through, so /dev/full itself is not risked"
+
+    elapsed = time.perf_counter() - started
+    report = render(cases, results, problems, args, elapsed)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "fuzz_inputs.md")
+    with open(path, "w") as f:
+        f.write(report)
+    failed = [c for c in cases if problems.get(c.index)]
+    log(f"{len(results)} cases run in {elapsed:.0f} s, {len(failed)} failed; report: {path}")
+    for c in failed:
+        log(f"  FAIL [{c.category}/{c.kind}] {c.what}: {'; '.join(problems[c.index])}")
+    if args.keep:
+        log(f"case directories kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def _without_seconds(stdout: str) -> str:
+    try:
+        data = json.loads(stdout)
+    except ValueError:
+        return stdout
+    data.get("search", {}).pop("seconds", None)
+    return json.dumps(data, sort_keys=True)
+
+
+def render(cases: list, results: dict, problems: dict, args, elapsed: float) -> str:
+    from common import machine_info, machine_lines, markdown_table
+
+    info = machine_info()
+    lines = ["# Fuzzing the file inputs and output paths", "",
+             "Generated by `benchmarks/fuzz_inputs.py` (seed "
+             f"{args.seed}{', categories ' + args.only if args.only else ''}). Every case is one command through "
+             "`pase.cli.main` in a worker process (or, in the process category, `python3 scheduler.py`), checked "
+             "against the rules of the command line: a documented exit status, the one the case calls for (1: an "
+             "unreadable or invalid file; 2: a bad command line or value), exactly one `pase: error:` line and "
+             "nothing on stdout when it fails, no traceback, no internal error (70), no hang (more than "
+             f"{args.timeout} s), no output outside the given streams, finite numbers and equal totals for inputs "
+             "that mean the same, and output files written completely or not at all.", ""]
+    lines += machine_lines(info)
+    run = [c for c in cases if c.index in results]
+    failed = [c for c in run if problems.get(c.index)]
+    skipped = [c for c in cases if c.index not in results]
+    lines += [f"- {len(run)} cases run in {elapsed:.0f} s (timings on a shared 2-core machine are noisy), "
+              f"{len(failed)} failed, {len(skipped)} skipped", ""]
+    lines += ["## Counts", ""]
+    rows = []
+    for name, (_, title) in CATEGORIES.items():
+        mine = [c for c in cases if c.category == name]
+        if not mine:
+            continue
+        ran = [c for c in mine if c.index in results]
+        rows.append([title, len(ran), len(ran) - sum(1 for c in ran if problems.get(c.index)),
+                     sum(1 for c in ran if problems.get(c.index)), len(mine) - len(ran)])
+    rows.append(["**all**", len(run), len(run) - len(failed), len(failed), len(skipped)])
+    lines += markdown_table(["category", "cases", "passed", "failed", "skipped"], rows, "lrrrr")
+    lines += ["", "## What was tried", ""]
+    for name, (_, title) in CATEGORIES.items():
+        mine = [c for c in cases if c.category == name]
+        if not mine:
+            continue
+        lines.append(f"### {title}")
+        lines.append("")
+        kinds: dict = {}
+        for c in mine:
+            kinds.setdefault(c.kind, []).append(c)
+        for kind, members in kinds.items():
+            statuses: dict = {}
+            for c in members:
+                if c.index in results:
+                    s = results[c.index]["status"]
+                    statuses[s] = statuses.get(s, 0) + 1
+            shown = ", ".join(f"exit {s}: {n}" for s, n in sorted(statuses.items(), key=lambda x: str(x[0])))
+            examples = "; ".join(dict.fromkeys(c.what for c in members))
+            lines.append(f"- **{kind}** ({len(members)} cases; {shown or 'not run'}): {_short(examples, 600)}")
+        lines.append("")
+    lines += ["## Failures", ""]
+    if not failed:
+        lines.append("None: every case passed every rule.")
+    for c in failed:
+        lines.append(f"- [{c.category}/{c.kind}] {c.what}: `{c.command()}`")
+        for p in problems[c.index]:
+            lines.append(f"  - {p}")
+    lines += ["", "## Skipped", ""]
+    if not skipped:
+        lines.append("None.")
+    for c in skipped:
+        lines.append(f"- [{c.category}/{c.kind}] {c.what}: {c.skip}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker_main(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1")
+        sys.exit(0)
+    sys.path.insert(0, HERE)
+    sys.exit(main())
