@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 
@@ -45,6 +46,8 @@ def parse_json(text: str, where: str):
 def read_json(path: str, what: str):
     """Read the JSON file ``path`` (``-`` for standard input); ``what`` names it in messages."""
     where = f"{what} {path}" if path != "-" else f"{what} on standard input"
+    if "\0" in path:
+        raise InputError(f"cannot read {what} {path!r}: the name contains a NUL byte")
     try:
         if path == "-":
             text = sys.stdin.read(MAX_JSON_BYTES + 1)
@@ -60,16 +63,43 @@ def read_json(path: str, what: str):
     return parse_json(text, where)
 
 
+def _existing(path: str, what: str):
+    """``os.stat`` of the file a write to ``path`` lands in (symlinks followed), or ``None``.
+
+    ``InputError`` for a name that can never be written: a NUL byte in it, a symlink loop,
+    a file where a directory belongs, a name too long.
+    """
+    if "\0" in path:
+        raise InputError(f"cannot write the {what} to {path!r}: the name contains a NUL byte")
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None  # a new file, or a dangling symlink whose target is created
+    except OSError as err:
+        raise InputError(f"cannot write the {what} to {path}: {err.strerror or err}") from None
+
+
 def write_atomic(path: str, text: str, what: str = "file") -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory.
 
     The old file (if any) is replaced only once the new one is complete; on any failure it
-    is left as it was and ``InputError`` names the path and the reason.
+    is left as it was and ``InputError`` names the path and the reason. A symlink is
+    followed (the file it names is replaced, the link stays); a device, pipe or socket
+    (``/dev/null``, ``/dev/stdout``) is written in place, since renaming a file onto it
+    would replace the device itself.
     """
-    target = os.path.abspath(path)
-    directory = os.path.dirname(target)
-    if os.path.isdir(target):
+    existing = _existing(path, what)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as err:
+            raise InputError(f"cannot write the {what} to {path}: {err.strerror or err}") from None
+        return
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         raise InputError(f"cannot write the {what} to {path}: directory {directory} does not exist")
     tmp = None
@@ -79,9 +109,9 @@ def write_atomic(path: str, text: str, what: str = "file") -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(target):
+        if existing is not None:
             try:
-                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+                os.chmod(tmp, existing.st_mode & 0o7777)
             except OSError:
                 pass
         else:
@@ -102,13 +132,18 @@ def write_atomic(path: str, text: str, what: str = "file") -> None:
 
 def check_writable(path: str, what: str) -> None:
     """Refuse, before any work, a path the tool could not write (``InputError``)."""
-    target = os.path.abspath(path)
-    directory = os.path.dirname(target)
     if not path.strip():
         raise InputError(f"the {what} needs a file name")
-    if os.path.isdir(target):
+    existing = _existing(path, what)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        if not os.access(path, os.W_OK):
+            raise InputError(f"cannot write the {what} to {path}: permission denied")
+        return
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         raise InputError(f"cannot write the {what} to {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
+    if not os.access(directory, os.W_OK) or (existing is not None and not os.access(target, os.W_OK)):
         raise InputError(f"cannot write the {what} to {path}: permission denied")

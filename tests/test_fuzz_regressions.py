@@ -1,0 +1,116 @@
+"""Defects found by fuzzing the file inputs and output paths (``benchmarks/fuzz_inputs.py``).
+
+One test (or a few) per defect, each written to fail on the code before its fix. They go
+through the command line in-process, as the fuzz driver does, and check the rules it
+checks: the exit status, one ``pase: error:`` line, files left intact.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+from pase.cli import main
+
+
+def run(*argv, cwd=None, stdin=None):
+    """``(status, stdout, stderr)`` of ``pase argv`` run in ``cwd``."""
+    out, err = io.StringIO(), io.StringIO()
+    old_dir, old_stdin = os.getcwd(), sys.stdin
+    if cwd is not None:
+        os.chdir(cwd)
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        status = main([str(a) for a in argv], stdout=out, stderr=err)
+    finally:
+        os.chdir(old_dir)
+        sys.stdin = old_stdin
+    return status, out.getvalue(), err.getvalue()
+
+
+def one_error(err: str) -> bool:
+    return err.count("\n") == 1 and err.startswith("pase: error: ")
+
+
+def mini_graph(batch: int = 8) -> dict:
+    """A graph file of an FC layer (16 -> 4) and its loss."""
+    return {
+        "format": "pase-graph", "version": 1, "name": "mini", "cutoff": 1, "batch": batch,
+        "inputs": [{"name": "x", "shape": [batch, 16], "letters": "bk", "param": False}],
+        "layers": [{"name": "fc", "op": "FC", "inputs": ["x"], "args": {"units": 4}},
+                   {"name": "loss", "op": "SoftmaxCrossEntropy", "inputs": ["fc"], "args": {}}],
+    }
+
+
+@pytest.fixture
+def mini(tmp_path):
+    path = tmp_path / "mini.json"
+    path.write_text(json.dumps(mini_graph()))
+    return path
+
+
+def device(path, major: int, minor: int):
+    """A character device like /dev/full (1, 7) or /dev/null (1, 3), or skip where mknod is refused."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    except (OSError, AttributeError) as err:
+        pytest.skip(f"cannot create a device node here: {err}")
+    return path
+
+
+# 1. Output paths: symlinks and devices are written through, never replaced -------------------
+
+@pytest.mark.parametrize("flag", ["--dot-path", "--export-graph", "--export-jax"])
+def test_an_output_on_a_full_device_fails_and_the_device_stays(tmp_path, mini, flag):
+    # Before: the device node was replaced by a regular file holding the output, exit 0.
+    full = device(tmp_path / "full", 1, 7)
+    status, out, err = run("-g", mini, "-p", "4", flag, full)
+    assert status == 1 and out == "" and one_error(err) and "No space left" in err
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+def test_an_output_on_a_null_device_succeeds_and_the_device_stays(tmp_path, mini):
+    null = device(tmp_path / "null", 1, 3)
+    status, out, err = run("-g", mini, "-p", "4", "--dot-path", null)
+    assert status == 0 and err == ""
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+
+
+def test_an_output_through_a_symlink_writes_the_file_it_names(tmp_path, mini):
+    # Before: the link was replaced by a new file and the file it named kept its old contents.
+    real = tmp_path / "real.json"
+    real.write_text("old\n")
+    (tmp_path / "link.json").symlink_to("real.json")
+    status, out, err = run("-g", mini, "-p", "4", "--export-graph", tmp_path / "link.json")
+    assert status == 0, err
+    assert os.path.islink(tmp_path / "link.json")
+    assert json.loads(real.read_text())["name"] == "mini"
+
+
+def test_an_output_through_a_dangling_symlink_creates_its_target(tmp_path, mini):
+    (tmp_path / "link.dot").symlink_to("made.dot")
+    status, out, err = run("-g", mini, "-p", "4", "--dot-path", tmp_path / "link.dot")
+    assert status == 0, err
+    assert os.path.islink(tmp_path / "link.dot") and (tmp_path / "made.dot").read_text().startswith("digraph")
+
+
+def test_an_output_on_a_symlink_loop_is_refused(tmp_path, mini):
+    # Before: the loop was replaced by a regular file, exit 0.
+    (tmp_path / "loop.dot").symlink_to("loop.dot")
+    status, out, err = run("-g", mini, "-p", "4", "--dot-path", tmp_path / "loop.dot")
+    assert status == 1 and one_error(err) and "symbolic links" in err
+    assert os.path.islink(tmp_path / "loop.dot")
+
+
+@pytest.mark.parametrize("flag", ["--dot-path", "--export-graph", "--evaluate", "-g"])
+def test_a_path_with_a_nul_byte_is_one_error_line(tmp_path, mini, flag):
+    # Before: "internal error: ValueError: embedded null byte" (exit 70) for the outputs and --evaluate.
+    argv = ["-g", "x\0.json"] if flag == "-g" else ["-g", mini, "-p", "4", flag, "out\0.json"]
+    status, out, err = run(*argv)
+    assert status in (1, 2) and one_error(err) and "NUL byte" in err
