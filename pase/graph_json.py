@@ -79,6 +79,19 @@ def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
     return value
 
 
+#: The fields of a graph file, of each graph input and of each layer. Any other is refused:
+#: a misspelt optional field (``"params"``, ``"arg"``) would otherwise be silently ignored.
+_TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "inputs", "layers")
+_INPUT_FIELDS = ("name", "shape", "letters", "param")
+_LAYER_FIELDS = ("name", "op", "inputs", "args")
+
+
+def _known_fields(obj: dict, fields: tuple, where: str) -> None:
+    unknown = [key for key in obj if key not in fields]
+    if unknown:
+        raise InputError(f"{where}: unknown field {json.dumps(unknown[0])[:60]} (fields: {', '.join(fields)})")
+
+
 def _kind_name(kind) -> str:
     return {str: "a string", int: "an integer", list: "a list", dict: "an object", bool: "true or false"}.get(
         kind, "of another type")
@@ -90,6 +103,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
         raise InputError(f"{where} must hold a JSON object")
     if data.get("format") != FORMAT:
         raise InputError(f"{where}: field 'format' must be {FORMAT!r} (is it a graph file?)")
+    _known_fields(data, _TOP_FIELDS, where)
     version = _field(data, "version", int, where)
     if version != VERSION:
         raise InputError(f"{where}: version {version} is not supported (this tool reads version {VERSION})")
@@ -106,6 +120,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
         at = f"{where}: inputs[{i}]"
         if not isinstance(spec, dict):
             raise InputError(f"{at} must be an object")
+        _known_fields(spec, _INPUT_FIELDS, at)
         tname = _field(spec, "name", str, at)
         if not tname or tname in tensors:
             raise InputError(f"{at}: input names must be unique and non-empty, got {tname!r}")
@@ -125,6 +140,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
             raise InputError(f"{at} must be an object")
         lname = _field(spec, "name", str, at)
         at = f"{where}: layer {lname!r}"
+        _known_fields(spec, _LAYER_FIELDS, at)
         op = _field(spec, "op", str, at)
         refs = _field(spec, "inputs", list, at)
         args = _field(spec, "args", dict, at, optional=True, default={})

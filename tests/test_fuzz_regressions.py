@@ -114,3 +114,21 @@ def test_a_path_with_a_nul_byte_is_one_error_line(tmp_path, mini, flag):
     argv = ["-g", "x\0.json"] if flag == "-g" else ["-g", mini, "-p", "4", flag, "out\0.json"]
     status, out, err = run(*argv)
     assert status in (1, 2) and one_error(err) and "NUL byte" in err
+
+
+# 2. Graph files: a field the format does not have is refused, not ignored ----------------------
+
+@pytest.mark.parametrize("where, change", [
+    ("top level", lambda g: g.update(comment="hi")),
+    ("input", lambda g: g["inputs"][0].update(params=True)),  # 'params' for 'param': the weight was not counted
+    ("layer", lambda g: g["layers"][0].update(arg={"units": 8})),  # 'arg' for 'args'
+])
+def test_an_unknown_graph_file_field_is_refused(tmp_path, where, change):
+    # Before: exit 0, the misspelt field silently ignored (a weight counted as an activation,
+    # the layer built with default arguments).
+    graph = mini_graph()
+    change(graph)
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph))
+    status, out, err = run("-g", path, "-p", "4")
+    assert status == 1 and out == "" and one_error(err) and "unknown field" in err
