@@ -8,7 +8,7 @@ costs them all the same.
 from __future__ import annotations
 
 from .builder import Network
-from .configs import divisors
+from .configs import allowed_splits
 
 __all__ = ["data_parallel", "largest_divisor"]
 
@@ -19,7 +19,8 @@ def largest_divisor(size: int, limit: int) -> int:
     >>> largest_divisor(128, 64), largest_divisor(96, 64), largest_divisor(7, 4)
     (64, 48, 1)
     """
-    return max(d for d in divisors(size) if d <= limit)
+    # allowed_splits tests the counts up to limit only: a huge batch dimension must not hang.
+    return max(allowed_splits(size, limit, 1))
 
 
 def data_parallel(network: Network, procs: int) -> list:

@@ -49,8 +49,18 @@ def allowed_splits(size: int, procs: int, cutoff: int) -> list[int]:
     >>> allowed_splits(3, 8, 4)
     [1]
     """
-    splits = [e for e in divisors(size) if size // e >= cutoff and e <= procs]
-    return splits or [1]
+    # Only counts up to min(procs, size // cutoff) qualify (size // e >= cutoff is e <= size //
+    # cutoff): test those directly rather than enumerate every divisor, which takes sqrt(size)
+    # steps and hangs on a dimension of 2**60 in a graph file.
+    limit = min(procs, size // cutoff)
+    if limit < 1:
+        return [1]
+    if size < 2**62:
+        candidates = np.arange(1, limit + 1, dtype=np.int64)
+        splits = candidates[size % candidates == 0].tolist()
+    else:
+        splits = [e for e in range(1, limit + 1) if size % e == 0]
+    return splits
 
 
 def enumerate_configs(

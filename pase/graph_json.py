@@ -17,6 +17,12 @@ __all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps"]
 
 FORMAT = "pase-graph"
 VERSION = 1
+#: Largest dimension (or integer argument) a graph file may give: every size stays exact in
+#: float64 and int64, which the costs and configurations use.
+MAX_SIZE = 2**53
+#: Largest number of elements of a tensor or an iteration space: about 1.6e60, far beyond any
+#: model (GPT-3 175B at the largest -b has about 3e24), yet every cost stays finite in float64.
+MAX_ELEMENTS = 2**200
 
 
 def network_to_json(network: Network) -> dict:
@@ -97,6 +103,36 @@ def _kind_name(kind) -> str:
         kind, "of another type")
 
 
+def _sizes(shape) -> str:
+    """A shape for a message, its long numbers shortened."""
+    text = "[" + ", ".join(str(d) if len(str(d)) <= 20 else f"{str(d)[:8]}...({len(str(d))} digits)"
+                           for d in shape) + "]"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_size(shape, what: str, dimensions: bool = True) -> None:
+    """``ValueError`` for a dimension over ``MAX_SIZE`` or a product over ``MAX_ELEMENTS``."""
+    if dimensions and any(d > MAX_SIZE for d in shape):
+        raise ValueError(f"{what} {_sizes(shape)} has a dimension larger than the largest supported, 2**53")
+    total = 1
+    for d in shape:
+        total *= d
+    if total > MAX_ELEMENTS:
+        raise ValueError(f"{what} {_sizes(shape)} has more elements than the largest supported, 2**200")
+
+
+def _check_arguments(value, what: str) -> None:
+    """``ValueError`` for an integer argument over ``MAX_SIZE`` (a count, a size, a kernel)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_arguments(item, f"argument {key!r}")
+    elif isinstance(value, list):
+        for item in value:
+            _check_arguments(item, what)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SIZE:
+        raise ValueError(f"{what} {_sizes([value])[1:-1]} is larger than the largest supported, 2**53")
+
+
 def network_from_json(data, where: str = "graph file") -> Network:
     """Rebuild the network of a graph file's parsed JSON; ``InputError`` names the layer and field."""
     if not isinstance(data, dict):
@@ -128,6 +164,8 @@ def network_from_json(data, where: str = "graph file") -> Network:
         letters = _field(spec, "letters", str, at, optional=True, default="")
         param = _field(spec, "param", bool, at, optional=True, default=False)
         try:
+            if all(isinstance(d, int) for d in shape):
+                _check_size(shape, "shape")
             tensors[tname] = g.input(shape, tname, letters=letters, param=param)
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({tname}): {err}") from None
@@ -153,7 +191,12 @@ def network_from_json(data, where: str = "graph file") -> Network:
         if lname in tensors:
             raise InputError(f"{at}: the name is already used by a graph input or another layer")
         try:
-            out = g.add(lname, make_layer(op, operands, args))
+            _check_arguments(args, "argument")
+            layer = make_layer(op, operands, args)
+            _check_size(layer.domain, "iteration space")
+            for shape in layer.output_shapes:
+                _check_size(shape, "output shape", dimensions=False)
+            out = g.add(lname, layer)
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({op}): {err}") from None
         if isinstance(out, tuple):

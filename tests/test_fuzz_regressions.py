@@ -132,3 +132,71 @@ def test_an_unknown_graph_file_field_is_refused(tmp_path, where, change):
     path.write_text(json.dumps(graph))
     status, out, err = run("-g", path, "-p", "4")
     assert status == 1 and out == "" and one_error(err) and "unknown field" in err
+
+
+# 3. Huge dimensions in a graph file: refused or handled at once, never a hang or a crash ---------
+# Before the fix, the tests marked "hang" did not finish: enumerating the divisors of a
+# dimension took sqrt(size) steps (2**31 of them for 2**62).
+
+def graph_file(tmp_path, graph) -> str:
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph))
+    return str(path)
+
+
+def test_allowed_splits_of_huge_sizes():  # hang
+    from pase.baselines import largest_divisor
+    from pase.configs import allowed_splits
+
+    # 2**60: its divisors up to 64 are the powers of two; 2**61 - 1 is a (Mersenne) prime.
+    assert allowed_splits(2**60, 64, 1) == [1, 2, 4, 8, 16, 32, 64]
+    assert allowed_splits(2**61 - 1, 1000, 1) == [1]
+    # 3 * 2**60 with cutoff 2**60: e <= 3 * 2**60 // 2**60 = 3, and 1, 2, 3 divide it.
+    assert allowed_splits(3 * 2**60, 64, 2**60) == [1, 2, 3]
+    # 10**30 = 2**30 5**30: its divisors up to 20 are 1, 2, 4, 5, 8, 10, 16, 20.
+    assert allowed_splits(10**30, 20, 1) == [1, 2, 4, 5, 8, 10, 16, 20]
+    assert largest_divisor(2**60, 48) == 32  # data parallelism's split of a 2**60 batch on 48 devices
+
+
+def test_allowed_splits_is_the_divisors_up_to_p_with_the_cutoff():
+    from pase.configs import allowed_splits
+
+    # Brute force: every e in 1..procs that divides size and leaves at least cutoff per part.
+    for size in range(1, 130):
+        for procs in (1, 2, 7, 32, 200):
+            for cutoff in (1, 3, 16):
+                expected = [e for e in range(1, procs + 1) if size % e == 0 and size // e >= cutoff] or [1]
+                assert allowed_splits(size, procs, cutoff) == expected, (size, procs, cutoff)
+
+
+def test_a_batch_dimension_of_2_53_plans(tmp_path):  # hang
+    graph = mini_graph()
+    graph["batch"] = None
+    graph["inputs"][0]["shape"][0] = 2**53
+    status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4", "--json")
+    assert status == 0, err
+    assert json.loads(out)["layers"][0]["domain"][0] == 2**53
+
+
+@pytest.mark.parametrize("where, value", [("input", 2**53 + 1), ("input", 10**400), ("units", 2**62),
+                                          ("units", 10**30), ("pw", 10**20)])
+def test_a_dimension_over_2_53_is_refused(tmp_path, where, value):  # hang (pw: exit 0, costs scaled by 1e20)
+    graph = mini_graph()
+    graph["batch"] = None
+    if where == "input":
+        graph["inputs"][0]["shape"][0] = value
+    else:
+        graph["layers"][0]["args"][where] = value
+    status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
+    assert status == 1 and out == "" and one_error(err) and "largest supported, 2**53" in err
+
+
+def test_an_iteration_space_of_more_than_2_200_elements_is_refused(tmp_path):
+    # Before: "internal error: OverflowError: int too large to convert to float" (exit 70).
+    graph = mini_graph()
+    graph["batch"] = None
+    graph["inputs"][0].update(shape=[2**40] * 30, letters="")  # 2**1200 elements
+    graph["layers"] = [{"name": "sq", "op": "Elementwise", "inputs": ["x", "x"], "args": {}}]
+    status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
+    assert status == 1 and one_error(err) and "2**200" in err
+
