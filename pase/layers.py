@@ -1054,6 +1054,10 @@ class Stack(_DataMovement):
         return [C]
 
 
+#: Most outputs an Unstack may have (one per slice of its axis).
+MAX_UNSTACK = 2**16
+
+
 class Unstack(_DataMovement):
     """Split a tensor along ``axis`` into ``x.shape[axis]`` tensors."""
 
@@ -1070,6 +1074,9 @@ class Unstack(_DataMovement):
             batch_dim = 1 if self.axis == 0 else 0
         batch_dim = _check_axis(batch_dim, x.rank, "Unstack batch_dim")
         count = x.shape[self.axis]
+        if count > MAX_UNSTACK:
+            # One tensor per slice: a huge axis would build millions of outputs (or never finish).
+            raise ValueError(f"Unstack along axis {self.axis} of size {count}: at most {MAX_UNSTACK} outputs")
         super().__init__(
             (x,), tuple(1 if i == self.axis else d for i, d in enumerate(x.shape)), dims, (part,) * count,
             (dims[: self.axis] + dims[self.axis + 1:],) * count, batch_dim=batch_dim,

@@ -200,3 +200,12 @@ def test_an_iteration_space_of_more_than_2_200_elements_is_refused(tmp_path):
     status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
     assert status == 1 and one_error(err) and "2**200" in err
 
+
+def test_an_unstack_into_millions_of_outputs_is_refused(tmp_path):
+    # Before: 2**40 outputs ran out of memory (exit 3); 10**7 took minutes and gigabytes.
+    graph = mini_graph()
+    graph["batch"] = None
+    graph["inputs"][0]["shape"] = [2**40, 4]
+    graph["layers"] = [{"name": "parts", "op": "Unstack", "inputs": ["x"], "args": {"axis": 0, "batch_dim": 1}}]
+    status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
+    assert status == 1 and one_error(err) and "at most 65536 outputs" in err
