@@ -466,6 +466,8 @@ class FC(Layer):
             raise ValueError(f"FC needs an input of rank >= 2, got shape {list(x.shape)}")
         n = _check_positive(units, "FC unit count")
         j = x.rank - 1
+        if letters is not None and not isinstance(letters, str):  # false or 0 must not mean "the default"
+            raise ValueError(f"FC letters must be a string, got {letters!r}")
         letters = letters or (_letters_of(x)[:-1] if x.letters else "b" + "stuvw"[: j - 1])
         if len(letters) != j:
             raise ValueError(f"FC letters {letters!r} must name the {j} leading input dims")
@@ -622,6 +624,8 @@ class Embedding(Einsum):
         vocab = _check_positive(vocab, "Embedding vocabulary")
         width = _check_positive(width, "Embedding width")
         j = ids.rank
+        if letters is not None and not isinstance(letters, str):
+            raise ValueError(f"Embedding letters must be a string, got {letters!r}")
         letters = letters or (ids.letters if len(ids.letters) == j else "b" + "stuw"[: j - 1])
         if len(letters) != j or "d" in letters or "v" in letters:
             raise ValueError(f"Embedding letters {letters!r} must name the {j} id dims without 'd' or 'v'")

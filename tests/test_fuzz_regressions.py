@@ -209,3 +209,19 @@ def test_an_unstack_into_millions_of_outputs_is_refused(tmp_path):
     graph["layers"] = [{"name": "parts", "op": "Unstack", "inputs": ["x"], "args": {"axis": 0, "batch_dim": 1}}]
     status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
     assert status == 1 and one_error(err) and "at most 65536 outputs" in err
+
+
+# 4. Layer arguments of the wrong type are refused, not read as "the default" ---------------------
+
+@pytest.mark.parametrize("layer, value", [("fc", False), ("fc", 0), ("fc", []), ("emb", False), ("emb", 0)])
+def test_letters_that_are_not_a_string_are_refused(tmp_path, layer, value):
+    # Before: FC and Embedding took a false-y letters (false, 0, []) as "no letters given", exit 0.
+    graph = mini_graph()
+    if layer == "emb":
+        graph["inputs"] = [{"name": "ids", "shape": [8, 6], "letters": "bl"}]
+        graph["layers"] = [{"name": "emb", "op": "Embedding", "inputs": ["ids"],
+                            "args": {"vocab": 16, "width": 4, "letters": value}}]
+    else:
+        graph["layers"][0]["args"]["letters"] = value
+    status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
+    assert status == 1 and one_error(err) and "letters must be a string" in err
