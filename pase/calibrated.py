@@ -55,6 +55,24 @@ _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps",
 _OPTIONAL = ("measured", "device", "notes")
 
 
+#: Range of every rate and size of a description (GB, TFLOPS, GB/s), and of the latencies
+#: (microseconds) and element sizes (bytes): far beyond real hardware either way, yet every
+#: cost stays finite in float64 (a rate of 5e-324 GB/s made costs overflow to infinity).
+RATE_RANGE = (1e-6, 1e9)
+MAX_LATENCY_US = 1e9
+MAX_ELEMENT_BYTES = 1e6
+#: Most devices per node (the command line's largest device count).
+MAX_DEVICES_PER_NODE = 2**20
+
+
+def _in_range(source: str, field: str, value, low: float | None, high) -> None:
+    if low is not None and value < low:
+        raise ValueError(f"{source}: {field} must be at least {low:g}, got {value!r}")
+    if value > high:
+        shown = f"{high:g}" if isinstance(high, float) else str(high)
+        raise ValueError(f"{source}: {field} must be at most {shown}, got {value!r}")
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -96,11 +114,13 @@ def validate_description(data, source: str = "machine description") -> dict:
     g = data["devices_per_node"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 1:
         raise ValueError(f"{source}: devices_per_node must be a positive integer, got {g!r}")
+    _in_range(source, "devices_per_node", g, None, MAX_DEVICES_PER_NODE)
     out["devices_per_node"] = g
     for field in ("memory_gb", "peak_tflops", "hbm_gbps"):
         v = data[field]
         if not _number(v) or v <= 0:
             raise ValueError(f"{source}: {field} must be a positive number, got {v!r}")
+        _in_range(source, field, v, *RATE_RANGE)
         out[field] = v
     for field in ("intra_node", "inter_node"):
         link = data[field]
@@ -116,11 +136,14 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: {field}.gbps must be a positive number, got {link['gbps']!r}")
         if not _number(link["latency_us"]) or link["latency_us"] < 0:
             raise ValueError(f"{source}: {field}.latency_us must be a non-negative number, got {link['latency_us']!r}")
+        _in_range(source, f"{field}.gbps", link["gbps"], *RATE_RANGE)
+        _in_range(source, f"{field}.latency_us", link["latency_us"], None, MAX_LATENCY_US)
         out[field] = {"gbps": link["gbps"], "latency_us": link["latency_us"]}
     for field in ("act_bytes", "grad_bytes"):
         v = data[field]
         if not _number(v) or v <= 0:
             raise ValueError(f"{source}: {field} must be a positive number of bytes per element, got {v!r}")
+        _in_range(source, field, v, None, MAX_ELEMENT_BYTES)
         out[field] = v
     for field in _OPTIONAL:
         if field in data:

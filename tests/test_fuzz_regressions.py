@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import sys
 
@@ -225,3 +226,53 @@ def test_letters_that_are_not_a_string_are_refused(tmp_path, layer, value):
         graph["layers"][0]["args"]["letters"] = value
     status, out, err = run("-g", graph_file(tmp_path, graph), "-p", "4")
     assert status == 1 and one_error(err) and "letters must be a string" in err
+
+
+# 5. Machine files: values that make costs overflow are refused ------------------------------------
+
+def machine_description(**changes) -> dict:
+    from pase.calibrated import PRESETS
+
+    description = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured"}
+    description["name"] = "box"
+    for key, value in changes.items():
+        if "." in key:
+            link, sub = key.split(".")
+            description[link] = dict(description[link], **{sub: value})
+        else:
+            description[key] = value
+    return description
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("memory_gb", 1e300, "memory_gb must be at most 1e+09"),  # 1e300 GB overflowed to inf bytes: --json crashed
+    ("peak_tflops", 5e-324, "peak_tflops must be at least 1e-06"),  # GEMM seconds overflowed
+    ("hbm_gbps", 1e-300, "hbm_gbps must be at least 1e-06"),
+    ("intra_node.gbps", 5e-324, "intra_node.gbps must be at least 1e-06"),
+    ("inter_node.latency_us", 1e300, "inter_node.latency_us must be at most 1e+09"),
+    ("act_bytes", 1e300, "act_bytes must be at most 1e+06"),
+    ("devices_per_node", 10**30, "devices_per_node must be at most 1048576"),  # OverflowError: exit 70
+])
+def test_machine_values_out_of_range_are_refused(tmp_path, mini, field, value, message):
+    from pase.calibrated import validate_description
+
+    description = machine_description(**{field: value})
+    with pytest.raises(ValueError, match="^" + re.escape(f"machine file m.json: {message}")):
+        validate_description(description, "machine file m.json")
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(description))
+    status, out, err = run("-g", mini, "-p", "8", "--machine", path, "--json")
+    assert status in (1, 2) and out == "" and one_error(err) and message in err
+
+
+def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, mini):
+    # The smallest rates, the largest latencies and element sizes: slow, but finite.
+    description = machine_description(memory_gb=1e9, peak_tflops=1e-6, hbm_gbps=1e-6, act_bytes=1e6, grad_bytes=1e6,
+                                      **{"intra_node.gbps": 1e-6, "inter_node.gbps": 1e-6,
+                                         "intra_node.latency_us": 1e9, "inter_node.latency_us": 1e9})
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(description))
+    status, out, err = run("-g", mini, "-p", "16", "--machine", path, "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert 0 < report["total_cost"] < 1e300 and 0 < report["data_parallel_cost"] < 1e300
