@@ -59,7 +59,7 @@ EXIT_BROKEN_PIPE = 141
 
 EXIT_CODES = {
     EXIT_OK: "success",
-    EXIT_INPUT: "a file could not be read or written, or the strategy given to --evaluate is invalid",
+    EXIT_INPUT: "a file could not be read or written, or a graph, machine or strategy file is invalid",
     EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, or a value the graph cannot take",
     EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
     EXIT_NOTHING_FITS: "no strategy fits the --memory cap per device (the least any strategy needs is printed)",
@@ -477,6 +477,8 @@ def _load_machine(opts: Options, procs) -> object:
         machine = load_machine(opts.machine, opts.flops, opts.bw)
         for p in procs:
             machine.check_procs(p)
+    except InputError as err:  # a machine file or its table that cannot be read or is invalid
+        raise CliError(str(err), EXIT_INPUT) from None
     except ValueError as err:
         raise CliError(str(err), EXIT_USAGE) from None
     return machine

@@ -262,7 +262,7 @@ def test_machine_values_out_of_range_are_refused(tmp_path, mini, field, value, m
     path = tmp_path / "m.json"
     path.write_text(json.dumps(description))
     status, out, err = run("-g", mini, "-p", "8", "--machine", path, "--json")
-    assert status in (1, 2) and out == "" and one_error(err) and message in err
+    assert status == 1 and out == "" and one_error(err) and message in err
 
 
 def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, mini):
@@ -276,3 +276,37 @@ def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, min
     assert status == 0, err
     report = json.loads(out)
     assert 0 < report["total_cost"] < 1e300 and 0 < report["data_parallel_cost"] < 1e300
+
+
+# 6. A machine file that cannot be read or is invalid is exit 1, like every other file -----------
+
+@pytest.mark.parametrize("what", ["missing", "not JSON", "a missing field", "an unknown field", "a directory",
+                                  "a missing table", "a malformed table"])
+def test_a_bad_machine_file_is_exit_1(tmp_path, mini, what):
+    # Before: exit 2, the status of a bad command line, where graph and strategy files give 1.
+    path = tmp_path / "m.json"
+    description = machine_description()
+    if what == "not JSON":
+        path.write_text("{")
+    elif what == "a missing field":
+        del description["memory_gb"]
+    elif what == "an unknown field":
+        description["gpus"] = 8
+    elif what == "a directory":
+        path.mkdir()
+    elif what == "a missing table":
+        description["measured"] = "gone.json"
+    elif what == "a malformed table":
+        description["measured"] = "t.json"
+        (tmp_path / "t.json").write_text('{"gemm": [[1, 1, 1, 1, -1]]}')
+    if what not in ("missing", "not JSON", "a directory"):
+        path.write_text(json.dumps(description))
+    status, out, err = run("-g", mini, "-p", "8", "--machine", path)
+    assert status == 1 and out == "" and one_error(err)
+
+
+@pytest.mark.parametrize("argv", [["--machine", "h200"], ["--machine", "h100-sxm", "-p", "12"],
+                                  ["--machine", "h100-sxm", "--flops", "5"]])
+def test_a_bad_machine_flag_is_still_exit_2(mini, argv):
+    status, out, err = run("-g", mini, "-p", "8", *argv)
+    assert status == 2 and one_error(err)
