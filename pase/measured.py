@@ -58,12 +58,25 @@ ELEMENT_TRAFFIC = {
 _FAR = 2.0 ** 20
 
 
+#: Largest size in a table (exact in float64: 10**400 was an OverflowError), and largest time
+#: (11 days for one kernel: past it, extrapolation could overflow to infinity).
+MAX_SIZE = 2**53
+MAX_SECONDS = 1e6
+#: Most cells the full grid of a table may have, and how many times its rows (the grid is
+#: filled hole by hole: a diagonal of 40 rows made a 40**4 grid that took minutes). The
+#: shipped table has 16,875 cells for 10,102 rows, pase calibrate --quick 3,993 for 762.
+MAX_GRID_CELLS = 2**17
+MAX_GRID_PER_ROW = 16
+SMALL_GRID = 4096
+
+
 def _is_size(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 1 <= x <= MAX_SIZE
 
 
 def _is_seconds(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+            and 0 < x <= MAX_SECONDS)
 
 
 def _extend_axis(axis: np.ndarray, values: np.ndarray, dim: int):
@@ -172,6 +185,12 @@ def _broadcast_sizes(names: str, arrays, what: str):
     return arrays
 
 
+def _short_row(row) -> str:
+    """A row for a message, its long numbers shortened."""
+    return "[" + ", ".join(repr(x) if len(repr(x)) <= 20 else repr(x)[:8] + f"...({len(repr(x))} digits)"
+                           for x in row) + "]"
+
+
 class MeasuredTables:
     """Measured GEMM and memory-bound times of one device, interpolated (module doc).
 
@@ -206,6 +225,12 @@ class MeasuredTables:
         for name, axis in zip("BMNK", axes):
             if len(axis) < 2:
                 raise ValueError(f"{source}: gemm needs at least two values of {name}, got {axis.astype(int).tolist()}")
+        cells = math.prod(len(a) for a in axes)
+        if cells > SMALL_GRID and (cells > MAX_GRID_CELLS or cells > MAX_GRID_PER_ROW * len(rows)):
+            raise ValueError(
+                f"{source}: gemm rows span a grid of {cells} shapes ({' x '.join(str(len(a)) for a in axes)} values "
+                f"of B, M, N, K) for {len(rows)} rows; at most {MAX_GRID_CELLS} shapes, and at most "
+                f"{MAX_GRID_PER_ROW} per row")
         grid = np.full([len(a) for a in axes], np.nan)
         index = tuple(np.searchsorted(a, rows[:, j]) for j, a in enumerate(axes))
         grid[index] = rows[:, 4]
@@ -244,9 +269,11 @@ class MeasuredTables:
             if isinstance(row, (str, bytes)) or not hasattr(row, "__len__") or len(row) != 5:
                 raise ValueError(f"{self.source}: gemm row {i} must be [B, M, N, K, seconds], got {row!r}")
             if not all(_is_size(x) for x in row[:4]):
-                raise ValueError(f"{self.source}: gemm row {i}: B, M, N, K must be positive integers, got {list(row)!r}")
+                raise ValueError(f"{self.source}: gemm row {i}: B, M, N, K must be positive integers up to 2**53, "
+                                 f"got {_short_row(row)}")
             if not _is_seconds(row[4]):
-                raise ValueError(f"{self.source}: gemm row {i}: seconds must be a positive number, got {row[4]!r}")
+                raise ValueError(f"{self.source}: gemm row {i}: seconds must be a positive number up to "
+                                 f"{MAX_SECONDS:g}, got {row[4]!r}")
             key = tuple(int(x) for x in row[:4])
             if key in seen:
                 raise ValueError(f"{self.source}: gemm row {i} repeats the shape {list(key)}")
@@ -263,10 +290,16 @@ class MeasuredTables:
             op, elements, seconds = row
             if not isinstance(op, str) or not op:
                 raise ValueError(f"{self.source}: memory_bound row {i}: op must be a name such as 'gelu', got {op!r}")
+            if op not in ELEMENT_TRAFFIC:
+                # A misspelt op would silently join the ops whose best rate prices the others.
+                raise ValueError(f"{self.source}: memory_bound row {i}: unknown op {op[:40]!r}; one of: "
+                                 f"{', '.join(ELEMENT_TRAFFIC)}")
             if not _is_size(elements):
-                raise ValueError(f"{self.source}: memory_bound row {i}: elements must be a positive integer, got {elements!r}")
+                raise ValueError(f"{self.source}: memory_bound row {i}: elements must be a positive integer up to "
+                                 f"2**53, got {_short_row([elements])[1:-1]}")
             if not _is_seconds(seconds):
-                raise ValueError(f"{self.source}: memory_bound row {i}: seconds must be a positive number, got {seconds!r}")
+                raise ValueError(f"{self.source}: memory_bound row {i}: seconds must be a positive number up to "
+                                 f"{MAX_SECONDS:g}, got {seconds!r}")
             if (op, int(elements)) in seen:
                 raise ValueError(f"{self.source}: memory_bound row {i} repeats {op!r} at {int(elements)} elements")
             seen.add((op, int(elements)))

@@ -310,3 +310,55 @@ def test_a_bad_machine_file_is_exit_1(tmp_path, mini, what):
 def test_a_bad_machine_flag_is_still_exit_2(mini, argv):
     status, out, err = run("-g", mini, "-p", "8", *argv)
     assert status == 2 and one_error(err)
+
+
+# 7. Measured tables: hostile sizes, grids and op names ---------------------------------------------
+
+def small_table() -> dict:
+    """A full 2 x 2 x 2 x 2 GEMM grid and two sizes of 'add'."""
+    return {"gemm": [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 64)] for b in (1, 8) for m in (1, 64)
+                     for n in (1, 64) for k in (1, 64)],
+            "memory_bound": [["add", 1024, 2e-6], ["add", 1 << 20, 5e-5]]}
+
+
+def run_with_table(tmp_path, mini, table):
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(machine_description(measured="t.json")))
+    return run("-g", mini, "-p", "8", "--machine", path)
+
+
+@pytest.mark.parametrize("change, message", [
+    # 10**400 was an OverflowError converting it to float: exit 70.
+    (lambda t: t["gemm"].append([2, 1, 1, 10**400, 1e-6]), "B, M, N, K must be positive integers up to 2**53"),
+    (lambda t: t["memory_bound"].append(["add", 2**64, 1e-3]), "elements must be a positive integer up to 2**53"),
+    # 1e300 seconds: extrapolated past the grid, costs overflowed to infinity.
+    (lambda t: t["gemm"].__setitem__(0, t["gemm"][0][:4] + [1e300]), "seconds must be a positive number up to 1e+06"),
+    # A misspelt op joined the ops whose best rate prices the unmeasured kinds (exit 0).
+    (lambda t: t["memory_bound"].extend([["gelu ", 1024, 1e-9], ["gelu ", 2048, 2e-9]]), "unknown op 'gelu '"),
+])
+def test_hostile_table_values_are_refused(tmp_path, mini, change, message):
+    table = small_table()
+    change(table)
+    status, out, err = run_with_table(tmp_path, mini, table)
+    assert status == 1 and out == "" and one_error(err) and message in err
+
+
+def test_a_table_spanning_a_huge_sparse_grid_is_refused(tmp_path, mini):
+    # 40 rows on the diagonal span a 40**4 = 2,560,000-shape grid whose holes were filled one
+    # pass at a time: minutes. Now refused: more than 2**17 shapes, and 64000 per row.
+    table = {"gemm": [[i + 1, i + 1, i + 1, i + 1, 1e-6 * (i + 1)] for i in range(40)]}
+    status, out, err = run_with_table(tmp_path, mini, table)
+    assert status == 1 and one_error(err) and "grid of 2560000 shapes" in err
+
+
+def test_grids_like_the_calibrated_ones_are_accepted():
+    from pase.calibrate import gemm_grid
+    from pase.measured import MeasuredTables
+
+    # pase calibrate --quick: 762 rows spanning 3 x 11 x 11 x 11 = 3993 shapes (5.2 per row).
+    rows = [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 1e6)] for b, m, n, k in gemm_grid(quick=True)]
+    assert len(MeasuredTables(rows).to_dict()["gemm"]) == 762
+    # A small sparse table stays allowed: 3 rows on a 4 x 4 x 4 x 4 = 256-shape grid.
+    sparse = [[1, 1, 1, 1, 1e-6], [2, 2, 2, 2, 2e-6], [4, 8, 8, 8, 9e-6], [3, 1, 2, 4, 3e-6]]
+    assert len(MeasuredTables(sparse).to_dict()["gemm"]) == 4
