@@ -779,12 +779,18 @@ _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops":
 
 
 def _read_strategy_file(path: str) -> tuple:
-    """``(configs, settings)`` from a strategy file; ``CliError`` for anything malformed."""
+    """``(configs, settings, where, extra)`` from a strategy file; ``CliError`` for anything malformed.
+
+    ``where`` names the file in messages. ``extra`` may hold ``"file graph"``: the name of a
+    graph that the plan was made with and that came from a file (not built in), which the
+    command line must name again.
+    """
     where = f"strategy file {path}" if path != "-" else "strategy file on standard input"
     try:
         configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
     except InputError as err:
         raise CliError(str(err)) from None
+    extra = {}
     recorded = settings.get("machine")
     if isinstance(recorded, dict):
         # The machine a plan was priced on: the reference machine or a preset by name; a
@@ -793,14 +799,19 @@ def _read_strategy_file(path: str) -> tuple:
         settings["machine"] = name if name in MACHINE_NAMES else None
         if settings["machine"] is None:
             del settings["machine"]
+    graph = settings.get("graph")
+    if isinstance(graph, str) and graph not in graphs.GRAPHS:
+        # A graph file's or an imported model's network name: -g must name its source again.
+        # Its batch is the file's own, and a width applies to built-in graphs only.
+        extra["file graph"] = graph
+        for key in ("graph", "batch", "model"):
+            settings.pop(key, None)
     for key, value in list(settings.items()):
         if key not in _FILE_SETTINGS:
             del settings[key]  # recorded, but not a setting this version takes
         elif not _FILE_SETTINGS[key](value):
             raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
-    if "graph" in settings and settings["graph"] not in graphs.GRAPHS:
-        raise CliError(f"{where}: unknown graph {settings['graph']!r}")
-    return configs, settings
+    return configs, settings, where, extra
 
 
 def _overrides(args: argparse.Namespace, settings: dict) -> list:
@@ -817,7 +828,12 @@ def _overrides(args: argparse.Namespace, settings: dict) -> list:
 
 
 def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
-    configs, settings = _read_strategy_file(args.evaluate)
+    configs, settings, where, extra = _read_strategy_file(args.evaluate)
+    if "file graph" in extra and args.graph is None:
+        raise CliError(f"{where} records graph {extra['file graph'][:80]!r}, which is not a built-in graph: name its "
+                       "graph file (or torch:...) with -g", EXIT_USAGE)
+    if "file graph" in extra and args.graph in graphs.GRAPHS:
+        raise CliError(f"{where}: invalid 'graph': {json.dumps(extra['file graph'])[:80]} (not a built-in graph)")
     if args.graph is not None and args.graph != settings.get("graph", args.graph):
         # The recorded width belongs to the recorded graph, not to the one asked for.
         settings.pop("model", None)
@@ -840,7 +856,7 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
         try:
             found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, _memory_cap(opts, machine))
         except ValueError as error:
-            raise CliError(f"strategy file {opts.evaluate}: {error}") from None
+            raise CliError(f"{where}: {error}") from None
     if opts.dot_path is not None:
         _write_dot(opts, network, found.configs)
     _export_jax(opts, found)

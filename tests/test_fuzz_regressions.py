@@ -362,3 +362,23 @@ def test_grids_like_the_calibrated_ones_are_accepted():
     # A small sparse table stays allowed: 3 rows on a 4 x 4 x 4 x 4 = 256-shape grid.
     sparse = [[1, 1, 1, 1, 1e-6], [2, 2, 2, 2, 2e-6], [4, 8, 8, 8, 9e-6], [3, 1, 2, 4, 3e-6]]
     assert len(MeasuredTables(sparse).to_dict()["gemm"]) == 4
+
+
+# 8. --evaluate: plans of graph files, and plans priced on machines from files ---------------------
+
+def plan_of(*argv, cwd=None) -> dict:
+    status, out, err = run(*argv, "--json", cwd=cwd)
+    assert status == 0, err
+    return json.loads(out)
+
+
+def test_the_plan_of_a_graph_file_evaluates_with_that_file(tmp_path, mini):
+    # Before: "invalid 'graph': \"mini\"" (exit 1) even with -g naming the graph file.
+    found = plan_of("-g", mini, "-p", "4")
+    (tmp_path / "plan.json").write_text(json.dumps(found))
+    again = plan_of("--evaluate", tmp_path / "plan.json", "-g", mini)
+    assert again["total_cost"] == found["total_cost"] and again["evaluated"] is True
+    status, out, err = run("--evaluate", tmp_path / "plan.json")
+    assert status == 2 and one_error(err) and "records graph 'mini', which is not a built-in graph" in err
+    status, out, err = run("--evaluate", tmp_path / "plan.json", "-g", "alexnet")  # a built-in: not its graph
+    assert status == 1 and one_error(err) and "invalid 'graph'" in err
