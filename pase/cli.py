@@ -778,12 +778,25 @@ _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops":
             "machine": "--machine"}
 
 
+def _recorded_machine(recorded: dict):
+    """``(name, None)`` for the reference machine or a preset recorded in a plan, else
+    ``(None, name)``: a machine from a file (a file may reuse a preset's name with other figures)."""
+    from .calibrated import PRESETS, load_description
+
+    name = recorded.get("name")
+    if name == "paper" and set(recorded) <= {"name", "flops", "bw", "rho"}:
+        return name, None
+    if name in PRESETS and recorded == load_description(name):
+        return name, None
+    return None, name if isinstance(name, str) else "?"
+
+
 def _read_strategy_file(path: str) -> tuple:
     """``(configs, settings, where, extra)`` from a strategy file; ``CliError`` for anything malformed.
 
-    ``where`` names the file in messages. ``extra`` may hold ``"file graph"``: the name of a
-    graph that the plan was made with and that came from a file (not built in), which the
-    command line must name again.
+    ``where`` names the file in messages. ``extra`` may hold ``"file graph"`` and ``"file
+    machine"``: the names of a graph and a machine that the plan was made with and that came
+    from files (not built in), which the command line must name again.
     """
     where = f"strategy file {path}" if path != "-" else "strategy file on standard input"
     try:
@@ -795,8 +808,7 @@ def _read_strategy_file(path: str) -> tuple:
     if isinstance(recorded, dict):
         # The machine a plan was priced on: the reference machine or a preset by name; a
         # machine from a file must be named again with --machine.
-        name = recorded.get("name")
-        settings["machine"] = name if name in MACHINE_NAMES else None
+        settings["machine"], extra["file machine"] = _recorded_machine(recorded)
         if settings["machine"] is None:
             del settings["machine"]
     graph = settings.get("graph")
@@ -834,6 +846,9 @@ def _run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
                        "graph file (or torch:...) with -g", EXIT_USAGE)
     if "file graph" in extra and args.graph in graphs.GRAPHS:
         raise CliError(f"{where}: invalid 'graph': {json.dumps(extra['file graph'])[:80]} (not a built-in graph)")
+    if args.machine is None and extra.get("file machine"):
+        raise CliError(f"{where} was priced on machine {extra['file machine'][:80]!r} from a machine file: name it "
+                       "again with --machine FILE.json (or choose another machine)", EXIT_USAGE)
     if args.graph is not None and args.graph != settings.get("graph", args.graph):
         # The recorded width belongs to the recorded graph, not to the one asked for.
         settings.pop("model", None)

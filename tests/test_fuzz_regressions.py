@@ -382,3 +382,25 @@ def test_the_plan_of_a_graph_file_evaluates_with_that_file(tmp_path, mini):
     assert status == 2 and one_error(err) and "records graph 'mini', which is not a built-in graph" in err
     status, out, err = run("--evaluate", tmp_path / "plan.json", "-g", "alexnet")  # a built-in: not its graph
     assert status == 1 and one_error(err) and "invalid 'graph'" in err
+
+
+def test_a_plan_priced_on_a_machine_file_needs_that_file_again(tmp_path):
+    # Before: without --machine, the plan of machine file box.json was priced on the paper
+    # machine, and the plan of a file machine named "h100-sxm" (no table) on the h100-sxm
+    # preset (its measured table): exit 0, another machine's costs, no word about it.
+    for name in ("box", "h100-sxm"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(machine_description(name=name)))
+        found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", f"{name}.json", cwd=tmp_path)
+        (tmp_path / "plan.json").write_text(json.dumps(found))
+        status, out, err = run("--evaluate", "plan.json", cwd=tmp_path)
+        assert status == 2 and out == "" and one_error(err)
+        assert f"priced on machine '{name}' from a machine file" in err
+        again = plan_of("--evaluate", "plan.json", "--machine", f"{name}.json", cwd=tmp_path)
+        assert again["total_cost"] == pytest.approx(found["total_cost"], rel=1e-12)
+
+
+def test_a_plan_priced_on_a_preset_still_evaluates_on_it():
+    found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", "h100-sxm")
+    status, out, err = run("--evaluate", "-", "--json", stdin=json.dumps(found))
+    assert status == 0, err
+    assert json.loads(out)["total_cost"] == pytest.approx(found["total_cost"], rel=1e-12)
