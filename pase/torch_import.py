@@ -2107,9 +2107,10 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         raise TorchImportError(f"the network name must be a non-empty string, got {name!r}")
     try:
         program = torch.export.export(module, tuple(args), kwargs=dict(kwargs or {}), strict=False)
-    except Exception as err:  # torch raises many types; the first line says what went wrong
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise TorchImportError(f"torch.export could not trace {model_name}: {type(err).__name__}: {first}") from err
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001  torch raises many types, the model's forward anything
+        raise TorchImportError(f"torch.export could not trace {model_name}: {_raised(err)}") from err
     importer = _Importer(program, torch, model_name)
     importer.run()
     if importer.batch is None:
@@ -2167,22 +2168,24 @@ def load_factory(spec: str, batch: int):
             sys.path.insert(0, directory)
         try:
             loader_spec.loader.exec_module(source)
-        except TorchNotInstalledError:
+        except (TorchNotInstalledError, KeyboardInterrupt):
             raise
         except ImportError as err:
             raise _missing(label, err, f"importing {where} failed") from None
-        except Exception as err:
-            raise FactoryError(f"{label}: importing {where} failed: {type(err).__name__}: {_one_line(err)}") from None
+        except BaseException as err:  # noqa: BLE001  the user's code: sys.exit() must not end the tool
+            raise FactoryError(f"{label}: importing {where} failed: {_raised(err)}") from None
         finally:
             if added:
                 sys.path.remove(directory)
     else:
         try:
             source = importlib.import_module(where)
+        except KeyboardInterrupt:
+            raise
         except ImportError as err:
             raise _missing(label, err, f"cannot import module {where}") from None
-        except Exception as err:
-            raise FactoryError(f"{label}: importing {where} failed: {type(err).__name__}: {_one_line(err)}") from None
+        except BaseException as err:  # noqa: BLE001
+            raise FactoryError(f"{label}: importing {where} failed: {_raised(err)}") from None
     factory = getattr(source, func, None)
     if factory is None:
         raise FactoryError(f"{label}: {where} has no function {func!r}")
@@ -2190,12 +2193,14 @@ def load_factory(spec: str, batch: int):
         raise FactoryError(f"{label}: {func!r} in {where} is not a function")
     try:
         result = factory(batch)
-    except TorchNotInstalledError:
+    except (TorchNotInstalledError, KeyboardInterrupt):
         raise
     except ImportError as err:
         raise _missing(label, err, "raised") from None
-    except Exception as err:
-        raise FactoryError(f"{label} raised {type(err).__name__}: {_one_line(err)}") from None
+    except SystemExit as err:
+        raise FactoryError(f"{label} {_raised(err)}") from None
+    except BaseException as err:  # noqa: BLE001
+        raise FactoryError(f"{label} raised {_raised(err)}") from None
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise FactoryError(f"{label} must return (module, args) or (module, args, kwargs), "
                            f"got {type(result).__name__}")
@@ -2230,6 +2235,13 @@ def _missing(label: str, err: ImportError, what: str) -> TorchImportError:
         return TorchNotInstalledError()
     hint = f" (pip install {missing})" if missing and "." not in missing and isinstance(err, ModuleNotFoundError) else ""
     return FactoryError(f"{label}: {what}: {type(err).__name__}: {_one_line(err)}{hint}")
+
+
+def _raised(err: BaseException) -> str:
+    """What the user's code did, in a few words: ``called sys.exit(2)``, ``ValueError: ...``."""
+    if isinstance(err, SystemExit):
+        return f"called sys.exit({err.code!r})"
+    return f"{type(err).__name__}: {_one_line(err)}"
 
 
 def _one_line(err) -> str:

@@ -404,3 +404,37 @@ def test_a_plan_priced_on_a_preset_still_evaluates_on_it():
     status, out, err = run("--evaluate", "-", "--json", stdin=json.dumps(found))
     assert status == 0, err
     assert json.loads(out)["total_cost"] == pytest.approx(found["total_cost"], rel=1e-12)
+
+
+# 9. Model factories: sys.exit() in the user's code does not end the tool ----------------------
+
+@pytest.mark.parametrize("source, spec", [
+    ("import sys\ndef build(batch):\n    sys.exit(0)\n", "f.py:build"),  # exit 0, nothing printed
+    ("import sys\nsys.exit(3)\n", "f.py:build"),  # at import: exit 3, nothing printed
+    ("import sys\ndef build(batch):\n    sys.exit('bye')\n", "f.py:build"),  # 'bye' printed, exit 1
+    ("def build(batch):\n    raise GeneratorExit\n", "f.py:build"),
+    ("", "sys:exit"),  # sys.exit(batch): exit 8
+])
+def test_a_factory_that_exits_is_one_error_line(tmp_path, source, spec):
+    # Before: SystemExit escaped main(), so the process ended with the factory's status
+    # and nothing (or the factory's text) on stderr; in-process, main() raised.
+    (tmp_path / "f.py").write_text(source)
+    status, out, err = run("-g", f"torch:{spec}", "-b", "8", "-p", "4", cwd=tmp_path)
+    assert status == 2 and out == "" and one_error(err)
+    assert ("sys.exit" in err) or ("GeneratorExit" in err)
+
+
+def test_a_factory_that_is_interrupted_still_stops_the_tool(tmp_path):
+    (tmp_path / "f.py").write_text("def build(batch):\n    raise KeyboardInterrupt\n")
+    status, out, err = run("-g", "torch:f.py:build", "-p", "4", cwd=tmp_path)
+    assert status == 130 and err == "pase: interrupted\n"
+
+
+def test_a_model_whose_forward_exits_is_one_error_line(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "f.py").write_text(
+        "import sys\nimport torch\n"
+        "class Exits(torch.nn.Module):\n    def forward(self, x):\n        sys.exit(4)\n"
+        "def build(batch):\n    return Exits(), (torch.randn(batch, 4),)\n")
+    status, out, err = run("-g", "torch:f.py:build", "-b", "8", "-p", "4", cwd=tmp_path)
+    assert status == 2 and one_error(err) and "could not trace build: called sys.exit(4)" in err
