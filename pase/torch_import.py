@@ -22,8 +22,10 @@ its operand. Unsupported operations are collected and reported together (``Unmap
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import logging
 import math
 import operator
 import os
@@ -2106,7 +2108,8 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     if not isinstance(model_name, str) or not model_name:
         raise TorchImportError(f"the network name must be a non-empty string, got {name!r}")
     try:
-        program = torch.export.export(module, tuple(args), kwargs=dict(kwargs or {}), strict=False)
+        with _quiet_logging():
+            program = torch.export.export(module, tuple(args), kwargs=dict(kwargs or {}), strict=False)
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001  torch raises many types, the model's forward anything
@@ -2235,6 +2238,18 @@ def _missing(label: str, err: ImportError, what: str) -> TorchImportError:
         return TorchNotInstalledError()
     hint = f" (pip install {missing})" if missing and "." not in missing and isinstance(err, ModuleNotFoundError) else ""
     return FactoryError(f"{label}: {what}: {type(err).__name__}: {_one_line(err)}{hint}")
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    """No log records while torch traces: on a model it cannot trace, torch logs the failure
+    with a traceback on stderr, and the error it raises already says it in one line."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 def _raised(err: BaseException) -> str:

@@ -438,3 +438,18 @@ def test_a_model_whose_forward_exits_is_one_error_line(tmp_path):
         "def build(batch):\n    return Exits(), (torch.randn(batch, 4),)\n")
     status, out, err = run("-g", "torch:f.py:build", "-b", "8", "-p", "4", cwd=tmp_path)
     assert status == 2 and one_error(err) and "could not trace build: called sys.exit(4)" in err
+
+
+def test_a_model_torch_cannot_trace_prints_no_traceback(tmp_path, capfd):
+    # Before: torch logged "failed while attempting to run meta for aten.mm.default" and a
+    # 20-line traceback on stderr, before the tool's own one error line.
+    pytest.importorskip("torch")
+    (tmp_path / "f.py").write_text(
+        "import torch\ndef build(batch):\n    return torch.nn.Linear(4, 4), (torch.randn(batch, 5),)\n")
+    status, out, err = run("-g", "torch:f.py:build", "-b", "8", "-p", "4", cwd=tmp_path)
+    assert status == 2 and one_error(err) and "could not trace build: RuntimeError" in err
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err and captured.err == "" and captured.out == ""
+    import logging
+
+    assert logging.root.manager.disable == logging.NOTSET  # logging is back as it was
