@@ -2158,6 +2158,8 @@ def load_factory(spec: str, batch: int):
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise FactoryError(f"{label}: the batch size must be a positive integer, got {batch!r}")
     if where.endswith(".py") or os.sep in where or "/" in where:
+        if os.path.isdir(where):
+            raise FactoryError(f"{label}: {where} is a directory, not a Python file")
         if not os.path.isfile(where):
             raise FactoryError(f"{label}: file {where} does not exist")
         module_name = "_pase_factory_" + re.sub(r"\W", "_", os.path.abspath(where))

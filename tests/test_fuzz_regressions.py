@@ -453,3 +453,11 @@ def test_a_model_torch_cannot_trace_prints_no_traceback(tmp_path, capfd):
     import logging
 
     assert logging.root.manager.disable == logging.NOTSET  # logging is back as it was
+
+
+@pytest.mark.parametrize("spec", ["torch:pkg:build", "torch:pkg.py:build"])
+def test_a_factory_path_that_is_a_directory_says_so(tmp_path, spec):
+    # Before: "file pkg does not exist", of a directory that exists.
+    (tmp_path / spec.split(":")[1]).mkdir()
+    status, out, err = run("-g", spec if "/" in spec else spec.replace("torch:", f"torch:{tmp_path}/"), "-p", "4")
+    assert status == 2 and one_error(err) and "is a directory, not a Python file" in err
