@@ -50,6 +50,8 @@ def read_json(path: str, what: str):
         raise InputError(f"cannot read {what} {path!r}: the name contains a NUL byte")
     try:
         if path == "-":
+            if sys.stdin is None:  # started with standard input closed (pase --evaluate - <&-)
+                raise InputError(f"cannot read {where}: standard input is closed")
             text = sys.stdin.read(MAX_JSON_BYTES + 1)
         else:
             with open(path, encoding="utf-8") as f:

@@ -461,3 +461,19 @@ def test_a_factory_path_that_is_a_directory_says_so(tmp_path, spec):
     (tmp_path / spec.split(":")[1]).mkdir()
     status, out, err = run("-g", spec if "/" in spec else spec.replace("torch:", f"torch:{tmp_path}/"), "-p", "4")
     assert status == 2 and one_error(err) and "is a directory, not a Python file" in err
+
+
+# 10. --evaluate - with standard input closed ---------------------------------------------------
+
+def test_evaluate_from_a_closed_standard_input_is_one_error_line():
+    # Before: "internal error: AttributeError: 'NoneType' object has no attribute 'read'" (exit 70).
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    env.pop("PASE_TRACEBACK", None)
+    proc = subprocess.run([sys.executable, os.path.join(root, "scheduler.py"), "--evaluate", "-"], env=env,
+                          capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.close(0), check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "pase: error: cannot read strategy file on standard input: standard input is closed\n"
