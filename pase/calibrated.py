@@ -70,11 +70,18 @@ def _in_range(source: str, field: str, value, low: float | None, high) -> None:
         raise ValueError(f"{source}: {field} must be at least {low:g}, got {value!r}")
     if value > high:
         shown = f"{high:g}" if isinstance(high, float) else str(high)
-        raise ValueError(f"{source}: {field} must be at most {shown}, got {value!r}")
+        raise ValueError(f"{source}: {field} must be at most {shown}, got {_shown(value)}")
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    # An int is finite however long (math.isfinite of 10**400 raises OverflowError).
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+
+
+def _shown(value) -> str:
+    """A value for a message, a long number shortened."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def validate_description(data, source: str = "machine description") -> dict:

@@ -477,3 +477,12 @@ def test_evaluate_from_a_closed_standard_input_is_one_error_line():
                           preexec_fn=lambda: os.close(0), check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == "pase: error: cannot read strategy file on standard input: standard input is closed\n"
+
+
+@pytest.mark.parametrize("field", ["hbm_gbps", "memory_gb", "intra_node.gbps", "inter_node.latency_us", "act_bytes"])
+def test_a_machine_number_of_400_digits_is_refused(tmp_path, mini, field):
+    # Before: math.isfinite(10**400) raised OverflowError: "internal error" (exit 70).
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(machine_description(**{field: 10**400})))
+    status, out, err = run("-g", mini, "-p", "8", "--machine", path)
+    assert status == 1 and one_error(err) and f"{field} must be at most" in err and "(401 digits)" in err
