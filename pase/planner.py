@@ -341,7 +341,8 @@ def strategy_from_json(data, where: str) -> tuple:
     checked = []
     for v, config in enumerate(configs):
         if not isinstance(config, list) or not all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) and float(c).is_integer() and abs(c) < 2**62
+            # abs(c) first: float(10**400) raises OverflowError.
+            isinstance(c, (int, float)) and not isinstance(c, bool) and abs(c) < 2**62 and float(c).is_integer()
             for c in config
         ):
             raise InputError(f"{where}: configuration {v} must be a list of integers, got {_short(config)}")

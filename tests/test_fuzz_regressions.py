@@ -486,3 +486,13 @@ def test_a_machine_number_of_400_digits_is_refused(tmp_path, mini, field):
     path.write_text(json.dumps(machine_description(**{field: 10**400})))
     status, out, err = run("-g", mini, "-p", "8", "--machine", path)
     assert status == 1 and one_error(err) and f"{field} must be at most" in err and "(401 digits)" in err
+
+
+# 11. Strategy files: a 400-digit split ------------------------------------------------------------
+
+def test_a_split_of_400_digits_is_refused():
+    # Before: float(10**400) raised OverflowError: "internal error" (exit 70).
+    configs = [[1, 1]] * 2
+    configs[0] = [10**400, 1]
+    status, out, err = run("--evaluate", "-", "-g", "alexnet", stdin=json.dumps({"configs": configs}))
+    assert status == 1 and one_error(err) and "configuration 0 must be a list of integers" in err
