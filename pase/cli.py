@@ -788,7 +788,7 @@ def _recorded_machine(recorded: dict):
         return name, None
     if name in PRESETS and recorded == load_description(name):
         return name, None
-    return None, name if isinstance(name, str) else "?"
+    return None, name
 
 
 def _read_strategy_file(path: str) -> tuple:
@@ -808,6 +808,8 @@ def _read_strategy_file(path: str) -> tuple:
     if isinstance(recorded, dict):
         # The machine a plan was priced on: the reference machine or a preset by name; a
         # machine from a file must be named again with --machine.
+        if not isinstance(recorded.get("name"), str):
+            raise CliError(f"{where}: invalid 'machine': {json.dumps(recorded)[:80]}")
         settings["machine"], extra["file machine"] = _recorded_machine(recorded)
         if settings["machine"] is None:
             del settings["machine"]

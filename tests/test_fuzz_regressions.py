@@ -496,3 +496,14 @@ def test_a_split_of_400_digits_is_refused():
     configs[0] = [10**400, 1]
     status, out, err = run("--evaluate", "-", "-g", "alexnet", stdin=json.dumps({"configs": configs}))
     assert status == 1 and one_error(err) and "configuration 0 must be a list of integers" in err
+
+
+def test_a_recorded_machine_without_a_name_is_invalid(tmp_path):
+    # Found after the fix above: a machine record whose name is a list was an internal error
+    # (TypeError: unhashable type), before it silently fell back to the paper machine.
+    found = plan_of("-g", "alexnet", "-b", "8", "-p", "4")
+    for name in ([[1]], None, 5):
+        found["machine"] = {"name": name}
+        status, out, err = run("--evaluate", "-", stdin=json.dumps(found))
+        assert status == 1 and one_error(err) and "invalid 'machine'" in err
+
