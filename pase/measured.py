@@ -75,8 +75,9 @@ def _is_size(x) -> bool:
 
 
 def _is_seconds(x) -> bool:
-    return (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
-            and 0 < x <= MAX_SECONDS)
+    # The range test first: math.isfinite(10**400) raises OverflowError.
+    return (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and 0 < x <= MAX_SECONDS
+            and math.isfinite(x))
 
 
 def _extend_axis(axis: np.ndarray, values: np.ndarray, dim: int):

@@ -507,3 +507,11 @@ def test_a_recorded_machine_without_a_name_is_invalid(tmp_path):
         status, out, err = run("--evaluate", "-", stdin=json.dumps(found))
         assert status == 1 and one_error(err) and "invalid 'machine'" in err
 
+
+@pytest.mark.parametrize("seconds", [10**400, 2 * 10**6])
+def test_table_seconds_of_400_digits_are_refused(tmp_path, mini, seconds):
+    # Before: math.isfinite(10**400) raised OverflowError: "internal error" (exit 70).
+    table = small_table()
+    table["gemm"][2] = table["gemm"][2][:4] + [seconds]
+    status, out, err = run_with_table(tmp_path, mini, table)
+    assert status == 1 and one_error(err) and "seconds must be a positive number up to 1e+06" in err
