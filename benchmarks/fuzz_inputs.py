@@ -182,7 +182,7 @@ GRAPH_OPTIONAL = {"batch", "letters", "param", "args"}
 #: Layer arguments by JSON type ("pair": an integer or a list of two).
 ARG_TYPES = {
     "filters": int, "units": int, "pw": int, "vocab": int, "width": int, "layers": int, "axis": int,
-    "batch_dim": int, "kernel": "pair", "stride": "pair", "pad": "pair", "window": "pair", "axes": list,
+    "batch_dim": (int, None), "kernel": "pair", "stride": "pair", "pad": "pair", "window": "pair", "axes": list,
     "shape": list, "keepdims": bool, "equation": str, "batch": (str, None), "letters": (str, None),
 }
 #: Values of every JSON type, for replacing a field.
