@@ -89,6 +89,7 @@ class Case:
     env: dict = field(default_factory=dict)  # process cases: extra environment
     stdout_file: str | None = None  # process cases: a path (inside the case) to send stdout to
     close_stdin: bool = False  # process cases: start with standard input closed
+    stdout_has: str | None = None  # text a successful run's stdout must contain
     skip: str | None = None  # why the case is not run here
     index: int = 0
     directory: str = ""
@@ -1057,6 +1058,12 @@ def output_cases(rng: random.Random, refs: dict) -> list:
     cases.append(Case("output", "--dot-path", "/dev/full itself", ["-g", "mini.json", "-p", "4", "--dot-path",
                                                                    "/dev/full"], BAD_FILE, {"mini.json": mini},
                       skip="guarded"))
+    cases.append(Case("output", "--export-graph", "/dev/null itself", ["-g", "mini.json", "-p", "4", "--export-graph",
+                                                                       "/dev/null"], OK, {"mini.json": mini},
+                      skip="guarded"))
+    cases.append(Case("output", "--dot-path", "/dev/stdout (a process)", ["-g", "mini.json", "-p", "4", "--dot-path",
+                                                                          "/dev/stdout"], OK, {"mini.json": mini},
+                      skip="guarded", process=True, stdout_has="digraph"))
     return cases
 
 
@@ -1405,6 +1412,8 @@ def check(case: Case, result: dict, before: dict) -> list:
             problems.append(f"stderr on success: {_short(bad[0], 120)}")
         if not result["stdout"].strip():
             problems.append("nothing on stdout")
+        if case.stdout_has and case.stdout_has not in result["stdout"]:
+            problems.append(f"stdout lacks {case.stdout_has!r}")
         problems += _numbers(case, result["stdout"])
     problems += _check_outputs(case, result, before)
     leftovers = [p for p in result["after"] if re.search(r"(^|/)\.[^/]*\.tmp$", p)]
@@ -1554,21 +1563,28 @@ def main(argv=None) -> int:
         if a != b:
             problems[hashed[1].index].append("output differs between PYTHONHASHSEED values")
 
-    # The literal /dev/full, once its copies showed that devices are written through.
+    # The real /dev/full, /dev/null and /dev/stdout, once the copies of devices and the
+    # symlinks showed that they are written through (a tool that renamed a file onto its
+    # output would replace the system's device or link itself).
     guarded = [c for c in cases if c.skip == "guarded"]
-    copies_ok = [c for c in cases if c.category == "output" and "full device" in c.what and c.index in problems]
+    copies = [c for c in cases if c.category == "output" and ("device" in c.what or "symlink" in c.what)]
+    safe = bool(copies) and all(c.index in problems and not problems[c.index] for c in copies)
+    system = {"/dev/full": "chr", "/dev/null": "chr", "/dev/stdout": "link"}
+    kinds = {path: _kind(path) for path in system}
     for c in guarded:
-        if copies_ok and all(not problems[x.index] for x in copies_ok) and os.path.exists("/dev/full"):
+        if safe and all(kinds[path] == kind for path, kind in system.items()):
             c.skip = None
             make_files(c.directory, c.files)
             before[c.index] = snapshot(c.directory)
-            res = run_workers([c], sys.executable, work, args.timeout, log)[c.index]
+            res = (run_process_case(c, max(60, args.timeout)) if c.process
+                   else run_workers([c], sys.executable, work, args.timeout, log)[c.index])
             results[c.index] = res
             problems[c.index] = check(c, res, before[c.index])
-            if not stat.S_ISCHR(os.lstat("/dev/full").st_mode):
-                problems[c.index].append("/dev/full is no longer a device")
+            for path, kind in system.items():
+                if _kind(path) != kind:
+                    problems[c.index].append(f"{path} is no longer a {kind}")
         else:
-            c.skip = "the copies of /dev/full were not written through, so /dev/full itself is not risked"
+            c.skip = "the copies of devices and symlinks were not written through, so the system's are not risked"
 
     elapsed = time.perf_counter() - started
     report = render(cases, results, problems, args, elapsed)
@@ -1589,6 +1605,14 @@ def main(argv=None) -> int:
                     subprocess.run(["chattr", "-i", os.path.join(c.directory, rel)], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
+
+
+def _kind(path: str) -> str:
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    return "link" if stat.S_ISLNK(mode) else "chr" if stat.S_ISCHR(mode) else "other"
 
 
 def _without_seconds(stdout: str) -> str:
