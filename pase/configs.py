@@ -6,6 +6,7 @@ split; configuration arrays have one row per configuration and one column per di
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -49,18 +50,28 @@ def allowed_splits(size: int, procs: int, cutoff: int) -> list[int]:
     >>> allowed_splits(3, 8, 4)
     [1]
     """
-    # Only counts up to min(procs, size // cutoff) qualify (size // e >= cutoff is e <= size //
-    # cutoff): test those directly rather than enumerate every divisor, which takes sqrt(size)
-    # steps and hangs on a dimension of 2**60 in a graph file.
+    # Only counts up to limit = min(procs, size // cutoff) qualify (size // e >= cutoff is
+    # e <= size // cutoff). Those up to sqrt(size) are tested directly; those above are
+    # size // d for the divisors d in [size / limit, sqrt(size)]. Together at most
+    # min(limit, 2 sqrt(size)) tests: never every divisor of a huge dimension (a graph file's
+    # 2**62 hung), nor a million tests for a small one on 2**20 devices.
     limit = min(procs, size // cutoff)
     if limit < 1:
         return [1]
-    if size < 2**62:
-        candidates = np.arange(1, limit + 1, dtype=np.int64)
-        splits = candidates[size % candidates == 0].tolist()
-    else:
-        splits = [e for e in range(1, limit + 1) if size % e == 0]
-    return splits
+    root = math.isqrt(size)
+    low = max(1, -(-size // limit))  # ceil(size / limit)
+
+    def dividing(first: int, last: int) -> list:
+        if first > last:
+            return []
+        if size < 2**62:
+            d = np.arange(first, last + 1, dtype=np.int64)
+            return d[size % d == 0].tolist()
+        return [d for d in range(first, last + 1) if size % d == 0]
+
+    small = dividing(1, min(limit, root))
+    large = [size // d for d in reversed(dividing(low, root)) if size // d > root]
+    return small + large
 
 
 def enumerate_configs(
