@@ -1376,14 +1376,14 @@ def run_process_case(case: Case, timeout: int) -> dict:
             "stderr": err, "stray": "", "seconds": time.perf_counter() - start, "after": snapshot(case.directory)}
 
 
-def check(case: Case, result: dict, before: dict) -> list:
+def check(case: Case, result: dict, before: dict, timeout: int = CASE_TIMEOUT) -> list:
     """The rules a case broke (empty: it passed)."""
     problems = []
     status = result["status"]
     if result.get("crashed"):
         return [f"the worker process died ({result['crashed']})"]
     if result["timed_out"]:
-        return [f"no answer within {CASE_TIMEOUT} s (a hang)"]
+        return [f"no answer within {timeout} s (a hang)"]
     if result["escaped"]:
         return [f"an exception escaped main(): {result['escaped']}"]
     err_lines = [line for line in result["stderr"].splitlines() if line.strip()]
@@ -1554,7 +1554,7 @@ def main(argv=None) -> int:
     log(f"running {len(processes)} process cases...")
     for c in processes:
         results[c.index] = run_process_case(c, max(60, args.timeout))
-    problems = {c.index: check(c, results[c.index], before[c.index]) for c in cases if c.index in results}
+    problems = {c.index: check(c, results[c.index], before[c.index], args.timeout) for c in cases if c.index in results}
     for index, problem in check_groups(cases, results).items():
         problems[index].append(problem)
     hashed = [c for c in processes if c.same_as == "hashseed"]
@@ -1579,7 +1579,7 @@ def main(argv=None) -> int:
             res = (run_process_case(c, max(60, args.timeout)) if c.process
                    else run_workers([c], sys.executable, work, args.timeout, log)[c.index])
             results[c.index] = res
-            problems[c.index] = check(c, res, before[c.index])
+            problems[c.index] = check(c, res, before[c.index], args.timeout)
             for path, kind in system.items():
                 if _kind(path) != kind:
                     problems[c.index].append(f"{path} is no longer a {kind}")
@@ -1622,6 +1622,49 @@ def _without_seconds(stdout: str) -> str:
         return stdout
     data.get("search", {}).pop("seconds", None)
     return json.dumps(data, sort_keys=True)
+
+
+#: What this driver found on ``main`` at daa9ad8, before the fixes of branch ``fuzz`` (seed 14,
+#: 10 s per case): 249 of 1602 cases failed. One line per defect: the inputs, what happened,
+#: the module fixed; each has a test in ``tests/test_fuzz_regressions.py``.
+FOUND = [
+    ("output", "--dot-path/--export-graph/--export-jax on a device (a copy of /dev/full or /dev/null)",
+     "the device node was replaced by a regular file holding the output, exit 0", "fileio"),
+    ("output", "the same on a symlink / a dangling symlink / a symlink loop",
+     "the link was replaced by a new file, the file it named kept its old contents; a loop gave exit 0", "fileio"),
+    ("output", "a NUL byte in an output path or --evaluate path (in-process)", "internal error (exit 70)", "fileio"),
+    ("strategy", "--evaluate - with standard input closed (pase --evaluate - <&-)", "internal error (exit 70)",
+     "fileio"),
+    ("graph", "a misspelt or unknown field ('params' for 'param', 'arg' for 'args', any extra key)",
+     "silently ignored, exit 0: a weight counted as an activation, a layer built with default arguments",
+     "graph_json"),
+    ("graph", "a dimension or count of 2**53 to 10**400 (input shape, FC units, Embedding vocab)",
+     "a hang: every divisor enumerated, sqrt(size) steps (a batch of 2**53 took 28 s in the data-parallel "
+     "baseline alone)", "configs, baselines, graph_json"),
+    ("graph", "an input of more than 2**200 elements (rank 30, dims 2**40)",
+     "internal error (OverflowError) and numpy warnings on stderr", "graph_json"),
+    ("graph", "an Unstack along an axis of 10**8, 2**40, 10**30",
+     "a hang (10**8 tensors), out of memory (exit 3), internal error (exit 70)", "layers"),
+    ("graph", "FC or Embedding letters false, 0 or []", "taken as 'no letters given', exit 0", "layers"),
+    ("machine", "any machine file that is missing, not JSON, or has a bad field, or a bad measured table",
+     "exit 2 (a bad command line) where graph and strategy files give 1: 174 cases", "calibrated, cli"),
+    ("machine", "memory_gb 1e300, a rate of 5e-324, devices_per_node 10**30, any number of 400 digits",
+     "internal error (overflow to infinity, OverflowError), numpy warnings on stderr", "calibrated"),
+    ("machine", "a measured table with a size or time of 10**400", "internal error (exit 70)", "measured"),
+    ("machine", "a measured table of 40 rows on the diagonal (a 40**4 grid of holes), or 200000 made-up op names",
+     "a hang (the grid's holes filled pass by pass); a misspelt op joined the ops that price the others", "measured"),
+    ("strategy", "the plan of a graph file (-g FILE.json --json), evaluated with -g FILE.json",
+     "refused: \"invalid 'graph'\" (plans of graph files and imported models could not be evaluated)", "cli"),
+    ("strategy", "a plan priced on a machine file, evaluated without --machine",
+     "priced on the paper machine, or on the preset when the file reused its name, exit 0, no word", "cli"),
+    ("strategy", "a split of 10**400", "internal error (exit 70)", "planner"),
+    ("factory", "a factory calling sys.exit() at import or in the function, torch:sys:exit, GeneratorExit, "
+     "sys.exit() in the model's forward", "SystemExit escaped main(): the process ended with the factory's status "
+     "(0 and no output for sys.exit(0))", "torch_import"),
+    ("factory", "a model torch.export cannot trace (a shape mismatch)",
+     "torch logged a 20-line traceback on stderr before the error line", "torch_import"),
+    ("factory", "a factory path naming a directory", "'file ... does not exist'", "torch_import"),
+]
 
 
 def render(cases: list, results: dict, problems: dict, args, elapsed: float) -> str:
@@ -1681,6 +1724,14 @@ def render(cases: list, results: dict, problems: dict, args, elapsed: float) -> 
         lines.append(f"- [{c.category}/{c.kind}] {c.what}: `{c.command()}`")
         for p in problems[c.index]:
             lines.append(f"  - {p}")
+    lines += ["", "## Defects this driver found before the fixes", "",
+              "On `main` at daa9ad8 (seed 14, 10 s per case) 249 of 1602 cases failed: 186 wrong exit statuses "
+              "(174 of them machine files exiting 2), 21 outputs destroyed or not written, 16 hangs, 15 internal "
+              "errors, 10 exceptions escaping `main()`, 1 traceback on stderr; other seeds found the rest of the "
+              "defects below (the random mutations). Each is fixed on branch `fuzz`, with a test in "
+              "`tests/test_fuzz_regressions.py` that fails without the fix.", ""]
+    lines += markdown_table(["inputs", "category", "what happened", "fixed in"],
+                            [[what, cat, happened, f"`{where}`"] for cat, what, happened, where in FOUND], "llll")
     lines += ["", "## Skipped", ""]
     if not skipped:
         lines.append("None.")
