@@ -117,7 +117,7 @@ def _quote(arg: str) -> str:
 
 def _short(value, limit: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
-    text = text.replace("\n", "\\n")
+    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: "\\n" if m.group() == "\n" else f"\\x{ord(m.group()):02x}", text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -803,8 +803,8 @@ def strategy_cases(rng: random.Random, refs: dict) -> list:
     add("configs", "no configurations", {"configs": []}, "-g", "alexnet", "-b", "8", "-p", "4")
     add("configs", "configs is an object", {"configs": {"0": configs[0]}}, "-g", "alexnet", "-b", "8", "-p", "4")
     for what, layers in [
-        ("a layer without config", [dict(plan["layers"][0], config=None) if False else
-                                    {k: v for k, v in plan["layers"][0].items() if k != "config"}] + plan["layers"][1:]),
+        ("a layer without config", [{k: v for k, v in plan["layers"][0].items() if k != "config"}]
+         + plan["layers"][1:]),
         ("a repeated layer id", [dict(plan["layers"][0], id=1)] + plan["layers"][1:]),
         ("a layer id of 0.0", [dict(plan["layers"][0], id=0.0)] + plan["layers"][1:]),
         ("a layer id out of range", [dict(plan["layers"][0], id=99)] + plan["layers"][1:]),
