@@ -59,8 +59,9 @@ EXIT_BROKEN_PIPE = 141
 
 EXIT_CODES = {
     EXIT_OK: "success",
-    EXIT_INPUT: "a file could not be read or written, or a graph, machine or strategy file is invalid",
-    EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, or a value the graph cannot take",
+    EXIT_INPUT: "a file could not be read or written, or a graph or strategy file is invalid",
+    EXIT_USAGE: "bad command line: unknown flag, malformed or out-of-range value, a value the graph cannot take, "
+                "or a --machine that is neither a preset nor a readable, valid machine file",
     EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
     EXIT_NOTHING_FITS: "no strategy fits the --memory cap per device (the least any strategy needs is printed)",
     EXIT_VERIFY: "--verify: the plan run sharded on XLA devices gave other numbers than the unsharded run",
@@ -477,9 +478,7 @@ def _load_machine(opts: Options, procs) -> object:
         machine = load_machine(opts.machine, opts.flops, opts.bw)
         for p in procs:
             machine.check_procs(p)
-    except InputError as err:  # a machine file or its table that cannot be read or is invalid
-        raise CliError(str(err), EXIT_INPUT) from None
-    except ValueError as err:
+    except ValueError as err:  # an unknown name, or a machine file or its table that is missing or invalid
         raise CliError(str(err), EXIT_USAGE) from None
     return machine
 

@@ -262,7 +262,7 @@ def test_machine_values_out_of_range_are_refused(tmp_path, mini, field, value, m
     path = tmp_path / "m.json"
     path.write_text(json.dumps(description))
     status, out, err = run("-g", mini, "-p", "8", "--machine", path, "--json")
-    assert status == 1 and out == "" and one_error(err) and message in err
+    assert status == 2 and out == "" and one_error(err) and message in err
 
 
 def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, mini):
@@ -278,12 +278,12 @@ def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, min
     assert 0 < report["total_cost"] < 1e300 and 0 < report["data_parallel_cost"] < 1e300
 
 
-# 6. A machine file that cannot be read or is invalid is exit 1, like every other file -----------
+# 6. A machine file that cannot be read or is invalid is a bad --machine value: exit 2 (issue 11) --
 
 @pytest.mark.parametrize("what", ["missing", "not JSON", "a missing field", "an unknown field", "a directory",
                                   "a missing table", "a malformed table"])
-def test_a_bad_machine_file_is_exit_1(tmp_path, mini, what):
-    # Before: exit 2, the status of a bad command line, where graph and strategy files give 1.
+def test_a_bad_machine_file_is_one_line_and_exit_2(tmp_path, mini, what):
+    # Issue 11: a bad machine file is one clear line and exit 2, whatever is wrong with it.
     path = tmp_path / "m.json"
     description = machine_description()
     if what == "not JSON":
@@ -302,7 +302,7 @@ def test_a_bad_machine_file_is_exit_1(tmp_path, mini, what):
     if what not in ("missing", "not JSON", "a directory"):
         path.write_text(json.dumps(description))
     status, out, err = run("-g", mini, "-p", "8", "--machine", path)
-    assert status == 1 and out == "" and one_error(err)
+    assert status == 2 and out == "" and one_error(err) and ("m.json" in err or "t.json" in err)
 
 
 @pytest.mark.parametrize("argv", [["--machine", "h200"], ["--machine", "h100-sxm", "-p", "12"],
@@ -341,7 +341,7 @@ def test_hostile_table_values_are_refused(tmp_path, mini, change, message):
     table = small_table()
     change(table)
     status, out, err = run_with_table(tmp_path, mini, table)
-    assert status == 1 and out == "" and one_error(err) and message in err
+    assert status == 2 and out == "" and one_error(err) and message in err
 
 
 def test_a_table_spanning_a_huge_sparse_grid_is_refused(tmp_path, mini):
@@ -349,7 +349,7 @@ def test_a_table_spanning_a_huge_sparse_grid_is_refused(tmp_path, mini):
     # pass at a time: minutes. Now refused: more than 2**17 shapes, and 64000 per row.
     table = {"gemm": [[i + 1, i + 1, i + 1, i + 1, 1e-6 * (i + 1)] for i in range(40)]}
     status, out, err = run_with_table(tmp_path, mini, table)
-    assert status == 1 and one_error(err) and "grid of 2560000 shapes" in err
+    assert status == 2 and one_error(err) and "grid of 2560000 shapes" in err
 
 
 def test_grids_like_the_calibrated_ones_are_accepted():
@@ -485,7 +485,7 @@ def test_a_machine_number_of_400_digits_is_refused(tmp_path, mini, field):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(machine_description(**{field: 10**400})))
     status, out, err = run("-g", mini, "-p", "8", "--machine", path)
-    assert status == 1 and one_error(err) and f"{field} must be at most" in err and "(401 digits)" in err
+    assert status == 2 and one_error(err) and f"{field} must be at most" in err and "(401 digits)" in err
 
 
 # 11. Strategy files: a 400-digit split ------------------------------------------------------------
@@ -514,4 +514,4 @@ def test_table_seconds_of_400_digits_are_refused(tmp_path, mini, seconds):
     table = small_table()
     table["gemm"][2] = table["gemm"][2][:4] + [seconds]
     status, out, err = run_with_table(tmp_path, mini, table)
-    assert status == 1 and one_error(err) and "seconds must be a positive number up to 1e+06" in err
+    assert status == 2 and one_error(err) and "seconds must be a positive number up to 1e+06" in err
