@@ -21,6 +21,7 @@ import sys
 from typing import IO, Callable, Sequence
 
 from .calibrated import load_calibrated, validate_description
+from .cli import EXIT_USAGE, CliError, ParserExit, StreamParser
 from .fileio import write_atomic
 from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
@@ -334,35 +335,8 @@ def _non_negative(text):
     return value
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, out: IO, err: IO, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._out, self._err = out, err
-
-    def _print_message(self, message, file=None):
-        if message:
-            (self._err if file is sys.stderr else self._out).write(message)
-
-    def exit(self, status=0, message=None):
-        if message:
-            self._err.write(message)
-        raise _Done(status)
-
-    def error(self, message):
-        raise _UsageError(f"{message} (see {self.prog} --help)")
-
-
-class _Done(Exception):
-    def __init__(self, status):
-        self.status = status
-
-
 def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, out=out, err=err, description=(
+    p = StreamParser(prog=prog, out=out, err=err, description=(
         "Measure this GPU's GEMM and memory-bound times with PyTorch (bf16, CUDA graphs) and write a "
         "machine description that --machine accepts, with its table next to it."))
     p.add_argument("--out", required=True, metavar="FILE.json", help="the machine description to write")
@@ -397,17 +371,17 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
     try:
         args = build_parser(out, err, prog).parse_args(argv)
         if not args.out.endswith(".json"):
-            raise _UsageError(f"--out must name a .json file, got {args.out!r}")
+            raise CliError(f"--out must name a .json file, got {args.out!r}", EXIT_USAGE)
         folder = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(folder):
-            raise _UsageError(f"--out: no such directory {folder}")
+            raise CliError(f"--out: no such directory {folder}", EXIT_USAGE)
         if os.path.isdir(args.out):
-            raise _UsageError(f"--out: {args.out} is a directory")
-    except _Done as done:
+            raise CliError(f"--out: {args.out} is a directory", EXIT_USAGE)
+    except ParserExit as done:
         return done.status
-    except _UsageError as e:
+    except CliError as e:
         err.write(f"{prog}: error: {e}\n")
-        return 2
+        return e.status
     if not os.access(folder, os.W_OK):  # find out now, not after an hour of measuring
         err.write(f"{prog}: error: cannot write {args.out}: permission denied\n")
         return 1

@@ -106,7 +106,7 @@ class CliError(Exception):
         self.status = status
 
 
-class _ParserExit(Exception):
+class ParserExit(Exception):
     """argparse finished early (``--help``, ``--version``) with ``status``."""
 
     def __init__(self, status: int):
@@ -248,8 +248,8 @@ def _graph_spec(text: str) -> str:
     )
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse writing to the given streams and raising instead of exiting."""
+class StreamParser(argparse.ArgumentParser):
+    """argparse writing to the given streams and raising instead of exiting (also ``pase calibrate``'s)."""
 
     def __init__(self, *args, out: IO, err: IO, **kwargs):
         super().__init__(*args, **kwargs)
@@ -263,7 +263,7 @@ class _ArgumentParser(argparse.ArgumentParser):
     def exit(self, status=0, message=None):
         if message:
             self._err.write(message)
-        raise _ParserExit(status)
+        raise ParserExit(status)
 
     def error(self, message):
         # One line, not argparse's usage block: every bad input gets one clear line.
@@ -298,7 +298,7 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     Flags whose value may also come from an ``--evaluate`` file default to ``None`` here;
     ``options_from_args`` fills in the defaults stated in the help.
     """
-    parser = _ArgumentParser(
+    parser = StreamParser(
         prog=prog,
         description=(
             "PaSE: find the parallelization strategy of a DNN's layers over p devices that\n"
@@ -910,7 +910,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         if opts.sweep is not None:
             return _run_sweep(opts, out, err)
         return _run_search(opts, out, err)
-    except _ParserExit as done:
+    except ParserExit as done:
         return done.status
     except CliError as error:
         err.write(f"{prog}: error: {error}\n")
