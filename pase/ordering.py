@@ -60,6 +60,36 @@ def _vertex_order(G) -> list:
         return list(G.nodes)
 
 
+def _neighbour_sets(G, order) -> dict:
+    """``d(v)`` before any elimination: the neighbours of ``v`` (edges undirected)."""
+    d = {v: set() for v in order}
+    for u, v in G.edges():
+        if u == v:
+            raise ValueError(f"vertex {u!r} has an edge to itself")
+        d[u].add(v)
+        d[v].add(u)
+    return d
+
+
+def _sequence(v, d, sequence: list, dependent: dict) -> set:
+    """Sequence ``v``: its ``d(v)`` is its dependent set; ``d(u) = (d(u) ∪ d(v)) - {u, v}`` for
+    every ``u`` in it. Returns ``d(v)``, the vertices whose sets changed."""
+    sequence.append(v)
+    dv = dependent[v] = d[v]
+    for u in dv:
+        d[u] |= dv
+        d[u].discard(u)
+        d[u].discard(v)
+    return dv
+
+
+def _ordering(name: str, sequence: list, dependent: dict) -> Ordering:
+    """The ``Ordering``, each dependent set listed latest-sequenced first."""
+    position = {v: i for i, v in enumerate(sequence)}
+    dependent = {v: tuple(sorted(dv, key=lambda u: -position[u])) for v, dv in dependent.items()}
+    return Ordering(name, tuple(sequence), dependent)
+
+
 def _eliminate(G, name: str, choose: Callable) -> Ordering:
     """The elimination loop of GenerateSeq (Fig. 3) with a pluggable choice of vertex.
 
@@ -71,28 +101,14 @@ def _eliminate(G, name: str, choose: Callable) -> Ordering:
     """
     order = _vertex_order(G)
     rank = {v: i for i, v in enumerate(order)}
-    d = {v: set() for v in order}
-    for u, v in G.edges():
-        if u == v:
-            raise ValueError(f"vertex {u!r} has an edge to itself")
-        d[u].add(v)
-        d[v].add(u)
+    d = _neighbour_sets(G, order)
     unsequenced = dict.fromkeys(order)  # insertion-ordered set
-    sequence = []
-    dependent = {}
+    sequence, dependent = [], {}
     while unsequenced:
         v = choose(unsequenced, d, rank)
         del unsequenced[v]
-        sequence.append(v)
-        dv = d[v]
-        dependent[v] = dv
-        for u in dv:
-            d[u] |= dv
-            d[u].discard(u)
-            d[u].discard(v)
-    position = {v: i for i, v in enumerate(sequence)}
-    dependent = {v: tuple(sorted(dv, key=lambda u: -position[u])) for v, dv in dependent.items()}
-    return Ordering(name, tuple(sequence), dependent)
+        _sequence(v, d, sequence, dependent)
+    return _ordering(name, sequence, dependent)
 
 
 def _min_dependent(unsequenced, d, rank):
@@ -128,27 +144,15 @@ def generate_seq(G, last=()) -> Ordering:
     held = set(last)
     if len(held) != len(last) or not held <= rank.keys():
         raise ValueError("'last' must list distinct vertices of the graph")
-    d = {v: set() for v in order}
-    for u, v in G.edges():
-        if u == v:
-            raise ValueError(f"vertex {u!r} has an edge to itself")
-        d[u].add(v)
-        d[v].add(u)
+    d = _neighbour_sets(G, order)
     heap = [(len(d[v]), rank[v]) for v in order if v not in held]
     heapq.heapify(heap)
     sequenced = set()
-    sequence = []
-    dependent = {}
+    sequence, dependent = [], {}
 
     def sequence_next(v):
         sequenced.add(v)
-        sequence.append(v)
-        dv = d[v]
-        dependent[v] = dv
-        for u in dv:
-            d[u] |= dv
-            d[u].discard(u)
-            d[u].discard(v)
+        for u in _sequence(v, d, sequence, dependent):
             if u not in held:
                 heapq.heappush(heap, (len(d[u]), rank[u]))
 
@@ -160,9 +164,7 @@ def generate_seq(G, last=()) -> Ordering:
         sequence_next(v)
     for v in last:
         sequence_next(v)
-    position = {v: i for i, v in enumerate(sequence)}
-    dependent = {v: tuple(sorted(dv, key=lambda u: -position[u])) for v, dv in dependent.items()}
-    return Ordering("generateseq", tuple(sequence), dependent)
+    return _ordering("generateseq", sequence, dependent)
 
 
 def fixed_order(G, sequence, name: str = "fixed") -> Ordering:
