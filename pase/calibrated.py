@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from .machine import MEMORY_BOUND_KINDS
-from .fileio import InputError, read_json
+from .fileio import read_json
 from .measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = [
@@ -173,13 +173,9 @@ def _source_of(name_or_path: str) -> tuple:
 
 
 def _read_file(path: str) -> dict:
-    # read_json turns every unreadable, malformed or hostile file into one InputError line; an
-    # invalid description is an InputError too (a bad file, exit 1, not a bad flag).
-    data = read_json(path, "machine file")
-    try:
-        return validate_description(data, f"machine file {os.path.basename(path)}")
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    # read_json turns every unreadable, malformed or hostile file into one InputError line (a
+    # ValueError, like every invalid description: a bad --machine, exit 2).
+    return validate_description(read_json(path, "machine file"), f"machine file {os.path.basename(path)}")
 
 
 def load_description(name_or_path: str) -> dict:
@@ -212,14 +208,11 @@ def load_calibrated(name_or_path: str) -> "CalibratedMachine":
     if "measured" in description:
         table_path = os.path.join(os.path.dirname(os.path.abspath(label)), description["measured"])
         if not os.path.isfile(table_path):
-            raise InputError(
+            raise ValueError(
                 f"machine file {os.path.basename(label)}: measured table {description['measured']!r} not found "
                 f"(looked for {table_path}; the path is relative to the machine file)"
             )
-        try:
-            tables = MeasuredTables.load(table_path)
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        tables = MeasuredTables.load(table_path)
     return CalibratedMachine(description, tables, f"machine file {os.path.basename(label)}")
 
 
