@@ -99,7 +99,6 @@ def summary_row(r: dict) -> list:
     mt = r["megatron"]["plan"]
     mt_ms = split_ms(mt.evaluation)[3]
     mem = r["h100"].memory
-    pmem = r["paper_on_h100"].memory
     # A gain over a strategy that does not fit the device is no gain: say so instead.
     gain = f"{p[3] / h[3]:.2f}x" if fits(r["paper_on_h100"]) and fits(r["h100"]) else "-"
     mt_gain = "-"
