@@ -22,6 +22,7 @@ import pase.layers
 from pase import Machine, data_parallel, evaluate
 from pase import cli
 from pase.cli import main
+from cli_runner import run as run_cli
 from pase.report import format_bytes
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
@@ -45,10 +46,7 @@ def reference_total(graph, procs, batch=128, flops=10, bw=16):
 
 def run(*argv, stderr_tty=False):
     """``main(argv)`` with captured streams: ``(status, stdout, stderr)``."""
-    out = io.StringIO()
-    err = _TTY() if stderr_tty else io.StringIO()
-    status = main([str(a) for a in argv], stdout=out, stderr=err)
-    return status, out.getvalue(), err.getvalue()
+    return run_cli(*argv, stderr=_TTY() if stderr_tty else None)
 
 
 class _TTY(io.StringIO):

@@ -5,7 +5,6 @@ signals, file-size limits)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -14,22 +13,10 @@ import sys
 
 import pytest
 
-from pase.cli import main
+from cli_runner import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULER = os.path.join(ROOT, "scheduler.py")
-
-
-def run(*argv, stdin=None):
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.stdin
-    if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
-    try:
-        status = main([str(a) for a in argv], stdout=out, stderr=err)
-    finally:
-        sys.stdin = old
-    return status, out.getvalue(), err.getvalue()
 
 
 def process(*args, **kwargs):

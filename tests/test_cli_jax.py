@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 
-from pase.cli import EXIT_USAGE, main
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    status = main([str(a) for a in argv], stdout=out, stderr=err)
-    return status, out.getvalue(), err.getvalue()
+from pase.cli import EXIT_USAGE
+from cli_runner import run
 
 
 def test_export_jax_writes_the_plans_shardings(tmp_path):

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 
 import graphs
 from pase import MemoryModel, data_parallel, evaluate
-from pase.cli import EXIT_NOTHING_FITS, main
+from pase.cli import EXIT_NOTHING_FITS
+from cli_runner import run
 from pase.report import format_bytes
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    status = main([str(a) for a in argv], stdout=out, stderr=err)
-    return status, out.getvalue(), err.getvalue()
 
 
 def run_json(*argv):

@@ -7,7 +7,6 @@ checks: the exit status, one ``pase: error:`` line, files left intact.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -16,23 +15,7 @@ import sys
 
 import pytest
 
-from pase.cli import main
-
-
-def run(*argv, cwd=None, stdin=None):
-    """``(status, stdout, stderr)`` of ``pase argv`` run in ``cwd``."""
-    out, err = io.StringIO(), io.StringIO()
-    old_dir, old_stdin = os.getcwd(), sys.stdin
-    if cwd is not None:
-        os.chdir(cwd)
-    if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
-    try:
-        status = main([str(a) for a in argv], stdout=out, stderr=err)
-    finally:
-        os.chdir(old_dir)
-        sys.stdin = old_stdin
-    return status, out.getvalue(), err.getvalue()
+from cli_runner import run
 
 
 def one_error(err: str) -> bool:

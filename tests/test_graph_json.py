@@ -7,7 +7,6 @@ the same to the last bit. Malformed files must name the layer and the field.
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 import graphs
 from pase import GraphBuilder, Machine
-from pase.cli import main
+from cli_runner import run
 from pase.fileio import InputError
 from pase.graph_json import dumps, network_from_json, network_to_json
 from pase.layers import FC, Elementwise, SoftmaxCrossEntropy
@@ -145,12 +144,6 @@ def test_bad_argument_names_the_layer_and_argument():
 ])
 def test_malformed_files(edit, field):
     assert field in broken(edit)
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    status = main([str(a) for a in argv], stdout=out, stderr=err)
-    return status, out.getvalue(), err.getvalue()
 
 
 def test_cli_export_and_plan_the_file(tmp_path):
