@@ -58,7 +58,7 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: GPTConfig) -> Tensor:
     """Pre-norm block: ``r = x + attention(norm(x))``, then ``r + ff(norm(r))``."""
     e, f = cfg.width, cfg.hidden
     y = g.add(f"{name}.attn.norm", Norm(x, axis=-1))
-    out = multi_head(g, f"{name}.attn", [y], cfg.heads, cfg.key)
+    out = multi_head(g, f"{name}.attn", [y], cfg.heads, cfg.key, causal=True)
     r = g.add(f"{name}.attn.residual", Elementwise(x, out))
     y = g.add(f"{name}.ff.norm", Norm(r, axis=-1))
     w1 = g.weight((e, f), f"{name}.ff.w1", letters="ef")

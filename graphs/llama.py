@@ -70,7 +70,7 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: LlamaConfig, rotary_q: Te
     q = g.add(f"{name}.attn.q_rotary", Elementwise(q, rotary_q))
     key = g.add(f"{name}.attn.k_rotary", Elementwise(key, rotary_k))
     scores = g.add(f"{name}.attn.scores", Einsum("bgrlk,bgmk->bgrlm", q, key))
-    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=-1))
+    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=-1, causal=True))
     context = g.add(f"{name}.attn.context", Einsum("bgrlm,bgmk->bgrlk", weights, value))
     wo = g.weight((G, R, e, k), f"{name}.attn.wo", letters="grek")
     out = g.add(f"{name}.attn.out", Einsum("bgrlk,grek->ble", context, wo))

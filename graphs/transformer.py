@@ -19,12 +19,13 @@ HEADS = 8
 LAYERS = 6
 
 
-def multi_head(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Tensor:
+def multi_head(g: GraphBuilder, name: str, xs: list, heads: int, key: int, causal: bool = False) -> Tensor:
     """The attention core: q, k, v projections, scores, softmax, context, output projection.
 
     ``xs`` is ``[x]`` (self-attention: one Einsum projects ``x``) or ``[x, mem, mem]``
     (encoder-decoder: the three are stacked first). Returns the ``(b, l, e)`` output,
-    before any residual or norm. Shared by the Transformer and the GPT graphs.
+    before any residual or norm. Shared by the Transformer and the GPT graphs; ``causal``
+    marks a decoder's masked attention.
     """
     width = xs[0].shape[-1]
     wqkv = g.weight((3, heads, width, key), f"{name}.wqkv", letters="shek")
@@ -35,7 +36,7 @@ def multi_head(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Te
         qkv = g.add(f"{name}.qkv", Einsum("sble,shek->sbhlk", stacked, wqkv))
     q, k, v = g.add(f"{name}.split", Unstack(qkv, axis=0))
     scores = g.add(f"{name}.scores", Einsum("bhlk,bhmk->bhlm", q, k))
-    weights = g.add(f"{name}.softmax", Softmax(scores, axis=3))
+    weights = g.add(f"{name}.softmax", Softmax(scores, axis=3, causal=causal))
     context = g.add(f"{name}.context", Einsum("bhlm,bhmk->bhlk", weights, v))
     wo = g.weight((heads, width, key), f"{name}.wo", letters="hek")
     return g.add(f"{name}.out", Einsum("bhlk,hek->ble", context, wo))

@@ -826,10 +826,14 @@ class Softmax(_ShapeOfInput):
 
     op = "Softmax"
 
-    def __init__(self, x: Tensor, axis: int = -1):
+    def __init__(self, x: Tensor, axis: int = -1, causal: bool = False):
         x = _tensor(x, "Softmax input")
         self.axis = _check_axis(axis, x.rank, self.op)
-        super().__init__(x, {"axis": self.axis})
+        if not isinstance(causal, bool):
+            raise ValueError(f"Softmax causal must be true or false, got {causal!r}")
+        # ``causal``: a masked attention softmax (half its scores are masked); only the
+        # fused attention pricing of a training configuration reads it.
+        super().__init__(x, {"axis": self.axis, **({"causal": True} if causal else {})})
 
     def costs(self, C, machine):
         dpp = self._per_device(C)

@@ -1,0 +1,199 @@
+"""Device meshes in practitioners' words (``dp x tp x cp``) and the per-layer splits they mean.
+
+A mesh plan is what Megatron-LM and torchtitan run: the batch split ``dp`` ways, attention
+heads, MLP columns and the vocabulary ``tp`` ways inside a node (with sequence parallelism for
+the point-wise layers between them), the sequence ``cp`` ways. :func:`mesh_configs` maps a
+mesh onto every layer of a decoder from its dimension letters; :func:`parse_recipe` reads
+``--recipe KEY=VALUE,...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Mesh", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
+
+#: Letters of a decoder's iteration spaces (graphs/llama.py, graphs/gpt.py, hf: configs):
+#: heads (``h``; ``g`` key/value groups then ``r`` queries per group), MLP width ``f``,
+#: vocabulary ``v``, tokens of the sequence ``l``.
+HEAD_LETTERS = ("h", "g", "r")
+MLP_LETTER = "f"
+VOCAB_LETTER = "v"
+SEQUENCE_LETTER = "l"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Degrees of data, tensor and context parallelism (and pipeline stages, 1 here).
+
+    ``sp``: sequence parallelism for the layers between tensor-parallel products.
+    """
+
+    dp: int
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    sp: bool = True
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.cp * self.pp
+
+    def as_dict(self) -> dict:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp}
+
+    def label(self) -> str:
+        parts = [f"dp {self.dp}", f"tp {self.tp}"]
+        if self.cp > 1:
+            parts.append(f"cp {self.cp}")
+        if self.pp > 1:
+            parts.append(f"pp {self.pp}")
+        if self.tp > 1:
+            parts.append("sequence parallel" if self.sp else "no sequence parallel")
+        return ", ".join(parts)
+
+
+def _split(size: int, ways: int, what: str) -> int:
+    if size % ways:
+        raise ValueError(f"{what} of size {size} does not divide {ways} ways")
+    return ways
+
+
+def mesh_config(layer, mesh: Mesh, name: str = "") -> tuple:
+    """The configuration of ``layer`` under ``mesh`` (``ValueError`` when it cannot be split so).
+
+    The batch dimension takes ``dp``; ``l`` (tokens) takes ``cp``; ``tp`` goes to the heads
+    (key/value groups first, then queries per group; a layer of key/value heads only keeps
+    the rest replicated), else the MLP width, else the vocabulary, else (sequence
+    parallelism) the tokens; a layer with none of these is replicated ``tp`` ways.
+    """
+    where = f"layer {name}" if name else f"{layer.op} layer"
+    dims = layer.dims
+    c = [1] * len(layer.domain)
+    dom = layer.domain
+    c[layer.batch_dim] = _split(dom[layer.batch_dim], mesh.dp, f"{where}: the batch")
+    if mesh.cp > 1 and SEQUENCE_LETTER in dims:
+        i = dims.index(SEQUENCE_LETTER)
+        c[i] *= _split(dom[i] // c[i], mesh.cp, f"{where}: the sequence")
+    heads = [dims.index(x) for x in HEAD_LETTERS if x in dims]
+    t = mesh.tp
+    if t > 1:
+        if heads:
+            rest = t
+            for i in heads:  # key/value groups first, then queries per group
+                ways = rest if dom[i] >= rest else dom[i]
+                if dom[i] % ways or rest % ways:
+                    raise ValueError(f"{where}: {dom[i]} heads ({dims[i]}) do not split {rest} ways")
+                c[i] *= ways
+                rest //= ways
+                if rest == 1:
+                    break
+            # A layer of key/value heads only, fewer than tp: each is replicated over the
+            # devices of its queries (as Megatron does); anything else must split whole.
+            if rest > 1 and not ("g" in dims and "r" not in dims):
+                raise ValueError(f"{where}: its heads do not split {t} ways")
+        elif MLP_LETTER in dims:
+            i = dims.index(MLP_LETTER)
+            c[i] *= _split(dom[i], t, f"{where}: the MLP width")
+        elif VOCAB_LETTER in dims:
+            i = dims.index(VOCAB_LETTER)
+            c[i] *= _split(dom[i], t, f"{where}: the vocabulary")
+        elif mesh.sp and SEQUENCE_LETTER in dims:
+            i = dims.index(SEQUENCE_LETTER)
+            c[i] *= _split(dom[i] // c[i], t, f"{where}: the sequence (sequence parallelism)")
+    return tuple(c)
+
+
+def mesh_configs(network, mesh: Mesh) -> list:
+    """One configuration per layer of ``network`` under ``mesh``."""
+    if not all(getattr(layer, "dims", None) for layer in network.layers):
+        raise ValueError(f"graph {network.name} has layers without dimension letters: a mesh cannot be mapped")
+    return [mesh_config(layer, mesh, name) for layer, name in zip(network.layers, network.names)]
+
+
+# ---------------------------------------------------------------------------------------
+# Recipes
+
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Fixed choices of a training configuration; ``None`` means searched."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    zero: int | None = None
+    recompute: str | None = None
+    microbatch: int | None = None
+    schedule: str | None = None
+    vpp: int | None = None
+    sp: bool | None = None
+
+    def fixed(self) -> dict:
+        return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
+
+    def text(self) -> str:
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.fixed().items())
+
+    def check(self, procs: int) -> None:
+        """``ValueError`` when the fixed degrees cannot multiply to ``procs``."""
+        degrees = [getattr(self, k) for k in ("dp", "tp", "pp", "cp")]
+        product = int(np.prod([d for d in degrees if d is not None]))
+        if all(d is not None for d in degrees) and product != procs:
+            raise ValueError(f"recipe dp x tp x pp x cp = {product}, not the {procs} devices of -p")
+        if procs % product:
+            raise ValueError(f"recipe degrees multiply to {product}, which does not divide the {procs} devices of -p")
+
+
+def _positive(key: str, value: str) -> int:
+    if not value.isdigit() or int(value) < 1 or len(value) > 9:
+        raise ValueError(f"recipe {key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def parse_recipe(text: str) -> Recipe:
+    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp``.
+
+    >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
+    {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
+    >>> parse_recipe("tp=3x")
+    Traceback (most recent call last):
+    ...
+    ValueError: recipe tp must be a positive integer, got '3x'
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("a recipe is KEY=VALUE,... with keys " + ", ".join(RECIPE_KEYS))
+    values: dict = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise ValueError(f"recipe item {item.strip()!r} is not KEY=VALUE (keys: {', '.join(RECIPE_KEYS)})")
+        if key not in RECIPE_KEYS:
+            raise ValueError(f"unknown recipe key {key!r} (keys: {', '.join(RECIPE_KEYS)})")
+        if key in values:
+            raise ValueError(f"recipe key {key!r} is given twice")
+        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp"):
+            values[key] = _positive(key, value)
+        elif key == "zero":
+            if value not in ("0", "1", "2", "3"):
+                raise ValueError(f"recipe zero must be 0, 1, 2 or 3, got {value!r}")
+            values[key] = int(value)
+        elif key == "recompute":
+            if value not in ("none", "selective", "full"):
+                raise ValueError(f"recipe recompute must be none, selective or full, got {value!r}")
+            values[key] = value
+        elif key == "sp":
+            if value not in ("true", "false", "on", "off", "1", "0"):
+                raise ValueError(f"recipe sp must be true or false, got {value!r}")
+            values[key] = value in ("true", "on", "1")
+        else:  # schedule
+            if value not in ("1f1b", "interleaved"):
+                raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
+            values[key] = value
+    return Recipe(**values)
