@@ -43,6 +43,7 @@ from .report import (
     report_dict,
 )
 from .solver import SearchTooLarge
+from .training_cli import add_training_flags, check_training_flags, run_training, wants_training
 
 __all__ = ["main", "run", "build_parser", "Options", "CliError", "EXIT_CODES"]
 
@@ -379,6 +380,7 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
              f"for searches longer than {PROGRESS_DELAY:g} s)")
     add("--version", action="version", version=f"%(prog)s {__version__}")
+    add_training_flags(parser)
     return parser
 
 
@@ -702,6 +704,21 @@ def _run_search(opts: Options, out: IO, err: IO) -> int:
     return _verified_status(verified, err)
 
 
+def _run_training(opts: Options, args: argparse.Namespace, out: IO) -> int:
+    """--training, --recipe, --compare: the training configuration (``pase.training_plan``)."""
+    machine = _load_machine(opts, [opts.procs])
+    network = _load_network(opts)
+    _check_outputs(opts)
+    _export_graph(opts, network)
+    rebuild = network.batch is not None and not opts.graph.endswith(".json")
+
+    def load(sequences: int):
+        return network if sequences == network.batch else _load_network(replace(opts, batch=sequences))
+
+    return run_training(opts, args, machine, load, network.batch or 1, out, CliError, _effective_model(opts),
+                        _model_name(opts), rebuild=rebuild)
+
+
 def _verified_status(verified, err: IO) -> int:
     if verified is not None and not verified.ok:
         err.write("pase: error: --verify: the sharded run's numbers differ from the unsharded run (see the report)\n")
@@ -906,7 +923,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         args = parser.parse_args(argv)
         if args.evaluate is not None:
             return _run_evaluate(args, out, err)
+        if wants_training(args):
+            check_training_flags(args, lambda message: CliError(message, EXIT_USAGE))
         opts = options_from_args(args)
+        if wants_training(args):
+            return _run_training(opts, args, out)
         if opts.sweep is not None:
             return _run_sweep(opts, out, err)
         return _run_search(opts, out, err)

@@ -162,10 +162,12 @@ def search_meshes(
     recipe: Recipe | None = None,
     base: TrainingOptions | None = None,
     keep_all: bool = False,
+    rebuild: bool = True,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
-    ``build(micro)`` returns the network at a global micro-batch of ``micro`` sequences.
+    ``build(micro)`` returns the network at a global micro-batch of ``micro`` sequences
+    (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
@@ -183,7 +185,7 @@ def search_meshes(
     by_micro: dict = {}
     for mesh in meshes:
         local = batch // mesh.dp
-        for micro in divisors(local):
+        for micro in divisors(local) if rebuild else [local]:
             if recipe.microbatch not in (None, micro):
                 continue
             by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))

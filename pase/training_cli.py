@@ -1,0 +1,102 @@
+"""The command line of training configurations: ``--training``, ``--recipe`` and ``--compare``.
+
+The CLI hands over its own loaders and error class, so this module imports no command-line
+code and can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import lru_cache
+from typing import IO, Callable
+
+from .mesh import parse_recipe
+
+__all__ = ["add_training_flags", "wants_training", "check_training_flags", "run_training"]
+
+
+def _recipe(text: str):
+    try:
+        return parse_recipe(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """The training-configuration flags (a group of their own in ``--help``)."""
+    group = parser.add_argument_group(
+        "training configuration",
+        "Search the whole training configuration around the per-layer splits: device mesh (dp, tp, cp), "
+        "ZeRO stage, activation recomputation, micro-batches; fused attention and overlapped gradient "
+        "reduction priced (docs/training.md). Decoders built in, from hf: configs or with dimension letters.")
+    add = group.add_argument
+    add("--training", action="store_true",
+        help="search the training configuration (implied by --recipe and --compare).")
+    add("--recipe", type=_recipe, default=None, metavar="KEY=VALUE,...",
+        help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
+             "zero (0-3), recompute (none, selective, full), microbatch (sequences per micro-batch per "
+             "data-parallel rank), sp (sequence parallelism, true/false); pp > 1, vpp and schedule: not yet.")
+    add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
+        help="also price this recipe (its fastest fitting variant) next to the plan.")
+
+
+def wants_training(args) -> bool:
+    return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None)
+
+
+def check_training_flags(args, error: Callable[[str], Exception]) -> None:
+    """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
+    for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
+                        ("--export-jax", args.export_jax is not None), ("--verify", args.verify is not None),
+                        ("--measure", args.measure), ("--no-blocks", args.no_blocks),
+                        ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None),
+                        ("-d/--dot-path", args.dump_graph or args.dot_path is not None)):
+        if given:
+            raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
+    for which in ("recipe", "compare"):
+        r = getattr(args, which)
+        if r is not None and (r.pp not in (None, 1) or r.vpp is not None or r.schedule is not None):
+            raise error(f"--{which}: pipeline parallelism (pp > 1, vpp, schedule) is not modelled yet")
+
+
+def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
+                 model=None, model_name: str = "sequence length", rebuild: bool = True) -> int:
+    """Plan the training configuration and print it; returns the exit status (0, or 4 when
+    nothing fits)."""
+    from .training_plan import plan_training
+    from .report import format_json
+    from .training_report import format_training, training_report
+
+    @lru_cache(maxsize=None)
+    def build(sequences: int):
+        return load_network(sequences)
+
+    network = build(batch)
+    for r in (args.recipe, args.compare):
+        if r is not None:
+            try:
+                r.check(opts.procs)
+            except ValueError as err:
+                raise error(str(err)) from None
+    cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
+    try:
+        found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
+                              rebuild=rebuild, table_budget=opts.table_budget)
+    except ValueError as err:
+        raise error(str(err)) from None
+    if found.best is None:
+        least = found.least_memory
+        from .units import format_bytes
+
+        raise error(
+            f"nothing fits in {format_bytes(cap)} per device: {network.name} on {opts.procs} devices, batch {batch}, "
+            f"needs at least {format_bytes(least.summary.peak_memory_bytes)} with any configuration searched "
+            f"({least.recipe()}); {found.optimal_over}",
+            4,
+        )
+    shown = build(batch // found.best.options.microbatches)
+    if opts.json:
+        out.write(format_json(training_report(found, shown, model, model_name)))
+    else:
+        out.write(format_training(found, shown, model, model_name))
+    return 0

@@ -1,0 +1,329 @@
+"""Training configurations: every term against a value worked out by hand, the searches
+against brute force, recipes and the command line."""
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graphs
+from pase.builder import GraphBuilder
+from pase.calibrated import CalibratedMachine
+from pase.layers import FC, Einsum, Softmax, SoftmaxCrossEntropy
+from pase.mesh import Mesh, Recipe, mesh_config, mesh_configs, parse_recipe
+from pase.training import (
+    DEFAULT_ATTENTION_EFFICIENCY, FLASH_BACKWARD_FACTOR, OPTIMIZER_STEP_BYTES, TrainingCosting, TrainingOptions,
+    attention_cores, block_of, layer_parts, model_flops, parameter_elements_unique,
+)
+from pase.training_search import evaluate_candidate, search_free, search_meshes
+
+from cli_runner import run as _run
+
+
+def run_cli(argv):
+    return _run(*argv)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: A machine with round numbers and no measured table: 4 devices a node at 100 GB/s, 10 GB/s
+#: between nodes, no latency, 1 TFLOPS, 1 GB/s of memory bandwidth; 2-byte activations,
+#: 4-byte gradient reductions.
+TOY = {
+    "name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
+    "intra_node": {"gbps": 100, "latency_us": 0}, "inter_node": {"gbps": 10, "latency_us": 0},
+    "act_bytes": 2, "grad_bytes": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return CalibratedMachine(TOY)
+
+
+def _fc_net():
+    g = GraphBuilder("fc", 1, batch=8)
+    x = g.input((8, 1000), "x", letters="bk")
+    g.add("fc", FC(x, 500))
+    return g.build()
+
+
+# ---------------------------------------------------------------------------------------
+# Terms by hand
+
+
+def test_parts_of_a_data_parallel_fc(toy):
+    # FC 8 x 1000 -> 500, batch split 4 ways: per device 2 x 1000 x 500.
+    layer = _fc_net().layers[0]
+    parts = layer_parts(layer, np.array([[4, 1, 1]]), toy)
+    assert parts.compute[0] == pytest.approx(6 * 2 * 500 * 1000 / 1e12)  # 6 BMNK / peak
+    assert parts.activation[0] == 0.0  # nothing split but the batch
+    # Ring all-reduce of the 5e5-element weight gradient over 4 devices: 2 (3/4) n / B.
+    assert parts.gradient[0] == pytest.approx(2 * 0.75 * 5e5 * 4 / 100e9)
+    assert parts.gather[0] == pytest.approx(2 * 0.75 * 5e5 * 2 / 100e9)
+    (elements, r), = parts.params
+    assert elements[0] == 5e5 and r[0] == 4
+    assert parts.activations[0] == 8 * 500 / 4
+
+
+@pytest.mark.parametrize("zero, micro, sync, hide", [
+    (0, 1, 3e-5, 4e-6),                     # AR; backward = 2/3 of 6e-6
+    (1, 1, 1.5e-5 + 0.75e-5, 6e-6),         # RS (grad) + AG (weights); + next forward
+    (2, 2, 2 * 1.5e-5 + 0.75e-5, 1e-5),     # RS every micro-batch + AG
+    (3, 2, 2 * (1.5e-5 + 1.5e-5), 1.2e-5),  # per micro-batch RS + 2 AG
+])
+def test_weight_sync_by_zero_stage(toy, zero, micro, sync, hide):
+    net = _fc_net()
+    costing = TrainingCosting(net, [np.array([[4, 1, 1]])], toy)
+    options = TrainingOptions(zero=zero, microbatches=micro)
+    assert costing.sync(0, options)[0] == pytest.approx(sync)
+    assert costing.hiding(0, options)[0] == pytest.approx(hide)
+    assert costing.exposed_sync(0, options)[0] == pytest.approx(sync - hide)
+    assert costing.exposed_sync(0, TrainingOptions(zero=zero, microbatches=micro, overlap=False))[0] == \
+        pytest.approx(sync)
+
+
+@pytest.mark.parametrize("zero, per_element", [(0, 16.0), (1, 4 + 12 / 4), (2, 2 + 14 / 4), (3, 16 / 4)])
+def test_model_state_by_zero_stage(toy, zero, per_element):
+    costing = TrainingCosting(_fc_net(), [np.array([[4, 1, 1]])], toy)
+    memory = costing.layer_memory(0, TrainingOptions(zero=zero), act_bytes=2.0)
+    assert memory["model_state"][0] == pytest.approx(per_element * 5e5)
+    assert memory["activations"][0] == pytest.approx(2.0 * 1000)
+
+
+def test_optimizer_step_reads_the_local_state(toy):
+    costing = TrainingCosting(_fc_net(), [np.array([[4, 1, 1]])], toy)
+    assert costing.optimizer_seconds(0, TrainingOptions())[0] == pytest.approx(OPTIMIZER_STEP_BYTES * 5e5 / 1e9)
+    assert costing.optimizer_seconds(0, TrainingOptions(zero=1))[0] == pytest.approx(OPTIMIZER_STEP_BYTES * 5e5 / 4 / 1e9)
+
+
+def _attention_net(causal=True):
+    g = GraphBuilder("attention", 1, batch=2)
+    q = g.input((2, 2, 8, 4), "q", letters="bhlk")
+    k = g.input((2, 2, 8, 4), "k", letters="bhmk")
+    v = g.input((2, 2, 8, 4), "v", letters="bhmk")
+    scores = g.add("block1.scores", Einsum("bhlk,bhmk->bhlm", q, k))
+    weights = g.add("block1.softmax", Softmax(scores, axis=3, causal=causal))
+    g.add("block1.context", Einsum("bhlm,bhmk->bhlk", weights, v))
+    return g.build()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_attention_time(toy, causal):
+    net = _attention_net(causal)
+    assert attention_cores(net) == {0: "scores", 1: "softmax", 2: "context"}
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    fused = TrainingOptions()
+    # Two products of 2 x 2 x 8 x 8 x 4 multiply-adds, 2 FLOPs each, forward; the backward
+    # 2.5 times that; causal halves it; at 40 % of 1 TFLOPS.
+    flops = 2 * 2 * (2 * 2 * 8 * 8 * 4) * (0.5 if causal else 1.0) * (1 + FLASH_BACKWARD_FACTOR)
+    assert costing.compute(0, fused)[0] == pytest.approx(flops / (1e12 * DEFAULT_ATTENTION_EFFICIENCY))
+    assert costing.compute(1, fused)[0] == 0.0 and costing.compute(2, fused)[0] == 0.0
+    # Fused: neither the scores nor the softmax output is stored; unfused, both are.
+    assert costing.stored_activations(0, fused)[0] == 0.0 and costing.stored_activations(1, fused)[0] == 0.0
+    plain = TrainingOptions(fused_attention=False)
+    assert costing.stored_activations(1, plain)[0] == 2 * 2 * 8 * 8
+    assert costing.compute(2, plain)[0] == pytest.approx(costing.parts[2].compute[0])
+    # Selective recomputation without fusion: scores and softmax run forward again.
+    selective = TrainingOptions(fused_attention=False, recompute="selective")
+    assert costing.recomputed(0, selective) and costing.recomputed(1, selective)
+    assert not costing.recomputed(2, selective)
+    assert costing.stored_activations(0, selective)[0] == 0.0
+
+
+def _chain(blocks=2):
+    """block1.a -> block1.b -> block2.a -> block2.b -> loss, FC layers of width 64."""
+    g = GraphBuilder("chain", 1, batch=8)
+    x = g.input((8, 64), "x", letters="bk")
+    for i in range(1, blocks + 1):
+        x = g.add(f"block{i}.a", FC(x, 64))
+        x = g.add(f"block{i}.b", FC(x, 64))
+    g.add("loss", SoftmaxCrossEntropy(x))
+    return g.build()
+
+
+def test_full_recomputation_by_hand(toy):
+    net = _chain()
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    full = TrainingOptions(recompute="full", microbatches=2)
+    assert [block_of(n) for n in net.names] == [("block", 1), ("block", 1), ("block", 2), ("block", 2), None]
+    # Only outputs that leave their block are kept: block1.b (read by block2.a), block2.b.
+    kept = [costing.stored_activations(v, full)[0] for v in range(5)]
+    assert kept == [0.0, 8 * 64, 0.0, 8 * 64, 8 * 64]
+    parts = costing.parts[0]
+    times = costing.layer_time(0, full)
+    assert times["compute"][0] == pytest.approx(2 * parts.compute[0])
+    assert times["recompute"][0] == pytest.approx(2 * (parts.compute[0] / 3 + parts.activation[0] / 2))
+    assert costing.layer_time(4, full)["recompute"][0] == 0.0  # the loss is outside the blocks
+    # The working set of the block running again: both its outputs.
+    transient = costing.transient_bytes([0] * 5, full, act_bytes=2.0)
+    assert transient["recompute_working_set"] == 2.0 * 2 * 8 * 64
+    assert costing.edge_factor(1, full) == 2 * 1.5 and costing.edge_factor(4, full) == 2
+
+
+def test_logits_in_fp32_and_tied_weights(toy):
+    g = GraphBuilder("tied", 1, batch=2)
+    from pase.layers import Embedding
+    ids = g.input((2, 4), "ids", letters="bl")
+    embedding = Embedding(ids, 10, 6, letters="bl")
+    x = g.add("embedding", embedding)
+    logits = g.add("head", Einsum("ble,ve->blv", x, embedding.inputs[1]))
+    g.add("loss", SoftmaxCrossEntropy(logits))
+    net = g.build()
+    assert parameter_elements_unique(net) == 60  # the 10 x 6 table once
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    options = TrainingOptions()
+    state = [costing.layer_memory(v, options, 2.0)["model_state"][0] for v in range(3)]
+    assert state == [16.0 * 60, 0.0, 0.0]
+    assert costing.layer_memory(2, options, 2.0)["logits"][0] == 2 * 4.0 * 2 * 4 * 10
+
+
+def test_model_flops_is_three_forward_passes():
+    net = graphs.build("gpt2-small", 2)
+    # 72 B s L h^2 (1 + s/(6h) + V/(12 L h)) (Narayanan et al. 2021) with s = 1024, h = 768.
+    B, s, L, h, V = 2, 1024, 12, 768, 50304
+    assert model_flops(net) == pytest.approx(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h)))
+
+
+# ---------------------------------------------------------------------------------------
+# Meshes and recipes
+
+
+def test_mesh_of_a_llama_block():
+    net = graphs.build("llama3-8b", 16, 64)
+    names = list(net.names)
+    layer = {n: l for n, l in zip(names, net.layers)}
+    mesh = Mesh(dp=2, tp=16, sp=True)
+    # 8 key/value heads, 4 queries each: q splits g 8 and r 2; k keeps its 8 heads, replicated twice.
+    assert mesh_config(layer["block1.attn.q"], mesh) == (2, 8, 2, 1, 1, 1)
+    assert mesh_config(layer["block1.attn.k"], mesh) == (2, 8, 1, 1, 1)
+    assert mesh_config(layer["block1.ff.down"], mesh) == (2, 1, 1, 16)  # f is the reduction: row-parallel
+    assert mesh_config(layer["block1.attn.norm"], mesh) == (2, 16, 1)  # sequence parallel
+    assert mesh_config(layer["block1.attn.norm"], Mesh(dp=2, tp=16, sp=False)) == (2, 1, 1)
+    assert mesh_config(layer["head.logits"], mesh) == (2, 1, 16, 1)  # vocabulary
+    assert mesh_config(layer["block1.attn.scores"], Mesh(dp=1, tp=4, cp=8)) == (1, 4, 1, 8, 1, 1)
+    with pytest.raises(ValueError, match="heads"):
+        mesh_config(layer["block1.attn.q"], Mesh(dp=1, tp=3))
+    assert len(mesh_configs(net, mesh)) == len(net)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tp=0", "tp must be a positive integer"),
+    ("zero=4", "zero must be 0, 1, 2 or 3"),
+    ("recompute=some", "recompute must be none, selective or full"),
+    ("dp=2,dp=4", "given twice"),
+    ("fsdp=8", "unknown recipe key 'fsdp'"),
+    ("dp", "is not KEY=VALUE"),
+    ("", "a recipe is KEY=VALUE"),
+])
+def test_bad_recipes(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_recipe(text)
+
+
+def test_recipe_degrees_must_multiply_to_p():
+    with pytest.raises(ValueError, match="not the 8 devices"):
+        Recipe(dp=2, tp=2, pp=1, cp=1).check(8)
+    Recipe(dp=2, tp=4, pp=1, cp=1).check(8)
+
+
+# ---------------------------------------------------------------------------------------
+# Searches against brute force
+
+
+@pytest.mark.parametrize("options", [
+    TrainingOptions(),
+    TrainingOptions(zero=3, recompute="full", microbatches=2),
+    TrainingOptions(zero=2, overlap=False),
+    TrainingOptions(zero=1, recompute="full"),
+])
+def test_per_layer_search_equals_brute_force(toy, options):
+    net = _chain()
+    found = search_free(net, 4, toy, options, 2.0)
+    brute = min(
+        evaluate_candidate(net, list(c), 4, toy, options, 2.0).summary.step_seconds
+        for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(4)])
+    )
+    assert found.optimum == pytest.approx(brute, rel=1e-12)
+    assert found.candidate.summary.step_seconds == pytest.approx(brute, rel=1e-12)
+
+
+def test_capped_per_layer_search_fits_and_is_bounded(toy):
+    net = _chain()
+    options = TrainingOptions(zero=0, reserve_bytes=0.0)
+    all_plans = [evaluate_candidate(net, list(c), 4, toy, options, 2.0).summary
+                 for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(4)])]
+    cap = sorted(s.peak_memory_bytes for s in all_plans)[len(all_plans) // 3]
+    found = search_free(net, 4, toy, options, 2.0, memory_cap=cap)
+    best = min(s.step_seconds for s in all_plans if s.peak_memory_bytes <= cap)
+    assert found.candidate.summary.peak_memory_bytes <= cap
+    assert found.candidate.summary.step_seconds >= best - 1e-18
+
+
+def test_mesh_search_equals_brute_force_over_meshes(toy):
+    def build(micro):
+        return graphs.build("gpt2-small", micro)
+
+    found = search_meshes(build, 8, 4, toy, None, 2.0, keep_all=True)
+    best = None
+    for mesh in (Mesh(4), Mesh(2, 2), Mesh(2, 2, sp=False), Mesh(1, 4), Mesh(1, 4, sp=False), Mesh(2, 1, 2),
+                 Mesh(1, 1, 4), Mesh(1, 2, 2), Mesh(1, 2, 2, sp=False)):
+        for micro in (1, 2, 4, 8):
+            if (8 // mesh.dp) % micro:
+                continue
+            net = build(micro * mesh.dp)
+            configs = mesh_configs(net, mesh)
+            for zero, policy in itertools.product(range(4), ("none", "selective", "full")):
+                options = TrainingOptions(zero=zero, recompute=policy, microbatches=8 // (micro * mesh.dp))
+                step = evaluate_candidate(net, configs, 4, toy, options, 2.0).summary.step_seconds
+                best = step if best is None else min(best, step)
+    assert found.best.summary.step_seconds == pytest.approx(best, rel=1e-9)
+    assert found.evaluated == len(found.candidates)
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+
+def test_training_json_keys_and_bad_input():
+    status, out, err = run_cli(["-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm",
+                                "--recipe", "tp=2,zero=1", "--json"])
+    assert status == 0, err
+    data = json.loads(out)
+    t = data["training"]
+    for key in ("step_seconds", "tokens_per_second_per_device", "model_flops_per_step", "mfu",
+                "peak_memory_bytes", "parameters", "zero", "recompute", "microbatches", "mesh"):
+        assert key in t
+    assert t["mesh"]["tp"] == 2 and t["zero"] == 1
+    assert t["mesh"]["dp"] * t["mesh"]["tp"] * t["mesh"]["pp"] * t["mesh"]["cp"] == 8
+    assert t["peak_memory_bytes"] <= 80e9
+    for argv, message in (
+        (["--recipe", "tp=3x"], "tp must be a positive integer"),
+        (["--recipe", "dp=3"], "does not divide the 8 devices"),
+        (["--recipe", "dp=2,pp=4"], "pipeline parallelism"),
+        (["--training", "--sweep", "2,4"], "--sweep does not apply"),
+    ):
+        status, out, err = run_cli(["-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm"] + argv)
+        assert status == 2 and out == "" and err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_training_json_is_deterministic_under_hash_seeds():
+    outputs = set()
+    for seed in ("0", "1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "scheduler.py"), "-g", "gpt2-small", "-p", "4", "-b", "8",
+             "--machine", "h100-sxm", "--training", "--json"],
+            capture_output=True, text=True, env=env, cwd=ROOT, check=True,
+        )
+        data = json.loads(result.stdout)
+        data["search"].pop("seconds")
+        outputs.add(json.dumps(data, sort_keys=True))
+    assert len(outputs) == 1
