@@ -158,7 +158,7 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    ValueError: hf config x.json: model_type 'bert' is not supported; supported: gpt2, llama, mistral, qwen2
+    ValueError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2
     """
     from graphs.decoder import DecoderConfig
 
