@@ -167,7 +167,7 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: DecoderConfig, rotary) ->
         q = g.add(f"{name}.attn.q_rotary", Elementwise(q, rotary[0]))
         key = g.add(f"{name}.attn.k_rotary", Elementwise(key, rotary[1]))
     scores = g.add(f"{name}.attn.scores", Einsum("bgrlk,bgmk->bgrlm", q, key))
-    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=-1))
+    weights = g.add(f"{name}.attn.softmax", Softmax(scores, axis=-1, causal=True))
     context = g.add(f"{name}.attn.context", Einsum("bgrlm,bgmk->bgrlk", weights, value))
     wo = g.weight((G, R, e, k), f"{name}.attn.wo", letters="grek")
     out = _project(g, f"{name}.attn.out", "bgrlk,grek->ble", context, wo, cfg.out_bias)

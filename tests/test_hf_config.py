@@ -146,6 +146,9 @@ def test_tied_head_reads_the_embedding_table_itself():
     assert table is embedding.inputs[1] and readers == [(at("embedding"), 1), (at("head.logits"), 1)]
     # pase.memory.parameter_count sums every layer's parameters(): the table twice there.
     assert summed_parameter_count(net) == PUBLISHED["gpt2"] + 50257 * 768
+    # The training model counts a tensor several layers read once, by identity.
+    training = pytest.importorskip("pase.training")
+    assert training.parameter_elements_unique(net) == PUBLISHED["gpt2"]
     # Untied: a weight of its own (e, V), no sharing.
     net = load_hf(example("megatron-gpt-1.7b"), 1, 16)
     assert net.layers[net.names.index("head.logits")].equation == "ble,ev->blv" and shared_parameters(net) == []
