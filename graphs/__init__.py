@@ -2,7 +2,8 @@
 
 Each entry builds a ``pase.Network`` from a batch size and, where the graph has one, a
 model width (CLI ``-m``). The default width gives exactly the graphs of the spec.
-``load(spec)`` also reads graph files (``*.json``) and imports PyTorch models (``torch:``).
+``load(spec)`` also reads graph files (``*.json``), imports PyTorch models (``torch:``) and
+builds decoders from Hugging Face configs (``hf:``).
 """
 
 from __future__ import annotations
@@ -111,9 +112,18 @@ def _load_torch(spec: str, batch: int | None, model: int | None, **options) -> N
     return load_torch_graph(spec, DEFAULT_BATCH if batch is None else batch, **options)
 
 
-#: Model sources by prefix: ``torch:FILE_OR_MODULE:FUNCTION``; a path ending in ``.json`` is
-#: a graph file; anything else is a built-in graph's name.
-SOURCES = {"torch": _load_torch}
+def _load_hf(path: str, batch: int | None, model: int | None, **options) -> Network:
+    from pase.hf_config import load_hf
+
+    if options:
+        raise ValueError(f"options {', '.join(sorted(options))} apply only to imported models (torch:...), not to hf:")
+    return load_hf(path, DEFAULT_BATCH if batch is None else batch, model)
+
+
+#: Model sources by prefix: ``torch:FILE_OR_MODULE:FUNCTION``; ``hf:CONFIG.json`` (a Hugging
+#: Face config, ``-m`` the sequence length); a path ending in ``.json`` is a graph file;
+#: anything else is a built-in graph's name.
+SOURCES = {"torch": _load_torch, "hf": _load_hf}
 
 
 def load(spec: str, batch: int | None = None, model: int | None = None, **options) -> Network:

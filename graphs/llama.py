@@ -1,4 +1,4 @@
-"""Llama 3 decoders (llama3-8b, llama3-70b): RMSNorm, SwiGLU MLP, grouped-query attention.
+"""Llama 3 decoders (llama3-8b, llama3-70b, llama3-405b): RMSNorm, SwiGLU MLP, grouped-query attention.
 
 A pre-norm decoder of ``L`` blocks, ``17 L + 4`` vertices. Token ids, the rotary tables and
 all weights are graph inputs; the weights are parameters, ids and rotary tables are not.
@@ -37,6 +37,7 @@ class LlamaConfig:
 LLAMA_CONFIGS = {
     "llama3-8b": LlamaConfig(32, 4096, 32, 8, 14336),
     "llama3-70b": LlamaConfig(80, 8192, 64, 8, 28672),
+    "llama3-405b": LlamaConfig(126, 16384, 128, 8, 53248),  # Llama 3.1 405B
 }
 
 #: Default sequence length (CLI ``-m``).

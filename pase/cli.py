@@ -245,7 +245,7 @@ def _graph_spec(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(
         f"unknown graph {text!r}: choose one of {', '.join(graphs.GRAPHS)}, a graph file FILE.json, "
-        "or torch:FILE_OR_MODULE:FUNCTION"
+        "torch:FILE_OR_MODULE:FUNCTION or hf:CONFIG.json"
     )
 
 
@@ -279,6 +279,7 @@ def _model_help() -> str:
     ]
     return (
         "model size, for the graphs that have one: " + "; ".join(sizes)
+        + "; hf:CONFIG.json: sequence length (default min(max_position_embeddings, 2048))"
         + ". Refused for every other graph."
     )
 
@@ -319,7 +320,8 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("-m", "--model", type=_dimension_size, default=None, metavar="MODEL", help=_model_help())
     add("-g", "--graph", type=_graph_spec, default=None, metavar="GRAPH",
         help=f"the network: a built-in graph ({', '.join(graphs.GRAPHS)}), a graph file FILE.json "
-             f"(see --export-graph), or a PyTorch model torch:FILE_OR_MODULE:FUNCTION. (Default: {DEFAULT_GRAPH!r})")
+             f"(see --export-graph), a PyTorch model torch:FILE_OR_MODULE:FUNCTION, or a Hugging Face config "
+             f"hf:CONFIG.json (a decoder). (Default: {DEFAULT_GRAPH!r})")
     add("--machine", default=None, metavar="NAME|FILE",
         help=f"the machine that prices the work: {', '.join(MACHINE_NAMES)} (a preset), or a machine "
              "description FILE.json. paper is the reference model in FLOP-equivalents; the others are "

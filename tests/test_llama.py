@@ -1,6 +1,6 @@
 """The Llama 3 graphs (``graphs/llama.py``): structure, shapes and parameter counts.
 
-Parameter counts are checked against Meta's published totals (8.03e9 and 70.6e9) and
+Parameter counts are checked against Meta's published totals (8.03e9, 70.6e9, 405.8e9) and
 against the closed form worked out below from the model cards' shapes.
 """
 
@@ -16,6 +16,7 @@ from pase.memory import parameter_count
 SPEC = {
     "llama3-8b": (32, 4096, 32, 8, 14336),
     "llama3-70b": (80, 8192, 64, 8, 28672),
+    "llama3-405b": (126, 16384, 128, 8, 53248),  # Llama 3.1 405B
 }
 
 BLOCK = [
@@ -63,7 +64,7 @@ def test_structure(name):
     assert (at("block2.attn.residual"), at("block2.ff.residual")) in net.edges
 
 
-@pytest.mark.parametrize("name,published", [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9)])
+@pytest.mark.parametrize("name,published", [("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9), ("llama3-405b", 405.8e9)])
 def test_parameter_count(name, published):
     # 8B: 2 * 128256 * 4096 = 1,050,673,152 (embedding and untied output weight);
     # per layer 2 * 4096^2 (Wq, Wo) + 2 * 4096 * 8 * 128 (Wk, Wv) + 3 * 4096 * 14336 (gate,
@@ -86,4 +87,4 @@ def test_sequence_length_is_the_model_option():
     with pytest.raises(ValueError, match="unknown Llama model"):
         from graphs.llama import llama
 
-        llama("llama3-405b", 2)
+        llama("llama3-1t", 2)
