@@ -77,13 +77,13 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             try:
                 r.check(opts.procs)
             except ValueError as err:
-                raise error(str(err)) from None
+                raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
                               rebuild=rebuild, table_budget=opts.table_budget)
-    except ValueError as err:
-        raise error(str(err)) from None
+    except ValueError as err:  # no mesh applies, a recipe no mesh meets
+        raise error(str(err), 2) from None
     if found.best is None:
         least = found.least_memory
         from .units import format_bytes

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import graphs
+from graphs.decoder import DecoderConfig, decoder
 from pase.builder import GraphBuilder
 from pase.calibrated import CalibratedMachine
 from pase.layers import FC, Einsum, Softmax, SoftmaxCrossEntropy
@@ -246,10 +247,10 @@ def test_recipe_degrees_must_multiply_to_p():
 ])
 def test_per_layer_search_equals_brute_force(toy, options):
     net = _chain()
-    found = search_free(net, 4, toy, options, 2.0)
+    found = search_free(net, 2, toy, options, 2.0)
     brute = min(
-        evaluate_candidate(net, list(c), 4, toy, options, 2.0).summary.step_seconds
-        for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(4)])
+        evaluate_candidate(net, list(c), 2, toy, options, 2.0).summary.step_seconds
+        for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(2)])
     )
     assert found.optimum == pytest.approx(brute, rel=1e-12)
     assert found.candidate.summary.step_seconds == pytest.approx(brute, rel=1e-12)
@@ -258,18 +259,21 @@ def test_per_layer_search_equals_brute_force(toy, options):
 def test_capped_per_layer_search_fits_and_is_bounded(toy):
     net = _chain()
     options = TrainingOptions(zero=0, reserve_bytes=0.0)
-    all_plans = [evaluate_candidate(net, list(c), 4, toy, options, 2.0).summary
-                 for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(4)])]
+    all_plans = [evaluate_candidate(net, list(c), 2, toy, options, 2.0).summary
+                 for c in itertools.product(*[[tuple(r) for r in C] for C in net.configs(2)])]
     cap = sorted(s.peak_memory_bytes for s in all_plans)[len(all_plans) // 3]
-    found = search_free(net, 4, toy, options, 2.0, memory_cap=cap)
+    found = search_free(net, 2, toy, options, 2.0, memory_cap=cap)
     best = min(s.step_seconds for s in all_plans if s.peak_memory_bytes <= cap)
     assert found.candidate.summary.peak_memory_bytes <= cap
     assert found.candidate.summary.step_seconds >= best - 1e-18
 
 
+TINY = DecoderConfig(layers=2, width=64, heads=4, kv_heads=2, head_dim=16, mlp_width=128, vocab=256, sequence=32)
+
+
 def test_mesh_search_equals_brute_force_over_meshes(toy):
     def build(micro):
-        return graphs.build("gpt2-small", micro)
+        return decoder(TINY, micro, "tiny")
 
     found = search_meshes(build, 8, 4, toy, None, 2.0, keep_all=True)
     best = None
