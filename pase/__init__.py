@@ -34,6 +34,11 @@ _EXPORTS = {
     "data_parallel": "baselines", "largest_divisor": "baselines",
     "MemoryModel": "memory", "MemorySummary": "memory",
     "expert_strategies": "experts",
+    "plan_training": "training_plan", "TrainingPlan": "training_plan",
+    "TrainingOptions": "training", "TrainingCosting": "training",
+    "Mesh": "mesh", "Recipe": "mesh", "parse_recipe": "mesh",
+    "search_meshes": "training_search", "evaluate_candidate": "training_search",
+    "training_report": "training_report", "format_training": "training_report",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Mesh", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
+__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
 
 #: Letters of a decoder's iteration spaces (graphs/llama.py, graphs/gpt.py, hf: configs):
 #: heads (``h``; ``g`` key/value groups then ``r`` queries per group), MLP width ``f``,
@@ -110,7 +110,42 @@ def mesh_configs(network, mesh: Mesh) -> list:
     """One configuration per layer of ``network`` under ``mesh``."""
     if not all(getattr(layer, "dims", None) for layer in network.layers):
         raise ValueError(f"graph {network.name} has layers without dimension letters: a mesh cannot be mapped")
-    return [mesh_config(layer, mesh, name) for layer, name in zip(network.layers, network.names)]
+    # Layers of repeated blocks are equal in what the mapping reads: map each kind once.
+    memo: dict = {}
+    out = []
+    for layer, name in zip(network.layers, network.names):
+        key = (layer.dims, layer.domain, layer.batch_dim)
+        if key not in memo:
+            memo[key] = mesh_config(layer, mesh, name)
+        out.append(memo[key])
+    return out
+
+
+class MeshMapper:
+    """:func:`mesh_configs` for one network and many meshes: each kind of layer (dimension
+    letters, sizes, batch dimension) is mapped once per mesh.
+
+    >>> import graphs
+    >>> net = graphs.build("gpt2-small", 8)
+    >>> MeshMapper(net).configs(Mesh(2, 2)) == mesh_configs(net, Mesh(2, 2))
+    True
+    """
+
+    def __init__(self, network):
+        if not all(getattr(layer, "dims", None) for layer in network.layers):
+            raise ValueError(f"graph {network.name} has layers without dimension letters: a mesh cannot be mapped")
+        keys: dict = {}
+        self.network = network
+        self.index = [keys.setdefault((layer.dims, layer.domain, layer.batch_dim), len(keys))
+                      for layer in network.layers]
+        self.representative = {}
+        for v, k in enumerate(self.index):
+            self.representative.setdefault(k, v)
+
+    def configs(self, mesh: Mesh) -> list:
+        layers, names = self.network.layers, self.network.names
+        mapped = {k: mesh_config(layers[v], mesh, names[v]) for k, v in self.representative.items()}
+        return [mapped[k] for k in self.index]
 
 
 # ---------------------------------------------------------------------------------------

@@ -265,13 +265,15 @@ def attention_cores(network) -> dict:
     Softmax alone reads, whose output an Einsum reads. Roles ``scores``, ``softmax``,
     ``context``."""
     consumers: dict = {}
+    producers_of: dict = {}
     for (u, v) in network.edges:
         consumers.setdefault(u, []).append(v)
+        producers_of.setdefault(v, []).append(u)
     roles = {}
     for v, layer in enumerate(network.layers):
         if layer.op != "Softmax":
             continue
-        producers = [u for (u, w) in network.edges if w == v]
+        producers = producers_of.get(v, [])
         after = consumers.get(v, [])
         if len(producers) != 1 or len(after) != 1:
             continue
@@ -316,6 +318,49 @@ def parameter_elements_unique(network) -> int:
                 seen.add(ident)
             total += math.prod(shape)
     return total
+
+
+@dataclass(frozen=True)
+class NetworkStructure:
+    """What training options read of a network's shape, computed once per network: each
+    layer's structure kind, attention roles, repeated blocks, outputs that leave their block,
+    which weights each layer is charged for (a shared tensor once), consumers of each layer."""
+
+    kinds: tuple
+    cores: dict
+    blocks: tuple
+    block_outputs: tuple
+    charged: tuple
+    consumers: dict
+
+    @classmethod
+    def of(cls, network) -> "NetworkStructure":
+        keys: dict = {}
+        kinds = tuple(keys.setdefault(structure_key(layer), len(keys)) for layer in network.layers)
+        blocks = [block_of(name) for name in network.names]
+        # A block counts when its family (the name before the number) has two members or more.
+        members: dict = {}
+        for b in blocks:
+            if b is not None:
+                members.setdefault(b[0], set()).add(b[1])
+        blocks = tuple(b if b is not None and len(members[b[0]]) >= 2 else None for b in blocks)
+        consumers: dict = {}
+        for (u, v) in sorted(network.edges):
+            consumers.setdefault(u, []).append(v)
+        block_outputs = tuple(
+            blocks[v] is None or not consumers.get(v) or any(blocks[w] != blocks[v] for w in consumers[v])
+            for v in range(len(network.layers))
+        )
+        seen: set = set()
+        charged = []
+        for layer in network.layers:
+            flags = []
+            for _, _, ident in _parameter_tensors(layer):
+                flags.append(ident is None or ident not in seen)
+                if ident is not None:
+                    seen.add(ident)
+            charged.append(tuple(flags))
+        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers)
 
 
 # ---------------------------------------------------------------------------------------
@@ -368,51 +413,49 @@ class TrainingCosting:
         Prices the parts.
     """
 
-    def __init__(self, network, configs: Sequence[np.ndarray], machine):
+    def __init__(self, network, configs: Sequence[np.ndarray], machine, structure: "NetworkStructure | None" = None):
         self.network = network
         self.machine = machine
         self.configs = [np.asarray(C, dtype=np.int64) for C in configs]
+        st = structure if structure is not None else NetworkStructure.of(network)
+        self.structure = st
         # Layers of repeated blocks are equal in everything a cost reads: take each apart once.
         memo: dict = {}
         self.kinds = []
         self.parts = []
-        for layer, C in zip(network.layers, self.configs):
-            key = (structure_key(layer), C.tobytes(), C.shape)
+        for layer, kind, C in zip(network.layers, st.kinds, self.configs):
+            key = (kind, C.tobytes(), C.shape)
             if key not in memo:
                 memo[key] = (len(memo), layer_parts(layer, C, machine))
-            kind, parts = memo[key]
-            self.kinds.append(kind)
+            index, parts = memo[key]
+            self.kinds.append(index)
             self.parts.append(parts)
-        self.cores = attention_cores(network)
-        self.blocks = [block_of(name) for name in network.names]
-        repeated: dict = {}
-        for b in self.blocks:
-            if b is not None:
-                repeated[b[0]] = repeated.get(b[0], 0) + 1
-        # A block is "repeated" when its family has at least two members.
-        families = {b[0] for b in self.blocks if b is not None}
-        counts = {f: len({b[1] for b in self.blocks if b is not None and b[0] == f}) for f in families}
-        self.blocks = [b if b is not None and counts[b[0]] >= 2 else None for b in self.blocks]
-        consumers: dict = {}
-        for (u, v) in network.edges:
-            consumers.setdefault(u, []).append(v)
-        #: Layers whose output leaves their block (kept under full recomputation).
-        self.block_outputs = [
-            self.blocks[v] is None or any(self.blocks[w] != self.blocks[v] for w in consumers.get(v, []))
-            or not consumers.get(v)
-            for v in range(len(network.layers))
-        ]
+        self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
-        # Tensors read by several layers (tied weights) are charged to their first reader.
-        seen: set = set()
-        self.charged = []
-        for layer in network.layers:
-            flags = []
-            for _, _, ident in _parameter_tensors(layer):
-                flags.append(ident is None or ident not in seen)
-                if ident is not None:
-                    seen.add(ident)
-            self.charged.append(tuple(flags))
+        # Layers equal in parts and in place (block, attention role, kept output, charged
+        # weights, loss) have equal vectors under any options: one representative each.
+        groups: dict = {}
+        for v, layer in enumerate(network.layers):
+            key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
+                   layer.op == "SoftmaxCrossEntropy")
+            groups.setdefault(key, []).append(v)
+        self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
+        self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
+        self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
+                                         for v in range(len(network.layers))])
+
+    def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
+        """:meth:`recomputed` for every layer at once."""
+        if options.recompute == "full":
+            return self.recomputable
+        if options.recompute == "selective" and not options.fused_attention:
+            return self.attention_inner
+        return np.zeros(len(self.recomputable), dtype=bool)
+
+    def edge_factors(self, targets, options: TrainingOptions) -> np.ndarray:
+        """:meth:`edge_factor` of the edges into ``targets``."""
+        again = self.recomputed_mask(options)[np.asarray(targets, dtype=np.int64)]
+        return options.microbatches * (1.0 + FORWARD_COMM_SHARE * again)
 
     # -- structure --------------------------------------------------------------------
 
@@ -423,7 +466,7 @@ class TrainingCosting:
         C = self.configs[v].astype(np.float64)
         per_device = np.asarray(layer.domain, dtype=np.float64) / C
         forward = 2.0 * 2.0 * per_device.prod(axis=1)
-        softmax = self.network.layers[[w for (u, w) in self.network.edges if u == v][0]]
+        softmax = self.network.layers[self.structure.consumers[v][0]]
         if _causal(softmax):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
@@ -590,6 +633,27 @@ class TrainingCosting:
                 if b is not None:
                     per_block[b] = per_block.get(b, 0.0) + act_bytes * float(self.working_activations(v, options)[i])
             out["recompute_working_set"] = max(per_block.values(), default=0.0)
+        return out
+
+    def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
+        """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
+        micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
+        synchronisation and optimizer), ``state``, ``activations``, ``logits``, ``gathered``
+        and ``working`` bytes. Layers equal in parts and place share one computation."""
+        n, K = len(self.network.layers), len(self.configs[0])
+        names = ("micro", "step", "state", "activations", "logits", "gathered", "working")
+        out = {name: np.zeros((n, K)) for name in names}
+        m = options.microbatches
+        for v, members in self.vector_groups:
+            t = self.layer_time(v, options)
+            mem = self.layer_memory(v, options, act_bytes)
+            values = (
+                (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
+                mem["model_state"], mem["activations"], mem["logits"], self.gathered_bytes(v, options),
+                act_bytes * self.working_activations(v, options),
+            )
+            for name, value in zip(names, values):
+                out[name][members] = value
         return out
 
     def summarize(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float, edge_seconds: float,

@@ -35,7 +35,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     add("--recipe", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
              "zero (0-3), recompute (none, selective, full), microbatch (sequences per micro-batch per "
-             "data-parallel rank), sp (sequence parallelism, true/false); pp > 1, vpp and schedule: not yet.")
+             "data-parallel rank), sp (sequence parallelism, true/false), schedule (1f1b, interleaved) and vpp "
+             "(model chunks per device, interleaved).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
 
@@ -53,10 +54,6 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                         ("-d/--dot-path", args.dump_graph or args.dot_path is not None)):
         if given:
             raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
-    for which in ("recipe", "compare"):
-        r = getattr(args, which)
-        if r is not None and (r.pp not in (None, 1) or r.vpp is not None or r.schedule is not None):
-            raise error(f"--{which}: pipeline parallelism (pp > 1, vpp, schedule) is not modelled yet")
 
 
 def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,

@@ -13,6 +13,9 @@ _TIME_NAMES = {
     "weight_sync": "exposed weight sync",
     "optimizer": "optimizer step",
     "redistribution": "redistribution",
+    "pipeline": "micro-batches on the slowest stage",
+    "bubble": "pipeline bubble",
+    "sync_and_optimizer": "slowest stage's exposed sync and optimizer",
 }
 _MEMORY_NAMES = {
     "model_state": "weights, gradients, optimizer",
@@ -21,6 +24,7 @@ _MEMORY_NAMES = {
     "gathered_weights": "gathered weights",
     "recompute_working_set": "recomputed block",
     "reserve": "reserve",
+    "largest_stage": "largest stage",
 }
 
 
@@ -63,6 +67,9 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "memory": dict(s.memory),
         "recipe": candidate.recipe(),
     }
+    if "pipeline" in s.extra:
+        data["pipeline"] = s.extra["pipeline"]
+        data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]
     if candidate.mesh is not None:
         data["mesh"] = candidate.mesh.as_dict()
         data["sequence_parallel"] = candidate.mesh.sp if candidate.mesh.tp > 1 else False
@@ -129,6 +136,15 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
         lines.append(f"plan: {best.recipe()}  [{where}]")
         lines += _candidate_lines(best, plan.memory_cap, seconds)
         lines.append(f"  parameters: {best.summary.parameters:,}")
+        pipe = best.summary.extra.get("pipeline")
+        if pipe:
+            lines.append(f"  pipeline: {pipe['pp']} stages, {pipe['schedule']}"
+                         + (f" with {pipe['vpp']} chunks per device" if pipe["vpp"] > 1 else "")
+                         + f", {pipe['microbatches']} micro-batches, bubble {100 * pipe['bubble_fraction']:.1f} %")
+            for st in pipe["stages"]:
+                lines.append(f"    stage {st['stage']}: {st['blocks']} blocks, devices {st['devices'][0]}-"
+                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} s per micro-batch, "
+                             f"{format_bytes(st['memory_bytes'])}")
         if best.mesh is None:
             lines.append("  splits of the first block:")
             lines += ["    " + x for x in split_summary(network, best.configs)]

@@ -23,8 +23,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .layers import redistribution_volume
-from .mesh import Mesh, Recipe, mesh_configs
-from .training import TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES
+from .mesh import Mesh, MeshMapper, Recipe, mesh_configs
+from .pipeline import SCHEDULES, pipeline_rows, stage_layout
+from .training import (
+    NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
+)
 
 __all__ = ["Candidate", "MeshSearch", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
            "divisors"]
@@ -72,6 +75,11 @@ class Candidate:
             parts += [f"dp={self.mesh.dp}", f"tp={self.mesh.tp}"]
             if self.mesh.cp > 1:
                 parts.append(f"cp={self.mesh.cp}")
+            if self.mesh.pp > 1:
+                pipe = self.summary.extra.get("pipeline", {})
+                parts.append(f"pp={self.mesh.pp}")
+                if pipe.get("schedule") == "interleaved":
+                    parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
             if self.mesh.tp > 1 and not self.mesh.sp:
                 parts.append("sp=false")
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
@@ -124,6 +132,11 @@ class _PartsMemo:
         return np.array(rows).reshape(len(rows), -1), targets
 
 
+#: Largest context-parallel degree searched unless a recipe names one (Megatron and
+#: torchtitan runs use 2-16).
+MAX_CP = 16
+
+
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     """Every mesh of ``procs`` devices the search tries: ``tp`` within a node (all devices
     on a flat machine), ``cp`` any divisor, sequence parallelism both ways when ``tp > 1``."""
@@ -134,7 +147,7 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
         if tp > node or recipe.tp not in (None, tp):
             continue
         for cp in divisors(procs // tp):
-            if recipe.cp not in (None, cp):
+            if recipe.cp not in (None, cp) or (recipe.cp is None and cp > MAX_CP):
                 continue
             dp = procs // (tp * cp)
             if recipe.dp not in (None, dp):
@@ -175,68 +188,89 @@ def search_meshes(
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
-    if recipe.pp not in (None, 1) or recipe.vpp is not None or recipe.schedule is not None:
-        raise ValueError("pipeline parallelism (pp, vpp, schedule) is not modelled yet: use pp=1")
     recipe.check(procs)
-    meshes = [m for m in mesh_candidates(procs, machine, recipe) if batch % m.dp == 0]
-    if not meshes:
-        raise ValueError(f"no mesh of {procs} devices fits the recipe and batch {batch} (dp must divide the batch)")
-    # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
-    by_micro: dict = {}
-    for mesh in meshes:
-        local = batch // mesh.dp
-        for micro in divisors(local) if rebuild else [local]:
-            if recipe.microbatch not in (None, micro):
-                continue
-            by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
-    if not by_micro:
-        raise ValueError(f"recipe microbatch={recipe.microbatch} does not divide the per-rank batch of any mesh")
+    if recipe.vpp is not None and recipe.schedule == "1f1b":
+        raise ValueError("vpp (virtual stages) needs schedule=interleaved")
+    schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
+    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
     grid = _options_grid(recipe, base)
-    memo = _PartsMemo(machine, procs)
+    networks: dict = {}
     best = least = None
     evaluated = 0
     first_error = None
     kept = []
-    for global_micro in sorted(by_micro):
-        network = build(global_micro)
-        rows, valid = [], []
-        for mesh, micro in by_micro[global_micro]:
-            try:
-                rows.append(mesh_configs(network, mesh))
-            except ValueError as err:
-                first_error = first_error or err
+    meshes_tried = 0
+    for pp in stage_counts:
+        q = procs // pp
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp) for m in mesh_candidates(q, machine, recipe) if batch % m.dp == 0]
+        meshes_tried += len(meshes)
+        # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
+        by_micro: dict = {}
+        for mesh in meshes:
+            local = batch // mesh.dp
+            for micro in divisors(local) if rebuild else [local]:
+                if recipe.microbatch not in (None, micro):
+                    continue
+                if pp > 1 and local // micro < 1:
+                    continue
+                by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
+        memo = _PartsMemo(machine, q)
+        for global_micro in sorted(by_micro):
+            if global_micro not in networks:
+                net = build(global_micro)
+                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net))
+            network, structure, mapper = networks[global_micro]
+            rows, valid = [], []
+            for mesh, micro in by_micro[global_micro]:
+                try:
+                    rows.append(mapper.configs(mesh))
+                except ValueError as err:
+                    first_error = first_error or err
+                    continue
+                valid.append((mesh, micro))
+            if not valid:
                 continue
-            valid.append((mesh, micro))
-        if not valid:
-            continue
-        configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
-        costing = TrainingCosting(network, configs, machine)
-        edges, targets = memo.edge_seconds(network, configs)
-        tokens = tokens_of(network)
-        m = batch // global_micro
-        for zero, policy in grid:
-            options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
-            time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
-            for i, (mesh, micro) in enumerate(valid):
-                evaluated += 1
-                t, peak = float(time_rows[i]), float(memory_rows[i])
-                found = (t, peak, costing, options, i, mesh, micro, tokens, edges)
-                if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
-                    best = found
-                if least is None or peak < least[1]:
-                    least = found
-                if keep_all:
-                    kept.append((mesh, options, micro, float(time_rows[i]), float(peak)))
+            configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
+            costing = TrainingCosting(network, configs, machine, structure)
+            layout = stage_layout(costing) if pp > 1 else None
+            if pp > 1 and (layout is None or len(layout.blocks) < pp):
+                first_error = first_error or ValueError(
+                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")
+                continue
+            edges, targets = memo.edge_seconds(network, configs)
+            tokens = tokens_of(network)
+            m = batch // global_micro
+            for zero, policy in grid:
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+                if pp == 1:
+                    time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
+                    stage_plans = [None] * len(valid)
+                else:
+                    time_rows, memory_rows, stage_plans = pipeline_rows(
+                        costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
+                        None if recipe.vpp is None else [recipe.vpp])
+                for i, (mesh, micro) in enumerate(valid):
+                    if pp > 1 and stage_plans[i] is None:
+                        continue
+                    evaluated += 1
+                    t, peak = float(time_rows[i]), float(memory_rows[i])
+                    found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q)
+                    if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
+                        best = found
+                    if least is None or peak < least[1]:
+                        least = found
+                    if keep_all:
+                        kept.append((mesh, options, micro, t, peak))
     if best is None and least is None:
         raise ValueError(f"no mesh applies to this graph: {first_error}")
-    space = (f"{len(meshes)} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
+    space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
     result = MeshSearch(
         best=_materialise(best, memory_cap, act_bytes, procs) if best else None,
         least_memory=_materialise(least, memory_cap, act_bytes, procs) if least else None,
         evaluated=evaluated,
         seconds=time.perf_counter() - start,
-        networks=len(by_micro),
+        networks=len(networks),
         space=space,
         candidates=kept,
     )
@@ -250,41 +284,29 @@ def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float
     K = len(costing.configs[0])
     time_rows = np.zeros(K)
     memory_rows = np.zeros(K)
-    gathered = {}
-    blocks: dict = {}
-    memo: dict = {}
-    for v in range(n):
-        # Vectors depend on the layer's parts and its place (block, attention role, whether
-        # its output leaves the block, which of its weights it is charged for).
-        key = (costing.kinds[v], costing.cores.get(v), costing.blocks[v] is None, costing.block_outputs[v],
-               costing.charged[v], costing.network.layers[v].op == "SoftmaxCrossEntropy")
-        if key not in memo:
-            working = act_bytes * costing.working_activations(v, options)
-            memo[key] = (costing.cost_vector(v, options), costing.memory_vector(v, options, act_bytes), working,
-                         costing.gathered_bytes(v, options))
-        cost, memory, working, gather = memo[key]
-        time_rows += cost
-        memory_rows += memory
-        if options.zero == 3:
-            gathered[costing.kinds[v]] = gather  # the two largest distinct layers bound the prefetch
-        if options.recompute == "full" and costing.blocks[v] is not None:
-            b = costing.blocks[v]
-            blocks[b] = blocks.get(b, 0.0) + working
-    factors = np.array([costing.edge_factor(v, options) for v in targets])
+    vec = costing.layer_vectors(options, act_bytes)
+    time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
+    memory_rows = vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
+    if options.zero == 3:
+        gathered = vec["gathered"]
+        memory_rows = memory_rows + (np.sort(gathered, axis=0)[-2:].sum(axis=0) if n > 1 else 2 * gathered[0])
+    if options.recompute == "full":
+        working: dict = {}
+        for v in range(n):
+            if costing.blocks[v] is not None:
+                working.setdefault(costing.blocks[v], []).append(v)
+        if working:
+            memory_rows = memory_rows + np.max(
+                np.array([vec["working"][members].sum(axis=0) for members in working.values()]), axis=0)
+    factors = costing.edge_factors(targets, options)
     if len(targets):
         time_rows += (factors[:, None] * edges).sum(axis=0)
-    if gathered:
-        stacked = np.array(list(gathered.values()))
-        top = np.sort(stacked, axis=0)[-2:] if len(stacked) > 1 else np.concatenate([stacked, stacked])
-        memory_rows += top.sum(axis=0)
-    if blocks:
-        memory_rows += np.max(np.array(list(blocks.values())), axis=0)
     memory_rows += options.reserve_bytes
     return time_rows, memory_rows
 
 
 def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
-    _, _, costing, options, i, mesh, micro, tokens, edges = found
+    step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
     n = len(costing.network.layers)
     choice = [i] * n
     edge_seconds = 0.0
@@ -293,6 +315,25 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
         edge_seconds += costing.edge_factor(v, options) * float(row[i])
     summary = costing.summarize(choice, options, act_bytes, edge_seconds, procs,
                                 None if tokens is None else tokens * options.microbatches)
+    if stages is not None:
+        slowest = max(stages.microbatch_seconds)
+        fill = (stages.pp - 1) / stages.vpp
+        summary.time = {
+            "pipeline": options.microbatches * slowest,
+            "bubble": fill * slowest,
+            "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
+        }
+        summary.memory = {"largest_stage": float(peak)}
+        summary.step_seconds = float(step)
+        summary.peak_memory_bytes = float(peak)
+        summary.extra["pipeline"] = {
+            "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
+            "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
+            "stages": [{"stage": s, "blocks": c, "devices": [s * q, (s + 1) * q - 1],
+                        "microbatch_seconds": t, "memory_bytes": mem}
+                       for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
+                                                             stages.memory_bytes))],
+        }
     configs = tuple(tuple(int(x) for x in costing.configs[v][i]) for v in range(n))
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
 

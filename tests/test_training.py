@@ -311,7 +311,7 @@ def test_training_json_keys_and_bad_input():
     for argv, message in (
         (["--recipe", "tp=3x"], "tp must be a positive integer"),
         (["--recipe", "dp=3"], "does not divide the 8 devices"),
-        (["--recipe", "dp=2,pp=4"], "pipeline parallelism"),
+        (["--recipe", "dp=2,vpp=2,schedule=1f1b"], "vpp (virtual stages) needs schedule=interleaved"),
         (["--training", "--sweep", "2,4"], "--sweep does not apply"),
     ):
         status, out, err = run_cli(["-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm"] + argv)
