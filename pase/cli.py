@@ -717,8 +717,11 @@ def _run_training(opts: Options, args: argparse.Namespace, out: IO) -> int:
     def load(sequences: int):
         return network if sequences == network.batch else _load_network(replace(opts, batch=sequences))
 
+    for path, what in ((args.export_torchtitan, "torchtitan settings"), (args.export_megatron, "Megatron-LM arguments")):
+        if path is not None:
+            check_writable(path, what)
     return run_training(opts, args, machine, load, network.batch or 1, out, CliError, _effective_model(opts),
-                        _model_name(opts), rebuild=rebuild)
+                        _model_name(opts), rebuild=rebuild, write=write_atomic)
 
 
 def _verified_status(verified, err: IO) -> int:

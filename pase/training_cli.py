@@ -7,6 +7,7 @@ code and can be tested on its own.
 from __future__ import annotations
 
 import argparse
+import json
 from functools import lru_cache
 from typing import IO, Callable
 
@@ -39,10 +40,16 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "(model chunks per device, interleaved).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
+    add("--export-torchtitan", metavar="FILE", default=None,
+        help="write the plan's mesh as torchtitan settings (parallelism, activation checkpointing, batch) in JSON, "
+             "with the same as one line of its command-line options.")
+    add("--export-megatron", metavar="FILE", default=None,
+        help="write the plan's mesh as Megatron-LM arguments (JSON, and one command line).")
 
 
 def wants_training(args) -> bool:
-    return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None)
+    return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
+                or args.export_torchtitan is not None or args.export_megatron is not None)
 
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
@@ -56,8 +63,44 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
             raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
 
 
+def _differing_layers(network, configs, mesh_configs) -> list:
+    return [network.names[v] for v, (a, b) in enumerate(zip(configs, mesh_configs)) if tuple(a) != tuple(b)]
+
+
+def _export_engines(found, network, batch: int, args, write: Callable) -> list:
+    """Write --export-torchtitan / --export-megatron; returns the lines to print about them."""
+    from .engine_export import megatron_settings, torchtitan_settings
+    from .training_search import tokens_of
+
+    targets = [(args.export_torchtitan, torchtitan_settings, "torchtitan settings"),
+               (args.export_megatron, megatron_settings, "Megatron-LM arguments")]
+    if all(path is None for path, _, _ in targets):
+        return []
+    plan = found.best
+    lines = []
+    if plan.mesh is None:
+        nearest = found.mesh_search.best
+        if nearest is None:
+            raise ValueError("the plan is not a mesh and no mesh fits: nothing to export")
+        differ = _differing_layers(network, plan.configs, nearest.configs) if len(nearest.configs) == len(
+            plan.configs) else list(network.names)
+        lines.append(f"the plan is not a mesh: {len(differ)} layers differ from the nearest mesh "
+                     f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); exported that mesh, "
+                     f"{nearest.recipe()}: step {nearest.summary.step_seconds:.4g} against the plan's "
+                     f"{plan.summary.step_seconds:.4g}")
+        plan = nearest
+    tokens = tokens_of(network)
+    sequence = None if tokens is None else tokens // (batch // plan.options.microbatches)
+    for path, writer, what in targets:
+        if path is not None:
+            write(path, json.dumps(writer(plan, batch, sequence), indent=1) + "\n", what)
+            lines.append(f"{what} written to {path}")
+    return lines
+
+
 def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
-                 model=None, model_name: str = "sequence length", rebuild: bool = True) -> int:
+                 model=None, model_name: str = "sequence length", rebuild: bool = True,
+                 write: Callable | None = None) -> int:
     """Plan the training configuration and print it; returns the exit status (0, or 4 when
     nothing fits)."""
     from .training_plan import plan_training
@@ -92,8 +135,12 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             4,
         )
     shown = build(batch // found.best.options.microbatches)
+    exported = _export_engines(found, shown, batch, args, write)
+
     if opts.json:
         out.write(format_json(training_report(found, shown, model, model_name)))
     else:
         out.write(format_training(found, shown, model, model_name))
+        if exported:
+            out.write("\n" + "\n".join(exported) + "\n")
     return 0

@@ -331,3 +331,28 @@ def test_training_json_is_deterministic_under_hash_seeds():
         data["search"].pop("seconds")
         outputs.add(json.dumps(data, sort_keys=True))
     assert len(outputs) == 1
+
+
+def test_engine_exports_read_back(tmp_path):
+    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
+    status, out, err = run_cli(["-g", "gpt3-2.7b", "-p", "32", "-b", "64", "--machine", "h100-sxm",
+                                "--recipe", "dp=4,tp=4,pp=2,zero=1,recompute=full,microbatch=1",
+                                "--export-torchtitan", str(titan), "--export-megatron", str(megatron)])
+    assert status == 0, err
+    t = json.loads(titan.read_text())
+    par = t["parallelism"]
+    degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
+               * par["pipeline_parallel_degree"] * par["context_parallel_degree"])
+    assert degrees == 32
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (4, 2)
+    assert par["data_parallel_replicate_degree"] == 4  # ZeRO-1 is not torchtitan's FSDP: replicated
+    assert t["activation_checkpoint"]["mode"] == "full" and t["training"]["local_batch_size"] == 1
+    assert t["training"]["global_batch_size"] == 64 and t["training"]["seq_len"] == 2048
+    assert "--parallelism.tensor_parallel_degree 4" in t["command_line"]
+    m = json.loads(megatron.read_text())
+    a = m["arguments"]
+    assert a["--tensor-model-parallel-size"] * a["--pipeline-model-parallel-size"] * a["--context-parallel-size"] \
+        * m["data_parallel_size"] == 32
+    assert a["--use-distributed-optimizer"] is True and a["--recompute-granularity"] == "full"
+    assert a["--micro-batch-size"] == 1 and a["--global-batch-size"] == 64
+    assert "torchtitan settings written to" in out
