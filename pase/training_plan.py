@@ -51,8 +51,10 @@ class TrainingPlan:
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        text = (f"exact over meshes dp x tp x cp = {self.procs} (tp within a node, sequence parallelism on or off), "
-                "ZeRO 0-3, recomputation none/selective/full and every micro-batch size dividing the per-rank batch")
+        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within a node, cp up to 16, sequence "
+                "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
+                "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
+                "size dividing the per-rank batch")
         if self.free_searches:
             text += (f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
                      f"stage and recomputation policy ({self.free_searches} searches"

@@ -33,6 +33,7 @@ def mask_timings(text):
     """Replace what depends on the machine's speed: search seconds and ns per entry."""
     text = re.sub(r"\d+\.\d+ s \(\d+\.\d+ ns per entry\)", "<seconds>", text)
     text = re.sub(r'"seconds": [0-9.e+-]+', '"seconds": <seconds>', text)
+    text = re.sub(r"configurations in \d+\.\d+ s", "configurations in <seconds>", text)
     # The last column of a sweep row is the search time.
     text = re.sub(r"^(\s+\d+\s.*\S)\s+\d+\.\d{4}$", r"\1 <seconds>", text, flags=re.M)
     return text
