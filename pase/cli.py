@@ -712,7 +712,9 @@ def _run_training(opts: Options, args: argparse.Namespace, out: IO) -> int:
     network = _load_network(opts)
     _check_outputs(opts)
     _export_graph(opts, network)
-    rebuild = network.batch is not None and not opts.graph.endswith(".json")
+    # A graph file fixes its batch; every other source rebuilds at any micro-batch.
+    graph_file = opts.graph.endswith(".json") and opts.graph.partition(":")[0] not in graphs.SOURCES
+    rebuild = network.batch is not None and not graph_file
 
     def load(sequences: int):
         return network if sequences == network.batch else _load_network(replace(opts, batch=sequences))

@@ -124,8 +124,7 @@ class _PartsMemo:
                 dst = np.ascontiguousarray(inputs[v][t.input_index])
                 key = (t.shape, src.tobytes(), dst.tobytes())
                 if key not in self.edges:
-                    volume = redistribution_volume(t.shape, src, dst)
-                    self.edges[key] = np.asarray(self.machine.redistribute(2.0 * volume, self.procs), dtype=np.float64)
+                    self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
                 total = total + self.edges[key]
             rows.append(total)
             targets.append(v)
@@ -135,6 +134,30 @@ class _PartsMemo:
 #: Largest context-parallel degree searched unless a recipe names one (Megatron and
 #: torchtitan runs use 2-16).
 MAX_CP = 16
+
+
+def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """Devices a redistribution from ``source`` to ``target`` splits spans: the product of
+    ``max(source, target)`` over the tensor dimensions whose splits differ; all ``procs`` when
+    the outermost (batch) dimension's split changes, since it is laid out across the others.
+
+    >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[4, 1, 1]]), 256).tolist()
+    [8]
+    """
+    source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
+    differ = source != target
+    span = np.where(differ, np.maximum(source, target), 1).prod(axis=-1)
+    return np.where(differ[..., 0], procs, span)
+
+
+def edge_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """Redistribution of one tensor, forward and backward, for aligned ``source`` and
+    ``target`` rows (or broadcast ones): its volume (``pase.layers.redistribution_volume``)
+    priced by the machine on the link of the devices it spans (:func:`exchange_devices`): in a
+    node at the node's bandwidth, across nodes at the network's (``docs/training.md``)."""
+    volume = redistribution_volume(shape, source, target)
+    devices = exchange_devices(source, target, procs)
+    return np.asarray(machine.redistribute(2.0 * volume, devices), dtype=np.float64) * np.ones(volume.shape)
 
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
@@ -309,11 +332,11 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
     n = len(costing.network.layers)
     choice = [i] * n
-    edge_seconds = 0.0
+    moved = 0.0
     targets = sorted(costing.network.edges)
     for row, (u, v) in zip(edges, targets):
-        edge_seconds += costing.edge_factor(v, options) * float(row[i])
-    summary = costing.summarize(choice, options, act_bytes, edge_seconds, procs,
+        moved += costing.edge_factor(v, options) * float(row[i])
+    summary = costing.summarize(choice, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
         slowest = max(stages.microbatch_seconds)
@@ -346,9 +369,9 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
-    edge_seconds = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
+    moved = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
     tokens = tokens_of(network)
-    summary = costing.summarize([0] * len(configs), options, act_bytes, edge_seconds, procs,
+    summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     return Candidate(mesh, options, microbatch, tuple(tuple(int(x) for x in c) for c in configs), summary,
                      memory_cap)
@@ -381,14 +404,21 @@ def training_graph(network, procs: int, machine, options: TrainingOptions, act_b
     for v in H.nodes:
         H.nodes[v]["cost"] = costing.cost_vector(v, options)
     memo: dict = {}
+    layers = network.layers
     for u, v, data in H.edges(data=True):
         factor = costing.edge_factor(v, options)
-        key = (id(data["cost"]), factor)
-        if key not in memo:
-            scaled = data["cost"] * factor
-            scaled.setflags(write=False)
-            memo[key] = scaled
-        data["cost"] = memo[key]
+        outputs = layers[u].output_configs(configs[u])
+        inputs = layers[v].input_configs(configs[v])
+        matrix = 0.0
+        for t in data["tensors"]:
+            src, dst = outputs[t.output_index], inputs[t.input_index]
+            key = (t.shape, src.tobytes(), dst.tobytes(), factor)
+            if key not in memo:
+                scaled = factor * edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
+                scaled.setflags(write=False)
+                memo[key] = scaled
+            matrix = matrix + memo[key]
+        data["cost"] = matrix
     memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
     return H, costing, memory
 
