@@ -1,0 +1,139 @@
+"""Pipelines by hand: stage times, the schedules' steps and bubbles, memory per stage,
+point-to-point sends, uneven cuts; the mesh search with stages against brute force."""
+
+import numpy as np
+import pytest
+
+from pase.builder import GraphBuilder
+from pase.calibrated import CalibratedMachine
+from pase.layers import FC, SoftmaxCrossEntropy
+from pase.mesh import parse_recipe
+from pase.pipeline import cuts, pipeline_rows, stage_layout
+from pase.training import TrainingCosting, TrainingOptions
+from pase.training_search import _PartsMemo, search_meshes
+
+TOY = {
+    "name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
+    "intra_node": {"gbps": 100, "latency_us": 0}, "inter_node": {"gbps": 10, "latency_us": 0},
+    "act_bytes": 2, "grad_bytes": 4,
+}
+WIDTH = 64
+
+
+def _net(batch=2, blocks=4):
+    """embed -> block1.a -> block1.b -> ... -> head -> loss, FC layers of width 64."""
+    g = GraphBuilder("chain", 1, batch=batch)
+    x = g.input((batch, WIDTH), "x", letters="bk")
+    x = g.add("embed", FC(x, WIDTH))
+    for i in range(1, blocks + 1):
+        x = g.add(f"block{i}.a", FC(x, WIDTH))
+        x = g.add(f"block{i}.b", FC(x, WIDTH))
+    x = g.add("head", FC(x, WIDTH))
+    g.add("loss", SoftmaxCrossEntropy(x))
+    return g.build()
+
+
+def _setup(micro_batches=4, blocks=4):
+    machine = CalibratedMachine(TOY)
+    net = _net(blocks=blocks)  # one micro-batch of 2 sequences
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, machine)
+    options = TrainingOptions(microbatches=micro_batches, reserve_bytes=0.0)
+    edges, targets = _PartsMemo(machine, 1).edge_seconds(net, ones)
+    return machine, net, costing, options, edges, targets
+
+
+def _by_hand(costing, options, stages):
+    """Per stage: one micro-batch's time, the per-step time, state, activations, logits."""
+    out = []
+    for members in stages:
+        t = sum(costing.layer_time(v, options)["compute"][0] for v in members) / options.microbatches
+        step = sum(costing.layer_time(v, options)["weight_sync"][0] + costing.layer_time(v, options)["optimizer"][0]
+                   for v in members)
+        mem = [costing.layer_memory(v, options, 2.0) for v in members]
+        out.append((t, step, sum(m["model_state"][0] for m in mem), sum(m["activations"][0] for m in mem),
+                    sum(m["logits"][0] for m in mem)))
+    return out
+
+
+# Sends between stages: the block output, 2 x 64 elements of 2 bytes, forward and backward,
+# within a node at 100 GB/s.
+P2P = 2 * (2 * WIDTH * 2) / 100e9
+
+
+def test_two_stages_1f1b_by_hand():
+    machine, net, costing, options, edges, targets = _setup()
+    layout = stage_layout(costing)
+    assert layout.pre == (0,) and layout.post == (9, 10) and len(layout.blocks) == 4
+    step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=["1f1b"],
+                                      fixed_counts=(2, 2))
+    stages = _by_hand(costing, options, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]])
+    t = [s[0] + P2P for s in stages]
+    m, pp = 4, 2
+    assert plans[0].microbatch_seconds == pytest.approx(t)
+    assert step[0] == pytest.approx((m + pp - 1) * max(t) + max(s[1] for s in stages))
+    assert plans[0].bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1))
+    # 1F1B: stage s holds min(pp - s, m) micro-batches of activations.
+    memory = [stages[0][2] + 2 * stages[0][3] + stages[0][4], stages[1][2] + 1 * stages[1][3] + stages[1][4]]
+    assert plans[0].memory_bytes == pytest.approx(memory)
+    assert peak[0] == pytest.approx(max(memory))
+    assert plans[0].p2p_seconds == pytest.approx(P2P)
+
+
+def test_interleaved_by_hand():
+    machine, net, costing, options, edges, targets = _setup()
+    layout = stage_layout(costing)
+    step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout,
+                                      schedules=["interleaved"], fixed_counts=(2, 2))
+    v, m, pp = 2, 4, 2
+    stages = _by_hand(costing, options, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]])
+    t = [s[0] + v * P2P for s in stages]  # a micro-batch crosses v boundaries per stage each way
+    assert plans[0].vpp == 2
+    assert step[0] == pytest.approx((m + (pp - 1) / v) * max(t) + max(s[1] for s in stages))
+    factor = 1 + (pp - 1) / (pp * v)  # Korthikanti et al. 2022
+    assert plans[0].memory_bytes[0] == pytest.approx(stages[0][2] + 2 * factor * stages[0][3] + stages[0][4])
+
+
+def test_four_stages_and_uneven_cuts():
+    machine, net, costing, options, edges, targets = _setup(micro_batches=8)
+    layout = stage_layout(costing)
+    step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 4, 1, layout, schedules=["1f1b"],
+                                      fixed_counts=(1, 1, 1, 1))
+    stages = _by_hand(costing, options, [[0, 1, 2], [3, 4], [5, 6], [7, 8, 9, 10]])
+    t = [s[0] + P2P for s in stages]
+    assert step[0] == pytest.approx((8 + 3) * max(t) + max(s[1] for s in stages))
+    assert plans[0].memory_bytes[3] == pytest.approx(stages[3][2] + 1 * stages[3][3] + stages[3][4])
+    assert plans[0].memory_bytes[0] == pytest.approx(stages[0][2] + 4 * stages[0][3] + stages[0][4])
+    # Uneven: the first stage with 1 block, the last with 3.
+    step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=["1f1b"],
+                                      fixed_counts=(1, 3))
+    stages = _by_hand(costing, options, [[0, 1, 2], [3, 4, 5, 6, 7, 8, 9, 10]])
+    assert plans[0].microbatch_seconds == pytest.approx([s[0] + P2P for s in stages])
+    assert cuts(4, 2, 1) == [(2, 2), (1, 3), (3, 1)]
+
+
+def test_stage_search_equals_brute_force_over_cuts_and_schedules():
+    machine, net, costing, options, edges, targets = _setup()
+    layout = stage_layout(costing)
+    step, _, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout)
+    best = min(
+        pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=[s], fixed_counts=c)[0][0]
+        for c in cuts(4, 2) for s in ("1f1b", "interleaved")
+        if s == "1f1b" or len(set(c)) == 1
+    )
+    assert step[0] == pytest.approx(best)
+
+
+def test_mesh_search_with_pipelines_and_bad_values():
+    machine = CalibratedMachine(TOY)
+    found = search_meshes(lambda n: _net(n), 8, 4, machine, None, 2.0, parse_recipe("pp=2,tp=1"))
+    pipe = found.best.summary.extra["pipeline"]
+    assert found.best.mesh.pp == 2 and pipe["pp"] == 2 and sum(st["blocks"] for st in pipe["stages"]) == 4
+    assert [st["devices"] for st in pipe["stages"]] == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="does not divide"):
+        search_meshes(lambda n: _net(n), 8, 4, machine, None, 2.0, parse_recipe("pp=3"))
+    with pytest.raises(ValueError, match="needs schedule=interleaved"):
+        search_meshes(lambda n: _net(n), 8, 4, machine, None, 2.0, parse_recipe("pp=2,vpp=2,schedule=1f1b"))
+    for text in ("pp=0", "vpp=x", "microbatch=-1", "schedule=gpipe"):
+        with pytest.raises(ValueError):
+            parse_recipe(text)
