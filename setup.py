@@ -8,9 +8,25 @@ setup(
     description="Exact parallelization strategies for DNN training (PaSE, IPDPS 2021)",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    packages=["pase", "graphs"],
-    # The measured tables of the calibrated machine presets (pase/data).
-    package_data={"pase": ["data/*.json"]},
+    # Every package (pase has one sub-package per stage); tests/test_packaging.py checks the list.
+    packages=[
+        "graphs",
+        "pase",
+        "pase.cli",
+        "pase.core",
+        "pase.costing",
+        "pase.machines",
+        "pase.model",
+        "pase.model.layers",
+        "pase.outputs",
+        "pase.outputs.jax",
+        "pase.planning",
+        "pase.search",
+        "pase.sources",
+        "pase.sources.torch",
+    ],
+    # The measured tables of the calibrated machine presets (pase/machines/data).
+    package_data={"pase.machines": ["data/*.json"]},
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],

@@ -2,7 +2,7 @@
 
 For every graph and device count: the cost (FLOP-equivalents, ``cost-model.md``) of data
 parallelism, of PaSE's optimum (``pase.plan``) and of every expert strategy that applies
-(``pase.experts``: OWT for the CNNs, GNMT-style for RNNLM, Mesh-TensorFlow for the
+(``pase.planning.experts``: OWT for the CNNs, GNMT-style for RNNLM, Mesh-TensorFlow for the
 Transformer), and each one's modelled speedup ``data-parallel cost / strategy cost``. The
 paper's Fig. 6 measures throughput on GPUs; this is the same comparison under the cost model.
 
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 import graphs  # noqa: E402  (common puts the repository root on the path)
 from pase import Machine, data_parallel, evaluate, plan  # noqa: E402
-from pase.experts import best_mesh, expert_strategies, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
+from pase.planning.experts import best_mesh, expert_strategies, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
 
 #: Batch sizes of the paper's evaluation (Section IV).
 PAPER_BATCH = {"alexnet": 128, "inception3": 128, "resnet101": 128, "rnnlm": 64, "transformer": 64}

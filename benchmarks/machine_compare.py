@@ -4,7 +4,7 @@ For gpt3-2.7b and gpt3-13b (batch 16) and the Transformer (batch 128) at p = 8..
 optimum found on ``h100-sxm`` (under its default 80 GB cap) and the paper machine's optimum
 re-priced on ``h100-sxm`` (what ``--evaluate`` does), each split into compute, communication
 and edge seconds, data parallelism and the Megatron-style batch x model mesh
-(``pase.experts.mesh_tensorflow``) on ``h100-sxm``, per-device memory and search time; then,
+(``pase.planning.experts.mesh_tensorflow``) on ``h100-sxm``, per-device memory and search time; then,
 for gpt3-13b at p = 64, the configurations each machine picks for one block, and where every
 split of one block and of the embedding / head lands: inside a node of 8 or across nodes.
 Writes ``benchmarks/results/machine_compare.md``.
@@ -24,11 +24,12 @@ import numpy as np
 from common import RESULTS, machine_info, machine_lines, markdown_table, parse_list  # puts the checkout on sys.path
 
 import graphs  # noqa: E402
-from pase.calibrated import CalibratedMachine  # noqa: E402
-from pase.experts import best_mesh, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
-from pase.layers import Einsum, Norm, Softmax, SoftmaxCrossEntropy  # noqa: E402
-from pase.machine import Group, layout_strides, load_machine  # noqa: E402
-from pase.planner import evaluate_plan, plan  # noqa: E402
+from pase.machines.calibrated import CalibratedMachine  # noqa: E402
+from pase.planning.experts import best_mesh, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
+from pase.model.layers import Einsum, Norm, Softmax, SoftmaxCrossEntropy  # noqa: E402
+from pase.machines.base import Group, layout_strides  # noqa: E402
+from pase.machines.registry import load_machine
+from pase.planning.planner import evaluate_plan, plan  # noqa: E402
 
 CASES = ("gpt3-2.7b:16", "gpt3-13b:16", "transformer:128")
 PROCS = (8, 16, 32, 64)
@@ -171,7 +172,7 @@ def placements(layer, config, devices_per_node: int = 8) -> list:
 
     The layout is that of ``machines.md`` ("Placement"): the batch dimension outermost, then
     the others in iteration-space order, the last innermost. For each dimension ``j`` split
-    ``c > 1`` ways: its letter, ``c``, its stride ``s`` (``pase.machine.layout_strides``), the
+    ``c > 1`` ways: its letter, ``c``, its stride ``s`` (``pase.machines.paper.layout_strides``), the
     group of device 0 along it (``0, s, ..., (c-1) s``: the devices that share its collective),
     its members per node ``q_in`` (``Group.members_per_node``) and the nodes it spans.
 
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
         "  `--evaluate` does);",
         "- `DP`: data parallelism (`pase.data_parallel`: the batch split `p` ways, or its largest",
         "  divisor), whether it fits or not;",
-        "- `Megatron`: the Megatron-style batch x model mesh, `pase.experts.mesh_tensorflow(network, p,",
+        "- `Megatron`: the Megatron-style batch x model mesh, `pase.planning.experts.mesh_tensorflow(network, p,",
         "  h100-sxm)`: every batch dimension split `m` ways, the heads `h`, feed-forward width `f` and",
         "  vocabulary `v` of the layers that have one split `n` ways (`m n = p`), nothing else split;",
         "  of the valid meshes (`n` must divide the heads: 32 for gpt3-2.7b, 40 for gpt3-13b, 8 for",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
 
 __all__ = ["alexnet"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 from .transformer import multi_head
 

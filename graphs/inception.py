@@ -5,9 +5,9 @@ Module names follow the usual ``mixed5b`` ... ``mixed7c``; branches are ``b0``, 
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, BatchNorm, Concat, Conv, Pooling, ReduceMean, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, BatchNorm, Concat, Conv, Pooling, ReduceMean, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = ["inception3"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, BatchNorm, Conv, Elementwise, Pooling, ReduceMean, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, BatchNorm, Conv, Elementwise, Pooling, ReduceMean, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = ["resnet101"]
 

@@ -6,9 +6,18 @@ long live range, which makes this graph the hardest for the search.
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Stack, Unstack
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import (
+    Einsum,
+    Elementwise,
+    Embedding,
+    Norm,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unstack,
+)
+from pase.model.tensor import Tensor
 
 __all__ = ["transformer", "multi_head", "attention", "feed_forward"]
 

@@ -15,11 +15,19 @@ import types
 import numpy as np
 import pytest
 
-from pase.calibrate import TORCH_HINT, calibrate, gemm_grid, main, memory_bound_step, gemm_step, memory_grid
-from pase.machine import load_machine
+from pase.machines.calibrate import (
+    TORCH_HINT,
+    calibrate,
+    gemm_grid,
+    memory_bound_step,
+    gemm_step,
+    memory_grid,
+)
+from pase.cli.calibrate import main
+from pase.machines.registry import load_machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json")
+SHIPPED = os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json")
 
 
 class FakeTimer:

@@ -13,12 +13,20 @@ import os
 import numpy as np
 import pytest
 
-from pase.calibrated import (
-    MACHINE_NAMES, PRESET_TABLES, PRESETS, CalibratedMachine, load_calibrated, load_description, validate_description,
+from pase.machines.registry import MACHINE_NAMES
+from pase.machines.calibrated import (
+    PRESET_TABLES,
+    PRESETS,
+    CalibratedMachine,
+    load_calibrated,
+    load_description,
+    validate_description,
 )
-from pase.machine import Group as _Group
-from pase.machine import Machine, layout_strides, load_machine
-from pase.measured import MeasuredTables
+from pase.machines.base import Group as _Group
+from pase.machines.paper import Machine
+from pase.machines.base import layout_strides
+from pase.machines.registry import load_machine
+from pase.machines.measured import MeasuredTables
 
 
 def Group(sizes, strides):

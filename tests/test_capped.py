@@ -7,7 +7,7 @@ Two levels are tested:
   per configuration.
 - *layer cases*: ``pase.plan`` with a memory cap on small random networks of real FC / Norm /
   Elementwise layers (chains and branches) on a random machine with p = 2..4, with
-  ``MemoryModel`` at random byte sizes. Cost is re-checked with ``pase.strategy.evaluate``
+  ``MemoryModel`` at random byte sizes. Cost is re-checked with ``pase.costing.strategy.evaluate``
   and memory with formulas written here.
 
 Every case is checked against exhaustive enumeration of all strategies. All randomness is
@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.baselines import data_parallel
-from pase.builder import GraphBuilder
-from pase.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
-from pase.layers import FC, Elementwise, Norm
-from pase.machine import Machine
-from pase.memory import MemoryModel
-from pase.planner import plan
-from pase.strategy import evaluate
+from pase.planning.baselines import data_parallel
+from pase.model.builder import GraphBuilder
+from pase.search.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
+from pase.model.layers import FC, Elementwise, Norm
+from pase.machines.paper import Machine
+from pase.costing.memory import MemoryModel
+from pase.planning.planner import plan
+from pase.costing.strategy import evaluate
 
 TABLE_CASES = 120
 LAYER_CASES = 40

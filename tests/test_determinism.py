@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from pase.solver import Search
+from pase.search.solver import Search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,9 +30,9 @@ import json, sys
 import networkx as nx
 import numpy as np
 import graphs
-from pase.machine import Machine
-from pase.solver import Search
-from pase.planner import plan
+from pase.machines.paper import Machine
+from pase.search.solver import Search
+from pase.planning.planner import plan
 
 out = {"witness": list({"conv%d" % i for i in range(12)})}
 for name in ("inception3", "transformer"):

@@ -128,7 +128,7 @@ def replay(name: str, workdir: str) -> dict:
         with open(os.path.join(workdir, path), "w", encoding="utf-8") as f:
             f.write(_input_text(text))
     status, out, err = run(*argv, cwd=workdir)
-    result = {"stdout": _mask(out, workdir), "stderr": _mask(err, workdir), "status": f"{status}\n"}
+    result = {"stdout": _mask(out, workdir), "stderr": _mask(err, workdir), "status": f"{int(status)}\n"}
     for path in written:
         with open(os.path.join(workdir, path), encoding="utf-8") as f:
             result[path] = _mask(f.read(), workdir)

@@ -12,10 +12,10 @@ import pytest
 import graphs
 from graphs.gpt import GPT_CONFIGS
 from graphs.gpt import parameter_count as gpt_closed_form
-from pase.baselines import data_parallel
-from pase.memory import CAPPED, UNCONSTRAINED
-from pase.planner import plan
-from pase.memory import MemoryModel, parameter_count
+from pase.planning.baselines import data_parallel
+from pase.search.capped import CAPPED, UNCONSTRAINED
+from pase.planning.planner import plan
+from pase.costing.memory import MemoryModel, parameter_count
 
 # The spec's table: layers L, width e, heads h, key width k, feed-forward f, sequence s, vocabulary V.
 SPEC = {

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.machine import Machine
-from pase.strategy import evaluate
+from pase.machines.paper import Machine
+from pase.costing.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 NAMES = ["alexnet", "resnet101", "inception3", "rnnlm", "transformer"]

@@ -1,4 +1,4 @@
-"""Tests of ``pase.jax_export``: the mesh, the device layout and the sharding of every tensor.
+"""Tests of ``pase.outputs.jax.export``: the mesh, the device layout and the sharding of every tensor.
 
 No jax needed: the export is plain data. Expected values are worked out by hand from the
 layout rule (batch dimension outermost, then iteration-space order, replicas innermost, each
@@ -13,11 +13,32 @@ import pytest
 
 import graphs
 from pase import (
-    FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, GraphBuilder, Norm, ReduceMean, Softmax,
-    SoftmaxCrossEntropy, Stack, Unstack, plan,
+    FC,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    GraphBuilder,
+    Norm,
+    ReduceMean,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unstack,
+    plan,
 )
-from pase.baselines import data_parallel
-from pase.jax_export import FORMAT, export_shardings, layout_axes, mesh_axes, partition_spec, tensor_dims
+from pase.planning.baselines import data_parallel
+from pase.outputs.jax.export import (
+    FORMAT,
+    export_shardings,
+    layout_axes,
+    mesh_axes,
+    partition_spec,
+    tensor_dims,
+)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests of ``pase.machine.Machine`` against ``spec/cost-model.md`` ("Machine").
+"""Tests of ``pase.machines.paper.Machine`` against ``spec/cost-model.md`` ("Machine").
 
 ``rho = (F * 1000) / (B / 8)``, ``comm(w) = rho * w`` and the ring all-reduce
 ``AR(w, q) = rho * (w / q) * 2 * (q - 1)``; every expected value below is worked out by hand.
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pase.machine import WORD_BYTES, Group, Machine
+from pase.machines.paper import WORD_BYTES, Machine
+from pase.machines.base import Group
 
 
 def test_word_is_eight_bytes():

@@ -18,12 +18,27 @@ import math
 import numpy as np
 import pytest
 
-from pase.builder import GraphBuilder
-from pase.layers import (
-    FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling, Ravel,
-    ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack,
+from pase.model.builder import GraphBuilder
+from pase.model.layers import (
+    FC,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    Norm,
+    Pooling,
+    Ravel,
+    ReduceMean,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unravel,
+    Unstack,
 )
-from pase.memory import MemoryModel, activation_elements, parameter_count, parameter_elements
+from pase.costing.memory import MemoryModel, activation_elements, parameter_count, parameter_elements
 
 DEFAULT = MemoryModel()  # 16 bytes per parameter, 2 per activation element
 
@@ -247,7 +262,7 @@ def test_batchnorm_parameters_are_per_channel():
 def test_resnet_parameter_count_does_not_depend_on_the_batch():
     # Per-channel batch-norm parameters: the count is a property of the model alone.
     import graphs
-    from pase.memory import parameter_count
+    from pase.costing.memory import parameter_count
     assert parameter_count(graphs.build("resnet101", 64)) == parameter_count(graphs.build("resnet101", 128))
 
 

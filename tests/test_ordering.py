@@ -3,7 +3,7 @@
 Every expected dependent set here comes either from a hand calculation written out in a
 comment or from this module's own implementation of the definition
 ``D(i) = N(X(i)) ∩ V>i`` (``_dependent_by_definition`` below, written independently of
-``pase.ordering``). GenerateSeq's choice rule (smallest ``|d|``, ties by smallest vertex id)
+``pase.search.ordering``). GenerateSeq's choice rule (smallest ``|d|``, ties by smallest vertex id)
 is checked against that definition too: the ``d(u)`` GenerateSeq keeps for an unsequenced
 ``u`` is, by Theorem 2, the dependent set ``u`` would get if it were sequenced next.
 """
@@ -16,7 +16,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from pase.ordering import (
+from pase.search.ordering import (
     ORDERINGS,
     Ordering,
     breadth_first,
@@ -374,7 +374,7 @@ def test_get_ordering():
 
 
 # --------------------------------------------------------------------------------------
-# The heap-based GenerateSeq and its held-back vertices (pase.blocks uses them)
+# The heap-based GenerateSeq and its held-back vertices (pase.search.blocks uses them)
 
 
 def _scan_generate_seq(G):

@@ -15,11 +15,11 @@ import os
 import pytest
 
 import graphs
-from pase.machine import Machine
-from pase.ordering import fixed_order
-from pase.solver import Search
-from pase.planner import plan
-from pase.strategy import evaluate
+from pase.machines.paper import Machine
+from pase.search.ordering import fixed_order
+from pase.search.solver import Search
+from pase.planning.planner import plan
+from pase.costing.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 

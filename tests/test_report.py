@@ -1,4 +1,4 @@
-"""Tests of the output formats (``pase.report``) on a two-layer network costed by hand."""
+"""Tests of the output formats (``pase.outputs.report``) on a two-layer network costed by hand."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from dataclasses import replace
 
 from pase import GraphBuilder, Machine
-from pase.layers import FC, SoftmaxCrossEntropy
-from pase.planner import Measurement, evaluate_plan
-from pase.report import (
+from pase.model.layers import FC, SoftmaxCrossEntropy
+from pase.planning.planner import Measurement, evaluate_plan
+from pase.outputs.report import (
     LAYER_COLUMNS,
     dot_graph,
     format_bytes,
@@ -29,7 +29,7 @@ from pase.report import (
     report_dict,
     split_notation,
 )
-from pase.solver import SearchStats, WorkEstimate
+from pase.search.solver import SearchStats, WorkEstimate
 
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
