@@ -10,8 +10,7 @@ import os
 import sys
 from typing import IO, Sequence
 
-from pase.core.fileio import InputError
-from pase.model.builder import CostTablesTooLarge
+from pase.core.errors import InputError, MissingDependency, TooLarge
 from pase.search.solver import SearchTooLarge
 
 from .errors import CliError, ParserExit
@@ -40,43 +39,59 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         from .calibrate import main as calibrate
 
         return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
-    parser = build_parser(out, err, prog)
     try:
-        args = parser.parse_args(argv)
-        if args.evaluate is not None:
-            return run_evaluate(args, out, err)
-        opts = options_from_args(args)
-        if opts.sweep is not None:
-            return run_sweep(opts, out, err)
-        return run_search(opts, out, err)
-    except ParserExit as done:
-        return done.status
-    except CliError as error:
-        err.write(f"{prog}: error: {error}\n")
-        return error.status
-    except InputError as error:
-        err.write(f"{prog}: error: {error}\n")
-        return ExitStatus.INPUT
-    except SearchTooLarge as too_large:
-        hint = " (GenerateSeq, --algo 0, needs far smaller tables)" if too_large.estimate.ordering != "generateseq" else ""
-        err.write(f"{prog}: error: {too_large}{hint}\n")
-        return ExitStatus.TOO_LARGE
-    except CostTablesTooLarge as too_large:
-        err.write(f"{prog}: error: {too_large}\n")
-        return ExitStatus.TOO_LARGE
-    except MemoryError as error:
-        err.write(f"{prog}: error: out of memory ({error or 'the cost tables are too large'})\n")
-        return ExitStatus.TOO_LARGE
-    except KeyboardInterrupt:
-        err.write(f"{prog}: interrupted\n")
-        return ExitStatus.INTERRUPTED
-    except BrokenPipeError:
-        return ExitStatus.BROKEN_PIPE
-    except OSError as error:  # writing the output failed (a full disk, a closed stream)
-        err.write(f"{prog}: error: cannot write the output: {error.strerror or error}\n")
-        return ExitStatus.INPUT
-    except Exception as bug:  # a bug: one line, unless asked for the traceback
-        if os.environ.get("PASE_TRACEBACK"):
-            raise
-        err.write(f"{prog}: internal error: {type(bug).__name__}: {bug} (set PASE_TRACEBACK=1 for the traceback)\n")
-        return ExitStatus.INTERNAL
+        return _run_command(argv, out, err, prog)
+    except (Exception, KeyboardInterrupt) as error:
+        return _report(error, err, prog)
+
+
+def _run_command(argv: list, out: IO, err: IO, prog: str) -> int:
+    args = build_parser(out, err, prog).parse_args(argv)
+    if args.evaluate is not None:
+        return run_evaluate(args, out, err)
+    opts = options_from_args(args)
+    if opts.sweep is not None:
+        return run_sweep(opts, out, err)
+    return run_search(opts, out, err)
+
+
+def _report(error: BaseException, err: IO, prog: str) -> int:
+    """Say what ended the command (one line on ``err``) and return its exit status.
+
+    The handler is the one of the error's most specific class in ``_HANDLERS`` (its method
+    resolution order decides, not the order of the table).
+    """
+    handler = next(_HANDLERS[cls] for cls in type(error).__mro__ if cls in _HANDLERS)
+    status, message = handler(error)
+    if message is not None:
+        err.write(f"{prog}: {message}\n")
+    return status
+
+
+def _too_large(error: TooLarge) -> tuple:
+    hint = ""
+    if isinstance(error, SearchTooLarge) and error.estimate.ordering != "generateseq":
+        hint = " (GenerateSeq, --algo 0, needs far smaller tables)"
+    return ExitStatus.TOO_LARGE, f"error: {error}{hint}"
+
+
+def _internal(error: Exception) -> tuple:
+    if os.environ.get("PASE_TRACEBACK"):
+        raise error
+    return ExitStatus.INTERNAL, f"internal error: {type(error).__name__}: {error} (set PASE_TRACEBACK=1 for the traceback)"
+
+
+#: Error class -> ``handler(error) -> (exit status, message or None)``.
+_HANDLERS = {
+    ParserExit: lambda done: (done.status, None),  # --help, --version
+    CliError: lambda error: (error.status, f"error: {error}"),
+    InputError: lambda error: (ExitStatus.INPUT, f"error: {error}"),
+    MissingDependency: lambda error: (ExitStatus.USAGE, f"error: {error}"),
+    TooLarge: _too_large,
+    MemoryError: lambda error: (ExitStatus.TOO_LARGE, f"error: out of memory ({error or 'the cost tables are too large'})"),
+    KeyboardInterrupt: lambda _: (ExitStatus.INTERRUPTED, "interrupted"),
+    BrokenPipeError: lambda _: (ExitStatus.BROKEN_PIPE, None),
+    # Writing the output failed (a full disk, a closed stream).
+    OSError: lambda error: (ExitStatus.INPUT, f"error: cannot write the output: {error.strerror or error}"),
+    Exception: _internal,  # a bug: one line, unless asked for the traceback
+}

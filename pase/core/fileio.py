@@ -13,14 +13,12 @@ import stat
 import sys
 import tempfile
 
+from .errors import InputError
+
 __all__ = ["InputError", "read_json", "parse_json", "write_atomic"]
 
 #: Largest JSON input accepted, bytes: far above any real graph, plan or machine file.
 MAX_JSON_BYTES = 256 * 1024 * 1024
-
-
-class InputError(ValueError):
-    """A file (or its contents) the tool cannot use; the message names the file and the problem."""
 
 
 def _reject_constant(name: str):

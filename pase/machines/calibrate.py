@@ -20,6 +20,7 @@ from typing import Callable
 
 from pase.machines.calibrated import validate_description
 from pase.core.fileio import write_atomic
+from pase.core.optional import import_optional
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = ["gemm_grid", "memory_grid", "calibrate", "TorchTimer", "gemm_step", "memory_bound_step", "TORCH_HINT"]
@@ -75,14 +76,6 @@ def memory_grid(quick: bool = False) -> list:
 # Measuring with torch
 
 
-def _import_torch():
-    try:
-        import torch  # noqa: F401 -- optional dependency, imported only here
-    except ImportError:
-        raise ImportError(TORCH_HINT) from None
-    return torch
-
-
 class TorchTimer:
     """Times GEMM steps and memory-bound ops on the current CUDA device (bf16, CUDA graphs).
 
@@ -91,7 +84,7 @@ class TorchTimer:
     """
 
     def __init__(self, repeats: int = 3, target_seconds: float = 2e-3):
-        torch = _import_torch()
+        torch = import_optional("torch", missing=lambda: ImportError(TORCH_HINT))
         if not torch.cuda.is_available():
             raise RuntimeError("pase calibrate needs a CUDA GPU, and PyTorch sees none on this machine")
         self.torch = torch

@@ -41,7 +41,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["MeasuredTables", "ELEMENT_TRAFFIC", "load_table"]
+__all__ = ["MeasuredTables", "ELEMENT_TRAFFIC"]
 
 #: Elements read plus written per element of the tensor, forward and backward together:
 #: the traffic that prices a kind the table lacks (bytes over the table's bandwidth).
@@ -369,8 +369,3 @@ class MeasuredTables:
             "memory_bound_columns": ["op", "elements", "seconds"],
             "memory_bound": memory,
         }
-
-
-def load_table(path: str) -> MeasuredTables:
-    """Load a measured-table JSON file (shorthand for :meth:`MeasuredTables.load`)."""
-    return MeasuredTables.load(path)

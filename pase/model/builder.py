@@ -18,12 +18,13 @@ from pase.model.configs import enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
 from pase.model.tensor import Tensor
+from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
 __all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge", "check_procs"]
 
 
-class CostTablesTooLarge(MemoryError):
+class CostTablesTooLarge(TooLarge):
     """The layer-cost vectors and edge-cost matrices would not fit the memory budget.
 
     Raised before they are computed; ``needed`` and ``budget`` are bytes.
@@ -124,10 +125,6 @@ class Network:
             for key in tensor_keys + ((tensor_keys,) if len(tensor_keys) > 1 else ()):
                 distinct[key] = counts[u] * counts[v]
         return 8 * (sum(distinct.values()) + sum(counts))
-
-    def cost_table_bytes(self, configs: list) -> tuple:
-        """``(bytes, largest K)`` of the cost vectors and distinct edge matrices over ``configs``."""
-        return self._table_bytes(configs, self._edge_keys(configs)[2]), max(len(c) for c in configs)
 
     def graph(self, procs: int, machine=None, configs: list | None = None, budget: int | None = None) -> nx.DiGraph:
         """The costed computation graph for ``procs`` devices.

@@ -111,11 +111,6 @@ def _eliminate(G, name: str, choose: Callable) -> Ordering:
     return _ordering(name, sequence, dependent)
 
 
-def _min_dependent(unsequenced, d, rank):
-    # Smallest |d(v)|, ties by smallest vertex id.
-    return min(unsequenced, key=lambda v: (len(d[v]), rank[v]))
-
-
 def generate_seq(G, last=()) -> Ordering:
     """GenerateSeq (paper Fig. 3): repeatedly sequence the vertex with the smallest ``|d(v)|``.
 
@@ -124,7 +119,7 @@ def generate_seq(G, last=()) -> Ordering:
     others, in the order given: the block search eliminates a block's inside and keeps
     its boundary (``pase.search.blocks``).
 
-    The choice rule is that of ``_eliminate`` with ``_min_dependent``; a heap of
+    The choice rule is ``_eliminate``'s with "smallest ``|d(v)|``, then smallest id"; a heap of
     ``(|d(v)|, id rank)`` keys replaces the scan of every unsequenced vertex per round,
     which made the loop quadratic (a key is stale once ``d(v)`` changed or ``v`` is
     sequenced, and is skipped when popped).

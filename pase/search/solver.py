@@ -23,6 +23,8 @@ import networkx as nx
 import numpy as np
 
 from pase.core.budget import default_table_budget
+from pase.core.errors import TooLarge
+from pase.core.units import format_bytes
 
 from pase.search.blocks import describe_blocks, find_block_runs, is_periodic
 from pase.search.ordering import Ordering, vertex_order, generate_seq, get_ordering
@@ -48,7 +50,7 @@ DEFAULT_CHUNK_ENTRIES = 1 << 17
 MAX_TABLE_AXES = 32
 
 
-class SearchTooLarge(MemoryError):
+class SearchTooLarge(TooLarge):
     """The search's tables would not fit the memory budget (or NumPy); raised before allocating.
 
     Attributes carry the estimate: ``estimate`` (a ``WorkEstimate``) and ``budget`` (bytes).
@@ -59,9 +61,9 @@ class SearchTooLarge(MemoryError):
         self.budget = budget
         if reason is None:
             reason = (
-                f"it needs about {_bytes(estimate.peak_bytes)} for {estimate.table_entries:.3g} table entries "
+                f"it needs about {format_bytes(estimate.peak_bytes)} for {estimate.table_entries:.3g} table entries "
                 f"(largest table {estimate.largest_table:.3g} entries, largest dependent set "
-                f"{estimate.max_dependent_set}), over the budget of {_bytes(budget)}"
+                f"{estimate.max_dependent_set}), over the budget of {format_bytes(budget)}"
             )
         super().__init__(f"the {estimate.ordering} search is too large: {reason}")
 
@@ -154,14 +156,6 @@ class SearchResult:
     def indices(self, vertices=None) -> list:
         """Configuration indices in ``vertices`` order (default: sorted vertex ids)."""
         return [self.choice[v] for v in (sorted(self.choice) if vertices is None else vertices)]
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.3g} {unit}"
-        n /= 1000.0
-    return f"{n:.3g} PB"  # pragma: no cover
 
 
 def _index_dtype(k: int):

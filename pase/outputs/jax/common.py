@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pase.core.errors import MissingDependency
+
 __all__ = ["INSTALL_HINT", "JaxMissing", "GRADIENT_FLOOR", "relative_error"]
 
 #: What to tell a user without jax.
 INSTALL_HINT = "jax is not installed: pip install '.[jax]'"
 
 
-class JaxMissing(ImportError):
+class JaxMissing(MissingDependency):
     """jax is not importable; the message says how to install it."""
 
 

@@ -46,6 +46,7 @@ from pase.outputs.jax.export import export_shardings, unpack_plan
 from pase.costing.memory import activation_elements, parameter_elements
 from pase.core.budget import memory_budget as share_of_available_memory
 from pase.costing.strategy import check_strategy, evaluate
+from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
 from .common import INSTALL_HINT, JaxMissing
@@ -67,7 +68,7 @@ DTYPES = {"float32": 4, "float64": 8}
 MEMORY_SHARE = 0.9
 
 
-class VerifyTooLarge(MemoryError):
+class VerifyTooLarge(TooLarge):
     """The run would need more memory than the budget; raised before anything starts.
 
     ``needed`` and ``budget`` are bytes.

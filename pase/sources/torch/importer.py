@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass
 
 from pase.model import layers as L
+from pase.core.errors import MissingDependency, PaseError
+from pase.core.optional import import_optional
 from pase.model.builder import GraphBuilder, Network
 
 __all__ = [
@@ -59,11 +61,11 @@ LOSSES = ("cross-entropy", None)
 # Errors
 
 
-class TorchImportError(ValueError):
+class TorchImportError(PaseError, ValueError):
     """A model that cannot be imported; the message says why in one line."""
 
 
-class TorchNotInstalledError(TorchImportError, ImportError):
+class TorchNotInstalledError(TorchImportError, MissingDependency):
     """PyTorch is missing: the message tells how to install it."""
 
     def __init__(self):
@@ -96,12 +98,8 @@ class _Unmappable(Exception):
 
 
 def _import_torch():
-    try:
-        import torch
-        import torch.export  # noqa: F401  (a separate submodule in some releases)
-    except ImportError:
-        raise TorchNotInstalledError() from None
-    return torch
+    # torch.export is a separate submodule in some releases.
+    return import_optional("torch", "torch.export", missing=TorchNotInstalledError)
 
 
 # ---------------------------------------------------------------------------------------
