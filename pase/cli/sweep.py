@@ -50,7 +50,7 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                 if opts.json:
                     line = format_json(refusal_dict(dp, "too_large", model, too_large=too_large), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, dp.total_cost, unit=machine.cost_unit)
+                    line = format_sweep_refusal(procs, dp.total_cost, machine=machine)
                 bar.write(line, file=out, end="")
                 continue
             if found.memory.status == NOTHING_FITS:
@@ -60,7 +60,7 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                     line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
                 else:
                     line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
-                                                machine.cost_unit)
+                                                machine)
                 bar.write(line, file=out, end="")
                 continue
             line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)

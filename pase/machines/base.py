@@ -125,3 +125,23 @@ class Machine(Protocol):
 
     def describe(self) -> dict:
         """The machine as used, for the JSON output."""
+
+    # How outputs show the machine and its costs: the report asks, never branches on the unit.
+
+    cost_suffix: str  # after the cost columns' headers, " ms" or ""
+    sweep_unit: str  # the unit named in the sweep's header
+
+    def header_line(self) -> str:
+        """``machine NAME: ...``: the machine in one line, after the devices and batch."""
+
+    def unit_line(self) -> str:
+        """The line under the header that says what a cost is."""
+
+    def cost_cell(self, cost: float) -> str:
+        """A cost in a table cell."""
+
+    def cost_text(self, cost: float) -> str:
+        """A total in the summary lines, in words."""
+
+    def json_keys(self) -> dict:
+        """Top-level keys of the JSON output next to ``"machine"`` (the paper machine's rates)."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from pase.machines.base import MEMORY_BOUND_KINDS
 from pase.core.fileio import read_json
+from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 
 __all__ = [
@@ -266,6 +267,32 @@ class CalibratedMachine:
     def describe(self) -> dict:
         """The description as used (JSON-able), for the JSON ``"machine"`` key."""
         return copy.deepcopy(self._description)
+
+    # How outputs show it (the protocol's presentation part) ------------------------------
+
+    #: Cost columns: milliseconds; the sweep header's unit.
+    cost_suffix = " ms"
+    sweep_unit = "seconds per training step (shown in ms)"
+
+    def header_line(self) -> str:
+        d = self._description
+        return (
+            f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+            f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
+            + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+        )
+
+    def unit_line(self) -> str:
+        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+
+    def cost_cell(self, cost: float) -> str:
+        return f"{1e3 * cost:.4f}"
+
+    def cost_text(self, cost: float) -> str:
+        return f"{format_seconds(cost)} per training step"
+
+    def json_keys(self) -> dict:
+        return {}
 
     def check_procs(self, procs) -> None:
         """``ValueError`` unless ``procs`` fits the nodes: at most one node, or whole nodes."""

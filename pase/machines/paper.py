@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pase.core.units import format_cost, format_seconds
+
 from .base import Group
 
 __all__ = ["Machine", "WORD_BYTES"]
@@ -99,3 +101,28 @@ class Machine:
     def describe(self) -> dict:
         """The machine as used, for the JSON output."""
         return {"name": self.name, "flops": float(self.flops), "bw": float(self.bw), "rho": self.rho}
+
+    # How outputs show it (the protocol's presentation part) ------------------------------
+
+    #: Cost columns: scientific notation, no unit suffix; the sweep header's unit.
+    cost_suffix = ""
+    sweep_unit = "FLOP-equivalents"
+
+    def header_line(self) -> str:
+        return (f"machine {self.name}: {self.flops:g} TFLOPS and {self.bw:g} GB/s per device "
+                f"(rho = {self.rho:g} FLOP per 8-byte word)")
+
+    def unit_line(self) -> str:
+        return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
+
+    def cost_cell(self, cost: float) -> str:
+        return format_cost(cost)
+
+    def cost_text(self, cost: float) -> str:
+        """A total with the time it takes one device at peak FLOPS."""
+        seconds = format_seconds(cost / (self.flops * 1e12))
+        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {self.flops:g} TFLOPS)"
+
+    def json_keys(self) -> dict:
+        """Top-level keys of the JSON output besides ``machine`` (kept from the first format)."""
+        return {"flops": float(self.flops), "bw": float(self.bw)}

@@ -22,10 +22,11 @@ from pase.costing.memory import ASSUMPTIONS, MemorySummary
 from pase.search.ordering import ordering_title
 from pase.planning.planner import Measurement, Plan
 from pase.core.units import format_bytes, format_cost, format_seconds
+from pase.machines.paper import Machine
 
 __all__ = [
-    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "layer_columns", "SWEEP_COLUMNS", "machine_line",
-    "format_cost", "format_seconds", "format_bytes", "split_notation",
+    "LayerRow", "layer_rows", "Column", "LAYER_COLUMNS", "layer_columns", "SWEEP_COLUMNS",
+    "format_cost", "format_seconds", "format_bytes", "split_notation", "format_columns",
     "format_table", "report_dict", "refusal_dict", "memory_dict", "format_json",
     "format_sweep_header", "format_sweep_row", "format_sweep_refusal",
     "format_measurement", "format_profile", "dot_graph",
@@ -125,11 +126,6 @@ def _edges(network: Network) -> list:
     return sorted((int(u), int(v)) for (u, v) in network.edges)
 
 
-def _seconds_per_step(plan: Plan, cost: float) -> float:
-    """A cost in FLOP-equivalents as seconds of one device at peak FLOPS."""
-    return cost / (plan.machine.flops * 1e12)
-
-
 # ---------------------------------------------------------------------------------------
 # Small formatting helpers
 
@@ -154,7 +150,7 @@ def _shape(domain: Sequence[int]) -> str:
     return "x".join(str(int(d)) for d in domain)
 
 
-def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], aligns: Sequence[str]) -> list:
+def format_columns(headers: Sequence[str], rows: Sequence[Sequence[str]], aligns: Sequence[str]) -> list:
     """Lines of a table with aligned columns (``aligns``: ``"<"`` or ``">"`` per column)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
@@ -177,17 +173,10 @@ class Column:
     align: str = "<"
 
 
-def _cost_cell(unit: str):
-    """Cells of one cost column: FLOP-equivalents in scientific notation, seconds as ms."""
-    if unit == SECONDS:
-        return lambda x: f"{1e3 * x:.4f}"
-    return format_cost
-
-
-def layer_columns(unit: str) -> tuple:
-    """The layer table, left to right, for costs in ``unit``."""
-    cell = _cost_cell(unit)
-    suffix = " ms" if unit == SECONDS else ""
+def layer_columns(machine=None) -> tuple:
+    """The layer table, left to right, for costs on ``machine`` (default the reference one)."""
+    machine = machine or Machine()
+    cell, suffix = machine.cost_cell, machine.cost_suffix
     return (
         Column("id", lambda r: str(r.id), ">"),
         Column("layer", lambda r: r.name),
@@ -203,29 +192,8 @@ def layer_columns(unit: str) -> tuple:
     )
 
 
-#: The unit of calibrated machines (``machines.md``); the reference machine's is FLOP-equivalents.
-SECONDS = "seconds"
 #: The layer table of the reference machine.
-LAYER_COLUMNS = layer_columns("flop-equivalents")
-
-
-def machine_line(machine) -> str:
-    """One line naming the machine and what it prices with."""
-    if machine.cost_unit != SECONDS:
-        return (f"machine {machine.name}: {machine.flops:g} TFLOPS and {machine.bw:g} GB/s per device "
-                f"(rho = {machine.rho:g} FLOP per 8-byte word)")
-    d = machine.describe()
-    return (
-        f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
-        f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
-        + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
-    )
-
-
-def unit_line(machine) -> str:
-    if machine.cost_unit == SECONDS:
-        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
-    return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
+LAYER_COLUMNS = layer_columns()
 
 
 def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
@@ -236,18 +204,13 @@ def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
     net = plan.network
     return [
         f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
-        f"devices {plan.procs}, batch {_batch_of(net)}; {machine_line(plan.machine)}",
-        unit_line(plan.machine),
+        f"devices {plan.procs}, batch {_batch_of(net)}; {plan.machine.header_line()}",
+        plan.machine.unit_line(),
     ]
 
 
 def _summary_lines(plan: Plan) -> list:
-    def with_time(cost):
-        if plan.machine.cost_unit == SECONDS:
-            return f"{format_seconds(cost)} per training step"
-        seconds = format_seconds(_seconds_per_step(plan, cost))
-        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {plan.machine.flops:g} TFLOPS)"
-
+    with_time = plan.machine.cost_text
     capped = plan.memory.status == "capped"
     label = "strategy cost" if plan.evaluated else "best fitting cost" if capped else "optimal total cost"
     speedup = plan.speedup
@@ -304,10 +267,10 @@ def format_table(plan: Plan, model: int | None = None, columns: Sequence[Column]
     """The default output: header, one row per layer, totals and search statistics.
 
     ``model`` is the graph's ``-m`` value, shown as ``model_name``."""
-    columns = columns or layer_columns(plan.machine.cost_unit)
+    columns = columns or layer_columns(plan.machine)
     rows = [[c.cell(r) for c in columns] for r in layer_rows(plan)]
     lines = _header_lines(plan, model, model_name) + [""]
-    lines += _columns([c.header for c in columns], rows, [c.align for c in columns])
+    lines += format_columns([c.header for c in columns], rows, [c.align for c in columns])
     lines += ["", *_summary_lines(plan)]
     lines.append("(K: valid configurations of the layer; compute and communication: the layer's own cost; "
                  "edge cost: redistributing the tensors it reads; memory: per device, parameters and outputs)")
@@ -381,10 +344,7 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
 
 def _machine_keys(machine) -> dict:
     """The machine keys of the JSON: ``flops``/``bw`` for the reference machine, the unit, the machine."""
-    keys = {}
-    if machine.cost_unit != SECONDS:
-        keys = {"flops": float(machine.flops), "bw": float(machine.bw)}
-    return {**keys, "cost_unit": machine.cost_unit, "machine": machine.describe()}
+    return {**machine.json_keys(), "cost_unit": machine.cost_unit, "machine": machine.describe()}
 
 
 def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=None) -> dict:
@@ -468,9 +428,8 @@ def format_sweep_header(graph: str, batch: int, machine, model: int | None = Non
                         model_name: str = "model width") -> str:
     """Title and column headers of a sweep table."""
     model = f", {model_name} {model}" if model is not None else ""
-    unit = "seconds per training step (shown in ms)" if machine.cost_unit == SECONDS else "FLOP-equivalents"
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; {machine_line(machine)}; costs in {unit}\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}; {machine.header_line()}; costs in {machine.sweep_unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 
@@ -488,7 +447,7 @@ def format_sweep_row(plan: Plan) -> str:
     """One sweep row: devices, optimum, data-parallel cost, speedup, search seconds, memory."""
     speedup = plan.speedup
     m = plan.memory
-    cost = _cost_cell(plan.machine.cost_unit)
+    cost = plan.machine.cost_cell
     return _sweep_line([
         str(plan.procs),
         cost(plan.total_cost),
@@ -502,11 +461,11 @@ def format_sweep_row(plan: Plan) -> str:
 
 
 def format_sweep_refusal(procs: int, data_parallel_cost: float, reason: str = "too large",
-                         memory: MemorySummary | None = None, unit: str = "flop-equivalents") -> str:
+                         memory: MemorySummary | None = None, machine=None) -> str:
     """A sweep row for a device count with no answer: its search was too large (the
     paper's "OOM" cells) or nothing fits the memory cap (``reason``)."""
     return _sweep_line([
-        str(procs), reason, _cost_cell(unit)(data_parallel_cost), "-",
+        str(procs), reason, (machine or Machine()).cost_cell(data_parallel_cost), "-",
         "-" if memory is None or memory.least_bytes is None else format_bytes(memory.least_bytes),
         "-" if memory is None else format_bytes(memory.data_parallel_per_device_bytes),
         "-" if memory is None else "memory: least",

@@ -49,6 +49,8 @@ from pase.costing.strategy import check_strategy, evaluate
 from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
+from pase.outputs.report import format_columns
+
 from .common import INSTALL_HINT, JaxMissing
 from .hlo import Collective, collective_bytes, xla_notes
 
@@ -374,11 +376,7 @@ class VerifyResult:
         total = _ratio(self.xla_total, self.modelled_total)
         rows.append(["", "total", "", format_bytes(layer_m), format_bytes(layer_x), format_bytes(edge_m),
                      format_bytes(edge_x), "-" if total is None else f"{total:.2f}", ""])
-        widths = [max(len(r[i]) for r in rows + [headers]) for i in range(len(headers))]
-        right = {0, 3, 4, 5, 6, 7}
-        for row in [headers] + rows:
-            cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
-            lines.append("  ".join(cells).rstrip())
+        lines += format_columns(headers, rows, [">", "<", "<", ">", ">", ">", ">", ">", "<"])
         lines += [f"note: {n}" for n in self.notes]
         lines.append(
             f"seconds: compile {self.seconds.get('compile', 0):.1f}, sharded run {self.seconds.get('run', 0):.1f}, "
