@@ -301,3 +301,11 @@ def test_export_takes_a_plan():
         export_shardings(net)
     with pytest.raises(TypeError, match="expected a pase.Plan or a Network"):
         export_shardings("alexnet", [], 4)
+
+
+def test_every_layer_type_has_a_jax_function():
+    # A new layer type is one class in pase/model/layers plus its function in OPS.
+    from pase.model.layers import LAYER_TYPES
+    from pase.outputs.jax.program import OPS
+
+    assert sorted(OPS) == sorted(LAYER_TYPES)

@@ -4,7 +4,6 @@ options, profiling, printing a plan and writing the requested files."""
 from __future__ import annotations
 
 import cProfile
-import json
 from typing import IO
 
 from pase.core.fileio import InputError, check_writable, write_atomic
@@ -14,7 +13,6 @@ from pase.outputs.report import (
     dot_graph, format_bytes, format_json, format_measurement, format_profile, format_table, report_dict,
 )
 from pase.planning.planner import Plan, plan
-from pase.sources import graph_json
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load
 
@@ -23,7 +21,11 @@ from .options import PROFILE_LIMIT, Options
 from .progress import Progress, notice, show_progress
 from .status import ExitStatus
 
-__all__ = ["load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options", "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "export_jax", "run_verify", "export_graph", "verified_status"]
+__all__ = [
+    "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
+    "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
+    "verified_status",
+]
 
 
 def load_network(opts: Options, model_from_file: bool = False):
@@ -139,22 +141,20 @@ def check_outputs(opts: Options) -> None:
     """Refuse unwritable output paths before any work."""
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
-    if opts.export_graph is not None:
-        check_writable(opts.export_graph, "graph file")
-    if opts.export_jax is not None:
-        check_writable(opts.export_jax, "JAX shardings")
+    for exporter, path in opts.exports:
+        check_writable(path, exporter.what)
 
-def export_jax(opts: Options, found: Plan) -> None:
-    """--export-jax: the plan's mesh and shardings (pure Python: no JAX needed)."""
-    if opts.export_jax is None:
-        return
-    from pase.outputs.jax.export import export_shardings
 
-    try:
-        text = json.dumps(export_shardings(found), indent=1)
-    except ValueError as error:  # a configuration on a number of devices that does not divide p
-        raise CliError(f"--export-jax: {error}") from None
-    write_atomic(opts.export_jax, text + "\n", "JAX shardings")
+def write_exports(opts: Options, of: str, value) -> None:
+    """Write the file of every ``--export-*`` flag given that exports ``of`` (a network or a plan)."""
+    for exporter, path in opts.exports:
+        if exporter.of == of:
+            try:
+                text = exporter.text(value)
+            except ValueError as error:  # a configuration on a number of devices that does not divide p
+                raise CliError(f"{exporter.flag}: {error}") from None
+            write_atomic(path, text, exporter.what)
+
 
 def run_verify(opts: Options, found: Plan):
     """--verify: run the plan on XLA host devices in a child process (``pase.outputs.jax.verify``)."""
@@ -169,10 +169,6 @@ def run_verify(opts: Options, found: Plan):
         raise CliError(str(error), ExitStatus.USAGE) from None
     except (ValueError, RuntimeError) as error:
         raise CliError(f"--verify {opts.verify}: {error}") from None
-
-def export_graph(opts: Options, network) -> None:
-    if opts.export_graph is not None:
-        write_atomic(opts.export_graph, graph_json.dumps(network), "graph file")
 
 def verified_status(verified, err: IO) -> int:
     if verified is not None and not verified.ok:

@@ -15,7 +15,7 @@ from pase.planning.planner import evaluate_plan, strategy_from_json
 from pase.sources.builtin import GRAPHS
 
 from .common import (
-    Profiler, check_outputs, export_graph, export_jax, load_checked_machine, load_network, memory_cap, print_plan,
+    Profiler, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
     run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -129,7 +129,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts, model_from_file=args.model is None and "model" in settings)
     check_outputs(opts)
-    export_graph(opts, network)
+    write_exports(opts, "network", network)
     with Profiler(opts.profile) as profiler:
         try:
             found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, memory_cap(opts, machine))
@@ -137,7 +137,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
             raise CliError(f"{where}: {error}") from None
     if opts.dot_path is not None:
         write_dot(opts, network, found.configs)
-    export_jax(opts, found)
+    write_exports(opts, "plan", found)
     verified = run_verify(opts, found)
     print_plan(found, opts, out, verified=verified)
     profiler.write(opts, out, err)

@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from pase.costing.memory import MemoryModel
+from pase.outputs.exporters import EXPORTERS
 from pase.search.ordering import ORDERINGS
 from pase.sources.builtin import DEFAULT_BATCH as BUILTIN_BATCH
 
@@ -78,10 +79,9 @@ class Options:
     sweep: tuple | None = None  # --sweep: device counts
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
-    export_graph: str | None = None  # --export-graph: where to write the JSON graph file
     loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
-    export_jax: str | None = None  # --export-jax: where to write the plan's JAX shardings
+    exports: tuple = ()  # (Exporter, path) of every --export-* flag given
     verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
@@ -125,8 +125,10 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
                                ExitStatus.USAGE)
     if args.sweep is not None and args.verify is not None:
         raise CliError("--verify runs one plan; it cannot be combined with --sweep", ExitStatus.USAGE)
-    if args.sweep is not None and args.export_jax is not None:
-        raise CliError("--export-jax writes one plan; it cannot be combined with --sweep", ExitStatus.USAGE)
+    exports = tuple((e, getattr(args, e.dest)) for e in EXPORTERS if getattr(args, e.dest) is not None)
+    for exporter, _ in exports:
+        if args.sweep is not None and exporter.of == "plan":
+            raise CliError(f"{exporter.flag} writes one plan; it cannot be combined with --sweep", ExitStatus.USAGE)
     if args.measure and args.memory is not None:
         raise CliError("--measure times the unconstrained search; drop --memory", ExitStatus.USAGE)
     dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
@@ -145,10 +147,9 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         sweep=args.sweep,
         evaluate=args.evaluate,
         dot_path=dot_path,
-        export_graph=args.export_graph,
         loss=args.loss,
         blocks=not args.no_blocks,
-        export_jax=args.export_jax,
+        exports=exports,
         verify=args.verify,
         profile=args.profile,
         measure=args.measure,

@@ -10,6 +10,7 @@ from typing import IO
 from pase import __version__
 from pase.costing.memory import ASSUMPTIONS
 from pase.machines.registry import MACHINE_NAMES
+from pase.outputs.exporters import EXPORTERS
 from pase.sources.builtin import GRAPHS
 from pase.sources.registry import graph_help
 
@@ -124,11 +125,8 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("--loss", choices=LOSSES, default=None,
         help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
-    add("--export-graph", metavar="FILE", default=None,
-        help="also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back.")
-    add("--export-jax", metavar="FILE", default=None,
-        help="also write the plan's device mesh and the PartitionSpec of every layer's inputs, outputs "
-             "and weights as JSON, for JAX (no JAX needed to write it).")
+    for exporter in EXPORTERS:
+        add(exporter.flag, metavar="FILE", default=None, help=exporter.help)
     add("--verify", choices=VERIFIERS, default=None,
         help="run the plan's training step (forward and backward) sharded on p XLA host devices and "
              "check the loss and every gradient against the unsharded run (jax: float32, jax64: float64); "

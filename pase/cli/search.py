@@ -8,7 +8,7 @@ from pase.planning.planner import measure_search
 from pase.search.capped import NOTHING_FITS
 
 from .common import (
-    Profiler, check_outputs, export_graph, export_jax, load_checked_machine, load_network, nothing_fits_message,
+    Profiler, check_outputs, write_exports, load_checked_machine, load_network, nothing_fits_message,
     plan_with_options, print_plan, run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -22,7 +22,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts)
     check_outputs(opts)
-    export_graph(opts, network)
+    write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)
     with profiler:
         found = plan_with_options(network, opts.procs, machine, opts, err)
@@ -31,7 +31,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
     if opts.dot_path is not None:
         write_dot(opts, network, found.configs)
-    export_jax(opts, found)
+    write_exports(opts, "plan", found)
     verified = run_verify(opts, found)
     print_plan(found, opts, out, measurement, verified)
     profiler.write(opts, out, err)

@@ -15,7 +15,7 @@ from pase.search.capped import NOTHING_FITS
 from pase.search.solver import SearchTooLarge
 
 from .common import (
-    Profiler, check_outputs, effective_model, export_graph, load_checked_machine, load_network, model_name,
+    Profiler, check_outputs, effective_model, write_exports, load_checked_machine, load_network, model_name,
     nothing_fits_message, plan_with_options, write_dot,
 )
 from .options import Options
@@ -29,7 +29,7 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, opts.sweep)
     network = load_network(opts)
     check_outputs(opts)
-    export_graph(opts, network)
+    write_exports(opts, "network", network)
     model = effective_model(opts)
     if not opts.json:
         out.write(format_sweep_header(network.name, network.batch, machine, model, model_name(opts)))

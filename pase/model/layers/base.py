@@ -193,6 +193,12 @@ class Layer:
     op: ClassVar[str | None] = None
     #: Keep only contiguous configurations (Ravel, Unravel).
     contiguous: ClassVar[bool] = False
+    #: Names of the layer's own weights, in ``parameters()`` order, for the exporters
+    #: (``NAME.scale``); None: ``NAME.weight`` (``NAME.weight0``, ... for several).
+    weight_names: ClassVar[tuple | None] = None
+    #: A table lookup (Embedding): its first input is a one-hot of token ids over its last
+    #: axis, which runners feed as the ids, and its weight input is its own table.
+    lookup_table: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

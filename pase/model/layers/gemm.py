@@ -177,6 +177,7 @@ class Embedding(Einsum):
     """
 
     op = "Embedding"
+    lookup_table = True
 
     def __init__(self, ids: Tensor, vocab: int, width: int, letters: str | None = None):
         ids = check_tensor(ids, "Embedding ids")

@@ -66,6 +66,7 @@ class Norm(_ShapeOfInput):
     """
 
     op = "Norm"
+    weight_names = ("scale", "bias")
     #: Learnt tensors of length ``dom[axis]`` (scale and bias).
     n_params = 2
 

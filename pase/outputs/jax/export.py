@@ -173,8 +173,8 @@ def partition_spec(dims: Sequence[tuple], axes: Sequence[list], names: Sequence[
 def _weight_names(layer: Layer, name: str) -> list:
     """Names of the implicit weights of a layer, in ``parameters()`` order."""
     count = len(layer.parameters())
-    if layer.op in ("Norm", "BatchNorm", "RMSNorm"):
-        return [f"{name}.scale", f"{name}.bias"][:count]
+    if layer.weight_names is not None:
+        return [f"{name}.{w}" for w in layer.weight_names][:count]
     if count == 1:
         return [f"{name}.weight"]
     return [f"{name}.weight{i}" for i in range(count)]
@@ -236,13 +236,13 @@ def export_shardings(network, configs: Sequence[Sequence[int]] | None = None, pr
         for t, dims in zip(layer.inputs, spanned["inputs"]):
             entry = {"name": t.name, "shape": list(t.shape), "spec": partition_spec(dims, axes, names)}
             if t.is_param:  # a weight that is a graph input (Einsum, Embedding)
-                if layer.op == "Embedding":
+                if layer.lookup_table:
                     entry["name"] = f"{name}.weight"  # its tensor name is generic
                 weights.append(entry)
             else:
                 entry["producer"] = None if t.producer is None else network.names[t.producer]
                 inputs.append(entry)
-        if layer.op == "Embedding":
+        if layer.lookup_table:
             # The cost model's one-hot (ids..., V) is never built: the input is the ids.
             one_hot = inputs[0]
             inputs[0] = dict(one_hot, shape=one_hot["shape"][:-1], spec=one_hot["spec"][:-1])

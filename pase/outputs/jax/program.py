@@ -270,7 +270,7 @@ class _Program:
                     data_keys.append(None)
                 elif t.is_param:
                     w = next(weights)
-                    if layer.op == "Embedding":  # its table is its own, whatever the tensor
+                    if layer.lookup_table:  # its table is its own, whatever the tensor
                         key = w["name"]
                     else:  # a graph weight, shared by the layers that read it
                         key = names_of.setdefault(t.key, t.name if t.name and t.name not in self.params
@@ -283,7 +283,7 @@ class _Program:
                 else:
                     key = f"input{t.index}:{t.name}"
                     if key not in self.data:
-                        if layer.op == "Embedding" and i == 0:
+                        if layer.lookup_table and i == 0:
                             self.data[key] = rng.randint(0, layer.domain[-1], size=t.shape[:-1]).astype(np.int32)
                         else:
                             self.data[key] = rng.standard_normal(t.shape).astype(self.dtype)
