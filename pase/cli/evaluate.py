@@ -9,8 +9,7 @@ from dataclasses import replace
 from typing import IO
 
 from pase.core.fileio import InputError, read_json
-from pase.machines.calibrated import PRESETS, load_description
-from pase.machines.registry import MACHINE_NAMES
+from pase.machines.registry import MACHINE_NAMES, preset_of
 from pase.planning.planner import evaluate_plan, strategy_from_json
 from pase.sources.builtin import GRAPHS
 
@@ -47,12 +46,8 @@ _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops":
 def _recorded_machine(recorded: dict):
     """``(name, None)`` for the reference machine or a preset recorded in a plan, else
     ``(None, name)``: a machine from a file (a file may reuse a preset's name with other figures)."""
-    name = recorded.get("name")
-    if name == "paper" and set(recorded) <= {"name", "flops", "bw", "rho"}:
-        return name, None
-    if name in PRESETS and recorded == load_description(name):
-        return name, None
-    return None, name
+    name = preset_of(recorded)
+    return (name, None) if name is not None else (None, recorded.get("name"))
 
 def _read_strategy_file(path: str) -> tuple:
     """``(configs, settings, where, extra)`` from a strategy file; ``CliError`` for anything malformed.

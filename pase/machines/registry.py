@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import Machine
-from .calibrated import PRESETS as CALIBRATED_PRESETS, load_calibrated
+from .calibrated import PRESETS as CALIBRATED_PRESETS, load_calibrated, load_description
 from .paper import Machine as PaperMachine
 
-__all__ = ["PRESETS", "MACHINE_NAMES", "load_machine"]
+__all__ = ["PRESETS", "MACHINE_NAMES", "load_machine", "preset_of"]
 
 
 def _paper(name: str, flops: float | None, bw: float | None) -> PaperMachine:
@@ -31,6 +31,18 @@ PRESETS: dict[str, Callable[[str, float | None, float | None], Machine]] = {
     "paper": _paper,
     **{name: _calibrated for name in CALIBRATED_PRESETS},
 }
+def _is_paper(recorded: dict) -> bool:
+    # Its rates are settings of their own (--flops, --bw); the name says the kind.
+    return set(recorded) <= {"name", "flops", "bw", "rho"}
+
+
+def _is_calibrated_preset(recorded: dict) -> bool:
+    # A machine file may reuse a preset's name with other figures: the whole description must match.
+    return recorded == load_description(recorded["name"])
+
+
+#: Preset name -> ``recorded(describe())``: whether a machine a plan recorded is that preset.
+RECORDED = {"paper": _is_paper, **{name: _is_calibrated_preset for name in CALIBRATED_PRESETS}}
 #: What builds a machine that is not a preset: a machine description file.
 FROM_FILE = _calibrated
 #: The names ``--machine`` takes, the reference machine first.
@@ -44,3 +56,10 @@ def load_machine(spec: str = "paper", flops: float | None = None, bw: float | No
     Raises ``ValueError`` with one clear line for an unknown name or a bad description.
     """
     return PRESETS.get(spec, FROM_FILE)(spec, flops, bw)
+
+
+def preset_of(recorded: dict) -> str | None:
+    """The preset that a machine recorded in a plan (its ``describe()``) is, or None for a
+    machine from a file."""
+    name = recorded.get("name")
+    return name if name in RECORDED and RECORDED[name](recorded) else None
