@@ -43,7 +43,7 @@ def layer_groups(cases=CASES, procs=PROCS) -> list:
             seen = set()
             for layer, lname, C in zip(net.layers, net.names, net.configs(p)):
                 if not isinstance(layer, Einsum) or isinstance(layer, Embedding):
-                    continue  # Embedding is a gather (machines.md), not a GEMM
+                    continue  # Embedding is a gather (docs/machines.md), not a GEMM
                 key = (layer.equation, layer.domain)
                 if key in seen:
                     continue

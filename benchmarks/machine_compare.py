@@ -170,7 +170,7 @@ def block_rows(r: dict, block: str = "block1.") -> list:
 def placements(layer, config, devices_per_node: int = 8) -> list:
     """Where every split dimension of one configuration lands in the device layout.
 
-    The layout is that of ``machines.md`` ("Placement"): the batch dimension outermost, then
+    The layout is that of ``docs/machines.md`` ("Placement"): the batch dimension outermost, then
     the others in iteration-space order, the last innermost. For each dimension ``j`` split
     ``c > 1`` ways: its letter, ``c``, its stride ``s`` (``pase.machines.paper.layout_strides``), the
     group of device 0 along it (``0, s, ..., (c-1) s``: the devices that share its collective),
@@ -212,7 +212,7 @@ def placement_text(pl: dict) -> str:
 
 
 def collective_of(layer, dim: int) -> str:
-    """Which communication of the layer's cost runs over dimension ``dim`` (``cost-model.md``)."""
+    """Which communication of the layer's cost runs over dimension ``dim`` (``docs/cost-model.md``)."""
     letter = layer.dims[dim]
     if isinstance(layer, Einsum):  # Embedding too: priced as its Einsum's collectives
         a, b = (t.is_param for t in layer.inputs)
@@ -345,7 +345,7 @@ def placement_section(r: dict, h100) -> list:
         "",
         f"Devices `0..{r['procs'] - 1}`, node = device // {g}. Every configuration is laid out row-major",
         "with the batch dimension outermost, then the others in iteration-space order (`dims`),",
-        "the last innermost (`machines.md`); a dimension's stride is the product of the splits laid",
+        "the last innermost (`docs/machines.md`); a dimension's stride is the product of the splits laid",
         "inside it. The devices sharing a split (its collective) are device 0's group `0, s, ...,",
         "(c-1) s`; it lies in one node when `c s <= 8`, else it spans `nodes x members per node`.",
         "`collective`: what the layer's cost communicates over that dimension (AR: ring",
@@ -356,7 +356,7 @@ def placement_section(r: dict, h100) -> list:
         "crossing nodes costs. A layer whose configuration uses `c < p` devices (the table of",
         "`pase` shows it as replicated `p / c` times) is laid out on its `c` devices as on",
         "`0..c-1`, so its groups may all lie in one node; edges are priced at the inter-node",
-        "bandwidth whenever p > 8 (`machines.md`).",
+        "bandwidth whenever p > 8 (`docs/machines.md`).",
         "Layers: block 1 (every block is the same) and the layers outside the",
         f"blocks. Megatron expert: mesh {m} x {n} (batch {m} ways, heads / ff / vocabulary {n} ways).",
         "",
@@ -442,7 +442,7 @@ def main(argv=None) -> int:
         "needs more than 80 GB per device); `over DP`: against DP; `over Megatron`: against the",
         "Megatron mesh, or where it does not fit against the fastest mesh that does (named).",
         "Memory: GB per device (parameters with mixed-precision Adam and all activations,",
-        "`memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's outcome",
+        "`docs/memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's outcome",
         "(`capped`: the unconstrained optimum did not fit and a fitting strategy was found;",
         "`nothing-fits`: no strategy fits, the least-memory one is shown).",
         "",

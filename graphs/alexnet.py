@@ -1,4 +1,4 @@
-"""AlexNet (``graphs.md``): a path of 14 vertices, five convolutions and three FC layers."""
+"""AlexNet (``docs/graphs.md``): a path of 14 vertices, five convolutions and three FC layers."""
 
 from __future__ import annotations
 

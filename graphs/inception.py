@@ -1,4 +1,4 @@
-"""InceptionV3 (``graphs.md``): 219 vertices of inception modules A-E, cut-off 4.
+"""InceptionV3 (``docs/graphs.md``): 219 vertices of inception modules A-E, cut-off 4.
 
 Module names follow the usual ``mixed5b`` ... ``mixed7c``; branches are ``b0``, ``b1``, ...
 """

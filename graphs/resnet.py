@@ -1,4 +1,4 @@
-"""ResNet-101 (``graphs.md``): 245 vertices of bottleneck blocks, cut-off 4."""
+"""ResNet-101 (``docs/graphs.md``): 245 vertices of bottleneck blocks, cut-off 4."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RNNLM (``graphs.md``): embedding, a two-layer LSTM, the output FC and the loss."""
+"""RNNLM (``docs/graphs.md``): embedding, a two-layer LSTM, the output FC and the loss."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The encoder-decoder Transformer (``graphs.md``): 6 + 6 layers, 204 vertices.
+"""The encoder-decoder Transformer (``docs/graphs.md``): 6 + 6 layers, 204 vertices.
 
 The encoder output feeds all six encoder-decoder attentions: a high-degree vertex with a
 long live range, which makes this graph the hardest for the search.

@@ -1,4 +1,4 @@
-"""Edge (redistribution) costs and the graph builder (``spec/cost-model.md``, "Edge cost").
+"""Edge (redistribution) costs and the graph builder (``docs/cost-model.md``, "Edge cost").
 
 For a tensor of shape ``t`` left split ``s`` and needed split ``g``: ``src = t/s``,
 ``tgt = t/g``; ``overlap = 0`` if ``prod(g) > prod(s)`` else ``prod(min(tgt, src))``;

@@ -1,6 +1,6 @@
 """Calibrated machines (``pase/calibrated.py``): collectives by hand, placement, compute, descriptions.
 
-Every expected number is worked out by hand from ``machines.md`` and the h100-sxm description:
+Every expected number is worked out by hand from ``docs/machines.md`` and the h100-sxm description:
 B_in = 450 GB/s, a_in = 3 us, B_out = 50 GB/s, a_out = 10 us, 2 bytes per activation element,
 4 per weight-gradient element, 8 devices per node.
 """
@@ -33,7 +33,7 @@ def Group(sizes, strides):
     return _Group(np.atleast_2d(np.asarray(sizes, dtype=np.int64)), np.atleast_2d(np.asarray(strides, dtype=np.int64)))
 
 
-SPEC_EXAMPLE = {  # machines.md, "The description", verbatim
+SPEC_EXAMPLE = {  # docs/machines.md, "The description", verbatim
     "name": "h100-sxm",
     "devices_per_node": 8,
     "memory_gb": 80,

@@ -1,4 +1,4 @@
-"""The memory-capped search (``spec/memory.md``, "The capped search") against brute force.
+"""The memory-capped search (``docs/memory.md``, "The capped search") against brute force.
 
 Two levels are tested:
 
@@ -142,7 +142,7 @@ def layer_case(seed):
 
 
 def own_layer_memory(layer, config, model):
-    """Bytes of one layer under one configuration, from ``memory.md`` written out again."""
+    """Bytes of one layer under one configuration, from ``docs/memory.md`` written out again."""
     dom, c = layer.domain, config
     if isinstance(layer, FC):
         # Weight (n, k): the last two dims; output: every dim but k.
@@ -347,7 +347,7 @@ def test_non_positive_cap_is_rejected(cap):
 # ---------------------------------------------------------------------------------------
 # The command-line case of the issue: gpt3-6.7b, p = 32, batch 128, cap 80 GB.
 
-# From the shapes (graphs.md): one sample's activations are 13,384,548,352 elements,
+# From the shapes (docs/graphs.md): one sample's activations are 13,384,548,352 elements,
 # 26,769,096,704 bytes in fp16 (see tests/test_gpt.py for the breakdown); 128 samples:
 # 3,426,444,378,112 bytes, about 3.4 TB. Parameters: 6,855,073,792 * 16 = 109,681,180,672 bytes.
 # Every layer has a configuration dividing both its parameters and its output 32 ways

@@ -1,4 +1,4 @@
-"""End-to-end tests of the command line (``cli.md``), in-process through ``main(argv)``.
+"""End-to-end tests of the command line (``docs/cli.md``), in-process through ``main(argv)``.
 
 Expected figures come from the independent fixtures in ``tests/data/reference`` (optimal
 totals, per-vertex structure, costs of given strategies) or from the library called
@@ -187,7 +187,7 @@ def test_json_matches_reference_structure_and_optimum(graph, procs):
     data = run_json("-g", graph, "-p", procs)
     ref = load_reference(os.path.join("graphs", f"{graph}-p{procs}.json"))
     assert [(l["domain"], l["configs"]) for l in data["layers"]] == [(n["domain"], n["configs"]) for n in ref["nodes"]]
-    # The fixture names the layer types of cost-model.md; the JSON may name a subtype
+    # The fixture names the layer types of docs/cost-model.md; the JSON may name a subtype
     # (Embedding is an Einsum, BatchNorm a Norm).
     for layer, node in zip(data["layers"], ref["nodes"]):
         assert issubclass(getattr(pase.model.layers, layer["op"]), getattr(pase.model.layers, node["op"])), (layer, node)

@@ -1,4 +1,4 @@
-"""The memory flags of the command line: --memory, --param-bytes, --act-bytes (memory.md)."""
+"""The memory flags of the command line: --memory, --param-bytes, --act-bytes (docs/memory.md)."""
 
 from __future__ import annotations
 

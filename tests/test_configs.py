@@ -1,4 +1,4 @@
-"""Tests of configuration enumeration (``spec/cost-model.md``, "Iteration spaces and configurations").
+"""Tests of configuration enumeration (``docs/cost-model.md``, "Iteration spaces and configurations").
 
 Rule: per dimension ``d``, the divisors ``e`` with ``d / e >= t`` (or only 1 if none);
 Cartesian product; keep products ``<= p``. Forced-unsplit dimensions behave as size 1.

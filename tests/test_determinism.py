@@ -1,4 +1,4 @@
-"""Deterministic output (house rules; spec search.md: ties by vertex id and configuration index).
+"""Deterministic output (house rules; spec docs/search.md: ties by vertex id and configuration index).
 
 The same strategy must come out under any ``PYTHONHASHSEED`` (the orderings keep Python
 sets, whose iteration order for string ids depends on the hash seed), whatever the

@@ -1,4 +1,4 @@
-"""The GPT graphs of ``spec/graphs.md`` and their memory (``spec/memory.md``).
+"""The GPT graphs of ``docs/graphs.md`` and their memory (``docs/memory.md``).
 
 Structure, names and parameter counts are checked against the spec's table and vertex
 list, written out again here; the data-parallel memory of gpt3-6.7b is checked against a

@@ -1,4 +1,4 @@
-"""The five built-in graphs against the independent reference fixtures (``spec/graphs.md``).
+"""The five built-in graphs against the independent reference fixtures (``docs/graphs.md``).
 
 ``tests/data/reference/graphs/<graph>-p<procs>.json`` lists, per vertex id, the iteration
 space and the number of valid configurations, and the edge list, at batch 128;
@@ -36,7 +36,7 @@ def networks():
 
 
 def test_registry_has_the_five_graphs():
-    # Other graphs (the GPT family of graphs.md) may be registered too.
+    # Other graphs (the GPT family of docs/graphs.md) may be registered too.
     assert set(NAMES) <= set(graphs.GRAPHS)
     for name in NAMES:
         assert graphs.GRAPHS[name].name == name
@@ -95,7 +95,7 @@ def test_names_spot_check(networks):
 
 
 def test_cutoffs(networks):
-    # t = 4 for the CNNs, 1 for rnnlm and the transformer (cost-model.md).
+    # t = 4 for the CNNs, 1 for rnnlm and the transformer (docs/cost-model.md).
     assert {n: networks[n].cutoff for n in NAMES} == {
         "alexnet": 4, "resnet101": 4, "inception3": 4, "rnnlm": 1, "transformer": 1,
     }

@@ -116,7 +116,7 @@ def test_partition_spec_joins_the_axes_of_spanned_dims():
 
 
 # ---------------------------------------------------------------------------------------
-# Which iteration-space dims every tensor dim spans, per layer type (from cost-model.md)
+# Which iteration-space dims every tensor dim spans, per layer type (from docs/cost-model.md)
 
 
 def _layer(build):

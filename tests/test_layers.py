@@ -1,4 +1,4 @@
-"""Hand-worked tests of every layer type of ``spec/cost-model.md`` ("Layer types").
+"""Hand-worked tests of every layer type of ``docs/cost-model.md`` ("Layer types").
 
 Each layer gets a tiny shape and a few configurations whose cost is worked out by hand
 in a comment, with its compute, all-reduce and halo/hand-over terms written separately.

@@ -1,4 +1,4 @@
-"""Tests of ``pase.machines.paper.Machine`` against ``spec/cost-model.md`` ("Machine").
+"""Tests of ``pase.machines.paper.Machine`` against ``docs/cost-model.md`` ("Machine").
 
 ``rho = (F * 1000) / (B / 8)``, ``comm(w) = rho * w`` and the ring all-reduce
 ``AR(w, q) = rho * (w / q) * 2 * (q - 1)``; every expected value below is worked out by hand.

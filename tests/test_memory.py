@@ -1,4 +1,4 @@
-"""Hand-worked tests of the per-device memory model (``spec/memory.md``).
+"""Hand-worked tests of the per-device memory model (``docs/memory.md``).
 
 For layer ``v`` under configuration ``c``:
 ``mem(v, c) = param_bytes * P(c) + act_bytes * A(c)`` where
@@ -54,7 +54,7 @@ def _check(layer, rows, params, acts, default_bytes, other=None, other_bytes=Non
 
 
 def test_default_bytes_are_mixed_precision_adam():
-    # memory.md: 2 (fp16 weight) + 2 (fp16 gradient) + 4 + 4 + 4 (fp32 master, Adam m, v) = 16;
+    # docs/memory.md: 2 (fp16 weight) + 2 (fp16 gradient) + 4 + 4 + 4 (fp32 master, Adam m, v) = 16;
     # activations fp16 = 2.
     assert DEFAULT.param_bytes == 16
     assert DEFAULT.act_bytes == 2

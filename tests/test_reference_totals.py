@@ -1,4 +1,4 @@
-"""Optimal totals of the built-in graphs against the independent reference (spec search.md).
+"""Optimal totals of the built-in graphs against the independent reference (spec docs/search.md).
 
 ``tests/data/reference/totals.json`` holds optima computed independently of this project;
 every case must be reproduced to a relative error of 1e-9. GenerateSeq and breadth-first

@@ -1,4 +1,4 @@
-"""The exact search (paper Eq. 4 / Fig. 4, Theorem 1; spec search.md).
+"""The exact search (paper Eq. 4 / Fig. 4, Theorem 1; spec docs/search.md).
 
 Exactness is shown against exhaustive enumeration (``itertools.product`` over every
 strategy) on a few hundred seeded random graphs, for GenerateSeq, breadth-first and random
@@ -444,7 +444,7 @@ def test_bad_run_arguments_raise_value_error():
 
 
 def _expected_work(G, sequence):
-    """Table entries, largest table and M from the definition of D(i) (spec search.md)."""
+    """Table entries, largest table and M from the definition of D(i) (spec docs/search.md)."""
     definition = _dependent_by_definition(G, sequence)
     K = {v: len(G.nodes[v]["cost"]) for v in G}
     sizes = [math.prod(K[u] for u in definition[v][0] | {v}) for v in sequence]

@@ -1,4 +1,4 @@
-"""Per-device memory of a strategy (``memory.md``): a separate, named model.
+"""Per-device memory of a strategy (``docs/memory.md``): a separate, named model.
 
 Parameters count ``param_bytes`` per element (fp16 weight and gradient plus fp32 master
 weight and Adam moments by default), activations ``act_bytes`` per element (fp16). Every

@@ -25,7 +25,7 @@ def layout_strides(C: np.ndarray, batch_dim: int) -> np.ndarray:
 
     A configuration lays its parts on devices ``0, 1, ...`` row-major with the batch dimension
     outermost, then the other dimensions in iteration-space order, the last one innermost
-    (``machines.md``, "Placement"). A dimension's stride is the product of the splits placed
+    (``docs/machines.md``, "Placement"). A dimension's stride is the product of the splits placed
     inside it.
 
     >>> layout_strides(np.array([[2, 4, 2]]), batch_dim=1).tolist()
@@ -88,7 +88,7 @@ class Group:
 
         Per dimension ``min(c, max(1, g // stride))``, multiplied over the dimensions: the
         whole group when it fits in one node, ``max(1, g // s)`` for one dimension that
-        spans nodes (``machines.md``).
+        spans nodes (``docs/machines.md``).
         """
         per_dim = np.clip(devices_per_node // self.strides, 1, self.sizes)
         return per_dim.prod(axis=1)

@@ -1,6 +1,6 @@
 """Calibrated machines: measured compute and a cluster of nodes, costs in seconds.
 
-A description (a JSON file or a shipped preset, ``machines.md``) gives the device's tables
+A description (a JSON file or a shipped preset, ``docs/machines.md``) gives the device's tables
 and its node's links; :class:`CalibratedMachine` prices GEMMs, memory-bound work and
 collectives over device groups with it, through the same protocol as the paper machine.
 """
@@ -26,7 +26,7 @@ __all__ = [
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
-#: Shipped descriptions. ``h100-sxm`` is exactly the example of ``machines.md``.
+#: Shipped descriptions. ``h100-sxm`` is exactly the example of ``docs/machines.md``.
 PRESETS = {
     "h100-sxm": {
         "name": "h100-sxm",
@@ -91,7 +91,7 @@ def validate_description(data, source: str = "machine description") -> dict:
     Parameters
     ----------
     data : mapping
-        The fields of ``machines.md``: ``name``, ``devices_per_node``, ``memory_gb``,
+        The fields of ``docs/machines.md``: ``name``, ``devices_per_node``, ``memory_gb``,
         ``peak_tflops``, ``hbm_gbps``, ``intra_node`` and ``inter_node`` (each ``gbps``
         and ``latency_us``), ``act_bytes``, ``grad_bytes``; optional ``measured``,
         ``device``, ``notes``.
@@ -192,7 +192,7 @@ def load_description(name_or_path: str) -> dict:
 
 
 def load_calibrated(name_or_path: str) -> "CalibratedMachine":
-    """The calibrated machine of a preset name or a description file (``machines.md``).
+    """The calibrated machine of a preset name or a description file (``docs/machines.md``).
 
     ``pase.load_machine`` calls it for every name but ``paper``. A description's
     ``measured`` table is read relative to the file.
@@ -220,7 +220,7 @@ def load_calibrated(name_or_path: str) -> "CalibratedMachine":
 class CalibratedMachine:
     """A device of measured speed in a cluster of nodes; every cost in seconds.
 
-    Implements the machine protocol that layers call (``machines.md``): ``gemm`` /
+    Implements the machine protocol that layers call (``docs/machines.md``): ``gemm`` /
     ``gemm_seconds``, ``memory_bound``, ``all_reduce`` and ``exchange`` over a device
     group, ``redistribute`` on an edge. Arguments broadcast, one entry per configuration.
 
@@ -361,7 +361,7 @@ class CalibratedMachine:
 
         ``n = elements * (grad_bytes if grad else act_bytes)`` bytes. Reduce-scatter
         inside each node, all-reduce of the ``n / q_in`` shard across the ``q_out``
-        nodes, all-gather inside the node (``machines.md``)::
+        nodes, all-gather inside the node (``docs/machines.md``)::
 
             2 (q_in-1)/q_in  n / B_in  + 2 (q_in-1) a_in
           + 2 (q_out-1)/q_out (n/q_in) / B_out + 2 (q_out-1) a_out

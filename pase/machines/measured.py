@@ -1,6 +1,6 @@
 """Tables of times measured on one device, and their interpolation to any shape.
 
-A calibrated machine (``machines.md``) prices per-device GEMMs and memory-bound work from
+A calibrated machine (``docs/machines.md``) prices per-device GEMMs and memory-bound work from
 these tables; this module loads and checks them and interpolates between their points.
 
 The model, and why (the measured points are a grid of powers of two; real layers are not):

@@ -24,7 +24,7 @@ class Machine:
     """The reference machine of the PaSE paper: peak FLOPS and bandwidth of one device.
 
     Costs are FLOP-equivalents: FLOPs plus ``rho`` FLOP per element communicated, with
-    ``rho = F * 1000 / (B / 8)`` (``cost-model.md``). Every machine answers the same calls
+    ``rho = F * 1000 / (B / 8)`` (``docs/cost-model.md``). Every machine answers the same calls
     (``gemm``, ``memory_bound``, ``all_reduce``, ``exchange``, ``redistribute``); this one
     ignores where the devices of a group are.
 

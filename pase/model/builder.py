@@ -69,7 +69,7 @@ class Network:
     name : str
         Graph name (``"alexnet"``).
     cutoff : int
-        Configuration cut-off ``t`` (``cost-model.md``).
+        Configuration cut-off ``t`` (``docs/cost-model.md``).
     layers : tuple of Layer
         Vertex ``i`` is ``layers[i]``.
     names : tuple of str

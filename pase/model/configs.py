@@ -1,4 +1,4 @@
-"""Stage 1: the configurations a layer allows (``cost-model.md``, "Iteration spaces").
+"""Stage 1: the configurations a layer allows (``docs/cost-model.md``, "Iteration spaces").
 
 A configuration says into how many equal parts each dimension of an iteration space is
 split; configuration arrays have one row per configuration and one column per dimension.

@@ -1,7 +1,7 @@
 """Tensors flowing between layers: graph inputs, parameters and layer outputs.
 
 A tensor knows its shape and which layer output it is; the builder turns every read of
-a layer output into a graph edge (``cost-model.md``, "Edge (redistribution) cost").
+a layer output into a graph edge (``docs/cost-model.md``, "Edge (redistribution) cost").
 """
 
 from __future__ import annotations

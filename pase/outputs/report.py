@@ -43,7 +43,7 @@ class LayerRow:
     Attributes
     ----------
     id : int
-        Vertex id (creation order, ``graphs.md``).
+        Vertex id (creation order, ``docs/graphs.md``).
     name, op, dims : str
         Layer name, layer type and one letter per iteration-space dimension.
     domain : tuple of int
@@ -286,7 +286,7 @@ def _finite(x: float | None):
 
 
 def report_dict(plan: Plan, model: int | None = None, measure: Measurement | None = None) -> dict:
-    """The JSON object of ``cli.md`` (keys may be added, never renamed)."""
+    """The JSON object of ``docs/cli.md`` (keys may be added, never renamed)."""
     out = {
         "graph": plan.network.name,
         "procs": plan.procs,
@@ -370,7 +370,7 @@ def refusal_dict(plan: Plan, status: str, model: int | None = None, too_large=No
 
 
 def memory_dict(plan: Plan) -> dict:
-    """The JSON ``memory`` object (``memory.md``): bytes per device, cap, fits, bound and gap."""
+    """The JSON ``memory`` object (``docs/memory.md``): bytes per device, cap, fits, bound and gap."""
     m = plan.memory
     return {
         "per_device_bytes": m.per_device_bytes,

@@ -45,7 +45,7 @@ _OWT_DATA_PARALLEL = frozenset(
 _GNMT_DATA_PARALLEL = frozenset({"Embedding", "FC", "SoftmaxCrossEntropy", "Elementwise"})
 
 #: Iteration-space letters that Mesh-TensorFlow splits over the model axis of its mesh, in
-#: the Transformer's Einsum notation (``graphs.md``): ``v`` vocabulary, ``h`` attention
+#: the Transformer's Einsum notation (``docs/graphs.md``): ``v`` vocabulary, ``h`` attention
 #: heads, ``f`` feed-forward width.
 MESH_MODEL_LETTERS = ("v", "h", "f")
 
@@ -151,7 +151,7 @@ def gnmt(network: Network, procs: int) -> list:
       ``p`` devices, the batch split ``largest_divisor(b, p)`` ways.
 
     Why splitting ``L`` is "layers on different devices": the LSTM vertex is a GEMM batched
-    over its layers (``cost-model.md``). With ``L`` split ``L`` ways each device group holds
+    over its layers (``docs/cost-model.md``). With ``L`` split ``L`` ways each device group holds
     the weights of one layer and computes only that layer (``Bp = L / c_L = 1``), and its
     weight-gradient all-reduce runs among the ``p / L`` devices of its group, which is what
     placing layer ``i`` on device group ``i`` means. The model charges no pipeline bubble

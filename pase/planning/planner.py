@@ -150,7 +150,7 @@ def plan(
     machine : optional
         Prices the work; default the reference machine ``Machine()``.
     memory_cap : float, optional
-        Bytes per device the strategy must fit (``memory.md``): the capped search.
+        Bytes per device the strategy must fit (``docs/memory.md``): the capped search.
     ordering : str
         A name in ``pase.search.ordering.ORDERINGS``.
     progress : callable, optional

@@ -1,4 +1,4 @@
-"""The memory-capped search (``memory.md``): the fastest strategy that fits ``M`` bytes per device.
+"""The memory-capped search (``docs/memory.md``): the fastest strategy that fits ``M`` bytes per device.
 
 Minimise ``F(G, phi)`` subject to ``mem(phi) <= M``. Memory adds to layer costs only, so
 for a multiplier ``lambda >= 0`` the Lagrangian ``F + lambda * mem`` is again solved

@@ -283,7 +283,7 @@ class Layer:
         """Parameter tensors as ``(shape, spanned iteration-space dims)`` pairs.
 
         A parameter tensor is split by the product of the splits of the dimensions it
-        spans and replicated across the others (``memory.md``).
+        spans and replicated across the others (``docs/memory.md``).
         """
         return []
 
@@ -297,7 +297,7 @@ class Layer:
         return self._per_device(C).prod(axis=1)
 
     def _groups(self, C: np.ndarray, *dim_lists) -> tuple:
-        """The devices a collective over each of ``dim_lists`` involves (``machines.md``)."""
+        """The devices a collective over each of ``dim_lists`` involves (``docs/machines.md``)."""
         strides = layout_strides(C, self.batch_dim)
         return tuple(Group.of(C, strides, dims) for dims in dim_lists)
 

@@ -101,7 +101,7 @@ class Norm(_ShapeOfInput):
 class BatchNorm(Norm):
     """Batch normalisation: the reference model's Norm with axis 0.
 
-    Its cost is that of ``Norm(x, axis=0)`` (``cost-model.md``). Its parameters, for the
+    Its cost is that of ``Norm(x, axis=0)`` (``docs/cost-model.md``). Its parameters, for the
     memory model, are what batch norm learns: a scale and a bias per channel (axis 1).
     """
 

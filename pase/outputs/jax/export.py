@@ -22,7 +22,7 @@ The format (``"format": "pase-jax-shardings/1"``)
     of the cost model is never built).
 
 Layout: a configuration lays its parts on the mesh row-major with the batch dimension
-outermost, then the other dimensions in iteration-space order (``machines.md``,
+outermost, then the other dimensions in iteration-space order (``docs/machines.md``,
 "Placement"); when it uses ``P < procs`` devices the remaining mesh axes, innermost, hold
 ``procs / P`` replicas of every part. A tensor dimension takes the mesh axes of the
 iteration-space dimensions it spans; the splits of dimensions a tensor does not have (a

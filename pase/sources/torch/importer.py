@@ -1,6 +1,6 @@
 """Bring your own model: a PyTorch ``nn.Module`` traced by ``torch.export``, as a PaSE network.
 
-The ATen graph is mapped onto the layer types of ``cost-model.md``; views, transposes and
+The ATen graph is mapped onto the layer types of ``docs/cost-model.md``; views, transposes and
 reshapes become Einsum letters rather than vertices. torch is imported only in here, lazily.
 
 How the mapping works
