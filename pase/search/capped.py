@@ -112,97 +112,122 @@ def capped_search(
     """
     if not cap_bytes > 0:
         raise ValueError(f"the memory cap must be positive, got {cap_bytes!r}")
-    start = time.perf_counter()
-    if search is None:
-        search = Search(G, ordering, blocks=blocks)
-    vertices = list(search.ordering.sequence)
-    costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in vertices}
-    mem = {}
-    for v in vertices:
-        mem[v] = np.asarray(memory[v], dtype=np.float64)
-        if mem[v].shape != costs[v].shape:
-            raise ValueError(f"vertex {v!r}: memory vector of shape {mem[v].shape}, costs {costs[v].shape}")
-    work = plain_work = 0
-    count = 0
-    used_blocks = ()
-
-    def memory_of(choice) -> float:
-        return float(sum(mem[v][choice[v]] for v in vertices))
-
-    def finish(status, choice, cost, lower_bound, multiplier, min_memory):
-        return CappedSearchResult(status, dict(choice), float(cost), memory_of(choice), min_memory,
-                                  float(lower_bound), float(multiplier), count, work,
-                                  time.perf_counter() - start, search, plain_work, used_blocks)
-
-    def run(lam: float):
-        nonlocal work, plain_work, count, used_blocks
-        weighted = {v: costs[v] + lam * mem[v] for v in vertices} if lam else None
-        result = search.run(costs=weighted, memory_budget=memory_budget)
-        work += result.stats.table_entries
-        plain_work += result.stats.plain_table_entries
-        used_blocks = used_blocks or result.stats.blocks
-        count += 1
-        if progress is not None:
-            progress(count, max_searches)
-        return result
+    run = _LagrangianRun(G, memory, cap_bytes, search or Search(G, ordering, blocks=blocks), memory_budget,
+                         max_searches, progress, trace)
 
     # 1. The unconstrained optimum, if it fits, is the answer.
-    base = run(0.0)
-    if memory_of(base.choice) <= cap_bytes:
-        return finish(UNCONSTRAINED, base.choice, base.cost, base.cost, 0.0, None)
+    base = run.solve(0.0)
+    if run.memory_of(base.choice) <= cap_bytes:
+        return run.finish(UNCONSTRAINED, base.choice, base.cost, base.cost, 0.0, None)
 
     # 2. Memory alone has no edge terms, so the least-memory strategy is each layer's
     #    least-memory configuration (ties: the cheaper layer cost, then the lower index).
-    least = {v: int(np.lexsort((np.arange(len(mem[v])), costs[v], mem[v]))[0]) for v in vertices}
-    min_memory = memory_of(least)
+    least = run.least_memory()
+    min_memory = run.memory_of(least)
     if min_memory > cap_bytes:
-        return finish(NOTHING_FITS, least, indexed_cost(G, least), float("nan"), float("inf"), min_memory)
+        return run.finish(NOTHING_FITS, least, indexed_cost(G, least), float("nan"), float("inf"), min_memory)
 
-    # 3. Bisection on lambda over exact dynamic programmes.
-    bound = base.cost  # lambda = 0: F* <= any capped optimum
-    best_choice, best_cost, best_lam = dict(least), indexed_cost(G, least), float("inf")
-    fitting = {_key(least, vertices): least}  # distinct strategies seen, for relinking
-    over = {_key(base.choice, vertices): base.choice}
+    # 3. Bisection on lambda over exact dynamic programmes, then mixes of what it saw.
+    run.start_bisection(base, least)
+    excess = run.memory_of(base.choice) - min_memory
+    run.bisect(hi=max(base.cost, 1.0) / max(excess, 1.0), tolerance=tolerance, lambda_tolerance=lambda_tolerance)
+    run.relink_all()
+    best_choice, best_cost = _improve(G, run.mem, run.best_choice, cap_bytes, run.vertices)
+    return run.finish(CAPPED, best_choice, best_cost, min(run.bound, best_cost), run.best_lam, min_memory)
 
-    def consider(lam, result):
-        nonlocal bound, best_choice, best_cost, best_lam
-        bound = max(bound, result.cost - lam * cap_bytes)
-        used = memory_of(result.choice)
-        cost = indexed_cost(G, result.choice)
-        if trace is not None:
-            trace.append((lam, result.cost, used, cost))
-        if used > cap_bytes:
-            over.setdefault(_key(result.choice, vertices), result.choice)
+
+class _LagrangianRun:
+    """The state of one capped search: the prepared search, the work done so far, and during
+    the bisection the best fitting strategy, the Lagrangian bound and the strategies seen."""
+
+    def __init__(self, G, memory: dict, cap: float, search: Search, memory_budget, max_searches: int,
+                 progress, trace):
+        self.G, self.cap, self.search = G, cap, search
+        self.memory_budget, self.max_searches = memory_budget, max_searches
+        self.progress, self.trace = progress, trace
+        self.start = time.perf_counter()
+        self.vertices = list(search.ordering.sequence)
+        self.costs = {v: np.asarray(G.nodes[v]["cost"], dtype=np.float64) for v in self.vertices}
+        self.mem = {}
+        for v in self.vertices:
+            self.mem[v] = np.asarray(memory[v], dtype=np.float64)
+            if self.mem[v].shape != self.costs[v].shape:
+                raise ValueError(f"vertex {v!r}: memory vector of shape {self.mem[v].shape}, "
+                                 f"costs {self.costs[v].shape}")
+        self.work = self.plain_work = self.count = 0
+        self.used_blocks = ()
+
+    def memory_of(self, choice) -> float:
+        return float(sum(self.mem[v][choice[v]] for v in self.vertices))
+
+    def least_memory(self) -> dict:
+        costs, mem = self.costs, self.mem
+        return {v: int(np.lexsort((np.arange(len(mem[v])), costs[v], mem[v]))[0]) for v in self.vertices}
+
+    def solve(self, lam: float):
+        """One exact dynamic programme of ``F + lam * mem``."""
+        weighted = {v: self.costs[v] + lam * self.mem[v] for v in self.vertices} if lam else None
+        result = self.search.run(costs=weighted, memory_budget=self.memory_budget)
+        self.work += result.stats.table_entries
+        self.plain_work += result.stats.plain_table_entries
+        self.used_blocks = self.used_blocks or result.stats.blocks
+        self.count += 1
+        if self.progress is not None:
+            self.progress(self.count, self.max_searches)
+        return result
+
+    def finish(self, status, choice, cost, lower_bound, multiplier, min_memory) -> CappedSearchResult:
+        return CappedSearchResult(status, dict(choice), float(cost), self.memory_of(choice), min_memory,
+                                  float(lower_bound), float(multiplier), self.count, self.work,
+                                  time.perf_counter() - self.start, self.search, self.plain_work,
+                                  self.used_blocks)
+
+    def start_bisection(self, base, least: dict) -> None:
+        self.bound = base.cost  # lambda = 0: F* <= any capped optimum
+        self.best_choice, self.best_cost, self.best_lam = dict(least), indexed_cost(self.G, least), float("inf")
+        self.fitting = {_key(least, self.vertices): least}  # distinct strategies seen, for relinking
+        self.over = {_key(base.choice, self.vertices): base.choice}
+
+    def consider(self, lam: float, result) -> bool:
+        """Record the optimum at ``lam``: raise the bound, keep it if it fits and is cheaper."""
+        self.bound = max(self.bound, result.cost - lam * self.cap)
+        used = self.memory_of(result.choice)
+        cost = indexed_cost(self.G, result.choice)
+        if self.trace is not None:
+            self.trace.append((lam, result.cost, used, cost))
+        if used > self.cap:
+            self.over.setdefault(_key(result.choice, self.vertices), result.choice)
             return False
-        fitting.setdefault(_key(result.choice, vertices), result.choice)
-        if cost < best_cost or (cost == best_cost and lam < best_lam):
-            best_choice, best_cost, best_lam = result.choice, cost, lam
+        self.fitting.setdefault(_key(result.choice, self.vertices), result.choice)
+        if cost < self.best_cost or (cost == self.best_cost and lam < self.best_lam):
+            self.best_choice, self.best_cost, self.best_lam = result.choice, cost, lam
         return True
 
-    # A first multiplier that makes the excess memory cost about as much as the optimum.
-    excess = memory_of(base.choice) - min_memory
-    lo, hi = 0.0, max(base.cost, 1.0) / max(excess, 1.0)
-    while count < max_searches and not consider(hi, run(hi)):
-        lo, hi = hi, 4.0 * hi
-    while count < max_searches and best_cost - bound > tolerance * best_cost and hi - lo > lambda_tolerance * hi:
-        mid = 0.5 * (lo + hi)
-        if consider(mid, run(mid)):
-            hi = mid
-        else:
-            lo = mid
+    def bisect(self, hi: float, tolerance: float, lambda_tolerance: float) -> None:
+        """Grow ``hi`` (a first multiplier making the excess memory cost about as much as the
+        optimum) until its optimum fits, then halve the bracket toward the smallest that fits."""
+        lo = 0.0
+        while self.count < self.max_searches and not self.consider(hi, self.solve(hi)):
+            lo, hi = hi, 4.0 * hi
+        while (self.count < self.max_searches and self.best_cost - self.bound > tolerance * self.best_cost
+               and hi - lo > lambda_tolerance * hi):
+            mid = 0.5 * (lo + hi)
+            if self.consider(mid, self.solve(mid)):
+                hi = mid
+            else:
+                lo = mid
 
-    # The Lagrangian optimum jumps across the cap (a duality gap): mix every strategy seen
-    # that did not fit with every one that did, and keep the cheapest mix that fits.
-    # Costs are exact; only the choice among mixes is heuristic.
-    orders = (vertex_order(G), vertices)  # by vertex id, and in the search's sequence
-    for a in fitting.values():
-        for b in over.values():
-            for order in orders:
-                mixed, mixed_cost = _relink(G, mem, a, b, cap_bytes, order)
-                if mixed_cost < best_cost:
-                    best_choice, best_cost = mixed, mixed_cost
-    best_choice, best_cost = _improve(G, mem, best_choice, cap_bytes, vertices)
-    return finish(CAPPED, best_choice, best_cost, min(bound, best_cost), best_lam, min_memory)
+    def relink_all(self) -> None:
+        """The Lagrangian optimum jumps across the cap (a duality gap): mix every strategy seen
+        that did not fit with every one that did, and keep the cheapest mix that fits. Costs
+        are exact; only the choice among mixes is heuristic."""
+        orders = (vertex_order(self.G), self.vertices)  # by vertex id, and in the search's sequence
+        for a in self.fitting.values():
+            for b in self.over.values():
+                for order in orders:
+                    mixed, mixed_cost = _relink(self.G, self.mem, a, b, self.cap, order)
+                    if mixed_cost < self.best_cost:
+                        self.best_choice, self.best_cost = mixed, mixed_cost
 
 
 def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50) -> tuple:
