@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from typing import IO
 
+from pase.core.checks import is_int, is_number
 from pase.core.fileio import InputError, read_json
 from pase.machines.registry import MACHINE_NAMES, preset_of
 from pase.planning.planner import evaluate_plan, strategy_from_json
@@ -27,14 +28,14 @@ __all__ = ["run_evaluate"]
 # Settings a strategy file may record (a previous --json output does), and their checks.
 _FILE_SETTINGS = {
     "graph": lambda v: isinstance(v, str) and v in GRAPHS,
-    "procs": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_PROCS,
-    "batch": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION,
-    "model": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_DIMENSION),
-    "flops": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
-    "bw": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
-    "param_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
-    "act_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1e6,
-    "cap_bytes": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+    "procs": lambda v: is_int(v) and 1 <= v <= MAX_PROCS,
+    "batch": lambda v: is_int(v) and 1 <= v <= MAX_DIMENSION,
+    "model": lambda v: v is None or (is_int(v) and 1 <= v <= MAX_DIMENSION),
+    "flops": lambda v: is_number(v) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "bw": lambda v: is_number(v) and MACHINE_RANGE[0] <= v <= MACHINE_RANGE[1],
+    "param_bytes": lambda v: is_number(v) and 0 <= v <= 1e6,
+    "act_bytes": lambda v: is_number(v) and 0 <= v <= 1e6,
+    "cap_bytes": lambda v: is_number(v) and 0 < v < 1e30,
     "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
 

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pase.core.checks import is_number
 from pase.model.builder import Network
 from pase.model.layers import Layer
 from pase.costing.strategy import check_strategy
@@ -84,7 +85,7 @@ class MemoryModel:
     def __post_init__(self):
         for field in ("param_bytes", "act_bytes"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+            if not is_number(value) or not value >= 0 or not math.isfinite(value):
                 raise ValueError(f"{field} must be a non-negative number, got {value!r}")
 
     def layer_memory(self, layer: Layer, C: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
+from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import MEMORY_BOUND_KINDS
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
@@ -76,7 +77,7 @@ def _in_range(source: str, field: str, value, low: float | None, high) -> None:
 
 def _number(value) -> bool:
     # An int is finite however long (math.isfinite of 10**400 raises OverflowError).
-    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+    return is_int(value) or isinstance(value, float) and math.isfinite(value)
 
 
 def _shown(value) -> str:
@@ -120,7 +121,7 @@ def validate_description(data, source: str = "machine description") -> dict:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
     out["name"] = name
     g = data["devices_per_node"]
-    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+    if not is_positive_int(g):
         raise ValueError(f"{source}: devices_per_node must be a positive integer, got {g!r}")
     _in_range(source, "devices_per_node", g, None, MAX_DEVICES_PER_NODE)
     out["devices_per_node"] = g
@@ -297,7 +298,7 @@ class CalibratedMachine:
     def check_procs(self, procs) -> None:
         """``ValueError`` unless ``procs`` fits the nodes: at most one node, or whole nodes."""
         g = self.devices_per_node
-        if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
+        if not is_positive_int(procs, numpy=True):
             raise ValueError(f"the device count must be a positive integer, got {procs!r}")
         if procs > g and procs % g:
             raise ValueError(

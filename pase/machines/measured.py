@@ -41,6 +41,8 @@ from typing import Mapping
 
 import numpy as np
 
+from pase.core.checks import is_int, is_number
+
 __all__ = ["MeasuredTables", "ELEMENT_TRAFFIC"]
 
 #: Elements read plus written per element of the tensor, forward and backward together:
@@ -71,12 +73,12 @@ SMALL_GRID = 4096
 
 
 def _is_size(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 1 <= x <= MAX_SIZE
+    return is_int(x, numpy=True) and 1 <= x <= MAX_SIZE
 
 
 def _is_seconds(x) -> bool:
     # The range test first: math.isfinite(10**400) raises OverflowError.
-    return (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and 0 < x <= MAX_SECONDS
+    return (is_number(x, numpy=True) and 0 < x <= MAX_SECONDS
             and math.isfinite(x))
 
 

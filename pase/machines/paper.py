@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pase.core.checks import is_number
 from pase.core.units import format_cost, format_seconds
 
 from .base import Group
@@ -53,7 +54,7 @@ class Machine:
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not is_number(value):
                 raise ValueError(f"machine {field} must be a number, got {value!r}")
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"machine {field} must be positive and finite, got {value!r}")

@@ -14,6 +14,7 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
+from pase.core.checks import is_positive_int
 from pase.model.configs import enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
@@ -41,7 +42,7 @@ class CostTablesTooLarge(TooLarge):
 
 def check_procs(procs) -> int:
     """``procs`` as an int; ``ValueError`` unless it is a positive integer."""
-    if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
+    if not is_positive_int(procs, numpy=True):
         raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
     return int(procs)
 
@@ -212,7 +213,7 @@ class GraphBuilder:
     """
 
     def __init__(self, name: str, cutoff: int = 1, batch: int | None = None):
-        if isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1:
+        if not is_positive_int(cutoff):
             raise ValueError(f"the cut-off must be a positive integer, got {cutoff!r}")
         self.name = name
         self.cutoff = cutoff
@@ -227,7 +228,7 @@ class GraphBuilder:
         """A graph input (image, token ids, positional encoding, weight): makes no edge."""
         shape = tuple(shape)
         for d in shape:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            if not is_positive_int(d, numpy=True):
                 raise ValueError(f"input {name or '?'}: every size must be a positive integer, got {list(shape)}")
         if letters and len(letters) != len(shape):
             raise ValueError(f"input {name or '?'}: letters {letters!r} do not match shape {list(shape)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from pase.core.checks import is_positive_int
 from pase.planning.baselines import largest_divisor
 from pase.model.builder import Network, check_procs
 from pase.machines.paper import Machine
@@ -315,7 +316,7 @@ def mesh_tensorflow(network: Network, procs: int, machine: Machine | None = None
     procs = check_procs(procs)
     roles = _mesh_roles(network)
     if m is not None:
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1 or procs % m:
+        if not is_positive_int(m) or procs % m:
             raise ValueError(f"the mesh's batch side m must be a positive divisor of p = {procs}, got {m!r}")
         configs = _mesh_configs(network, roles, m, procs // m)
         if configs is None:

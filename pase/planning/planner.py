@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 
+from pase.core.checks import is_int, is_number
 from pase.planning.baselines import data_parallel
 from pase.model.builder import Network, check_procs
 from pase.search.capped import MAX_SEARCHES, capped_search
@@ -326,7 +327,7 @@ def strategy_from_json(data, where: str) -> tuple:
             raise InputError(f'{where}: layers[{missing[0]}] has no "config"')
         if all("id" in layer for layer in layers):
             ids = [layer["id"] for layer in layers]
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(
+            if not all(is_int(i) for i in ids) or sorted(ids) != list(
                 range(len(layers))
             ):
                 raise InputError(f"{where}: layer ids must be 0..{len(layers) - 1}, each once")
@@ -338,7 +339,7 @@ def strategy_from_json(data, where: str) -> tuple:
     for v, config in enumerate(configs):
         if not isinstance(config, list) or not all(
             # abs(c) first: float(10**400) raises OverflowError.
-            isinstance(c, (int, float)) and not isinstance(c, bool) and abs(c) < 2**62 and float(c).is_integer()
+            is_number(c) and abs(c) < 2**62 and float(c).is_integer()
             for c in config
         ):
             raise InputError(f"{where}: configuration {v} must be a list of integers, got {_short(config)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from pase.core.checks import is_int, is_positive_int
 from pase.model.builder import GraphBuilder, Network
 from pase.core.fileio import InputError, read_json
 from pase.model.layers import make_layer
@@ -129,7 +130,7 @@ def _check_arguments(value, what: str) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_arguments(item, what)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SIZE:
+    elif is_int(value) and abs(value) > MAX_SIZE:
         raise ValueError(f"{what} {_sizes([value])[1:-1]} is larger than the largest supported, 2**53")
 
 
@@ -146,7 +147,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
     name = _field(data, "name", str, where)
     cutoff = _field(data, "cutoff", int, where)
     batch = data.get("batch")
-    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+    if batch is not None and (not is_positive_int(batch)):
         raise InputError(f"{where}: field 'batch' must be a positive integer or null")
     if cutoff < 1:
         raise InputError(f"{where}: field 'cutoff' must be a positive integer")

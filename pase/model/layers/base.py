@@ -11,6 +11,7 @@ from typing import ClassVar, NamedTuple, Sequence
 
 import numpy as np
 
+from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import Group, layout_strides
 from pase.model.tensor import Tensor
 
@@ -105,26 +106,26 @@ def as_float(configs: np.ndarray) -> np.ndarray:
 def check_shape(shape, what: str) -> tuple:
     shape = tuple(shape)
     for d in shape:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        if not is_positive_int(d, numpy=True):
             raise ValueError(f"{what}: every size must be a positive integer, got {list(shape)}")
     return tuple(int(d) for d in shape)
 
 
 def check_positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_positive_int(value, numpy=True):
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return int(value)
 
 
 def check_count(value, what: str) -> int:
     """A count that may be zero (``pw``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    if not is_int(value, numpy=True) or value < 0:
         raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
     return int(value)
 
 
 def check_axis(axis, rank: int, what: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -rank <= axis < rank:
+    if not is_int(axis, numpy=True) or not -rank <= axis < rank:
         raise ValueError(f"{what}: axis {axis!r} is out of range for rank {rank}")
     return int(axis) % rank
 
@@ -145,7 +146,7 @@ def check_pair(value, what: str, check=check_positive) -> tuple:
 
 def check_padding(value, what: str) -> tuple:
     def non_negative(v, _):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+        if not is_int(v, numpy=True) or v < 0:
             raise ValueError(f"{what} must be non-negative integers, got {value!r}")
         return int(v)
 

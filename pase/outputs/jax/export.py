@@ -36,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pase.core.checks import is_positive_int
 from pase.model.builder import Network
 from pase.model.layers import Layer
 from pase.costing.strategy import check_strategy
@@ -69,7 +70,7 @@ def mesh_axes(procs: int) -> tuple:
     >>> mesh_axes(1)
     ([], [])
     """
-    if isinstance(procs, bool) or not isinstance(procs, (int, np.integer)) or procs < 1:
+    if not is_positive_int(procs, numpy=True):
         raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
     sizes = _prime_factors(int(procs))
     return [f"d{i}" for i in range(len(sizes))], sizes

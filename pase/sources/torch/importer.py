@@ -33,6 +33,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from pase.core.checks import is_positive_int
 from pase.model import layers as L
 from pase.core.errors import MissingDependency, PaseError
 from pase.core.optional import import_optional
@@ -2100,7 +2101,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         loss = None
     if loss not in LOSSES:
         raise TorchImportError(f"loss must be 'cross-entropy' or None, got {loss!r}")
-    if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1):
+    if cutoff is not None and (not is_positive_int(cutoff)):
         raise TorchImportError(f"the cut-off must be a positive integer, got {cutoff!r}")
     model_name = name or type(module).__name__
     if not isinstance(model_name, str) or not model_name:
@@ -2153,7 +2154,7 @@ def load_factory(spec: str, batch: int):
     label = f"factory {spec}"
     if not where or not func or not func.isidentifier():
         raise FactoryError(f"{label}: expected FILE.py:FUNCTION or package.module:FUNCTION")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+    if not is_positive_int(batch):
         raise FactoryError(f"{label}: the batch size must be a positive integer, got {batch!r}")
     if where.endswith(".py") or os.sep in where or "/" in where:
         if os.path.isdir(where):
