@@ -23,7 +23,7 @@ from pase import Machine, data_parallel, evaluate
 from pase import cli
 from pase.cli import ExitStatus, common, main, progress
 from cli_runner import run as run_cli
-from pase.outputs.report import format_bytes
+from pase.core.units import format_bytes
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pydot.*")

@@ -10,7 +10,7 @@ import graphs
 from pase import MemoryModel, data_parallel, evaluate
 from pase.cli import ExitStatus
 from cli_runner import run
-from pase.outputs.report import format_bytes
+from pase.core.units import format_bytes
 
 
 def run_json(*argv):

@@ -9,9 +9,11 @@ from typing import IO
 from pase.core.fileio import InputError, check_writable, write_atomic
 from pase.costing.memory import ASSUMPTIONS
 from pase.machines.registry import load_machine
-from pase.outputs.report import (
-    dot_graph, format_bytes, format_json, format_measurement, format_profile, format_table, report_dict,
-)
+from pase.core.units import format_bytes
+from pase.outputs.dot import dot_graph
+from pase.outputs.measure import format_measurement, format_profile
+from pase.outputs.plan_json import format_json, report_dict
+from pase.outputs.table import format_table
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load

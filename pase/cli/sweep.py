@@ -8,7 +8,8 @@ from typing import IO
 from tqdm import tqdm
 
 from pase.model.builder import CostTablesTooLarge
-from pase.outputs.report import format_json, format_sweep_header, format_sweep_refusal, format_sweep_row, refusal_dict, report_dict
+from pase.outputs.plan_json import format_json, refusal_dict, report_dict
+from pase.outputs.sweep import format_sweep_header, format_sweep_refusal, format_sweep_row
 from pase.planning.baselines import data_parallel
 from pase.planning.planner import evaluate_plan
 from pase.search.capped import NOTHING_FITS

@@ -126,7 +126,7 @@ class Machine(Protocol):
     def describe(self) -> dict:
         """The machine as used, for the JSON output."""
 
-    # How outputs show the machine and its costs: the report asks, never branches on the unit.
+    # How outputs show the machine and its costs: pase.outputs asks, never branches on the unit.
 
     cost_suffix: str  # after the cost columns' headers, " ms" or ""
     sweep_unit: str  # the unit named in the sweep's header

@@ -49,7 +49,7 @@ from pase.costing.strategy import check_strategy, evaluate
 from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
-from pase.outputs.report import format_columns
+from pase.outputs.rows import format_columns
 
 from .common import INSTALL_HINT, JaxMissing
 from .hlo import Collective, collective_bytes, xla_notes
