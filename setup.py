@@ -24,6 +24,7 @@ setup(
         "pase.search",
         "pase.sources",
         "pase.sources.torch",
+        "pase.sources.torch.handlers",
     ],
     # The measured tables of the calibrated machine presets (pase/machines/data).
     package_data={"pase.machines": ["data/*.json"]},

@@ -1,6 +1,8 @@
 """Importing PyTorch models (``-g torch:FILE_OR_MODULE:FUNCTION``) through ``torch.export``.
 
-PyTorch is imported only when a model is: ``importer`` holds the conversion.
+PyTorch is imported only when a model is. ``factory`` loads a model factory, ``walk`` visits
+the exported graph with the views of ``values``, one handler per ATen operation (``handlers/``,
+by family) records proto-layers (``protos``), and ``importer.from_torch`` builds the network.
 """
 
 from __future__ import annotations
