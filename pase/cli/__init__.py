@@ -8,6 +8,7 @@ The names below load on first use: the process entry point imports ``status`` al
 
 from importlib import import_module
 
+
 #: Public name -> the module of this package that defines it.
 _EXPORTS = {
     "main": "app", "build_parser": "parser", "Options": "options", "CliError": "errors",

@@ -22,6 +22,7 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
+
 def _bounded_int(limit: int):
     def parse(text: str) -> int:
         if len(text.strip()) > 30:
@@ -38,6 +39,7 @@ dimension_size = _bounded_int(MAX_DIMENSION)
 
 device_count = _bounded_int(MAX_PROCS)
 
+
 def _float(text: str, what: str) -> float:
     try:
         value = float(text)
@@ -47,11 +49,13 @@ def _float(text: str, what: str) -> float:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
+
 def positive_float(text: str) -> float:
     value = _float(text, "a positive finite number")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
 
 def byte_size(text: str) -> float:
     """--param-bytes / --act-bytes: a non-negative number of bytes per element."""
@@ -60,6 +64,7 @@ def byte_size(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of bytes between 0 and 1e6, got {text!r}")
     return value
 
+
 def machine_rate(text: str) -> float:
     """--flops / --bw: a positive number in ``MACHINE_RANGE`` (outside it costs overflow)."""
     value = positive_float(text)
@@ -67,6 +72,7 @@ def machine_rate(text: str) -> float:
     if not low <= value <= high:
         raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}")
     return value
+
 
 def device_list(text: str) -> tuple:
     """``"4,8,16"`` -> ``(4, 8, 16)``; every entry a distinct positive integer."""
@@ -85,6 +91,7 @@ def device_list(text: str) -> tuple:
             raise argparse.ArgumentTypeError(f"device count {count} appears twice in {text!r}")
         counts.append(count)
     return tuple(counts)
+
 
 def graph_spec(text: str) -> str:
     """-g: a spec one of the model sources takes (``pase.sources.registry``)."""

@@ -45,6 +45,7 @@ def load_network(opts: Options, model_from_file: bool = False):
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, ExitStatus.USAGE) from None
 
+
 def load_checked_machine(opts: Options, procs) -> object:
     """The machine of ``--machine``, checked against every device count before any work."""
     try:
@@ -55,11 +56,13 @@ def load_checked_machine(opts: Options, procs) -> object:
         raise CliError(str(err), ExitStatus.USAGE) from None
     return machine
 
+
 def memory_cap(opts: Options, machine) -> float | None:
     """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
     if opts.memory_cap is not None or opts.measure:
         return opts.memory_cap
     return machine.memory_bytes
+
 
 def effective_model(opts: Options) -> int | None:
     """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
@@ -68,10 +71,12 @@ def effective_model(opts: Options) -> int | None:
         return None
     return opts.model if opts.model is not None else entry.default_model
 
+
 def model_name(opts: Options) -> str:
     """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
     entry = builtin_entry(opts.graph)
     return entry.model_name if entry is not None else "model width"
+
 
 def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
@@ -90,6 +95,7 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
         if progress is not None:
             progress.close()
 
+
 def nothing_fits_message(found: Plan, opts: Options) -> str:
     m = found.memory
     return (
@@ -99,6 +105,7 @@ def nothing_fits_message(found: Plan, opts: Options) -> str:
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
         f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}"
     )
+
 
 class Profiler:
     """``--profile``: cProfile the blocks run ``with`` it, print the hottest functions after."""
@@ -120,8 +127,10 @@ class Profiler:
         if self.profile is not None:
             (err if opts.json else out).write(format_profile(self.profile, PROFILE_LIMIT))
 
+
 def write_dot(opts: Options, network, configs=None) -> None:
     write_atomic(opts.dot_path, dot_graph(network, configs).to_string(), "DOT graph")
+
 
 def print_plan(found: Plan, opts: Options, out: IO, measure=None, verified=None) -> None:
     model = effective_model(opts)
@@ -138,6 +147,7 @@ def print_plan(found: Plan, opts: Options, out: IO, measure=None, verified=None)
         out.write("\n" + verified.table().rstrip("\n") + "\n")
     if opts.dot_path is not None:
         out.write(f"\nDOT graph written to {opts.dot_path}\n")
+
 
 def check_outputs(opts: Options) -> None:
     """Refuse unwritable output paths before any work."""
@@ -171,6 +181,7 @@ def run_verify(opts: Options, found: Plan):
         raise CliError(str(error), ExitStatus.USAGE) from None
     except (ValueError, RuntimeError) as error:
         raise CliError(f"--verify {opts.verify}: {error}") from None
+
 
 def verified_status(verified, err: IO) -> int:
     if verified is not None and not verified.ok:

@@ -39,16 +39,19 @@ _FILE_SETTINGS = {
     "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
 }
 
+
 #: How a recorded setting is named on the command line, for the notes on overrides.
 _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
             "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
             "machine": "--machine"}
+
 
 def _recorded_machine(recorded: dict):
     """``(name, None)`` for the reference machine or a preset recorded in a plan, else
     ``(None, name)``: a machine from a file (a file may reuse a preset's name with other figures)."""
     name = preset_of(recorded)
     return (name, None) if name is not None else (None, recorded.get("name"))
+
 
 def _read_strategy_file(path: str) -> tuple:
     """``(configs, settings, where, extra)`` from a strategy file; ``CliError`` for anything malformed.
@@ -86,6 +89,7 @@ def _read_strategy_file(path: str) -> tuple:
             raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
     return configs, settings, where, extra
 
+
 def _overrides(args: argparse.Namespace, settings: dict) -> list:
     """Notes on the flags that override settings recorded in a strategy file."""
     given = {"cap_bytes": None if args.memory is None else args.memory * 1e9}
@@ -97,6 +101,7 @@ def _overrides(args: argparse.Namespace, settings: dict) -> list:
             was = f"{recorded / 1e9:g} GB" if key == "cap_bytes" else recorded
             notes.append(f"pase: note: {_FLAG_OF[key]} {shown} overrides the file's {key.replace('_', ' ')} {was}")
     return notes
+
 
 def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     configs, settings, where, extra = _read_strategy_file(args.evaluate)

@@ -14,45 +14,34 @@ from pase.sources.builtin import DEFAULT_BATCH as BUILTIN_BATCH
 from .errors import CliError
 from .status import ExitStatus
 
-__all__ = ["Options", "options_from_args", "DEFAULT_GRAPH", "DEFAULT_PROCS", "DEFAULT_BATCH", "DEFAULT_FLOPS", "DEFAULT_BW", "ALGOS", "MEASURE_WARMUP", "MEASURE_RUNS", "PROFILE_LIMIT", "DOT_FILE", "VERIFIERS", "LOSSES", "MAX_DIMENSION", "MAX_PROCS", "MACHINE_RANGE"]
-
+__all__ = [
+    "Options", "options_from_args", "DEFAULT_GRAPH", "DEFAULT_PROCS", "DEFAULT_BATCH", "DEFAULT_FLOPS", "DEFAULT_BW",
+    "ALGOS", "MEASURE_WARMUP", "MEASURE_RUNS", "PROFILE_LIMIT", "DOT_FILE", "VERIFIERS", "LOSSES", "MAX_DIMENSION",
+    "MAX_PROCS", "MACHINE_RANGE",
+]
 
 DEFAULT_GRAPH = "alexnet"
-
 DEFAULT_PROCS = 32
-
 DEFAULT_BATCH = BUILTIN_BATCH
-
 DEFAULT_FLOPS = 10.0
-
 DEFAULT_BW = 16.0
-
 #: --algo values: the ordering registry, in order (paper Fig. 3 and Section III-A first).
 ALGOS = dict(enumerate(ORDERINGS))
-
 #: --measure: warm-up and timed searches.
 MEASURE_WARMUP = 2
-
 MEASURE_RUNS = 5
-
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
-
 DOT_FILE = "graph.dot"
-
 #: --verify engines: JAX in float32 or float64.
 VERIFIERS = ("jax", "jax64")
-
 #: --loss values for imported models.
 LOSSES = ("cross-entropy", "none")
-
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
 #: sqrt(size) steps, once per layer).
 MAX_DIMENSION = 2**31 - 1
-
 #: Largest device count accepted: far beyond any machine, yet its configurations enumerate.
 MAX_PROCS = 2**20
-
 #: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
 #: rho and every cost stay finite in float64.
 MACHINE_RANGE = (1e-6, 1e9)
@@ -94,6 +83,7 @@ class Options:
     @property
     def memory_model(self) -> MemoryModel:
         return MemoryModel(self.param_bytes, self.act_bytes)
+
 
 def options_from_args(args: argparse.Namespace, recorded: dict | None = None) -> Options:
     """``Options`` from parsed flags; ``recorded`` (an ``--evaluate`` file's settings) fills

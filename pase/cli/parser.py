@@ -47,6 +47,7 @@ class StreamParser(argparse.ArgumentParser):
         # One line, not argparse's usage block: every bad input gets one clear line.
         raise CliError(f"{message} (see {self.prog} --help)", ExitStatus.USAGE)
 
+
 def _model_help() -> str:
     sizes = [
         f"{name}: {entry.model_help} (default {entry.default_model})"
@@ -58,6 +59,7 @@ def _model_help() -> str:
         + ". Refused for every other graph."
     )
 
+
 def _epilog() -> str:
     lines = ["graphs:"]
     width = max(len(name) for name in GRAPHS)
@@ -66,6 +68,7 @@ def _epilog() -> str:
               "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "", "exit status:"]
     lines += [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
     return "\n".join(lines)
+
 
 def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase") -> argparse.ArgumentParser:
     """The argument parser; flags of the PaSE README plus the ones of ``docs/cli.md``.
@@ -86,6 +89,16 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         err=err or sys.stderr,
     )
     add = parser.add_argument
+    _add_network_and_machine(add)
+    _add_run_and_output(add)
+    _add_imports_and_exports(add)
+    _add_search_and_memory(add)
+    add("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _add_network_and_machine(add) -> None:
+    """-p, -b, -m, -g: the network and its size; --machine, --flops, --bw: what prices it."""
     add("-p", "--procs", type=device_count, default=None, metavar="PROCS",
         help=f"number of devices p, at most {MAX_PROCS}. (Default: {DEFAULT_PROCS})")
     add("-b", "--batch", type=dimension_size, default=None, metavar="BATCH",
@@ -102,6 +115,10 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help=f"peak FLOPS of each device in TFLOPS, paper machine. (Default: {DEFAULT_FLOPS})")
     add("--bw", type=machine_rate, default=None,
         help=f"peak interconnect bandwidth of each device in GB/s, paper machine. (Default: {DEFAULT_BW})")
+
+
+def _add_run_and_output(add) -> None:
+    """Timing the search, the DOT graph, the ordering, JSON, sweeps and --evaluate."""
     add("--profile", action="store_true",
         help="run the search under cProfile and print the hottest functions after the result "
              "(to stderr with --json).")
@@ -122,6 +139,10 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '
              "Settings the file records are used; a flag given overrides them (with a note).")
+
+
+def _add_imports_and_exports(add) -> None:
+    """--loss for imported models, the --export-* files, --verify."""
     add("--loss", choices=LOSSES, default=None,
         help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
@@ -131,6 +152,10 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
         help="run the plan's training step (forward and backward) sharded on p XLA host devices and "
              "check the loss and every gradient against the unsharded run (jax: float32, jax64: float64); "
              "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'.")
+
+
+def _add_search_and_memory(add) -> None:
+    """The search's tables, the memory cap and model, progress bars."""
     add("--no-blocks", action="store_true",
         help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
              "such as a transformer's layers, are found and solved once; the optimum is the same)")
@@ -149,5 +174,3 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
              f"for searches longer than {PROGRESS_DELAY:g} s)")
-    add("--version", action="version", version=f"%(prog)s {__version__}")
-    return parser

@@ -25,6 +25,7 @@ def show_progress(opts: Options, err: IO) -> bool:
     except (ValueError, OSError):
         return False
 
+
 class Progress:
     """A ``progress(done, total)`` callback drawing a tqdm bar once a search runs a while.
 
@@ -47,11 +48,13 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
 
+
 #: A search estimated to take longer than this (seconds) says so before it starts.
 NOTICE_SECONDS = 10.0
 
 #: Rough dynamic-programme speed on a two-core machine, for that estimate (seconds per entry).
 SECONDS_PER_ENTRY = 2e-9
+
 
 def notice(err: IO, label: str):
     """``notice(estimate, searches)`` for ``pase.plan``: a line on stderr for a long search."""
@@ -65,6 +68,7 @@ def notice(err: IO, label: str):
             err.flush()
 
     return notice
+
 
 def _duration(seconds: float) -> str:
     if seconds < 120:
