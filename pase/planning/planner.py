@@ -206,20 +206,9 @@ def plan(
         result = search.run(memory_budget=budget, progress=progress)
         choice, total, stats, capped = result.choice, result.cost, result.stats, {}
     else:
-        vectors = memory_model.vectors(network, configs_of)
-        found = capped_search(graph, dict(zip(vertices, vectors)), memory_cap, ordering, budget,
-                              progress=progress, search=search, **capped_options)
-        e = replace(found.search.estimate, table_entries=found.table_entries,
-                    plain_table_entries=found.plain_table_entries, blocks=found.blocks)
-        stats = SearchStats(e, found.seconds)
-        choice, total = found.choice, found.cost
-        capped = {
-            "status": found.status,
-            "lower_bound": None if found.status == NOTHING_FITS else found.lower_bound,
-            "least_bytes": found.min_memory,
-            "multiplier": found.multiplier,
-            "searches": found.searches,
-        }
+        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
+        choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
+                                               capped_options)
     indices = [int(choice[v]) for v in vertices]
     configs = [tuple(int(c) for c in configs_of[v][i]) for v, i in enumerate(indices)]
     return Plan(
@@ -237,6 +226,22 @@ def plan(
         indices=indices,
         graph=graph,
     )
+
+
+def _capped(graph, search: Search, ordering: str, memory: dict, memory_cap: float, budget: int, progress,
+            options: dict) -> tuple:
+    """``(choice, cost, stats, summary fields)`` of the memory-capped search (``docs/memory.md``)."""
+    found = capped_search(graph, memory, memory_cap, ordering, budget, progress=progress, search=search, **options)
+    e = replace(found.search.estimate, table_entries=found.table_entries,
+                plain_table_entries=found.plain_table_entries, blocks=found.blocks)
+    capped = {
+        "status": found.status,
+        "lower_bound": None if found.status == NOTHING_FITS else found.lower_bound,
+        "least_bytes": found.min_memory,
+        "multiplier": found.multiplier,
+        "searches": found.searches,
+    }
+    return found.choice, found.cost, SearchStats(e, found.seconds), capped
 
 
 def evaluate_plan(
