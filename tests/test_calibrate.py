@@ -1,4 +1,4 @@
-"""``pase calibrate`` (``pase/calibrate.py``): grids, the files it writes, its errors.
+"""``pase calibrate`` (``pase/machines/calibration.py``, ``pase/cli/calibrate.py``): grids, the files it writes, its errors.
 
 No GPU here: a fake timer stands in for the measurements; the torch code that builds the
 measured steps runs on the CPU when PyTorch is installed (skipped otherwise).
@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from pase.machines.calibrate import (
+from pase.machines.calibration import (
     TORCH_HINT,
     calibrate,
     gemm_grid,

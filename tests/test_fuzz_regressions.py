@@ -336,7 +336,7 @@ def test_a_table_spanning_a_huge_sparse_grid_is_refused(tmp_path, mini):
 
 
 def test_grids_like_the_calibrated_ones_are_accepted():
-    from pase.machines.calibrate import gemm_grid
+    from pase.machines.calibration import gemm_grid
     from pase.machines.measured import MeasuredTables
 
     # pase calibrate --quick: 762 rows spanning 3 x 11 x 11 x 11 = 3993 shapes (5.2 per row).

@@ -1,4 +1,4 @@
-"""``pase calibrate --out FILE.json [--quick]``: measure this GPU (``pase.machines.calibrate``)
+"""``pase calibrate --out FILE.json [--quick]``: measure this GPU (``pase.machines.calibration``)
 and write a machine description that ``--machine`` accepts, with its table next to it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import IO, Sequence
 
-from pase.machines.calibrate import DEFAULT_LINKS, TorchTimer, calibrate, gemm_grid, memory_grid
+from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, calibrate, gemm_grid, memory_grid
 from pase.machines.calibrated import load_calibrated
 
 from .errors import CliError, ParserExit

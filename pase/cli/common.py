@@ -96,11 +96,11 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
             progress.close()
 
 
-def nothing_fits_message(found: Plan, opts: Options) -> str:
-    m = found.memory
+def nothing_fits_message(planned: Plan, opts: Options) -> str:
+    m = planned.memory
     return (
-        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {found.network.name} on {found.procs} devices, "
-        f"batch {opts.batch if opts.batch is not None else found.network.batch}, needs at least "
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {planned.network.name} on {planned.procs} devices, "
+        f"batch {opts.batch if opts.batch is not None else planned.network.batch}, needs at least "
         f"{format_bytes(m.least_bytes)} per device with any strategy "
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
         f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}"
@@ -132,15 +132,15 @@ def write_dot(opts: Options, network, configs=None) -> None:
     write_atomic(opts.dot_path, dot_graph(network, configs).to_string(), "DOT graph")
 
 
-def print_plan(found: Plan, opts: Options, out: IO, measure=None, verified=None) -> None:
+def print_plan(planned: Plan, opts: Options, out: IO, measure=None, verified=None) -> None:
     model = effective_model(opts)
     if opts.json:
-        data = report_dict(found, model, measure)
+        data = report_dict(planned, model, measure)
         if verified is not None:
             data["verify"] = verified.to_dict()
         out.write(format_json(data))
         return
-    out.write(format_table(found, model, model_name=model_name(opts)))
+    out.write(format_table(planned, model, model_name=model_name(opts)))
     if measure is not None:
         out.write("\n" + format_measurement(measure))
     if verified is not None:
@@ -168,7 +168,7 @@ def write_exports(opts: Options, of: str, value) -> None:
             write_atomic(path, text, exporter.what)
 
 
-def run_verify(opts: Options, found: Plan):
+def run_verify(opts: Options, planned: Plan):
     """--verify: run the plan on XLA host devices in a child process (``pase.outputs.jax.verify``)."""
     if opts.verify is None:
         return None
@@ -176,7 +176,7 @@ def run_verify(opts: Options, found: Plan):
     from pase.outputs.jax.verify import verify  # imports no JAX here: the run is a child process
 
     try:
-        return verify(found, dtype="float64" if opts.verify == "jax64" else "float32")
+        return verify(planned, dtype="float64" if opts.verify == "jax64" else "float32")
     except JaxMissing as error:
         raise CliError(str(error), ExitStatus.USAGE) from None
     except (ValueError, RuntimeError) as error:

@@ -133,13 +133,13 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     write_exports(opts, "network", network)
     with Profiler(opts.profile) as profiler:
         try:
-            found = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, memory_cap(opts, machine))
+            planned = evaluate_plan(network, configs, opts.procs, machine, opts.memory_model, memory_cap(opts, machine))
         except ValueError as error:
             raise CliError(f"{where}: {error}") from None
     if opts.dot_path is not None:
-        write_dot(opts, network, found.configs)
-    write_exports(opts, "plan", found)
-    verified = run_verify(opts, found)
-    print_plan(found, opts, out, verified=verified)
+        write_dot(opts, network, planned.configs)
+    write_exports(opts, "plan", planned)
+    verified = run_verify(opts, planned)
+    print_plan(planned, opts, out, verified=verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

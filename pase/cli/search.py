@@ -25,14 +25,14 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)
     with profiler:
-        found = plan_with_options(network, opts.procs, machine, opts, err)
-    if found.memory.status == NOTHING_FITS:
-        raise CliError(nothing_fits_message(found, opts), ExitStatus.NOTHING_FITS)
-    measurement = measure_search(found, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
+        planned = plan_with_options(network, opts.procs, machine, opts, err)
+    if planned.memory.status == NOTHING_FITS:
+        raise CliError(nothing_fits_message(planned, opts), ExitStatus.NOTHING_FITS)
+    measurement = measure_search(planned, MEASURE_WARMUP, MEASURE_RUNS, opts.blocks) if opts.measure else None
     if opts.dot_path is not None:
-        write_dot(opts, network, found.configs)
-    write_exports(opts, "plan", found)
-    verified = run_verify(opts, found)
-    print_plan(found, opts, out, measurement, verified)
+        write_dot(opts, network, planned.configs)
+    write_exports(opts, "plan", planned)
+    verified = run_verify(opts, planned)
+    print_plan(planned, opts, out, measurement, verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

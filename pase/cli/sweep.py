@@ -42,7 +42,7 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
         for procs in bar:
             try:
                 with profiler:
-                    found = plan_with_options(network, procs, machine, opts, err, bar=False)
+                    planned = plan_with_options(network, procs, machine, opts, err, bar=False)
             except (SearchTooLarge, CostTablesTooLarge) as too_large:
                 # Like the paper's "OOM" cells: say so for this p and go on with the others.
                 status = ExitStatus.TOO_LARGE
@@ -54,17 +54,17 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                     line = format_sweep_refusal(procs, dp.total_cost, machine=machine)
                 bar.write(line, file=out, end="")
                 continue
-            if found.memory.status == NOTHING_FITS:
+            if planned.memory.status == NOTHING_FITS:
                 status = ExitStatus.NOTHING_FITS
-                bar.write(f"pase: error: p={procs}: {nothing_fits_message(found, opts)}", file=err)
+                bar.write(f"pase: error: p={procs}: {nothing_fits_message(planned, opts)}", file=err)
                 if opts.json:
-                    line = format_json(refusal_dict(found, "nothing_fits", model), one_line=True)
+                    line = format_json(refusal_dict(planned, "nothing_fits", model), one_line=True)
                 else:
-                    line = format_sweep_refusal(procs, found.data_parallel.total, "nothing fits", found.memory,
+                    line = format_sweep_refusal(procs, planned.data_parallel.total, "nothing fits", planned.memory,
                                                 machine)
                 bar.write(line, file=out, end="")
                 continue
-            line = format_json(report_dict(found, model), one_line=True) if opts.json else format_sweep_row(found)
+            line = format_json(report_dict(planned, model), one_line=True) if opts.json else format_sweep_row(planned)
             bar.write(line, file=out, end="")
     finally:
         bar.close()
