@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["is_int", "is_positive_int", "is_number"]
+__all__ = ["is_int", "is_positive_int", "is_number", "checked_device_count"]
 
 
 def is_int(value, *, numpy: bool = False) -> bool:
@@ -37,3 +37,11 @@ def is_number(value, *, numpy: bool = False) -> bool:
     """
     kinds = (int, float, np.integer, np.floating) if numpy else (int, float)
     return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def checked_device_count(procs) -> int:
+    """``procs`` as an ``int``; ``ValueError`` unless it is a positive integer. (Whether a
+    machine can hold that many devices is ``Machine.check_procs``.)"""
+    if not is_positive_int(procs, numpy=True):
+        raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
+    return int(procs)

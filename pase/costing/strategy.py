@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pase.model.builder import Network, check_procs
+from pase.core.checks import checked_device_count
+from pase.model.builder import Network
 from pase.model.layers import redistribution_volume
 from pase.model.configs import check_config
 from pase.machines.paper import Machine
@@ -111,7 +112,7 @@ def evaluate(
     """
     machine = machine or Machine()
     if procs is not None:
-        procs = check_procs(procs)
+        procs = checked_device_count(procs)
         machine.check_procs(procs)
     strategy = check_strategy(network, configs, procs)
     if procs is None:

@@ -14,7 +14,7 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from pase.core.checks import is_positive_int
+from pase.core.checks import checked_device_count, is_positive_int
 from pase.model.configs import enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
@@ -22,7 +22,7 @@ from pase.model.tensor import Tensor
 from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
-__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge", "check_procs"]
+__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge"]
 
 
 class CostTablesTooLarge(TooLarge):
@@ -39,12 +39,6 @@ class CostTablesTooLarge(TooLarge):
             f"(up to {largest} configurations per layer), over the budget of {format_bytes(budget)}"
         )
 
-
-def check_procs(procs) -> int:
-    """``procs`` as an int; ``ValueError`` unless it is a positive integer."""
-    if not is_positive_int(procs, numpy=True):
-        raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
-    return int(procs)
 
 # Builders hand out tensors tagged with their own serial number, so a tensor of one
 # network can never be wired into another. itertools.count is thread-safe and its value
@@ -93,7 +87,7 @@ class Network:
 
     def configs(self, procs: int) -> list:
         """Valid configurations of every layer for ``procs`` devices."""
-        procs = check_procs(procs)
+        procs = checked_device_count(procs)
         return [
             enumerate_configs(layer.domain, procs, self.cutoff, layer.unsplit, layer.contiguous)
             for layer in self.layers
@@ -139,7 +133,7 @@ class Network:
         With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
         computed if they would need more. Edges of repeated blocks share one read-only matrix.
         """
-        procs = check_procs(procs)
+        procs = checked_device_count(procs)
         machine = machine or Machine()
         machine.check_procs(procs)
         if configs is None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from pase.core.checks import is_positive_int
+from pase.core.checks import checked_device_count, is_positive_int
 from pase.planning.baselines import largest_divisor
-from pase.model.builder import Network, check_procs
+from pase.model.builder import Network
 from pase.machines.paper import Machine
 from pase.costing.strategy import evaluate
 
@@ -109,7 +109,7 @@ def owt(network: Network, procs: int) -> list:
     >>> owt(alexnet(128), 8)[-4:]
     [(1, 8, 1), (1, 8, 1), (1, 8, 1), (1, 8)]
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     ops = _ops(network)
     allowed = _OWT_DATA_PARALLEL | {"FC", "SoftmaxCrossEntropy"}
     if "Conv" not in ops or not ops <= allowed:
@@ -177,7 +177,7 @@ def gnmt(network: Network, procs: int) -> list:
     >>> gnmt(rnnlm(128), 8)
     [(8, 1, 1, 1), (2, 1, 4, 1, 1), (8, 1, 1, 1), (8, 1, 1)]
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     ops = [layer.op for layer in network.layers]
     foreign = sorted(set(ops) - _GNMT_DATA_PARALLEL - {"LSTM"})
     if ops.count("LSTM") != 1 or foreign:
@@ -258,7 +258,7 @@ def mesh_tensorflow_meshes(network: Network, procs: int) -> list:
     >>> mesh_tensorflow_meshes(transformer(128), 64)
     [(64, 1), (32, 2), (16, 4), (8, 8)]
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     roles = _mesh_roles(network)
     for used in range(procs, 0, -1):
         meshes = [(used // n, n) for n in range(1, used + 1)
@@ -313,7 +313,7 @@ def mesh_tensorflow(network: Network, procs: int, machine: Machine | None = None
     >>> mesh_tensorflow(net, 8, m=4)[net.names.index("enc1.ff.up")]
     (4, 1, 2, 1)
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     roles = _mesh_roles(network)
     if m is not None:
         if not is_positive_int(m) or procs % m:
@@ -381,7 +381,7 @@ def expert_strategies(network: Network, procs: int, machine: Machine | None = No
     >>> list(expert_strategies(rnnlm(128), 4))
     ['gnmt']
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     names = PAPER_EXPERTS.get(network.name, tuple(EXPERTS))
     strategies = {}
     for name in names:

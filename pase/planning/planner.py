@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 
-from pase.core.checks import is_int, is_number
+from pase.core.checks import checked_device_count, is_int, is_number
 from pase.planning.baselines import data_parallel
-from pase.model.builder import Network, check_procs
+from pase.model.builder import Network
 from pase.search.capped import MAX_SEARCHES, capped_search
 from pase.core.fileio import InputError
 from pase.machines.paper import Machine
@@ -182,7 +182,7 @@ def plan(
     >>> best.total_cost, best.configs[0]
     (53136349552.0, (32, 1, 1, 1, 1, 1, 1))
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     machine = machine or Machine()
     memory_model = memory_model or MemoryModel()
     if ordering not in ORDERINGS:
@@ -258,7 +258,7 @@ def evaluate_plan(
     and use at most ``procs`` devices (``ValueError`` naming the layer otherwise). With
     ``memory_cap`` the memory summary says whether it fits.
     """
-    procs = check_procs(procs)
+    procs = checked_device_count(procs)
     machine = machine or Machine()
     memory_model = memory_model or MemoryModel()
     evaluation = evaluate(network, configs, machine, procs)
