@@ -15,8 +15,8 @@ def main() -> int:
     payload = pickle.loads(sys.stdin.buffer.read())
     from pase.outputs.jax import program as jax_program  # imports jax
 
-    out = jax_program.run(payload["network"], payload["plan"], payload["seed"], payload["dtype"])
-    out["collectives"] = [c.__dict__ for c in parse_collectives(out.pop("hlo"), payload["plan"]["procs"])]
+    out = jax_program.run(payload["network"], payload["shardings"], payload["seed"], payload["dtype"])
+    out["collectives"] = [c.__dict__ for c in parse_collectives(out.pop("hlo"), payload["shardings"]["procs"])]
     sys.stdout.write(json.dumps(out))
     return 0
 

@@ -216,10 +216,10 @@ def export_shardings(network, configs: Sequence[Sequence[int]] | None = None, pr
     >>> g = GraphBuilder("mlp")
     >>> h = g.add("fc", FC(g.input((8, 16), "x", letters="bk"), 32))
     >>> loss = g.add("loss", SoftmaxCrossEntropy(h))
-    >>> plan = export_shardings(g.build(), [(2, 2, 1), (4, 1)], 4)
-    >>> plan["mesh"]
+    >>> shardings = export_shardings(g.build(), [(2, 2, 1), (4, 1)], 4)
+    >>> shardings["mesh"]
     {'axis_names': ['d0', 'd1'], 'axis_sizes': [2, 2]}
-    >>> fc = plan["layers"][0]
+    >>> fc = shardings["layers"][0]
     >>> fc["inputs"][0]["spec"], fc["weights"][0]["spec"], fc["outputs"][0]["spec"]
     ([['d0'], None], [['d1'], None], [['d0'], ['d1']])
     """

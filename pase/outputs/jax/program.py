@@ -240,13 +240,13 @@ def _partition(spec) -> PartitionSpec:
 class _Program:
     """The network's forward function over named arrays, and its random inputs."""
 
-    def __init__(self, network, plan, seed: int, dtype: str = "float32"):
+    def __init__(self, network, shardings, seed: int, dtype: str = "float32"):
         self.network = network
-        self.plan = plan
+        self.shardings = shardings
         self.dtype = np.dtype(dtype)
-        names = plan["mesh"]["axis_names"] or ["d0"]
-        sizes = plan["mesh"]["axis_sizes"] or [1]
-        devices = np.asarray(jax.devices()[: plan["procs"]], dtype=object).reshape(sizes)
+        names = shardings["mesh"]["axis_names"] or ["d0"]
+        sizes = shardings["mesh"]["axis_sizes"] or [1]
+        devices = np.asarray(jax.devices()[: shardings["procs"]], dtype=object).reshape(sizes)
         self.mesh = Mesh(devices, tuple(names))
         for op in sorted({layer.op for layer in network.layers}):
             if op not in OPS:
@@ -261,7 +261,7 @@ class _Program:
         self.data_key: list = []  # per layer, per input slot: key into self.data or None
         consumed = set()
         names_of: dict = {}  # graph weight tensor -> its parameter name
-        for v, (layer, entry) in enumerate(zip(network.layers, plan["layers"])):
+        for v, (layer, entry) in enumerate(zip(network.layers, shardings["layers"])):
             keys, data_keys = [], []
             weights = iter(entry["weights"])
             for i, t in enumerate(layer.inputs):
@@ -316,7 +316,7 @@ class _Program:
         """The loss; with ``sharded`` every tensor is constrained to the plan's sharding."""
         env: dict = {}
         losses: list = []
-        for v, (layer, entry, args) in enumerate(zip(self.network.layers, self.plan["layers"], self.args)):
+        for v, (layer, entry, args) in enumerate(zip(self.network.layers, self.shardings["layers"], self.args)):
             axes = entry["axes"]
 
             def constrain(x, spec_or_dims, axes=axes):
@@ -362,15 +362,16 @@ class _Program:
         return loss
 
 
-def run(network, plan: dict, seed: int, dtype: str = "float32") -> dict:
-    """Run ``plan`` sharded and unsharded in ``dtype``; returns numbers, errors, HLO text and timings."""
+def run(network, shardings: dict, seed: int, dtype: str = "float32") -> dict:
+    """Run the plan of ``shardings`` (``export_shardings``) sharded and unsharded in ``dtype``;
+    returns numbers, errors, HLO text and timings."""
     if jax is None:
         raise JaxMissing(INSTALL_HINT)
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # this process runs nothing else
-    if len(jax.devices()) < plan["procs"]:
-        raise RuntimeError(f"jax has {len(jax.devices())} devices, the plan needs {plan['procs']}")
-    program = _Program(network, plan, seed, dtype)
+    if len(jax.devices()) < shardings["procs"]:
+        raise RuntimeError(f"jax has {len(jax.devices())} devices, the plan needs {shardings['procs']}")
+    program = _Program(network, shardings, seed, dtype)
     param_shardings = {k: program.sharding(s) for k, s in program.param_spec.items()}
     replicated = program.sharding([])
     data_shardings = {k: replicated for k in program.data}

@@ -460,7 +460,7 @@ def verify(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     network, configs, procs = unpack_plan(network, configs, procs)
     strategy = check_strategy(network, configs, procs)
-    plan = export_shardings(network, strategy, procs)
+    shardings = export_shardings(network, strategy, procs)
     if importlib.util.find_spec("jax") is None:
         raise JaxMissing(INSTALL_HINT)
     budget = share_of_available_memory(MEMORY_SHARE) if memory_budget is None else float(memory_budget)
@@ -469,7 +469,7 @@ def verify(
         raise VerifyTooLarge(network.name, procs, needed, budget)
     layer_bytes, edge_bytes = modelled_bytes(network, strategy, procs, DTYPES[dtype])
     try:  # the child rebuilds nothing: it gets the network's layers as they are
-        payload = pickle.dumps({"network": network, "plan": plan, "seed": int(seed), "dtype": dtype})
+        payload = pickle.dumps({"network": network, "shardings": shardings, "seed": int(seed), "dtype": dtype})
     except (pickle.PicklingError, TypeError, AttributeError) as err:
         raise ValueError(f"the network cannot be sent to the JAX run (its layers must be picklable): {err}") from None
     started = time.perf_counter()
