@@ -128,3 +128,12 @@ def test_machine_is_immutable_value():
     # rho = 2000 / 1 = 2000 whatever was attempted above.
     assert m.rho == 2000.0
     assert math.isfinite(m.rho)
+
+
+def test_every_machine_kind_implements_the_protocol():
+    # A machine kind is one module implementing pase.machines.base.Machine and one registry entry.
+    from pase.machines.base import Machine as MachineProtocol
+    from pase.machines.registry import PRESETS, load_machine
+
+    for name in PRESETS:
+        assert isinstance(load_machine(name), MachineProtocol), name

@@ -18,6 +18,7 @@ from pase.planning.baselines import data_parallel
 from pase.model.builder import Network
 from pase.search.capped import MAX_SEARCHES, capped_search
 from pase.core.fileio import InputError
+from pase.machines.base import Machine as MachineProtocol
 from pase.machines.paper import Machine
 from pase.search.capped import NOTHING_FITS
 from pase.costing.memory import MemoryModel, MemorySummary
@@ -37,8 +38,8 @@ class Plan:
     ----------
     network : Network
     procs : int
-    machine
-        The machine that priced it (``pase.machines.paper.Machine`` or a calibrated one).
+    machine : pase.machines.base.Machine
+        The machine that priced it (the paper machine or a calibrated one).
     memory_model : MemoryModel
     configs : list of tuple
         One configuration per vertex id.
@@ -64,7 +65,7 @@ class Plan:
 
     network: Network
     procs: int
-    machine: object
+    machine: MachineProtocol
     memory_model: MemoryModel
     configs: list
     total_cost: float
