@@ -204,6 +204,33 @@ def parse_collectives(hlo_text: str, procs: int) -> list:
     >>> [(c.kind, c.bytes, c.group, c.layer, c.backward) for c in parse_collectives(hlo, 8)]
     [('all-reduce', 768.0, 4, 3, False)]
     """
+    computations, entry = _computations(hlo_text)
+    order, multiplicity = _multiplicities(computations, entry)
+    records = []
+    for comp in order:
+        instructions = computations[comp]
+        types = {name: type_text for name, type_text, *_ in instructions}
+        readers = _tuple_readers(instructions)
+        for name, type_text, opcode, operands, attrs in instructions:
+            kind = _COLLECTIVE_KINDS.get(opcode)
+            if kind is None or multiplicity[comp] == 0:
+                continue
+            op_name = _OP_NAME.search(attrs)
+            op_name = op_name.group(1) if op_name else None
+            q = _group_size(attrs, procs)
+            sizes = [b for operand in operands for b in _shape_bytes(types.get(operand, ""))]
+            if not sizes:
+                sizes = _shape_bytes(type_text)
+            per_device, owners = _bytes_and_owners(kind, q, sizes, attrs, name, op_name, readers)
+            for i, (nbytes, owner) in enumerate(zip(per_device, owners)):
+                layer, backward, role, slot = _attribution(owner)
+                records.append(Collective(kind, float(nbytes), int(multiplicity[comp]), int(q), layer, backward,
+                                          role, slot, name if len(owners) == 1 else f"{name}#{i}"))
+    return records
+
+
+def _computations(hlo_text: str) -> tuple:
+    """``({computation: [instruction, ...]}, entry computation)`` of an HLO module's text."""
     computations: dict = {}
     entry = None
     current = None
@@ -225,8 +252,13 @@ def parse_collectives(hlo_text: str, procs: int) -> list:
             computations[current].append(parsed)
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
+    return computations, entry
 
-    # Multiplicity of every computation: the product of the trip counts of the loops around it.
+
+def _multiplicities(computations: dict, entry: str) -> tuple:
+    """``(order, multiplicity)``: the computations reached from ``entry``, callees before
+    callers, and how many times each runs (the product of the trip counts of the loops
+    around it)."""
     calls: dict = {name: [] for name in computations}
     for name, instructions in computations.items():
         for _, _, opcode, _, attrs in instructions:
@@ -256,48 +288,36 @@ def parse_collectives(hlo_text: str, procs: int) -> list:
     for name in reversed(order):  # callers before callees
         for callee, factor in calls[name]:
             multiplicity[callee] += multiplicity[name] * factor
+    return order, multiplicity
 
-    records = []
-    for comp in order:
-        instructions = computations[comp]
-        types = {name: type_text for name, type_text, *_ in instructions}
-        readers: dict = {}
-        for name, _, opcode, operands, attrs in instructions:
-            if opcode == "get-tuple-element" and operands:
-                index = re.search(r"\bindex=(\d+)", attrs)
-                op_name = _OP_NAME.search(attrs)
-                if index and op_name:
-                    readers.setdefault((operands[0], int(index.group(1))), op_name.group(1))
-        for name, type_text, opcode, operands, attrs in instructions:
-            kind = _COLLECTIVE_KINDS.get(opcode)
-            if kind is None or multiplicity[comp] == 0:
-                continue
+
+def _tuple_readers(instructions: list) -> dict:
+    """``(tuple instruction, index) -> op_name`` of the ``get-tuple-element`` reading each part."""
+    readers: dict = {}
+    for name, _, opcode, operands, attrs in instructions:
+        if opcode == "get-tuple-element" and operands:
+            index = re.search(r"\bindex=(\d+)", attrs)
             op_name = _OP_NAME.search(attrs)
-            op_name = op_name.group(1) if op_name else None
-            q = _group_size(attrs, procs)
-            sizes = [b for operand in operands for b in _shape_bytes(types.get(operand, ""))]
-            if not sizes:
-                sizes = _shape_bytes(type_text)
-            if kind == "collective-permute":
-                listed = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attrs)
-                pairs = re.findall(r"\{(\d+),(\d+)\}", listed.group(1)) if listed else []
-                moves = any(a != b for a, b in pairs) if pairs else True
-                per_device = [float(sum(sizes)) if moves else 0.0]
-                owners = [op_name]
-            elif kind == "all-reduce":
-                per_device = [2.0 * (q - 1) / q * n for n in sizes]
-                owners = [readers.get((name, i), op_name) for i in range(len(sizes))] if len(sizes) > 1 else [op_name]
-            elif kind == "all-gather":
-                per_device = [float((q - 1) * sum(sizes))]  # (q-1)/q of the gathered output
-                owners = [op_name]
-            else:  # reduce-scatter, all-to-all: (q-1)/q of the input
-                per_device = [(q - 1) / q * float(sum(sizes))]
-                owners = [op_name]
-            for i, (nbytes, owner) in enumerate(zip(per_device, owners)):
-                layer, backward, role, slot = _attribution(owner)
-                records.append(Collective(kind, float(nbytes), int(multiplicity[comp]), int(q), layer, backward,
-                                          role, slot, name if len(owners) == 1 else f"{name}#{i}"))
-    return records
+            if index and op_name:
+                readers.setdefault((operands[0], int(index.group(1))), op_name.group(1))
+    return readers
+
+
+def _bytes_and_owners(kind: str, q: int, sizes: list, attrs: str, name: str, op_name, readers: dict) -> tuple:
+    """Bytes each device sends for one collective over ``q`` devices of tensors of ``sizes``
+    bytes, and the op name each part is attributed to (a tuple all-reduce: one per tensor)."""
+    if kind == "collective-permute":
+        listed = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attrs)
+        pairs = re.findall(r"\{(\d+),(\d+)\}", listed.group(1)) if listed else []
+        moves = any(a != b for a, b in pairs) if pairs else True
+        return [float(sum(sizes)) if moves else 0.0], [op_name]
+    if kind == "all-reduce":
+        per_device = [2.0 * (q - 1) / q * n for n in sizes]
+        owners = [readers.get((name, i), op_name) for i in range(len(sizes))] if len(sizes) > 1 else [op_name]
+        return per_device, owners
+    if kind == "all-gather":
+        return [float((q - 1) * sum(sizes))], [op_name]  # (q-1)/q of the gathered output
+    return [(q - 1) / q * float(sum(sizes))], [op_name]  # reduce-scatter, all-to-all: (q-1)/q of the input
 
 
 def collective_bytes(records: Sequence[Collective], network: Network) -> dict:
