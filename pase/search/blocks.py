@@ -204,39 +204,12 @@ def find_block_runs(order, K: dict, costs: dict, edges, min_copies: int = 2) -> 
     if n < 3:
         return []
     position = {v: i for i, v in enumerate(order)}
-    cost_codes: dict = {}
-    cost_code = []
-    for v in order:
-        c = np.asarray(costs[v])
-        cost_code.append(cost_codes.setdefault((c.shape, c.dtype.str, c.tobytes()), len(cost_codes)))
-    matrix_code = _Codes()
-    incident = [[] for _ in range(n)]  # position -> [(other position, 0 out / 1 in, matrix code)]
-    for u, v, m in edges:
-        pu, pv, code = position[u], position[v], matrix_code(m)
-        incident[pu].append((pv, 0, code))
-        incident[pv].append((pu, 1, code))
-    signatures: dict = {}
-    sig = np.array([
-        signatures.setdefault((cost_code[i], tuple(sorted(c for _, d, c in incident[i] if d == 1))), len(signatures))
-        for i in range(n)
-    ])
+    sig, incident = _signatures(order, position, costs, edges)
     Kpos = [int(K[v]) for v in order]
-
-    # Candidate periodic stretches (start, length, period), longest coverage first.
-    candidates = []
-    for B in range(1, n // min_copies + 1):
-        equal = np.concatenate(([False], sig[B:] == sig[:-B], [False]))
-        steps = np.diff(equal.astype(np.int8))
-        starts, ends = np.flatnonzero(steps == 1), np.flatnonzero(steps == -1)
-        lengths = ends - starts + B
-        for a, length in zip(starts[lengths >= min_copies * B], lengths[lengths >= min_copies * B]):
-            candidates.append((-(int(length) // B) * B, B, int(a), int(length)))
-    candidates.sort()
-
     compressed = np.zeros(n, dtype=bool)  # positions inside accepted runs
     referenced = np.zeros(n, dtype=bool)  # previous / following / shared vertices of accepted runs
     runs = []
-    for _, B, a, length in candidates:
+    for _, B, a, length in _periodic_stretches(sig, min_copies):
         # Clip to the longest stretch not already taken.
         free = np.concatenate(([False], ~compressed[a:a + length], [False]))
         steps = np.diff(free.astype(np.int8))
@@ -247,10 +220,10 @@ def find_block_runs(order, K: dict, costs: dict, edges, min_copies: int = 2) -> 
         a, length = a + int(starts[k]), int(ends[k] - starts[k])
         if length < min_copies * B:
             continue
-        found = _verify(a, length, B, incident, Kpos, min_copies)
-        if found is None:
+        verified = _verify(a, length, B, incident, Kpos, min_copies)
+        if verified is None:
             continue
-        start, copies, interface, prev_pos, follow_pos, shared_pos = found
+        start, copies, interface, prev_pos, follow_pos, shared_pos = verified
         inside = slice(start, start + copies * B)
         outside = list(prev_pos) + list(follow_pos) + list(shared_pos)
         if referenced[inside].any() or compressed[outside].any():
@@ -265,6 +238,45 @@ def find_block_runs(order, K: dict, costs: dict, edges, min_copies: int = 2) -> 
         ))
     runs.sort(key=lambda r: position[r.vertices[0]])
     return runs
+
+
+def _signatures(order: list, position: dict, costs: dict, edges) -> tuple:
+    """``(sig, incident)``: per position a code of its cost vector and incoming edge matrices,
+    and its incident edges ``(other position, 0 out / 1 in, matrix code)``."""
+    cost_codes: dict = {}
+    cost_code = []
+    for v in order:
+        c = np.asarray(costs[v])
+        cost_code.append(cost_codes.setdefault((c.shape, c.dtype.str, c.tobytes()), len(cost_codes)))
+    matrix_code = _Codes()
+    incident = [[] for _ in range(len(order))]
+    for u, v, m in edges:
+        pu, pv, code = position[u], position[v], matrix_code(m)
+        incident[pu].append((pv, 0, code))
+        incident[pv].append((pu, 1, code))
+    signatures: dict = {}
+    sig = np.array([
+        signatures.setdefault((cost_code[i], tuple(sorted(c for _, d, c in incident[i] if d == 1))), len(signatures))
+        for i in range(len(order))
+    ])
+    return sig, incident
+
+
+def _periodic_stretches(sig: np.ndarray, min_copies: int) -> list:
+    """Candidate runs ``(-covered, period, start, length)``: for every period ``B`` the maximal
+    stretches where ``sig[i] == sig[i + B]`` over at least ``min_copies`` copies, longest
+    coverage first."""
+    n = len(sig)
+    candidates = []
+    for B in range(1, n // min_copies + 1):
+        equal = np.concatenate(([False], sig[B:] == sig[:-B], [False]))
+        steps = np.diff(equal.astype(np.int8))
+        starts, ends = np.flatnonzero(steps == 1), np.flatnonzero(steps == -1)
+        lengths = ends - starts + B
+        for a, length in zip(starts[lengths >= min_copies * B], lengths[lengths >= min_copies * B]):
+            candidates.append((-(int(length) // B) * B, B, int(a), int(length)))
+    candidates.sort()
+    return candidates
 
 
 def _records(base: int, B: int, incident) -> tuple:
