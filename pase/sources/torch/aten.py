@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import _Unmappable
+from .errors import Unmappable
 
 
 #: Operations that change nothing the cost model sees (copies, casts, aliases, asserts).
@@ -96,7 +96,7 @@ def _display_op(target) -> str:
 
 def _norm_dim(dim: int, rank: int) -> int:
     if not -max(rank, 1) <= dim < max(rank, 1):
-        raise _Unmappable(f"dimension {dim} is out of range for rank {rank}")
+        raise Unmappable(f"dimension {dim} is out of range for rank {rank}")
     return dim % max(rank, 1)
 
 
@@ -107,7 +107,7 @@ def _ints(value, count: int, what: str) -> tuple:
         if len(value) == 1:
             value = value * count
         if len(value) != count:
-            raise _Unmappable(f"{what} {value} is not {count} integers")
+            raise Unmappable(f"{what} {value} is not {count} integers")
         return tuple(value)
     return (int(value),) * count
 

@@ -42,7 +42,7 @@ class FactoryError(TorchImportError):
     """A model factory (``FILE.py:FUNCTION`` or ``package.module:FUNCTION``) that cannot be used."""
 
 
-class _Unmappable(Exception):
+class Unmappable(Exception):
     """Raised inside a handler: this operation cannot be mapped (the reason is the message)."""
 
 

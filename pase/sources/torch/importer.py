@@ -26,10 +26,10 @@ from pase.model.builder import Network
 from pase.core.checks import is_positive_int
 
 from .errors import (
-    INSTALL_HINT, FactoryError, TorchImportError, TorchNotInstalledError, UnmappableOpsError, _import_torch, _Unmappable,
+    INSTALL_HINT, FactoryError, TorchImportError, TorchNotInstalledError, UnmappableOpsError, _import_torch, Unmappable,
 )
 from .factory import _quiet_logging, _raised, load_factory
-from .walk import _Importer
+from .walk import GraphWalk
 
 __all__ = [
     "from_torch", "load_factory", "load_torch_graph", "TorchImportError", "TorchNotInstalledError",
@@ -110,7 +110,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         raise
     except BaseException as err:  # noqa: BLE001  torch raises many types, the model's forward anything
         raise TorchImportError(f"torch.export could not trace {model_name}: {_raised(err)}") from err
-    importer = _Importer(program, torch, model_name)
+    importer = GraphWalk(program, torch, model_name)
     importer.run()
     if importer.batch is None:
         raise TorchImportError(
@@ -126,7 +126,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     chosen = cutoff if cutoff is not None else (4 if importer.has_conv else 1)
     try:
         return importer.emit(chosen)
-    except _Unmappable as why:
+    except Unmappable as why:
         raise TorchImportError(f"{model_name}: {why}") from None
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pase.model import layers as L
 from pase.model.builder import GraphBuilder
 
-from .errors import _Unmappable
-from .values import _Atom, _Base
+from .errors import Unmappable
+from .values import Atom, TracedTensor
 
 
-class _Proto:
+class ProtoLayer:
     """A layer recorded while walking the graph; ``emit`` builds the PaSE layer at the end."""
 
     has_pw = False
@@ -20,8 +20,8 @@ class _Proto:
         self.pw_ops: set = set()
         self.outputs: list = []
 
-    def output(self, atoms, index: int = 0) -> _Base:
-        base = _Base(atoms, self, index)
+    def output(self, atoms, index: int = 0) -> TracedTensor:
+        base = TracedTensor(atoms, self, index)
         self.outputs.append(base)
         return base
 
@@ -30,14 +30,14 @@ class _Proto:
         return len(self.pw_ops)
 
 
-class _Emitter:
+class Emitter:
     """Builds the PaSE layers of the protos, in order, with one GraphBuilder."""
 
     def __init__(self, builder: GraphBuilder):
         self.g = builder
-        self.tensors: dict = {}  # id(_Base) -> pase Tensor
+        self.tensors: dict = {}  # id(TracedTensor) -> pase Tensor
 
-    def tensor(self, base: _Base):
+    def tensor(self, base: TracedTensor):
         if id(base) not in self.tensors:
             if base.proto is not None:
                 raise AssertionError(f"layer output {base.name!r} read before it was built")
@@ -49,7 +49,7 @@ class _Emitter:
         """A replicated operand of a data-movement layer (a Concat): a graph input."""
         return self.g.input(tuple(shape), name)
 
-    def add(self, proto: _Proto, layer) -> None:
+    def add(self, proto: ProtoLayer, layer) -> None:
         outs = self.g.add(proto.name, layer)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for base, t in zip(proto.outputs, outs):
@@ -73,7 +73,7 @@ def _letters(atoms, avoid: str = "", keys=None) -> str:
             letter = atom.hint if atom.hint and atom.hint not in used else next(
                 (c for c in _PREFERRED if c not in used), None)
             if letter is None:
-                raise _Unmappable("more than 26 distinct dimensions in one layer")
+                raise Unmappable("more than 26 distinct dimensions in one layer")
             used.add(letter)
             given[key] = letter
         out.append(given[key])
@@ -91,10 +91,10 @@ def _index_of(leaves, atom) -> int:
     raise AssertionError("atom not among the leaves")
 
 
-class _Gemm(_Proto):
+class ProtoGemm(ProtoLayer):
     """linear, matmul, bmm, addmm, einsum, attention's two products: an FC or an Einsum.
 
-    ``operands``: two entries, ``("view", _View)`` (a batch-dependent tensor, read as its
+    ``operands``: two entries, ``("view", View)`` (a batch-dependent tensor, read as its
     layer output) or ``("weight", [(atom, side)], param, suffix)`` (a replicated operand: a
     graph input whose dimensions are the atoms, each named as in operand ``side``).
 
@@ -140,19 +140,19 @@ class _Gemm(_Proto):
         return tuple(terms)
 
     def check(self) -> None:
-        """Raise ``_Unmappable`` unless the letters make a valid Einsum (spec, Einsum row)."""
+        """Raise ``Unmappable`` unless the letters make a valid Einsum (spec, Einsum row)."""
         a, b, out = self.terms()
         sa, sb, so = set(a), set(b), set(out)
         if len(so | sa | sb) > 26:
-            raise _Unmappable("more than 26 distinct dimensions in one product")
+            raise Unmappable("more than 26 distinct dimensions in one product")
         if len(sa) != len(a) or len(sb) != len(b) or len(so) != len(out):
-            raise _Unmappable("a dimension repeats within one operand (a diagonal)")
+            raise Unmappable("a dimension repeats within one operand (a diagonal)")
         if (sa - sb - so) or (sb - sa - so) or (so - sa - sb):
-            raise _Unmappable("a dimension that is summed over in one operand only")
+            raise Unmappable("a dimension that is summed over in one operand only")
         if not (so & sa) - sb or not (so & sb) - sa:
-            raise _Unmappable("a matrix-vector product of two batch-dependent tensors")
+            raise Unmappable("a matrix-vector product of two batch-dependent tensors")
 
-    def emit(self, em: _Emitter) -> None:
+    def emit(self, em: Emitter) -> None:
         ta, tb, to = self.terms()
         atom = self.atoms.__getitem__
         if [op[0] for op in self.operands] == ["view", "weight"] and self._is_fc(ta, tb, to):
@@ -181,7 +181,7 @@ class _Gemm(_Proto):
         """The atom of ``key``, or a stand-in with the hint the product asked for."""
         atom = self.atoms[key]
         hint = self.hints.get(key)
-        return atom if not hint else _Atom(atom.size, hint)
+        return atom if not hint else Atom(atom.size, hint)
 
     def _is_fc(self, ta, tb, to) -> bool:
         """An FC reads its input as laid out, contracts its last dim and appends one unit dim."""
@@ -193,7 +193,7 @@ class _Gemm(_Proto):
         return _batch_position([self.atoms[x] for x in ta]) in (0, None)
 
 
-class _Conv(_Proto):
+class ProtoConv(ProtoLayer):
     has_pw = True
 
     def __init__(self, name, x, filters, kernel, stride, pad):
@@ -204,7 +204,7 @@ class _Conv(_Proto):
         em.add(self, L.Conv(em.tensor(self.x), self.filters, self.kernel, self.stride, self.pad, pw=self.pw))
 
 
-class _Pooling(_Proto):
+class ProtoPooling(ProtoLayer):
     def __init__(self, name, x, window, stride, pad):
         super().__init__(name)
         self.x, self.window, self.stride, self.pad = x, window, stride, pad
@@ -213,7 +213,7 @@ class _Pooling(_Proto):
         em.add(self, L.Pooling(em.tensor(self.x), self.window, self.stride, self.pad))
 
 
-class _Embedding(_Proto):
+class ProtoEmbedding(ProtoLayer):
     def __init__(self, name, ids, vocab, width):
         super().__init__(name)
         self.ids, self.vocab, self.width = ids, vocab, width
@@ -224,7 +224,7 @@ class _Embedding(_Proto):
         em.add(self, L.Embedding(ids, self.vocab, self.width, letters=letters))
 
 
-class _Elementwise(_Proto):
+class ProtoElementwise(ProtoLayer):
     has_pw = True
 
     def __init__(self, name, a, b):
@@ -235,7 +235,7 @@ class _Elementwise(_Proto):
         em.add(self, L.Elementwise(em.tensor(self.a), em.tensor(self.b), pw=self.pw))
 
 
-class _Norm(_Proto):
+class ProtoNorm(ProtoLayer):
     """Norm, RMSNorm (over the atom ``axis``) or BatchNorm (axis 0 by definition)."""
 
     has_pw = True
@@ -253,7 +253,7 @@ class _Norm(_Proto):
             em.add(self, cls(x, axis=_index_of(self.x.leaves(), self.axis), pw=self.pw))
 
 
-class _Softmax(_Proto):
+class ProtoSoftmax(ProtoLayer):
     def __init__(self, name, x, axis):
         super().__init__(name)
         self.x, self.axis = x, axis
@@ -262,7 +262,7 @@ class _Softmax(_Proto):
         em.add(self, L.Softmax(em.tensor(self.x), axis=_index_of(self.x.leaves(), self.axis)))
 
 
-class _ReduceMean(_Proto):
+class ProtoReduceMean(ProtoLayer):
     def __init__(self, name, x, axes):
         super().__init__(name)
         self.x, self.axes = x, axes
@@ -273,7 +273,7 @@ class _ReduceMean(_Proto):
         em.add(self, L.ReduceMean(em.tensor(self.x), axes))
 
 
-class _Loss(_Proto):
+class ProtoLoss(ProtoLayer):
     def __init__(self, name, x):
         super().__init__(name)
         self.x = x
@@ -282,7 +282,7 @@ class _Loss(_Proto):
         em.add(self, L.SoftmaxCrossEntropy(em.tensor(self.x)))
 
 
-class _Concat(_Proto):
+class ProtoConcat(ProtoLayer):
     """Concat (``stack`` false) or Stack of layer outputs and replicated operands."""
 
     def __init__(self, name, items, axis, stack):
@@ -291,7 +291,7 @@ class _Concat(_Proto):
 
     def emit(self, em):
         tensors = [
-            em.tensor(item) if isinstance(item, _Base) else em.constant(item, f"{self.name}.input{i}")
+            em.tensor(item) if isinstance(item, TracedTensor) else em.constant(item, f"{self.name}.input{i}")
             for i, item in enumerate(self.items)
         ]
         if self.stack:
@@ -302,7 +302,7 @@ class _Concat(_Proto):
             em.add(self, L.Concat(tensors, self.axis))
 
 
-class _Unstack(_Proto):
+class ProtoUnstack(ProtoLayer):
     def __init__(self, name, x, atom):
         super().__init__(name)
         self.x, self.atom = x, atom
@@ -313,7 +313,7 @@ class _Unstack(_Proto):
         em.add(self, L.Unstack(em.tensor(self.x), _index_of(leaves, self.atom), batch_dim=position))
 
 
-class _Reshape(_Proto):
+class ProtoReshape(ProtoLayer):
     """A reshape no view can express: a Ravel and an Unravel (two vertices)."""
 
     def __init__(self, name, x, shape):

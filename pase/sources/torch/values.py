@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 
 
-class _Atom:
+class Atom:
     """A dimension of a layer output, or a piece of one after a refinement.
 
     ``parts`` is set once the atom has been split; its leaves are then its parts' leaves.
@@ -39,8 +39,8 @@ class _Atom:
 
     def split(self, head: int) -> tuple:
         """Refine into ``(head, size / head)``; returns the two new atoms."""
-        first = _Atom(head, self.hint, broadcast=self.broadcast, batch=self.batch)
-        rest = _Atom(self.size // head, self.hint, broadcast=self.broadcast)
+        first = Atom(head, self.hint, broadcast=self.broadcast, batch=self.batch)
+        rest = Atom(self.size // head, self.hint, broadcast=self.broadcast)
         self.parts = (first, rest)
         return first, rest
 
@@ -66,7 +66,7 @@ def _freeze(atoms) -> None:
             leaf.frozen = True
 
 
-class _Base:
+class TracedTensor:
     """A layer output (``proto`` set) or a graph input: the tensor the search sees."""
 
     __slots__ = ("atoms", "proto", "index", "name", "norm_pattern", "consumed")
@@ -87,7 +87,7 @@ class _Base:
 
 
 @dataclass(frozen=True, eq=False)
-class _View:
+class View:
     """A batch-dependent tensor: ``base`` seen through ``dims`` (atoms per dimension).
 
     ``ops``: names of the point-wise operations applied since ``base`` was produced, not yet
@@ -95,7 +95,7 @@ class _View:
     readers of one view charge each operation once).
     """
 
-    base: _Base
+    base: TracedTensor
     dims: tuple
     ops: frozenset = frozenset()
 
@@ -103,19 +103,19 @@ class _View:
     def shape(self) -> tuple:
         return tuple(math.prod(a.size for a in dim) for dim in self.dims)
 
-    def with_ops(self, ops) -> "_View":
-        return _View(self.base, self.dims, self.ops | frozenset(ops))
+    def with_ops(self, ops) -> "View":
+        return View(self.base, self.dims, self.ops | frozenset(ops))
 
 
 @dataclass(frozen=True, eq=False)
-class _Slice:
+class LazySlice:
     """``source[..., start:stop, ...]`` along ``dim`` (``squeeze``: an index, the dim dropped).
 
     Kept lazy: the halves of a rotary ``rotate_half`` are put back together by ``cat`` at no
     cost; anything else turns the slice into one output of an Unstack.
     """
 
-    source: _View
+    source: View
     dim: int
     start: int
     stop: int
@@ -133,14 +133,14 @@ class _Slice:
 
 
 @dataclass(frozen=True, eq=False)
-class _Stat:
+class LazyStatistic:
     """A statistic (``mean``, ``var``, ...) over ``axes`` of ``source``, kept lazy.
 
     Combined with its own source (``x * rsqrt(mean(x^2) + eps)``, ``x - mean(x)``) it is a
     norm; read by anything else it becomes a ReduceMean.
     """
 
-    source: _View
+    source: View
     axes: tuple
     keepdim: bool
     kind: str
@@ -159,28 +159,28 @@ class _Stat:
 
 
 @dataclass(frozen=True, eq=False)
-class _Replicated:
+class Replicated:
     """A tensor (or other value) that does not depend on the batch: a graph input at most."""
 
     shape: tuple | None
     param: bool = False
 
 
-class _Aux:
+class SideOutput:
     """A batch-dependent side output no layer produces (pooling indices, norm statistics)."""
 
     def __init__(self, what: str):
         self.what = what
 
 
-class _UnknownType:
+class UnmappedValue:
     """The value of an operation that could not be mapped (already reported)."""
 
 
-_UNKNOWN = _UnknownType()
+UNMAPPED = UnmappedValue()
 
 
-_DEPENDENT = (_View, _Slice, _Stat)
+_DEPENDENT = (View, LazySlice, LazyStatistic)
 
 
 def _dependent(value) -> bool:

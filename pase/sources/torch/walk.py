@@ -8,13 +8,13 @@ import operator
 from pase.model.builder import GraphBuilder, Network
 
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _op_name
-from .errors import TorchImportError, _Unmappable
-from .protos import _Emitter, _Gemm, _Loss, _Proto, _ReduceMean, _Reshape, _Unstack
-from .values import _Atom, _Aux, _Base, _Replicated, _Slice, _Stat, _UNKNOWN, _UnknownType, _View, _big, _dependent, _freeze, _leaves, _regroup
+from .errors import TorchImportError, Unmappable
+from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
+from .values import Atom, SideOutput, TracedTensor, Replicated, LazySlice, LazyStatistic, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 
 
-class _Importer:
+class GraphWalk:
     """Walks an ``ExportedProgram``'s graph once, recording protos; then emits the network."""
 
     def __init__(self, program, torch, model_name: str):
@@ -25,7 +25,7 @@ class _Importer:
         self.protos: list = []
         self.names: set = set()
         self.problems: dict = {}  # display op -> [module path, reason, count]
-        self.unstacks: dict = {}  # (id(base), id(atom)) -> _Unstack
+        self.unstacks: dict = {}  # (id(base), id(atom)) -> ProtoUnstack
         self.batch: int | None = None
         self.outputs: list = []
         self.has_conv = False
@@ -56,20 +56,20 @@ class _Importer:
         self.names.add(name)
         return name
 
-    def _record(self, proto: _Proto) -> _Proto:
+    def _record(self, proto: ProtoLayer) -> ProtoLayer:
         self.protos.append(proto)
         for attr in ("x", "a", "b", "ids"):
-            if isinstance(getattr(proto, attr, None), _Base):
+            if isinstance(getattr(proto, attr, None), TracedTensor):
                 getattr(proto, attr).consumed = True
         for item in getattr(proto, "items", ()):
-            if isinstance(item, _Base):
+            if isinstance(item, TracedTensor):
                 item.consumed = True
         for op in getattr(proto, "operands", ()):
             if op[0] == "view":
                 op[1].base.consumed = True
         return proto
 
-    def _reorder(self, view: _View) -> bool:
+    def _reorder(self, view: View) -> bool:
         """Lay a product's output out as ``view`` reads it, if no layer has read it yet.
 
         An Einsum may write its output in any order: a transpose read by a layer that
@@ -77,7 +77,7 @@ class _Importer:
         """
         base = view.base
         proto = base.proto
-        if not isinstance(proto, _Gemm) or base.consumed:
+        if not isinstance(proto, ProtoGemm) or base.consumed:
             return False
         mine = [a for dim in view.dims for a in _leaves(dim)]
         leaves = base.leaves()
@@ -105,7 +105,7 @@ class _Importer:
 
     # -- charging point-wise operations ---------------------------------------------
 
-    def _charge(self, view: _View) -> None:
+    def _charge(self, view: View) -> None:
         """A layer reads ``view``: its pending point-wise ops go to the layer that made it."""
         proto = view.base.proto
         if view.ops and proto is not None and proto.has_pw:
@@ -113,17 +113,17 @@ class _Importer:
 
     # -- making views concrete --------------------------------------------------------
 
-    def _view(self, value, node) -> _View:
+    def _view(self, value, node) -> View:
         """Any batch-dependent value as a view (slices become Unstack outputs, stats means)."""
-        if isinstance(value, _View):
+        if isinstance(value, View):
             return value
-        if isinstance(value, _Slice):
+        if isinstance(value, LazySlice):
             return self._unstack(value, node)
-        if isinstance(value, _Stat):
+        if isinstance(value, LazyStatistic):
             return self._reduce(value, node)
         raise AssertionError(f"not a batch-dependent value: {value!r}")
 
-    def _natural(self, view: _View) -> bool:
+    def _natural(self, view: View) -> bool:
         """The view lists its layer output's dimensions in order (merges allowed, no expand)."""
         flat = [a for dim in view.dims for a in _leaves(dim)]
         if any(a.broadcast for a in flat):
@@ -132,7 +132,7 @@ class _Importer:
         theirs = [a for a in view.base.leaves() if a.size > 1]
         return len(mine) == len(theirs) and all(x is y for x, y in zip(mine, theirs))
 
-    def _exact(self, view: _View, node) -> _View:
+    def _exact(self, view: View, node) -> View:
         """A view that *is* its layer output, dimension for dimension: or a Reshape to one."""
         if not self._natural(view):
             self._reorder(view)
@@ -140,7 +140,7 @@ class _Importer:
             return view
         return self._reshape(view, node)
 
-    def _axis_leaf(self, view: _View, dim: int, node) -> tuple:
+    def _axis_leaf(self, view: View, dim: int, node) -> tuple:
         """``(view, atom)``: a natural view whose ``dim`` is one atom of its layer output."""
         if not self._natural(view):
             self._reorder(view)
@@ -152,19 +152,19 @@ class _Importer:
         big = _leaves(view.dims[dim])
         return view, big[0]
 
-    def _reshape(self, view: _View, node, shape=None) -> _View:
+    def _reshape(self, view: View, node, shape=None) -> View:
         """A Reshape pair (Ravel, Unravel) of the view's layer output to ``shape``.
 
         The fallback wherever no view expresses what a layer needs: the pair prices the data
         movement as the built-in AlexNet's flatten does. A permutation is not modelled.
         """
         if any(a.broadcast for dim in view.dims for a in _leaves(dim)):
-            raise _Unmappable("a layer reads an expanded (broadcast) tensor")
+            raise Unmappable("a layer reads an expanded (broadcast) tensor")
         self._charge(view)
         _freeze(view.base.atoms)
         shape = tuple(view.shape if shape is None else shape)
-        proto = self._record(_Reshape(self._name(node, "reshape"), view.base, shape))
-        atoms = [_Atom(s, frozen=True) for s in shape]
+        proto = self._record(ProtoReshape(self._name(node, "reshape"), view.base, shape))
+        atoms = [Atom(s, frozen=True) for s in shape]
         if shape == view.shape:  # dimension for dimension: keep the names and the batch mark
             for atom, dim in zip(atoms, view.dims):
                 leaves = _leaves(dim)
@@ -177,33 +177,33 @@ class _Importer:
                 atoms[0].batch = True
                 atoms[0].hint = first.hint
         base = proto.output(atoms)
-        return _View(base, tuple((a,) if a.size > 1 else () for a in atoms))
+        return View(base, tuple((a,) if a.size > 1 else () for a in atoms))
 
-    def _unstack(self, s: _Slice, node) -> _View:
+    def _unstack(self, s: LazySlice, node) -> View:
         """A slice read by a layer: one output of an Unstack of the sliced atom."""
         src = s.source
         size = src.shape[s.dim]
         width = s.stop - s.start
         if width <= 0 or size % width or s.start % width:
-            raise _Unmappable(f"a slice [{s.start}:{s.stop}] of a dimension of {size} that is not an equal part")
+            raise Unmappable(f"a slice [{s.start}:{s.stop}] of a dimension of {size} that is not an equal part")
         count = size // width
         dims = list(src.dims)
         groups = _regroup(_big(dims[s.dim]), (count, width))
         if groups is None or len(groups[0]) != 1:
-            raise _Unmappable("a slice across a merged or frozen dimension")
+            raise Unmappable("a slice across a merged or frozen dimension")
         atom = groups[0][0]
         rest = groups[1]
         if atom.broadcast:  # a slice of an expanded dimension is the tensor itself
             dims[s.dim] = rest
             if s.squeeze:
                 del dims[s.dim]
-            return _View(src.base, tuple(dims), src.ops | s.ops)
+            return View(src.base, tuple(dims), src.ops | s.ops)
         self._charge(src)
         key = (id(src.base), id(atom))
         if key not in self.unstacks:
             atom.frozen = True
             atom.hint = "s"
-            proto = self._record(_Unstack(self._name(node, "split"), src.base, atom))
+            proto = self._record(ProtoUnstack(self._name(node, "split"), src.base, atom))
             remaining = [a for a in src.base.leaves() if a is not atom]
             for i in range(count):
                 proto.output(remaining, i)
@@ -214,9 +214,9 @@ class _Importer:
             if rest:
                 raise AssertionError("a squeezed slice must be one wide")
             del dims[s.dim]
-        return _View(proto.outputs[s.start // width], tuple(dims), s.ops)
+        return View(proto.outputs[s.start // width], tuple(dims), s.ops)
 
-    def _reduce(self, stat: _Stat, node, leaf: bool = False) -> _View:
+    def _reduce(self, stat: LazyStatistic, node, leaf: bool = False) -> View:
         """A statistic read by a layer: a ReduceMean of its source."""
         src = stat.source
         if not self._natural(src):
@@ -226,12 +226,12 @@ class _Importer:
         if not reduced:  # a mean over size-1 dimensions is the tensor itself
             dims = [d for i, d in enumerate(src.dims) if i not in stat.axes or stat.keepdim]
             dims = [() if i in stat.axes else d for i, d in enumerate(src.dims)] if stat.keepdim else dims
-            return _View(src.base, tuple(dims), stat.ops)
+            return View(src.base, tuple(dims), stat.ops)
         for a in reduced:
             a.frozen = True
-        proto = self._record(_ReduceMean(self._name(node, stat.kind, leaf), src.base, reduced))
+        proto = self._record(ProtoReduceMean(self._name(node, stat.kind, leaf), src.base, reduced))
         kept = [a for a in src.base.leaves() if all(a is not r for r in reduced)]
-        base = proto.output(kept or [_Atom(1)])
+        base = proto.output(kept or [Atom(1)])
         dims = []
         for i, dim in enumerate(src.dims):
             if i in stat.axes:
@@ -239,7 +239,7 @@ class _Importer:
                     dims.append(())
             else:
                 dims.append(dim)
-        return _View(base, tuple(dims), stat.ops)
+        return View(base, tuple(dims), stat.ops)
 
     # -- the walk -----------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class _Importer:
             elif node.op == "call_function":
                 self.values[node.name] = self._call(node)
             elif node.op == "get_attr":
-                self.values[node.name] = _Replicated(None)
+                self.values[node.name] = Replicated(None)
             elif node.op == "output":
                 results = node.args[0]
                 results = results if isinstance(results, (list, tuple)) else (results,)
@@ -306,15 +306,15 @@ class _Importer:
         shape = self._meta_shape(node)
         if node.name in dependent:
             hints = "bl" if len(shape) == 2 else ("bchw" if len(shape) == 4 else "b" + "stuvwxyz")
-            atoms = [_Atom(s, hints[i] if i < len(hints) else "", batch=(i == 0)) for i, s in enumerate(shape)]
-            base = _Base(atoms, name=str(spec.arg.name) if spec is not None else node.name)
-            return _View(base, tuple((a,) if a.size > 1 else () for a in atoms))
+            atoms = [Atom(s, hints[i] if i < len(hints) else "", batch=(i == 0)) for i, s in enumerate(shape)]
+            base = TracedTensor(atoms, name=str(spec.arg.name) if spec is not None else node.name)
+            return View(base, tuple((a,) if a.size > 1 else () for a in atoms))
         param = spec is not None and spec.kind == kinds.PARAMETER
-        return _Replicated(shape, param)
+        return Replicated(shape, param)
 
     def _call(self, node):
         def value_of(arg):
-            return self.values.get(arg.name, _UNKNOWN)
+            return self.values.get(arg.name, UNMAPPED)
 
         torch = self.torch
         args = torch.fx.node.map_arg(node.args, value_of)
@@ -323,11 +323,11 @@ class _Importer:
             seq, index = args
             if isinstance(seq, (list, tuple)):
                 return seq[index]
-            return seq if isinstance(seq, (_UnknownType, _Replicated)) else _UNKNOWN
+            return seq if isinstance(seq, (UnmappedValue, Replicated)) else UNMAPPED
         flat = list(_flat(list(args) + [kwargs]))
-        if any(v is _UNKNOWN for v in flat):
-            return _UNKNOWN
-        aux = next((v for v in flat if isinstance(v, _Aux)), None)
+        if any(v is UNMAPPED for v in flat):
+            return UNMAPPED
+        aux = next((v for v in flat if isinstance(v, SideOutput)), None)
         name = _op_name(node.target)
         inplace = name.endswith("_") and not name.endswith("__") and name[:-1] in _HANDLED
         if inplace:
@@ -344,7 +344,7 @@ class _Importer:
                 return self._opaque(node)
             try:
                 result = handler(self, node, name, *args, **kwargs)
-            except _Unmappable as why:
+            except Unmappable as why:
                 self._problem(node, str(why))
                 return self._opaque(node)
         if inplace and node.args and hasattr(node.args[0], "name"):
@@ -362,21 +362,21 @@ class _Importer:
 
         def one(v):
             if not hasattr(v, "shape"):
-                return _Replicated(None)
-            atoms = [_Atom(int(d), frozen=True) for d in v.shape]
-            return _View(_Base(atoms, name="unmapped"), tuple((a,) if a.size > 1 else () for a in atoms))
+                return Replicated(None)
+            atoms = [Atom(int(d), frozen=True) for d in v.shape]
+            return View(TracedTensor(atoms, name="unmapped"), tuple((a,) if a.size > 1 else () for a in atoms))
 
         return [one(v) for v in val] if isinstance(val, (list, tuple)) else one(val)
 
     def _replicated(self, node, name, args):
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):
-            return [_Replicated(tuple(v.shape) if hasattr(v, "shape") else None) for v in val]
+            return [Replicated(tuple(v.shape) if hasattr(v, "shape") else None) for v in val]
         shape = tuple(int(d) for d in val.shape) if hasattr(val, "shape") else None
         first = args[0] if args else None
-        param = (isinstance(first, _Replicated) and first.param
+        param = (isinstance(first, Replicated) and first.param
                  and name in (_RESHAPES | _PERMUTES | _IDENTITY | _EXPANDS))
-        return _Replicated(shape, param)
+        return Replicated(shape, param)
 
     # -- results ------------------------------------------------------------------------
 
@@ -395,7 +395,7 @@ class _Importer:
                     view = self._view(value, None)
                     self._charge(view)
                     self.outputs[i] = view
-        except _Unmappable as why:
+        except Unmappable as why:
             raise TorchImportError(f"{self.model_name}: an output of the model cannot be mapped: {why}") from None
 
     def add_loss(self) -> None:
@@ -415,15 +415,15 @@ class _Importer:
                     view = self._reshape(view, None)
             else:
                 view = self._reshape(view, None)
-        except _Unmappable as why:
+        except Unmappable as why:
             raise TorchImportError(f"{self.model_name}: the model's output cannot take a loss: {why}") from None
         for a in _leaves(view.dims[-1]) if view.dims else []:
             a.frozen = True
-        self._record(_Loss(self._name(None, "loss"), view.base))
+        self._record(ProtoLoss(self._name(None, "loss"), view.base))
 
     def emit(self, cutoff: int) -> Network:
         g = GraphBuilder(self.model_name, cutoff=cutoff, batch=self.batch)
-        em = _Emitter(g)
+        em = Emitter(g)
         for proto in self.protos:
             proto.emit(em)
         return g.build()

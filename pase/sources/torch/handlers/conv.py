@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 from ..aten import _ints
-from ..errors import _Unmappable
+from ..errors import Unmappable
 from .common import _shape_arg
-from ..protos import _Conv, _Pooling
-from ..values import _Atom, _Aux, _Stat, _View, _dependent, _freeze
+from ..protos import ProtoConv, ProtoPooling
+from ..values import Atom, SideOutput, LazyStatistic, View, _dependent, _freeze
 from .registry import handles
 
 
 @handles({"conv2d", "convolution", "_convolution"})
-def _h_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation=1, *rest):
+def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation=1, *rest):
     if name == "convolution":
         transposed, _, groups = rest[:3] if len(rest) >= 3 else (False, None, 1)
         if transposed:
-            raise _Unmappable("a transposed convolution")
+            raise Unmappable("a transposed convolution")
     else:
         groups = rest[0] if rest else 1
     if _dependent(weight) or _dependent(bias):
-        raise _Unmappable("a convolution whose filter depends on the batch")
+        raise Unmappable("a convolution whose filter depends on the batch")
     if len(x.shape) != 4 or weight.shape is None or len(weight.shape) != 4:
-        raise _Unmappable("a convolution that is not 2-D")
+        raise Unmappable("a convolution that is not 2-D")
     if groups != 1:
-        raise _Unmappable(f"a grouped convolution ({groups} groups)")
+        raise Unmappable(f"a grouped convolution ({groups} groups)")
     if any(d != 1 for d in _ints(dilation, 2, "dilation")):
-        raise _Unmappable("a dilated convolution")
+        raise Unmappable("a dilated convolution")
     n, c, r, s = weight.shape
     if isinstance(padding, str):
         if padding == "valid":
@@ -33,7 +33,7 @@ def _h_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation
         elif padding == "same" and r % 2 and s % 2:
             padding = ((r - 1) // 2, (s - 1) // 2)
         else:
-            raise _Unmappable(f"padding={padding!r} with an even kernel")
+            raise Unmappable(f"padding={padding!r} with an even kernel")
     stride, pad = _ints(stride, 2, "stride"), _ints(padding, 2, "padding")
     view = imp._view(x, node)
     imp._charge(view)
@@ -41,19 +41,19 @@ def _h_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation
     b, _, h, w = view.shape
     ho, wo = (h - r + 2 * pad[0]) // stride[0] + 1, (w - s + 2 * pad[1]) // stride[1] + 1
     if (b, n, ho, wo) != _shape_arg(node, imp):
-        raise _Unmappable("a convolution whose output shape the layer does not reproduce")
+        raise Unmappable("a convolution whose output shape the layer does not reproduce")
     _freeze(view.base.atoms)
     imp.has_conv = True
-    proto = imp._record(_Conv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad))
+    proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad))
     batch = view.base.leaves()[0]
-    atoms = [batch, _Atom(n, "c", frozen=True), _Atom(ho, "h", frozen=True), _Atom(wo, "w", frozen=True)]
-    return _View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
+    atoms = [batch, Atom(n, "c", frozen=True), Atom(ho, "h", frozen=True), Atom(wo, "w", frozen=True)]
+    return View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
 
 
 def _pool(imp, node, x, window, stride, pad, suffix="pool"):
     view = imp._view(x, node)
     if len(view.shape) != 4:
-        raise _Unmappable("pooling that is not 2-D")
+        raise Unmappable("pooling that is not 2-D")
     imp._charge(view)
     view = imp._exact(view, node)
     b, c, h, w = view.shape
@@ -67,36 +67,36 @@ def _pool(imp, node, x, window, stride, pad, suffix="pool"):
     pad = tuple(pad)
     ho, wo = (h - window[0] + 2 * pad[0]) // stride[0] + 1, (w - window[1] + 2 * pad[1]) // stride[1] + 1
     if (b, c, ho, wo) != want:
-        raise _Unmappable("pooling whose output shape the layer does not reproduce")
+        raise Unmappable("pooling whose output shape the layer does not reproduce")
     _freeze(view.base.atoms)
-    proto = imp._record(_Pooling(imp._name(node, suffix, leaf=True), view.base, window, stride, pad))
+    proto = imp._record(ProtoPooling(imp._name(node, suffix, leaf=True), view.base, window, stride, pad))
     leaves = view.base.leaves()
-    atoms = [leaves[0], leaves[1], _Atom(ho, "h", frozen=True), _Atom(wo, "w", frozen=True)]
-    return _View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
+    atoms = [leaves[0], leaves[1], Atom(ho, "h", frozen=True), Atom(wo, "w", frozen=True)]
+    return View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
 
 
 @handles({"max_pool2d", "max_pool2d_with_indices"})
-def _h_max_pool(imp, node, name, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def handle_max_pool(imp, node, name, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     window = _ints(kernel_size, 2, "kernel_size")
     stride = _ints(stride, 2, "stride") if stride not in ((), [], None) else window
     if any(d != 1 for d in _ints(dilation, 2, "dilation")):
-        raise _Unmappable("a dilated pooling window")
+        raise Unmappable("a dilated pooling window")
     out = _pool(imp, node, x, window, stride, _ints(padding, 2, "padding"))
-    return [out, _Aux("pooling indices")] if name.endswith("with_indices") else out
+    return [out, SideOutput("pooling indices")] if name.endswith("with_indices") else out
 
 
 @handles({"avg_pool2d"})
-def _h_avg_pool(imp, node, name, x, kernel_size, stride=(), padding=0, *rest):
+def handle_avg_pool(imp, node, name, x, kernel_size, stride=(), padding=0, *rest):
     window = _ints(kernel_size, 2, "kernel_size")
     stride = _ints(stride, 2, "stride") if stride not in ((), [], None) else window
     return _pool(imp, node, x, window, stride, _ints(padding, 2, "padding"))
 
 
 @handles({"adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d"})
-def _h_adaptive_pool(imp, node, name, x, output_size):
+def handle_adaptive_pool(imp, node, name, x, output_size):
     view = imp._view(x, node)
     if len(view.shape) != 4:
-        raise _Unmappable("adaptive pooling that is not 2-D")
+        raise Unmappable("adaptive pooling that is not 2-D")
     h, w = view.shape[2:]
     oh, ow = _ints(output_size, 2, "output_size")
     oh, ow = oh or h, ow or w
@@ -105,10 +105,10 @@ def _h_adaptive_pool(imp, node, name, x, output_size):
         out = view
     elif (oh, ow) == (1, 1) and not with_indices:
         # The global average of the built-in CNNs: a ReduceMean over height and width.
-        out = imp._reduce(_Stat(imp._exact(view, node), (2, 3), True, "mean"), node, leaf=True)
+        out = imp._reduce(LazyStatistic(imp._exact(view, node), (2, 3), True, "mean"), node, leaf=True)
     elif h % oh == 0 and w % ow == 0:
         window = (h // oh, w // ow)
         out = _pool(imp, node, view, window, window, (0, 0))
     else:
-        raise _Unmappable(f"adaptive pooling from {h}x{w} to {oh}x{ow} (not a whole window)")
-    return [out, _Aux("pooling indices")] if with_indices else out
+        raise Unmappable(f"adaptive pooling from {h}x{w} to {oh}x{ow} (not a whole window)")
+    return [out, SideOutput("pooling indices")] if with_indices else out

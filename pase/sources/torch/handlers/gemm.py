@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 
-from ..errors import _Unmappable
+from ..errors import Unmappable
 from .common import _softmax_view
-from ..protos import _Embedding, _Gemm
-from ..values import _Atom, _View, _big, _dependent, _freeze, _leaves, _regroup, _unify
+from ..protos import ProtoEmbedding, ProtoGemm
+from ..values import Atom, View, _big, _dependent, _freeze, _leaves, _regroup, _unify
 from .registry import handles
 
 
-def _dim_atoms(view: _View, dim: int) -> list:
+def _dim_atoms(view: View, dim: int) -> list:
     """The atoms of ``view``'s dimension ``dim``, with its size-1 atom when it has one.
 
     A view that is exactly its layer output knows which size-1 dimension of the output is
@@ -44,7 +44,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             views.append(view)
         else:
             if value.shape is None:
-                raise _Unmappable("a product with a non-tensor operand")
+                raise Unmappable("a product with a non-tensor operand")
             views.append(None)
     # Per letter: its size and its atoms as (atom, side) pairs; ``alias`` pairs keys.
     sizes: dict = {}
@@ -56,7 +56,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             if view is None:
                 size = value.shape[dim]
                 if letter in sizes and size not in (1, sizes[letter]) and sizes[letter] != 1:
-                    raise _Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
+                    raise Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
                 sizes[letter] = max(size, sizes.get(letter, 1))
                 continue
             atoms = _dim_atoms(view, dim) if isinstance(dim, int) else list(dim)
@@ -67,7 +67,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
                     if a.hint in ("", "n"):  # name the producer's letters too (display only)
                         a.hint = hints[letter]
             if letter in sizes and size not in (1, sizes[letter]) and sizes[letter] != 1:
-                raise _Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
+                raise Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
             if size < sizes.get(letter, 1) or (size == 1 and not atoms):
                 sizes.setdefault(letter, size)
                 continue  # broadcast against the other operand, which names the dimension
@@ -83,7 +83,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
                 mine, atoms = [a for a in mine if a.size > 1], [a for a in atoms if a.size > 1]
             pairs = _unify(mine, atoms)
             if pairs is None:
-                raise _Unmappable("a dimension is split differently in its two operands")
+                raise Unmappable("a dimension is split differently in its two operands")
             chosen = []
             for x, y in pairs:
                 kx, ky = (other_side, id(x)), (side, id(y))
@@ -101,7 +101,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
     for letter, size in sizes.items():
         if letter not in atoms_of:
             # A weight's own dimension: a fresh atom, refinable (its weight is ours to shape).
-            atoms_of[letter] = [(_Atom(size, hints.get(letter, "n")), weight_side)] if size > 1 else []
+            atoms_of[letter] = [(Atom(size, hints.get(letter, "n")), weight_side)] if size > 1 else []
     specs = []
     for side, ((value, spec), view) in enumerate(zip(operands, views)):
         if view is not None:
@@ -122,11 +122,11 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             else:
                 atom.frozen = True
                 hint = hints.get(letter) or key_hints.get((side, id(atom))) or atom.hint
-                copy = _Atom(atom.size, hint, frozen=True, batch=atom.batch)
+                copy = Atom(atom.size, hint, frozen=True, batch=atom.batch)
                 sources[id(copy)] = ("copy", (side, id(atom)))
                 dim.append(copy)
         out_dims.append(dim)
-    proto = _Gemm(None, specs, alias, sources)
+    proto = ProtoGemm(None, specs, alias, sources)
     proto.hints = key_hints
     base = proto.output([a for dim in out_dims for a in dim])
     # Size-1 dimensions of the operands that no letter names stay in the output.
@@ -138,7 +138,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
         for leaf in view.base.leaves():
             key = proto._key(side, leaf)
             if leaf.size == 1 and key not in named:
-                copy = _Atom(1, leaf.hint, frozen=True, batch=leaf.batch)
+                copy = Atom(1, leaf.hint, frozen=True, batch=leaf.batch)
                 sources[id(copy)] = ("copy", key)
                 base.atoms.append(copy)
                 named.add(key)
@@ -148,7 +148,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
         terms = proto.terms()
         own = set(terms[weight_side]) - set(terms[1 - weight_side])
         if not own & set(terms[2]):
-            unit = _Atom(1, "u")
+            unit = Atom(1, "u")
             specs[weight_side][1].append((unit, weight_side))
             sources[id(unit)] = ("own", weight_side)
             base.atoms.append(unit)
@@ -156,7 +156,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
     proto.name = imp._name(node, suffix, leaf=True)
     proto.pw_ops = {f"{node.name}#{i}" for i in range(pw)}
     imp._record(proto)
-    return _View(base, tuple(tuple(a for a in dim if a.size > 1) for dim in out_dims))
+    return View(base, tuple(tuple(a for a in dim if a.size > 1) for dim in out_dims))
 
 
 def _dims_spec(value, letters):
@@ -164,9 +164,9 @@ def _dims_spec(value, letters):
 
 
 @handles({"linear"})
-def _h_linear(imp, node, name, x, weight, bias=None):
+def handle_linear(imp, node, name, x, weight, bias=None):
     if _dependent(bias):
-        raise _Unmappable("a batch-dependent bias")
+        raise Unmappable("a batch-dependent bias")
     rank = len(x.shape)
     lead = [f"x{i}" for i in range(rank - 1)]
     return _contract(imp, node, "linear", [(x, _dims_spec(x, lead + ["K"])), (weight, _dims_spec(weight, ["N", "K"]))],
@@ -175,7 +175,7 @@ def _h_linear(imp, node, name, x, weight, bias=None):
 
 def _matmul_letters(ra: int, rb: int):
     if ra < 1 or rb < 1:
-        raise _Unmappable("a product with a scalar")
+        raise Unmappable("a product with a scalar")
     batch = max(ra, rb) - 2
     names = [f"B{i}" for i in range(max(batch, 0))]
     if ra == 1:
@@ -197,24 +197,24 @@ def _matmul_letters(ra: int, rb: int):
 
 
 @handles({"matmul", "mm", "bmm"})
-def _h_matmul(imp, node, name, a, b, *rest):
+def handle_matmul(imp, node, name, a, b, *rest):
     ra, rb = len(a.shape), len(b.shape)
     la, lb, lo = _matmul_letters(ra, rb)
     return _contract(imp, node, "matmul", [(a, _dims_spec(a, la)), (b, _dims_spec(b, lb))], lo)
 
 
 @handles({"addmm", "baddbmm", "addbmm_identity"})
-def _h_addmm(imp, node, name, bias, a, b, *rest, **kwargs):
+def handle_addmm(imp, node, name, bias, a, b, *rest, **kwargs):
     if _dependent(bias):
-        raise _Unmappable("a batch-dependent bias")
-    return _h_matmul(imp, node, "matmul", a, b)
+        raise Unmappable("a batch-dependent bias")
+    return handle_matmul(imp, node, "matmul", a, b)
 
 
 @handles({"einsum"})
-def _h_einsum(imp, node, name, equation, operands, *rest):
+def handle_einsum(imp, node, name, equation, operands, *rest):
     operands = list(operands)
     if len(operands) != 2:
-        raise _Unmappable(f"an einsum of {len(operands)} operands")
+        raise Unmappable(f"an einsum of {len(operands)} operands")
     eq = equation.replace(" ", "")
     if "->" not in eq:
         inputs = eq
@@ -225,15 +225,15 @@ def _h_einsum(imp, node, name, equation, operands, *rest):
     lhs, out = eq.split("->")
     terms = lhs.split(",")
     if "." in eq:
-        raise _Unmappable("an einsum with an ellipsis")
+        raise Unmappable("an einsum with an ellipsis")
     if len(terms) != 2 or any(len(t) != len(v.shape) for t, v in zip(terms, operands)):
-        raise _Unmappable(f"an einsum {equation!r} that does not match its operands")
+        raise Unmappable(f"an einsum {equation!r} that does not match its operands")
     return _contract(imp, node, "einsum", [(operands[0], _dims_spec(operands[0], list(terms[0]))),
                                             (operands[1], _dims_spec(operands[1], list(terms[1])))], list(out))
 
 
 @handles({"scaled_dot_product_attention"})
-def _h_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def handle_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False):
     """Attention: the scores Einsum, a Softmax over the keys, the context Einsum.
 
@@ -241,13 +241,13 @@ def _h_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=F
     acts on the softmax's output and is dropped, as after any softmax.
     """
     if _dependent(attn_mask):
-        raise _Unmappable("an attention mask that depends on the batch")
+        raise Unmappable("an attention mask that depends on the batch")
     if not (_dependent(q) and _dependent(k) and _dependent(v)):
-        raise _Unmappable("attention with a replicated query, key or value")
+        raise Unmappable("attention with a replicated query, key or value")
     q, k, v = (imp._view(t, node) for t in (q, k, v))
     rank = len(q.dims)
     if rank < 3 or len(k.dims) != rank or len(v.dims) != rank:
-        raise _Unmappable("attention operands without a batch dimension, or of different ranks")
+        raise Unmappable("attention operands without a batch dimension, or of different ranks")
     batch = [f"B{i}" for i in range(rank - 3)]
     gqa = False
     q_spec = [(x, i) for i, x in enumerate(batch)]
@@ -263,10 +263,10 @@ def _h_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=F
             out_batch.append("H")
         else:
             if heads_k == 0 or heads_q % heads_k or v.shape[rank - 3] != heads_k:
-                raise _Unmappable(f"grouped-query attention with {heads_q} query heads and {heads_k} key heads")
+                raise Unmappable(f"grouped-query attention with {heads_q} query heads and {heads_k} key heads")
             groups = _regroup(_big(q.dims[rank - 3]), (heads_k, heads_q // heads_k))
             if groups is None:
-                raise _Unmappable("grouped-query attention whose query heads cannot be grouped")
+                raise Unmappable("grouped-query attention whose query heads cannot be grouped")
             q_spec += [("H", groups[0]), ("R", groups[1])]
             k_spec.append(("H", rank - 3))
             v_spec.append(("H", rank - 3))
@@ -288,22 +288,22 @@ def _h_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=F
     # Grouped heads: (..., g, r, l, v) back to the (..., h, l, v) of the torch output.
     dims = list(context.dims)
     merged = dims[len(batch)] + dims[len(batch) + 1]
-    return _View(context.base, tuple(dims[: len(batch)] + [merged] + dims[len(batch) + 2:]), context.ops)
+    return View(context.base, tuple(dims[: len(batch)] + [merged] + dims[len(batch) + 2:]), context.ops)
 
 
 @handles({"embedding"})
-def _h_embedding(imp, node, name, weight, indices, *rest):
+def handle_embedding(imp, node, name, weight, indices, *rest):
     if _dependent(weight):
-        raise _Unmappable("an embedding table that depends on the batch")
+        raise Unmappable("an embedding table that depends on the batch")
     view = imp._view(indices, node)
     if view.base.proto is not None:
-        raise _Unmappable("token ids computed by a layer (PaSE's Embedding reads graph inputs)")
+        raise Unmappable("token ids computed by a layer (PaSE's Embedding reads graph inputs)")
     if any(a.broadcast for dim in view.dims for a in _leaves(dim)):
-        raise _Unmappable("expanded token ids")
+        raise Unmappable("expanded token ids")
     # The lookup reads the ids as given; a view of them (a flatten, a transpose) is a view
     # of the lookup's output, which is the ids' shape and the embedding width.
     _freeze(view.base.atoms)
     vocab, width = weight.shape
-    proto = imp._record(_Embedding(imp._name(node, "embedding", leaf=True), view.base, vocab, width))
-    out = proto.output(view.base.leaves() + [_Atom(width, "e", frozen=True)])
-    return _View(out, tuple(view.dims) + ((out.atoms[-1],),))
+    proto = imp._record(ProtoEmbedding(imp._name(node, "embedding", leaf=True), view.base, vocab, width))
+    out = proto.output(view.base.leaves() + [Atom(width, "e", frozen=True)])
+    return View(out, tuple(view.dims) + ((out.atoms[-1],),))

@@ -4,41 +4,41 @@ permute, expand, slice, select, split, unbind."""
 from __future__ import annotations
 
 from ..aten import _EXPANDS, _IDENTITY, _PERMUTES, _RESHAPES, _SHAPE_ONLY, _norm_dim
-from ..errors import _Unmappable
+from ..errors import Unmappable
 from .common import _expand_view, _shape_arg
-from ..values import _Replicated, _Slice, _View, _big, _dependent, _regroup
+from ..values import Replicated, LazySlice, View, _big, _dependent, _regroup
 from .registry import handles
 
 
 @handles(_IDENTITY)
-def _h_identity(imp, node, name, x=None, *args, **kwargs):
+def handle_identity(imp, node, name, x=None, *args, **kwargs):
     if name == "_assert_tensor_metadata":
         return None
     if name == "copy":  # copy_(dst, src): dst now holds src
         src = args[0] if args else kwargs.get("src")
-        return src if _dependent(src) else _Replicated(imp._meta_shape(node))
+        return src if _dependent(src) else Replicated(imp._meta_shape(node))
     if not _dependent(x):
-        return _Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
     return x
 
 
 @handles(_SHAPE_ONLY)
-def _h_shape_only(imp, node, name, *args, **kwargs):
+def handle_shape_only(imp, node, name, *args, **kwargs):
     return imp._replicated(node, name, args)
 
 
 @handles(_RESHAPES)
-def _h_reshape(imp, node, name, x, *args, **kwargs):
+def handle_reshape(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return _Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
     shape = _shape_arg(node, imp)
-    if isinstance(x, _Slice) and x.shape == shape:
+    if isinstance(x, LazySlice) and x.shape == shape:
         return x
     view = imp._view(x, node)
     groups = _regroup(_big([a for d in view.dims for a in d]), shape)
     if groups is None:
         return imp._reshape(view, node, shape)
-    return _View(view.base, tuple(groups), view.ops)
+    return View(view.base, tuple(groups), view.ops)
 
 
 def _permutation(name, rank, args) -> list:
@@ -67,22 +67,22 @@ def _permutation(name, rank, args) -> list:
             out[d] = s
         it = iter(rest)
         return [o if o is not None else next(it) for o in out]
-    raise _Unmappable("an unknown permutation")
+    raise Unmappable("an unknown permutation")
 
 
 @handles(_PERMUTES)
-def _h_permute(imp, node, name, x, *args, **kwargs):
+def handle_permute(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return _Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
     view = imp._view(x, node)
     order = _permutation(name, len(view.dims), list(args) + list(kwargs.values()))
-    return _View(view.base, tuple(view.dims[i] for i in order), view.ops)
+    return View(view.base, tuple(view.dims[i] for i in order), view.ops)
 
 
 @handles(_EXPANDS)
-def _h_expand(imp, node, name, x, *args, **kwargs):
+def handle_expand(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return _Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
     view = imp._view(x, node)
     shape = _shape_arg(node, imp)
     if view.shape == shape:
@@ -91,26 +91,26 @@ def _h_expand(imp, node, name, x, *args, **kwargs):
 
 
 @handles({"slice"})
-def _h_slice(imp, node, name, x, dim=0, start=None, end=None, step=1):
-    view = x if isinstance(x, _View) else imp._view(x, node)
+def handle_slice(imp, node, name, x, dim=0, start=None, end=None, step=1):
+    view = x if isinstance(x, View) else imp._view(x, node)
     rank = len(view.dims)
     dim = _norm_dim(dim, rank)
     size = view.shape[dim]
     start, stop, step = slice(start, end, step).indices(size)
     if step != 1:
-        raise _Unmappable("a strided slice")
+        raise Unmappable("a strided slice")
     if start == 0 and stop == size:
         return view
-    return _Slice(view, dim, start, stop)
+    return LazySlice(view, dim, start, stop)
 
 
 @handles({"narrow"})
-def _h_narrow(imp, node, name, x, dim, start, length):
-    return _h_slice(imp, node, "slice", x, dim, start, start + length)
+def handle_narrow(imp, node, name, x, dim, start, length):
+    return handle_slice(imp, node, "slice", x, dim, start, start + length)
 
 
 @handles({"select"})
-def _h_select(imp, node, name, x, dim, index):
+def handle_select(imp, node, name, x, dim, index):
     view = imp._view(x, node)
     dim = _norm_dim(dim, len(view.dims))
     size = view.shape[dim]
@@ -118,12 +118,12 @@ def _h_select(imp, node, name, x, dim, index):
     if size == 1:
         dims = list(view.dims)
         del dims[dim]
-        return _View(view.base, tuple(dims), view.ops)
-    return _Slice(view, dim, index, index + 1, squeeze=True)
+        return View(view.base, tuple(dims), view.ops)
+    return LazySlice(view, dim, index, index + 1, squeeze=True)
 
 
 @handles({"split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes", "chunk"})
-def _h_split(imp, node, name, x, arg, dim=0, *rest):
+def handle_split(imp, node, name, x, arg, dim=0, *rest):
     view = imp._view(x, node)
     dim = _norm_dim(dim, len(view.dims))
     size = view.shape[dim]
@@ -138,16 +138,16 @@ def _h_split(imp, node, name, x, arg, dim=0, *rest):
         width = -(-size // arg)
         sizes = [min(width, size - i) for i in range(0, size, width)]
     else:
-        raise _Unmappable("an unknown split")
+        raise Unmappable("an unknown split")
     out, start = [], 0
     for s in sizes:
-        out.append(view if s == size else _Slice(view, dim, start, start + s))
+        out.append(view if s == size else LazySlice(view, dim, start, start + s))
         start += s
     return out
 
 
 @handles({"unbind"})
-def _h_unbind(imp, node, name, x, dim=0):
+def handle_unbind(imp, node, name, x, dim=0):
     view = imp._view(x, node)
     dim = _norm_dim(dim, len(view.dims))
-    return [_h_select(imp, node, "select", view, dim, i) for i in range(view.shape[dim])]
+    return [handle_select(imp, node, "select", view, dim, i) for i in range(view.shape[dim])]
