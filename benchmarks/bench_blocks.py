@@ -28,9 +28,9 @@ import time
 from common import ROOT, RESULTS, machine_info, machine_lines, markdown_table, write_text  # sets sys.path
 
 import graphs  # noqa: E402
-from pase.planner import plan  # noqa: E402
-from pase.solver import Search, SearchTooLarge  # noqa: E402
-from pase.strategy import indexed_cost  # noqa: E402
+from pase.planning.planner import plan  # noqa: E402
+from pase.search.solver import Search, SearchTooLarge  # noqa: E402
+from pase.search.solver import indexed_cost  # noqa: E402
 
 # (graph, p, batch, cap GB or None, promised seconds end to end)
 PROMISED = [
@@ -78,7 +78,7 @@ def cli_seconds(args: list) -> float:
 def promised(args) -> list:
     lines = ["## 1. The promised cases, end to end", "",
              f"In one process, best of {args.repeats}: build = graph and every cost table; search = "
-             "`Search(G)` (block detection, orderings) and its run, or `pase.planner.plan` with `memory_cap` "
+             "`Search(G)` (block detection, orderings) and its run, or `pase.planning.planner.plan` with `memory_cap` "
              "(every Lagrangian dynamic programme). CLI = `python scheduler.py -g G -p 64 -b 16 [--memory 40]` "
              "in a fresh process (start-up, imports, evaluation and the printed table included), best of "
              f"{args.repeats}.", ""]

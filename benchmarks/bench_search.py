@@ -20,8 +20,8 @@ import time
 from common import ROOT, RESULTS, machine_info, machine_lines  # also puts ROOT on sys.path
 
 import graphs  # noqa: E402
-from pase.planner import plan  # noqa: E402
-from pase.solver import Search  # noqa: E402
+from pase.planning.planner import plan  # noqa: E402
+from pase.search.solver import Search  # noqa: E402
 
 # (graph, procs, batch, memory cap in GB or None, promised seconds)
 CASES = [

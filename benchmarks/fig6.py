@@ -1,8 +1,8 @@
 """Strategy quality, a modelled Fig. 6: speedup over data parallelism per graph and p.
 
-For every graph and device count: the cost (FLOP-equivalents, ``cost-model.md``) of data
+For every graph and device count: the cost (FLOP-equivalents, ``docs/cost-model.md``) of data
 parallelism, of PaSE's optimum (``pase.plan``) and of every expert strategy that applies
-(``pase.experts``: OWT for the CNNs, GNMT-style for RNNLM, Mesh-TensorFlow for the
+(``pase.planning.experts``: OWT for the CNNs, GNMT-style for RNNLM, Mesh-TensorFlow for the
 Transformer), and each one's modelled speedup ``data-parallel cost / strategy cost``. The
 paper's Fig. 6 measures throughput on GPUs; this is the same comparison under the cost model.
 
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 import graphs  # noqa: E402  (common puts the repository root on the path)
 from pase import Machine, data_parallel, evaluate, plan  # noqa: E402
-from pase.experts import best_mesh, expert_strategies, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
+from pase.planning.experts import best_mesh, expert_strategies, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
 
 #: Batch sizes of the paper's evaluation (Section IV).
 PAPER_BATCH = {"alexnet": 128, "inception3": 128, "resnet101": 128, "rnnlm": 64, "transformer": 64}
@@ -140,7 +140,7 @@ def write_outputs(cells: list, args, info: dict, machine: Machine, stem: str) ->
         "## Setting",
         "",
         *machine_lines(info),
-        f"- Cost model of `cost-model.md` (FLOP-equivalents), machine {machine.flops:g} TFLOPS, {machine.bw:g} GB/s "
+        f"- Cost model of `docs/cost-model.md` (FLOP-equivalents), machine {machine.flops:g} TFLOPS, {machine.bw:g} GB/s "
         f"per device (rho = {machine.rho:g} FLOP per word); batch "
         + ("as in the paper: 128 for the CNNs, 64 for RNNLM and the Transformer" if args.paper_batch
            else f"{args.batch} for every graph (the paper used 64 for RNNLM and the Transformer: see "

@@ -520,7 +520,7 @@ def _rename(data, path, old, new):
 
 
 def _layer_types() -> list:
-    from pase.layers import LAYER_TYPES
+    from pase.model.layers import LAYER_TYPES
 
     return sorted(LAYER_TYPES)
 
@@ -593,7 +593,7 @@ def _number_fits(value, kind) -> bool:
 
 
 def machine_cases(rng: random.Random, refs: dict) -> list:
-    from pase.calibrated import PRESET_TABLES, PRESETS
+    from pase.machines.calibrated import PRESET_TABLES, PRESETS
 
     cases = []
     preset = dict(PRESETS["h100-sxm"])
@@ -1118,7 +1118,7 @@ CATEGORIES = {
 
 
 def references() -> dict:
-    from pase.calibrated import PRESETS
+    from pase.machines.calibrated import PRESETS
     from pase.cli import main
 
     def run_json(argv, cwd=None):

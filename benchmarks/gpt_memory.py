@@ -23,11 +23,11 @@ from tqdm import tqdm
 
 import graphs  # noqa: E402
 from graphs.gpt import GPT_CONFIGS  # noqa: E402
-from pase.baselines import data_parallel  # noqa: E402
-from pase.memory import NOTHING_FITS  # noqa: E402
-from pase.planner import plan  # noqa: E402
-from pase.memory import ASSUMPTIONS, MemoryModel  # noqa: E402
-from pase.strategy import evaluate  # noqa: E402
+from pase.planning.baselines import data_parallel  # noqa: E402
+from pase.search.capped import NOTHING_FITS  # noqa: E402
+from pase.planning.planner import plan  # noqa: E402
+from pase.costing.memory import ASSUMPTIONS, MemoryModel  # noqa: E402
+from pase.costing.strategy import evaluate  # noqa: E402
 
 COLUMNS = [
     "model", "procs", "batch", "cap_gb", "dp_gb", "dp_fits", "status", "strategy_gb", "fits",

@@ -1,6 +1,6 @@
 """Modelled vs XLA-inserted communication, per layer type, for the optimum and data parallelism.
 
-Runs ``pase.jax_verify.verify`` on scaled-down graphs on 8 XLA host devices (needs
+Runs ``pase.outputs.jax.verify.verify`` on scaled-down graphs on 8 XLA host devices (needs
 ``pip install '.[jax]'``), for the optimal strategy of the reference model and for data
 parallelism. Every run must reproduce the unsharded loss and gradients (relative error
 <= 1e-4); the communication is what XLA's SPMD partitioner inserted into the compiled program,
@@ -22,7 +22,7 @@ from common import RESULTS, machine_info, machine_lines, markdown_table, parse_l
 
 import graphs  # noqa: E402  (common puts the repository root on sys.path)
 import pase  # noqa: E402
-from pase.jax_verify import VerifyTooLarge, verify  # noqa: E402
+from pase.outputs.jax.verify import VerifyTooLarge, verify  # noqa: E402
 
 #: (graph, batch, model width): the scaled-down cases of the issue, then the two CNNs that
 #: bring BatchNorm, Concat, ReduceMean and Elementwise with pw.
@@ -85,7 +85,7 @@ NUMBERS = (
     "summation-order differences (a sharded sum adds its partial sums in another order) over about a "
     "hundred layers, worst in the biases of batch norms whose shift the next batch norm removes "
     "(mathematically zero gradients, compared at a thousandth of the model's largest gradient, "
-    "`pase.jax_verify.GRADIENT_FLOOR`). The float64 runs of the same plans agree with their unsharded "
+    "`pase.outputs.jax.verify.GRADIENT_FLOOR`). The float64 runs of the same plans agree with their unsharded "
     "run to the figures above: the plans are right, float32 is too coarse for these two graphs. The "
     "communication figures are unaffected."
 )
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     lines = [
         "# Modelled vs XLA-inserted communication",
         "",
-        "Each plan runs on 8 XLA host devices (`pase.jax_verify.verify`): a jitted forward and backward "
+        "Each plan runs on 8 XLA host devices (`pase.outputs.jax.verify.verify`): a jitted forward and backward "
         "pass in float32 under the plan's shardings, checked against the unsharded run, and the collectives "
         "of the compiled program (all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute) "
         "attributed to layers by their named scopes. Bytes are per device per training step: a ring "
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
                              "XLA MB", "XLA/model", "seconds"], rows, "lllllrrrr")
     if refused:
         lines += ["", "Refused runs would not fit 90 % of this machine's available memory "
-                  "(`pase.jax_verify.estimated_bytes`: every device's activations, replicas included)."]
+                  "(`pase.outputs.jax.verify.estimated_bytes`: every device's activations, replicas included)."]
     lines += ["", "## Per layer type (all graphs above together)", ""]
     rows = []
     for op in sorted(per_op, key=lambda o: (o == "(edges)", o)):

@@ -24,10 +24,10 @@ import numpy as np
 from common import RESULTS, machine_info, machine_lines, markdown_table  # puts the checkout on sys.path
 
 import graphs  # noqa: E402
-from pase.calibrated import PRESET_TABLES  # noqa: E402
-from pase.machine import load_machine  # noqa: E402
-from pase.layers import Einsum, Embedding  # noqa: E402
-from pase.measured import MeasuredTables  # noqa: E402
+from pase.machines.calibrated import PRESET_TABLES  # noqa: E402
+from pase.machines.registry import load_machine  # noqa: E402
+from pase.model.layers import Einsum, Embedding  # noqa: E402
+from pase.machines.measured import MeasuredTables  # noqa: E402
 
 CASES = (("transformer", 128), ("gpt3-2.7b", 16), ("gpt3-13b", 16))
 PROCS = (8, 16, 32, 64)
@@ -43,7 +43,7 @@ def layer_groups(cases=CASES, procs=PROCS) -> list:
             seen = set()
             for layer, lname, C in zip(net.layers, net.names, net.configs(p)):
                 if not isinstance(layer, Einsum) or isinstance(layer, Embedding):
-                    continue  # Embedding is a gather (machines.md), not a GEMM
+                    continue  # Embedding is a gather (docs/machines.md), not a GEMM
                 key = (layer.equation, layer.domain)
                 if key in seen:
                     continue
@@ -230,7 +230,7 @@ def edge_time(machine) -> tuple:
     The volumes are the reference model's (its edge costs over ``rho``: forward plus backward
     elements), one call per edge as the builder makes them; best of 3.
     """
-    from pase.machine import Machine
+    from pase.machines.paper import Machine
 
     paper = Machine()
     G = graphs.build("transformer", 128).graph(64, paper)
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         "",
         "## Method",
         "",
-        "Part of the shipped grid (`pase/data/h100-sxm-measured.json`, 10,102 GEMM rows) is held out;",
+        "Part of the shipped grid (`pase/machines/data/h100-sxm-measured.json`, 10,102 GEMM rows) is held out;",
         "`MeasuredTables` built from the rest predicts it (linear in the sizes, holes filled, bounded",
         "extrapolation past the grid, never below 6 BMNK / peak). The points scored are the held-out",
         "grid points that real layers land on: every configuration of every Einsum of the Transformer",

@@ -4,7 +4,7 @@ For gpt3-2.7b and gpt3-13b (batch 16) and the Transformer (batch 128) at p = 8..
 optimum found on ``h100-sxm`` (under its default 80 GB cap) and the paper machine's optimum
 re-priced on ``h100-sxm`` (what ``--evaluate`` does), each split into compute, communication
 and edge seconds, data parallelism and the Megatron-style batch x model mesh
-(``pase.experts.mesh_tensorflow``) on ``h100-sxm``, per-device memory and search time; then,
+(``pase.planning.experts.mesh_tensorflow``) on ``h100-sxm``, per-device memory and search time; then,
 for gpt3-13b at p = 64, the configurations each machine picks for one block, and where every
 split of one block and of the embedding / head lands: inside a node of 8 or across nodes.
 Writes ``benchmarks/results/machine_compare.md``.
@@ -24,11 +24,12 @@ import numpy as np
 from common import RESULTS, machine_info, machine_lines, markdown_table, parse_list  # puts the checkout on sys.path
 
 import graphs  # noqa: E402
-from pase.calibrated import CalibratedMachine  # noqa: E402
-from pase.experts import best_mesh, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
-from pase.layers import Einsum, Norm, Softmax, SoftmaxCrossEntropy  # noqa: E402
-from pase.machine import Group, layout_strides, load_machine  # noqa: E402
-from pase.planner import evaluate_plan, plan  # noqa: E402
+from pase.machines.calibrated import CalibratedMachine  # noqa: E402
+from pase.planning.experts import best_mesh, mesh_tensorflow, mesh_tensorflow_meshes  # noqa: E402
+from pase.model.layers import Einsum, Norm, Softmax, SoftmaxCrossEntropy  # noqa: E402
+from pase.machines.base import Group, layout_strides  # noqa: E402
+from pase.machines.registry import load_machine
+from pase.planning.planner import evaluate_plan, plan  # noqa: E402
 
 CASES = ("gpt3-2.7b:16", "gpt3-13b:16", "transformer:128")
 PROCS = (8, 16, 32, 64)
@@ -169,9 +170,9 @@ def block_rows(r: dict, block: str = "block1.") -> list:
 def placements(layer, config, devices_per_node: int = 8) -> list:
     """Where every split dimension of one configuration lands in the device layout.
 
-    The layout is that of ``machines.md`` ("Placement"): the batch dimension outermost, then
+    The layout is that of ``docs/machines.md`` ("Placement"): the batch dimension outermost, then
     the others in iteration-space order, the last innermost. For each dimension ``j`` split
-    ``c > 1`` ways: its letter, ``c``, its stride ``s`` (``pase.machine.layout_strides``), the
+    ``c > 1`` ways: its letter, ``c``, its stride ``s`` (``pase.machines.paper.layout_strides``), the
     group of device 0 along it (``0, s, ..., (c-1) s``: the devices that share its collective),
     its members per node ``q_in`` (``Group.members_per_node``) and the nodes it spans.
 
@@ -211,7 +212,7 @@ def placement_text(pl: dict) -> str:
 
 
 def collective_of(layer, dim: int) -> str:
-    """Which communication of the layer's cost runs over dimension ``dim`` (``cost-model.md``)."""
+    """Which communication of the layer's cost runs over dimension ``dim`` (``docs/cost-model.md``)."""
     letter = layer.dims[dim]
     if isinstance(layer, Einsum):  # Embedding too: priced as its Einsum's collectives
         a, b = (t.is_param for t in layer.inputs)
@@ -344,7 +345,7 @@ def placement_section(r: dict, h100) -> list:
         "",
         f"Devices `0..{r['procs'] - 1}`, node = device // {g}. Every configuration is laid out row-major",
         "with the batch dimension outermost, then the others in iteration-space order (`dims`),",
-        "the last innermost (`machines.md`); a dimension's stride is the product of the splits laid",
+        "the last innermost (`docs/machines.md`); a dimension's stride is the product of the splits laid",
         "inside it. The devices sharing a split (its collective) are device 0's group `0, s, ...,",
         "(c-1) s`; it lies in one node when `c s <= 8`, else it spans `nodes x members per node`.",
         "`collective`: what the layer's cost communicates over that dimension (AR: ring",
@@ -355,7 +356,7 @@ def placement_section(r: dict, h100) -> list:
         "crossing nodes costs. A layer whose configuration uses `c < p` devices (the table of",
         "`pase` shows it as replicated `p / c` times) is laid out on its `c` devices as on",
         "`0..c-1`, so its groups may all lie in one node; edges are priced at the inter-node",
-        "bandwidth whenever p > 8 (`machines.md`).",
+        "bandwidth whenever p > 8 (`docs/machines.md`).",
         "Layers: block 1 (every block is the same) and the layers outside the",
         f"blocks. Megatron expert: mesh {m} x {n} (batch {m} ways, heads / ff / vocabulary {n} ways).",
         "",
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
         "  `--evaluate` does);",
         "- `DP`: data parallelism (`pase.data_parallel`: the batch split `p` ways, or its largest",
         "  divisor), whether it fits or not;",
-        "- `Megatron`: the Megatron-style batch x model mesh, `pase.experts.mesh_tensorflow(network, p,",
+        "- `Megatron`: the Megatron-style batch x model mesh, `pase.planning.experts.mesh_tensorflow(network, p,",
         "  h100-sxm)`: every batch dimension split `m` ways, the heads `h`, feed-forward width `f` and",
         "  vocabulary `v` of the layers that have one split `n` ways (`m n = p`), nothing else split;",
         "  of the valid meshes (`n` must divide the heads: 32 for gpt3-2.7b, 40 for gpt3-13b, 8 for",
@@ -441,7 +442,7 @@ def main(argv=None) -> int:
         "needs more than 80 GB per device); `over DP`: against DP; `over Megatron`: against the",
         "Megatron mesh, or where it does not fit against the fastest mesh that does (named).",
         "Memory: GB per device (parameters with mixed-precision Adam and all activations,",
-        "`memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's outcome",
+        "`docs/memory.md`); `(over)`: more than the 80 GB cap. `status`: the capped search's outcome",
         "(`capped`: the unconstrained optimum did not fit and a fitting strategy was found;",
         "`nothing-fits`: no strategy fits, the least-memory one is shown).",
         "",

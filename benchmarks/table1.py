@@ -33,7 +33,7 @@ from common import (
 
 import graphs  # noqa: E402  (common puts the repository root on the path)
 from pase import Machine, Search, SearchTooLarge  # noqa: E402
-from pase.solver import DEFAULT_MEMORY_SHARE, available_memory  # noqa: E402
+from pase.core.budget import DEFAULT_MEMORY_SHARE, available_memory  # noqa: E402
 
 # The paper's Table I (unit mins:secs.msecs), transcribed from the text: per graph and p,
 # (breadth-first, FlexFlow, ours). OOM: out of memory; NA: not available.

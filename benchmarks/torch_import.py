@@ -1,6 +1,6 @@
 """Imported PyTorch models against the built-in graphs, and the import's speed end to end.
 
-Three measurements (``pase.torch_import``, the factories of ``examples/``):
+Three measurements (``pase.sources.torch.importer``, the factories of ``examples/``):
 
 1. torchvision ResNet-101 (227 x 227, batch 128): its layer counts, and its optimum at
    p = 8 and 32 next to the built-in ``resnet101``'s (also AlexNet and Inception v3).
@@ -31,6 +31,7 @@ from collections import Counter
 from common import RESULTS, ROOT, machine_info, machine_lines, markdown_table, write_csv, write_text
 
 import graphs  # noqa: E402
+from pase.sources import load  # noqa: E402
 import pase  # noqa: E402
 
 # The end-to-end run, in a fresh interpreter so that every import is counted. It prints one
@@ -40,7 +41,7 @@ import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 import graphs, pase
-from pase import torch_import
+from pase.sources.torch import importer as torch_import
 t1 = time.perf_counter()
 import torch, transformers
 t2 = time.perf_counter()
@@ -73,7 +74,7 @@ def counts(network) -> str:
 
 def timed_load(spec: str, batch: int):
     t = time.perf_counter()
-    net = graphs.load(spec, batch)
+    net = load(spec, batch)
     return net, time.perf_counter() - t
 
 
@@ -174,7 +175,7 @@ def _gpt2_padded(batch: int):
     with torch.device("meta"):
         model = GPT2LMHeadModel(config)
         ids = torch.zeros(batch, config.n_positions, dtype=torch.long)
-    from pase.torch_import import from_torch
+    from pase.sources.torch.importer import from_torch
 
     return from_torch(model, (ids,), name="gpt2_small_vocab50304")
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import graphs  # noqa: E402
+from pase.sources.registry import load  # noqa: E402
 import pase  # noqa: E402
 from pase.units import format_bytes  # noqa: E402
 
@@ -48,7 +48,7 @@ def run_case(title, spec, procs, batch, sequence, recipe, machine_name) -> list:
 
     @lru_cache(maxsize=None)
     def build(n):
-        return graphs.load(source, n, sequence)
+        return load(source, n, sequence)
 
     start = time.perf_counter()
     found = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0)

@@ -1,9 +1,8 @@
-"""The built-in networks (``graphs.md``), a registry by name, and ``load`` for any source.
+"""The built-in networks (``docs/graphs.md``) and their registry by name.
 
 Each entry builds a ``pase.Network`` from a batch size and, where the graph has one, a
-model width (CLI ``-m``). The default width gives exactly the graphs of the spec.
-``load(spec)`` also reads graph files (``*.json``), imports PyTorch models (``torch:``) and
-builds decoders from Hugging Face configs (``hf:``).
+model width (CLI ``-m``). The default width gives exactly the graphs of the spec. They use
+``pase.model`` only; ``pase.sources.load`` reads them, graph files and PyTorch models.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pase.builder import Network
+from pase.model.builder import Network
 
 from functools import partial
 
@@ -24,7 +23,7 @@ from .rnnlm import rnnlm
 from .transformer import transformer
 
 __all__ = [
-    "GraphEntry", "GRAPHS", "SOURCES", "build", "load", "DEFAULT_BATCH", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
+    "GraphEntry", "GRAPHS", "build", "DEFAULT_BATCH", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
     "GPT_CONFIGS", "llama", "LLAMA_CONFIGS",
 ]
 
@@ -89,59 +88,3 @@ def build(name: str, batch: int = DEFAULT_BATCH, model: int | None = None) -> Ne
         raise ValueError(f"graph {name!r} has no model size; -m applies to: "
                          + ", ".join(n for n, e in GRAPHS.items() if e.model_help))
     return entry.builder(batch, model)
-
-
-def _load_json(path: str, batch: int | None, model: int | None) -> Network:
-    from pase.fileio import read_json
-    from pase.graph_json import network_from_json
-
-    network = network_from_json(read_json(path, "graph file"), f"graph file {path}")
-    if model is not None:
-        raise ValueError(f"-m does not apply to a graph file ({path}): its shapes are fixed")
-    if batch is not None and batch != network.batch:
-        recorded = f"batch {network.batch}" if network.batch is not None else "no batch size"
-        raise ValueError(f"graph file {path} records {recorded}; -b {batch} cannot change it")
-    return network
-
-
-def _load_torch(spec: str, batch: int | None, model: int | None, **options) -> Network:
-    from pase.torch_import import load_torch_graph
-
-    if model is not None:
-        raise ValueError("-m does not apply to an imported model: its factory sets its sizes")
-    return load_torch_graph(spec, DEFAULT_BATCH if batch is None else batch, **options)
-
-
-def _load_hf(path: str, batch: int | None, model: int | None, **options) -> Network:
-    from pase.hf_config import load_hf
-
-    if options:
-        raise ValueError(f"options {', '.join(sorted(options))} apply only to imported models (torch:...), not to hf:")
-    return load_hf(path, DEFAULT_BATCH if batch is None else batch, model)
-
-
-#: Model sources by prefix: ``torch:FILE_OR_MODULE:FUNCTION``; ``hf:CONFIG.json`` (a Hugging
-#: Face config, ``-m`` the sequence length); a path ending in ``.json`` is a graph file;
-#: anything else is a built-in graph's name.
-SOURCES = {"torch": _load_torch, "hf": _load_hf}
-
-
-def load(spec: str, batch: int | None = None, model: int | None = None, **options) -> Network:
-    """The network ``spec`` names: a built-in graph, a graph file or an imported model.
-
-    ``batch`` defaults to the graph's own (128 for the built-in graphs; a graph file fixes
-    its own). ``options`` go to the source that takes them (``loss`` for ``torch:``); a
-    source that takes none refuses them. Raises ``ValueError`` (or ``pase.fileio.InputError``
-    for a file) with one clear line.
-    """
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"a graph must be named, got {spec!r}")
-    prefix, sep, rest = spec.partition(":")
-    if sep and prefix in SOURCES:
-        return SOURCES[prefix](rest, batch, model, **options)
-    if options:
-        raise ValueError(f"options {', '.join(sorted(options))} apply only to imported models (torch:...), "
-                         f"not to {spec!r}")
-    if spec.endswith(".json"):
-        return _load_json(spec, batch, model)
-    return build(spec, DEFAULT_BATCH if batch is None else batch, model)

@@ -1,9 +1,9 @@
-"""AlexNet (``graphs.md``): a path of 14 vertices, five convolutions and three FC layers."""
+"""AlexNet (``docs/graphs.md``): a path of 14 vertices, five convolutions and three FC layers."""
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
 
 __all__ = ["alexnet"]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import Einsum, Elementwise, Embedding, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = [
     "DecoderConfig", "BiasedEinsum", "decoder", "parameter_count", "distinct_parameter_count",

@@ -1,16 +1,16 @@
-"""GPT-style decoder-only language models (``graphs.md``): gpt2-small ... gpt3-175b.
+"""GPT-style decoder-only language models (``docs/graphs.md``): gpt2-small ... gpt3-175b.
 
 A pre-LayerNorm decoder of ``L`` blocks, ``12 L + 5`` vertices. Token ids, the position
-embedding and all weights are graph inputs; the weights are parameters (``memory.md``).
+embedding and all weights are graph inputs; the weights are parameters (``docs/memory.md``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 from .transformer import multi_head
 

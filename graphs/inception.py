@@ -1,13 +1,13 @@
-"""InceptionV3 (``graphs.md``): 219 vertices of inception modules A-E, cut-off 4.
+"""InceptionV3 (``docs/graphs.md``): 219 vertices of inception modules A-E, cut-off 4.
 
 Module names follow the usual ``mixed5b`` ... ``mixed7c``; branches are ``b0``, ``b1``, ...
 """
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, BatchNorm, Concat, Conv, Pooling, ReduceMean, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, BatchNorm, Concat, Conv, Pooling, ReduceMean, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = ["inception3"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = ["LlamaConfig", "LLAMA_CONFIGS", "llama", "parameter_count"]
 

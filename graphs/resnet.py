@@ -1,10 +1,10 @@
-"""ResNet-101 (``graphs.md``): 245 vertices of bottleneck blocks, cut-off 4."""
+"""ResNet-101 (``docs/graphs.md``): 245 vertices of bottleneck blocks, cut-off 4."""
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, BatchNorm, Conv, Elementwise, Pooling, ReduceMean, SoftmaxCrossEntropy
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, BatchNorm, Conv, Elementwise, Pooling, ReduceMean, SoftmaxCrossEntropy
+from pase.model.tensor import Tensor
 
 __all__ = ["resnet101"]
 

@@ -1,9 +1,9 @@
-"""RNNLM (``graphs.md``): embedding, a two-layer LSTM, the output FC and the loss."""
+"""RNNLM (``docs/graphs.md``): embedding, a two-layer LSTM, the output FC and the loss."""
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import FC, LSTM, Embedding, SoftmaxCrossEntropy
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import FC, LSTM, Embedding, SoftmaxCrossEntropy
 
 __all__ = ["rnnlm", "VOCAB", "UNITS", "SEQUENCE"]
 

@@ -1,4 +1,4 @@
-"""The encoder-decoder Transformer (``graphs.md``): 6 + 6 layers, 204 vertices.
+"""The encoder-decoder Transformer (``docs/graphs.md``): 6 + 6 layers, 204 vertices.
 
 The encoder output feeds all six encoder-decoder attentions: a high-degree vertex with a
 long live range, which makes this graph the hardest for the search.
@@ -6,9 +6,18 @@ long live range, which makes this graph the hardest for the search.
 
 from __future__ import annotations
 
-from pase.builder import GraphBuilder, Network
-from pase.layers import Einsum, Elementwise, Embedding, Norm, Softmax, SoftmaxCrossEntropy, Stack, Unstack
-from pase.tensor import Tensor
+from pase.model.builder import GraphBuilder, Network
+from pase.model.layers import (
+    Einsum,
+    Elementwise,
+    Embedding,
+    Norm,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unstack,
+)
+from pase.model.tensor import Tensor
 
 __all__ = ["transformer", "multi_head", "attention", "feed_forward"]
 

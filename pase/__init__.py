@@ -1,8 +1,9 @@
 """PaSE: exact parallelization strategies for DNN training (Elango, IPDPS 2021).
 
-Three stages: what each layer can do (``configs``, ``layers``), what it costs on a machine
-(``layers``, ``machine``, ``builder``, ``strategy.evaluate``), which combination is best
-(``ordering``, ``solver``, ``capped``). ``plan`` runs them all and returns a ``Plan``.
+One sub-package per stage, imports pointing down: ``sources`` (a spec -> a ``Network`` of
+``model`` layers), ``costing`` (what each configuration costs on one of the ``machines``),
+``search`` (which combination is best), ``planning`` (``plan`` runs them all and returns a
+``Plan``), ``outputs`` (tables, JSON, DOT, JAX) and ``cli``; ``core`` under all of them.
 
 The names below are imported on first use, so ``import pase`` itself is instant and the
 command line can report Ctrl-C or a missing dependency cleanly while it loads.
@@ -14,31 +15,33 @@ __version__ = "0.2.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "plan": "planner", "evaluate_plan": "planner", "Plan": "planner",
-    "GraphBuilder": "builder", "Network": "builder", "CostTablesTooLarge": "builder",
-    "Tensor": "tensor",
-    "Machine": "machine", "Group": "machine", "load_machine": "machine", "CalibratedMachine": "calibrated",
-    "network_to_json": "graph_json", "network_from_json": "graph_json",
-    "from_torch": "torch_import",
-    "export_shardings": "jax_export", "verify": "jax_verify", "VerifyResult": "jax_verify",
-    "enumerate_configs": "configs", "is_contiguous": "configs",
-    "Layer": "layers", "LayerCost": "layers", "LAYER_TYPES": "layers", "make_layer": "layers",
-    "Conv": "layers", "Pooling": "layers", "FC": "layers", "Einsum": "layers", "Embedding": "layers",
-    "Elementwise": "layers", "Concat": "layers", "Norm": "layers", "BatchNorm": "layers", "RMSNorm": "layers",
-    "ReduceMean": "layers", "Softmax": "layers", "SoftmaxCrossEntropy": "layers", "LSTM": "layers",
-    "Ravel": "layers", "Unravel": "layers", "Stack": "layers", "Unstack": "layers",
-    "Ordering": "ordering", "ORDERINGS": "ordering", "generate_seq": "ordering", "breadth_first": "ordering",
-    "Search": "solver", "SearchResult": "solver", "SearchStats": "solver", "SearchTooLarge": "solver",
-    "WorkEstimate": "solver", "solve": "solver",
-    "Evaluation": "strategy", "evaluate": "strategy",
-    "data_parallel": "baselines", "largest_divisor": "baselines",
-    "MemoryModel": "memory", "MemorySummary": "memory",
-    "expert_strategies": "experts",
-    "plan_training": "training_plan", "TrainingPlan": "training_plan",
-    "TrainingOptions": "training", "TrainingCosting": "training",
-    "Mesh": "mesh", "Recipe": "mesh", "parse_recipe": "mesh",
-    "search_meshes": "training_search", "evaluate_candidate": "training_search",
-    "training_report": "training_report", "format_training": "training_report",
+    "plan": "planning.planner", "evaluate_plan": "planning.planner", "Plan": "planning.planner",
+    "GraphBuilder": "model.builder", "Network": "model.builder", "CostTablesTooLarge": "model.builder",
+    "Tensor": "model.tensor",
+    "Machine": "machines.paper", "Group": "machines.base", "load_machine": "machines.registry",
+    "CalibratedMachine": "machines.calibrated",
+    "network_to_json": "sources.graph_json", "network_from_json": "sources.graph_json",
+    "from_torch": "sources.torch.importer",
+    "export_shardings": "outputs.jax.export", "verify": "outputs.jax.verify", "VerifyResult": "outputs.jax.verify",
+    "enumerate_configs": "model.configs", "is_contiguous": "model.configs",
+    **{name: "model.layers" for name in (
+        "Layer", "LayerCost", "LAYER_TYPES", "make_layer", "Conv", "Pooling", "FC", "Einsum", "Embedding",
+        "Elementwise", "Concat", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy",
+        "LSTM", "Ravel", "Unravel", "Stack", "Unstack",
+    )},
+    "Ordering": "search.ordering", "ORDERINGS": "search.ordering", "generate_seq": "search.ordering",
+    "breadth_first": "search.ordering",
+    "Search": "search.solver", "SearchResult": "search.solver", "SearchStats": "search.solver",
+    "SearchTooLarge": "search.solver", "WorkEstimate": "search.solver", "solve": "search.solver",
+    "Evaluation": "costing.strategy", "evaluate": "costing.strategy",
+    "data_parallel": "planning.baselines", "largest_divisor": "planning.baselines",
+    "MemoryModel": "costing.memory", "MemorySummary": "costing.memory",
+    "expert_strategies": "planning.experts",
+    "plan_training": "planning.training_plan", "TrainingPlan": "planning.training_plan",
+    "TrainingOptions": "costing.training", "TrainingCosting": "costing.training",
+    "Mesh": "planning.mesh", "Recipe": "planning.mesh", "parse_recipe": "planning.mesh",
+    "search_meshes": "planning.training_search", "evaluate_candidate": "planning.training_search",
+    "training_report": "outputs.training", "format_training": "outputs.training",
 }
 
 __all__ = sorted(_EXPORTS)

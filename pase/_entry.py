@@ -8,9 +8,7 @@ standard output) into exit status 1.
 import os
 import sys
 
-EXIT_INPUT = 1
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141
+from pase.cli.status import ExitStatus
 
 
 def _silence_stdout() -> None:
@@ -25,34 +23,34 @@ def _silence_stdout() -> None:
 def run(prog: str = "pase") -> None:
     """Import the CLI, run it on ``sys.argv[1:]`` and exit with its status."""
     try:
-        from pase.cli import main
+        from pase.cli.app import main
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(ExitStatus.INTERRUPTED)
     except ModuleNotFoundError as missing:  # a dependency is not installed in this Python
         sys.stderr.write(
             f"{prog}: error: the module {missing.name!r} is missing from {sys.executable}; "
             "install the requirements first: python3 -m pip install .\n"
         )
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitStatus.INPUT)
     if sys.stdout is None:  # started with standard output closed (pase >&-)
         sys.stderr.write(f"{prog}: error: cannot write the output: standard output is closed\n")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitStatus.INPUT)
     try:
         status = main(prog=prog)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
-        status = EXIT_INTERRUPTED
-    if status == EXIT_BROKEN_PIPE:
+        status = ExitStatus.INTERRUPTED
+    if status == ExitStatus.BROKEN_PIPE:
         _silence_stdout()  # the reader went away (pase ... | head): stay quiet
         sys.exit(status)
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
-        sys.exit(EXIT_BROKEN_PIPE)
+        sys.exit(ExitStatus.BROKEN_PIPE)
     except OSError as err:  # a full disk, a device that refuses the write
         _silence_stdout()
         sys.stderr.write(f"{prog}: error: cannot write the output: {err.strerror or err}\n")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitStatus.INPUT)
     sys.exit(status)

@@ -1,4 +1,4 @@
-"""Data parallelism as a strategy (``pase.baselines``), costed by the reference model.
+"""Data parallelism as a strategy (``pase.planning.baselines``), costed by the reference model.
 
 Data parallelism splits every layer's batch dimension ``largest_divisor(b, p)`` ways (the
 largest divisor of ``b`` that is at most ``p``) and nothing else; ``evaluate`` costs those
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.baselines import largest_divisor, data_parallel
-from pase.builder import GraphBuilder
-from pase.layers import FC, Einsum, SoftmaxCrossEntropy, Unstack
-from pase.machine import Machine
-from pase.strategy import evaluate
+from pase.planning.baselines import largest_divisor, data_parallel
+from pase.model.builder import GraphBuilder
+from pase.model.layers import FC, Einsum, SoftmaxCrossEntropy, Unstack
+from pase.machines.paper import Machine
+from pase.costing.strategy import evaluate
 
 RHO1 = Machine(1.0, 8000.0)  # rho = 1000 / (8000 / 8) = 1
 

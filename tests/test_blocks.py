@@ -1,4 +1,4 @@
-"""Repeated blocks solved once (``pase.blocks``, ``Search(blocks=True)``; issue 12).
+"""Repeated blocks solved once (``pase.search.blocks``, ``Search(blocks=True)``; issue 12).
 
 The block search must give the plain dynamic programme's optimum: checked against the
 plain programme (``blocks=False``) on random chained graphs (random blocks, wiring between
@@ -19,18 +19,18 @@ import pytest
 
 import graphs
 from pase import cli
-from pase.blocks import BlockSummary, describe_blocks, find_block_runs, is_periodic
-from pase.capped import capped_search
-from pase.memory import MemoryModel
-from pase.solver import MAX_TABLE_AXES, Search, SearchStats, SearchTooLarge, WorkEstimate
-from pase.strategy import evaluate
+from pase.search.blocks import BlockSummary, describe_blocks, find_block_runs, is_periodic
+from pase.search.capped import capped_search
+from pase.costing.memory import MemoryModel
+from pase.search.solver import MAX_TABLE_AXES, Search, SearchStats, SearchTooLarge, WorkEstimate
+from pase.costing.strategy import evaluate
 
 SEED = 20_240_612
 N_RANDOM = 160
 REL = 1e-12  # sums are taken in another order: the optima agree to rounding
 
 # --------------------------------------------------------------------------------------
-# Helpers, independent of pase.solver
+# Helpers, independent of pase.search.solver
 
 
 def _cost_of(G, choice) -> float:
@@ -543,7 +543,7 @@ def test_graph_read_back_from_a_file_finds_the_same_blocks():
     # read back (an "imported" graph) has the same runs and the same optimum.
     import json
 
-    from pase.graph_json import network_from_json, network_to_json
+    from pase.sources.graph_json import network_from_json, network_to_json
 
     net = graphs.build("gpt2-small", 8)
     again = network_from_json(json.loads(json.dumps(network_to_json(net))))

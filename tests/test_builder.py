@@ -1,4 +1,4 @@
-"""Edge (redistribution) costs and the graph builder (``spec/cost-model.md``, "Edge cost").
+"""Edge (redistribution) costs and the graph builder (``docs/cost-model.md``, "Edge cost").
 
 For a tensor of shape ``t`` left split ``s`` and needed split ``g``: ``src = t/s``,
 ``tgt = t/g``; ``overlap = 0`` if ``prod(g) > prod(s)`` else ``prod(min(tgt, src))``;
@@ -11,13 +11,23 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from pase.builder import EdgeTensor, GraphBuilder, Network, edge_cost_matrix
-from pase.configs import enumerate_configs
-from pase.layers import (
-    FC, Concat, Conv, Einsum, Elementwise, Pooling, Softmax, SoftmaxCrossEntropy, Stack, Unravel,
-    Unstack, redistribution_volume,
+from pase.model.builder import EdgeTensor, GraphBuilder, Network, edge_cost_matrix
+from pase.model.configs import enumerate_configs
+from pase.model.layers import (
+    FC,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Pooling,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unravel,
+    Unstack,
+    redistribution_volume,
 )
-from pase.machine import Machine
+from pase.machines.paper import Machine
 
 RHO1 = Machine(1.0, 8000.0)  # rho = 1000 / 1000 = 1
 

@@ -1,4 +1,4 @@
-"""``pase calibrate`` (``pase/calibrate.py``): grids, the files it writes, its errors.
+"""``pase calibrate`` (``pase/machines/calibration.py``, ``pase/cli/calibrate.py``): grids, the files it writes, its errors.
 
 No GPU here: a fake timer stands in for the measurements; the torch code that builds the
 measured steps runs on the CPU when PyTorch is installed (skipped otherwise).
@@ -15,11 +15,19 @@ import types
 import numpy as np
 import pytest
 
-from pase.calibrate import TORCH_HINT, calibrate, gemm_grid, main, memory_bound_step, gemm_step, memory_grid
-from pase.machine import load_machine
+from pase.machines.calibration import (
+    TORCH_HINT,
+    calibrate,
+    gemm_grid,
+    memory_bound_step,
+    gemm_step,
+    memory_grid,
+)
+from pase.cli.calibrate import main
+from pase.machines.registry import load_machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json")
+SHIPPED = os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json")
 
 
 class FakeTimer:

@@ -1,6 +1,6 @@
 """Calibrated machines (``pase/calibrated.py``): collectives by hand, placement, compute, descriptions.
 
-Every expected number is worked out by hand from ``machines.md`` and the h100-sxm description:
+Every expected number is worked out by hand from ``docs/machines.md`` and the h100-sxm description:
 B_in = 450 GB/s, a_in = 3 us, B_out = 50 GB/s, a_out = 10 us, 2 bytes per activation element,
 4 per weight-gradient element, 8 devices per node.
 """
@@ -13,19 +13,27 @@ import os
 import numpy as np
 import pytest
 
-from pase.calibrated import (
-    MACHINE_NAMES, PRESET_TABLES, PRESETS, CalibratedMachine, load_calibrated, load_description, validate_description,
+from pase.machines.registry import MACHINE_NAMES
+from pase.machines.calibrated import (
+    PRESET_TABLES,
+    PRESETS,
+    CalibratedMachine,
+    load_calibrated,
+    load_description,
+    validate_description,
 )
-from pase.machine import Group as _Group
-from pase.machine import Machine, layout_strides, load_machine
-from pase.measured import MeasuredTables
+from pase.machines.base import Group as _Group
+from pase.machines.paper import Machine
+from pase.machines.base import layout_strides
+from pase.machines.registry import load_machine
+from pase.machines.measured import MeasuredTables
 
 
 def Group(sizes, strides):
     return _Group(np.atleast_2d(np.asarray(sizes, dtype=np.int64)), np.atleast_2d(np.asarray(strides, dtype=np.int64)))
 
 
-SPEC_EXAMPLE = {  # machines.md, "The description", verbatim
+SPEC_EXAMPLE = {  # docs/machines.md, "The description", verbatim
     "name": "h100-sxm",
     "devices_per_node": 8,
     "memory_gb": 80,

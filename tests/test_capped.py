@@ -1,4 +1,4 @@
-"""The memory-capped search (``spec/memory.md``, "The capped search") against brute force.
+"""The memory-capped search (``docs/memory.md``, "The capped search") against brute force.
 
 Two levels are tested:
 
@@ -7,7 +7,7 @@ Two levels are tested:
   per configuration.
 - *layer cases*: ``pase.plan`` with a memory cap on small random networks of real FC / Norm /
   Elementwise layers (chains and branches) on a random machine with p = 2..4, with
-  ``MemoryModel`` at random byte sizes. Cost is re-checked with ``pase.strategy.evaluate``
+  ``MemoryModel`` at random byte sizes. Cost is re-checked with ``pase.costing.strategy.evaluate``
   and memory with formulas written here.
 
 Every case is checked against exhaustive enumeration of all strategies. All randomness is
@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.baselines import data_parallel
-from pase.builder import GraphBuilder
-from pase.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
-from pase.layers import FC, Elementwise, Norm
-from pase.machine import Machine
-from pase.memory import MemoryModel
-from pase.planner import plan
-from pase.strategy import evaluate
+from pase.planning.baselines import data_parallel
+from pase.model.builder import GraphBuilder
+from pase.search.capped import CAPPED, NOTHING_FITS, UNCONSTRAINED, capped_search
+from pase.model.layers import FC, Elementwise, Norm
+from pase.machines.paper import Machine
+from pase.costing.memory import MemoryModel
+from pase.planning.planner import plan
+from pase.costing.strategy import evaluate
 
 TABLE_CASES = 120
 LAYER_CASES = 40
@@ -142,7 +142,7 @@ def layer_case(seed):
 
 
 def own_layer_memory(layer, config, model):
-    """Bytes of one layer under one configuration, from ``memory.md`` written out again."""
+    """Bytes of one layer under one configuration, from ``docs/memory.md`` written out again."""
     dom, c = layer.domain, config
     if isinstance(layer, FC):
         # Weight (n, k): the last two dims; output: every dim but k.
@@ -347,7 +347,7 @@ def test_non_positive_cap_is_rejected(cap):
 # ---------------------------------------------------------------------------------------
 # The command-line case of the issue: gpt3-6.7b, p = 32, batch 128, cap 80 GB.
 
-# From the shapes (graphs.md): one sample's activations are 13,384,548,352 elements,
+# From the shapes (docs/graphs.md): one sample's activations are 13,384,548,352 elements,
 # 26,769,096,704 bytes in fp16 (see tests/test_gpt.py for the breakdown); 128 samples:
 # 3,426,444,378,112 bytes, about 3.4 TB. Parameters: 6,855,073,792 * 16 = 109,681,180,672 bytes.
 # Every layer has a configuration dividing both its parameters and its output 32 ways

@@ -1,4 +1,4 @@
-"""End-to-end tests of the command line (``cli.md``), in-process through ``main(argv)``.
+"""End-to-end tests of the command line (``docs/cli.md``), in-process through ``main(argv)``.
 
 Expected figures come from the independent fixtures in ``tests/data/reference`` (optimal
 totals, per-vertex structure, costs of given strategies) or from the library called
@@ -18,12 +18,12 @@ import sys
 import pytest
 
 import graphs
-import pase.layers
+import pase.model.layers
 from pase import Machine, data_parallel, evaluate
 from pase import cli
-from pase.cli import main
+from pase.cli import ExitStatus, common, main, progress
 from cli_runner import run as run_cli
-from pase.report import format_bytes
+from pase.core.units import format_bytes
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pydot.*")
@@ -187,10 +187,10 @@ def test_json_matches_reference_structure_and_optimum(graph, procs):
     data = run_json("-g", graph, "-p", procs)
     ref = load_reference(os.path.join("graphs", f"{graph}-p{procs}.json"))
     assert [(l["domain"], l["configs"]) for l in data["layers"]] == [(n["domain"], n["configs"]) for n in ref["nodes"]]
-    # The fixture names the layer types of cost-model.md; the JSON may name a subtype
+    # The fixture names the layer types of docs/cost-model.md; the JSON may name a subtype
     # (Embedding is an Einsum, BatchNorm a Norm).
     for layer, node in zip(data["layers"], ref["nodes"]):
-        assert issubclass(getattr(pase.layers, layer["op"]), getattr(pase.layers, node["op"])), (layer, node)
+        assert issubclass(getattr(pase.model.layers, layer["op"]), getattr(pase.model.layers, node["op"])), (layer, node)
     assert data["edges"] == sorted(ref["edges"])
     assert data["total_cost"] == pytest.approx(reference_total(graph, procs), rel=1e-9)
     # The per-layer terms add up to the total (each edge counted once, at its consumer).
@@ -344,7 +344,7 @@ def test_sweep_table_has_one_row_per_device_count():
 def test_sweep_marks_device_counts_whose_search_is_too_large():
     # 1 KB is enough for the tables of nothing but the smallest search.
     status, out, err = run("-g", "alexnet", "--sweep", "1,64", "--table-budget", "0.000001")
-    assert status == cli.EXIT_TOO_LARGE
+    assert status == ExitStatus.TOO_LARGE
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [r[0] for r in rows] == ["1", "64"]
     assert rows[1][1:3] == ["too", "large"]
@@ -451,7 +451,7 @@ def test_measure_reports_mean_and_spread_of_five_timed_searches():
 
 
 def test_progress_bar_only_on_a_terminal_or_when_asked(monkeypatch):
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0)  # show the bar even for a short search
+    monkeypatch.setattr(progress, "PROGRESS_DELAY", 0)  # show the bar even for a short search
     assert run("-g", "resnet101", "-p", "8")[2] == ""  # not a terminal: quiet
     err = run("-g", "resnet101", "-p", "8", "--progress")[2]
     assert "resnet101 p=8" in err and "entry" in err
@@ -467,14 +467,14 @@ def test_table_budget_is_passed_to_the_search():
     # ... and 1 GB is far from the ~23 GB of breadth-first tables of ResNet-101 on 8 devices
     # (dependent sets of up to 7 vertices), while its cost tables take under 1 MB.
     status, out, err = run("-g", "resnet101", "-p", "8", "--algo", "1", "--table-budget", "1")
-    assert status == cli.EXIT_TOO_LARGE and out == ""
+    assert status == ExitStatus.TOO_LARGE and out == ""
     assert err.count("\n") == 1 and "search is too large" in err and "table entries" in err
     assert "budget of 1 GB" in err
 
 
 def test_breadth_first_inception_is_refused_with_the_estimate():
     status, out, err = run("--algo", "1", "-g", "inception3")
-    assert status == cli.EXIT_TOO_LARGE and out == ""
+    assert status == ExitStatus.TOO_LARGE and out == ""
     assert err.startswith("pase: error: the breadth-first search is too large")
     assert "largest dependent set" in err and err.count("\n") == 1
 
@@ -523,7 +523,7 @@ BAD_COMMAND_LINES = [
 @pytest.mark.parametrize("argv", BAD_COMMAND_LINES, ids=" ".join)
 def test_bad_command_lines_are_one_line_usage_errors(argv):
     status, out, err = run(*argv)
-    assert status == cli.EXIT_USAGE
+    assert status == ExitStatus.USAGE
     assert out == ""
     assert err.startswith("pase: error: ") and err.count("\n") == 1 and "Traceback" not in err
 
@@ -537,7 +537,7 @@ def test_unknown_graph_error_lists_the_graphs():
 def test_unwritable_dot_path_is_refused_before_the_search(tmp_path, where):
     target = tmp_path / "no" / "such" / "g.dot" if where == "missing-dir" else tmp_path
     status, out, err = run("-g", "alexnet", "--dot-path", target)
-    assert status == cli.EXIT_INPUT and out == ""
+    assert status == ExitStatus.INPUT and out == ""
     assert err.startswith("pase: error: cannot write the DOT graph") and err.count("\n") == 1
 
 
@@ -586,7 +586,7 @@ def test_bad_strategy_files_are_rejected_clearly(tmp_path, name):
     else:
         path.write_text(content, encoding="utf-8")
     status, out, err = run("--evaluate", path, "-g", "alexnet", "-p", "16")
-    assert status == cli.EXIT_INPUT
+    assert status == ExitStatus.INPUT
     assert out == ""
     assert err.startswith("pase: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert str(path) in err
@@ -610,7 +610,7 @@ def test_bad_strategy_messages_say_what_is_wrong(tmp_path):
 
 def test_missing_strategy_file(tmp_path):
     status, out, err = run("--evaluate", tmp_path / "nope.json")
-    assert status == cli.EXIT_INPUT and out == ""
+    assert status == ExitStatus.INPUT and out == ""
     assert "cannot read strategy file" in err and err.count("\n") == 1
 
 
@@ -619,14 +619,14 @@ def test_evaluate_with_sweep_or_measure_is_a_usage_error(tmp_path):
     path = write_json(tmp_path / "s.json", {"configs": configs})
     for extra in (["--sweep", "4,8"], ["--measure"]):
         status, _, err = run("--evaluate", path, *extra)
-        assert status == cli.EXIT_USAGE and err.count("\n") == 1
+        assert status == ExitStatus.USAGE and err.count("\n") == 1
 
 
 def test_the_cost_tables_of_a_huge_device_count_are_refused_before_allocating():
     # 1e6 devices: up to 27545 configurations per Transformer layer, so the edge matrices
     # alone would need tens of GB (K_u x K_v float64 entries per edge).
     status, out, err = run("-g", "transformer", "-p", "1000000", "--table-budget", "1")
-    assert status == cli.EXIT_TOO_LARGE and out == ""
+    assert status == ExitStatus.TOO_LARGE and out == ""
     assert "cost tables of transformer on 1000000 devices are too large" in err and err.count("\n") == 1
 
 
@@ -690,8 +690,8 @@ def test_internal_errors_are_one_line(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(cli, "plan", broken)
+    monkeypatch.setattr(common, "plan", broken)
     monkeypatch.delenv("PASE_TRACEBACK", raising=False)
     status, out, err = run("-g", "alexnet")
-    assert status == cli.EXIT_INTERNAL and out == ""
+    assert status == ExitStatus.INTERNAL and out == ""
     assert err.count("\n") == 1 and "simulated bug" in err and "Traceback" not in err

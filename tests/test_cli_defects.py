@@ -190,9 +190,9 @@ def test_replicas_are_shown():
 
 
 def test_long_searches_are_announced(monkeypatch):
-    import pase.cli
+    import pase.cli.progress
 
-    monkeypatch.setattr(pase.cli, "SECONDS_PER_ENTRY", 0.1)  # as if every entry took 0.1 s
+    monkeypatch.setattr(pase.cli.progress, "SECONDS_PER_ENTRY", 0.1)  # as if every entry took 0.1 s
     status, out, err = run("-g", "rnnlm", "-p", "8")
     assert status == 0
     assert err.startswith("pase: note: rnnlm on 8 devices: the search fills") and "table entries" in err

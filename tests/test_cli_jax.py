@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pase.cli import EXIT_USAGE
+from pase.cli import ExitStatus
 from cli_runner import run
 
 
@@ -30,20 +30,21 @@ def test_export_jax_writes_the_plans_shardings(tmp_path):
 
 def test_export_jax_refuses_a_sweep_and_unwritable_paths(tmp_path):
     status, out, err = run("-g", "alexnet", "--sweep", "4,8", "--export-jax", tmp_path / "x.json")
-    assert status == EXIT_USAGE and out == ""
+    assert status == ExitStatus.USAGE and out == ""
     status, out, err = run("-g", "alexnet", "--export-jax", tmp_path / "missing" / "x.json")
     assert status == 1 and out == "" and err.count("\n") == 1
 
 
 def test_verify_without_jax_says_how_to_install(monkeypatch):
-    import pase.jax_verify as jv
+    import pase.outputs.jax.verify as jv
+    from pase.outputs.jax.common import JaxMissing
 
     def missing(*args, **kwargs):
-        raise jv.JaxMissing("jax is not installed: pip install '.[jax]'")
+        raise JaxMissing("jax is not installed: pip install '.[jax]'")
 
     monkeypatch.setattr(jv, "verify", missing)
     status, out, err = run("-g", "alexnet", "-b", "8", "-p", "8", "--verify", "jax")
-    assert status == EXIT_USAGE and out == ""
+    assert status == ExitStatus.USAGE and out == ""
     assert err == "pase: error: jax is not installed: pip install '.[jax]'\n"
 
 

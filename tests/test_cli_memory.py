@@ -1,4 +1,4 @@
-"""The memory flags of the command line: --memory, --param-bytes, --act-bytes (memory.md)."""
+"""The memory flags of the command line: --memory, --param-bytes, --act-bytes (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 import graphs
 from pase import MemoryModel, data_parallel, evaluate
-from pase.cli import EXIT_NOTHING_FITS
+from pase.cli import ExitStatus
 from cli_runner import run
-from pase.report import format_bytes
+from pase.core.units import format_bytes
 
 
 def run_json(*argv):
@@ -42,7 +42,7 @@ def test_nothing_fits_says_so_with_the_least_memory():
     # gpt3-6.7b at batch 128 on 32 devices: about 3.43 TB of activations and 109.7 GB of
     # parameter state, split at best 32 ways: about 110.5 GB per device > 80 GB.
     status, out, err = run("-g", "gpt3-6.7b", "-p", 32, "-b", 128, "--memory", 80)
-    assert status == EXIT_NOTHING_FITS == 4
+    assert status == ExitStatus.NOTHING_FITS == 4
     assert out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
@@ -109,7 +109,7 @@ def test_sweep_rows_gain_the_memory_figures():
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [r[0] for r in rows] == ["4", "8"]
     # p = 4: even the least-memory strategy needs more than 3 GB: "nothing fits", status 4.
-    assert rows[0][1:3] == ["nothing", "fits"] and status == EXIT_NOTHING_FITS
+    assert rows[0][1:3] == ["nothing", "fits"] and status == ExitStatus.NOTHING_FITS
     assert "nothing fits in 3 GB per device: rnnlm on 4 devices" in err
     # p = 8: a capped strategy, as in a single run.
     single = run_json("-g", "rnnlm", "-p", 8, "--memory", 3)

@@ -1,4 +1,4 @@
-"""Tests of configuration enumeration (``spec/cost-model.md``, "Iteration spaces and configurations").
+"""Tests of configuration enumeration (``docs/cost-model.md``, "Iteration spaces and configurations").
 
 Rule: per dimension ``d``, the divisors ``e`` with ``d / e >= t`` (or only 1 if none);
 Cartesian product; keep products ``<= p``. Forced-unsplit dimensions behave as size 1.
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from graphs import alexnet, rnnlm
-from pase.builder import GraphBuilder
-from pase.configs import allowed_splits, check_config, divisors, enumerate_configs, is_contiguous
-from pase.layers import Conv, Ravel, Unravel
+from pase.model.builder import GraphBuilder
+from pase.model.configs import allowed_splits, check_config, divisors, enumerate_configs, is_contiguous
+from pase.model.layers import Conv, Ravel, Unravel
 
 
 def _brute_force(domain, procs, cutoff, unsplit=None, contiguous=False):

@@ -1,4 +1,4 @@
-"""Deterministic output (house rules; spec search.md: ties by vertex id and configuration index).
+"""Deterministic output (house rules; spec docs/search.md: ties by vertex id and configuration index).
 
 The same strategy must come out under any ``PYTHONHASHSEED`` (the orderings keep Python
 sets, whose iteration order for string ids depends on the hash seed), whatever the
@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from pase.solver import Search
+from pase.search.solver import Search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,9 +30,9 @@ import json, sys
 import networkx as nx
 import numpy as np
 import graphs
-from pase.machine import Machine
-from pase.solver import Search
-from pase.planner import plan
+from pase.machines.paper import Machine
+from pase.search.solver import Search
+from pase.planning.planner import plan
 
 out = {"witness": list({"conv%d" % i for i in range(12)})}
 for name in ("inception3", "transformer"):

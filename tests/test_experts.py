@@ -7,10 +7,17 @@ import pytest
 
 import graphs
 from pase import GraphBuilder, Machine, data_parallel, evaluate, plan
-from pase.experts import (
-    EXPERTS, PAPER_EXPERTS, best_mesh, expert_strategies, gnmt, mesh_tensorflow, mesh_tensorflow_meshes, owt,
+from pase.planning.experts import (
+    EXPERTS,
+    PAPER_EXPERTS,
+    best_mesh,
+    expert_strategies,
+    gnmt,
+    mesh_tensorflow,
+    mesh_tensorflow_meshes,
+    owt,
 )
-from pase.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
+from pase.model.layers import FC, Conv, Pooling, SoftmaxCrossEntropy
 
 NAMES = ("alexnet", "resnet101", "inception3", "rnnlm", "transformer")
 

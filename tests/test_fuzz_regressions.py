@@ -129,8 +129,8 @@ def graph_file(tmp_path, graph) -> str:
 
 
 def test_allowed_splits_of_huge_sizes():  # hang
-    from pase.baselines import largest_divisor
-    from pase.configs import allowed_splits
+    from pase.planning.baselines import largest_divisor
+    from pase.model.configs import allowed_splits
 
     # 2**60: its divisors up to 64 are the powers of two; 2**61 - 1 is a (Mersenne) prime.
     assert allowed_splits(2**60, 64, 1) == [1, 2, 4, 8, 16, 32, 64]
@@ -143,7 +143,7 @@ def test_allowed_splits_of_huge_sizes():  # hang
 
 
 def test_allowed_splits_is_the_divisors_up_to_p_with_the_cutoff():
-    from pase.configs import allowed_splits
+    from pase.model.configs import allowed_splits
 
     # Brute force: every e in 1..procs that divides size and leaves at least cutoff per part.
     for size in range(1, 130):
@@ -214,7 +214,7 @@ def test_letters_that_are_not_a_string_are_refused(tmp_path, layer, value):
 # 5. Machine files: values that make costs overflow are refused ------------------------------------
 
 def machine_description(**changes) -> dict:
-    from pase.calibrated import PRESETS
+    from pase.machines.calibrated import PRESETS
 
     description = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured"}
     description["name"] = "box"
@@ -237,7 +237,7 @@ def machine_description(**changes) -> dict:
     ("devices_per_node", 10**30, "devices_per_node must be at most 1048576"),  # OverflowError: exit 70
 ])
 def test_machine_values_out_of_range_are_refused(tmp_path, mini, field, value, message):
-    from pase.calibrated import validate_description
+    from pase.machines.calibrated import validate_description
 
     description = machine_description(**{field: value})
     with pytest.raises(ValueError, match="^" + re.escape(f"machine file m.json: {message}")):
@@ -336,8 +336,8 @@ def test_a_table_spanning_a_huge_sparse_grid_is_refused(tmp_path, mini):
 
 
 def test_grids_like_the_calibrated_ones_are_accepted():
-    from pase.calibrate import gemm_grid
-    from pase.measured import MeasuredTables
+    from pase.machines.calibration import gemm_grid
+    from pase.machines.measured import MeasuredTables
 
     # pase calibrate --quick: 762 rows spanning 3 x 11 x 11 x 11 = 3993 shapes (5.2 per row).
     rows = [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 1e6)] for b, m, n, k in gemm_grid(quick=True)]

@@ -1,4 +1,4 @@
-"""The GPT graphs of ``spec/graphs.md`` and their memory (``spec/memory.md``).
+"""The GPT graphs of ``docs/graphs.md`` and their memory (``docs/memory.md``).
 
 Structure, names and parameter counts are checked against the spec's table and vertex
 list, written out again here; the data-parallel memory of gpt3-6.7b is checked against a
@@ -12,10 +12,10 @@ import pytest
 import graphs
 from graphs.gpt import GPT_CONFIGS
 from graphs.gpt import parameter_count as gpt_closed_form
-from pase.baselines import data_parallel
-from pase.memory import CAPPED, UNCONSTRAINED
-from pase.planner import plan
-from pase.memory import MemoryModel, parameter_count
+from pase.planning.baselines import data_parallel
+from pase.search.capped import CAPPED, UNCONSTRAINED
+from pase.planning.planner import plan
+from pase.costing.memory import MemoryModel, parameter_count
 
 # The spec's table: layers L, width e, heads h, key width k, feed-forward f, sequence s, vocabulary V.
 SPEC = {

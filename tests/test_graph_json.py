@@ -1,4 +1,4 @@
-"""The JSON graph format (``pase.graph_json``): exact round trips and clear errors.
+"""The JSON graph format (``pase.sources.graph_json``): exact round trips and clear errors.
 
 A graph written with ``network_to_json`` and read back must give the same layers (types,
 iteration spaces, arguments), the same edges and bit-identical cost tables, so every optimum is
@@ -15,10 +15,10 @@ import pytest
 import graphs
 from pase import GraphBuilder, Machine
 from cli_runner import run
-from pase.fileio import InputError
-from pase.graph_json import dumps, network_from_json, network_to_json
-from pase.layers import FC, Elementwise, SoftmaxCrossEntropy
-from pase.planner import plan
+from pase.core.fileio import InputError
+from pase.sources.graph_json import dumps, network_from_json, network_to_json
+from pase.model.layers import FC, Elementwise, SoftmaxCrossEntropy
+from pase.planning.planner import plan
 
 # Small batches keep the big GPT graphs quick; the structure does not depend on the batch.
 BATCH = {"alexnet": 8, "resnet101": 8, "inception3": 8}

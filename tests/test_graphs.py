@@ -1,4 +1,4 @@
-"""The five built-in graphs against the independent reference fixtures (``spec/graphs.md``).
+"""The five built-in graphs against the independent reference fixtures (``docs/graphs.md``).
 
 ``tests/data/reference/graphs/<graph>-p<procs>.json`` lists, per vertex id, the iteration
 space and the number of valid configurations, and the edge list, at batch 128;
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.machine import Machine
-from pase.strategy import evaluate
+from pase.machines.paper import Machine
+from pase.costing.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 NAMES = ["alexnet", "resnet101", "inception3", "rnnlm", "transformer"]
@@ -36,7 +36,7 @@ def networks():
 
 
 def test_registry_has_the_five_graphs():
-    # Other graphs (the GPT family of graphs.md) may be registered too.
+    # Other graphs (the GPT family of docs/graphs.md) may be registered too.
     assert set(NAMES) <= set(graphs.GRAPHS)
     for name in NAMES:
         assert graphs.GRAPHS[name].name == name
@@ -95,7 +95,7 @@ def test_names_spot_check(networks):
 
 
 def test_cutoffs(networks):
-    # t = 4 for the CNNs, 1 for rnnlm and the transformer (cost-model.md).
+    # t = 4 for the CNNs, 1 for rnnlm and the transformer (docs/cost-model.md).
     assert {n: networks[n].cutoff for n in NAMES} == {
         "alexnet": 4, "resnet101": 4, "inception3": 4, "rnnlm": 1, "transformer": 1,
     }

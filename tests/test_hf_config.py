@@ -28,15 +28,16 @@ import numpy as np
 import pytest
 
 import graphs
+from pase.sources.registry import load as load_source
 from cli_runner import run
 from graphs.decoder import (BiasedEinsum, DecoderConfig, decoder, distinct_parameter_count, parameter_count,
                             shared_parameters)
 from graphs.llama import LLAMA_CONFIGS, parameter_count as llama_closed_form
-from pase.fileio import InputError
-from pase.graph_json import dumps, network_from_json
-from pase.hf_config import SUPPORTED, decoder_config_from_hf, load_hf, network_name, read_hf_config
-from pase.machine import Machine
-from pase.memory import parameter_count as summed_parameter_count
+from pase.core.fileio import InputError
+from pase.sources.graph_json import dumps, network_from_json
+from pase.sources.hf import SUPPORTED, decoder_config_from_hf, load_hf, network_name, read_hf_config
+from pase.machines.paper import Machine
+from pase.costing.memory import parameter_count as summed_parameter_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "hf")
@@ -147,7 +148,7 @@ def test_tied_head_reads_the_embedding_table_itself():
     # pase.memory.parameter_count sums every layer's parameters(): the table twice there.
     assert summed_parameter_count(net) == PUBLISHED["gpt2"] + 50257 * 768
     # The training model counts a tensor several layers read once, by identity.
-    training = pytest.importorskip("pase.training")
+    training = pytest.importorskip("pase.costing.training")
     assert training.parameter_elements_unique(net) == PUBLISHED["gpt2"]
     # Untied: a weight of its own (e, V), no sharing.
     net = load_hf(example("megatron-gpt-1.7b"), 1, 16)
@@ -324,7 +325,7 @@ def test_cli_errors(tmp_path):
     status, _, err = run("-g", "hf:examples/hf/gpt2.json", "-p", 4, "--loss", "none", cwd=ROOT)
     assert status == 2 and "--loss applies only to imported models" in err
     with pytest.raises(ValueError, match="apply only to imported models"):
-        graphs.load(f"hf:{example('gpt2')}", 2, 8, loss=None)
+        load_source(f"hf:{example('gpt2')}", 2, 8, loss=None)
 
 
 def costs_equal(a, b, procs=8):

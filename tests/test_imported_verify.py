@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
 import pase  # noqa: E402
-from pase.jax_verify import verify  # noqa: E402
+from pase.outputs.jax.verify import verify  # noqa: E402
 
 
 class SmallCNN(torch.nn.Module):

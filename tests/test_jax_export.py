@@ -1,4 +1,4 @@
-"""Tests of ``pase.jax_export``: the mesh, the device layout and the sharding of every tensor.
+"""Tests of ``pase.outputs.jax.export``: the mesh, the device layout and the sharding of every tensor.
 
 No jax needed: the export is plain data. Expected values are worked out by hand from the
 layout rule (batch dimension outermost, then iteration-space order, replicas innermost, each
@@ -13,11 +13,32 @@ import pytest
 
 import graphs
 from pase import (
-    FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, GraphBuilder, Norm, ReduceMean, Softmax,
-    SoftmaxCrossEntropy, Stack, Unstack, plan,
+    FC,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    GraphBuilder,
+    Norm,
+    ReduceMean,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unstack,
+    plan,
 )
-from pase.baselines import data_parallel
-from pase.jax_export import FORMAT, export_shardings, layout_axes, mesh_axes, partition_spec, tensor_dims
+from pase.planning.baselines import data_parallel
+from pase.outputs.jax.export import (
+    FORMAT,
+    export_shardings,
+    layout_axes,
+    mesh_axes,
+    partition_spec,
+    tensor_dims,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -95,7 +116,7 @@ def test_partition_spec_joins_the_axes_of_spanned_dims():
 
 
 # ---------------------------------------------------------------------------------------
-# Which iteration-space dims every tensor dim spans, per layer type (from cost-model.md)
+# Which iteration-space dims every tensor dim spans, per layer type (from docs/cost-model.md)
 
 
 def _layer(build):
@@ -280,3 +301,11 @@ def test_export_takes_a_plan():
         export_shardings(net)
     with pytest.raises(TypeError, match="expected a pase.Plan or a Network"):
         export_shardings("alexnet", [], 4)
+
+
+def test_every_layer_type_has_a_jax_function():
+    # A new layer type is one class in pase/model/layers plus its function in OPS.
+    from pase.model.layers import LAYER_TYPES
+    from pase.outputs.jax.program import OPS
+
+    assert sorted(OPS) == sorted(LAYER_TYPES)

@@ -1,4 +1,4 @@
-"""Tests of ``pase.jax_verify``: modelled bytes, the HLO collective parser, the result, and runs.
+"""Tests of ``pase.outputs.jax`` (verify, hlo): modelled bytes, the HLO collective parser, the result, and runs.
 
 The first part needs no jax (byte formulas, parsing hand-written HLO, assembling a result).
 The runs at the end execute plans on XLA host devices and are skipped without jax.
@@ -13,14 +13,34 @@ import pytest
 
 from graphs.transformer import multi_head
 from pase import (
-    FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, GraphBuilder, Machine, Norm, Pooling, ReduceMean,
-    SoftmaxCrossEntropy, evaluate, plan,
+    FC,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    GraphBuilder,
+    Machine,
+    Norm,
+    Pooling,
+    ReduceMean,
+    SoftmaxCrossEntropy,
+    evaluate,
+    plan,
 )
-from pase.baselines import data_parallel
-from pase.machine import Group
-from pase.jax_verify import (
-    INSTALL_HINT, Collective, JaxMissing, TrafficMachine, VerifyTooLarge, estimated_bytes, _attribution, _group_size, _relative_error, _result,
-    collective_bytes, modelled_bytes, parse_collectives, verify,
+from pase.planning.baselines import data_parallel
+from pase.machines.base import Group
+from pase.outputs.jax.common import INSTALL_HINT, JaxMissing, relative_error
+from pase.outputs.jax.hlo import Collective, _attribution, _group_size, collective_bytes, parse_collectives
+from pase.outputs.jax.verify import (
+    TrafficMachine,
+    VerifyTooLarge,
+    _result,
+    estimated_bytes,
+    modelled_bytes,
+    verify,
 )
 
 
@@ -207,14 +227,14 @@ def test_collective_bytes_puts_edges_on_the_reader():
 # The result
 
 
-def test_relative_error_by_hand():
+def testrelative_error_by_hand():
     # max |diff| = 0.5, max |reference| = 2.
-    assert _relative_error([1.0, 2.5], [1.0, 2.0]) == 0.25
-    assert _relative_error(3.0, 3.0) == 0.0
-    assert _relative_error([0.0, 1e-3], [0.0, 0.0]) == 1e-3  # no scale: the absolute error
+    assert relative_error([1.0, 2.5], [1.0, 2.0]) == 0.25
+    assert relative_error(3.0, 3.0) == 0.0
+    assert relative_error([0.0, 1e-3], [0.0, 0.0]) == 1e-3  # no scale: the absolute error
     # A tiny reference is compared at the floor: |diff| 1e-8 over max(1e-8, 1e-6) = 1e-2.
-    assert _relative_error([2e-8], [1e-8], floor=1e-6) == pytest.approx(1e-2)
-    assert _relative_error([1.5], [1.0], floor=1e-6) == 0.5  # the floor is below the scale: no effect
+    assert relative_error([2e-8], [1e-8], floor=1e-6) == pytest.approx(1e-2)
+    assert relative_error([1.5], [1.0], floor=1e-6) == 0.5  # the floor is below the scale: no effect
 
 
 def _fake_output(errors):
@@ -458,7 +478,7 @@ def test_readme_snippet_applies_an_export(jax_available, tmp_path):
     import subprocess
     import sys
 
-    from pase.jax_export import export_shardings
+    from pase.outputs.jax.export import export_shardings
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(export_shardings(_mlp(), [(1, 2, 2), (1, 1)], 4)))
@@ -471,7 +491,7 @@ def test_readme_snippet_applies_an_export(jax_available, tmp_path):
 def test_a_network_read_from_a_graph_file_runs(jax_available):
     # A model source other than the built-in builders (a JSON graph file, the format the
     # PyTorch importer's graphs are written in) rebuilds every layer from its args.
-    from pase.graph_json import network_from_json, network_to_json
+    from pase.sources.graph_json import network_from_json, network_to_json
 
     net = network_from_json(json.loads(json.dumps(network_to_json(_lstm()))))
     result = verify(net, plan(net, 4).configs, 4)

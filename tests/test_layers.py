@@ -1,4 +1,4 @@
-"""Hand-worked tests of every layer type of ``spec/cost-model.md`` ("Layer types").
+"""Hand-worked tests of every layer type of ``docs/cost-model.md`` ("Layer types").
 
 Each layer gets a tiny shape and a few configurations whose cost is worked out by hand
 in a comment, with its compute, all-reduce and halo/hand-over terms written separately.
@@ -17,12 +17,31 @@ configuration row of distinct primes, so each column's destination is visible.
 import numpy as np
 import pytest
 
-from pase.builder import GraphBuilder
-from pase.layers import (
-    FC, LAYER_TYPES, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling,
-    Ravel, ReduceMean, RMSNorm, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack, gemm_cost,
+from pase.model.builder import GraphBuilder
+from pase.model.layers import (
+    FC,
+    LAYER_TYPES,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    Norm,
+    Pooling,
+    Ravel,
+    ReduceMean,
+    RMSNorm,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unravel,
+    Unstack,
+    gemm_cost,
 )
-from pase.machine import Group, Machine
+from pase.machines.base import Group
+from pase.machines.paper import Machine
 
 RHO1 = Machine(1.0, 8000.0)
 RHO2 = Machine(1.0, 4000.0)
@@ -828,7 +847,7 @@ class TestStackUnstack:
 
 
 def test_layer_declaration_is_checked_once_when_added():
-    from pase.layers import Layer
+    from pase.model.layers import Layer
 
     class Forgetful(Layer):  # no op, so it is not registered; forgets Layer.__init__
         def __init__(self, x):
@@ -860,7 +879,7 @@ def test_layer_declaration_is_checked_once_when_added():
 
 
 def test_a_second_class_for_one_op_is_refused():
-    from pase.layers import Layer
+    from pase.model.layers import Layer
 
     with pytest.raises(TypeError, match="defined twice"):
         class AnotherFC(Layer):
@@ -868,7 +887,7 @@ def test_a_second_class_for_one_op_is_refused():
 
 
 def test_make_layer_rebuilds_from_args_and_names_problems():
-    from pase.layers import make_layer
+    from pase.model.layers import make_layer
 
     (x,) = _inputs((2, 2, 8, 8), letters=["bchw"])
     conv = Conv(x, 4, 3, stride=2, pad=1, pw=1)

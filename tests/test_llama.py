@@ -10,7 +10,7 @@ import pytest
 
 import graphs
 from graphs.llama import LLAMA_CONFIGS, parameter_count as closed_form
-from pase.memory import parameter_count
+from pase.costing.memory import parameter_count
 
 # Meta's params.json: layers, width, heads, key/value heads, MLP width; vocabulary 128256.
 SPEC = {

@@ -1,4 +1,4 @@
-"""Tests of ``pase.machine.Machine`` against ``spec/cost-model.md`` ("Machine").
+"""Tests of ``pase.machines.paper.Machine`` against ``docs/cost-model.md`` ("Machine").
 
 ``rho = (F * 1000) / (B / 8)``, ``comm(w) = rho * w`` and the ring all-reduce
 ``AR(w, q) = rho * (w / q) * 2 * (q - 1)``; every expected value below is worked out by hand.
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pase.machine import WORD_BYTES, Group, Machine
+from pase.machines.paper import WORD_BYTES, Machine
+from pase.machines.base import Group
 
 
 def test_word_is_eight_bytes():
@@ -127,3 +128,12 @@ def test_machine_is_immutable_value():
     # rho = 2000 / 1 = 2000 whatever was attempted above.
     assert m.rho == 2000.0
     assert math.isfinite(m.rho)
+
+
+def test_every_machine_kind_implements_the_protocol():
+    # A machine kind is one module implementing pase.machines.base.Machine and one registry entry.
+    from pase.machines.base import Machine as MachineProtocol
+    from pase.machines.registry import PRESETS, load_machine
+
+    for name in PRESETS:
+        assert isinstance(load_machine(name), MachineProtocol), name

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.experts import mesh_tensorflow
-from pase.machine import Group
-from pase.calibrated import load_calibrated
+from pase.planning.experts import mesh_tensorflow
+from pase.machines.base import Group
+from pase.machines.calibrated import load_calibrated
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from pase.machine import MEMORY_BOUND_KINDS
-from pase.measured import ELEMENT_TRAFFIC, MeasuredTables
+from pase.machines.base import MEMORY_BOUND_KINDS
+from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json")
+SHIPPED = os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json")
 
 
 @pytest.fixture(scope="module")

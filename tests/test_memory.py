@@ -1,4 +1,4 @@
-"""Hand-worked tests of the per-device memory model (``spec/memory.md``).
+"""Hand-worked tests of the per-device memory model (``docs/memory.md``).
 
 For layer ``v`` under configuration ``c``:
 ``mem(v, c) = param_bytes * P(c) + act_bytes * A(c)`` where
@@ -18,12 +18,27 @@ import math
 import numpy as np
 import pytest
 
-from pase.builder import GraphBuilder
-from pase.layers import (
-    FC, LSTM, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling, Ravel,
-    ReduceMean, Softmax, SoftmaxCrossEntropy, Stack, Unravel, Unstack,
+from pase.model.builder import GraphBuilder
+from pase.model.layers import (
+    FC,
+    LSTM,
+    BatchNorm,
+    Concat,
+    Conv,
+    Einsum,
+    Elementwise,
+    Embedding,
+    Norm,
+    Pooling,
+    Ravel,
+    ReduceMean,
+    Softmax,
+    SoftmaxCrossEntropy,
+    Stack,
+    Unravel,
+    Unstack,
 )
-from pase.memory import MemoryModel, activation_elements, parameter_count, parameter_elements
+from pase.costing.memory import MemoryModel, activation_elements, parameter_count, parameter_elements
 
 DEFAULT = MemoryModel()  # 16 bytes per parameter, 2 per activation element
 
@@ -39,7 +54,7 @@ def _check(layer, rows, params, acts, default_bytes, other=None, other_bytes=Non
 
 
 def test_default_bytes_are_mixed_precision_adam():
-    # memory.md: 2 (fp16 weight) + 2 (fp16 gradient) + 4 + 4 + 4 (fp32 master, Adam m, v) = 16;
+    # docs/memory.md: 2 (fp16 weight) + 2 (fp16 gradient) + 4 + 4 + 4 (fp32 master, Adam m, v) = 16;
     # activations fp16 = 2.
     assert DEFAULT.param_bytes == 16
     assert DEFAULT.act_bytes == 2
@@ -247,7 +262,7 @@ def test_batchnorm_parameters_are_per_channel():
 def test_resnet_parameter_count_does_not_depend_on_the_batch():
     # Per-channel batch-norm parameters: the count is a property of the model alone.
     import graphs
-    from pase.memory import parameter_count
+    from pase.costing.memory import parameter_count
     assert parameter_count(graphs.build("resnet101", 64)) == parameter_count(graphs.build("resnet101", 128))
 
 

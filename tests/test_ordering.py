@@ -1,9 +1,9 @@
-"""Orderings and their dependent sets (paper III-A/III-B, Fig. 3, Theorem 2; spec search.md).
+"""Orderings and their dependent sets (paper III-A/III-B, Fig. 3, Theorem 2; spec docs/search.md).
 
 Every expected dependent set here comes either from a hand calculation written out in a
 comment or from this module's own implementation of the definition
 ``D(i) = N(X(i)) ∩ V>i`` (``_dependent_by_definition`` below, written independently of
-``pase.ordering``). GenerateSeq's choice rule (smallest ``|d|``, ties by smallest vertex id)
+``pase.search.ordering``). GenerateSeq's choice rule (smallest ``|d|``, ties by smallest vertex id)
 is checked against that definition too: the ``d(u)`` GenerateSeq keeps for an unsequenced
 ``u`` is, by Theorem 2, the dependent set ``u`` would get if it were sequenced next.
 """
@@ -16,7 +16,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from pase.ordering import (
+from pase.search.ordering import (
     ORDERINGS,
     Ordering,
     breadth_first,
@@ -156,7 +156,7 @@ def test_generateseq_dependent_sets_equal_definition(index):
 def test_generateseq_picks_smallest_dependent_set_then_smallest_id(index):
     # Fig. 3 line 5: v(i) = argmin |u.d| over the unsequenced u. By Theorem 2, u.d at step i
     # is the dependent set u would have as v(i), i.e. the definition applied to the
-    # sequence so far followed by u. Ties go to the smallest vertex id (spec search.md).
+    # sequence so far followed by u. Ties go to the smallest vertex id (spec docs/search.md).
     G = RANDOM_GRAPHS[index]
     sequence = generate_seq(G).sequence
     for i, chosen in enumerate(sequence):
@@ -374,7 +374,7 @@ def test_get_ordering():
 
 
 # --------------------------------------------------------------------------------------
-# The heap-based GenerateSeq and its held-back vertices (pase.blocks uses them)
+# The heap-based GenerateSeq and its held-back vertices (pase.search.blocks uses them)
 
 
 def _scan_generate_seq(G):

@@ -37,7 +37,13 @@ def test_console_script_points_at_the_light_entry_point():
 
 def test_packages_and_scheduler_module_are_shipped():
     kw = setup_keywords()
-    assert sorted(ast.literal_eval(kw["packages"])) == ["graphs", "pase"]
+    on_disk = sorted(
+        os.path.relpath(folder, ROOT).replace(os.sep, ".")
+        for top in ("pase", "graphs")
+        for folder, _, files in os.walk(os.path.join(ROOT, top))
+        if "__init__.py" in files
+    )
+    assert sorted(ast.literal_eval(kw["packages"])) == on_disk
     assert ast.literal_eval(kw["py_modules"]) == ["scheduler"]
     assert os.path.exists(os.path.join(ROOT, "scheduler.py"))
 
@@ -60,8 +66,8 @@ def test_test_requirements_add_pytest_to_the_runtime_ones():
 
 def test_measured_tables_ship_as_package_data():
     kw = setup_keywords()
-    assert ast.literal_eval(kw["package_data"]) == {"pase": ["data/*.json"]}
-    assert os.path.exists(os.path.join(ROOT, "pase", "data", "h100-sxm-measured.json"))
+    assert ast.literal_eval(kw["package_data"]) == {"pase.machines": ["data/*.json"]}
+    assert os.path.exists(os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json"))
 
 
 def test_optional_extras_are_declared():

@@ -4,13 +4,13 @@ point-to-point sends, uneven cuts; the mesh search with stages against brute for
 import numpy as np
 import pytest
 
-from pase.builder import GraphBuilder
-from pase.calibrated import CalibratedMachine
-from pase.layers import FC, SoftmaxCrossEntropy
-from pase.mesh import parse_recipe
-from pase.pipeline import cuts, pipeline_rows, stage_layout
-from pase.training import TrainingCosting, TrainingOptions
-from pase.training_search import _PartsMemo, search_meshes
+from pase.model.builder import GraphBuilder
+from pase.machines.calibrated import CalibratedMachine
+from pase.model.layers import FC, SoftmaxCrossEntropy
+from pase.planning.mesh import parse_recipe
+from pase.planning.pipeline import cuts, pipeline_rows, stage_layout
+from pase.costing.training import TrainingCosting, TrainingOptions
+from pase.planning.training_search import _PartsMemo, search_meshes
 
 TOY = {
     "name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,

@@ -1,4 +1,4 @@
-"""Optimal totals of the built-in graphs against the independent reference (spec search.md).
+"""Optimal totals of the built-in graphs against the independent reference (spec docs/search.md).
 
 ``tests/data/reference/totals.json`` holds optima computed independently of this project;
 every case must be reproduced to a relative error of 1e-9. GenerateSeq and breadth-first
@@ -15,11 +15,11 @@ import os
 import pytest
 
 import graphs
-from pase.machine import Machine
-from pase.ordering import fixed_order
-from pase.solver import Search
-from pase.planner import plan
-from pase.strategy import evaluate
+from pase.machines.paper import Machine
+from pase.search.ordering import fixed_order
+from pase.search.solver import Search
+from pase.planning.planner import plan
+from pase.costing.strategy import evaluate
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference")
 

@@ -1,4 +1,4 @@
-"""Tests of the output formats (``pase.report``) on a two-layer network costed by hand."""
+"""Tests of the output formats (``pase.outputs``: table, sweep, plan_json, dot, measure) on a two-layer network costed by hand."""
 
 from __future__ import annotations
 
@@ -11,25 +11,16 @@ import pytest
 from dataclasses import replace
 
 from pase import GraphBuilder, Machine
-from pase.layers import FC, SoftmaxCrossEntropy
-from pase.planner import Measurement, evaluate_plan
-from pase.report import (
-    LAYER_COLUMNS,
-    dot_graph,
-    format_bytes,
-    format_cost,
-    format_json,
-    format_measurement,
-    format_seconds,
-    format_sweep_header,
-    format_sweep_refusal,
-    format_sweep_row,
-    format_table,
-    layer_rows,
-    report_dict,
-    split_notation,
-)
-from pase.solver import SearchStats, WorkEstimate
+from pase.model.layers import FC, SoftmaxCrossEntropy
+from pase.planning.planner import Measurement, evaluate_plan
+from pase.core.units import format_bytes, format_cost, format_seconds
+from pase.outputs.dot import dot_graph
+from pase.outputs.measure import format_measurement
+from pase.outputs.plan_json import format_json, report_dict
+from pase.outputs.rows import layer_rows, split_notation
+from pase.outputs.sweep import format_sweep_header, format_sweep_refusal, format_sweep_row
+from pase.outputs.table import LAYER_COLUMNS, format_table
+from pase.search.solver import SearchStats, WorkEstimate
 
 
 # pydot's parser uses pyparsing names that newer pyparsing deprecates: not ours to fix.

@@ -1,10 +1,10 @@
-"""The exact search (paper Eq. 4 / Fig. 4, Theorem 1; spec search.md).
+"""The exact search (paper Eq. 4 / Fig. 4, Theorem 1; spec docs/search.md).
 
 Exactness is shown against exhaustive enumeration (``itertools.product`` over every
 strategy) on a few hundred seeded random graphs, for GenerateSeq, breadth-first and random
 fixed orders, with the default slicing and with tiny slices (so the sliced reduction path
 runs too). Every returned strategy is re-costed by the brute-force cost function of this
-module. On real costed graphs the optimum is re-costed with ``pase.strategy.evaluate``.
+module. On real costed graphs the optimum is re-costed with ``pase.costing.strategy.evaluate``.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ import numpy as np
 import pytest
 
 import graphs
-from pase.builder import GraphBuilder
-from pase.layers import FC, Elementwise, SoftmaxCrossEntropy
-from pase.machine import Machine
-from pase.ordering import fixed_order
-from pase.solver import DEFAULT_CHUNK_ENTRIES, Search, SearchTooLarge, WorkEstimate, solve
-from pase.strategy import evaluate
+from pase.model.builder import GraphBuilder
+from pase.model.layers import FC, Elementwise, SoftmaxCrossEntropy
+from pase.machines.paper import Machine
+from pase.search.ordering import fixed_order
+from pase.search.solver import DEFAULT_CHUNK_ENTRIES, Search, SearchTooLarge, WorkEstimate, solve
+from pase.costing.strategy import evaluate
 
 SEED = 1_000_003  # fixed: the same random graphs on every run
 N_RANDOM = 256
 MAX_STRATEGIES = 20_000  # cap on prod(K_v) so that enumeration stays cheap
 
 # --------------------------------------------------------------------------------------
-# Brute force, written independently of pase.solver
+# Brute force, written independently of pase.search.solver
 
 
 def _cost_of(G, choice) -> float:
@@ -71,7 +71,7 @@ def _close(a, b, G) -> bool:
 
 
 def _dependent_by_definition(G, sequence) -> dict:
-    """``D(i) = N(X(i)) ∩ V>i`` by depth-first search (independent of pase.ordering)."""
+    """``D(i) = N(X(i)) ∩ V>i`` by depth-first search (independent of pase.search.ordering)."""
     adj = {v: set() for v in G.nodes}
     for u, v in G.edges():
         adj[u].add(v)
@@ -444,7 +444,7 @@ def test_bad_run_arguments_raise_value_error():
 
 
 def _expected_work(G, sequence):
-    """Table entries, largest table and M from the definition of D(i) (spec search.md)."""
+    """Table entries, largest table and M from the definition of D(i) (spec docs/search.md)."""
     definition = _dependent_by_definition(G, sequence)
     K = {v: len(G.nodes[v]["cost"]) for v in G}
     sizes = [math.prod(K[u] for u in definition[v][0] | {v}) for v in sequence]

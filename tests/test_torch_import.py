@@ -1,4 +1,4 @@
-"""Importing PyTorch models (``pase.torch_import``): every mapped op against hand-built layers.
+"""Importing PyTorch models (``pase.sources.torch.importer``): every mapped op against hand-built layers.
 
 Each test builds a small ``nn.Module``, imports it, and compares the result with the network
 written by hand with ``GraphBuilder`` (layer types, iteration spaces, ``pw`` counts, edges,
@@ -20,13 +20,14 @@ nn = torch.nn
 F = torch.nn.functional
 
 import graphs  # noqa: E402
+from pase.sources import load  # noqa: E402
 from pase import GraphBuilder, Machine  # noqa: E402
-from pase.layers import (  # noqa: E402
+from pase.model.layers import (  # noqa: E402
     FC, BatchNorm, Concat, Conv, Einsum, Elementwise, Embedding, Norm, Pooling, ReduceMean, RMSNorm, Softmax,
     SoftmaxCrossEntropy, Stack, Unravel, Unstack,
 )
-from pase.strategy import evaluate  # noqa: E402
-from pase.torch_import import (  # noqa: E402
+from pase.costing.strategy import evaluate  # noqa: E402
+from pase.sources.torch.importer import (  # noqa: E402
     INSTALL_HINT, FactoryError, TorchImportError, TorchNotInstalledError, UnmappableOpsError, from_torch,
     load_factory, load_torch_graph,
 )
@@ -585,7 +586,7 @@ def test_a_factory_without_torch_is_the_same_clear_line(tmp_path, monkeypatch):
 
 
 def test_import_pase_stays_torch_free():
-    code = "import sys, pase, graphs, pase.torch_import; print('torch' in sys.modules)"
+    code = "import sys, pase, graphs, pase.sources.torch.importer; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -656,10 +657,10 @@ def test_graphs_load_takes_a_torch_spec(tmp_path):
         def mlp(batch):
             return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), (torch.randn(batch, 4),)
     """)
-    net = graphs.load(f"torch:{path}:mlp", 16)
+    net = load(f"torch:{path}:mlp", 16)
     assert [layer.op for layer in net.layers] == ["FC", "FC", "SoftmaxCrossEntropy"] and net.batch == 16
     with pytest.raises(ValueError, match="does not exist"):
-        graphs.load(f"torch:{path}x:mlp", 16)
+        load(f"torch:{path}x:mlp", 16)
 
 
 # ---------------------------------------------------------------------------------------
@@ -668,7 +669,7 @@ def test_graphs_load_takes_a_torch_spec(tmp_path):
 
 def test_tiny_llama_blocks_are_identical():
     pytest.importorskip("transformers")
-    net = graphs.load("torch:examples/hf_llama.py:tiny_llama", 4)
+    net = load("torch:examples/hf_llama.py:tiny_llama", 4)
     ops = [layer.op for layer in net.layers]
     # embedding, 2 x 15 block vertices, final norm, head, loss
     assert len(net.layers) == 1 + 2 * 15 + 3
@@ -718,7 +719,7 @@ def test_hugging_face_eager_and_sdpa_attention_give_one_graph():
 
 def test_torchvision_resnet101_is_the_built_in_resnet101():
     torchvision = pytest.importorskip("torchvision")
-    net = graphs.load("torch:examples/torchvision_cnns.py:resnet101", 32)
+    net = load("torch:examples/torchvision_cnns.py:resnet101", 32)
     ref = graphs.build("resnet101", 32)
     ops = [layer.op for layer in net.layers]
     assert (ops.count("Conv"), ops.count("BatchNorm"), ops.count("FC")) == (104, 104, 1)
@@ -736,7 +737,7 @@ def test_torchvision_resnet101_is_the_built_in_resnet101():
 def test_tiny_llama_parameters_are_the_models_own():
     # Llama has no biases and untied embeddings: every weight of the model is one parameter
     # tensor of one layer (Embedding, the Einsums and FCs, one scale per RMSNorm).
-    from pase.memory import parameter_count
+    from pase.costing.memory import parameter_count
 
     pytest.importorskip("transformers")
     module, args, kwargs = load_factory("examples/hf_llama.py:tiny_llama", 4)
@@ -748,7 +749,7 @@ def test_an_imported_network_survives_the_graph_file_round_trip():
     from pase import network_from_json, network_to_json
 
     pytest.importorskip("transformers")
-    net = graphs.load("torch:examples/hf_llama.py:tiny_llama", 4)
+    net = load("torch:examples/hf_llama.py:tiny_llama", 4)
     assert_same_network(network_from_json(network_to_json(net)), net, procs=(4,))
 
 
@@ -757,7 +758,7 @@ def test_import_is_the_same_under_every_hash_seed():
         import json, sys, torch
         sys.path.insert(0, %r)
         from pase import network_to_json
-        from pase.torch_import import from_torch
+        from pase.sources.torch.importer import from_torch
         torch.manual_seed(0)
         class Attention(torch.nn.Module):
             def __init__(self):

@@ -13,15 +13,15 @@ import pytest
 
 import graphs
 from graphs.decoder import DecoderConfig, decoder
-from pase.builder import GraphBuilder
-from pase.calibrated import CalibratedMachine
-from pase.layers import FC, Einsum, Softmax, SoftmaxCrossEntropy
-from pase.mesh import Mesh, Recipe, mesh_config, mesh_configs, parse_recipe
-from pase.training import (
+from pase.model.builder import GraphBuilder
+from pase.machines.calibrated import CalibratedMachine
+from pase.model.layers import FC, Einsum, Softmax, SoftmaxCrossEntropy
+from pase.planning.mesh import Mesh, Recipe, mesh_config, mesh_configs, parse_recipe
+from pase.costing.training import (
     DEFAULT_ATTENTION_EFFICIENCY, FLASH_BACKWARD_FACTOR, OPTIMIZER_STEP_BYTES, TrainingCosting, TrainingOptions,
     attention_cores, block_of, layer_parts, model_flops, parameter_elements_unique,
 )
-from pase.training_search import evaluate_candidate, search_free, search_meshes
+from pase.planning.training_search import evaluate_candidate, search_free, search_meshes
 
 from cli_runner import run as _run
 
@@ -170,7 +170,7 @@ def test_full_recomputation_by_hand(toy):
 
 def test_logits_in_fp32_and_tied_weights(toy):
     g = GraphBuilder("tied", 1, batch=2)
-    from pase.layers import Embedding
+    from pase.model.layers import Embedding
     ids = g.input((2, 4), "ids", letters="bl")
     embedding = Embedding(ids, 10, 6, letters="bl")
     x = g.add("embedding", embedding)

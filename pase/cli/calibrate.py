@@ -1,0 +1,124 @@
+"""``pase calibrate --out FILE.json [--quick]``: measure this GPU (``pase.machines.calibration``)
+and write a machine description that ``--machine`` accepts, with its table next to it."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import IO, Sequence
+
+from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, calibrate, gemm_grid, memory_grid
+from pase.machines.calibrated import load_calibrated
+
+from .errors import CliError, ParserExit
+from .parser import StreamParser
+from .status import ExitStatus
+
+__all__ = ["build_parser", "main"]
+
+
+def _positive(cast):
+    def parse(text):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def _non_negative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
+def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.ArgumentParser:
+    p = StreamParser(prog=prog, out=out, err=err, description=(
+        "Measure this GPU's GEMM and memory-bound times with PyTorch (bf16, CUDA graphs) and write a "
+        "machine description that --machine accepts, with its table next to it."))
+    p.add_argument("--out", required=True, metavar="FILE.json", help="the machine description to write")
+    p.add_argument("--quick", action="store_true", help="a small grid (minutes) instead of the full one")
+    p.add_argument("--name", help="machine name (default: the file's stem)")
+    p.add_argument("--devices-per-node", type=_positive(int), default=8, metavar="G",
+                   help="GPUs per node (default 8)")
+    p.add_argument("--memory-gb", type=_positive(float), help="device memory, the default --memory cap "
+                   "(default: what the device reports)")
+    p.add_argument("--peak-tflops", type=_positive(float), help="peak TFLOPS (default: the best measured)")
+    p.add_argument("--hbm-gbps", type=_positive(float), help="memory bandwidth GB/s (default: the best measured)")
+    p.add_argument("--intra-gbps", type=_positive(float), default=DEFAULT_LINKS["intra_node"]["gbps"],
+                   help="GB/s per GPU inside a node (default %(default)s)")
+    p.add_argument("--intra-latency-us", type=_non_negative, default=DEFAULT_LINKS["intra_node"]["latency_us"],
+                   help="latency inside a node, microseconds (default %(default)s)")
+    p.add_argument("--inter-gbps", type=_positive(float), default=DEFAULT_LINKS["inter_node"]["gbps"],
+                   help="GB/s per GPU between nodes (default %(default)s)")
+    p.add_argument("--inter-latency-us", type=_non_negative, default=DEFAULT_LINKS["inter_node"]["latency_us"],
+                   help="latency between nodes, microseconds (default %(default)s)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | None = None, *,
+         prog: str = "pase calibrate", timer=None) -> int:
+    """``pase calibrate``: returns the exit status (0; 1 no PyTorch, no GPU or a file error; 2 usage).
+
+    Every error is one ``pase calibrate: error:`` line on ``err``. ``timer`` replaces the
+    GPU (tests).
+    """
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    try:
+        args = build_parser(out, err, prog).parse_args(argv)
+        if not args.out.endswith(".json"):
+            raise CliError(f"--out must name a .json file, got {args.out!r}", ExitStatus.USAGE)
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(folder):
+            raise CliError(f"--out: no such directory {folder}", ExitStatus.USAGE)
+        if os.path.isdir(args.out):
+            raise CliError(f"--out: {args.out} is a directory", ExitStatus.USAGE)
+    except ParserExit as done:
+        return done.status
+    except CliError as e:
+        err.write(f"{prog}: error: {e}\n")
+        return e.status
+    if not os.access(folder, os.W_OK):  # find out now, not after an hour of measuring
+        err.write(f"{prog}: error: cannot write {args.out}: permission denied\n")
+        return 1
+    try:
+        if timer is None:
+            timer = TorchTimer()
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(gemm_grid(args.quick)) + len(memory_grid(args.quick)), desc="calibrate",
+                   unit="shape", file=err, leave=False, disable=None)
+
+        def progress(done, total):
+            bar.update(done - bar.n)
+
+        try:
+            description = calibrate(
+                args.out, args.quick, timer=timer, name=args.name, devices_per_node=args.devices_per_node,
+                memory_gb=args.memory_gb, peak_tflops=args.peak_tflops, hbm_gbps=args.hbm_gbps,
+                intra_node={"gbps": args.intra_gbps, "latency_us": args.intra_latency_us},
+                inter_node={"gbps": args.inter_gbps, "latency_us": args.inter_latency_us},
+                progress=progress,
+            )
+        finally:
+            bar.close()
+        load_calibrated(args.out)  # what was written loads back
+    except OSError as e:
+        err.write(f"{prog}: error: cannot write {e.filename or args.out}: {e.strerror or e}\n")
+        return 1
+    except (ImportError, RuntimeError, ValueError) as e:
+        err.write(f"{prog}: error: {e}\n")
+        return 1
+    out.write(f"wrote {args.out} ({description['device']}: peak {description['peak_tflops']:g} TFLOPS, "
+              f"{description['hbm_gbps']:g} GB/s; table {description['measured']}); use --machine {args.out}\n")
+    return 0

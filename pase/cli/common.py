@@ -1,0 +1,190 @@
+"""The steps the commands share: loading the network and the machine, planning with the
+options, profiling, printing a plan and writing the requested files."""
+
+from __future__ import annotations
+
+import cProfile
+from typing import IO
+
+from pase.core.fileio import InputError, check_writable, write_atomic
+from pase.costing.memory import ASSUMPTIONS
+from pase.machines.registry import load_machine
+from pase.core.units import format_bytes
+from pase.outputs.dot import dot_graph
+from pase.outputs.measure import format_measurement, format_profile
+from pase.outputs.plan_json import format_json, report_dict
+from pase.outputs.table import format_table
+from pase.planning.planner import Plan, plan
+from pase.sources.builtin import entry as builtin_entry
+from pase.sources.registry import load
+
+from .errors import CliError
+from .options import PROFILE_LIMIT, Options
+from .progress import Progress, notice, show_progress
+from .status import ExitStatus
+
+__all__ = [
+    "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
+    "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
+    "verified_status",
+]
+
+
+def load_network(opts: Options, model_from_file: bool = False):
+    options = {} if opts.loss is None else {"loss": None if opts.loss == "none" else opts.loss}
+    if options and not opts.graph.startswith("torch:"):
+        raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", ExitStatus.USAGE)
+    try:
+        return load(opts.graph, opts.batch, opts.model, **options)
+    except InputError as err:
+        raise CliError(str(err), ExitStatus.INPUT) from None
+    except ValueError as err:
+        message = str(err)
+        if model_from_file and "has no model size" in message:
+            message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
+                       "does not take (it has no width); drop -g or give the file of a graph with a width")
+        raise CliError(message, ExitStatus.USAGE) from None
+
+
+def load_checked_machine(opts: Options, procs) -> object:
+    """The machine of ``--machine``, checked against every device count before any work."""
+    try:
+        machine = load_machine(opts.machine, opts.flops, opts.bw)
+        for p in procs:
+            machine.check_procs(p)
+    except ValueError as err:  # an unknown name, or a machine file or its table that is missing or invalid
+        raise CliError(str(err), ExitStatus.USAGE) from None
+    return machine
+
+
+def memory_cap(opts: Options, machine) -> float | None:
+    """``--memory``, or on a calibrated machine its device memory (not while timing with --measure)."""
+    if opts.memory_cap is not None or opts.measure:
+        return opts.memory_cap
+    return machine.memory_bytes
+
+
+def effective_model(opts: Options) -> int | None:
+    """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
+    entry = builtin_entry(opts.graph)
+    if entry is None or entry.model_help is None:
+        return None
+    return opts.model if opts.model is not None else entry.default_model
+
+
+def model_name(opts: Options) -> str:
+    """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
+    entry = builtin_entry(opts.graph)
+    return entry.model_name if entry is not None else "model width"
+
+
+def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
+    """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
+    progress = None
+    cap = memory_cap(opts, machine)
+    if bar and show_progress(opts, err):
+        if cap is None:
+            progress = Progress(err, f"{network.name} p={procs}")
+        else:
+            progress = Progress(err, f"{network.name} p={procs} capped", "DP")
+    try:
+        return plan(network, procs, machine, cap, opts.algo, progress,
+                    memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
+                    notice=notice(err, f"{network.name} on {procs} devices"))
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def nothing_fits_message(planned: Plan, opts: Options) -> str:
+    m = planned.memory
+    return (
+        f"nothing fits in {format_bytes(m.cap_bytes)} per device: {planned.network.name} on {planned.procs} devices, "
+        f"batch {opts.batch if opts.batch is not None else planned.network.batch}, needs at least "
+        f"{format_bytes(m.least_bytes)} per device with any strategy "
+        f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
+        f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}"
+    )
+
+
+class Profiler:
+    """``--profile``: cProfile the blocks run ``with`` it, print the hottest functions after."""
+
+    def __init__(self, enabled: bool):
+        self.profile = cProfile.Profile() if enabled else None
+
+    def __enter__(self):
+        if self.profile is not None:
+            self.profile.enable()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.profile is not None:
+            self.profile.disable()
+        return False
+
+    def write(self, opts: Options, out: IO, err: IO) -> None:
+        if self.profile is not None:
+            (err if opts.json else out).write(format_profile(self.profile, PROFILE_LIMIT))
+
+
+def write_dot(opts: Options, network, configs=None) -> None:
+    write_atomic(opts.dot_path, dot_graph(network, configs).to_string(), "DOT graph")
+
+
+def print_plan(planned: Plan, opts: Options, out: IO, measure=None, verified=None) -> None:
+    model = effective_model(opts)
+    if opts.json:
+        data = report_dict(planned, model, measure)
+        if verified is not None:
+            data["verify"] = verified.to_dict()
+        out.write(format_json(data))
+        return
+    out.write(format_table(planned, model, model_name=model_name(opts)))
+    if measure is not None:
+        out.write("\n" + format_measurement(measure))
+    if verified is not None:
+        out.write("\n" + verified.table().rstrip("\n") + "\n")
+    if opts.dot_path is not None:
+        out.write(f"\nDOT graph written to {opts.dot_path}\n")
+
+
+def check_outputs(opts: Options) -> None:
+    """Refuse unwritable output paths before any work."""
+    if opts.dot_path is not None:
+        check_writable(opts.dot_path, "DOT graph")
+    for exporter, path in opts.exports:
+        check_writable(path, exporter.what)
+
+
+def write_exports(opts: Options, of: str, value) -> None:
+    """Write the file of every ``--export-*`` flag given that exports ``of`` (a network or a plan)."""
+    for exporter, path in opts.exports:
+        if exporter.of == of:
+            try:
+                text = exporter.text(value)
+            except ValueError as error:  # a configuration on a number of devices that does not divide p
+                raise CliError(f"{exporter.flag}: {error}") from None
+            write_atomic(path, text, exporter.what)
+
+
+def run_verify(opts: Options, planned: Plan):
+    """--verify: run the plan on XLA host devices in a child process (``pase.outputs.jax.verify``)."""
+    if opts.verify is None:
+        return None
+    from pase.outputs.jax.common import JaxMissing
+    from pase.outputs.jax.verify import verify  # imports no JAX here: the run is a child process
+
+    try:
+        return verify(planned, dtype="float64" if opts.verify == "jax64" else "float32")
+    except JaxMissing as error:
+        raise CliError(str(error), ExitStatus.USAGE) from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(f"--verify {opts.verify}: {error}") from None
+
+
+def verified_status(verified, err: IO) -> int:
+    if verified is not None and not verified.ok:
+        err.write("pase: error: --verify: the sharded run's numbers differ from the unsharded run (see the report)\n")
+        return ExitStatus.VERIFY
+    return ExitStatus.OK

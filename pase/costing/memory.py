@@ -1,0 +1,155 @@
+"""Per-device memory of a strategy (``docs/memory.md``): a separate, named model.
+
+Parameters count ``param_bytes`` per element (fp16 weight and gradient plus fp32 master
+weight and Adam moments by default), activations ``act_bytes`` per element (fp16). Every
+activation is alive at the end of the forward pass; nothing is recomputed; communication
+buffers and fragmentation are ignored. The reference cost model does not change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pase.core.checks import is_number
+from pase.model.builder import Network
+from pase.model.layers import Layer
+from pase.costing.strategy import check_strategy
+
+__all__ = [
+    "MemoryModel", "MemorySummary", "ASSUMPTIONS", "parameter_elements", "activation_elements", "parameter_count",
+]
+
+#: What the figure leaves out; printed wherever a memory figure is.
+ASSUMPTIONS = (
+    "all activations kept for the backward pass, no recomputation; "
+    "communication buffers and fragmentation ignored"
+)
+
+
+def parameter_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
+    """Parameter elements per device for each configuration row of ``C``.
+
+    A parameter tensor is divided by the splits of the iteration-space dimensions it
+    spans and replicated across the others.
+    """
+    C = np.asarray(C, dtype=np.float64)
+    total = np.zeros(len(C))
+    for shape, dims in layer.parameters():
+        total += math.prod(shape) / C[:, list(dims)].prod(axis=1)
+    return total
+
+
+def activation_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
+    """Output-tensor elements per device (kept for the backward pass), per configuration."""
+    C = np.asarray(C)
+    total = np.zeros(len(C))
+    for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
+        total += math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
+    return total
+
+
+def parameter_count(network: Network) -> int:
+    """Trainable parameters of a network (each parameter tensor counted once, unsplit)."""
+    return sum(math.prod(shape) for layer in network.layers for shape, _ in layer.parameters())
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Bytes per parameter and per activation element.
+
+    Parameters
+    ----------
+    param_bytes : float
+        Per parameter element; 16 = fp16 weight (2) + fp16 gradient (2) + fp32 master
+        weight, Adam first and second moments (4 + 4 + 4).
+    act_bytes : float
+        Per activation element; 2 = fp16.
+
+    Examples
+    --------
+    >>> from pase.model.builder import GraphBuilder
+    >>> from pase.model.layers import FC
+    >>> g = GraphBuilder("one", 1)
+    >>> layer = FC(g.input((8, 4)), 2)
+    >>> MemoryModel().layer_memory(layer, np.array([[1, 1, 1], [1, 2, 1]])).tolist()
+    [160.0, 80.0]
+    """
+
+    param_bytes: float = 16.0
+    act_bytes: float = 2.0
+
+    def __post_init__(self):
+        for field in ("param_bytes", "act_bytes"):
+            value = getattr(self, field)
+            if not is_number(value) or not value >= 0 or not math.isfinite(value):
+                raise ValueError(f"{field} must be a non-negative number, got {value!r}")
+
+    def layer_memory(self, layer: Layer, C: np.ndarray) -> np.ndarray:
+        """``mem(v, c) = param_bytes * parameters + act_bytes * activations`` per row of ``C``."""
+        return self.param_bytes * parameter_elements(layer, C) + self.act_bytes * activation_elements(layer, C)
+
+    def vectors(self, network: Network, configs: Sequence[np.ndarray]) -> list:
+        """Memory vector of every vertex over its configuration array."""
+        return [self.layer_memory(layer, C) for layer, C in zip(network.layers, configs)]
+
+    def strategy_memory(self, network: Network, strategy: Sequence[Sequence[int]], procs: int | None = None) -> np.ndarray:
+        """Per-layer bytes per device of a strategy (any configurations, checked)."""
+        strategy = check_strategy(network, strategy, procs)
+        return np.array(
+            [float(self.layer_memory(layer, np.asarray([c]))[0]) for layer, c in zip(network.layers, strategy)]
+        )
+
+    def per_device(self, network: Network, strategy: Sequence[Sequence[int]], procs: int | None = None) -> float:
+        """Total bytes per device of a strategy: the sum over its layers."""
+        return float(self.strategy_memory(network, strategy, procs).sum())
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """Per-device memory of a strategy and of data parallelism, and the capped search's outcome.
+
+    Attributes
+    ----------
+    per_layer : tuple of float
+        Bytes per device of every layer (parameters and outputs), in vertex-id order.
+    per_device_bytes, data_parallel_per_device_bytes : float
+        Bytes per device of the strategy and of data parallelism.
+    param_bytes, act_bytes : float
+        Bytes per parameter element and per activation element.
+    cap_bytes : float or None
+        The memory cap, if any.
+    status : str or None
+        ``UNCONSTRAINED``, ``CAPPED`` or ``NOTHING_FITS`` after a capped search, else None.
+    lower_bound : float or None
+        Lagrangian lower bound on the cost of any fitting strategy (capped search).
+    least_bytes : float or None
+        The least memory any strategy needs (computed when the optimum does not fit).
+    multiplier : float or None
+        The smallest multiplier found whose Lagrangian optimum fits.
+    searches : int or None
+        Dynamic programmes the capped search ran.
+    """
+
+    per_layer: tuple
+    per_device_bytes: float
+    data_parallel_per_device_bytes: float
+    param_bytes: float
+    act_bytes: float
+    cap_bytes: float | None = None
+    status: str | None = None
+    lower_bound: float | None = None
+    least_bytes: float | None = None
+    multiplier: float | None = None
+    searches: int | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.per_device_bytes <= self.cap_bytes
+
+    @property
+    def data_parallel_fits(self) -> bool | None:
+        return None if self.cap_bytes is None else self.data_parallel_per_device_bytes <= self.cap_bytes

@@ -1,0 +1,690 @@
+"""The training configuration around per-layer splits: ZeRO, recomputation, fused attention,
+micro-batches and overlap, priced from the same layer formulas (``docs/training.md``).
+
+A layer's cost is taken apart once per configuration array into what it spends on compute,
+on activation collectives and on its weight-gradient reduction (:func:`layer_parts`); every
+training option then combines those parts with a few scalar rules (:class:`TrainingCosting`),
+so one costing serves every ZeRO stage, recomputation policy and overlap setting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "block_of", "TrainingCosting",
+    "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
+    "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
+    "model_flops", "parameter_elements_unique",
+]
+
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+
+#: Share of a layer's training-step compute that is its forward pass: one product of the
+#: three a GEMM runs per step (forward, gradient of the input, gradient of the weight); the
+#: same share is taken for memory-bound work, whose backward moves about twice the bytes.
+FORWARD_SHARE = 1.0 / 3.0
+#: Share of a layer's activation collectives that belong to the forward pass. In Megatron's
+#: tensor parallelism it is exact: a row-parallel product all-reduces its output forward, a
+#: column-parallel one its input gradient backward, one each per pair.
+FORWARD_COMM_SHARE = 0.5
+#: FlashAttention's backward pass runs 2.5 times the forward's products (it recomputes the
+#: scores: five products against two; Dao 2023, FlashAttention-2, section 3.1.2).
+FLASH_BACKWARD_FACTOR = 2.5
+#: Fraction of the device's peak a fused attention kernel reaches when the machine states
+#: none: FlashAttention-2 on an H100 SXM runs its forward and backward at about 330-400
+#: TFLOP/s of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6, head dimension 128).
+DEFAULT_ATTENTION_EFFICIENCY = 0.4
+#: Bytes an Adam step reads and writes per local parameter element: reads the fp32 master
+#: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
+#: the moments and the bf16 weight (4 + 4 + 4 + 2).
+OPTIMIZER_STEP_BYTES = 28.0
+#: Memory a device holds that no tensor of the model accounts for: CUDA context, NCCL
+#: buffers, cuBLAS workspaces and the allocator's rounding (about 1-2 GB measured on H100
+#: nodes in PyTorch; we state 2 GB).
+DEFAULT_RESERVE_BYTES = 2e9
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """One training configuration around the per-layer splits.
+
+    Attributes
+    ----------
+    zero : int
+        ZeRO stage 0-3 (3 is FSDP): 1 shards the optimizer state over each weight's
+        replication group, 2 also the gradients, 3 also the weights.
+    recompute : str
+        ``none``, ``selective`` (attention's scores and softmax recomputed; Korthikanti et
+        al. 2022) or ``full`` (each repeated block keeps its input only and runs its
+        forward again in the backward pass).
+    microbatches : int
+        Micro-batches per step (gradient accumulation); the network is built at one
+        micro-batch.
+    fused_attention : bool
+        Price the scores-softmax-context pattern as one fused kernel (FlashAttention).
+    overlap : bool
+        Weight-gradient reductions hide behind backward compute, ZeRO-3 gathers behind
+        forward compute (:meth:`TrainingCosting.exposed_sync`).
+    overlap_efficiency : float
+        Share of the compute a reduction can hide behind.
+    weight_bytes, grad_bytes, optimizer_bytes : float
+        Bytes per parameter element of the weight, its gradient and the optimizer state
+        (mixed-precision Adam: 2, 2, 12 = fp32 master weight and two moments).
+    logit_bytes : float
+        Bytes of each logit the loss keeps in fp32, and of its gradient.
+    attention_efficiency : float or None
+        Fraction of peak of the fused attention kernel (default: the machine's, else
+        :data:`DEFAULT_ATTENTION_EFFICIENCY`).
+    reserve_bytes : float
+        Memory no tensor accounts for (:data:`DEFAULT_RESERVE_BYTES`).
+    optimizer_step : bool
+        Price the optimizer step (memory-bound over the local optimizer state).
+    """
+
+    zero: int = 0
+    recompute: str = "none"
+    microbatches: int = 1
+    fused_attention: bool = True
+    overlap: bool = True
+    overlap_efficiency: float = 1.0
+    weight_bytes: float = 2.0
+    grad_bytes: float = 2.0
+    optimizer_bytes: float = 12.0
+    logit_bytes: float = 4.0
+    attention_efficiency: float | None = None
+    reserve_bytes: float = DEFAULT_RESERVE_BYTES
+    optimizer_step: bool = True
+
+    def __post_init__(self):
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ValueError(f"zero must be one of 0, 1, 2, 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
+        for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
+                     "reserve_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if self.overlap_efficiency > 1:
+            raise ValueError(f"overlap_efficiency must be at most 1, got {self.overlap_efficiency!r}")
+        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency!r}")
+
+    def bytes_per_parameter(self, r):
+        """Bytes per parameter element on a device for a replication group of ``r`` devices.
+
+        Stage 0 ``w + g + o``; 1 ``w + g + o/r``; 2 ``w + (g + o)/r``; 3 ``(w + g + o)/r``
+        (Rajbhandari et al. 2020; 16, 4 + 12/r, 2 + 14/r and 16/r with the defaults).
+
+        >>> float(TrainingOptions(zero=1).bytes_per_parameter(4))
+        7.0
+        >>> float(TrainingOptions(zero=3).bytes_per_parameter(8))
+        2.0
+        """
+        w, g, o = self.weight_bytes, self.grad_bytes, self.optimizer_bytes
+        r = np.asarray(r, dtype=np.float64)
+        if self.zero == 0:
+            return (w + g + o) + 0.0 * r
+        if self.zero == 1:
+            return w + g + o / r
+        if self.zero == 2:
+            return w + (g + o) / r
+        return (w + g + o) / r
+
+    def label(self) -> str:
+        return f"ZeRO-{self.zero}, recompute {self.recompute}, {self.microbatches} micro-batch" + (
+            "es" if self.microbatches != 1 else "")
+
+
+# ---------------------------------------------------------------------------------------
+# Taking a layer's cost apart
+
+
+class _Probe:
+    """A machine that prices only some kinds of work and answers zero for the rest.
+
+    ``keep`` names what it prices: ``compute`` (GEMMs, memory-bound work), ``activation``
+    (collectives of activations and their gradients, exchanges), ``gradient`` (weight-gradient
+    reductions at the gradient's element size), ``gather`` (the same collectives at the
+    weight's element size: the all-gather of ZeRO). Every other attribute is the machine's.
+    """
+
+    def __init__(self, machine, keep: str):
+        self._machine = machine
+        self._keep = keep
+
+    def __getattr__(self, name):
+        return getattr(self._machine, name)
+
+    @staticmethod
+    def _zeros(*arrays):
+        return np.zeros(np.broadcast(*[np.asarray(a, dtype=np.float64) for a in arrays]).shape)
+
+    def gemm(self, B, M, N, K):
+        return self._machine.gemm(B, M, N, K) if self._keep == "compute" else self._zeros(B, M, N, K)
+
+    gemm_seconds = gemm
+
+    def memory_bound(self, kind, elements, flops=None):
+        if self._keep == "compute":
+            return self._machine.memory_bound(kind, elements, flops)
+        return self._zeros(elements)
+
+    def all_reduce(self, elements, group, grad: bool = False):
+        if grad and self._keep == "gradient":
+            return self._machine.all_reduce(elements, group, grad=True)
+        if grad and self._keep == "gather":
+            return self._machine.all_reduce(elements, group, grad=False)
+        if not grad and self._keep == "activation":
+            return self._machine.all_reduce(elements, group)
+        return self._zeros(elements) * np.zeros(len(group.sizes))
+
+    def exchange(self, elements, group):
+        if self._keep == "activation":
+            return self._machine.exchange(elements, group)
+        return self._zeros(elements) * np.zeros(len(group.sizes))
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """What one layer spends, per configuration row, for one micro-batch.
+
+    ``compute``: its GEMMs and memory-bound work, forward and backward; ``activation``: its
+    collectives of activations and activation gradients; ``gradient``: the all-reduce of its
+    weight gradients at the gradient's element size, ``gather``: the same collective at the
+    weight's element size (a reduce-scatter or all-gather is half an all-reduce in the ring
+    model). ``params``: parameter tensors as ``(elements per device, replication group
+    size)``; ``activations``: output elements per device.
+    """
+
+    compute: np.ndarray
+    activation: np.ndarray
+    gradient: np.ndarray
+    gather: np.ndarray
+    params: tuple
+    activations: np.ndarray
+
+
+def _parameter_tensors(layer) -> list:
+    """``(shape, dims, identity)`` of every parameter tensor; identity is the tensor's ``id``
+    when the layer reads it as an input (a weight several layers share), else ``None``."""
+    entries = layer.parameters()
+    inputs = [t for t in layer.inputs if getattr(t, "is_param", False)]
+    ids = [id(t) for t in inputs] if len(inputs) == len(entries) else [None] * len(entries)
+    return [(shape, tuple(dims), ident) for (shape, dims), ident in zip(entries, ids)]
+
+
+def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
+    """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`)."""
+    C = np.asarray(C, dtype=np.int64)
+    parts = {}
+    for keep in ("compute", "activation", "gradient", "gather"):
+        cost = layer.costs(C, _Probe(machine, keep))
+        parts[keep] = np.asarray(cost.compute + cost.communication, dtype=np.float64) * np.ones(len(C))
+    Cf = C.astype(np.float64)
+    used = Cf.prod(axis=1)
+    params = []
+    for shape, dims, _ in _parameter_tensors(layer):
+        shards = Cf[:, list(dims)].prod(axis=1) if dims else np.ones(len(C))
+        params.append((math.prod(shape) / shards, used / shards))
+    activations = np.zeros(len(C))
+    for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
+        activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
+    return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
+                      activations)
+
+
+# ---------------------------------------------------------------------------------------
+# The structure training options need: blocks and attention cores
+
+_BLOCK = re.compile(r"^(.*?[A-Za-z_.])(\d+)\.")
+
+
+def block_of(name: str):
+    """The repeated block a layer belongs to, from its name: ``("block", 3)`` for
+    ``block3.attn.q``, ``("model.layers.", 0)`` for ``model.layers.0.mlp``; None outside.
+
+    >>> block_of("block12.ff.up"), block_of("head.logits")
+    (('block', 12), None)
+    """
+    match = _BLOCK.match(name)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def attention_cores(network) -> dict:
+    """``{vertex: role}`` for every scores-softmax-context pattern: an Einsum whose output a
+    Softmax alone reads, whose output an Einsum reads. Roles ``scores``, ``softmax``,
+    ``context``."""
+    consumers: dict = {}
+    producers_of: dict = {}
+    for (u, v) in network.edges:
+        consumers.setdefault(u, []).append(v)
+        producers_of.setdefault(v, []).append(u)
+    roles = {}
+    for v, layer in enumerate(network.layers):
+        if layer.op != "Softmax":
+            continue
+        producers = producers_of.get(v, [])
+        after = consumers.get(v, [])
+        if len(producers) != 1 or len(after) != 1:
+            continue
+        u, w = producers[0], after[0]
+        if network.layers[u].op == "Einsum" and network.layers[w].op == "Einsum" and consumers.get(u) == [v]:
+            roles[u], roles[v], roles[w] = "scores", "softmax", "context"
+    return roles
+
+
+def structure_key(layer) -> tuple:
+    """Everything a layer's costs and memory read: equal keys, equal parts."""
+    return (
+        type(layer).__name__, layer.domain, layer.dims, layer.batch_dim, layer.output_shapes,
+        repr(sorted(layer.args.items())), tuple((t.shape, bool(t.is_param)) for t in layer.inputs),
+    )
+
+
+def _causal(layer) -> bool:
+    return bool(getattr(layer, "args", {}).get("causal", False))
+
+
+def model_flops(network) -> float:
+    """Model FLOPs of one step: three times the forward products of every GEMM-like layer
+    (``2 x`` its iteration space), embeddings (lookups) excluded, attention counted whole
+    (the count of MFU, Narayanan et al. 2021)."""
+    total = 0.0
+    for layer in network.layers:
+        if layer.op in ("Einsum", "FC", "Conv"):
+            total += 2.0 * math.prod(layer.domain)
+    return 3.0 * total
+
+
+def parameter_elements_unique(network) -> int:
+    """Parameters of the network, a tensor several layers read counted once."""
+    seen = set()
+    total = 0
+    for layer in network.layers:
+        for shape, _, ident in _parameter_tensors(layer):
+            if ident is not None:
+                if ident in seen:
+                    continue
+                seen.add(ident)
+            total += math.prod(shape)
+    return total
+
+
+@dataclass(frozen=True)
+class NetworkStructure:
+    """What training options read of a network's shape, computed once per network: each
+    layer's structure kind, attention roles, repeated blocks, outputs that leave their block,
+    which weights each layer is charged for (a shared tensor once), consumers of each layer."""
+
+    kinds: tuple
+    cores: dict
+    blocks: tuple
+    block_outputs: tuple
+    charged: tuple
+    consumers: dict
+
+    @classmethod
+    def of(cls, network) -> "NetworkStructure":
+        keys: dict = {}
+        kinds = tuple(keys.setdefault(structure_key(layer), len(keys)) for layer in network.layers)
+        blocks = [block_of(name) for name in network.names]
+        # A block counts when its family (the name before the number) has two members or more.
+        members: dict = {}
+        for b in blocks:
+            if b is not None:
+                members.setdefault(b[0], set()).add(b[1])
+        blocks = tuple(b if b is not None and len(members[b[0]]) >= 2 else None for b in blocks)
+        consumers: dict = {}
+        for (u, v) in sorted(network.edges):
+            consumers.setdefault(u, []).append(v)
+        block_outputs = tuple(
+            blocks[v] is None or not consumers.get(v) or any(blocks[w] != blocks[v] for w in consumers[v])
+            for v in range(len(network.layers))
+        )
+        seen: set = set()
+        charged = []
+        for layer in network.layers:
+            flags = []
+            for _, _, ident in _parameter_tensors(layer):
+                flags.append(ident is None or ident not in seen)
+                if ident is not None:
+                    seen.add(ident)
+            charged.append(tuple(flags))
+        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers)
+
+
+# ---------------------------------------------------------------------------------------
+# Combining the parts under a training configuration
+
+
+@dataclass
+class TrainingSummary:
+    """A strategy under a training configuration: step time and peak memory, by part."""
+
+    options: TrainingOptions
+    step_seconds: float
+    time: dict
+    memory: dict
+    peak_memory_bytes: float
+    model_flops_per_step: float
+    parameters: int
+    tokens_per_step: int | None = None
+    procs: int = 1
+    peak_flops: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second_per_device(self) -> float | None:
+        if self.tokens_per_step is None or not self.step_seconds:
+            return None
+        return self.tokens_per_step / self.step_seconds / self.procs
+
+    @property
+    def mfu(self) -> float | None:
+        if self.peak_flops is None or not self.step_seconds:
+            return None
+        return self.model_flops_per_step / (self.step_seconds * self.procs * self.peak_flops)
+
+
+class TrainingCosting:
+    """Cost and memory vectors of every layer of a network under training options.
+
+    Built once per (network at one micro-batch, device count, machine): the layer parts of
+    every configuration array given; :meth:`vectors` and :meth:`edge_factor` then apply any
+    :class:`TrainingOptions` without touching the layers again.
+
+    Parameters
+    ----------
+    network : Network
+        Built at the micro-batch size.
+    configs : list of numpy.ndarray
+        Configuration rows of every layer (the enumerated ones, or one row per candidate).
+    machine
+        Prices the parts.
+    """
+
+    def __init__(self, network, configs: Sequence[np.ndarray], machine, structure: "NetworkStructure | None" = None):
+        self.network = network
+        self.machine = machine
+        self.configs = [np.asarray(C, dtype=np.int64) for C in configs]
+        st = structure if structure is not None else NetworkStructure.of(network)
+        self.structure = st
+        # Layers of repeated blocks are equal in everything a cost reads: take each apart once.
+        memo: dict = {}
+        self.kinds = []
+        self.parts = []
+        for layer, kind, C in zip(network.layers, st.kinds, self.configs):
+            key = (kind, C.tobytes(), C.shape)
+            if key not in memo:
+                memo[key] = (len(memo), layer_parts(layer, C, machine))
+            index, parts = memo[key]
+            self.kinds.append(index)
+            self.parts.append(parts)
+        self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
+        self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
+        # Layers equal in parts and in place (block, attention role, kept output, charged
+        # weights, loss) have equal vectors under any options: one representative each.
+        groups: dict = {}
+        for v, layer in enumerate(network.layers):
+            key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
+                   layer.op == "SoftmaxCrossEntropy")
+            groups.setdefault(key, []).append(v)
+        self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
+        self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
+        self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
+                                         for v in range(len(network.layers))])
+
+    def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
+        """:meth:`recomputed` for every layer at once."""
+        if options.recompute == "full":
+            return self.recomputable
+        if options.recompute == "selective" and not options.fused_attention:
+            return self.attention_inner
+        return np.zeros(len(self.recomputable), dtype=bool)
+
+    def edge_factors(self, targets, options: TrainingOptions) -> np.ndarray:
+        """:meth:`edge_factor` of the edges into ``targets``."""
+        again = self.recomputed_mask(options)[np.asarray(targets, dtype=np.int64)]
+        return options.microbatches * (1.0 + FORWARD_COMM_SHARE * again)
+
+    # -- structure --------------------------------------------------------------------
+
+    def _fused_seconds(self, v: int) -> np.ndarray:
+        """Fused attention time of the scores layer ``v``'s configurations (both products,
+        forward and backward, at the kernel's efficiency; halved when causal)."""
+        layer = self.network.layers[v]
+        C = self.configs[v].astype(np.float64)
+        per_device = np.asarray(layer.domain, dtype=np.float64) / C
+        forward = 2.0 * 2.0 * per_device.prod(axis=1)
+        softmax = self.network.layers[self.structure.consumers[v][0]]
+        if _causal(softmax):
+            forward = forward / 2.0
+        flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
+        peak = getattr(self.machine, "peak_flops", None)
+        if peak is None:  # the reference machine counts multiply-adds once, no efficiency
+            return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
+        return flops / (peak * self._attention_efficiency())
+
+    def _attention_efficiency(self, options: TrainingOptions | None = None) -> float:
+        if options is not None and options.attention_efficiency is not None:
+            return options.attention_efficiency
+        return getattr(self.machine, "attention_efficiency", None) or DEFAULT_ATTENTION_EFFICIENCY
+
+    def recomputed(self, v: int, options: TrainingOptions) -> bool:
+        """Whether ``v``'s forward runs again in the backward pass."""
+        if options.recompute == "full":
+            return self.blocks[v] is not None
+        if options.recompute == "selective":
+            return self.cores.get(v) in ("scores", "softmax") and not options.fused_attention
+        return False
+
+    def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Compute of one micro-batch, the fused attention kernel in place of its three layers."""
+        role = self.cores.get(v) if options.fused_attention else None
+        if role == "scores":
+            seconds = self.fused[v]
+            if getattr(self.machine, "peak_flops", None) is not None and options.attention_efficiency is not None:
+                seconds = seconds * self._attention_efficiency() / options.attention_efficiency
+            return seconds
+        if role in ("softmax", "context"):
+            return np.zeros(len(self.configs[v]))
+        return self.parts[v].compute
+
+    def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Activation elements ``v`` keeps for the backward pass, per micro-batch."""
+        role = self.cores.get(v)
+        if role in ("scores", "softmax") and (options.fused_attention or options.recompute != "none"):
+            return np.zeros(len(self.configs[v]))
+        if options.recompute == "full" and not self.block_outputs[v]:
+            return np.zeros(len(self.configs[v]))
+        return self.parts[v].activations
+
+    def working_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Activation elements alive while ``v``'s block runs its backward (full recomputation)."""
+        role = self.cores.get(v)
+        if role in ("scores", "softmax") and options.fused_attention:
+            return np.zeros(len(self.configs[v]))
+        return self.parts[v].activations
+
+    # -- time ----------------------------------------------------------------------------
+
+    def sync(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Weight-gradient synchronisation of ``v`` in one step, by ZeRO stage.
+
+        With ``AR`` the all-reduce of the gradients (gradient element size), ``RS`` a
+        reduce-scatter (half of it), ``AG`` an all-gather at the weight's size (half the
+        all-reduce at that size) and ``m`` micro-batches: stage 0 ``AR``; 1 ``RS + AG``; 2
+        ``m RS + AG`` (the gradient shard is reduced every micro-batch); 3 ``m (RS + 2 AG)``
+        (the weights gathered for the forward and again for the backward pass).
+        """
+        p = self.parts[v]
+        m = options.microbatches
+        rs, ag = 0.5 * p.gradient, 0.5 * p.gather
+        if options.zero == 0:
+            return p.gradient
+        if options.zero == 1:
+            return rs + ag
+        if options.zero == 2:
+            return m * rs + ag
+        return m * (rs + 2.0 * ag)
+
+    def hiding(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Compute that ``v``'s synchronisation may hide behind (one layer as one bucket).
+
+        Gradient reductions run during the backward pass of the micro-batch that produces
+        them (two thirds of a layer's compute), gathers of updated weights during the next
+        forward (one third); stage 2 reduces every micro-batch, stage 3 also gathers every
+        forward and backward pass.
+        """
+        c = self.compute(v, options)
+        m = options.microbatches
+        share = {0: 1.0 - FORWARD_SHARE, 1: 1.0, 2: m * (1.0 - FORWARD_SHARE) + FORWARD_SHARE, 3: float(m)}
+        return share[options.zero] * c
+
+    def exposed_sync(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """``max(0, sync - efficiency x hiding)`` with overlap, else the whole ``sync``."""
+        s = self.sync(v, options)
+        if not options.overlap:
+            return s
+        return np.maximum(s - options.overlap_efficiency * self.hiding(v, options), 0.0)
+
+    def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """The optimizer step over the layer's local optimizer state (memory-bound)."""
+        hbm = getattr(self.machine, "hbm_bytes_per_s", None)
+        if not options.optimizer_step or hbm is None:
+            return np.zeros(len(self.configs[v]))
+        total = np.zeros(len(self.configs[v]))
+        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
+            if charged:
+                total = total + elements / (r if options.zero >= 1 else 1.0)
+        return OPTIMIZER_STEP_BYTES * total / hbm
+
+    def layer_time(self, v: int, options: TrainingOptions) -> dict:
+        """The parts of ``v``'s step time: compute, recomputation, activation collectives,
+        exposed synchronisation, optimizer."""
+        m = options.microbatches
+        c = self.compute(v, options)
+        a = self.parts[v].activation
+        again = self.recomputed(v, options)
+        return {
+            "compute": m * c,
+            "recompute": m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c)),
+            "activation_comm": m * a,
+            "weight_sync": self.exposed_sync(v, options),
+            "optimizer": self.optimizer_seconds(v, options),
+        }
+
+    def cost_vector(self, v: int, options: TrainingOptions) -> np.ndarray:
+        return sum(self.layer_time(v, options).values())
+
+    def edge_factor(self, v: int, options: TrainingOptions) -> float:
+        """Edges into ``v`` redistribute every micro-batch, and again when ``v`` recomputes."""
+        return options.microbatches * (1.0 + (FORWARD_COMM_SHARE if self.recomputed(v, options) else 0.0))
+
+    # -- memory --------------------------------------------------------------------------
+
+    def layer_memory(self, v: int, options: TrainingOptions, act_bytes: float) -> dict:
+        """Bytes per device that add up over layers: model state by ZeRO stage, stored
+        activations, the loss's fp32 logits and their gradient."""
+        K = len(self.configs[v])
+        state = np.zeros(K)
+        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
+            if charged:
+                state = state + elements * options.bytes_per_parameter(r)
+        acts = act_bytes * self.stored_activations(v, options)
+        logits = np.zeros(K)
+        layer = self.network.layers[v]
+        if layer.op == "SoftmaxCrossEntropy":
+            logits = 2.0 * options.logit_bytes * self.parts[v].activations
+        return {"model_state": state, "activations": acts, "logits": logits}
+
+    def memory_vector(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
+        return sum(self.layer_memory(v, options, act_bytes).values())
+
+    def gathered_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Bytes of ``v``'s weights once ZeRO-3 has gathered them (its tensor-parallel shard)."""
+        total = np.zeros(len(self.configs[v]))
+        for elements, _ in self.parts[v].params:
+            total = total + elements
+        return options.weight_bytes * total
+
+    def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
+        """Memory alive only part of the time, for one choice of row per layer: the weights
+        ZeRO-3 gathers (the layer being computed and the next one, prefetched) and, under
+        full recomputation, the activations of the largest block while it runs again."""
+        out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
+        if options.zero == 3:
+            sizes = sorted((self.gathered_bytes(v, options)[i] for v, i in enumerate(choice)), reverse=True)
+            out["gathered_weights"] = float(sum(sizes[:2]))
+        if options.recompute == "full":
+            per_block: dict = {}
+            for v, i in enumerate(choice):
+                b = self.blocks[v]
+                if b is not None:
+                    per_block[b] = per_block.get(b, 0.0) + act_bytes * float(self.working_activations(v, options)[i])
+            out["recompute_working_set"] = max(per_block.values(), default=0.0)
+        return out
+
+    def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
+        """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
+        micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
+        synchronisation and optimizer), ``state``, ``activations``, ``logits``, ``gathered``
+        and ``working`` bytes. Layers equal in parts and place share one computation."""
+        n, K = len(self.network.layers), len(self.configs[0])
+        names = ("micro", "step", "state", "activations", "logits", "gathered", "working")
+        out = {name: np.zeros((n, K)) for name in names}
+        m = options.microbatches
+        for v, members in self.vector_groups:
+            t = self.layer_time(v, options)
+            mem = self.layer_memory(v, options, act_bytes)
+            values = (
+                (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
+                mem["model_state"], mem["activations"], mem["logits"], self.gathered_bytes(v, options),
+                act_bytes * self.working_activations(v, options),
+            )
+            for name, value in zip(names, values):
+                out[name][members] = value
+        return out
+
+    def summarize(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float, edge_seconds: float,
+                  procs: int, tokens_per_step: int | None = None) -> TrainingSummary:
+        """The step time and peak memory of one choice of row per layer (``edge_seconds``: the
+        redistribution of one micro-batch, forward and backward, already summed)."""
+        time: dict = {}
+        memory: dict = {}
+        for v, i in enumerate(choice):
+            for key, value in self.layer_time(v, options).items():
+                time[key] = time.get(key, 0.0) + float(value[i])
+            for key, value in self.layer_memory(v, options, act_bytes).items():
+                memory[key] = memory.get(key, 0.0) + float(value[i])
+        time["redistribution"] = float(edge_seconds)
+        memory.update(self.transient_bytes(choice, options, act_bytes))
+        memory["reserve"] = float(options.reserve_bytes)
+        step = float(sum(time.values()))
+        return TrainingSummary(
+            options=options,
+            step_seconds=step,
+            time=time,
+            memory=memory,
+            peak_memory_bytes=float(sum(memory.values())),
+            model_flops_per_step=model_flops(self.network) * options.microbatches,
+            parameters=parameter_elements_unique(self.network),
+            tokens_per_step=tokens_per_step,
+            procs=procs,
+            peak_flops=getattr(self.machine, "peak_flops", None),
+        )
+
+
+def with_options(options: TrainingOptions, **changes) -> TrainingOptions:
+    """A copy of ``options`` with ``changes``."""
+    return replace(options, **changes)

@@ -1,0 +1,147 @@
+"""What every machine shares: the ``Machine`` protocol that layers price their work with,
+the ``Group`` of devices a collective runs over, and the device layout of a configuration.
+
+Layers describe their work and ask the machine what it costs; layer code never knows which
+machine it talks to (``docs/machines.md``). A machine kind is one module implementing the
+protocol plus one entry in ``pase.machines.registry``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Machine", "Group", "layout_strides", "MEMORY_BOUND_KINDS"]
+
+#: The kinds of memory-bound work layers report (``Machine.memory_bound``); a calibrated
+#: machine prices each from its measured table or by the bytes it moves.
+MEMORY_BOUND_KINDS = ("add", "gelu", "layer_norm", "softmax", "pool", "loss", "copy")
+
+
+def layout_strides(C: np.ndarray, batch_dim: int) -> np.ndarray:
+    """Stride of every iteration-space dimension in the device layout of each configuration.
+
+    A configuration lays its parts on devices ``0, 1, ...`` row-major with the batch dimension
+    outermost, then the other dimensions in iteration-space order, the last one innermost
+    (``docs/machines.md``, "Placement"). A dimension's stride is the product of the splits placed
+    inside it.
+
+    >>> layout_strides(np.array([[2, 4, 2]]), batch_dim=1).tolist()
+    [[2, 4, 1]]
+    """
+    C = np.asarray(C, dtype=np.int64)
+    rank = C.shape[1]
+    order = [batch_dim] + [d for d in range(rank) if d != batch_dim]
+    strides = np.empty_like(C)
+    inside = np.ones(len(C), dtype=np.int64)
+    for d in reversed(order):
+        strides[:, d] = inside
+        inside = inside * C[:, d]
+    return strides
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """The devices that take part in one collective, for every configuration.
+
+    A collective over iteration-space dimensions ``dims`` involves the devices that differ
+    only in their coordinates along those dimensions.
+
+    Attributes
+    ----------
+    sizes : numpy.ndarray
+        ``(K, m)``: the splits of the ``m`` dimensions the collective runs over.
+    strides : numpy.ndarray
+        ``(K, m)``: each dimension's stride in the layer's device layout.
+
+    Examples
+    --------
+    >>> g = Group(np.array([[4], [2]]), np.array([[4], [1]]))
+    >>> g.size.tolist(), g.members_per_node(8).tolist()
+    ([4, 2], [2, 2])
+    """
+
+    sizes: np.ndarray
+    strides: np.ndarray
+
+    @classmethod
+    def of(cls, C: np.ndarray, strides: np.ndarray, dims) -> "Group":
+        """The group of the dimensions ``dims`` of the configurations ``C``."""
+        dims = list(dims)
+        return cls(np.asarray(C, dtype=np.int64)[:, dims], np.asarray(strides, dtype=np.int64)[:, dims])
+
+    @classmethod
+    def flat(cls, q) -> "Group":
+        """``q`` devices (scalar or one per configuration) along one dimension of stride 1."""
+        q = np.atleast_1d(np.asarray(q, dtype=np.int64))
+        return cls(q[:, None], np.ones_like(q)[:, None])
+
+    @property
+    def size(self) -> np.ndarray:
+        """``q``: devices in the group (1 where nothing is split)."""
+        return self.sizes.prod(axis=1)
+
+    def members_per_node(self, devices_per_node: int) -> np.ndarray:
+        """``q_in``: members of the group on one node of ``devices_per_node`` devices.
+
+        Per dimension ``min(c, max(1, g // stride))``, multiplied over the dimensions: the
+        whole group when it fits in one node, ``max(1, g // s)`` for one dimension that
+        spans nodes (``docs/machines.md``).
+        """
+        per_dim = np.clip(devices_per_node // self.strides, 1, self.sizes)
+        return per_dim.prod(axis=1)
+
+
+
+@runtime_checkable
+class Machine(Protocol):
+    """What a machine answers. Costs are arrays with one entry per configuration, in the
+    machine's ``cost_unit`` (``"flop-equivalents"`` or ``"seconds"``)."""
+
+    name: str
+    cost_unit: str
+    #: Device memory in bytes, the default ``--memory`` cap; ``None`` when the machine has none.
+    memory_bytes: float | None
+
+    def check_procs(self, procs: int) -> None:
+        """Raise ``ValueError`` for a device count this machine cannot hold."""
+
+    def gemm(self, B, M, N, K):
+        """One training step (forward and two backward products) of ``B`` GEMMs ``M x K x N``."""
+
+    def memory_bound(self, kind: str, elements, flops):
+        """Memory-bound work of ``kind`` (one of ``MEMORY_BOUND_KINDS``) over ``elements``."""
+
+    def all_reduce(self, elements, group: Group, grad: bool = False):
+        """An all-reduce of ``elements`` per device over ``group``."""
+
+    def exchange(self, elements, group: Group):
+        """A point-to-point exchange of ``elements`` with the group."""
+
+    def redistribute(self, elements, procs: int):
+        """Redistributing ``elements`` on an edge among ``procs`` devices."""
+
+    def describe(self) -> dict:
+        """The machine as used, for the JSON output."""
+
+    # How outputs show the machine and its costs: pase.outputs asks, never branches on the unit.
+
+    cost_suffix: str  # after the cost columns' headers, " ms" or ""
+    sweep_unit: str  # the unit named in the sweep's header
+
+    def header_line(self) -> str:
+        """``machine NAME: ...``: the machine in one line, after the devices and batch."""
+
+    def unit_line(self) -> str:
+        """The line under the header that says what a cost is."""
+
+    def cost_cell(self, cost: float) -> str:
+        """A cost in a table cell."""
+
+    def cost_text(self, cost: float) -> str:
+        """A total in the summary lines, in words."""
+
+    def json_keys(self) -> dict:
+        """Top-level keys of the JSON output next to ``"machine"`` (the paper machine's rates)."""

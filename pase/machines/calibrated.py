@@ -1,0 +1,406 @@
+"""Calibrated machines: measured compute and a cluster of nodes, costs in seconds.
+
+A description (a JSON file or a shipped preset, ``docs/machines.md``) gives the device's tables
+and its node's links; :class:`CalibratedMachine` prices GEMMs, memory-bound work and
+collectives over device groups with it, through the same protocol as the paper machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from typing import Mapping
+
+import numpy as np
+
+from pase.core.checks import is_int, is_positive_int
+from pase.machines.base import MEMORY_BOUND_KINDS
+from pase.core.fileio import read_json
+from pase.core.units import format_seconds
+from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
+
+__all__ = [
+    "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
+    "validate_description",
+]
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+#: Shipped descriptions. ``h100-sxm`` is exactly the example of ``docs/machines.md``.
+PRESETS = {
+    "h100-sxm": {
+        "name": "h100-sxm",
+        "devices_per_node": 8,
+        "memory_gb": 80,
+        "peak_tflops": 989,
+        "hbm_gbps": 3350,
+        "intra_node": {"gbps": 450, "latency_us": 3},
+        "inter_node": {"gbps": 50, "latency_us": 10},
+        "act_bytes": 2,
+        "grad_bytes": 4,
+        "measured": "h100-sxm-measured.json",
+    },
+}
+
+#: Where each preset's measured table is shipped (package data).
+PRESET_TABLES = {name: os.path.join(DATA_DIR, d["measured"]) for name, d in PRESETS.items() if "measured" in d}
+
+#: Every name ``--machine`` accepts besides a file: the reference model, then the presets.
+MACHINE_NAMES = ("paper",) + tuple(PRESETS)
+
+_LINK_FIELDS = ("gbps", "latency_us")
+_REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps", "intra_node", "inter_node",
+             "act_bytes", "grad_bytes")
+#: Optional fields: the measured table (path relative to the file), and free text that
+#: ``pase calibrate`` writes (the device it measured, how).
+_OPTIONAL = ("measured", "device", "notes")
+
+
+#: Range of every rate and size of a description (GB, TFLOPS, GB/s), and of the latencies
+#: (microseconds) and element sizes (bytes): far beyond real hardware either way, yet every
+#: cost stays finite in float64 (a rate of 5e-324 GB/s made costs overflow to infinity).
+RATE_RANGE = (1e-6, 1e9)
+MAX_LATENCY_US = 1e9
+MAX_ELEMENT_BYTES = 1e6
+#: Most devices per node (the command line's largest device count).
+MAX_DEVICES_PER_NODE = 2**20
+
+
+def _in_range(source: str, field: str, value, low: float | None, high) -> None:
+    if low is not None and value < low:
+        raise ValueError(f"{source}: {field} must be at least {low:g}, got {value!r}")
+    if value > high:
+        shown = f"{high:g}" if isinstance(high, float) else str(high)
+        raise ValueError(f"{source}: {field} must be at most {shown}, got {_shown(value)}")
+
+
+def _number(value) -> bool:
+    # An int is finite however long (math.isfinite of 10**400 raises OverflowError).
+    return is_int(value) or isinstance(value, float) and math.isfinite(value)
+
+
+def _shown(value) -> str:
+    """A value for a message, a long number shortened."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
+
+
+def validate_description(data, source: str = "machine description") -> dict:
+    """Check a description and return a clean copy; a ``ValueError`` names the bad field.
+
+    Parameters
+    ----------
+    data : mapping
+        The fields of ``docs/machines.md``: ``name``, ``devices_per_node``, ``memory_gb``,
+        ``peak_tflops``, ``hbm_gbps``, ``intra_node`` and ``inter_node`` (each ``gbps``
+        and ``latency_us``), ``act_bytes``, ``grad_bytes``; optional ``measured``,
+        ``device``, ``notes``.
+    source : str
+        How messages name the description (``"machine file x.json"``).
+
+    Examples
+    --------
+    >>> d = dict(PRESETS["h100-sxm"], inter_node={"gbps": -5, "latency_us": 10})
+    >>> validate_description(d, "machine file x.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: machine file x.json: inter_node.gbps must be a positive number, got -5
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{source}: expected a JSON object of machine fields, got {type(data).__name__}")
+    unknown = [k for k in data if k not in _REQUIRED + _OPTIONAL]
+    if unknown:
+        raise ValueError(f"{source}: unknown field {unknown[0]!r} (fields: {', '.join(_REQUIRED + _OPTIONAL)})")
+    for field in _REQUIRED:
+        if field not in data:
+            raise ValueError(f"{source}: missing field {field!r}")
+    out = {}
+    name = data["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
+    out["name"] = name
+    g = data["devices_per_node"]
+    if not is_positive_int(g):
+        raise ValueError(f"{source}: devices_per_node must be a positive integer, got {g!r}")
+    _in_range(source, "devices_per_node", g, None, MAX_DEVICES_PER_NODE)
+    out["devices_per_node"] = g
+    for field in ("memory_gb", "peak_tflops", "hbm_gbps"):
+        v = data[field]
+        if not _number(v) or v <= 0:
+            raise ValueError(f"{source}: {field} must be a positive number, got {v!r}")
+        _in_range(source, field, v, *RATE_RANGE)
+        out[field] = v
+    for field in ("intra_node", "inter_node"):
+        link = data[field]
+        if not isinstance(link, Mapping):
+            raise ValueError(f"{source}: {field} must be an object {{\"gbps\": ..., \"latency_us\": ...}}, got {link!r}")
+        extra = [k for k in link if k not in _LINK_FIELDS]
+        if extra:
+            raise ValueError(f"{source}: unknown field {field}.{extra[0]} (fields: gbps, latency_us)")
+        for sub in _LINK_FIELDS:
+            if sub not in link:
+                raise ValueError(f"{source}: missing field {field}.{sub}")
+        if not _number(link["gbps"]) or link["gbps"] <= 0:
+            raise ValueError(f"{source}: {field}.gbps must be a positive number, got {link['gbps']!r}")
+        if not _number(link["latency_us"]) or link["latency_us"] < 0:
+            raise ValueError(f"{source}: {field}.latency_us must be a non-negative number, got {link['latency_us']!r}")
+        _in_range(source, f"{field}.gbps", link["gbps"], *RATE_RANGE)
+        _in_range(source, f"{field}.latency_us", link["latency_us"], None, MAX_LATENCY_US)
+        out[field] = {"gbps": link["gbps"], "latency_us": link["latency_us"]}
+    for field in ("act_bytes", "grad_bytes"):
+        v = data[field]
+        if not _number(v) or v <= 0:
+            raise ValueError(f"{source}: {field} must be a positive number of bytes per element, got {v!r}")
+        _in_range(source, field, v, None, MAX_ELEMENT_BYTES)
+        out[field] = v
+    for field in _OPTIONAL:
+        if field in data:
+            v = data[field]
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{source}: {field} must be a non-empty string, got {v!r}")
+            out[field] = v
+    return out
+
+
+def _source_of(name_or_path: str) -> tuple:
+    """``(kind, label)``: ``("preset", name)`` or ``("file", path)``; ``ValueError`` otherwise."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise ValueError(f"machine must be a preset name ({', '.join(MACHINE_NAMES)}) or a JSON file, got {name_or_path!r}")
+    if name_or_path in PRESETS:
+        return "preset", name_or_path
+    if os.path.exists(name_or_path) or name_or_path.endswith(".json") or os.sep in name_or_path:
+        return "file", name_or_path
+    raise ValueError(f"unknown machine {name_or_path!r}: not a preset ({', '.join(MACHINE_NAMES)}) and not a file")
+
+
+def _read_file(path: str) -> dict:
+    # read_json turns every unreadable, malformed or hostile file into one InputError line (a
+    # ValueError, like every invalid description: a bad --machine, exit 2).
+    return validate_description(read_json(path, "machine file"), f"machine file {os.path.basename(path)}")
+
+
+def load_description(name_or_path: str) -> dict:
+    """The checked description of a preset or a JSON file (``measured`` as written there).
+
+    >>> load_description("h100-sxm")["inter_node"]
+    {'gbps': 50, 'latency_us': 10}
+    """
+    kind, label = _source_of(name_or_path)
+    if kind == "preset":
+        return validate_description(PRESETS[label], f"machine {label}")
+    return _read_file(label)
+
+
+def load_calibrated(name_or_path: str) -> "CalibratedMachine":
+    """The calibrated machine of a preset name or a description file (``docs/machines.md``).
+
+    ``pase.load_machine`` calls it for every name but ``paper``. A description's
+    ``measured`` table is read relative to the file.
+
+    >>> m = load_calibrated("h100-sxm")
+    >>> m.cost_unit, m.devices_per_node, m.memory_bytes
+    ('seconds', 8, 80000000000.0)
+    """
+    kind, label = _source_of(name_or_path)
+    if kind == "preset":
+        return CalibratedMachine(PRESETS[label], MeasuredTables.load(PRESET_TABLES[label]), f"machine {label}")
+    description = _read_file(label)
+    tables = None
+    if "measured" in description:
+        table_path = os.path.join(os.path.dirname(os.path.abspath(label)), description["measured"])
+        if not os.path.isfile(table_path):
+            raise ValueError(
+                f"machine file {os.path.basename(label)}: measured table {description['measured']!r} not found "
+                f"(looked for {table_path}; the path is relative to the machine file)"
+            )
+        tables = MeasuredTables.load(table_path)
+    return CalibratedMachine(description, tables, f"machine file {os.path.basename(label)}")
+
+
+class CalibratedMachine:
+    """A device of measured speed in a cluster of nodes; every cost in seconds.
+
+    Implements the machine protocol that layers call (``docs/machines.md``): ``gemm`` /
+    ``gemm_seconds``, ``memory_bound``, ``all_reduce`` and ``exchange`` over a device
+    group, ``redistribute`` on an edge. Arguments broadcast, one entry per configuration.
+
+    Parameters
+    ----------
+    description : mapping
+        The machine's fields (:func:`validate_description`).
+    tables : MeasuredTables, optional
+        Measured GEMM and memory-bound times. Without them, a GEMM costs
+        ``6 BMNK / peak`` and memory-bound work its bytes over ``hbm_gbps``.
+    source : str
+        How error messages name the machine.
+
+    Examples
+    --------
+    >>> m = CalibratedMachine(dict(PRESETS["h100-sxm"], peak_tflops=1000))  # no table
+    >>> float(m.gemm_seconds(1, 1000, 1000, 1000))   # 6e9 FLOP at 1e15 FLOP/s
+    6e-06
+    """
+
+    cost_unit = "seconds"
+
+    def __init__(self, description: Mapping, tables: MeasuredTables | None = None, source: str = "machine description"):
+        d = validate_description(description, source)
+        self._description = d
+        self.tables = tables
+        self.source = source
+        self.name = d["name"]
+        self.devices_per_node = d["devices_per_node"]
+        self.memory_bytes = float(d["memory_gb"]) * 1e9
+        self.peak_flops = float(d["peak_tflops"]) * 1e12
+        self.hbm_bytes_per_s = float(d["hbm_gbps"]) * 1e9
+        self.b_in = float(d["intra_node"]["gbps"]) * 1e9
+        self.a_in = float(d["intra_node"]["latency_us"]) * 1e-6
+        self.b_out = float(d["inter_node"]["gbps"]) * 1e9
+        self.a_out = float(d["inter_node"]["latency_us"]) * 1e-6
+        self.act_bytes = float(d["act_bytes"])
+        self.grad_bytes = float(d["grad_bytes"])
+
+    def __repr__(self) -> str:
+        table = "measured" if self.tables is not None else "peak only"
+        return f"CalibratedMachine({self.name!r}, {self.devices_per_node} per node, {table})"
+
+    def describe(self) -> dict:
+        """The description as used (JSON-able), for the JSON ``"machine"`` key."""
+        return copy.deepcopy(self._description)
+
+    # How outputs show it (the protocol's presentation part) ------------------------------
+
+    #: Cost columns: milliseconds; the sweep header's unit.
+    cost_suffix = " ms"
+    sweep_unit = "seconds per training step (shown in ms)"
+
+    def header_line(self) -> str:
+        d = self._description
+        return (
+            f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+            f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
+            + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+        )
+
+    def unit_line(self) -> str:
+        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+
+    def cost_cell(self, cost: float) -> str:
+        return f"{1e3 * cost:.4f}"
+
+    def cost_text(self, cost: float) -> str:
+        return f"{format_seconds(cost)} per training step"
+
+    def json_keys(self) -> dict:
+        return {}
+
+    def check_procs(self, procs) -> None:
+        """``ValueError`` unless ``procs`` fits the nodes: at most one node, or whole nodes."""
+        g = self.devices_per_node
+        if not is_positive_int(procs, numpy=True):
+            raise ValueError(f"the device count must be a positive integer, got {procs!r}")
+        if procs > g and procs % g:
+            raise ValueError(
+                f"{procs} devices do not fill whole nodes of {g} on machine {self.name}: "
+                f"use at most {g} or a multiple of {g}"
+            )
+
+    # -- compute ------------------------------------------------------------------------
+
+    def gemm_seconds(self, B, M, N, K) -> np.ndarray:
+        """Seconds of one training step (forward and two backward products) of ``B`` GEMMs.
+
+        Each GEMM multiplies ``M x K`` by ``K x N`` on one device. From the measured table
+        where there is one (interpolated, ``pase.machines.measured``), never below the
+        ``6 BMNK / peak`` a device cannot beat; that bound alone without a table.
+        """
+        B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
+        peak_time = 6.0 * B * M * N * K / self.peak_flops
+        if self.tables is None:
+            for name, a in zip("BMNK", (B, M, N, K)):
+                bad = ~np.isfinite(a) | (a <= 0)
+                if bad.any():
+                    raise ValueError(f"gemm_seconds: {name} must be positive and finite, got {a[bad].flat[0]!r}")
+            return peak_time
+        return np.maximum(self.tables.gemm_seconds(B, M, N, K), peak_time)
+
+    gemm = gemm_seconds
+
+    def memory_bound(self, kind: str, elements, flops=None) -> np.ndarray:
+        """Seconds of the forward and backward of memory-bound work on ``elements`` elements.
+
+        ``kind`` is one of :data:`pase.machines.paper.MEMORY_BOUND_KINDS`. A kind the table
+        measured: its interpolated time. Another kind (``pool``, ``loss``, ``copy`` with
+        the shipped table): its traffic (:data:`pase.machines.measured.ELEMENT_TRAFFIC`) at the
+        best rate the table reaches at that size; without a table, bytes over
+        ``hbm_gbps``. ``flops`` (the reference model's count) is ignored.
+        """
+        if kind not in MEMORY_BOUND_KINDS:
+            raise ValueError(f"unknown memory-bound kind {kind!r}; one of: {', '.join(MEMORY_BOUND_KINDS)}")
+        if self.tables is not None and kind in self.tables.kinds:
+            return self.tables.memory_bound_seconds(kind, elements)
+        if self.tables is not None and self.tables.kinds:
+            return self.tables.streaming_seconds(ELEMENT_TRAFFIC[kind], elements)
+        e = np.asarray(elements, dtype=np.float64)
+        bad = ~np.isfinite(e) | (e < 0)
+        if bad.any():
+            raise ValueError(f"memory-bound work: elements must be non-negative and finite, got {e[bad].flat[0]!r}")
+        return ELEMENT_TRAFFIC[kind] * e * self.act_bytes / self.hbm_bytes_per_s
+
+    # -- communication ------------------------------------------------------------------
+
+    def _split(self, group) -> tuple:
+        """``(q, q_in, q_out)`` per configuration: group size, members per node, nodes."""
+        q = np.asarray(group.size, dtype=np.float64)
+        q_in = np.minimum(np.asarray(group.members_per_node(self.devices_per_node), dtype=np.float64), q)
+        q_in = np.maximum(q_in, 1.0)
+        return q, q_in, q / q_in
+
+    def all_reduce(self, elements, group, grad: bool = False) -> np.ndarray:
+        """Ring all-reduce of ``elements`` elements per device over ``group`` (seconds).
+
+        ``n = elements * (grad_bytes if grad else act_bytes)`` bytes. Reduce-scatter
+        inside each node, all-reduce of the ``n / q_in`` shard across the ``q_out``
+        nodes, all-gather inside the node (``docs/machines.md``)::
+
+            2 (q_in-1)/q_in  n / B_in  + 2 (q_in-1) a_in
+          + 2 (q_out-1)/q_out (n/q_in) / B_out + 2 (q_out-1) a_out
+
+        which is the one-node ring ``2 (q-1)/q n / B_in + 2 (q-1) a_in`` when the group
+        lies in one node (``q_in = q``). Zero where the group size is 1 or nothing is
+        reduced.
+        """
+        q, q_in, q_out = self._split(group)
+        n = np.asarray(elements, dtype=np.float64) * (self.grad_bytes if grad else self.act_bytes)
+        inside = 2.0 * (q_in - 1.0) / q_in * n / self.b_in + 2.0 * (q_in - 1.0) * self.a_in
+        across = 2.0 * (q_out - 1.0) / q_out * (n / q_in) / self.b_out + 2.0 * (q_out - 1.0) * self.a_out
+        return np.where((q > 1) & (n > 0), inside + across, 0.0)
+
+    def exchange(self, elements, group) -> np.ndarray:
+        """Point-to-point exchange of ``elements`` activation elements per device in ``group``.
+
+        Its bytes over ``B_in`` plus one ``a_in`` when the group lies in one node, else
+        over ``B_out`` plus one ``a_out``; zero where the group size is 1 or nothing moves.
+        """
+        q, q_in, _ = self._split(group)
+        n = np.asarray(elements, dtype=np.float64) * self.act_bytes
+        one_node = q_in >= q
+        seconds = np.where(one_node, n / self.b_in + self.a_in, n / self.b_out + self.a_out)
+        return np.where((q > 1) & (n > 0), seconds, 0.0)
+
+    def redistribute(self, elements, procs) -> np.ndarray:
+        """Edge redistribution of ``elements`` activation elements per device (seconds).
+
+        The caller passes the forward plus backward volume. Its bytes at ``B_in`` when
+        ``procs <= devices_per_node`` (one node), else at ``B_out``, plus two latencies
+        of that link (one message forward, one backward); zero where nothing moves.
+        """
+        e = np.asarray(elements, dtype=np.float64)
+        one_node = np.asarray(procs) <= self.devices_per_node
+        if one_node.ndim == 0:  # the usual call: one p for a whole edge matrix, fewer passes
+            bw, latency = (self.b_in, self.a_in) if one_node else (self.b_out, self.a_out)
+            return np.where(e > 0, e * (self.act_bytes / bw) + 2.0 * latency, 0.0)
+        n = e * self.act_bytes
+        seconds = np.where(one_node, n / self.b_in + 2.0 * self.a_in, n / self.b_out + 2.0 * self.a_out)
+        return np.where(n > 0, seconds, 0.0)

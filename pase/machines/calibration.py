@@ -1,0 +1,299 @@
+"""Measure this GPU's GEMM and memory-bound tables with PyTorch; write a machine description.
+
+``calibrate(out_path)`` (the ``pase calibrate`` command, ``docs/machines.md``) writes the same
+two tables as the shipped ``h100-sxm`` one, and a description that ``--machine FILE.json`` accepts.
+
+Measured like the shipped table: bf16; one training step of a (batched) GEMM, the forward
+``Y[B,M,N] = X[B,M,K] @ W[B,K,N]`` and the two backward products ``dX = dY @ W^T`` and
+``dW = X^T @ dY``; forward and backward of ``add``, ``gelu``, ``layer_norm`` and ``softmax``
+(rows of 1024); CUDA-graph replay (kernel time without launch overhead), best of 3.
+PyTorch is an optional dependency, imported only when measuring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from typing import Callable
+
+from pase.machines.calibrated import validate_description
+from pase.core.fileio import write_atomic
+from pase.core.optional import import_optional
+from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
+
+__all__ = ["gemm_grid", "memory_grid", "calibrate", "TorchTimer", "gemm_step", "memory_bound_step", "TORCH_HINT"]
+
+TORCH_HINT = "pase calibrate needs PyTorch: pip install '.[torch]'"
+
+#: No tensor of a measured GEMM exceeds this many bytes (as in the shipped table).
+MAX_TENSOR_BYTES = 4e9
+#: bf16: bytes per element of every measured tensor.
+ELEMENT_BYTES = 2
+MEMORY_BOUND_OPS = ("add", "gelu", "layer_norm", "softmax")
+#: layer_norm and softmax work on rows of this many elements.
+ROW = 1024
+
+#: Links cannot be measured on one GPU: these defaults (an H100 SXM node, NVLink and
+#: 400 Gb/s networking) go into the description unless the command line sets them.
+DEFAULT_LINKS = {"intra_node": {"gbps": 450, "latency_us": 3}, "inter_node": {"gbps": 50, "latency_us": 10}}
+
+
+def gemm_grid(quick: bool = False) -> list:
+    """The ``(B, M, N, K)`` shapes to measure.
+
+    Full (the shipped table's grid): M, N, K powers of two from 1 to 16384 at B = 1 and to
+    2048 at B = 4, 32, 256, 2048, no tensor over 4 GB: 10,102 shapes. Quick: powers of four
+    from 1 to 16384 at B = 1, and 1, 8, 64, 512, 2048 at B = 16 and 256: 762 shapes.
+
+    >>> len(gemm_grid()), len(gemm_grid(quick=True))
+    (10102, 762)
+    """
+    if quick:
+        plan = [(1, [4 ** i for i in range(8)]), (16, [1, 8, 64, 512, 2048]), (256, [1, 8, 64, 512, 2048])]
+    else:
+        plan = [(1, [2 ** i for i in range(15)])] + [(b, [2 ** i for i in range(12)]) for b in (4, 32, 256, 2048)]
+    shapes = []
+    for b, sizes in plan:
+        for m, n, k in itertools.product(sizes, sizes, sizes):
+            if ELEMENT_BYTES * b * max(m * k, k * n, m * n) <= MAX_TENSOR_BYTES:
+                shapes.append((b, m, n, k))
+    return shapes
+
+
+def memory_grid(quick: bool = False) -> list:
+    """The ``(op, elements)`` pairs to measure: 1024 to 2^30 elements by 4x (quick: by 16x).
+
+    >>> len(memory_grid()), len(memory_grid(quick=True)), memory_grid()[:2]
+    (44, 24, [('add', 1024), ('gelu', 1024)])
+    """
+    sizes = [ROW * 16 ** i for i in range(6)] if quick else [ROW * 4 ** i for i in range(11)]
+    return [(op, e) for e in sizes for op in MEMORY_BOUND_OPS]
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring with torch
+
+
+class TorchTimer:
+    """Times GEMM steps and memory-bound ops on the current CUDA device (bf16, CUDA graphs).
+
+    Raises ``ImportError`` (:data:`TORCH_HINT`) without PyTorch and ``RuntimeError``
+    without a CUDA device.
+    """
+
+    def __init__(self, repeats: int = 3, target_seconds: float = 2e-3):
+        torch = import_optional("torch", missing=lambda: ImportError(TORCH_HINT))
+        if not torch.cuda.is_available():
+            raise RuntimeError("pase calibrate needs a CUDA GPU, and PyTorch sees none on this machine")
+        self.torch = torch
+        self.device = torch.device("cuda")
+        self.repeats = repeats
+        self.target = target_seconds
+        props = torch.cuda.get_device_properties(self.device)
+        self.device_name = props.name
+        self.memory_bytes = props.total_memory
+        self.software = f"torch {torch.__version__}, bf16, CUDA-graph replay (kernel time, no launch overhead), best of {repeats}"
+
+    def _time(self, step: Callable[[], None]) -> float:
+        """Seconds of one ``step``: captured ``n`` times in a graph, best of ``repeats`` replays."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the graph (cuBLAS workspaces, autograd)
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        stop.record()
+        torch.cuda.synchronize()
+        eager = max(start.elapsed_time(stop) * 1e-3, 1e-7)
+        inner = max(1, min(100, math.ceil(self.target / eager)))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(inner):
+                step()
+        best = math.inf
+        for _ in range(self.repeats):
+            start.record()
+            graph.replay()
+            stop.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(stop) * 1e-3 / inner)
+        del graph
+        return best
+
+    def gemm(self, b: int, m: int, n: int, k: int) -> float:
+        step = gemm_step(self.torch, self.device, b, m, n, k)
+        try:
+            return self._time(step)
+        finally:
+            del step
+            self.torch.cuda.empty_cache()
+
+    def memory_bound(self, op: str, elements: int) -> float:
+        step = memory_bound_step(self.torch, self.device, op, elements)
+        try:
+            return self._time(step)
+        finally:
+            del step
+            self.torch.cuda.empty_cache()
+
+
+def gemm_step(torch, device, b: int, m: int, n: int, k: int) -> Callable[[], tuple]:
+    """One training step of ``b`` GEMMs as a closure: ``step() -> (Y, dX, dW)``, bf16.
+
+    Forward ``Y = X @ W`` and the two backward products ``dX = dY @ W^T``, ``dW = X^T @ dY``
+    into preallocated outputs (capturable in a CUDA graph). ``b = 1``: plain 2-D GEMMs.
+    """
+    def shape(*s):
+        return s if b > 1 else s[1:]
+
+    opts = dict(device=device, dtype=torch.bfloat16)
+    x = torch.randn(*shape(b, m, k), **opts)
+    w = torch.randn(*shape(b, k, n), **opts)
+    dy = torch.randn(*shape(b, m, n), **opts)
+    y, dx, dw = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+
+    def step():
+        torch.matmul(x, w, out=y)
+        torch.matmul(dy, w.transpose(-1, -2), out=dx)
+        torch.matmul(x.transpose(-1, -2), dy, out=dw)
+        return y, dx, dw
+
+    step.inputs = (x, w, dy)
+    return step
+
+
+def memory_bound_step(torch, device, op: str, elements: int) -> Callable[[], tuple]:
+    """Forward and backward of ``op`` on ``elements`` bf16 elements: ``step() -> gradients``.
+
+    ``layer_norm`` (with its scale and shift) and ``softmax`` work on rows of 1024;
+    ``elements`` must be a multiple of 1024.
+    """
+    if op not in MEMORY_BOUND_OPS:
+        raise ValueError(f"cannot measure memory-bound op {op!r}; one of {', '.join(MEMORY_BOUND_OPS)}")
+    if elements % ROW:
+        raise ValueError(f"memory-bound sizes must be multiples of {ROW}, got {elements}")
+    F = torch.nn.functional
+    opts = dict(device=device, dtype=torch.bfloat16)
+    rows = (elements // ROW, ROW)
+    x = torch.randn(*rows, **opts, requires_grad=True)
+    dy = torch.randn(*rows, **opts)
+    if op == "add":
+        other = torch.randn(*rows, **opts, requires_grad=True)
+        inputs, forward = (x, other), (lambda: x + other)
+    elif op == "gelu":
+        inputs, forward = (x,), (lambda: F.gelu(x))
+    elif op == "layer_norm":
+        weight = torch.ones(ROW, **opts, requires_grad=True)
+        bias = torch.zeros(ROW, **opts, requires_grad=True)
+        inputs, forward = (x, weight, bias), (lambda: F.layer_norm(x, (ROW,), weight, bias))
+    else:  # softmax
+        inputs, forward = (x,), (lambda: F.softmax(x, dim=-1))
+
+    def step():
+        return torch.autograd.grad(forward(), inputs, dy)
+
+    step.inputs = inputs + (dy,)
+    return step
+
+
+# ---------------------------------------------------------------------------------------
+# The tables and the description
+
+
+def _best_rates(gemm_rows: list, memory_rows: list) -> tuple:
+    """Peak TFLOPS and HBM GB/s as the best rates measured (defaults for the description)."""
+    tflops = max(6.0 * b * m * n * k / s for b, m, n, k, s in gemm_rows) / 1e12
+    gbps = max(
+        (ELEMENT_TRAFFIC[op] * e * ELEMENT_BYTES / s for op, e, s in memory_rows), default=0.0
+    ) / 1e9
+    return tflops, gbps
+
+
+def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | None = None,
+              devices_per_node: int = 8, memory_gb: float | None = None, peak_tflops: float | None = None,
+              hbm_gbps: float | None = None, intra_node: dict | None = None, inter_node: dict | None = None,
+              progress: Callable[[int, int], None] | None = None) -> dict:
+    """Measure the tables and write ``out_path`` (the description) and its table file.
+
+    The table goes next to the description as ``<stem>-measured.json``, named relative
+    in its ``measured`` field, so the pair can be moved together.
+
+    Parameters
+    ----------
+    out_path : str
+        The machine description to write (``.json``).
+    quick : bool
+        Measure the small grid (:func:`gemm_grid`) instead of the shipped one.
+    timer : object, optional
+        Has ``gemm(B, M, N, K)`` and ``memory_bound(op, elements)`` returning seconds and
+        a ``device_name``; default a :class:`TorchTimer` on the current CUDA device.
+    name, devices_per_node, memory_gb, peak_tflops, hbm_gbps, intra_node, inter_node
+        Description fields. Defaults: the file's stem; 8; the device's memory; the best
+        FLOP rate and bandwidth measured; :data:`DEFAULT_LINKS` (not measurable on one GPU).
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each measurement.
+
+    Returns
+    -------
+    dict
+        The description written.
+    """
+    if timer is None:
+        timer = TorchTimer()
+    out_path = os.fspath(out_path)
+    if not out_path.endswith(".json"):
+        raise ValueError(f"the description must be a .json file, got {out_path!r}")
+    stem = os.path.basename(out_path)[: -len(".json")]
+    table_name = f"{stem}-measured.json"
+    work = [("gemm", s) for s in gemm_grid(quick)] + [("memory_bound", s) for s in memory_grid(quick)]
+    gemm_rows, memory_rows = [], []
+    for i, (kind, shape) in enumerate(work):
+        if kind == "gemm":
+            gemm_rows.append([*shape, float(timer.gemm(*shape))])
+        else:
+            memory_rows.append([*shape, float(timer.memory_bound(*shape))])
+        if progress is not None:
+            progress(i + 1, len(work))
+    device = getattr(timer, "device_name", "unknown device")
+    table = MeasuredTables(gemm_rows, memory_rows, f"measured table {table_name}").to_dict()
+    table = {
+        "device": device,
+        "software": getattr(timer, "software", "unknown"),
+        "gemm_note": "one training step of a (batched) GEMM: forward Y[B,M,N]=X[B,M,K]@W[B,K,N] and the two "
+                     "backward products dX=dY@W^T, dW=X^T@dY",
+        "memory_bound_note": "forward + backward of an element-wise op on a bf16 tensor of that many elements "
+                             "(layer_norm and softmax over rows of 1024)",
+        **table,
+    }
+    best_tflops, best_gbps = _best_rates(gemm_rows, memory_rows)
+    if memory_gb is None:
+        memory_gb = getattr(timer, "memory_bytes", None)
+        memory_gb = round(memory_gb / 1e9, 1) if memory_gb else 80
+    description = {
+        "name": name or stem,
+        "devices_per_node": devices_per_node,
+        "memory_gb": memory_gb,
+        "peak_tflops": peak_tflops if peak_tflops is not None else round(best_tflops, 1),
+        "hbm_gbps": hbm_gbps if hbm_gbps is not None else round(best_gbps, 1),
+        "intra_node": dict(intra_node or DEFAULT_LINKS["intra_node"]),
+        "inter_node": dict(inter_node or DEFAULT_LINKS["inter_node"]),
+        "act_bytes": ELEMENT_BYTES,
+        "grad_bytes": 4,
+        "measured": table_name,
+        "device": device,
+        "notes": ("measured by pase calibrate" + (" --quick" if quick else "")
+                  + "; intra_node and inter_node are not measured (set them for your cluster)"),
+    }
+    description = validate_description(description, f"machine file {os.path.basename(out_path)}")
+    folder = os.path.dirname(os.path.abspath(out_path))
+    # The table first: the description names it, so it must never point at a missing file.
+    write_atomic(os.path.join(folder, table_name), json.dumps(table, separators=(",", ":")) + "\n", "measured table")
+    write_atomic(out_path, json.dumps(description, indent=2) + "\n", "machine description")
+    return description

@@ -1,0 +1,279 @@
+"""Building computation graphs: layers in order, tensors wired to edges, cost tables.
+
+``GraphBuilder`` records a network (layers, names, tensors read); ``Network.graph``
+enumerates configurations and computes every layer-cost vector and edge-cost matrix for a
+device count and machine, giving the networkx graph the search works on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import networkx as nx
+import numpy as np
+
+from pase.core.checks import checked_device_count, is_positive_int
+from pase.model.configs import enumerate_configs
+from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
+from pase.machines.paper import Machine
+from pase.model.tensor import Tensor
+from pase.core.errors import TooLarge
+from pase.core.units import format_bytes
+
+__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge"]
+
+
+class CostTablesTooLarge(TooLarge):
+    """The layer-cost vectors and edge-cost matrices would not fit the memory budget.
+
+    Raised before they are computed; ``needed`` and ``budget`` are bytes.
+    """
+
+    def __init__(self, network: str, procs: int, needed: int, largest: int, budget: int):
+        self.needed = needed
+        self.budget = budget
+        super().__init__(
+            f"the cost tables of {network} on {procs} devices are too large: about {format_bytes(needed)} "
+            f"(up to {largest} configurations per layer), over the budget of {format_bytes(budget)}"
+        )
+
+
+# Builders hand out tensors tagged with their own serial number, so a tensor of one
+# network can never be wired into another. itertools.count is thread-safe and its value
+# never affects a result.
+_builder_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class EdgeTensor:
+    """One tensor carried by an edge: its producer output and first consumer input."""
+
+    shape: tuple
+    output_index: int  # which output of the producer
+    input_index: int  # first input position of the consumer that reads it
+
+
+@dataclass(frozen=True)
+class Network:
+    """A computation graph before costing: layers in vertex-id order and their edges.
+
+    Attributes
+    ----------
+    name : str
+        Graph name (``"alexnet"``).
+    cutoff : int
+        Configuration cut-off ``t`` (``docs/cost-model.md``).
+    layers : tuple of Layer
+        Vertex ``i`` is ``layers[i]``.
+    names : tuple of str
+        Readable, unique layer names.
+    edges : dict
+        ``(u, v) -> tuple of EdgeTensor``: the distinct tensors ``v`` reads from ``u``.
+    batch : int or None
+        The mini-batch size it was built for, if any.
+    """
+
+    name: str
+    cutoff: int
+    layers: tuple
+    names: tuple
+    edges: dict = field(hash=False)
+    batch: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def configs(self, procs: int) -> list:
+        """Valid configurations of every layer for ``procs`` devices."""
+        procs = checked_device_count(procs)
+        return [
+            enumerate_configs(layer.domain, procs, self.cutoff, layer.unsplit, layer.contiguous)
+            for layer in self.layers
+        ]
+
+    def _edge_keys(self, configs: list) -> tuple:
+        """The tensor configurations of every edge and a key per distinct edge matrix.
+
+        Returns ``(outputs, inputs, keys)``: per layer its output and input configuration
+        arrays, and per edge ``(u, v)`` a tuple of one key per tensor it carries. Repeated
+        blocks give equal keys: their matrices are computed (and stored) once.
+        """
+        outputs = [layer.output_configs(C) for layer, C in zip(self.layers, configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(self.layers, configs)]
+        keys = {}
+        for (u, v), tensors in sorted(self.edges.items()):
+            keys[(u, v)] = tuple(
+                (t.shape, np.ascontiguousarray(outputs[u][t.output_index]).tobytes(),
+                 np.ascontiguousarray(inputs[v][t.input_index]).tobytes(), len(configs[u]), len(configs[v]))
+                for t in tensors
+            )
+        return outputs, inputs, keys
+
+    @staticmethod
+    def _table_bytes(configs: list, keys: dict) -> int:
+        """Bytes of the cost vectors and of the distinct edge matrices (and distinct sums)."""
+        counts = [len(c) for c in configs]
+        distinct = {}
+        for (u, v), tensor_keys in keys.items():
+            for key in tensor_keys + ((tensor_keys,) if len(tensor_keys) > 1 else ()):
+                distinct[key] = counts[u] * counts[v]
+        return 8 * (sum(distinct.values()) + sum(counts))
+
+    def graph(self, procs: int, machine=None, configs: list | None = None, budget: int | None = None) -> nx.DiGraph:
+        """The costed computation graph for ``procs`` devices.
+
+        Vertices are ids ``0..n-1`` in creation order with attributes ``layer``, ``name``,
+        ``configs`` (``(K, n_dims)`` int array) and ``cost`` (length ``K``); every edge
+        ``(u, v)`` has ``cost``, the ``K_u x K_v`` redistribution-cost matrix, and
+        ``tensors``. Graph attributes: ``network``, ``procs``, ``machine``.
+
+        ``configs`` may pass the configurations already enumerated by ``configs(procs)``.
+        With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
+        computed if they would need more. Edges of repeated blocks share one read-only matrix.
+        """
+        procs = checked_device_count(procs)
+        machine = machine or Machine()
+        machine.check_procs(procs)
+        if configs is None:
+            configs = self.configs(procs)
+        outputs, inputs, keys = self._edge_keys(configs)
+        if budget is not None:
+            needed = self._table_bytes(configs, keys)
+            if needed > budget:
+                raise CostTablesTooLarge(self.name, procs, needed, max(len(c) for c in configs), budget)
+        G = nx.DiGraph(network=self, procs=procs, machine=machine, name=self.name)
+        for v, (layer, name, C) in enumerate(zip(self.layers, self.names, configs)):
+            G.add_node(v, layer=layer, name=name, configs=C, cost=np.asarray(layer.cost(C, machine), dtype=np.float64))
+        # Each distinct matrix (and each distinct sum, for edges carrying several tensors) is
+        # computed once per call; the memo lives only in this call.
+        memo: dict = {}
+
+        def matrix_of(key, t: EdgeTensor, u: int, v: int) -> np.ndarray:
+            if key not in memo:
+                matrix = edge_cost_matrix(t.shape, outputs[u][t.output_index], inputs[v][t.input_index], machine, procs)
+                matrix.setflags(write=False)  # shared by the edges of repeated blocks
+                memo[key] = matrix
+            return memo[key]
+
+        for (u, v), tensors in sorted(self.edges.items()):
+            tensor_keys = keys[(u, v)]
+            parts = [matrix_of(key, t, u, v) for key, t in zip(tensor_keys, tensors)]
+            if len(parts) > 1:
+                if tensor_keys not in memo:
+                    summed = parts[0]
+                    for m in parts[1:]:
+                        summed = summed + m
+                    summed.setflags(write=False)
+                    memo[tensor_keys] = summed
+                parts = [memo[tensor_keys]]
+            G.add_edge(u, v, cost=parts[0], tensors=tensors)
+        return G
+
+    def edge_list(self) -> list:
+        """``[producer, consumer]`` pairs in the order the edges were created."""
+        return [[u, v] for (u, v) in self.edges]
+
+
+def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine, procs: int) -> np.ndarray:
+    """Redistribution cost of one tensor for every (source, target) configuration pair.
+
+    ``2 * volume`` elements move (forward, and the gradient backward), priced by the
+    machine for ``procs`` devices (``comm(2 * volume)`` in the reference). Layers
+    often imply the same tensor configuration for many of their configurations, so the
+    volume is computed for the distinct rows only and then expanded.
+    """
+    sources, source_of = np.unique(source, axis=0, return_inverse=True)
+    targets, target_of = np.unique(target, axis=0, return_inverse=True)
+    volume = redistribution_volume(shape, sources[:, None, :], targets[None, :, :])
+    cost = machine.redistribute(2.0 * volume, procs)
+    return cost[np.ix_(source_of.reshape(-1), target_of.reshape(-1))]
+
+
+class GraphBuilder:
+    """Records layers in order and wires the tensors they read into edges.
+
+    Examples
+    --------
+    >>> from pase.model.layers import FC, SoftmaxCrossEntropy
+    >>> g = GraphBuilder("mlp", cutoff=1)
+    >>> x = g.input((64, 256), "x", letters="bk")
+    >>> h = g.add("fc1", FC(x, 512))
+    >>> loss = g.add("loss", SoftmaxCrossEntropy(h))
+    >>> net = g.build()
+    >>> len(net), net.edge_list()
+    (2, [[0, 1]])
+    """
+
+    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None):
+        if not is_positive_int(cutoff):
+            raise ValueError(f"the cut-off must be a positive integer, got {cutoff!r}")
+        self.name = name
+        self.cutoff = cutoff
+        self.batch = batch
+        self._id = next(_builder_ids)
+        self._layers: list = []
+        self._names: list = []
+        self._edges: dict = {}
+        self._inputs = 0
+
+    def input(self, shape: Sequence[int], name: str = "", letters: str = "", param: bool = False) -> Tensor:
+        """A graph input (image, token ids, positional encoding, weight): makes no edge."""
+        shape = tuple(shape)
+        for d in shape:
+            if not is_positive_int(d, numpy=True):
+                raise ValueError(f"input {name or '?'}: every size must be a positive integer, got {list(shape)}")
+        if letters and len(letters) != len(shape):
+            raise ValueError(f"input {name or '?'}: letters {letters!r} do not match shape {list(shape)}")
+        self._inputs += 1
+        return Tensor(tuple(int(d) for d in shape), None, self._inputs, bool(param), name, self._id, letters)
+
+    def weight(self, shape: Sequence[int], name: str = "", letters: str = "") -> Tensor:
+        """A trainable parameter: a graph input that the memory model counts."""
+        return self.input(shape, name, letters, param=True)
+
+    def add(self, name: str, layer: Layer):
+        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them)."""
+        if not isinstance(layer, Layer):
+            raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
+        if not isinstance(name, str) or not name or name in self._names:
+            raise ValueError(f"layer names must be unique and non-empty, got {name!r}")
+        try:
+            layer.check()
+        except ValueError as err:
+            raise ValueError(f"layer {name!r}: {err}") from None
+        v = len(self._layers)
+        reads: dict = {}
+        for position, t in enumerate(layer.inputs):
+            if t.owner != self._id:
+                raise ValueError(f"layer {name!r} reads {t!r}, which belongs to another graph")
+            if t.producer is None:
+                continue  # graph inputs make no edges
+            if not 0 <= t.producer < v:
+                raise ValueError(f"layer {name!r} reads {t!r} that no earlier layer produced")
+            # The same tensor read twice counts once, at its first position.
+            reads.setdefault(t.producer, {}).setdefault(t.index, position)
+        for u, tensors in reads.items():
+            shapes = self._layers[u].output_shapes
+            self._edges[(u, v)] = tuple(
+                EdgeTensor(shapes[index], index, position) for index, position in tensors.items()
+            )
+        self._layers.append(layer)
+        self._names.append(name)
+        outputs = tuple(
+            Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id, letters)
+            for i, (shape, letters) in enumerate(zip(layer.output_shapes, layer.output_letters))
+        )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def reshape(self, name: str, x: Tensor, shape: Sequence[int], letters: str | None = None) -> Tensor:
+        """A Reshape: a Ravel (``name.ravel``) followed by an Unravel (``name.unravel``)."""
+        flat = self.add(f"{name}.ravel", Ravel(x))
+        return self.add(f"{name}.unravel", Unravel(flat, shape, letters))
+
+    def build(self) -> Network:
+        """The network recorded so far."""
+        if not self._layers:
+            raise ValueError(f"graph {self.name!r} has no layers")
+        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch)

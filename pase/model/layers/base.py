@@ -1,0 +1,330 @@
+"""What every layer type shares: the ``Layer`` base class, its registry by ``op`` name, the
+cost pieces several families use and the checks of their arguments.
+
+Each family module of this package defines its layer classes; a class with its own ``op``
+registers itself here when it is defined (see ``docs/cost-model.md``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple, Sequence
+
+import numpy as np
+
+from pase.core.checks import is_int, is_positive_int
+from pase.machines.base import Group, layout_strides
+from pase.model.tensor import Tensor
+
+__all__ = [
+    "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
+    "as_float", "check_shape", "check_positive", "check_count", "check_axis", "check_letters", "check_pair",
+    "check_padding", "check_tensor", "generic_letters", "letters_of",
+]
+
+#: Every layer type by its ``op`` name. Filled as the classes below are defined (a class with
+#: its own ``op`` registers itself); read by the JSON graph format and the documentation.
+LAYER_TYPES: dict = {}
+
+
+class LayerCost(NamedTuple):
+    """The cost of every configuration of a layer, split into its two parts.
+
+    ``compute``: the layer's arithmetic and memory-bound work; ``communication``: its
+    collectives (all-reduces, halo exchanges, hand-overs). Redistribution on edges is not a
+    layer's own cost.
+    """
+
+    compute: np.ndarray
+    communication: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.compute + self.communication
+
+
+# ---------------------------------------------------------------------------------------
+# Shared cost pieces
+
+
+def gemm_cost(machine, per_device, groups, pw: int = 0, weight_grads=(False, True)) -> LayerCost:
+    """Cost of ``Bp`` per-device GEMMs ``Mp x Kp`` by ``Kp x Np`` with ``pw`` fused point-wise ops.
+
+    Parameters
+    ----------
+    machine
+        Prices the work (``pase.machines.paper``).
+    per_device : tuple
+        ``(Bp, Mp, Np, Kp)``: per-device sizes, arrays over the configurations.
+    groups : tuple of Group
+        ``(m, n, k)``: the devices that split ``M``, ``N`` and ``K``.
+    pw : int
+        Point-wise operations fused after the GEMM (each a memory-bound pass over its output).
+    weight_grads : tuple of bool
+        Whether operand A's and operand B's gradients are weight gradients.
+
+    Compute: ``gemm(Bp, Mp, Np, Kp)`` (one product forward, two backward) plus ``pw`` passes over
+    the ``Bp Mp Np`` outputs (``3 pw Mp Np`` FLOPs each in the reference). Communication: the
+    forward output all-reduced over ``k``, operand A's gradient over ``n`` and operand B's (the
+    weight's) over ``m``: ``AR(Bp Mp Np, k) + AR(Bp Mp Kp, n) + AR(Bp Np Kp, m)``.
+    """
+    Bp, Mp, Np, Kp = (np.asarray(x, dtype=np.float64) for x in per_device)
+    group_m, group_n, group_k = groups
+    compute = machine.gemm(Bp, Mp, Np, Kp)
+    if pw > 0:
+        outputs = Bp * Mp * Np
+        compute = compute + pw * machine.memory_bound("gelu", outputs, 3.0 * outputs)
+    communication = (
+        machine.all_reduce(Bp * Mp * Np, group_k)
+        + machine.all_reduce(Bp * Mp * Kp, group_n, grad=weight_grads[0])
+        + machine.all_reduce(Bp * Np * Kp, group_m, grad=weight_grads[1])
+    )
+    return LayerCost(compute, communication)
+
+
+def redistribution_volume(shape, source, target):
+    """Elements a device lacks when a tensor split ``source`` is needed split ``target``.
+
+    ``max(prod(tgt) - overlap, 0)`` with ``tgt = shape / target``, ``src = shape / source``
+    and ``overlap = prod(min(tgt, src))``, or 0 when the target uses more devices than the
+    source. ``source`` and ``target`` broadcast against each other (last axis: tensor dims).
+    """
+    shape = np.asarray(shape, dtype=np.float64)
+    source = np.asarray(source)
+    target = np.asarray(target)
+    src = shape / source
+    tgt = shape / target
+    tgt_block = tgt.prod(axis=-1)
+    overlap = np.minimum(tgt, src).prod(axis=-1)
+    overlap = np.where(target.prod(axis=-1) > source.prod(axis=-1), 0.0, overlap)
+    return np.maximum(tgt_block - overlap, 0.0)
+
+
+def as_float(configs: np.ndarray) -> np.ndarray:
+    return np.asarray(configs, dtype=np.float64)
+
+
+def check_shape(shape, what: str) -> tuple:
+    shape = tuple(shape)
+    for d in shape:
+        if not is_positive_int(d, numpy=True):
+            raise ValueError(f"{what}: every size must be a positive integer, got {list(shape)}")
+    return tuple(int(d) for d in shape)
+
+
+def check_positive(value, what: str) -> int:
+    if not is_positive_int(value, numpy=True):
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_count(value, what: str) -> int:
+    """A count that may be zero (``pw``)."""
+    if not is_int(value, numpy=True) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def check_axis(axis, rank: int, what: str) -> int:
+    if not is_int(axis, numpy=True) or not -rank <= axis < rank:
+        raise ValueError(f"{what}: axis {axis!r} is out of range for rank {rank}")
+    return int(axis) % rank
+
+
+def check_letters(letters, count: int, what: str) -> str:
+    if not isinstance(letters, str) or len(letters) != count:
+        raise ValueError(f"{what}: letters {letters!r} must name the {count} dimensions, one letter each")
+    return letters
+
+
+def check_pair(value, what: str, check=check_positive) -> tuple:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{what} must be one integer or a pair, got {value!r}")
+        return tuple(check(v, what) for v in value)
+    return (check(value, what),) * 2
+
+
+def check_padding(value, what: str) -> tuple:
+    def non_negative(v, _):
+        if not is_int(v, numpy=True) or v < 0:
+            raise ValueError(f"{what} must be non-negative integers, got {value!r}")
+        return int(v)
+
+    return check_pair(value, what, non_negative)
+
+
+def check_tensor(x, what: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{what} must be a Tensor, got {type(x).__name__}")
+    return x
+
+
+def generic_letters(rank: int) -> str:
+    return "bcdefghijklmnopqrstuvwxyz"[:rank] if rank <= 25 else "?" * rank
+
+
+def letters_of(t: Tensor) -> str:
+    """Display letters of a tensor's dimensions: its own, or generic ones."""
+    return t.letters if len(t.letters) == t.rank else generic_letters(t.rank)
+
+
+# ---------------------------------------------------------------------------------------
+# Base class and registry
+
+
+class Layer:
+    """A vertex of the computation graph: one layer type is one subclass.
+
+    A subclass sets ``op`` (its registry name) and, in ``__init__``, calls
+    ``Layer.__init__`` with everything a layer declares:
+
+    - ``inputs``: the tensors it reads (graph inputs make no edges);
+    - ``domain``: the iteration space, and ``dims``: one display letter per dimension;
+    - ``output_shapes`` and ``output_letters``: shape and letters of every output tensor;
+    - ``batch_dim``: the dimension data parallelism splits (outermost in the device layout);
+    - ``unsplit``: dimensions the enumeration treats as size 1 (default none);
+    - ``args``: its JSON-able constructor arguments other than the tensors, so that
+      ``make_layer(op, operands, args)`` rebuilds it.
+
+    It implements ``input_configs``, ``output_configs`` and ``costs`` for an array of
+    configurations ``C`` of shape ``(K, len(domain))``, and ``parameters`` if it has weights.
+    ``check()`` validates the declaration; ``GraphBuilder.add`` calls it once.
+    """
+
+    op: ClassVar[str | None] = None
+    #: Keep only contiguous configurations (Ravel, Unravel).
+    contiguous: ClassVar[bool] = False
+    #: Names of the layer's own weights, in ``parameters()`` order, for the exporters
+    #: (``NAME.scale``); None: ``NAME.weight`` (``NAME.weight0``, ... for several).
+    weight_names: ClassVar[tuple | None] = None
+    #: A table lookup (Embedding): its first input is a one-hot of token ids over its last
+    #: axis, which runners feed as the ids, and its weight input is its own table.
+    lookup_table: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        op = cls.__dict__.get("op")
+        if op is None:
+            return  # an abstract helper class, not a layer type
+        if op in LAYER_TYPES and LAYER_TYPES[op] is not cls:
+            raise TypeError(f"layer type {op!r} is defined twice ({LAYER_TYPES[op].__qualname__} and {cls.__qualname__})")
+        LAYER_TYPES[op] = cls
+
+    def __init__(self, inputs, domain, dims, output_shapes, output_letters=None, batch_dim=0, unsplit=None,
+                 args=None):
+        self.inputs = tuple(inputs)
+        self.domain = tuple(int(d) for d in domain)
+        self.dims = dims
+        self.output_shapes = tuple(tuple(int(d) for d in shape) for shape in output_shapes)
+        self.output_letters = (
+            tuple(output_letters) if output_letters is not None
+            else tuple(generic_letters(len(shape)) for shape in self.output_shapes)
+        )
+        self.batch_dim = int(batch_dim)
+        self.unsplit = (False,) * len(self.domain) if unsplit is None else tuple(bool(u) for u in unsplit)
+        self.args = dict(args or {})
+
+    def check(self) -> None:
+        """Raise ``ValueError`` unless the declared attributes are consistent."""
+        name = type(self).__name__
+        for attr in ("inputs", "domain", "dims", "output_shapes", "output_letters", "batch_dim", "unsplit", "args"):
+            if not hasattr(self, attr):
+                raise ValueError(f"{name} does not declare {attr!r} (call Layer.__init__)")
+        if not self.op:
+            raise ValueError(f"{name} has no op name")
+        rank = len(self.domain)
+        if rank == 0 or any(d < 1 for d in self.domain):
+            raise ValueError(f"{self.op}: the iteration space {list(self.domain)} must have positive sizes")
+        if len(self.dims) != rank:
+            raise ValueError(f"{self.op}: dims {self.dims!r} must give one letter per dimension of {list(self.domain)}")
+        if len(self.unsplit) != rank:
+            raise ValueError(f"{self.op}: unsplit must have one flag per dimension")
+        if not 0 <= self.batch_dim < rank:
+            raise ValueError(f"{self.op}: batch_dim {self.batch_dim} is outside the iteration space")
+        if not self.output_shapes or len(self.output_letters) != len(self.output_shapes):
+            raise ValueError(f"{self.op}: every output needs a shape and letters")
+        for t in self.inputs:
+            check_tensor(t, f"{self.op} input")
+        one = np.ones((1, rank), dtype=np.int64)
+        for what, shapes, configs in (("input", [t.shape for t in self.inputs], self.input_configs(one)),
+                                      ("output", self.output_shapes, self.output_configs(one))):
+            if len(configs) != len(shapes):
+                raise ValueError(f"{self.op}: {len(configs)} {what} configurations for {len(shapes)} {what}s")
+            for shape, config in zip(shapes, configs):
+                if np.asarray(config).shape != (1, len(shape)):
+                    raise ValueError(f"{self.op}: an {what} configuration does not match the {what} shape {list(shape)}")
+
+    @classmethod
+    def from_args(cls, operands: Sequence[Tensor], args: dict) -> "Layer":
+        """Rebuild a layer from its operand tensors and ``args`` (the JSON graph format)."""
+        return cls(*operands, **args)
+
+    @property
+    def operands(self) -> tuple:
+        """The tensors its constructor takes (usually ``inputs``)."""
+        return self.inputs
+
+    def input_configs(self, C: np.ndarray) -> list:
+        """Tensor configuration of every input, one ``(K, rank)`` array each."""
+        raise NotImplementedError
+
+    def output_configs(self, C: np.ndarray) -> list:
+        """Tensor configuration of every output, one ``(K, rank)`` array each."""
+        raise NotImplementedError
+
+    def costs(self, C: np.ndarray, machine) -> LayerCost:
+        """Compute and communication cost of every configuration row of ``C``."""
+        raise NotImplementedError
+
+    def cost(self, C: np.ndarray, machine) -> np.ndarray:
+        """Layer cost (compute plus communication) of every configuration row of ``C``."""
+        return self.costs(C, machine).total
+
+    def parameters(self) -> list:
+        """Parameter tensors as ``(shape, spanned iteration-space dims)`` pairs.
+
+        A parameter tensor is split by the product of the splits of the dimensions it
+        spans and replicated across the others (``docs/memory.md``).
+        """
+        return []
+
+    # Helpers for subclasses ------------------------------------------------------------
+
+    def _per_device(self, C: np.ndarray) -> np.ndarray:
+        """``dpp = dom / c``: per-device size of every dimension."""
+        return np.asarray(self.domain, dtype=np.float64) / as_float(C)
+
+    def _E(self, C: np.ndarray) -> np.ndarray:
+        return self._per_device(C).prod(axis=1)
+
+    def _groups(self, C: np.ndarray, *dim_lists) -> tuple:
+        """The devices a collective over each of ``dim_lists`` involves (``docs/machines.md``)."""
+        strides = layout_strides(C, self.batch_dim)
+        return tuple(Group.of(C, strides, dims) for dims in dim_lists)
+
+    def __repr__(self) -> str:
+        return f"{self.op}(domain={list(self.domain)})"
+
+
+def layer_type(op: str) -> type:
+    """The layer class registered as ``op``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return LAYER_TYPES[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown layer type {op!r}; known: {', '.join(sorted(LAYER_TYPES))}") from None
+
+
+def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
+    """Build a layer of type ``op`` from its operand tensors and JSON-able ``args``.
+
+    Unknown or missing arguments raise ``ValueError`` naming the layer type.
+    """
+    cls = layer_type(op)
+    if not isinstance(args, dict):
+        raise ValueError(f"{op}: args must be an object, got {type(args).__name__}")
+    try:
+        return cls.from_args(list(operands), dict(args))
+    except TypeError as err:
+        # A wrong argument name or count: say which, without the Python signature noise.
+        message = str(err).split(") ", 1)[-1] if ") " in str(err) else str(err)
+        raise ValueError(f"{op}: {message}") from None

@@ -1,0 +1,215 @@
+"""GEMM-shaped layers: fully connected, batched einsum and the embedding lookup."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from pase.model.tensor import Tensor
+from .base import Layer, LayerCost, as_float, check_count, check_positive, letters_of, check_tensor, gemm_cost
+
+__all__ = ["FC", "Einsum", "Embedding"]
+
+
+class FC(Layer):
+    """Fully-connected layer: input ``(x1..xj, k)``, ``n`` units.
+
+    Iteration space ``(x1..xj, n, k)``; a GEMM with ``M = prod(x)``, ``N = n``, ``K = k``.
+    """
+
+    op = "FC"
+
+    def __init__(self, x: Tensor, units: int, pw: int = 0, letters: str | None = None):
+        x = check_tensor(x, "FC input")
+        if x.rank < 2:
+            raise ValueError(f"FC needs an input of rank >= 2, got shape {list(x.shape)}")
+        n = check_positive(units, "FC unit count")
+        j = x.rank - 1
+        if letters is not None and not isinstance(letters, str):  # false or 0 must not mean "the default"
+            raise ValueError(f"FC letters must be a string, got {letters!r}")
+        letters = letters or (letters_of(x)[:-1] if x.letters else "b" + "stuvw"[: j - 1])
+        if len(letters) != j:
+            raise ValueError(f"FC letters {letters!r} must name the {j} leading input dims")
+        self.pw = check_count(pw, "FC pw")
+        super().__init__(
+            (x,), tuple(x.shape[:-1]) + (n, x.shape[-1]), letters + "nk", (tuple(x.shape[:-1]) + (n,),),
+            (letters + "n",), batch_dim=0, args={"units": n, "pw": self.pw, "letters": letters},
+        )
+
+    def input_configs(self, C):
+        j = len(self.domain) - 2
+        return [C[:, list(range(j)) + [j + 1]]]
+
+    def output_configs(self, C):
+        j = len(self.domain) - 2
+        return [C[:, : j + 1]]
+
+    def costs(self, C, machine):
+        j = len(self.domain) - 2
+        Cf = as_float(C)
+        return gemm_cost(
+            machine,
+            (1.0, math.prod(self.domain[:j]) / Cf[:, :j].prod(axis=1), self.domain[j] / Cf[:, j],
+             self.domain[j + 1] / Cf[:, j + 1]),
+            self._groups(C, range(j), (j,), (j + 1,)),
+            self.pw,
+        )
+
+    def parameters(self):
+        j = len(self.domain) - 2
+        return [((self.domain[j], self.domain[j + 1]), (j, j + 1))]
+
+
+_EQUATION = re.compile(r"^([a-z]+),([a-z]+)->([a-z]+)$")
+
+
+def _parse_equation(equation: str, a: Tensor, b: Tensor) -> tuple:
+    """``(in_a, in_b, out, sizes)`` of a two-operand Einsum, with every check of the spec."""
+    eq = equation.replace(" ", "") if isinstance(equation, str) else equation
+    match = _EQUATION.match(eq) if isinstance(eq, str) else None
+    if not match:
+        raise ValueError(f"bad Einsum equation {equation!r}: expected 'ab,bc->ac' with lower-case letters")
+    in_a, in_b, out = match.groups()
+    for term in (in_a, in_b, out):
+        if len(set(term)) != len(term):
+            raise ValueError(f"bad Einsum equation {equation!r}: a letter repeats within {term!r}")
+    for term, t, what in ((in_a, a, "A"), (in_b, b, "B")):
+        if len(term) != t.rank:
+            raise ValueError(f"Einsum {equation!r}: operand {what} has {t.rank} dims, the equation gives {len(term)}")
+    sizes: dict = {}
+    for term, t in ((in_a, a), (in_b, b)):
+        for letter, size in zip(term, t.shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(
+                    f"Einsum {equation!r}: dimension {letter!r} is {sizes[letter]} in one operand and {size} in the other"
+                )
+    for letter in out:
+        if letter not in sizes:
+            raise ValueError(f"Einsum {equation!r}: output dimension {letter!r} is in neither operand")
+    for letter in sizes:
+        if letter not in out and not (letter in in_a and letter in in_b):
+            raise ValueError(f"Einsum {equation!r}: dimension {letter!r} is in one operand only and not in the output")
+    return eq, in_a, in_b, out, sizes
+
+
+class Einsum(Layer):
+    """A two-operand Einsum such as ``ble,ef->blf``, costed as a batched GEMM.
+
+    Iteration space: output dims in output order, then reduction dims in order of first
+    appearance in ``A``. Batch dims are in ``A``, ``B`` and the output; ``M`` dims in ``A``
+    and the output only; ``N`` dims in ``B`` and the output only; ``K`` dims in ``A`` and
+    ``B`` only.
+    """
+
+    op = "Einsum"
+
+    def __init__(self, equation: str, a: Tensor, b: Tensor, pw: int = 0, batch: str | None = None):
+        a = check_tensor(a, "Einsum operand A")
+        b = check_tensor(b, "Einsum operand B")
+        eq, in_a, in_b, out, sizes = _parse_equation(equation, a, b)
+        reduction = [letter for letter in in_a if letter not in out]
+        space = list(out) + reduction
+        self.batch_letters = [x for x in out if x in in_a and x in in_b]
+        self.m_letters = [x for x in out if x in in_a and x not in in_b]
+        self.n_letters = [x for x in out if x in in_b and x not in in_a]
+        self.k_letters = reduction
+        if not self.m_letters or not self.n_letters:
+            raise ValueError(
+                f"Einsum {equation!r} is not a GEMM: it needs a dimension of A only and one of B only in the output"
+            )
+        if batch is None:
+            batch = "b" if "b" in space else space[0]
+        if batch not in space:
+            raise ValueError(f"Einsum {equation!r}: batch dimension {batch!r} is not in its iteration space")
+        self.equation = eq
+        self.terms = (in_a, in_b, out)
+        self.pw = check_count(pw, "Einsum pw")
+        self._cols = {letter: i for i, letter in enumerate(space)}
+        super().__init__(
+            (a, b), tuple(sizes[x] for x in space), "".join(space), (tuple(sizes[x] for x in out),), (out,),
+            batch_dim=space.index(batch), args={"equation": eq, "pw": self.pw, "batch": batch},
+        )
+
+    @classmethod
+    def from_args(cls, operands, args):
+        args = dict(args)
+        if "equation" not in args:
+            raise ValueError(f"{cls.op}: missing argument 'equation'")
+        return cls(args.pop("equation"), *operands, **args)
+
+    def _columns(self, letters) -> list:
+        return [self._cols[x] for x in letters]
+
+    def input_configs(self, C):
+        return [C[:, self._columns(self.terms[0])], C[:, self._columns(self.terms[1])]]
+
+    def output_configs(self, C):
+        return [C[:, : len(self.terms[2])]]
+
+    def costs(self, C, machine):
+        Cf = as_float(C)
+        dom = np.asarray(self.domain, dtype=np.float64)
+
+        def per_device(letters):
+            cols = self._columns(letters)
+            return dom[cols].prod() / Cf[:, cols].prod(axis=1)
+
+        sizes = tuple(per_device(x) for x in (self.batch_letters, self.m_letters, self.n_letters, self.k_letters))
+        groups = self._groups(C, *(self._columns(x) for x in (self.m_letters, self.n_letters, self.k_letters)))
+        return gemm_cost(machine, sizes, groups, self.pw, (self.inputs[0].is_param, self.inputs[1].is_param))
+
+    def parameters(self):
+        return [
+            (t.shape, tuple(self._columns(term)))
+            for t, term in zip(self.inputs, self.terms[:2])
+            if t.is_param
+        ]
+
+
+class Embedding(Einsum):
+    """Embedding lookup, modelled as the Einsum of a one-hot ``(x.., V)`` with ``(V, D)``.
+
+    Iteration space ``(x1..xj, D, V)``. The token ids (and so the one-hot) are a graph
+    input: they make no edge. The reference prices it as that Einsum; a calibrated machine
+    sees a gather and the scatter-add of its gradient, memory-bound work on the output.
+    """
+
+    op = "Embedding"
+    lookup_table = True
+
+    def __init__(self, ids: Tensor, vocab: int, width: int, letters: str | None = None):
+        ids = check_tensor(ids, "Embedding ids")
+        if ids.producer is not None:
+            raise ValueError("Embedding ids must be a graph input (token ids), not a layer output")
+        vocab = check_positive(vocab, "Embedding vocabulary")
+        width = check_positive(width, "Embedding width")
+        j = ids.rank
+        if letters is not None and not isinstance(letters, str):
+            raise ValueError(f"Embedding letters must be a string, got {letters!r}")
+        letters = letters or (ids.letters if len(ids.letters) == j else "b" + "stuw"[: j - 1])
+        if len(letters) != j or "d" in letters or "v" in letters:
+            raise ValueError(f"Embedding letters {letters!r} must name the {j} id dims without 'd' or 'v'")
+        one_hot = Tensor(tuple(ids.shape) + (vocab,), None, ids.index, False, ids.name, ids.owner)
+        weight = Tensor((vocab, width), None, -1, True, "embedding weight", ids.owner)
+        super().__init__(f"{letters}v,vd->{letters}d", one_hot, weight, batch=letters[0])
+        self.ids = ids
+        self.vocab = vocab
+        self.width = width
+        self.args = {"vocab": vocab, "width": width, "letters": letters}
+
+    @classmethod
+    def from_args(cls, operands, args):
+        return cls(*operands, **args)
+
+    @property
+    def operands(self) -> tuple:
+        return (self.ids,)
+
+    def costs(self, C, machine):
+        einsum = super().costs(C, machine)
+        # The reference counts the Einsum's FLOPs; a machine that measures sees the gather of
+        # the per-device output and the scatter-add of its gradient.
+        outputs = self._E(C) / (self.domain[-1] / as_float(C[:, -1]))
+        return LayerCost(machine.memory_bound("copy", outputs, einsum.compute), einsum.communication)

@@ -1,0 +1,189 @@
+"""Data-movement layers: no cost in the reference model; they shape the edges."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from pase.model.tensor import Tensor
+from .base import Layer, LayerCost, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
+
+__all__ = ["Concat", "Ravel", "Unravel", "Stack", "Unstack"]
+
+
+class _DataMovement(Layer):
+    """A layer that only moves or reshapes data: no reference cost; it shapes the edges.
+
+    ``copies`` says whether it writes a new tensor (Concat, Stack): a measured machine
+    prices that copy as memory-bound work; views (Ravel, Unravel, Unstack) cost nothing.
+    """
+
+    copies: ClassVar[bool] = False
+
+    def costs(self, C, machine):
+        zero = np.zeros(len(C))
+        if not self.copies:
+            return LayerCost(zero, zero)
+        elements = math.prod(self.output_shapes[0]) / as_float(self.output_configs(C)[0]).prod(axis=1)
+        return LayerCost(machine.memory_bound("copy", elements, zero), zero)
+
+
+class Concat(_DataMovement):
+    """Concatenation along ``axis``; the axis is size 1 in the iteration space."""
+
+    op = "Concat"
+    copies = True
+
+    def __init__(self, tensors: Sequence[Tensor], axis: int):
+        if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+            raise ValueError("Concat needs a list of tensors")
+        tensors = tuple(check_tensor(t, "Concat input") for t in tensors)
+        if len(tensors) < 1:
+            raise ValueError("Concat needs at least one tensor")
+        first = tensors[0]
+        self.axis = check_axis(axis, first.rank, "Concat")
+        for t in tensors[1:]:
+            if t.rank != first.rank or any(
+                d != e for i, (d, e) in enumerate(zip(t.shape, first.shape)) if i != self.axis
+            ):
+                raise ValueError(
+                    f"Concat on axis {self.axis}: shapes {list(first.shape)} and {list(t.shape)} differ off the axis"
+                )
+        dims = letters_of(first)
+        total = sum(t.shape[self.axis] for t in tensors)
+        super().__init__(
+            tensors, tuple(1 if i == self.axis else d for i, d in enumerate(first.shape)), dims,
+            (tuple(total if i == self.axis else d for i, d in enumerate(first.shape)),), (dims,), batch_dim=0,
+            args={"axis": self.axis},
+        )
+
+    @classmethod
+    def from_args(cls, operands, args):
+        return cls(list(operands), **args)
+
+    def input_configs(self, C):
+        return [C] * len(self.inputs)
+
+    def output_configs(self, C):
+        return [C]
+
+
+class Ravel(_DataMovement):
+    """Flatten a tensor to one dimension; contiguous configurations only."""
+
+    op = "Ravel"
+    contiguous = True
+
+    def __init__(self, x: Tensor):
+        x = check_tensor(x, "Ravel input")
+        super().__init__((x,), x.shape, letters_of(x), ((x.size,),), ("x",), batch_dim=0)
+
+    def input_configs(self, C):
+        return [C]
+
+    def output_configs(self, C):
+        return [C.prod(axis=1, keepdims=True)]
+
+
+class Unravel(_DataMovement):
+    """Give a flat tensor a shape; contiguous configurations only."""
+
+    op = "Unravel"
+    contiguous = True
+
+    def __init__(self, x: Tensor, shape, letters: str | None = None):
+        x = check_tensor(x, "Unravel input")
+        shape = check_shape(shape, "Unravel shape")
+        if x.rank != 1:
+            raise ValueError(f"Unravel needs a flat tensor, got shape {list(x.shape)}")
+        if math.prod(shape) != x.size:
+            raise ValueError(f"cannot unravel {x.size} elements into shape {list(shape)}")
+        if letters is not None:
+            check_letters(letters, len(shape), f"Unravel to {list(shape)}")
+        dims = letters or generic_letters(len(shape))
+        super().__init__((x,), shape, dims, (shape,), (dims,), batch_dim=0,
+                         args={"shape": list(shape), "letters": letters})
+
+    def input_configs(self, C):
+        return [C.prod(axis=1, keepdims=True)]
+
+    def output_configs(self, C):
+        return [C]
+
+
+class Stack(_DataMovement):
+    """Stack tensors of one shape along a new ``axis`` (size 1 in the iteration space)."""
+
+    op = "Stack"
+    copies = True
+
+    def __init__(self, tensors: Sequence[Tensor], axis: int = 0, batch_dim: int | None = None):
+        if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+            raise ValueError("Stack needs a list of tensors")
+        tensors = tuple(check_tensor(t, "Stack input") for t in tensors)
+        if len(tensors) < 1:
+            raise ValueError("Stack needs at least one tensor")
+        shape = tensors[0].shape
+        for t in tensors[1:]:
+            if t.shape != shape:
+                raise ValueError(f"Stack inputs differ in shape: {list(shape)} and {list(t.shape)}")
+        self.axis = check_axis(axis, len(shape) + 1, "Stack")
+        inner = letters_of(tensors[0])
+        new = next((x for x in "sabcdefghijklmnopqrtuvwxyz" if x not in inner), "?")
+        dims = inner[: self.axis] + new + inner[self.axis:]
+        if batch_dim is None:
+            batch_dim = 1 if self.axis == 0 else 0
+        batch_dim = check_axis(batch_dim, len(shape) + 1, "Stack batch_dim")
+        super().__init__(
+            tensors, shape[: self.axis] + (1,) + shape[self.axis:], dims,
+            (shape[: self.axis] + (len(tensors),) + shape[self.axis:],), (dims,), batch_dim=batch_dim,
+            args={"axis": self.axis, "batch_dim": batch_dim},
+        )
+
+    @classmethod
+    def from_args(cls, operands, args):
+        return cls(list(operands), **args)
+
+    def input_configs(self, C):
+        return [np.delete(C, self.axis, axis=1)] * len(self.inputs)
+
+    def output_configs(self, C):
+        return [C]
+
+
+#: Most outputs an Unstack may have (one per slice of its axis).
+MAX_UNSTACK = 2**16
+
+
+class Unstack(_DataMovement):
+    """Split a tensor along ``axis`` into ``x.shape[axis]`` tensors."""
+
+    op = "Unstack"
+
+    def __init__(self, x: Tensor, axis: int = 0, batch_dim: int | None = None):
+        x = check_tensor(x, "Unstack input")
+        self.axis = check_axis(axis, x.rank, "Unstack")
+        dims = letters_of(x)
+        part = tuple(d for i, d in enumerate(x.shape) if i != self.axis)
+        if not part:
+            raise ValueError("Unstack needs an input of rank >= 2")
+        if batch_dim is None:
+            batch_dim = 1 if self.axis == 0 else 0
+        batch_dim = check_axis(batch_dim, x.rank, "Unstack batch_dim")
+        count = x.shape[self.axis]
+        if count > MAX_UNSTACK:
+            # One tensor per slice: a huge axis would build millions of outputs (or never finish).
+            raise ValueError(f"Unstack along axis {self.axis} of size {count}: at most {MAX_UNSTACK} outputs")
+        super().__init__(
+            (x,), tuple(1 if i == self.axis else d for i, d in enumerate(x.shape)), dims, (part,) * count,
+            (dims[: self.axis] + dims[self.axis + 1:],) * count, batch_dim=batch_dim,
+            args={"axis": self.axis, "batch_dim": batch_dim},
+        )
+
+    def input_configs(self, C):
+        return [C]
+
+    def output_configs(self, C):
+        return [np.delete(C, self.axis, axis=1)] * len(self.output_shapes)

@@ -1,0 +1,222 @@
+"""Point-wise, normalisation, reduction and softmax layers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pase.model.tensor import Tensor
+from .base import Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
+
+__all__ = ["Elementwise", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy"]
+
+
+class Elementwise(Layer):
+    """Element-wise combination of two tensors of one shape, ``pw`` fused operations."""
+
+    op = "Elementwise"
+
+    def __init__(self, a: Tensor, b: Tensor, pw: int = 0):
+        a = check_tensor(a, "Elementwise operand A")
+        b = check_tensor(b, "Elementwise operand B")
+        if a.shape != b.shape:
+            raise ValueError(f"Elementwise operands differ in shape: {list(a.shape)} and {list(b.shape)}")
+        self.pw = check_count(pw, "Elementwise pw")
+        dims = letters_of(a) if a.letters else letters_of(b)
+        super().__init__((a, b), a.shape, dims, (a.shape,), (dims,), batch_dim=0, args={"pw": self.pw})
+
+    def input_configs(self, C):
+        return [C, C]
+
+    def output_configs(self, C):
+        return [C]
+
+    def costs(self, C, machine):
+        # (1 + pw) E: the combination, then pw fused point-wise passes.
+        E = self._E(C)
+        compute = machine.memory_bound("add", E, E)
+        if self.pw:
+            compute = compute + self.pw * machine.memory_bound("gelu", E, E)
+        return LayerCost(compute, np.zeros(len(C)))
+
+
+class _ShapeOfInput(Layer):
+    """A layer on one tensor whose iteration space is that tensor's shape.
+
+    Its input and its output (of the same shape) are split exactly like the iteration space.
+    """
+
+    def __init__(self, x: Tensor, args=None):
+        x = check_tensor(x, f"{self.op} input")
+        dims = letters_of(x)
+        super().__init__((x,), x.shape, dims, (x.shape,), (dims,), batch_dim=0, args=args)
+
+    def input_configs(self, C):
+        return [C]
+
+    def output_configs(self, C):
+        return [C]
+
+
+class Norm(_ShapeOfInput):
+    """Normalisation over one axis (layer norm on the last axis, batch norm on axis 0).
+
+    Cost: ``16 E + 4 AR(E / dpp[axis], c[axis]) + 4 AR(dpp[axis], prod(c without axis))``
+    (statistics reduced across the axis splits, scale/bias gradients across the others),
+    plus ``pw E`` for ``pw`` fused point-wise operations (0 in the reference graphs).
+    """
+
+    op = "Norm"
+    weight_names = ("scale", "bias")
+    #: Learnt tensors of length ``dom[axis]`` (scale and bias).
+    n_params = 2
+
+    def __init__(self, x: Tensor, axis: int = -1, pw: int = 0):
+        x = check_tensor(x, f"{self.op} input")
+        self.axis = check_axis(axis, x.rank, self.op)
+        self.pw = check_count(pw, f"{self.op} pw")
+        super().__init__(x, self._args())
+
+    def _args(self) -> dict:
+        return {"axis": self.axis, "pw": self.pw}
+
+    def costs(self, C, machine):
+        dpp = self._per_device(C)
+        E = dpp.prod(axis=1)
+        a = self.axis
+        compute = machine.memory_bound("layer_norm", E, 16.0 * E)
+        if self.pw:
+            compute = compute + self.pw * machine.memory_bound("gelu", E, E)
+        along, across = self._groups(C, (a,), [d for d in range(len(self.domain)) if d != a])
+        communication = (
+            4.0 * machine.all_reduce(E / dpp[:, a], along)
+            + 4.0 * machine.all_reduce(dpp[:, a], across, grad=True)
+        )
+        return LayerCost(compute, communication)
+
+    def parameters(self):
+        # Scale (and bias), each of length dom[axis], split c[axis].
+        return [((self.domain[self.axis],), (self.axis,))] * self.n_params
+
+
+class BatchNorm(Norm):
+    """Batch normalisation: the reference model's Norm with axis 0.
+
+    Its cost is that of ``Norm(x, axis=0)`` (``docs/cost-model.md``). Its parameters, for the
+    memory model, are what batch norm learns: a scale and a bias per channel (axis 1).
+    """
+
+    op = "BatchNorm"
+
+    def __init__(self, x: Tensor, pw: int = 0):
+        x = check_tensor(x, "BatchNorm input")
+        if x.rank < 2:
+            raise ValueError(f"BatchNorm needs a (batch, channel, ...) input, got shape {list(x.shape)}")
+        super().__init__(x, axis=0, pw=pw)
+
+    def _args(self) -> dict:
+        return {"pw": self.pw}
+
+    def parameters(self):
+        return [((self.domain[1],), (1,))] * 2
+
+
+class RMSNorm(Norm):
+    """Root-mean-square normalisation over one axis (Llama): Norm's cost, one scale parameter."""
+
+    op = "RMSNorm"
+    n_params = 1
+
+
+class ReduceMean(Layer):
+    """Mean over some axes; the output drops them (or keeps them as size 1)."""
+
+    op = "ReduceMean"
+
+    def __init__(self, x: Tensor, axes, keepdims: bool = False):
+        x = check_tensor(x, "ReduceMean input")
+        axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+        if not axes:
+            raise ValueError("ReduceMean needs at least one axis")
+        self.axes = tuple(sorted({check_axis(a, x.rank, "ReduceMean") for a in axes}))
+        if len(self.axes) != len(axes):
+            raise ValueError(f"ReduceMean axes {list(axes)} repeat an axis")
+        if not isinstance(keepdims, (bool, np.bool_)):
+            raise ValueError(f"ReduceMean keepdims must be true or false, got {keepdims!r}")
+        self.keepdims = bool(keepdims)
+        dims = letters_of(x)
+        if self.keepdims:
+            out = tuple(1 if i in self.axes else d for i, d in enumerate(x.shape))
+        else:
+            out = tuple(d for i, d in enumerate(x.shape) if i not in self.axes) or (1,)
+        kept = "".join(x for i, x in enumerate(dims) if i not in self.axes)
+        super().__init__(
+            (x,), x.shape, dims, (out,), (dims if self.keepdims else (kept or "x"),), batch_dim=0,
+            args={"axes": list(self.axes), "keepdims": self.keepdims},
+        )
+
+    def input_configs(self, C):
+        return [C]
+
+    def output_configs(self, C):
+        if self.keepdims:
+            out = C.copy()
+            out[:, list(self.axes)] = 1
+            return [out]
+        kept = [i for i in range(C.shape[1]) if i not in self.axes]
+        if not kept:
+            return [np.ones((C.shape[0], 1), dtype=C.dtype)]
+        return [C[:, kept]]
+
+    def costs(self, C, machine):
+        # The reference counts only the all-reduce of the partial sums; the reading pass is
+        # memory-bound work a measured machine sees.
+        E = self._E(C)
+        (reduced,) = self._groups(C, self.axes)
+        return LayerCost(machine.memory_bound("pool", E, 0.0 * E), machine.all_reduce(E, reduced))
+
+
+class Softmax(_ShapeOfInput):
+    """Softmax along one axis: ``4E + E dom[axis] + AR(e, a) + AR(e dom[axis], a) + AR(e, a)``."""
+
+    op = "Softmax"
+
+    def __init__(self, x: Tensor, axis: int = -1, causal: bool = False):
+        x = check_tensor(x, "Softmax input")
+        self.axis = check_axis(axis, x.rank, self.op)
+        if not isinstance(causal, bool):
+            raise ValueError(f"Softmax causal must be true or false, got {causal!r}")
+        # ``causal``: a masked attention softmax (half its scores are masked); only the
+        # fused attention pricing of a training configuration reads it.
+        super().__init__(x, {"axis": self.axis, **({"causal": True} if causal else {})})
+
+    def costs(self, C, machine):
+        dpp = self._per_device(C)
+        E = dpp.prod(axis=1)
+        ax = self.axis
+        e = E / dpp[:, ax]
+        full = float(self.domain[ax])
+        (group,) = self._groups(C, (ax,))
+        compute = machine.memory_bound("softmax", E, 4.0 * E + E * full)
+        communication = (
+            machine.all_reduce(e, group) + machine.all_reduce(e * full, group) + machine.all_reduce(e, group)
+        )
+        return LayerCost(compute, communication)
+
+
+class SoftmaxCrossEntropy(_ShapeOfInput):
+    """Softmax and cross-entropy loss; the class axis is the last.
+
+    Cost ``4E + 2 bpp``, plus ``comm(2 bpp)`` when the class axis is split.
+    """
+
+    op = "SoftmaxCrossEntropy"
+
+    def costs(self, C, machine):
+        dpp = self._per_device(C)
+        E = dpp.prod(axis=1)
+        bpp = dpp[:, :-1].prod(axis=1)
+        last = len(self.domain) - 1
+        return LayerCost(
+            machine.memory_bound("loss", E, 4.0 * E + 2.0 * bpp),
+            machine.exchange(2.0 * bpp, self._groups(C, (last,))[0]),
+        )

@@ -1,0 +1,200 @@
+"""Pipeline parallelism: stages cut at block boundaries, 1F1B and interleaved schedules.
+
+A pipeline of ``pp`` stages gives each stage ``p / pp`` consecutive devices and a contiguous
+run of the network: the layers before the first block (embedding) on the first stage, the
+layers after the last block (final norm, head, loss) on the last, the blocks in between cut
+into ``pp`` runs. Every stage runs the same mesh (``dp x tp x cp = p / pp``). With ``m``
+micro-batches and ``t`` the forward and backward time of one micro-batch on the slowest stage
+(its point-to-point sends included), the step is ``(m + pp - 1) t`` for 1F1B (PipeDream-flush)
+and ``(m + (pp - 1) / v) t`` interleaved with ``v`` chunks per device (Narayanan et al. 2021),
+plus the slowest stage's exposed weight synchronisation and optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pase.machines.base import Group
+
+__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "SCHEDULES"]
+
+SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the blocks are: layers before the first block, each block's layers, after."""
+
+    pre: tuple
+    blocks: tuple  # one tuple of vertex ids per block, in order
+    post: tuple
+    outputs: tuple  # the vertex whose output leaves each block (sent to the next stage)
+
+
+def stage_layout(costing) -> Layout | None:
+    """The block structure of a costed network, or ``None`` when its layers are not
+    pre-layers, then blocks one after another, then post-layers."""
+    blocks = costing.blocks
+    order: list = []
+    members: dict = {}
+    for v, b in enumerate(blocks):
+        if b is None:
+            continue
+        if b not in members:
+            order.append(b)
+            members[b] = []
+        members[b].append(v)
+    if len(order) < 2:
+        return None
+    first = members[order[0]][0]
+    last = members[order[-1]][-1]
+    pre = tuple(range(first))
+    post = tuple(range(last + 1, len(blocks)))
+    flat = [v for b in order for v in members[b]]
+    if flat != list(range(first, last + 1)):
+        return None  # blocks interleaved with other layers: no clean cut
+    if any(blocks[v] is not None for v in pre + post):
+        return None
+    outputs = tuple(members[b][-1] for b in order)
+    return Layout(pre, tuple(tuple(members[b]) for b in order), post, outputs)
+
+
+def cuts(blocks: int, pp: int, width: int = 8) -> list:
+    """Blocks per stage: the middle stages equal, the first and last within a few blocks of
+    an even share (Megatron's and torchtitan's first/last-stage layer counts).
+
+    >>> cuts(8, 2, 1)
+    [(4, 4), (3, 5), (5, 3)]
+    >>> cuts(6, 3)[:3]
+    [(2, 2, 2), (1, 2, 3), (1, 3, 2)]
+    """
+    if pp == 1:
+        return [(blocks,)]
+    if pp > blocks:
+        return []
+    even = blocks // pp
+    out = set()
+    if pp == 2:
+        for first in range(max(1, even - width), min(blocks - 1, even + width) + 1):
+            out.add((first, blocks - first))
+        return sorted(out, key=lambda c: (abs(c[0] - c[1]), c))
+    for middle in range(max(1, even - 2), even + 3):
+        rest = blocks - middle * (pp - 2)
+        for first in range(1, rest):
+            last = rest - first
+            if last >= 1 and abs(first - middle) <= width and abs(last - middle) <= width:
+                out.add((first,) + (middle,) * (pp - 2) + (last,))
+    return sorted(out, key=lambda c: (max(c) - min(c), c))
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A pipeline's outcome for one row: the cut, schedule, per-stage times and memory."""
+
+    pp: int
+    schedule: str
+    vpp: int
+    counts: tuple
+    microbatch_seconds: tuple
+    memory_bytes: tuple
+    p2p_seconds: float
+    bubble_fraction: float
+    step_seconds: float
+
+
+def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
+    """One send of ``elements`` per device from a stage to the next (devices ``stage_devices``
+    apart), forward and backward: twice the machine's exchange between the two."""
+    K = len(elements)
+    group = Group(np.full((K, 1), 2, dtype=np.int64), np.full((K, 1), stage_devices, dtype=np.int64))
+    return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
+
+
+def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
+                  layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None) -> tuple:
+    """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
+    the fastest that fits ``memory_cap``, else the one needing least memory.
+
+    Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` dividing each
+    stage's blocks (interleaved needs equal stages and ``m`` a multiple of ``pp``).
+    """
+    K = len(costing.configs[0])
+    m = options.microbatches
+    vec = costing.layer_vectors(options, act_bytes)
+    per_micro = vec["micro"].copy()
+    if len(targets):
+        np.add.at(per_micro, np.asarray(targets), costing.edge_factors(targets, options)[:, None] / m * edges)
+    transient = np.zeros(K)
+    if options.zero == 3:
+        transient += np.sort(vec["gathered"], axis=0)[-2:].sum(axis=0)
+    if options.recompute == "full":
+        working = [vec["working"][list(block)].sum(axis=0) for block in layout.blocks]
+        transient += np.max(np.array(working), axis=0)
+    transient += options.reserve_bytes
+    per_step, state, acts, logits = vec["step"], vec["state"], vec["activations"], vec["logits"]
+
+    # Prefix sums over the layers: a stage's total is one difference of two rows.
+    prefix = {name: np.concatenate([np.zeros((1, K)), np.cumsum(values, axis=0)])
+              for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
+                                   ("logits", logits))}
+    block_starts = [b[0] for b in layout.blocks]
+    first_block, end_blocks = layout.blocks[0][0], layout.blocks[-1][-1] + 1
+    n_layers = per_micro.shape[0]
+    p2p = _p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices)
+    L = len(layout.blocks)
+    best_step = np.full(K, np.inf)
+    best_peak = np.full(K, np.inf)
+    best_fits = np.zeros(K, dtype=bool)
+    cap = np.inf if memory_cap is None else memory_cap
+    tried: list = []
+    best_of = np.full(K, -1)
+    candidates = [fixed_counts] if fixed_counts is not None else cuts(L, pp)
+    for counts in candidates:
+        bounds = np.cumsum((0,) + tuple(counts))
+        # Layer ranges of the stages: the first takes the layers before the blocks, the last
+        # the layers after them.
+        starts = np.array([0] + [block_starts[b] for b in bounds[1:-1]])
+        ends = np.array([block_starts[b] for b in bounds[1:-1]] + [n_layers])
+        stage = {name: P[ends] - P[starts] for name, P in prefix.items()}
+        for schedule in schedules:
+            if schedule == "1f1b":
+                vs = [1]
+            else:
+                if len(set(counts)) != 1 or m % pp:
+                    continue
+                vs = [v for v in range(2, counts[0] + 1) if counts[0] % v == 0]
+                if vpps is not None:
+                    vs = [v for v in vs if v in vpps]
+            for vpp in vs:
+                t = stage["micro"] + vpp * p2p
+                slowest = t.max(axis=0)
+                fill = (pp - 1) / vpp
+                pipe = (m + fill) * slowest
+                step = pipe + stage["step"].max(axis=0)
+                in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
+                if vpp > 1:
+                    in_flight = in_flight * (1.0 + (pp - 1) / (pp * vpp))
+                memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
+                peak = memory.max(axis=0)
+                fits = peak <= cap
+                # Fitting beats not fitting; among fitting, faster; among not fitting, smaller.
+                better = np.where(fits, ~best_fits | (step < best_step), ~best_fits & (peak < best_peak))
+                if better.any():
+                    tried.append((schedule, vpp, counts, t, memory, fill, step))
+                    best_of = np.where(better, len(tried) - 1, best_of)
+                best_step = np.where(better, step, best_step)
+                best_peak = np.where(better, peak, best_peak)
+                best_fits = best_fits | fits
+    plans = []
+    for i in range(K):
+        if best_of[i] < 0:
+            plans.append(None)
+            continue
+        schedule, vpp, counts, t, memory, fill, step = tried[best_of[i]]
+        plans.append(StagePlan(pp, schedule, vpp, tuple(int(c) for c in counts), tuple(float(x) for x in t[:, i]),
+                               tuple(float(x) for x in memory[:, i]), float(vpp * p2p[i]), fill / (m + fill),
+                               float(step[i])))
+    return best_step, best_peak, plans

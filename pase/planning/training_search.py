@@ -1,0 +1,477 @@
+"""The training-configuration search: meshes, ZeRO, recomputation and micro-batches around
+the per-layer splits, every candidate priced by :class:`pase.training.TrainingCosting`.
+
+Two searches, each exact over what it says:
+
+- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside a node),
+  sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
+  micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
+  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh and
+  reused across ZeRO stages and recomputation policies.
+- **Per-layer** (:func:`search_free`): the exact dynamic programme over every layer's own
+  splits under one fixed training option set, memory capped by the Lagrangian search.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pase.model.layers import redistribution_volume
+from pase.planning.mesh import Mesh, MeshMapper, Recipe, mesh_configs
+from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
+from pase.costing.training import (
+    NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
+)
+
+__all__ = ["Candidate", "MeshSearch", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
+           "divisors"]
+
+
+def divisors(n: int) -> list:
+    """Divisors of ``n`` in increasing order.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def tokens_of(network) -> int | None:
+    """Tokens in one pass of ``network``: the elements of its first Embedding's ids."""
+    for layer in network.layers:
+        if layer.op == "Embedding":
+            return int(math.prod(layer.ids.shape))
+    return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One training configuration and what it costs: a mesh (or ``None`` for a per-layer
+    plan), the options, the per-rank micro-batch, the layers' configurations and summary."""
+
+    mesh: Mesh | None
+    options: TrainingOptions
+    microbatch: int | None
+    configs: tuple
+    summary: TrainingSummary
+    memory_cap: float | None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_cap is None or self.summary.peak_memory_bytes <= self.memory_cap
+
+    def recipe(self) -> str:
+        """The candidate in ``--recipe`` words."""
+        o = self.options
+        parts = []
+        if self.mesh is not None:
+            parts += [f"dp={self.mesh.dp}", f"tp={self.mesh.tp}"]
+            if self.mesh.cp > 1:
+                parts.append(f"cp={self.mesh.cp}")
+            if self.mesh.pp > 1:
+                pipe = self.summary.extra.get("pipeline", {})
+                parts.append(f"pp={self.mesh.pp}")
+                if pipe.get("schedule") == "interleaved":
+                    parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
+            if self.mesh.tp > 1 and not self.mesh.sp:
+                parts.append("sp=false")
+        parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
+        if self.microbatch is not None:
+            parts.append(f"microbatch={self.microbatch}")
+        return ",".join(parts)
+
+
+@dataclass
+class MeshSearch:
+    """What :func:`search_meshes` found: the best fitting candidate (``None`` when nothing
+    fits), the least-memory one, every candidate's count and the time taken."""
+
+    best: Candidate | None
+    least_memory: Candidate | None
+    evaluated: int
+    seconds: float
+    networks: int
+    space: str
+    candidates: list = field(default_factory=list)
+
+
+class _PartsMemo:
+    """Layer parts and edge seconds shared by structurally equal layers (repeated blocks)."""
+
+    def __init__(self, machine, procs: int):
+        self.machine = machine
+        self.procs = procs
+        self.edges: dict = {}
+
+    def edge_seconds(self, network, configs: Sequence[np.ndarray]) -> np.ndarray:
+        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``."""
+        layers = network.layers
+        outputs = [layer.output_configs(C) for layer, C in zip(layers, configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(layers, configs)]
+        rows = []
+        targets = []
+        for (u, v), tensors in sorted(network.edges.items()):
+            total = 0.0
+            for t in tensors:
+                src = np.ascontiguousarray(outputs[u][t.output_index])
+                dst = np.ascontiguousarray(inputs[v][t.input_index])
+                key = (t.shape, src.tobytes(), dst.tobytes())
+                if key not in self.edges:
+                    self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
+                total = total + self.edges[key]
+            rows.append(total)
+            targets.append(v)
+        return np.array(rows).reshape(len(rows), -1), targets
+
+
+#: Largest context-parallel degree searched unless a recipe names one (Megatron and
+#: torchtitan runs use 2-16).
+MAX_CP = 16
+
+
+def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """Devices a redistribution from ``source`` to ``target`` splits spans: the product of
+    ``max(source, target)`` over the tensor dimensions whose splits differ; all ``procs`` when
+    the outermost (batch) dimension's split changes, since it is laid out across the others.
+
+    >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[4, 1, 1]]), 256).tolist()
+    [8]
+    """
+    source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
+    differ = source != target
+    span = np.where(differ, np.maximum(source, target), 1).prod(axis=-1)
+    return np.where(differ[..., 0], procs, span)
+
+
+def edge_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """Redistribution of one tensor, forward and backward, for aligned ``source`` and
+    ``target`` rows (or broadcast ones): its volume (``pase.layers.redistribution_volume``)
+    priced by the machine on the link of the devices it spans (:func:`exchange_devices`): in a
+    node at the node's bandwidth, across nodes at the network's (``docs/training.md``)."""
+    volume = redistribution_volume(shape, source, target)
+    devices = exchange_devices(source, target, procs)
+    return np.asarray(machine.redistribute(2.0 * volume, devices), dtype=np.float64) * np.ones(volume.shape)
+
+
+def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
+    """Every mesh of ``procs`` devices the search tries: ``tp`` within a node (all devices
+    on a flat machine), ``cp`` any divisor, sequence parallelism both ways when ``tp > 1``."""
+    recipe = recipe or Recipe()
+    node = getattr(machine, "devices_per_node", procs)
+    meshes = []
+    for tp in divisors(procs):
+        if tp > node or recipe.tp not in (None, tp):
+            continue
+        for cp in divisors(procs // tp):
+            if recipe.cp not in (None, cp) or (recipe.cp is None and cp > MAX_CP):
+                continue
+            dp = procs // (tp * cp)
+            if recipe.dp not in (None, dp):
+                continue
+            for sp in ((True, False) if tp > 1 else (True,)):
+                if recipe.sp not in (None, sp) and tp > 1:
+                    continue
+                meshes.append(Mesh(dp=dp, tp=tp, cp=cp, sp=sp))
+    return meshes
+
+
+def _options_grid(recipe: Recipe, base: TrainingOptions) -> list:
+    zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
+    policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
+    return [(z, r) for z in zeros for r in policies]
+
+
+def search_meshes(
+    build: Callable[[int], object],
+    batch: int,
+    procs: int,
+    machine,
+    memory_cap: float | None,
+    act_bytes: float,
+    recipe: Recipe | None = None,
+    base: TrainingOptions | None = None,
+    keep_all: bool = False,
+    rebuild: bool = True,
+) -> MeshSearch:
+    """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
+
+    ``build(micro)`` returns the network at a global micro-batch of ``micro`` sequences
+    (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
+    Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
+    policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
+    choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
+    """
+    start = time.perf_counter()
+    recipe = recipe or Recipe()
+    base = base or TrainingOptions()
+    recipe.check(procs)
+    if recipe.vpp is not None and recipe.schedule == "1f1b":
+        raise ValueError("vpp (virtual stages) needs schedule=interleaved")
+    schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
+    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
+    grid = _options_grid(recipe, base)
+    networks: dict = {}
+    best = least = None
+    evaluated = 0
+    first_error = None
+    kept = []
+    meshes_tried = 0
+    for pp in stage_counts:
+        q = procs // pp
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp) for m in mesh_candidates(q, machine, recipe) if batch % m.dp == 0]
+        meshes_tried += len(meshes)
+        # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
+        by_micro: dict = {}
+        for mesh in meshes:
+            local = batch // mesh.dp
+            for micro in divisors(local) if rebuild else [local]:
+                if recipe.microbatch not in (None, micro):
+                    continue
+                if pp > 1 and local // micro < 1:
+                    continue
+                by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
+        memo = _PartsMemo(machine, q)
+        for global_micro in sorted(by_micro):
+            if global_micro not in networks:
+                net = build(global_micro)
+                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net))
+            network, structure, mapper = networks[global_micro]
+            rows, valid = [], []
+            for mesh, micro in by_micro[global_micro]:
+                try:
+                    rows.append(mapper.configs(mesh))
+                except ValueError as err:
+                    first_error = first_error or err
+                    continue
+                valid.append((mesh, micro))
+            if not valid:
+                continue
+            configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
+            costing = TrainingCosting(network, configs, machine, structure)
+            layout = stage_layout(costing) if pp > 1 else None
+            if pp > 1 and (layout is None or len(layout.blocks) < pp):
+                first_error = first_error or ValueError(
+                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")
+                continue
+            edges, targets = memo.edge_seconds(network, configs)
+            tokens = tokens_of(network)
+            m = batch // global_micro
+            for zero, policy in grid:
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+                if pp == 1:
+                    time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
+                    stage_plans = [None] * len(valid)
+                else:
+                    time_rows, memory_rows, stage_plans = pipeline_rows(
+                        costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
+                        None if recipe.vpp is None else [recipe.vpp])
+                for i, (mesh, micro) in enumerate(valid):
+                    if pp > 1 and stage_plans[i] is None:
+                        continue
+                    evaluated += 1
+                    t, peak = float(time_rows[i]), float(memory_rows[i])
+                    found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q)
+                    if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
+                        best = found
+                    if least is None or peak < least[1]:
+                        least = found
+                    if keep_all:
+                        kept.append((mesh, options, micro, t, peak))
+    if best is None and least is None:
+        raise ValueError(f"no mesh applies to this graph: {first_error}")
+    space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
+             f"{evaluated} configurations")
+    result = MeshSearch(
+        best=_materialise(best, memory_cap, act_bytes, procs) if best else None,
+        least_memory=_materialise(least, memory_cap, act_bytes, procs) if least else None,
+        evaluated=evaluated,
+        seconds=time.perf_counter() - start,
+        networks=len(networks),
+        space=space,
+        candidates=kept,
+    )
+    return result
+
+
+def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
+            targets: list) -> tuple:
+    """Step seconds and peak bytes of every row (all layers at the same row)."""
+    n = len(costing.network.layers)
+    K = len(costing.configs[0])
+    time_rows = np.zeros(K)
+    memory_rows = np.zeros(K)
+    vec = costing.layer_vectors(options, act_bytes)
+    time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
+    memory_rows = vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
+    if options.zero == 3:
+        gathered = vec["gathered"]
+        memory_rows = memory_rows + (np.sort(gathered, axis=0)[-2:].sum(axis=0) if n > 1 else 2 * gathered[0])
+    if options.recompute == "full":
+        working: dict = {}
+        for v in range(n):
+            if costing.blocks[v] is not None:
+                working.setdefault(costing.blocks[v], []).append(v)
+        if working:
+            memory_rows = memory_rows + np.max(
+                np.array([vec["working"][members].sum(axis=0) for members in working.values()]), axis=0)
+    factors = costing.edge_factors(targets, options)
+    if len(targets):
+        time_rows += (factors[:, None] * edges).sum(axis=0)
+    memory_rows += options.reserve_bytes
+    return time_rows, memory_rows
+
+
+def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
+    step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
+    n = len(costing.network.layers)
+    choice = [i] * n
+    moved = 0.0
+    targets = sorted(costing.network.edges)
+    for row, (u, v) in zip(edges, targets):
+        moved += costing.edge_factor(v, options) * float(row[i])
+    summary = costing.summarize(choice, options, act_bytes, moved, procs,
+                                None if tokens is None else tokens * options.microbatches)
+    if stages is not None:
+        slowest = max(stages.microbatch_seconds)
+        fill = (stages.pp - 1) / stages.vpp
+        summary.time = {
+            "pipeline": options.microbatches * slowest,
+            "bubble": fill * slowest,
+            "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
+        }
+        summary.memory = {"largest_stage": float(peak)}
+        summary.step_seconds = float(step)
+        summary.peak_memory_bytes = float(peak)
+        summary.extra["pipeline"] = {
+            "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
+            "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
+            "stages": [{"stage": s, "blocks": c, "devices": [s * q, (s + 1) * q - 1],
+                        "microbatch_seconds": t, "memory_bytes": mem}
+                       for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
+                                                             stages.memory_bytes))],
+        }
+    configs = tuple(tuple(int(x) for x in costing.configs[v][i]) for v in range(n))
+    return Candidate(mesh, options, micro, configs, summary, memory_cap)
+
+
+def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
+                       memory_cap: float | None = None, mesh: Mesh | None = None,
+                       microbatch: int | None = None) -> Candidate:
+    """A given strategy (one configuration per layer of the micro-batch network) priced under
+    ``options``: the same numbers the searches compute."""
+    rows = [np.asarray([c], dtype=np.int64) for c in configs]
+    costing = TrainingCosting(network, rows, machine)
+    edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
+    moved = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
+    tokens = tokens_of(network)
+    summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
+                                None if tokens is None else tokens * options.microbatches)
+    return Candidate(mesh, options, microbatch, tuple(tuple(int(x) for x in c) for c in configs), summary,
+                     memory_cap)
+
+
+# ---------------------------------------------------------------------------------------
+# The per-layer search under one training option set
+
+
+@dataclass(frozen=True)
+class FreeSearch:
+    """What :func:`search_free` found: the candidate (``None`` when nothing fits), the
+    dynamic programme's optimum of the additive objective, and the work done."""
+
+    candidate: Candidate | None
+    optimum: float | None
+    table_entries: int
+    searches: int
+    seconds: float
+    status: str
+
+
+def training_graph(network, procs: int, machine, options: TrainingOptions, act_bytes: float, budget=None):
+    """``(graph, costing, memory vectors)``: the costed graph whose layer vectors and edge
+    matrices are the training configuration's (``options``), for the exact search."""
+    G = network.graph(procs, machine, budget=budget)
+    configs = [G.nodes[v]["configs"] for v in range(len(network.layers))]
+    costing = TrainingCosting(network, configs, machine)
+    H = G.copy()
+    for v in H.nodes:
+        H.nodes[v]["cost"] = costing.cost_vector(v, options)
+    memo: dict = {}
+    layers = network.layers
+    for u, v, data in H.edges(data=True):
+        factor = costing.edge_factor(v, options)
+        outputs = layers[u].output_configs(configs[u])
+        inputs = layers[v].input_configs(configs[v])
+        matrix = 0.0
+        for t in data["tensors"]:
+            src, dst = outputs[t.output_index], inputs[t.input_index]
+            key = (t.shape, src.tobytes(), dst.tobytes(), factor)
+            if key not in memo:
+                scaled = factor * edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
+                scaled.setflags(write=False)
+                memo[key] = scaled
+            matrix = matrix + memo[key]
+        data["cost"] = matrix
+    memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
+    return H, costing, memory
+
+
+def search_free(network, procs: int, machine, options: TrainingOptions, act_bytes: float,
+                memory_cap: float | None = None, ordering: str = "generateseq", budget=None,
+                microbatch: int | None = None) -> FreeSearch:
+    """The exact per-layer search of ``network`` (built at one micro-batch) under ``options``.
+
+    Without a cap the result is the exact optimum of the additive step time (every term of
+    :class:`TrainingCosting` is a per-layer vector or a per-edge matrix). With a cap the
+    memory-capped search of ``pase.capped`` runs on the additive memory; the parts of the
+    peak that do not add up over layers (ZeRO-3's gathered weights, the recomputed block's
+    working set, the reserve) are taken off the cap first, and the cap is tightened by any
+    excess found afterwards (at most three times).
+    """
+    from pase.search.capped import NOTHING_FITS, capped_search
+    from pase.search.solver import Search
+
+    start = time.perf_counter()
+    H, costing, memory = training_graph(network, procs, machine, options, act_bytes, budget)
+    search = Search(H, ordering)
+    search.check_budget(budget)
+    entries = 0
+    searches = 0
+    if memory_cap is None:
+        result = search.run(memory_budget=budget)
+        choice, optimum = [int(result.choice[v]) for v in range(len(network.layers))], float(result.cost)
+        entries, searches, status = result.stats.table_entries, 1, "unconstrained"
+    else:
+        target = memory_cap - options.reserve_bytes
+        choice = None
+        optimum = None
+        status = NOTHING_FITS
+        for _ in range(4):
+            if target <= 0:
+                break
+            found = capped_search(H, memory, target, ordering, budget, search=search)
+            entries += found.table_entries
+            searches += found.searches
+            if found.status == NOTHING_FITS:
+                break
+            trial = [int(found.choice[v]) for v in range(len(network.layers))]
+            extra = sum(costing.transient_bytes(trial, options, act_bytes).values())
+            peak = found.memory + extra + options.reserve_bytes
+            if peak <= memory_cap:
+                choice, optimum, status = trial, float(found.cost), found.status
+                break
+            target -= peak - memory_cap
+    seconds = time.perf_counter() - start
+    if choice is None:
+        return FreeSearch(None, None, entries, searches, seconds, status)
+    configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
+    candidate = evaluate_candidate(network, configs, procs, machine, options, act_bytes, memory_cap,
+                                   microbatch=microbatch)
+    return FreeSearch(candidate, optimum, entries, searches, seconds, status)

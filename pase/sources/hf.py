@@ -1,0 +1,253 @@
+"""Hugging Face ``config.json`` files as decoder graphs (``-g hf:FILE.json``), without torch.
+
+``decoder_config_from_hf`` reads the fields of a ``model_type`` it supports (``llama``,
+``mistral``, ``qwen2``, ``gpt2``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
+builds the network. Anything missing, malformed or unsupported is a ``ValueError`` of one
+line naming the file and the field; a file that cannot be read, is not JSON or repeats a
+key is an ``InputError``.
+
+The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)`` (GPT-2:
+``n_positions``), or 2048 when the config gives no maximum. Learned position tables cap
+``-m`` at their length; rotary models take any ``-m``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from pase.core.fileio import MAX_JSON_BYTES, InputError
+
+__all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "load_hf", "network_name"]
+
+#: The ``model_type`` values read, and how.
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+#: Sequence length when ``-m`` is not given (capped by the config's maximum position).
+DEFAULT_SEQUENCE = 2048
+
+#: Activations of the MLP (``hidden_act`` / ``activation_function``); each is one point-wise
+#: operation of the projection it follows, whatever its formula.
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
+               "quick_gelu", "relu", "tanh", "sigmoid")
+
+_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_hf_config(path: str) -> dict:
+    """The JSON of ``path`` (a Hugging Face ``config.json``); ``InputError`` in one line otherwise.
+
+    Strict JSON (no NaN or Infinity) with no key given twice: two values for one field
+    would leave it to the reader which one counts.
+    """
+    where = f"hf config {path}"
+    if not isinstance(path, str) or not path:
+        raise InputError("hf: needs a file name (-g hf:FILE.json)")
+    if "\0" in path:
+        raise InputError(f"cannot read hf config {path!r}: the name contains a NUL byte")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_JSON_BYTES + 1)
+    except OSError as err:
+        raise InputError(f"cannot read {where}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where} is not UTF-8 text") from None
+    if len(text) > MAX_JSON_BYTES:
+        raise InputError(f"{where} is larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as err:
+        raise InputError(f"{where}: key {err.args[0]!r} appears more than once") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InputError(f"{where} is nested too deeply to be a valid input") from None
+    except ValueError as err:  # over-long integers, NaN/Infinity
+        raise InputError(f"{where} is not valid input JSON: {err}") from None
+    return data
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Fields:
+    """Typed access to the fields of one config, every error naming the file and the field."""
+
+    def __init__(self, data: dict, source: str):
+        self.data = data
+        self.source = source
+
+    def fail(self, message: str):
+        raise ValueError(f"hf config {self.source}: {message}")
+
+    def _get(self, key: str, default, required: bool):
+        if key not in self.data or (self.data[key] is None and not required):
+            if required:
+                self.fail(f"{key} is missing")
+            return default, False
+        return self.data[key], True
+
+    def positive(self, key: str, default=None, required: bool = True, condition: str = "") -> int:
+        value, given = self._get(key, default, required)
+        if not given:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.fail(f"{key} must be a positive integer{condition}, got {_shown(value)}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value, given = self._get(key, default, False)
+        if given and not isinstance(value, bool):
+            self.fail(f"{key} must be true or false, got {_shown(value)}")
+        return value
+
+    def number(self, key: str) -> None:
+        """A positive finite number if present (an epsilon): checked, not used."""
+        value, given = self._get(key, None, False)
+        if given and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                      or value <= 0):
+            self.fail(f"{key} must be a positive number, got {_shown(value)}")
+
+    def choice(self, key: str, default: str, choices) -> str:
+        value, given = self._get(key, default, False)
+        if given and value not in choices:
+            self.fail(f"{key} {_shown(value)} is not supported; supported: {', '.join(choices)}")
+        return value
+
+
+def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int:
+    maximum = fields.positive(maximum_key, required=learned)
+    if sequence is None:
+        return DEFAULT_SEQUENCE if maximum is None else min(maximum, DEFAULT_SEQUENCE)
+    if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
+        raise ValueError(f"the sequence length (-m) must be a positive integer, got {sequence!r}")
+    if learned and sequence > maximum:
+        fields.fail(f"-m {sequence} is longer than its {maximum} learned positions ({maximum_key})")
+    return sequence
+
+
+def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str = "config.json"):
+    """The ``DecoderConfig`` of a Hugging Face config (a parsed ``config.json``).
+
+    ``sequence`` is the sequence length (``-m``); ``source`` names the file in messages.
+
+    >>> cfg = decoder_config_from_hf({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+    ...     "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+    ...     "vocab_size": 128256})
+    >>> cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.sequence, cfg.tied
+    (32, 8, 128, 2048, False)
+    >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2
+    """
+    from graphs.decoder import DecoderConfig
+
+    fields = _Fields(data, source)
+    if not isinstance(data, dict):
+        raise ValueError(f"hf config {source}: expected a JSON object, got {type(data).__name__}")
+    if "model_type" not in data:
+        fields.fail(f"model_type is missing; supported: {', '.join(SUPPORTED)}")
+    model_type = data["model_type"]
+    if model_type not in SUPPORTED:
+        fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
+    if model_type == "gpt2":
+        width = fields.positive("n_embd")
+        layers = fields.positive("n_layer")
+        heads = fields.positive("n_head", condition=" dividing n_embd")
+        if width % heads:
+            fields.fail(f"n_head must be a positive integer dividing n_embd ({width}), got {heads}")
+        if data.get("add_cross_attention"):
+            fields.fail("add_cross_attention is not supported (a decoder-only model has no cross-attention)")
+        fields.number("layer_norm_epsilon")
+        fields.choice("activation_function", "gelu_new", ACTIVATIONS)
+        config = dict(
+            layers=layers, width=width, heads=heads, kv_heads=heads, head_dim=width // heads,
+            mlp_width=fields.positive("n_inner", 4 * width, required=False), vocab=fields.positive("vocab_size"),
+            gated=False, norm="layer", positions="learned", max_positions=fields.positive("n_positions"),
+            tied=fields.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
+            sequence=_sequence(fields, sequence, "n_positions", learned=True),
+        )
+    else:
+        width = fields.positive("hidden_size")
+        layers = fields.positive("num_hidden_layers")
+        head_dim = fields.positive("head_dim", required=False)
+        heads = fields.positive("num_attention_heads", condition="" if head_dim else " dividing hidden_size")
+        if head_dim is None:
+            if width % heads:
+                fields.fail(f"num_attention_heads must be a positive integer dividing hidden_size ({width}), "
+                            f"got {heads}")
+            head_dim = width // heads
+        kv_heads = fields.positive("num_key_value_heads", heads, required=False,
+                                   condition=" dividing num_attention_heads")
+        if heads % kv_heads:
+            fields.fail(f"num_key_value_heads must be a positive integer dividing num_attention_heads ({heads}), "
+                        f"got {kv_heads}")
+        fields.number("rms_norm_eps")
+        fields.choice("hidden_act", "silu", ACTIVATIONS)
+        if model_type == "llama":
+            attention_bias = fields.flag("attention_bias", False)
+            qkv_bias, out_bias, mlp_bias = attention_bias, attention_bias, fields.flag("mlp_bias", False)
+        elif model_type == "qwen2":
+            qkv_bias, out_bias, mlp_bias = True, False, False  # Qwen2: q, k and v have biases, nothing else
+        else:
+            qkv_bias = out_bias = mlp_bias = False
+        config = dict(
+            layers=layers, width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+            mlp_width=fields.positive("intermediate_size"), vocab=fields.positive("vocab_size"),
+            gated=True, norm="rms", positions="rotary", tied=fields.flag("tie_word_embeddings", False),
+            qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
+            sequence=_sequence(fields, sequence, "max_position_embeddings", learned=False),
+        )
+    try:
+        return DecoderConfig(**config)
+    except ValueError as err:  # anything the reading above let through
+        fields.fail(str(err))
+
+
+def network_name(path: str) -> str:
+    """``hf:`` and the file's stem (``hf:llama-3.1-8b``); a ``config.json`` is named by its folder."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if stem == "config":
+        folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        stem = folder or stem
+    return f"hf:{stem}"
+
+
+def load_hf(path: str, batch: int, sequence: int | None = None):
+    """The decoder network of the Hugging Face config ``path`` for ``batch`` sequences.
+
+    ``sequence`` is the sequence length (``-m``); see ``decoder_config_from_hf``.
+    """
+    from graphs.decoder import decoder
+
+    config = decoder_config_from_hf(read_hf_config(path), sequence, path)
+    return decoder(config, batch, network_name(path))
+
+
+#: Sequences per step when ``-b`` is not given (as for the built-in graphs).
+DEFAULT_BATCH = 128
+
+
+def load_hf_source(path: str, batch: int | None, model: int | None) -> object:
+    """The ``hf:`` source of ``pase.sources``: ``-b`` sequences of ``-m`` tokens."""
+    return load_hf(path, DEFAULT_BATCH if batch is None else batch, model)

@@ -1,0 +1,52 @@
+"""Helpers the op handlers share: shapes, dimensions and arguments of a traced node."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import Unmappable
+from ..protos import ProtoSoftmax
+from ..values import Atom, View, _leaves
+
+
+def _shape_arg(node, imp) -> tuple:
+    shape = imp._meta_shape(node)
+    if shape is None:
+        raise Unmappable("its output shape is unknown")
+    return shape
+
+
+def _expand_view(view: View, shape) -> View:
+    old = list(view.dims)
+    lead = len(shape) - len(old)
+    if lead < 0:
+        raise Unmappable(f"an expand to fewer dimensions {list(shape)}")
+    dims = [(Atom(s, broadcast=True),) if s > 1 else () for s in shape[:lead]]
+    for dim, size in zip(old, shape[lead:]):
+        have = math.prod(a.size for a in dim)
+        if have == size:
+            dims.append(dim)
+        elif have == 1:
+            dims.append((Atom(size, broadcast=True),) if size > 1 else ())
+        else:
+            raise Unmappable(f"an expand of a dimension of {have} to {size}")
+    return View(view.base, tuple(dims), view.ops)
+
+
+def _same_layout(a: View, b: View) -> bool:
+    if a.base is not b.base or len(a.dims) != len(b.dims):
+        return False
+    for da, db in zip(a.dims, b.dims):
+        la, lb = _leaves(da), _leaves(db)
+        if len(la) != len(lb) or any(x is not y for x, y in zip(la, lb)):
+            return False
+    return True
+
+
+def _softmax_view(imp, node, value, dim):
+    view = imp._view(value, node)
+    imp._charge(view)
+    view, axis = imp._axis_leaf(view, dim, node)
+    axis.frozen = True
+    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axis))
+    return View(proto.output(view.base.atoms), view.dims)

@@ -1,0 +1,61 @@
+"""Handlers of concatenation and stacking."""
+
+from __future__ import annotations
+
+from ..aten import _norm_dim
+from ..errors import Unmappable
+from .common import _same_layout, _shape_arg
+from ..protos import ProtoConcat
+from ..values import Atom, LazySlice, View, _dependent, _freeze
+from .registry import handles
+
+
+@handles({"cat", "concat", "concatenate"})
+def handle_cat(imp, node, name, tensors, dim=0):
+    tensors = list(tensors)
+    shape = _shape_arg(node, imp)
+    rank = len(shape)
+    dim = _norm_dim(dim, rank)
+    if tensors and all(isinstance(t, LazySlice) for t in tensors):
+        first = tensors[0]
+        if all(_same_layout(t.source, first.source) and t.dim == dim and not t.squeeze for t in tensors):
+            spans = sorted((t.start, t.stop) for t in tensors)
+            if spans[0][0] == 0 and spans[-1][1] == first.source.shape[dim] and all(
+                    a[1] == b[0] for a, b in zip(spans, spans[1:])):
+                # Halves put back together (rotate_half): the source, reordered within one
+                # dimension, which the cost model does not see.
+                ops = frozenset().union(*(t.ops for t in tensors)) | first.source.ops
+                return View(first.source.base, first.source.dims, ops)
+    return _concat(imp, node, tensors, dim, stack=False)
+
+
+@handles({"stack"})
+def handle_stack(imp, node, name, tensors, dim=0):
+    shape = _shape_arg(node, imp)
+    return _concat(imp, node, list(tensors), _norm_dim(dim, len(shape)), stack=True)
+
+
+def _concat(imp, node, tensors, dim, stack):
+    items = []
+    first = None
+    for t in tensors:
+        if _dependent(t):
+            view = imp._view(t, node)
+            imp._charge(view)
+            view = imp._exact(view, node)
+            _freeze(view.base.atoms)
+            items.append(view.base)
+            first = first or view
+        else:
+            if t.shape is None:
+                raise Unmappable("a concatenation with a non-tensor operand")
+            items.append(t.shape)
+    shape = _shape_arg(node, imp)
+    proto = imp._record(ProtoConcat(imp._name(node, "stack" if stack else "concat"), items, dim, stack))
+    leaves = first.base.leaves()
+    if stack:
+        atoms = leaves[:dim] + [Atom(shape[dim], "s", frozen=True)] + leaves[dim:]
+    else:
+        atoms = [a if i != dim else Atom(shape[dim], a.hint, frozen=True) for i, a in enumerate(leaves)]
+    base = proto.output(atoms)
+    return View(base, tuple((a,) if a.size > 1 else () for a in atoms))

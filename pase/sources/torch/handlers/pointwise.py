@@ -1,0 +1,180 @@
+"""Handlers of point-wise operations, statistics, softmax and normalisations."""
+
+from __future__ import annotations
+
+from ..aten import _BINARY, _DROPOUTS, _NORM_STATS, _POINTWISE, _STATS, _flat, _norm_dim, _op_name
+from ..errors import Unmappable
+from .common import _expand_view, _same_layout, _shape_arg, _softmax_view
+from ..protos import ProtoElementwise, ProtoNorm
+from ..values import SideOutput, Replicated, LazySlice, LazyStatistic, View, _dependent, _freeze, _unify
+from .registry import handles
+
+
+def _with_op(value, op: str):
+    if isinstance(value, View):
+        return value.with_ops({op})
+    if isinstance(value, LazySlice):
+        return LazySlice(value.source, value.dim, value.start, value.stop, value.squeeze, value.ops | {op})
+    if isinstance(value, LazyStatistic):
+        return LazyStatistic(value.source, value.axes, value.keepdim, value.kind, value.ops | {op})
+    raise AssertionError(value)
+
+
+def _same_slice(a: LazySlice, b: LazySlice) -> bool:
+    return (_same_layout(a.source, b.source) and (a.dim, a.start, a.stop, a.squeeze)
+            == (b.dim, b.start, b.stop, b.squeeze))
+
+
+@handles(_POINTWISE | _DROPOUTS | {"native_dropout"})
+def handle_pointwise(imp, node, name, *args, **kwargs):
+    if name in _DROPOUTS:
+        x = args[0]
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        train = args[2] if len(args) > 2 else kwargs.get("train", True)
+        if not train or not p:
+            return x
+        return _with_op(x, node.name)
+    if name == "native_dropout":
+        x = args[0]
+        return [_with_op(x, node.name), SideOutput("dropout mask")]
+    dependent = [v for v in _flat(list(args) + [kwargs]) if _dependent(v)]
+    shape = _shape_arg(node, imp)
+    if len(dependent) >= 2 and name in _BINARY:
+        return _combine(imp, node, name, dependent)
+    value = dependent[0]
+    if isinstance(value, View) and value.base.norm_pattern and name in ("mul", "add") and not value.ops:
+        # The learnt scale (and shift) of a hand-written norm is part of the norm's cost.
+        other = next((v for v in args if isinstance(v, Replicated)), None)
+        if other is not None and other.param and other.shape == (value.shape[-1],):
+            return value
+    if tuple(value.shape) != shape:
+        value = _expand_view(imp._view(value, node), shape)
+    return _with_op(value, node.name)
+
+
+def _combine(imp, node, name, values):
+    """A point-wise operation of two (or three) batch-dependent tensors."""
+    if len(values) > 2:
+        raise Unmappable("a point-wise operation of three batch-dependent tensors")
+    a, b = values
+    stats = [v for v in (a, b) if isinstance(v, LazyStatistic)]
+    views = [v for v in (a, b) if isinstance(v, View)]
+    if len(stats) == 1 and len(views) == 1:
+        norm = _norm_pattern(imp, node, name, views[0], stats[0])
+        if norm is not None:
+            return norm
+    if isinstance(a, LazySlice) and isinstance(b, LazySlice) and _same_slice(a, b):
+        return LazySlice(a.source, a.dim, a.start, a.stop, a.squeeze, a.ops | b.ops | {node.name})
+    a, b = imp._view(a, node), imp._view(b, node)
+    if _same_layout(a, b):
+        return View(a.base, a.dims, a.ops | b.ops | {node.name})
+    shape = _shape_arg(node, imp)
+    if a.shape != shape or b.shape != shape:
+        raise Unmappable(
+            f"broadcasting between two batch-dependent tensors of shapes {list(a.shape)} and {list(b.shape)}")
+    return _elementwise(imp, node, a, b)
+
+
+def _elementwise(imp, node, a: View, b: View) -> View:
+    imp._charge(a)
+    imp._charge(b)
+    for v in (a, b):
+        if not imp._natural(v):
+            imp._reorder(v)
+    if imp._natural(a) and imp._natural(b):
+        pairs = _unify([x for x in a.base.leaves() if x.size > 1], [y for y in b.base.leaves() if y.size > 1])
+        if pairs is None or a.base.shape() != b.base.shape():
+            a, b = imp._exact(a, node), imp._exact(b, node)
+    else:
+        a, b = imp._exact(a, node), imp._exact(b, node)
+    if a.base.shape() != b.base.shape():
+        a, b = imp._reshape(a, node), imp._reshape(b, node)
+    _freeze(a.base.atoms)
+    _freeze(b.base.atoms)
+    proto = imp._record(ProtoElementwise(imp._name(node, _op_name(node.target).rstrip("_")), a.base, b.base))
+    base = proto.output(a.base.atoms)
+    return View(base, a.dims)
+
+
+def _norm_pattern(imp, node, name, view: View, stat: LazyStatistic):
+    """``x * rsqrt(mean(x^2) + eps)`` (RMSNorm), ``x - mean(x)`` (LayerNorm): one norm layer."""
+    if stat.kind not in _NORM_STATS or not stat.keepdim or name not in ("mul", "div", "sub"):
+        return None
+    rank = len(stat.source.dims)
+    if stat.axes != (rank - 1,) or not _same_layout(stat.source, view):
+        return None
+    if view.base.norm_pattern:  # the second half of a hand-written norm: already counted
+        return view
+    imp._charge(view)
+    view, axis = imp._axis_leaf(view, rank - 1, node)
+    axis.frozen = True
+    proto = imp._record(ProtoNorm(imp._name(node, "norm", leaf=True), "Norm" if name == "sub" else "RMSNorm", view.base, axis))
+    base = proto.output(view.base.atoms)
+    base.norm_pattern = True
+    return View(base, view.dims)
+
+
+@handles(set(_STATS))
+def handle_stat(imp, node, name, x, dim=None, *args, **kwargs):
+    view = imp._view(x, node)
+    rank = len(view.dims)
+    keepdim = kwargs.get("keepdim", False)
+    if name in ("var", "std"):
+        # var(x, dim, unbiased/correction, keepdim)
+        rest = list(args)
+        keepdim = kwargs.get("keepdim", rest[-1] if rest and isinstance(rest[-1], bool) else keepdim)
+    elif args:
+        keepdim = bool(args[0])
+    if dim is None or dim == []:
+        axes = tuple(range(rank))
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        axes = tuple(sorted({_norm_dim(d, rank) for d in dims}))
+    return LazyStatistic(view, axes, bool(keepdim), _STATS[name])
+
+
+@handles({"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"})
+def handle_softmax(imp, node, name, x, dim, *rest, **kwargs):
+    view = imp._view(x, node)
+    return _softmax_view(imp, node, view, _norm_dim(dim, len(view.dims)))
+
+
+def _norm_layer(imp, node, kind, x, dim):
+    view = imp._view(x, node)
+    imp._charge(view)
+    view, axis = imp._axis_leaf(view, dim, node)
+    axis.frozen = True
+    proto = imp._record(ProtoNorm(imp._name(node, "norm", leaf=True), kind, view.base, axis))
+    return View(proto.output(view.base.atoms), view.dims)
+
+
+@handles({"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"})
+def handle_layer_norm(imp, node, name, x, normalized_shape, *rest, **kwargs):
+    if len(normalized_shape) != 1:
+        raise Unmappable(f"a norm over {len(normalized_shape)} dimensions")
+    kind = "RMSNorm" if "rms" in name else "Norm"
+    out = _norm_layer(imp, node, kind, x, len(x.shape) - 1)
+    if name in ("native_layer_norm",):
+        return [out, SideOutput("norm statistics"), SideOutput("norm statistics")]
+    if name == "_fused_rms_norm":
+        return [out, SideOutput("norm statistics")]
+    return out
+
+
+@handles({"batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
+      "_native_batch_norm_legit_functional", "native_batch_norm", "cudnn_batch_norm", "_batch_norm_with_update",
+      "_batch_norm_with_update_functional", "_batch_norm_no_update", "miopen_batch_norm"})
+def handle_batch_norm(imp, node, name, x, *rest, **kwargs):
+    view = imp._view(x, node)
+    if len(view.shape) < 2:
+        raise Unmappable("a batch norm of a tensor without a channel dimension")
+    imp._charge(view)
+    view = imp._exact(view, node)
+    _freeze(view.base.atoms)
+    proto = imp._record(ProtoNorm(imp._name(node, "norm", leaf=True), "BatchNorm", view.base))
+    out = View(proto.output(view.base.atoms), view.dims)
+    count = {"batch_norm": 1, "_native_batch_norm_legit_no_training": 3, "_native_batch_norm_legit": 3,
+             "_native_batch_norm_legit_functional": 5, "native_batch_norm": 3, "cudnn_batch_norm": 4,
+             "_batch_norm_with_update": 4, "_batch_norm_with_update_functional": 6,
+             "_batch_norm_no_update": 4, "miopen_batch_norm": 3}.get(name, 1)
+    return out if count == 1 else [out] + [SideOutput("batch-norm statistics")] * (count - 1)

@@ -1,0 +1,325 @@
+"""Proto-layers: the layers recorded during the walk, built into PaSE layers once every
+refinement of their dimensions is known."""
+
+from __future__ import annotations
+
+from pase.model import layers as L
+from pase.model.builder import GraphBuilder
+
+from .errors import Unmappable
+from .values import Atom, TracedTensor
+
+
+class ProtoLayer:
+    """A layer recorded while walking the graph; ``emit`` builds the PaSE layer at the end."""
+
+    has_pw = False
+
+    def __init__(self, name: str):
+        self.name = name
+        self.pw_ops: set = set()
+        self.outputs: list = []
+
+    def output(self, atoms, index: int = 0) -> TracedTensor:
+        base = TracedTensor(atoms, self, index)
+        self.outputs.append(base)
+        return base
+
+    @property
+    def pw(self) -> int:
+        return len(self.pw_ops)
+
+
+class Emitter:
+    """Builds the PaSE layers of the protos, in order, with one GraphBuilder."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.g = builder
+        self.tensors: dict = {}  # id(TracedTensor) -> pase Tensor
+
+    def tensor(self, base: TracedTensor):
+        if id(base) not in self.tensors:
+            if base.proto is not None:
+                raise AssertionError(f"layer output {base.name!r} read before it was built")
+            leaves = base.leaves()
+            self.tensors[id(base)] = self.g.input(tuple(a.size for a in leaves), base.name, _letters(leaves))
+        return self.tensors[id(base)]
+
+    def constant(self, shape, name: str):
+        """A replicated operand of a data-movement layer (a Concat): a graph input."""
+        return self.g.input(tuple(shape), name)
+
+    def add(self, proto: ProtoLayer, layer) -> None:
+        outs = self.g.add(proto.name, layer)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        for base, t in zip(proto.outputs, outs):
+            self.tensors[id(base)] = t
+
+
+_PREFERRED = "bcdefghijklmnopqrstuvwxyza"
+
+
+def _letters(atoms, avoid: str = "", keys=None) -> str:
+    """One display letter per atom, from the atoms' hints, distinct per distinct key.
+
+    ``keys`` (default: the atoms themselves) says which entries are the same dimension.
+    """
+    keys = [id(a) for a in atoms] if keys is None else list(keys)
+    given: dict = {}
+    used = set(avoid)
+    out = []
+    for atom, key in zip(atoms, keys):
+        if key not in given:
+            letter = atom.hint if atom.hint and atom.hint not in used else next(
+                (c for c in _PREFERRED if c not in used), None)
+            if letter is None:
+                raise Unmappable("more than 26 distinct dimensions in one layer")
+            used.add(letter)
+            given[key] = letter
+        out.append(given[key])
+    return "".join(out)
+
+
+def _batch_position(leaves) -> int | None:
+    return next((i for i, a in enumerate(leaves) if a.batch), None)
+
+
+def _index_of(leaves, atom) -> int:
+    for i, leaf in enumerate(leaves):
+        if leaf is atom:
+            return i
+    raise AssertionError("atom not among the leaves")
+
+
+class ProtoGemm(ProtoLayer):
+    """linear, matmul, bmm, addmm, einsum, attention's two products: an FC or an Einsum.
+
+    ``operands``: two entries, ``("view", View)`` (a batch-dependent tensor, read as its
+    layer output) or ``("weight", [(atom, side)], param, suffix)`` (a replicated operand: a
+    graph input whose dimensions are the atoms, each named as in operand ``side``).
+
+    Letters are *keys* ``(side, atom)``: the same atom read by both operands (q and k are
+    two outputs of one Unstack) is two letters unless the product pairs it. ``alias`` maps
+    the key of one paired atom to the other's; ``sources`` says, per output atom, the key it
+    copies (``("copy", key)``) or that it is a weight's own dimension (``("own", side)``).
+    """
+
+    has_pw = True
+
+    def __init__(self, name, operands, alias, sources):
+        super().__init__(name)
+        self.operands = operands
+        self.alias = alias
+        self.sources = sources
+        self.atoms: dict = {}  # key -> atom, for sizes and hints
+        self.hints: dict = {}  # key -> display letter wanted for it
+
+    def _key(self, side, atom):
+        key = (side, id(atom))
+        self.atoms.setdefault(key, atom)
+        key = self.alias.get(key, key)
+        return key
+
+    def terms(self) -> tuple:
+        """The keys of A, of B and of the output, in each tensor's dimension order."""
+        terms = []
+        for side, op in enumerate(self.operands):
+            if op[0] == "view":
+                terms.append([self._key(side, leaf) for leaf in op[1].base.leaves()])
+            else:
+                terms.append([self._key(src, leaf) for atom, src in op[1] for leaf in atom.leaves()
+                              if not leaf.broadcast])
+        out = []
+        for atom in self.outputs[0].atoms:
+            how, what = self.sources[id(atom)]
+            if how == "copy":
+                out.append(self.alias.get(what, what))
+            else:
+                out.extend(self._key(what, leaf) for leaf in atom.leaves())
+        terms.append(out)
+        return tuple(terms)
+
+    def check(self) -> None:
+        """Raise ``Unmappable`` unless the letters make a valid Einsum (spec, Einsum row)."""
+        a, b, out = self.terms()
+        sa, sb, so = set(a), set(b), set(out)
+        if len(so | sa | sb) > 26:
+            raise Unmappable("more than 26 distinct dimensions in one product")
+        if len(sa) != len(a) or len(sb) != len(b) or len(so) != len(out):
+            raise Unmappable("a dimension repeats within one operand (a diagonal)")
+        if (sa - sb - so) or (sb - sa - so) or (so - sa - sb):
+            raise Unmappable("a dimension that is summed over in one operand only")
+        if not (so & sa) - sb or not (so & sb) - sa:
+            raise Unmappable("a matrix-vector product of two batch-dependent tensors")
+
+    def emit(self, em: Emitter) -> None:
+        ta, tb, to = self.terms()
+        atom = self.atoms.__getitem__
+        if [op[0] for op in self.operands] == ["view", "weight"] and self._is_fc(ta, tb, to):
+            x = em.tensor(self.operands[0][1].base)
+            em.add(self, L.FC(x, atom(to[-1]).size, pw=self.pw,
+                              letters=_letters([self._hinted(k) for k in ta[:-1]], avoid="nk", keys=ta[:-1])))
+            return
+        order = list(dict.fromkeys(to + ta + tb))
+        letters = dict(zip(order, _letters([self._hinted(k) for k in order], keys=order)))
+        tensors = []
+        for op, term in zip(self.operands, (ta, tb)):
+            word = "".join(letters[k] for k in term)
+            if op[0] == "view":
+                tensors.append(em.tensor(op[1].base))
+            else:
+                shape = tuple(atom(k).size for k in term)
+                name = f"{self.name}.{op[3]}"
+                tensors.append(em.g.weight(shape, name, word) if op[2] else em.g.input(shape, name, word))
+        words = ["".join(letters[k] for k in term) for term in (ta, tb, to)]
+        position = _batch_position([atom(k) for k in to])
+        batch = words[2][position] if position is not None else None
+        em.add(self, L.Einsum(f"{words[0]},{words[1]}->{words[2]}", tensors[0], tensors[1], pw=self.pw,
+                              batch=batch))
+
+    def _hinted(self, key):
+        """The atom of ``key``, or a stand-in with the hint the product asked for."""
+        atom = self.atoms[key]
+        hint = self.hints.get(key)
+        return atom if not hint else Atom(atom.size, hint)
+
+    def _is_fc(self, ta, tb, to) -> bool:
+        """An FC reads its input as laid out, contracts its last dim and appends one unit dim."""
+        if len(ta) < 2 or len(tb) != 2 or len(to) != len(ta):
+            return False
+        k, n = ta[-1], to[-1]
+        if set(tb) != {k, n} or k == n or ta[:-1] != to[:-1]:
+            return False
+        return _batch_position([self.atoms[x] for x in ta]) in (0, None)
+
+
+class ProtoConv(ProtoLayer):
+    has_pw = True
+
+    def __init__(self, name, x, filters, kernel, stride, pad):
+        super().__init__(name)
+        self.x, self.filters, self.kernel, self.stride, self.pad = x, filters, kernel, stride, pad
+
+    def emit(self, em):
+        em.add(self, L.Conv(em.tensor(self.x), self.filters, self.kernel, self.stride, self.pad, pw=self.pw))
+
+
+class ProtoPooling(ProtoLayer):
+    def __init__(self, name, x, window, stride, pad):
+        super().__init__(name)
+        self.x, self.window, self.stride, self.pad = x, window, stride, pad
+
+    def emit(self, em):
+        em.add(self, L.Pooling(em.tensor(self.x), self.window, self.stride, self.pad))
+
+
+class ProtoEmbedding(ProtoLayer):
+    def __init__(self, name, ids, vocab, width):
+        super().__init__(name)
+        self.ids, self.vocab, self.width = ids, vocab, width
+
+    def emit(self, em):
+        ids = em.tensor(self.ids)
+        letters = _letters(self.ids.leaves(), avoid="dv")
+        em.add(self, L.Embedding(ids, self.vocab, self.width, letters=letters))
+
+
+class ProtoElementwise(ProtoLayer):
+    has_pw = True
+
+    def __init__(self, name, a, b):
+        super().__init__(name)
+        self.a, self.b = a, b
+
+    def emit(self, em):
+        em.add(self, L.Elementwise(em.tensor(self.a), em.tensor(self.b), pw=self.pw))
+
+
+class ProtoNorm(ProtoLayer):
+    """Norm, RMSNorm (over the atom ``axis``) or BatchNorm (axis 0 by definition)."""
+
+    has_pw = True
+
+    def __init__(self, name, kind, x, axis=None):
+        super().__init__(name)
+        self.kind, self.x, self.axis = kind, x, axis
+
+    def emit(self, em):
+        x = em.tensor(self.x)
+        if self.kind == "BatchNorm":
+            em.add(self, L.BatchNorm(x, pw=self.pw))
+        else:
+            cls = L.RMSNorm if self.kind == "RMSNorm" else L.Norm
+            em.add(self, cls(x, axis=_index_of(self.x.leaves(), self.axis), pw=self.pw))
+
+
+class ProtoSoftmax(ProtoLayer):
+    def __init__(self, name, x, axis):
+        super().__init__(name)
+        self.x, self.axis = x, axis
+
+    def emit(self, em):
+        em.add(self, L.Softmax(em.tensor(self.x), axis=_index_of(self.x.leaves(), self.axis)))
+
+
+class ProtoReduceMean(ProtoLayer):
+    def __init__(self, name, x, axes):
+        super().__init__(name)
+        self.x, self.axes = x, axes
+
+    def emit(self, em):
+        leaves = self.x.leaves()
+        axes = sorted(_index_of(leaves, a) for a in self.axes)
+        em.add(self, L.ReduceMean(em.tensor(self.x), axes))
+
+
+class ProtoLoss(ProtoLayer):
+    def __init__(self, name, x):
+        super().__init__(name)
+        self.x = x
+
+    def emit(self, em):
+        em.add(self, L.SoftmaxCrossEntropy(em.tensor(self.x)))
+
+
+class ProtoConcat(ProtoLayer):
+    """Concat (``stack`` false) or Stack of layer outputs and replicated operands."""
+
+    def __init__(self, name, items, axis, stack):
+        super().__init__(name)
+        self.items, self.axis, self.stack = items, axis, stack
+
+    def emit(self, em):
+        tensors = [
+            em.tensor(item) if isinstance(item, TracedTensor) else em.constant(item, f"{self.name}.input{i}")
+            for i, item in enumerate(self.items)
+        ]
+        if self.stack:
+            leaves = self.outputs[0].leaves()
+            position = _batch_position(leaves)
+            em.add(self, L.Stack(tensors, self.axis, batch_dim=position))
+        else:
+            em.add(self, L.Concat(tensors, self.axis))
+
+
+class ProtoUnstack(ProtoLayer):
+    def __init__(self, name, x, atom):
+        super().__init__(name)
+        self.x, self.atom = x, atom
+
+    def emit(self, em):
+        leaves = self.x.leaves()
+        position = _batch_position(leaves)
+        em.add(self, L.Unstack(em.tensor(self.x), _index_of(leaves, self.atom), batch_dim=position))
+
+
+class ProtoReshape(ProtoLayer):
+    """A reshape no view can express: a Ravel and an Unravel (two vertices)."""
+
+    def __init__(self, name, x, shape):
+        super().__init__(name)
+        self.x, self.shape = x, shape
+
+    def emit(self, em):
+        out = em.g.reshape(self.name, em.tensor(self.x), self.shape)
+        em.tensors[id(self.outputs[0])] = out
