@@ -21,6 +21,7 @@ _EXPORTS = {
     "network_to_json": "graph_json", "network_from_json": "graph_json",
     "from_torch": "torch_import",
     "export_shardings": "jax_export", "verify": "jax_verify", "VerifyResult": "jax_verify",
+    "to_dtensor": "torch_verify", "verify_torch": "torch_verify",
     "enumerate_configs": "configs", "is_contiguous": "configs",
     "Layer": "layers", "LayerCost": "layers", "LAYER_TYPES": "layers", "make_layer": "layers",
     "Conv": "layers", "Pooling": "layers", "FC": "layers", "Einsum": "layers", "Embedding": "layers",

@@ -64,7 +64,8 @@ EXIT_CODES = {
                 "or a --machine that is neither a preset nor a readable, valid machine file",
     EXIT_TOO_LARGE: "the search's tables would not fit the memory budget (refused before allocating)",
     EXIT_NOTHING_FITS: "no strategy fits the --memory cap per device (the least any strategy needs is printed)",
-    EXIT_VERIFY: "--verify: the plan run sharded on XLA devices gave other numbers than the unsharded run",
+    EXIT_VERIFY: "--verify: the plan run sharded (XLA devices, or torch processes) gave other numbers than the "
+                 "unsharded run",
     EXIT_INTERNAL: "internal error (a bug; set PASE_TRACEBACK=1 to see the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -84,8 +85,8 @@ PROGRESS_DELAY = 1.0
 #: Functions listed by --profile.
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
-#: --verify engines: JAX in float32 or float64.
-VERIFIERS = ("jax", "jax64")
+#: --verify engines: JAX in float32 or float64; PyTorch DTensor on gloo CPU processes (float32).
+VERIFIERS = ("jax", "jax64", "torch")
 #: --loss values for imported models.
 LOSSES = ("cross-entropy", "none")
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in
@@ -359,7 +360,9 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     add("--verify", choices=VERIFIERS, default=None,
         help="run the plan's training step (forward and backward) sharded on p XLA host devices and "
              "check the loss and every gradient against the unsharded run (jax: float32, jax64: float64); "
-             "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'.")
+             "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'. "
+             "torch: the same on p gloo CPU processes with DTensor, bytes counted with CommDebugMode; "
+             "needs pip install '.[torch]'.")
     add("--no-blocks", action="store_true",
         help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
              "such as a transformer's layers, are found and solved once; the optimum is the same)")
@@ -663,6 +666,8 @@ def _verify(opts: Options, found: Plan):
     """--verify: run the plan on XLA host devices in a child process (``pase.jax_verify``)."""
     if opts.verify is None:
         return None
+    if opts.verify == "torch":
+        return _verify_torch(opts, found)
     from .jax_verify import JaxMissing, verify  # imports no JAX here: the run is a child process
 
     try:
@@ -671,6 +676,18 @@ def _verify(opts: Options, found: Plan):
         raise CliError(str(error), EXIT_USAGE) from None
     except (ValueError, RuntimeError) as error:
         raise CliError(f"--verify {opts.verify}: {error}") from None
+
+
+def _verify_torch(opts: Options, found: Plan):
+    """--verify torch: run the plan on p gloo CPU processes with DTensor (``pase.torch_verify``)."""
+    from .torch_verify import TorchMissing, verify_torch  # imports no torch here: the run is p child processes
+
+    try:
+        return verify_torch(found)
+    except TorchMissing as error:
+        raise CliError(str(error), EXIT_USAGE) from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(f"--verify torch: {error}") from None
 
 
 def _export_graph(opts: Options, network) -> None:

@@ -100,7 +100,22 @@ def _einsum(layer, args, inputs, weights, extra):
 
 def _embedding(layer, args, inputs, weights, extra):
     ids, table = inputs
-    return [extra["reduce"](torch.nn.functional.embedding(ids, table))]
+    vocab_axes = [a for a, p in enumerate(getattr(table, "placements", ())) if p.is_shard(0)]
+    if len(vocab_axes) <= 1:
+        return [extra["reduce"](torch.nn.functional.embedding(ids, table))]
+    # DTensor's embedding keeps a vocabulary split as a masked partial sum on one mesh axis
+    # only: over several, take the cost model's view, a one-hot product.
+    extra["note"](f"vocabulary split over {len(vocab_axes)} mesh axes, which DTensor's embedding cannot take: "
+                  "run as a one-hot product")
+    local = torch.nn.functional.one_hot(ids.to_local(), table.shape[0]).to(table.dtype)
+    shape = tuple(ids.shape) + (table.shape[0],)
+    stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    one_hot = DTensor.from_local(local, ids.device_mesh, ids.placements, run_check=False, shape=shape, stride=stride)
+    place = list(ids.placements)
+    for a in vocab_axes:
+        place[a] = Shard(one_hot.ndim - 1)
+    one_hot = one_hot.redistribute(ids.device_mesh, place)
+    return [extra["reduce"](torch.einsum("...v,ve->...e", one_hot, table))]
 
 
 def _elementwise(layer, args, inputs, weights, extra):
@@ -419,6 +434,7 @@ class Program(nn.Module):
             implicit = list(keys)
         out0 = entry["outputs"][0]
         extra = {"losses": self._losses, "labels": self._data.get(f"labels{v}"),
+                 "note": lambda text: self.notes.append(f"{entry['name']}: {text}"),
                  "reduce": lambda y: self.settle(y, self.places[v]["outputs"][0], out0.get("partial", ()),
                                                  f"{entry['name']} output 0")}
         outputs = OPS[layer.op](layer, dict(layer.args), inputs, implicit, extra)

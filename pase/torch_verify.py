@@ -402,11 +402,14 @@ def verify_torch(
             rank = next(r for r, c in enumerate(codes) if c and c > 0) if any(c > 0 for c in codes) else \
                 next(r for r, c in enumerate(codes) if c)
             code = codes[rank]
-            if code < 0:
-                why = "killed" + (" (out of memory?)" if code == -9 else f" by signal {-code}")
-                raise RuntimeError(f"the PyTorch run was {why} (process {rank}); shrink the graph with -b or -m")
             logs[rank].seek(0)
             tail = logs[rank].read().decode(errors="replace").strip().splitlines()
+            if code == -9:
+                raise RuntimeError(f"the PyTorch run was killed (out of memory?) (process {rank}); shrink the graph "
+                                   "with -b or -m")
+            if code < 0:
+                raise RuntimeError(f"the PyTorch run was killed by signal {-code} (process {rank}):\n"
+                                   + "\n".join(tail[-15:]))
             plain = [line for line in tail if line.startswith("pase-torch-error: ")]
             if plain:
                 raise ValueError(plain[-1][len("pase-torch-error: "):])
@@ -659,6 +662,7 @@ def _child_main(path: str) -> int:
     dist.all_gather_object(peaks, peak)
     notes = list(dict.fromkeys(program.notes))
     if rank != 0:
+        dist.barrier()  # while process 0 runs the unsharded pass: every process leaves together
         dist.destroy_process_group()
         return 0
     started = time.perf_counter()
@@ -680,6 +684,7 @@ def _child_main(path: str) -> int:
     }
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
