@@ -72,15 +72,71 @@ def _pointwise(x, pw: int):
 def _conv(layer, args, inputs, weights, extra):
     (x,), (w,) = inputs, weights
     b, c, ho, wo, r, s, n = layer.domain
-    y = extra["reduce"](torch.nn.functional.conv2d(x, w, stride=tuple(args["stride"]), padding=tuple(args["pad"])))
+    stride, pad = tuple(args["stride"]), tuple(args["pad"])
+    if not isinstance(x, DTensor):
+        y = torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)
+    else:
+        y = _local_conv(layer, x, w, stride, pad, extra)
+    y = extra["reduce"](y)
     return [_pointwise(y / math.sqrt(c * r * s), args.get("pw", 0))]
+
+
+def _local_conv(layer, x, w, stride, pad, extra):
+    """The convolution on every device's shards, its placements read off the configuration.
+
+    DTensor's convolution takes a batch split only; a channel split is run as the plan says:
+    each device convolves its input channels with its block of the filter, leaving partial
+    sums over the input-channel split (``local_map``'s model). A split image (no halo
+    exchange here) is gathered first, so every device of that group convolves the whole image.
+    """
+    mesh = x.device_mesh
+    axes = extra["axes"]  # mesh-axis indices of every iteration-space dimension
+    rank = mesh.ndim
+    role = {}
+    for dim, name in enumerate("bchwrsn"):
+        for a in axes[dim]:
+            role[a] = name
+    if any(role.get(a) in ("h", "w") for a in range(rank)):
+        extra["note"]("a split image is gathered before the convolution (no halo exchange)")
+
+    def place(mapping):
+        return [mapping.get(role.get(a), Replicate()) for a in range(rank)]
+
+    x_place = place({"b": Shard(0), "c": Shard(1)})
+    w_place = place({"n": Shard(0), "c": Shard(1)})
+    x = x.redistribute(mesh, x_place)
+    w = w.redistribute(mesh, w_place)
+    x_grad = place({"b": Shard(0), "c": Shard(1), "n": Partial()})
+    w_grad = place({"n": Shard(0), "c": Shard(1), "b": Partial()})
+    local = torch.nn.functional.conv2d(x.to_local(grad_placements=x_grad), w.to_local(grad_placements=w_grad),
+                                       stride=stride, padding=pad)
+    shape = tuple(layer.output_shapes[0])
+    stride_out = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return DTensor.from_local(local, mesh, place({"b": Shard(0), "n": Shard(1), "c": Partial()}), run_check=False,
+                              shape=shape, stride=stride_out)
 
 
 def _pooling(layer, args, inputs, weights, extra):
     (x,) = inputs
-    y = torch.nn.functional.avg_pool2d(x, tuple(args["window"]), tuple(args["stride"]), tuple(args["pad"]),
-                                       count_include_pad=True)
-    return [y]
+
+    def pool(t):
+        return torch.nn.functional.avg_pool2d(t, tuple(args["window"]), tuple(args["stride"]), tuple(args["pad"]),
+                                              count_include_pad=True)
+
+    if not isinstance(x, DTensor):
+        return [pool(x)]
+    # DTensor has no sharding rule for avg_pool2d's backward: run it on every device's block
+    # of images and channels (a split image is gathered first).
+    mesh, rank = x.device_mesh, x.device_mesh.ndim
+    role = {a: name for dim, name in enumerate("bchw") for a in extra["axes"][dim]}
+    if any(role.get(a) in ("h", "w") for a in range(rank)):
+        extra["note"]("a split image is gathered before the pooling (no halo exchange)")
+    place = [{"b": Shard(0), "c": Shard(1)}.get(role.get(a), Replicate()) for a in range(rank)]
+    x = x.redistribute(mesh, place)
+    local = pool(x.to_local(grad_placements=place))
+    shape = tuple(layer.output_shapes[0])
+    return [DTensor.from_local(local, mesh, place, run_check=False, shape=shape,
+                               stride=tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))]
 
 
 def _fc(layer, args, inputs, weights, extra):
@@ -404,18 +460,19 @@ class Program(nn.Module):
 
     # -- running ---------------------------------------------------------------------
 
-    def settle(self, y, place, partial, what: str):
+    def settle(self, y, place, partial, what: str, trust: bool = True):
         """Bring ``y`` to the plan's placements ``place``.
 
         ``partial`` are the mesh axes over which the plan holds ``y`` as partial sums (its
         reduction). Where DTensor left ``y`` partial over an axis the plan does not reduce,
-        the run trusts the plan and takes every device's part as the whole: a plan that skips
-        a reduction gives wrong numbers, and the check fails.
+        the run trusts the plan (with ``trust``: after a contraction, and for weight gradients)
+        and takes every device's part as the whole: a plan that skips a reduction gives wrong
+        numbers, and the check fails.
         """
         if self.mesh is None:
             return y
         actual = list(y.placements)
-        skipped = [a for a, p in enumerate(actual) if p.is_partial() and self.axis_names[a] not in partial]
+        skipped = [a for a, p in enumerate(actual) if trust and p.is_partial() and self.axis_names[a] not in partial]
         if skipped:
             self.notes.append(f"{what}: partial sums over mesh axes "
                               f"{', '.join(self.axis_names[a] for a in skipped)} that the plan does not reduce")
@@ -435,13 +492,16 @@ class Program(nn.Module):
         out0 = entry["outputs"][0]
         extra = {"losses": self._losses, "labels": self._data.get(f"labels{v}"),
                  "note": lambda text: self.notes.append(f"{entry['name']}: {text}"),
+                 "axes": [[self.axis_names.index(a) for a in dim] for dim in entry["axes"]],
                  "reduce": lambda y: self.settle(y, self.places[v]["outputs"][0], out0.get("partial", ()),
                                                  f"{entry['name']} output 0")}
         outputs = OPS[layer.op](layer, dict(layer.args), inputs, implicit, extra)
         settled = []
         for j, (y, out) in enumerate(zip(outputs, entry["outputs"])):
+            # The reductions the plan names were made after the contraction (``reduce``); what
+            # DTensor keeps partial inside other layers (a norm's statistics) it reduces itself.
             settled.append(self.settle(y, self.places[v]["outputs"][j], out.get("partial", ()),
-                                       f"{entry['name']} output {j}"))
+                                       f"{entry['name']} output {j}", trust=False))
         return settled
 
     def forward(self, params: dict, data: dict):
