@@ -1,0 +1,179 @@
+"""`--verify torch` on imported PyTorch models: numbers, times, memory, DTensor's collectives vs the model's.
+
+Runs ``pase.torch_verify.verify_torch`` (the plan on ``p`` gloo CPU processes with DTensor,
+checked against the unsharded computation, collectives counted with ``CommDebugMode``) on
+three imported models from ``examples/`` (``hf_llama.py:tiny_llama``, ``hf_gpt2.py:gpt2_tiny``,
+``torchvision_cnns.py:resnet18_small``) at ``p`` = 4 and 8, for the optimum and for data
+parallelism. The optimum is planned for a machine with fast links (``--bw 16000``): on the
+default machine these small models are best replicated, which moves nothing.
+
+Writes ``results/torch_verify.md`` and ``results/torch_verify.json`` (the raw results; with
+``--from-json`` the report is rewritten from it without running). About 15 minutes on 2 cores:
+``python benchmarks/torch_verify.py``; ``--models tiny_llama --procs 4`` for a subset. Needs
+``pip install '.[torch]' torchvision transformers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from common import RESULTS, ROOT, machine_info, machine_lines, markdown_table, parse_list, write_text
+
+import pase  # noqa: E402  (common puts the repository root on sys.path)
+from pase.torch_import import load_factory  # noqa: E402
+from pase.torch_verify import TorchVerifyTooLarge, verify_torch  # noqa: E402
+
+#: name -> (factory, batch)
+CASES = {
+    "tiny_llama": ("examples/hf_llama.py:tiny_llama", 8),
+    "gpt2_tiny": ("examples/hf_gpt2.py:gpt2_tiny", 8),
+    "resnet18_small": ("examples/torchvision_cnns.py:resnet18_small", 8),
+}
+STRATEGIES = ("optimum", "data parallel")
+#: The optimum's machine: the default compute, links fast enough that splitting layers pays.
+MACHINE = pase.Machine(10.0, 16000.0)
+
+#: Why DTensor's bytes differ from the model's, per layer type (from the per-layer tables of these runs).
+WHY = {}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3f}"
+
+
+def _ratio(x: float, m: float) -> str:
+    return "-" if m == 0 else f"{x / m:.2f}"
+
+
+def run(names, procs_list) -> dict:
+    runs, refused = [], []
+    for name in names:
+        spec, batch = CASES[name]
+        path, function = spec.rsplit(":", 1)
+        module, args, kwargs = load_factory(f"{os.path.join(ROOT, path)}:{function}", batch)
+        net = pase.from_torch(module, args, kwargs=kwargs, name=name)
+        for procs in procs_list:
+            found = pase.plan(net, procs, MACHINE)
+            for strategy, configs in (("optimum", found.configs), ("data parallel", pase.data_parallel(net, procs))):
+                started = time.perf_counter()
+                try:
+                    result = verify_torch(net, configs, procs)
+                except TorchVerifyTooLarge as err:
+                    refused.append({"model": name, "batch": batch, "procs": procs, "strategy": strategy,
+                                    "needed": err.needed})
+                    print(f"{name:15} p={procs} {strategy:14} refused: {err}", file=sys.stderr)
+                    continue
+                seconds = time.perf_counter() - started
+                data = result.to_dict()
+                data.update(model=name, batch=batch, strategy=strategy, wall=seconds, layers_count=len(net.layers))
+                runs.append(data)
+                print(f"{name:15} p={procs} {strategy:14} numbers {'OK' if result.ok else 'FAILED'} "
+                      f"(max rel. error {result.max_error:.1e}); modelled {_mb(result.modelled_total)} MB, "
+                      f"DTensor {_mb(result.dtensor_total)} MB; {seconds:.0f} s, peak "
+                      f"{result.peak_bytes / 1e9:.2f} GB", file=sys.stderr)
+    return {"machine": machine_info(), "runs": runs, "refused": refused}
+
+
+def report(raw: dict, out: str) -> None:
+    runs, refused = raw["runs"], raw["refused"]
+    lines = [
+        "# `--verify torch`: imported models on gloo CPU processes with DTensor",
+        "",
+        "Each plan runs on p CPU processes (`pase.torch_verify.verify_torch`, gloo on localhost): every layer "
+        "on DTensors placed as the plan says (a mesh with one axis per prime factor of p, as `--export-jax` "
+        "lays it out), a forward and backward pass in float32 with random inputs and weights, the loss and "
+        "every weight gradient checked against the same computation unsharded in one process (relative error "
+        "1e-4). Collectives are counted with `torch.distributed.tensor.debug.CommDebugMode` (its module "
+        "tracker says which layer, forward or backward) and their bytes read off each collective: per device "
+        "per step, a ring all-reduce of n bytes over q devices 2(q-1)/q n, an all-gather (q-1)/q of its "
+        "output, a reduce-scatter (q-1)/q of its input. The model's figures are its communication volumes in "
+        "elements times 4 bytes (`pase.jax_verify.modelled_bytes`). *Layer*: a layer's own collectives, "
+        "including the reduction of its weight gradients; *(edges)*: redistribution of the tensors a layer "
+        "reads. The optimum is planned with `--bw 16000` (fast links); data parallelism splits every batch "
+        "dimension. Regenerate with `python benchmarks/torch_verify.py`.",
+        "",
+        *machine_lines(raw["machine"]),
+        f"- torch {runs[0]['torch_version']}" if runs else "",
+        "",
+        "## Runs",
+        "",
+        "Seconds: *wall* is the whole call (p processes started, torch imported, the mesh built, both runs); "
+        "*sharded* the forward and backward pass on DTensors. Peak: the largest resident memory of one "
+        "process of the sharded run (a torch process holds about 0.75 GB before any tensor).",
+        "",
+    ]
+    rows = []
+    for r in runs:
+        rows.append([r["model"], str(r["procs"]), r["strategy"], "OK" if r["ok"] else "FAILED", f"{r['max_error']:.1e}",
+                     _mb(r["modelled_bytes"]), _mb(r["dtensor_bytes"]), _ratio(r["dtensor_bytes"], r["modelled_bytes"]),
+                     f"{r['wall']:.0f}", f"{r['seconds'].get('run', 0):.1f}", f"{r['peak_bytes'] / 1e9:.2f}"])
+    for r in refused:
+        rows.append([r["model"], str(r["procs"]), r["strategy"], f"refused: needs ~{r['needed'] / 1e9:.0f} GB",
+                     "", "", "", "", "", "", ""])
+    lines += markdown_table(["model", "p", "strategy", "numbers", "max rel. error", "modelled MB", "DTensor MB",
+                             "DTensor/model", "wall s", "sharded s", "peak GB"], rows, "lrlllrrrrrr")
+    per_op: dict = {}
+    for r in runs:
+        ops = {op: dict(e) for op, e in r["by_op"].items()}
+        ops["(edges)"] = {"modelled_layer": sum(e["modelled_edge"] for e in ops.values()),
+                          "dtensor_layer": sum(e["dtensor_edge"] for e in ops.values())}
+        ops["(the loss)"] = {"modelled_layer": 0.0, "dtensor_layer": r["unattributed_dtensor_bytes"]}
+        for op, e in ops.items():
+            acc = per_op.setdefault(op, {s: [0.0, 0.0, set()] for s in STRATEGIES})[r["strategy"]]
+            acc[0] += e["modelled_layer"]
+            acc[1] += e["dtensor_layer"]
+            acc[2].add(r["model"])
+    lines += ["", "## Per layer type (all runs above together)", ""]
+    rows = []
+    order = sorted(per_op, key=lambda o: (o.startswith("("), o))
+    for op in order:
+        cells = [op, ", ".join(sorted(set().union(*(per_op[op][s][2] for s in STRATEGIES))))]
+        for s in STRATEGIES:
+            m, x, _ = per_op[op][s]
+            cells += [_mb(m), _mb(x), _ratio(x, m)]
+        rows.append(cells)
+    lines += markdown_table(["layer type", "models", "optimum: model MB", "DTensor MB", "DTensor/model",
+                             "data parallel: model MB", "DTensor MB", "DTensor/model"], rows, "llrrrrrr")
+    if WHY:
+        lines += ["", "## Where they differ, and why", ""]
+        lines += [f"- **{op}**: {WHY[op]}" for op in order if op in WHY]
+    notes = sorted({(r["model"], n) for r in runs for n in r["notes"]})
+    if notes:
+        lines += ["", "## What the runs noted", ""]
+        lines += [f"- {model}: {n}" for model, n in notes]
+    if failed := [r for r in runs if not r["ok"]]:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- {r['model']} p={r['procs']} {r['strategy']}: worst {r['worst_gradient']}" for r in failed]
+    write_text(os.path.join(out, "torch_verify.md"), lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
+    parser.add_argument("--procs", default="4,8", help="process counts (default 4,8)")
+    parser.add_argument("--out", default=RESULTS, help="directory for torch_verify.md and torch_verify.json")
+    parser.add_argument("--from-json", action="store_true", help="rewrite the report from torch_verify.json")
+    args = parser.parse_args(argv)
+    path = os.path.join(args.out, "torch_verify.json")
+    if args.from_json:
+        with open(path) as f:
+            raw = json.load(f)
+    else:
+        names = parse_list(args.models)
+        for name in names:
+            if name not in CASES:
+                parser.error(f"unknown model {name!r}; choose from {', '.join(CASES)}")
+        raw = run(names, parse_list(args.procs, int))
+        with open(path, "w") as f:
+            json.dump(raw, f, indent=1)
+    report(raw, args.out)
+    print(f"wrote {os.path.join(args.out, 'torch_verify.md')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
