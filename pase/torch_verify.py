@@ -363,6 +363,7 @@ def verify_torch(
     _check_placements(plan)
     if importlib.util.find_spec("torch") is None:
         raise TorchMissing(INSTALL_HINT)
+    _check_torch_version()
     budget = MEMORY_SHARE * available_memory() if memory_budget is None else float(memory_budget)
     needed = torch_estimated_bytes(network, strategy, procs, DTYPES[dtype])
     if needed > budget:
@@ -419,6 +420,25 @@ def verify_torch(
     out = json.loads(out_text.decode())
     out["seconds"]["total"] = time.perf_counter() - started
     return _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolerance, dtype)
+
+
+#: The oldest torch whose public DTensor API (``torch.distributed.tensor``: ``Partial``,
+#: ``CommDebugMode``) this module uses.
+MIN_TORCH = (2, 5)
+
+
+def _check_torch_version() -> None:
+    import importlib.metadata
+    import re
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a source build without metadata: try it
+        return
+    found = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if found < MIN_TORCH:
+        raise TorchMissing(f"--verify torch needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (DTensor's public API); "
+                           f"torch {version} is installed: pip install -U '.[torch]'")
 
 
 _OPS_NAMES = {"Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm", "BatchNorm",
