@@ -144,7 +144,8 @@ def _pooling(layer, args, inputs, weights, extra):
 
 def _fc(layer, args, inputs, weights, extra):
     (x,), (w,) = inputs, weights
-    y = extra["reduce"](torch.matmul(x, w.t())) / math.sqrt(x.shape[-1])
+    y = extra["reduce"](extra["local"](lambda a, b: torch.matmul(a, b.t()), [x, w], extra["specs"])) / math.sqrt(
+        x.shape[-1])
     return [_pointwise(y, args.get("pw", 0))]
 
 
@@ -153,7 +154,8 @@ def _einsum(layer, args, inputs, weights, extra):
     in_a, in_b, out = re.match(r"^(\w+),(\w+)->(\w+)$", args["equation"]).groups()
     sizes = dict(zip(in_a, a.shape))
     reduction = math.prod(sizes[l] for l in in_a if l in in_b and l not in out)
-    y = extra["reduce"](torch.einsum(args["equation"], a, b)) / math.sqrt(reduction)
+    y = extra["reduce"](extra["local"](lambda p, q: torch.einsum(args["equation"], p, q), [a, b],
+                                       extra["specs"])) / math.sqrt(reduction)
     return [_pointwise(y, args.get("pw", 0))]
 
 
@@ -174,7 +176,9 @@ def _embedding(layer, args, inputs, weights, extra):
     for a in vocab_axes:
         place[a] = Shard(one_hot.ndim - 1)
     one_hot = one_hot.redistribute(ids.device_mesh, place)
-    return [extra["reduce"](torch.einsum("...v,ve->...e", one_hot, table))]
+    ids_spec, table_spec = extra["specs"]
+    specs = [list(ids_spec) + [table_spec[0]], table_spec]
+    return [extra["reduce"](extra["local"](lambda p, q: torch.einsum("...v,ve->...e", p, q), [one_hot, table], specs))]
 
 
 def _elementwise(layer, args, inputs, weights, extra):
@@ -483,6 +487,36 @@ class Program(nn.Module):
             y = DTensor.from_local(y.to_local(), self.mesh, trusted, run_check=False, shape=y.shape, stride=y.stride())
         return y.redistribute(self.mesh, place)
 
+    def local_op(self, v: int, fn, operands: list, specs: list):
+        """``fn`` (a contraction) on every device's blocks of ``operands``, as the configuration places them.
+
+        Each operand is brought to its ``spec`` (the plan's placement; it is there already), and
+        ``fn`` runs on the local blocks; the result is placed as the layer's output spec, partial
+        over the axes the plan names (``partial``). Backward, an operand's gradient is partial
+        over the layer's mesh axes the operand is not split over. This is ``local_map``'s model,
+        and what the configuration means; DTensor's own sharding propagation for a contraction
+        searches every strategy over every mesh axis, which takes minutes on a 3-axis mesh.
+        """
+        if self.mesh is None:
+            return fn(*operands)
+        entry = self.plan["layers"][v]
+        used = {a for dim in entry["axes"] for a in dim}
+        local = []
+        for x, spec in zip(operands, specs):
+            place = placements(spec, self.axis_names)
+            if tuple(x.placements) != tuple(place):
+                x = x.redistribute(self.mesh, place)
+            grad = [Partial() if isinstance(p, Replicate) and self.axis_names[a] in used else p
+                    for a, p in enumerate(place)]
+            local.append(x.to_local(grad_placements=grad))
+        y = fn(*local)
+        out = entry["outputs"][0]
+        place = [Partial() if self.axis_names[a] in out.get("partial", ()) else p
+                 for a, p in enumerate(placements(out["spec"], self.axis_names))]
+        shape = tuple(self.network.layers[v].output_shapes[0])
+        return DTensor.from_local(y, self.mesh, place, run_check=False, shape=shape,
+                                  stride=tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+
     def compute(self, v: int, tensors: list) -> list:
         """Layer ``v`` on its (already placed) inputs and weights; its outputs in the plan's placements."""
         layer, entry = self.network.layers[v], self.plan["layers"][v]
@@ -492,10 +526,15 @@ class Program(nn.Module):
             inputs.append(next(keys))
         if not any(t.is_param for t in layer.inputs):
             implicit = list(keys)
+        specs_in = iter(entry["inputs"])
+        specs_w = iter(entry["weights"])
+        specs = [next(specs_w)["spec"] if t.is_param else next(specs_in)["spec"] for t in layer.inputs]
+        specs += [w["spec"] for w in specs_w] if not any(t.is_param for t in layer.inputs) else []
         out0 = entry["outputs"][0]
         extra = {"losses": self._losses, "labels": self._data.get(f"labels{v}"),
                  "note": lambda text: self.notes.append(f"{entry['name']}: {text}"),
                  "axes": [[self.axis_names.index(a) for a in dim] for dim in entry["axes"]],
+                 "specs": specs, "local": lambda fn, operands, specs: self.local_op(v, fn, operands, specs),
                  "reduce": lambda y: self.settle(y, self.places[v]["outputs"][0], out0.get("partial", ()),
                                                  f"{entry['name']} output 0")}
         outputs = OPS[layer.op](layer, dict(layer.args), inputs, implicit, extra)

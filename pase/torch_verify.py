@@ -380,24 +380,27 @@ def verify_torch(
         with open(source, "wb") as f:
             f.write(payload)
         children, logs = [], []
+        result_path = os.path.join(tmp, "result.json")
         for rank in range(int(procs)):
             log = open(os.path.join(tmp, f"rank{rank}.err"), "w+b")
             logs.append(log)
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "pase.torch_verify", source], stdout=subprocess.PIPE if rank == 0 else
-                subprocess.DEVNULL, stderr=log, env=_child_env(procs, rank, port)))
+                [sys.executable, "-m", "pase.torch_verify", source, result_path], stdout=subprocess.DEVNULL,
+                stderr=log, env=_child_env(procs, rank, port)))
         try:
-            out_text, _ = children[0].communicate(timeout=timeout)
-            deadline = None if timeout is None else time.monotonic() + max(1.0, timeout - (time.perf_counter() - started))
-            for child in children[1:]:
-                child.wait(timeout=None if deadline is None else max(0.1, deadline - time.monotonic()))
-        except BaseException:
+            # Wait for all; one that fails stops the others (they would wait for it in a collective).
+            while any(child.poll() is None for child in children):
+                if any(child.returncode not in (None, 0) for child in children):
+                    break
+                if timeout is not None and time.perf_counter() - started > timeout:
+                    raise subprocess.TimeoutExpired("pase.torch_verify", timeout)
+                time.sleep(0.05)
+        finally:
             for child in children:
                 if child.poll() is None:
                     child.kill()
             for child in children:
                 child.wait()
-            raise
         codes = [child.returncode for child in children]
         if any(codes):
             rank = next(r for r, c in enumerate(codes) if c and c > 0) if any(c > 0 for c in codes) else \
@@ -417,7 +420,8 @@ def verify_torch(
             raise RuntimeError(f"the PyTorch run failed (process {rank}):\n" + "\n".join(tail[-15:]))
         for log in logs:
             log.close()
-    out = json.loads(out_text.decode())
+        with open(result_path) as f:
+            out = json.load(f)
     out["seconds"]["total"] = time.perf_counter() - started
     return _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolerance, dtype)
 
@@ -630,7 +634,7 @@ def _make_counter(torch, procs: int):
     return Counter
 
 
-def _child_main(path: str) -> int:
+def _child_main(path: str, result: str) -> int:
     import resource
 
     import torch
@@ -702,12 +706,12 @@ def _child_main(path: str) -> int:
         "gradients": gradients, "seconds": seconds, "torch_version": torch.__version__,
         "peak_bytes": max(peaks), "notes": notes, "collectives": counter.records,
     }
-    sys.stdout.write(json.dumps(out))
-    sys.stdout.flush()
+    with open(result, "w") as f:
+        json.dump(out, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1]))
+    sys.exit(_child_main(sys.argv[1], sys.argv[2]))
