@@ -500,7 +500,8 @@ def _result(network, strategy, procs, out, layer_bytes, edge_bytes, seed, tolera
 # to_dtensor: the library entry
 
 
-def to_dtensor(module, args, plan=None, mesh=None, kwargs=None, seed: int = 0, dtype: str = "float32", **import_args):
+def to_dtensor(module, args, plan=None, mesh=None, kwargs=None, seed: int = 0, dtype: str = "float32", weights=None,
+               **import_args):
     """The imported ``module`` as a program on DTensors, every layer placed as ``plan`` says.
 
     Parameters
@@ -520,8 +521,8 @@ def to_dtensor(module, args, plan=None, mesh=None, kwargs=None, seed: int = 0, d
     pase.torch_program.Program
         ``program(program.make_parameters(), program.make_data())`` is the loss; ``program.places``
         the placements of every layer's inputs, outputs and weights. The weights are seeded
-        random (the import records no map from graph weights to module parameters); pass
-        ``weights={name: array}`` through ``Program`` to give some.
+        random (the import records no map from graph weights to module parameters);
+        ``weights={name: array}`` gives some by their graph names (``program.weight_names``).
 
     Raises ``ValueError`` naming the layer, for a split DTensor cannot express.
     """
@@ -546,7 +547,7 @@ def to_dtensor(module, args, plan=None, mesh=None, kwargs=None, seed: int = 0, d
     elif list(mesh.shape) != list(sizes):
         raise ValueError(f"the mesh has shape {list(mesh.shape)}; the plan needs {sizes} (one axis per prime factor "
                          f"of {plan.procs})")
-    return torch_program.Program(plan.network, exported, mesh, seed, dtype)
+    return torch_program.Program(plan.network, exported, mesh, seed, dtype, weights=weights)
 
 
 # ---------------------------------------------------------------------------------------

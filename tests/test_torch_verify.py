@@ -193,3 +193,48 @@ def test_placements_of_a_spec():
     assert placements([None], []) == [Replicate()]  # p = 1: a mesh of one axis of 1
     with pytest.raises(PlacementError, match="mesh axes d1, d0 in that order"):
         placements([["d1", "d0"]], ["d0", "d1"])
+
+
+TO_DTENSOR_SCRIPT = '''
+import json, sys
+import torch, torch.distributed as dist
+import pase
+from pase.torch_program import Program
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+    def forward(self, x):
+        return self.down(torch.tanh(self.up(x)))
+
+dist.init_process_group("gloo")
+model, args = MLP(), (torch.randn(8, 16),)
+plan = pase.plan(pase.from_torch(model, args), dist.get_world_size(), pase.Machine(10.0, 16000.0))
+program = pase.to_dtensor(model, args, plan)
+loss = program(program.make_parameters(), program.make_data())
+loss.backward()
+value = float(loss.full_tensor())
+if dist.get_rank() == 0:
+    reference = Program(program.network, program.plan, None)
+    expected = float(reference(reference.make_parameters(), reference.make_data()))
+    print(json.dumps({"loss": value, "expected": expected, "configs": [list(c) for c in plan.configs],
+                      "places": [str(p) for p in program.places[0]["weights"]], "mesh": list(program.mesh.shape)}))
+dist.destroy_process_group()
+'''
+
+
+@needs_torch
+def test_to_dtensor_runs_an_imported_module_in_a_process_group(tmp_path):
+    import subprocess
+
+    script = tmp_path / "run.py"
+    script.write_text(TO_DTENSOR_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    assert out["mesh"] == [2]
+    assert any(max(c) > 1 for c in out["configs"])  # some layer is split
+    assert abs(out["loss"] - out["expected"]) <= 1e-5 * abs(out["expected"])
