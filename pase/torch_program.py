@@ -479,7 +479,11 @@ class Program(nn.Module):
         if self.mesh is None:
             return y
         actual = list(y.placements)
-        skipped = [a for a, p in enumerate(actual) if trust and p.is_partial() and self.axis_names[a] not in partial]
+        # Only where the plan holds the tensor whole (replicated): partial sums over an axis the
+        # plan splits the tensor over are DTensor's own choice (a weight it gathered forward is
+        # reduce-scattered back), not a reduction the plan skips.
+        skipped = [a for a, p in enumerate(actual) if trust and p.is_partial() and self.axis_names[a] not in partial
+                   and isinstance(place[a], Replicate)]
         if skipped:
             self.notes.append(f"{what}: partial sums over mesh axes "
                               f"{', '.join(self.axis_names[a] for a in skipped)} that the plan does not reduce")
