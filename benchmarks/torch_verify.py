@@ -51,9 +51,15 @@ WHY = {
             "convolution, whose input is the image: no gradient is needed there and none is computed, so "
             "DTensor moves less (0.87x).",
     "FC": "The three GEMM reductions the model names (output over k, input gradient over n, weight gradient "
-          "over the batch) are the collectives DTensor issues; the ratio is the per-axis reduction above (a "
-          "split over one mesh axis matches to the byte, as the two-process MLP test checks).",
-    "Einsum": "As FC: the reductions the model's GEMM terms name, at the per-axis rate above.",
+          "over the batch) are the collectives DTensor issues, at the per-axis rate above (a split over one "
+          "mesh axis matches to the byte: the two-process MLP test checks it). One moves: DTensor keeps an input "
+          "gradient partial until something needs it whole, so the input-gradient all-reduce of a GEMM is issued "
+          "in the backward of the layer that produced its input (a norm's row), and once for all its readers: "
+          "Llama's gate and up projections read one tensor, their two partial gradients are added and "
+          "all-reduced once, where the model charges each reader (gate_proj and up_proj at 0.5x, the norm "
+          "before them far over its own charge).",
+    "Einsum": "As FC: the reductions the model's GEMM terms name, at the per-axis rate, input-gradient "
+              "reductions deferred to the producer.",
     "Embedding": "Forward, a vocabulary split leaves the looked-up rows partial and they are all-reduced as the "
                  "model's Einsum charges. Backward, DTensor's embedding computes the gradient of the whole table "
                  "on every device and all-reduces all of it over the batch split before keeping its own rows, "
@@ -65,8 +71,9 @@ WHY = {
             "broadcast against the split input turns into all-gathers and reduce-scatters of the activation, "
             "forward and backward, where the model all-reduces two values per row (5.7x).",
     "RMSNorm": "As Norm, with one parameter: data parallelism 1 all-reduce where the model charges 4 (0.38x "
-               "with the per-axis factor); the optimum's split normalised axis costs activation-sized "
-               "all-gathers (7.7x).",
+               "with the per-axis factor). In the optimum its row also carries the deferred input-gradient "
+               "all-reduces of the projections that read it (see FC), and a split normalised axis costs "
+               "activation-sized all-gathers (7.7x).",
     "BatchNorm": "The model prices BatchNorm as a Norm over axis 0 (statistics of size c*h*w per split). DTensor "
                  "moves more still: backward, the gradient of the batch mean and variance stays partial over the "
                  "batch split, is broadcast to the activation's shape, and that activation-sized tensor is "
