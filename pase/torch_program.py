@@ -403,7 +403,9 @@ class Program(nn.Module):
             if layer.op == "SoftmaxCrossEntropy":
                 shape = layer.inputs[0].shape
                 labels = rng.randint(0, shape[-1], size=shape[:-1])
-                self.values[f"labels{v}"] = np.eye(shape[-1], dtype=self.dtype)[labels]
+                one_hot = np.zeros(shape, dtype=self.dtype)
+                np.put_along_axis(one_hot, labels[..., None], 1.0, axis=-1)
+                self.values[f"labels{v}"] = one_hot
             self.weight_key.append(keys)
             self.data_key.append(data_keys)
         self.weight_names = list(self.weight_entry)

@@ -82,11 +82,15 @@ class TorchVerifyTooLarge(VerifyTooLarge):
 
 
 def torch_estimated_bytes(network, configs, procs: int, element_bytes: int = 4) -> float:
-    """``pase.jax_verify.estimated_bytes`` plus every process's own footprint and full weights."""
+    """``pase.jax_verify.estimated_bytes`` plus every process's own footprint, full weights and one-hot tensors."""
     weights = sum(math.prod(s) for layer in network.layers for s, _ in layer.parameters())
     weights += sum(math.prod(t.shape) for layer in network.layers for t in layer.inputs if t.is_param)
+    # Every process also holds the one-hot labels of the losses (the logits' size) and, where an
+    # embedding's vocabulary is split over several mesh axes, its one-hot input.
+    one_hot = sum(math.prod(layer.inputs[0].shape) for layer in network.layers
+                  if layer.op in ("SoftmaxCrossEntropy", "Embedding"))
     return (estimated_bytes(network, configs, procs, element_bytes) + procs * PROCESS_BYTES
-            + procs * element_bytes * weights)
+            + procs * element_bytes * (weights + 2 * one_hot))
 
 
 # ---------------------------------------------------------------------------------------
