@@ -123,6 +123,7 @@ def run(names, procs_list) -> dict:
                     continue
                 seconds = time.perf_counter() - started
                 data = result.to_dict()
+                del data["gradients"]  # the worst one is kept: the report needs no more
                 data.update(model=name, batch=batch, strategy=strategy, wall=seconds, layers_count=len(net.layers))
                 runs.append(data)
                 print(f"{name:15} p={procs} {strategy:14} numbers {'OK' if result.ok else 'FAILED'} "
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
                 parser.error(f"unknown model {name!r}; choose from {', '.join(CASES)}")
         raw = run(names, parse_list(args.procs, int))
         with open(path, "w") as f:
-            json.dump(raw, f, indent=1)
+            json.dump(raw, f, separators=(",", ":"))
     report(raw, args.out)
     print(f"wrote {os.path.join(args.out, 'torch_verify.md')}", file=sys.stderr)
     return 0
