@@ -32,3 +32,11 @@ def inception_v3(batch):
         model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False)
         images = torch.empty(batch, 3, 299, 299)
     return model, (images,)
+
+
+def resnet18_small(batch):
+    """torchvision ResNet-18 on 32 x 32 images, 10 classes: a CNN small enough to run sharded on a laptop."""
+    with torch.device("meta"):
+        model = torchvision.models.resnet18(weights=None, num_classes=10)
+        images = torch.empty(batch, 3, 32, 32)
+    return model, (images,)

@@ -23,6 +23,7 @@ _EXPORTS = {
     "network_to_json": "sources.graph_json", "network_from_json": "sources.graph_json",
     "from_torch": "sources.torch.importer",
     "export_shardings": "outputs.jax.export", "verify": "outputs.jax.verify", "VerifyResult": "outputs.jax.verify",
+    "to_dtensor": "outputs.torch.verify", "verify_torch": "outputs.torch.verify",
     "enumerate_configs": "model.configs", "is_contiguous": "model.configs",
     **{name: "model.layers" for name in (
         "Layer", "LayerCost", "LAYER_TYPES", "make_layer", "Conv", "Pooling", "FC", "Einsum", "Embedding",

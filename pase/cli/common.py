@@ -172,6 +172,8 @@ def run_verify(opts: Options, planned: Plan):
     """--verify: run the plan on XLA host devices in a child process (``pase.outputs.jax.verify``)."""
     if opts.verify is None:
         return None
+    if opts.verify == "torch":
+        return _verify_torch(planned)
     from pase.outputs.jax.common import JaxMissing
     from pase.outputs.jax.verify import verify  # imports no JAX here: the run is a child process
 
@@ -181,6 +183,18 @@ def run_verify(opts: Options, planned: Plan):
         raise CliError(str(error), ExitStatus.USAGE) from None
     except (ValueError, RuntimeError) as error:
         raise CliError(f"--verify {opts.verify}: {error}") from None
+
+
+def _verify_torch(planned: Plan):
+    """--verify torch: run the plan on p gloo CPU processes with DTensor (``pase.outputs.torch.verify``)."""
+    from pase.outputs.torch.verify import TorchMissing, verify_torch  # no torch here: the run is p children
+
+    try:
+        return verify_torch(planned)
+    except TorchMissing as error:
+        raise CliError(str(error), ExitStatus.USAGE) from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(f"--verify torch: {error}") from None
 
 
 def verified_status(verified, err: IO) -> int:

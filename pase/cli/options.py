@@ -34,7 +34,7 @@ MEASURE_RUNS = 5
 PROFILE_LIMIT = 20
 DOT_FILE = "graph.dot"
 #: --verify engines: JAX in float32 or float64.
-VERIFIERS = ("jax", "jax64")
+VERIFIERS = ("jax", "jax64", "torch")
 #: --loss values for imported models.
 LOSSES = ("cross-entropy", "none")
 #: Largest batch size or model width accepted (a dimension's splits are enumerated in

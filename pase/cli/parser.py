@@ -153,7 +153,9 @@ def _add_imports_and_exports(add) -> None:
     add("--verify", choices=VERIFIERS, default=None,
         help="run the plan's training step (forward and backward) sharded on p XLA host devices and "
              "check the loss and every gradient against the unsharded run (jax: float32, jax64: float64); "
-             "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'.")
+             "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'. "
+             "torch: the same on p gloo CPU processes with DTensor, bytes counted with CommDebugMode; "
+             "needs pip install '.[torch]'.")
 
 
 def _add_search_and_memory(add) -> None:

@@ -29,7 +29,7 @@ EXIT_CODES = {
     int(ExitStatus.TOO_LARGE): "the search's tables would not fit the memory budget (refused before allocating)",
     int(ExitStatus.NOTHING_FITS): "no strategy fits the --memory cap per device (the least any strategy needs is "
                                   "printed)",
-    int(ExitStatus.VERIFY): "--verify: the plan run sharded on XLA devices gave other numbers than the unsharded run",
+    int(ExitStatus.VERIFY): "--verify: the plan run sharded (XLA devices, or torch processes) gave other numbers than the unsharded run",
     int(ExitStatus.INTERNAL): "internal error (a bug; set PASE_TRACEBACK=1 to see the traceback)",
     int(ExitStatus.INTERRUPTED): "interrupted (Ctrl-C)",
 }
