@@ -350,8 +350,8 @@ RUNNABLE = {
         "them; the gain is likely smaller or negative on the machine."),
     "megatron-gpt-70b": (
         "tp 4, pp 4 interleaved with 7 chunks (21 layers per stage, 3 per chunk), micro-batch 1: Megatron runs "
-        "it (--num-layers-per-virtual-pipeline-stage 3); faster in the model because TP 4 halves the exposed "
-        "TP all-reduces and the data-parallel gradient per device, the interleaving hides the bubble."),
+        "it (--num-layers-per-virtual-pipeline-stage 3); faster in the model because tp 4 halves the share of the step in "
+        "the (fully exposed) TP all-reduces at the same parameters per device (tp x pp = 16), and 7 chunks keep the bubble small."),
     "megatron-gpt-177b": (
         "dp 36, tp 4, cp 2, pp 8 interleaved (v = 4): Megatron runs it (--context-parallel-size 2 with its ring "
         "attention); 96 layers over 8 stages x 4 chunks = 3 per chunk; the gain rests on the same exposed TP "
@@ -359,7 +359,7 @@ RUNNABLE = {
     "llama-3.1-8b": (
         "ZeRO-2, no recomputation, one sequence per rank and two micro-batches: torchtitan has no ZeRO-2 "
         "switch (FSDP2 reshard_after_forward=False is the nearest, it keeps gathered weights, ZeRO-2-like) "
-        "and the plan keeps every activation (fits the modelled 96 GB at one sequence); runnable with "
+        "and the plan keeps every activation (fits the modelled 96 GB at one sequence per micro-batch); runnable with "
         "gradient accumulation, worth measuring."),
 }
 
