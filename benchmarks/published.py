@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import graphs  # noqa: E402
+from pase.sources.registry import load as load_source  # noqa: E402
 import pase  # noqa: E402
 
 GiB = 2.0 ** 30
@@ -89,7 +89,7 @@ def megatron_flops(row: dict) -> float:
 
 def build_for(row: dict):
     spec = f"hf:{os.path.join(ROOT, 'examples', 'hf', row['config'] + '.json')}"
-    return lambda n: graphs.load(spec, n, row["seq"])
+    return lambda n: load_source(spec, n, row["seq"])
 
 
 # ---------------------------------------------------------------------------------------

@@ -286,7 +286,7 @@ def test_mesh_search_equals_brute_force_over_meshes(toy):
             configs = mesh_configs(net, mesh)
             for zero, policy in itertools.product(range(4), ("none", "selective", "full")):
                 options = TrainingOptions(zero=zero, recompute=policy, microbatches=8 // (micro * mesh.dp))
-                step = evaluate_candidate(net, configs, 4, toy, options, 2.0).summary.step_seconds
+                step = evaluate_candidate(net, configs, 4, toy, options, 2.0, mesh=mesh).summary.step_seconds
                 best = step if best is None else min(best, step)
     assert found.best.summary.step_seconds == pytest.approx(best, rel=1e-9)
     assert found.evaluated == len(found.candidates)
@@ -356,3 +356,24 @@ def test_engine_exports_read_back(tmp_path):
     assert a["--use-distributed-optimizer"] is True and a["--recompute-granularity"] == "full"
     assert a["--micro-batch-size"] == 1 and a["--global-batch-size"] == 64
     assert "torchtitan settings written to" in out
+
+
+def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):
+    from pase.planning.mesh import MeshMapper
+
+    net = decoder(TINY, 4, "tiny")
+    mapper = MeshMapper(net)
+    flags = dict(zip(net.names, mapper.sequence_parallel(Mesh(1, 4, sp=True))))
+    # Products split over heads, MLP width or vocabulary: a reduce-scatter, not an all-reduce.
+    assert flags["block1.attn.q"] and flags["block1.attn.out"] and flags["block1.ff.down"] and flags["head.logits"]
+    assert not flags["block1.attn.norm"] and not flags["loss"]
+    assert not any(mapper.sequence_parallel(Mesh(1, 4, sp=False)))
+    configs = mesh_configs(net, Mesh(1, 4))
+    on = evaluate_candidate(net, configs, 4, toy, TrainingOptions(), 2.0, mesh=Mesh(1, 4, sp=True)).summary
+    off = evaluate_candidate(net, configs, 4, toy, TrainingOptions(), 2.0).summary
+    costing = TrainingCosting(net, [np.asarray([c]) for c in configs], toy)
+    each = [costing.parts[v].activation[0] for v in range(len(net))]
+    assert off.time["activation_comm"] == pytest.approx(sum(each))
+    halved = mapper.sequence_parallel(Mesh(1, 4, sp=True))
+    assert on.time["activation_comm"] == pytest.approx(sum(a / 2 if h else a for a, h in zip(each, halved)))
+    assert each[net.names.index("loss")] > 0  # the vocabulary-parallel loss's exchange stays whole

@@ -441,6 +441,10 @@ class TrainingCosting:
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
+        #: Per layer and row, the share of its activation collectives charged: 1, or 1/2 where
+        #: sequence parallelism turns an all-reduce into a reduce-scatter (the all-gather it
+        #: needs is the redistribution into the next product).
+        self.activation_scale = np.ones((len(network.layers), 1))
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
 
@@ -574,7 +578,7 @@ class TrainingCosting:
         exposed synchronisation, optimizer."""
         m = options.microbatches
         c = self.compute(v, options)
-        a = self.parts[v].activation
+        a = self.parts[v].activation * self.activation_scale[v]
         again = self.recomputed(v, options)
         return {
             "compute": m * c,

@@ -147,6 +147,21 @@ class MeshMapper:
         mapped = {k: mesh_config(layers[v], mesh, names[v]) for k, v in self.representative.items()}
         return [mapped[k] for k in self.index]
 
+    def sequence_parallel(self, mesh: Mesh) -> list:
+        """Per layer, whether sequence parallelism halves its activation collectives: a
+        tensor-parallel product (heads, MLP width or vocabulary split ``tp`` ways) of a mesh
+        with ``sp``. Its all-reduce is a reduce-scatter there (Korthikanti et al. 2022)."""
+        if not (mesh.sp and mesh.tp > 1):
+            return [False] * len(self.index)
+        letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
+        flags = {}
+        for k, v in self.representative.items():
+            layer = self.network.layers[v]
+            config = mesh_config(layer, mesh)
+            flags[k] = layer.op in ("Einsum", "FC") and any(
+                letter in letters and c > 1 for letter, c in zip(layer.dims, config))
+        return [flags[k] for k in self.index]
+
 
 # ---------------------------------------------------------------------------------------
 # Recipes

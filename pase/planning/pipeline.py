@@ -7,7 +7,9 @@ into ``pp`` runs. Every stage runs the same mesh (``dp x tp x cp = p / pp``). Wi
 micro-batches and ``t`` the forward and backward time of one micro-batch on the slowest stage
 (its point-to-point sends included), the step is ``(m + pp - 1) t`` for 1F1B (PipeDream-flush)
 and ``(m + (pp - 1) / v) t`` interleaved with ``v`` chunks per device (Narayanan et al. 2021),
-plus the slowest stage's exposed weight synchronisation and optimizer step.
+plus the largest exposed weight synchronisation and optimizer step of a stage, less the
+drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (two thirds of
+``t`` each) before the first stage.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "SCHEDULES"]
@@ -173,7 +176,10 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
                 slowest = t.max(axis=0)
                 fill = (pp - 1) / vpp
                 pipe = (m + fill) * slowest
-                step = pipe + stage["step"].max(axis=0)
+                # Stage s finishes its last backward pass pp - 1 - s backward slots before the
+                # first stage does: its weight synchronisation may run in that drain.
+                drain = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE) * t
+                step = pipe + np.maximum(stage["step"] - drain, 0.0).max(axis=0)
                 in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
                 if vpp > 1:
                     in_flight = in_flight * (1.0 + (pp - 1) / (pp * vpp))

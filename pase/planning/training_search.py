@@ -255,6 +255,8 @@ def search_meshes(
                 continue
             configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
             costing = TrainingCosting(network, configs, machine, structure)
+            halved = np.array([mapper.sequence_parallel(mesh) for mesh, _ in valid]).T
+            costing.activation_scale = np.where(halved, 0.5, 1.0)
             layout = stage_layout(costing) if pp > 1 else None
             if pp > 1 and (layout is None or len(layout.blocks) < pp):
                 first_error = first_error or ValueError(
@@ -368,6 +370,9 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
     ``options``: the same numbers the searches compute."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
+    if mesh is not None:
+        halved = MeshMapper(network).sequence_parallel(mesh)
+        costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
     moved = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
     tokens = tokens_of(network)
