@@ -19,7 +19,7 @@ setup(
         "pase.model",
         "pase.model.layers",
         "pase.outputs",
-        "pase.outputs.jax",
+        "pase.outputs.jax", "pase.outputs.torch",
         "pase.planning",
         "pase.search",
         "pase.sources",
