@@ -141,3 +141,18 @@ def test_mesh_search_with_pipelines_and_bad_values():
     for text in ("pp=0", "vpp=x", "microbatch=-1", "schedule=gpipe"):
         with pytest.raises(ValueError):
             parse_recipe(text)
+
+
+def test_dot_graph_colours_layers_by_stage(tmp_path):
+    from cli_runner import run
+
+    path = tmp_path / "g.dot"
+    status, out, err = run("-g", "gpt2-small", "-p", 8, "-b", 16, "--machine", "h100-sxm",
+                           "--recipe", "pp=2,tp=1,zero=1,recompute=none", "--dot-path", str(path))
+    assert status == 0, err
+    text = path.read_text()
+    # The embedding on the first stage, the loss on the last, each stage its own fill.
+    first = next(line for line in text.splitlines() if 'label="embedding' in line)
+    last = next(line for line in text.splitlines() if 'label="loss' in line)
+    assert "stage 0" in first and "stage 1" in last
+    assert first.split("fillcolor=")[1] != last.split("fillcolor=")[1]

@@ -56,10 +56,34 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
                         ("--measure", args.measure), ("--no-blocks", args.no_blocks),
-                        ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None),
-                        ("-d/--dot-path", args.dump_graph or args.dot_path is not None)):
+                        ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None)):
         if given:
             raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
+
+
+def stage_of_layers(candidate, network) -> list | None:
+    """The pipeline stage of every layer of a pipelined plan (None without pipelines): the
+    layers before the first block on stage 0, each stage's blocks, the rest on the last."""
+    pipe = candidate.summary.extra.get("pipeline")
+    if not pipe:
+        return None
+    from pase.costing.training import NetworkStructure
+    from pase.planning.pipeline import stage_layout
+
+    class _Blocks:  # stage_layout reads only the blocks
+        blocks = NetworkStructure.of(network).blocks
+
+    layout = stage_layout(_Blocks)
+    stages = [0] * len(network.layers)
+    block = 0
+    for s, count in enumerate(st["blocks"] for st in pipe["stages"]):
+        for members in layout.blocks[block:block + count]:
+            for v in members:
+                stages[v] = s
+        block += count
+    for v in layout.post:
+        stages[v] = pipe["pp"] - 1
+    return stages
 
 
 def _differing_layers(network, configs, mesh_configs) -> list:
@@ -135,6 +159,12 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         )
     shown = build(batch // found.best.options.microbatches)
     exported = _export_engines(found, shown, batch, args, write)
+    if opts.dot_path is not None:
+        from pase.outputs.dot import dot_graph
+
+        write(opts.dot_path, dot_graph(shown, found.best.configs, stage_of_layers(found.best, shown)).to_string(),
+              "DOT graph")
+        exported.append(f"DOT graph written to {opts.dot_path}")
 
     if opts.json:
         out.write(format_json(training_report(found, shown, model, model_name)))

@@ -24,11 +24,17 @@ def _dot_label(lines: Sequence[str]) -> str:
     return '"' + "\\n".join(escaped) + '"'
 
 
-def dot_graph(network: Network, configs: Sequence[Sequence[int]] | None = None):
+#: Fill colours of pipeline stages, in turn (a light palette: labels stay readable).
+STAGE_COLOURS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#d9d2e9", "#fce5cd", "#d0e0e3", "#ead1dc")
+
+
+def dot_graph(network: Network, configs: Sequence[Sequence[int]] | None = None,
+              stages: Sequence[int] | None = None):
     """The computation graph as a ``pydot.Dot``: one node per layer, one edge per graph edge.
 
     Node ``v<i>`` is labelled with the layer name, its type and iteration-space letters,
-    the iteration space and, when ``configs`` is given, the chosen configuration.
+    the iteration space and, when ``configs`` is given, the chosen configuration. With
+    ``stages`` (a pipeline stage per layer), nodes are filled by stage and say which.
     """
     import pydot  # imported here: only --dump-graph needs it
 
@@ -39,7 +45,12 @@ def dot_graph(network: Network, configs: Sequence[Sequence[int]] | None = None):
         if configs is not None:
             config = [int(c) for c in configs[v]]
             lines.append(f"config ({','.join(map(str, config))}): {split_notation(config, layer.dims)}")
-        dot.add_node(pydot.Node(f"v{v}", label=_dot_label(lines)))
+        if stages is None:
+            dot.add_node(pydot.Node(f"v{v}", label=_dot_label(lines)))
+            continue
+        lines.append(f"stage {stages[v]}")
+        colour = STAGE_COLOURS[stages[v] % len(STAGE_COLOURS)]
+        dot.add_node(pydot.Node(f"v{v}", label=_dot_label(lines), style="filled", fillcolor=f'"{colour}"'))
     for u, v in sorted(network.edges):
         dot.add_edge(pydot.Edge(f"v{u}", f"v{v}"))
     return dot
