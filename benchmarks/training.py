@@ -19,7 +19,7 @@ sys.path.insert(0, ROOT)
 
 from pase.sources.registry import load  # noqa: E402
 import pase  # noqa: E402
-from pase.units import format_bytes  # noqa: E402
+from pase.core.units import format_bytes  # noqa: E402
 
 OUT = os.path.join(ROOT, "benchmarks", "results", "training.md")
 
@@ -55,6 +55,10 @@ def run_case(title, spec, procs, batch, sequence, recipe, machine_name) -> list:
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     compared = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
                                   recipe=pase.parse_recipe(recipe), free=False).best
+    fits = compared is not None
+    if not fits:  # the recipe's fastest variant, though it does not fit
+        compared = pase.plan_training(build, batch, procs, machine, None, 2.0,
+                                      recipe=pase.parse_recipe(recipe), free=False).best
     no_pipeline = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
                                      recipe=pase.parse_recipe("pp=1"), free=False).best
     seq = f", sequence {sequence}" if sequence else ""
@@ -67,7 +71,7 @@ def run_case(title, spec, procs, batch, sequence, recipe, machine_name) -> list:
     if no_pipeline is not None:
         lines.append(_row("optimum without pipelines", no_pipeline))
     if compared is not None:
-        lines.append(_row(f"recipe `{recipe}`", compared))
+        lines.append(_row(f"recipe `{recipe}`" + ("" if fits else " (does not fit)"), compared))
     pipe = found.best.summary.extra.get("pipeline") if found.best is not None else None
     if pipe:
         stages = ", ".join(f"{st['blocks']} blocks {format_bytes(st['memory_bytes'])}" for st in pipe["stages"])
