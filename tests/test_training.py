@@ -377,3 +377,11 @@ def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):
     halved = mapper.sequence_parallel(Mesh(1, 4, sp=True))
     assert on.time["activation_comm"] == pytest.approx(sum(a / 2 if h else a for a, h in zip(each, halved)))
     assert each[net.names.index("loss")] > 0  # the vocabulary-parallel loss's exchange stays whole
+
+
+def test_tensor_parallelism_only_where_a_language_model_names_it():
+    status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "tp=2"])
+    assert status == 2 and out == "" and "tensor parallelism maps onto a language model" in err
+    status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "dp=8", "--json"])
+    assert status == 0, err
+    assert json.loads(out)["training"]["mesh"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1}

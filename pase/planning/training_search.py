@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
-from pase.planning.mesh import Mesh, MeshMapper, Recipe, mesh_configs
+from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe, mesh_configs
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
@@ -216,6 +216,20 @@ def search_meshes(
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
     stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
+    # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
+    # (an imported model's generic letters) gets data, context and pipeline parallelism only.
+    probe = build(batch)
+    tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
+    # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
+    # elsewhere the letters mean other things (h is an image's height).
+    tensor_parallel = any(layer.op == "Embedding" for layer in probe.layers) and any(
+        set(getattr(layer, "dims", "")) & tp_letters for layer in probe.layers)
+    if not tensor_parallel and recipe.tp not in (None, 1):
+        raise ValueError(f"tp={recipe.tp}: tensor parallelism maps onto a language model's heads, MLP width and "
+                         f"vocabulary (letters {', '.join(sorted(tp_letters))} beside an Embedding), which graph "
+                         f"{probe.name} does not name (the built-in decoders and hf: configs do)")
+    if not tensor_parallel:
+        recipe = Recipe(**{**recipe.fixed(), "tp": 1})
     grid = _options_grid(recipe, base)
     networks: dict = {}
     best = least = None
