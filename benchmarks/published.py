@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
+
+import numpy as np
 import json
 import os
 import statistics
@@ -162,7 +164,7 @@ class IntraNodeEdges:
         return getattr(self._machine, name)
 
     def redistribute(self, elements, procs):
-        return self._machine.redistribute(elements, min(procs, self._machine.devices_per_node))
+        return self._machine.redistribute(elements, np.minimum(procs, self._machine.devices_per_node))
 
 
 def machine_for(row: dict, ceiling: float | None, tmp: str, intra: bool = False):

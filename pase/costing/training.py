@@ -688,7 +688,3 @@ class TrainingCosting:
             peak_flops=getattr(self.machine, "peak_flops", None),
         )
 
-
-def with_options(options: TrainingOptions, **changes) -> TrainingOptions:
-    """A copy of ``options`` with ``changes``."""
-    return replace(options, **changes)
