@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from pase.machines.calibration import (
+    ATTENTION_BACKWARD_FACTOR,
     TORCH_HINT,
+    attention_flops,
+    attention_grid,
+    attention_step,
     calibrate,
     gemm_grid,
     memory_bound_step,
@@ -31,8 +35,9 @@ SHIPPED = os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json
 
 
 class FakeTimer:
-    """A device whose GEMM step costs 2 us plus its FLOPs at 500 TFLOPS, and whose
-    memory-bound work costs 1 us plus 4 bytes per element at 1 TB/s."""
+    """A device whose GEMM step costs 2 us plus its FLOPs at 500 TFLOPS, whose
+    memory-bound work costs 1 us plus 4 bytes per element at 1 TB/s, and whose causal
+    attention step costs 100 us plus its modelled FLOPs at 500 TFLOPS."""
 
     device_name = "Fake GPU"
     software = "fake timer"
@@ -48,6 +53,10 @@ class FakeTimer:
     def memory_bound(self, op, elements):
         self.calls += 1
         return 1e-6 + 4.0 * elements / 1e12
+
+    def attention(self, b, h, s, d):
+        self.calls += 1
+        return 1e-4 + 4.0 * b * h * s * s * d / 2 * 3.5 / 500e12
 
 
 def test_full_grids_are_the_shipped_tables_grids():
@@ -68,7 +77,7 @@ def test_calibrate_writes_a_machine_that_loads_back(tmp_path):
     out = tmp_path / "mygpu.json"
     timer = FakeTimer()
     desc = calibrate(str(out), quick=True, timer=timer)
-    assert timer.calls == len(gemm_grid(True)) + len(memory_grid(True))
+    assert timer.calls == len(gemm_grid(True)) + len(memory_grid(True)) + len(attention_grid())
     assert json.loads(out.read_text()) == desc
     assert desc["measured"] == "mygpu-measured.json" and (tmp_path / "mygpu-measured.json").is_file()
     assert desc["name"] == "mygpu" and desc["device"] == "Fake GPU"
@@ -97,12 +106,68 @@ def test_calibrate_takes_the_fields_it_is_given(tmp_path):
     assert desc["intra_node"] == {"gbps": 450, "latency_us": 3}
 
 
+def test_attention_grid_and_its_flops():
+    from pase.costing.training import FLASH_BACKWARD_FACTOR
+
+    assert ATTENTION_BACKWARD_FACTOR == FLASH_BACKWARD_FACTOR  # priced as it is measured
+    assert attention_grid() == [(1, 32, 2048, 128), (1, 32, 4096, 128), (1, 32, 8192, 128),
+                                (4, 16, 2048, 128), (4, 16, 4096, 128), (4, 16, 8192, 128)]
+    # b=1, h=32, s=4096, d=128: 4 * 32 * 4096^2 * 128 / 2 (causal) * 3.5 = 481,036,337,152 FLOPs
+    assert attention_flops(1, 32, 4096, 128) == 481_036_337_152
+
+
+def test_calibrate_writes_the_median_attention_efficiency(tmp_path):
+    desc = calibrate(str(tmp_path / "a.json"), quick=True, timer=FakeTimer(), peak_tflops=1000)
+    # Modelled FLOPs of the six shapes, in units of F = 4 * 2^20 * 128 / 2 * 3.5 (s = 2048 at
+    # b*h = 1): b*h*(s/2048)^2 = 32, 128, 512 at b*h = 32 and 64, 256, 1024 at b*h = 64.
+    # Efficiency F'/(t * 1e15), t = 1e-4 + F'/5e14, rises with F': the median is the mean of
+    # the 3rd and 4th, 128 F (1, 32, 4096) and 256 F (4, 16, 4096).
+    f = 4 * 2048 ** 2 * 128 / 2 * 3.5
+    lo, hi = 128 * f, 256 * f                          # 4.81e11 and 9.62e11 FLOPs
+    e_lo = lo / ((1e-4 + lo / 500e12) * 1e15)          # 0.45290...
+    e_hi = hi / ((1e-4 + hi / 500e12) * 1e15)          # 0.47529...
+    assert desc["attention_efficiency"] == round((e_lo + e_hi) / 2, 3) == 0.464
+    table = json.loads((tmp_path / "a-measured.json").read_text())
+    assert [tuple(r[:4]) for r in table["attention"]] == attention_grid()
+    row = table["attention"][1]
+    assert row[4] == pytest.approx(1e-4 + lo / 500e12) and row[5] == round(e_lo, 4)
+    assert "scaled_dot_product_attention" in table["attention_note"]
+    m = load_machine(str(tmp_path / "a.json"))
+    assert m.attention_efficiency == 0.464 and m.describe()["attention_efficiency"] == 0.464
+
+
+def test_attention_efficiency_is_capped_at_one(tmp_path):
+    # At a stated peak of 1 TFLOPS the fake device runs attention far above "peak".
+    desc = calibrate(str(tmp_path / "a.json"), quick=True, timer=FakeTimer(), peak_tflops=1)
+    assert desc["attention_efficiency"] == 1.0
+
+
+def test_calibrate_without_attention(tmp_path):
+    timer = FakeTimer()
+    desc = calibrate(str(tmp_path / "n.json"), quick=True, timer=timer, attention=False)
+    assert timer.calls == len(gemm_grid(True)) + len(memory_grid(True))
+    assert "attention_efficiency" not in desc
+    assert "attention" not in json.loads((tmp_path / "n-measured.json").read_text())
+    assert load_machine(str(tmp_path / "n.json")).attention_efficiency is None
+
+
 def test_main_with_a_timer(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     path = str(tmp_path / "g.json")
     assert main(["--out", path, "--quick", "--devices-per-node", "4"], out, err, timer=FakeTimer()) == 0
     assert out.getvalue().startswith(f"wrote {path} (Fake GPU")
+    assert ", fused attention at " in out.getvalue()
     assert load_machine(path).devices_per_node == 4
+    assert load_machine(path).attention_efficiency is not None
+
+
+def test_main_no_attention(tmp_path):
+    timer = FakeTimer()
+    path = str(tmp_path / "g.json")
+    status, out, _ = run(["--out", path, "--quick", "--no-attention"], timer=timer)
+    assert status == 0 and "fused attention" not in out
+    assert timer.calls == len(gemm_grid(True)) + len(memory_grid(True))
+    assert load_machine(path).attention_efficiency is None
 
 
 def run(argv, **kwargs):
@@ -186,3 +251,17 @@ def test_memory_bound_steps_run_forward_and_backward(op, grads):
         torch.testing.assert_close(out[0], step.inputs[-1])
     with pytest.raises(ValueError, match="multiples of 1024"):
         memory_bound_step(torch, "cpu", op, 1000)
+
+
+def test_attention_step_runs_forward_and_backward():
+    torch = pytest.importorskip("torch")
+    step = attention_step(torch, "cpu", 2, 3, 16, 8)
+    dq, dk, dv = step()
+    assert tuple(dq.shape) == tuple(dk.shape) == tuple(dv.shape) == (2, 3, 16, 8)
+    q, k, v, dy = (t.detach().float() for t in step.inputs)
+    # The same gradients in float32 (bf16 results: compared at bf16 precision).
+    qf, kf, vf = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
+    ref = torch.autograd.grad(out, (qf, kf, vf), dy)
+    for got, want in zip((dq, dk, dv), ref):
+        torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)

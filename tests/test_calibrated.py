@@ -291,6 +291,12 @@ def test_a_file_without_a_table(tmp_path):
     ({"act_bytes": 0}, "act_bytes must be a positive number"),
     ({"grad_bytes": -4}, "grad_bytes must be a positive number"),
     ({"measured": 7}, "measured must be a non-empty string"),
+    ({"attention_efficiency": 0}, "attention_efficiency must be a number in (0, 1]"),
+    ({"attention_efficiency": -0.4}, "attention_efficiency must be a number in (0, 1]"),
+    ({"attention_efficiency": 1.5}, "attention_efficiency must be a number in (0, 1]"),
+    ({"attention_efficiency": "0.4"}, "attention_efficiency must be a number in (0, 1]"),
+    ({"attention_efficiency": True}, "attention_efficiency must be a number in (0, 1]"),
+    ({"attention_efficiency": float("nan")}, "attention_efficiency must be a number in (0, 1]"),
     ({"gpus": 8}, "unknown field 'gpus'"),
 ])
 def test_every_bad_field_is_named(change, message):
@@ -332,3 +338,57 @@ def test_presets_ship_their_tables():
     for name, path in PRESET_TABLES.items():
         assert os.path.isfile(path), name
         assert os.path.basename(path) == PRESETS[name]["measured"]
+
+
+# -- the fused attention kernel's efficiency -------------------------------------------------
+
+
+def test_attention_efficiency_is_optional(bare, h100):
+    assert bare.attention_efficiency is None and h100.attention_efficiency is None
+    assert "attention_efficiency" not in h100.describe()
+    m = CalibratedMachine(dict(SPEC_EXAMPLE, attention_efficiency=1))  # 1 is allowed: (0, 1]
+    assert m.attention_efficiency == 1.0
+
+
+def test_attention_efficiency_round_trips(tmp_path):
+    desc = {k: v for k, v in SPEC_EXAMPLE.items() if k != "measured"}
+    desc["attention_efficiency"] = 0.55
+    path = write(tmp_path / "flash.json", desc)
+    m = load_machine(path)
+    assert m.attention_efficiency == 0.55
+    assert m.describe()["attention_efficiency"] == 0.55
+    assert load_description(path) == desc
+    again = load_machine(write(tmp_path / "again.json", m.describe()))  # describe() loads back
+    assert again.describe() == m.describe() and again.attention_efficiency == 0.55
+
+
+def _attention_net(causal=True):
+    from pase.model.builder import GraphBuilder
+    from pase.model.layers import Einsum, Softmax
+
+    g = GraphBuilder("attention", 1, batch=2)
+    q = g.input((2, 2, 8, 4), "q", letters="bhlk")
+    k = g.input((2, 2, 8, 4), "k", letters="bhmk")
+    v = g.input((2, 2, 8, 4), "v", letters="bhmk")
+    scores = g.add("block1.scores", Einsum("bhlk,bhmk->bhlm", q, k))
+    weights = g.add("block1.softmax", Softmax(scores, axis=3, causal=causal))
+    g.add("block1.context", Einsum("bhlm,bhmk->bhlk", weights, v))
+    return g.build()
+
+
+@pytest.mark.parametrize("efficiency", [None, 0.25, 0.7])
+def test_a_machine_file_prices_fused_attention_at_its_efficiency(tmp_path, efficiency):
+    from pase.costing.training import DEFAULT_ATTENTION_EFFICIENCY, TrainingCosting, TrainingOptions
+
+    desc = {k: v for k, v in SPEC_EXAMPLE.items() if k != "measured"}
+    if efficiency is not None:
+        desc["attention_efficiency"] = efficiency
+    m = load_machine(write(tmp_path / "m.json", desc))
+    net = _attention_net(causal=True)
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, m)
+    # Scores b h l m k = 2 2 8 8 4: forward 2 products of 2 FLOPs per multiply-add, halved
+    # when causal; the backward runs 2.5 times the forward.
+    flops = 2 * 2 * (2 * 2 * 8 * 8 * 4) / 2 * (1 + 2.5)
+    expected = efficiency if efficiency is not None else DEFAULT_ATTENTION_EFFICIENCY
+    assert costing.compute(0, TrainingOptions())[0] == pytest.approx(flops / (989e12 * expected), rel=1e-12)

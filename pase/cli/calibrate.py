@@ -1,4 +1,4 @@
-"""``pase calibrate --out FILE.json [--quick]``: measure this GPU (``pase.machines.calibration``)
+"""``pase calibrate --out FILE.json [--quick] [--no-attention]``: measure this GPU (``pase.machines.calibration``)
 and write a machine description that ``--machine`` accepts, with its table next to it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import IO, Sequence
 
-from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, calibrate, gemm_grid, memory_grid
+from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, attention_grid, calibrate, gemm_grid, memory_grid
 from pase.machines.calibrated import load_calibrated
 
 from .errors import CliError, ParserExit
@@ -43,10 +43,13 @@ def _non_negative(text):
 
 def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.ArgumentParser:
     p = StreamParser(prog=prog, out=out, err=err, description=(
-        "Measure this GPU's GEMM and memory-bound times with PyTorch (bf16, CUDA graphs) and write a "
-        "machine description that --machine accepts, with its table next to it."))
+        "Measure this GPU's GEMM, memory-bound and fused attention times with PyTorch (bf16, CUDA graphs) "
+        "and write a machine description that --machine accepts, with its table next to it."))
     p.add_argument("--out", required=True, metavar="FILE.json", help="the machine description to write")
     p.add_argument("--quick", action="store_true", help="a small grid (minutes) instead of the full one")
+    p.add_argument("--no-attention", dest="attention", action="store_false",
+                   help="skip the attention grid (the description then states no attention_efficiency; "
+                   "fused attention is priced at the default 0.4 of peak)")
     p.add_argument("--name", help="machine name (default: the file's stem)")
     p.add_argument("--devices-per-node", type=_positive(int), default=8, metavar="G",
                    help="GPUs per node (default 8)")
@@ -96,7 +99,9 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
             timer = TorchTimer()
         from tqdm import tqdm
 
-        bar = tqdm(total=len(gemm_grid(args.quick)) + len(memory_grid(args.quick)), desc="calibrate",
+        total = (len(gemm_grid(args.quick)) + len(memory_grid(args.quick))
+                 + (len(attention_grid()) if args.attention else 0))
+        bar = tqdm(total=total, desc="calibrate",
                    unit="shape", file=err, leave=False, disable=None)
 
         def progress(done, total):
@@ -108,7 +113,7 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
                 memory_gb=args.memory_gb, peak_tflops=args.peak_tflops, hbm_gbps=args.hbm_gbps,
                 intra_node={"gbps": args.intra_gbps, "latency_us": args.intra_latency_us},
                 inter_node={"gbps": args.inter_gbps, "latency_us": args.inter_latency_us},
-                progress=progress,
+                progress=progress, attention=args.attention,
             )
         finally:
             bar.close()
@@ -119,6 +124,9 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
     except (ImportError, RuntimeError, ValueError) as e:
         err.write(f"{prog}: error: {e}\n")
         return 1
+    attention = (f", fused attention at {description['attention_efficiency']:g} of peak"
+                 if "attention_efficiency" in description else "")
     out.write(f"wrote {args.out} ({description['device']}: peak {description['peak_tflops']:g} TFLOPS, "
-              f"{description['hbm_gbps']:g} GB/s; table {description['measured']}); use --machine {args.out}\n")
+              f"{description['hbm_gbps']:g} GB/s{attention}; table {description['measured']}); "
+              f"use --machine {args.out}\n")
     return 0

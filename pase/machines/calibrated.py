@@ -52,9 +52,12 @@ MACHINE_NAMES = ("paper",) + tuple(PRESETS)
 _LINK_FIELDS = ("gbps", "latency_us")
 _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps", "intra_node", "inter_node",
              "act_bytes", "grad_bytes")
-#: Optional fields: the measured table (path relative to the file), and free text that
-#: ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("measured", "device", "notes")
+#: Optional fields: the fraction of peak a fused attention kernel reaches (a number; absent:
+#: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
+#: to the file), and free text that ``pase calibrate`` writes (the device it measured, how).
+_OPTIONAL = ("attention_efficiency", "measured", "device", "notes")
+#: The optional fields that are text.
+_TEXT_FIELDS = ("measured", "device", "notes")
 
 
 #: Range of every rate and size of a description (GB, TFLOPS, GB/s), and of the latencies
@@ -95,7 +98,7 @@ def validate_description(data, source: str = "machine description") -> dict:
         The fields of ``docs/machines.md``: ``name``, ``devices_per_node``, ``memory_gb``,
         ``peak_tflops``, ``hbm_gbps``, ``intra_node`` and ``inter_node`` (each ``gbps``
         and ``latency_us``), ``act_bytes``, ``grad_bytes``; optional ``measured``,
-        ``device``, ``notes``.
+        ``device``, ``notes``, ``attention_efficiency`` (in (0, 1]).
     source : str
         How messages name the description (``"machine file x.json"``).
 
@@ -154,7 +157,13 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: {field} must be a positive number of bytes per element, got {v!r}")
         _in_range(source, field, v, None, MAX_ELEMENT_BYTES)
         out[field] = v
-    for field in _OPTIONAL:
+    if "attention_efficiency" in data:
+        v = data["attention_efficiency"]
+        if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
+            raise ValueError(f"{source}: attention_efficiency must be a number in (0, 1] (the fraction of "
+                             f"peak_tflops a fused attention kernel reaches), got {_shown(v)}")
+        out["attention_efficiency"] = v
+    for field in _TEXT_FIELDS:
         if field in data:
             v = data[field]
             if not isinstance(v, str) or not v.strip():
@@ -260,6 +269,8 @@ class CalibratedMachine:
         self.a_out = float(d["inter_node"]["latency_us"]) * 1e-6
         self.act_bytes = float(d["act_bytes"])
         self.grad_bytes = float(d["grad_bytes"])
+        #: Fraction of peak the fused attention kernel reaches (``None``: the costing's default).
+        self.attention_efficiency = (float(d["attention_efficiency"]) if "attention_efficiency" in d else None)
 
     def __repr__(self) -> str:
         table = "measured" if self.tables is not None else "peak only"

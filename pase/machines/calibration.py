@@ -7,6 +7,9 @@ Measured like the shipped table: bf16; one training step of a (batched) GEMM, th
 ``Y[B,M,N] = X[B,M,K] @ W[B,K,N]`` and the two backward products ``dX = dY @ W^T`` and
 ``dW = X^T @ dY``; forward and backward of ``add``, ``gelu``, ``layer_norm`` and ``softmax``
 (rows of 1024); CUDA-graph replay (kernel time without launch overhead), best of 3.
+Then an attention grid (:func:`attention_grid`): ``scaled_dot_product_attention`` forward and
+backward, causal, whose median efficiency against the peak becomes the description's
+``attention_efficiency`` (the fused attention kernel's fraction of peak).
 PyTorch is an optional dependency, imported only when measuring.
 """
 
@@ -16,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 from typing import Callable
 
 from pase.machines.calibrated import validate_description
@@ -23,7 +27,8 @@ from pase.core.fileio import write_atomic
 from pase.core.optional import import_optional
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 
-__all__ = ["gemm_grid", "memory_grid", "calibrate", "TorchTimer", "gemm_step", "memory_bound_step", "TORCH_HINT"]
+__all__ = ["gemm_grid", "memory_grid", "attention_grid", "attention_flops", "calibrate", "TorchTimer", "gemm_step",
+           "memory_bound_step", "attention_step", "TORCH_HINT"]
 
 TORCH_HINT = "pase calibrate needs PyTorch: pip install '.[torch]'"
 
@@ -34,6 +39,12 @@ ELEMENT_BYTES = 2
 MEMORY_BOUND_OPS = ("add", "gelu", "layer_norm", "softmax")
 #: layer_norm and softmax work on rows of this many elements.
 ROW = 1024
+
+#: FlashAttention's backward runs 2.5 times the forward's products (as
+#: ``pase.costing.training.FLASH_BACKWARD_FACTOR``, which prices the fused kernel).
+ATTENTION_BACKWARD_FACTOR = 2.5
+#: Head dimension of every measured attention shape.
+ATTENTION_HEAD_DIM = 128
 
 #: Links cannot be measured on one GPU: these defaults (an H100 SXM node, NVLink and
 #: 400 Gb/s networking) go into the description unless the command line sets them.
@@ -70,6 +81,30 @@ def memory_grid(quick: bool = False) -> list:
     """
     sizes = [ROW * 16 ** i for i in range(6)] if quick else [ROW * 4 ** i for i in range(11)]
     return [(op, e) for e in sizes for op in MEMORY_BOUND_OPS]
+
+
+def attention_grid() -> list:
+    """The ``(batch, heads, sequence, head_dim)`` attention shapes to measure (quick or not).
+
+    Batch 1 with 32 heads and batch 4 with 16, sequences of 2048, 4096 and 8192, head
+    dimension 128: 6 shapes.
+
+    >>> len(attention_grid()), attention_grid()[0]
+    (6, (1, 32, 2048, 128))
+    """
+    return [(b, h, s, ATTENTION_HEAD_DIM) for b, h in ((1, 32), (4, 16)) for s in (2048, 4096, 8192)]
+
+
+def attention_flops(b: int, h: int, s: int, d: int) -> float:
+    """Modelled FLOPs of one causal attention training step, as the costing prices it.
+
+    Forward: the two products ``QK^T`` and ``PV``, ``2 * 2 * b*h*s*s*d``, halved for the
+    causal mask; the backward runs 2.5 times that.
+
+    >>> attention_flops(1, 1, 2, 1)   # 4 * 4 / 2 * 3.5
+    28.0
+    """
+    return 4.0 * b * h * s * s * d / 2.0 * (1.0 + ATTENTION_BACKWARD_FACTOR)
 
 
 # ---------------------------------------------------------------------------------------
@@ -143,6 +178,14 @@ class TorchTimer:
             del step
             self.torch.cuda.empty_cache()
 
+    def attention(self, b: int, h: int, s: int, d: int) -> float:
+        step = attention_step(self.torch, self.device, b, h, s, d)
+        try:
+            return self._time(step)
+        finally:
+            del step
+            self.torch.cuda.empty_cache()
+
 
 def gemm_step(torch, device, b: int, m: int, n: int, k: int) -> Callable[[], tuple]:
     """One training step of ``b`` GEMMs as a closure: ``step() -> (Y, dX, dW)``, bf16.
@@ -203,6 +246,23 @@ def memory_bound_step(torch, device, op: str, elements: int) -> Callable[[], tup
     return step
 
 
+def attention_step(torch, device, b: int, h: int, s: int, d: int) -> Callable[[], tuple]:
+    """Forward and backward of causal ``scaled_dot_product_attention`` on ``[b, h, s, d]``
+    bf16 queries, keys and values: ``step() -> (dQ, dK, dV)`` (PyTorch picks the kernel:
+    FlashAttention where it can)."""
+    F = torch.nn.functional
+    opts = dict(device=device, dtype=torch.bfloat16)
+    q, k, v = (torch.randn(b, h, s, d, **opts, requires_grad=True) for _ in range(3))
+    dy = torch.randn(b, h, s, d, **opts)
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.autograd.grad(out, (q, k, v), dy)
+
+    step.inputs = (q, k, v, dy)
+    return step
+
+
 # ---------------------------------------------------------------------------------------
 # The tables and the description
 
@@ -219,7 +279,7 @@ def _best_rates(gemm_rows: list, memory_rows: list) -> tuple:
 def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | None = None,
               devices_per_node: int = 8, memory_gb: float | None = None, peak_tflops: float | None = None,
               hbm_gbps: float | None = None, intra_node: dict | None = None, inter_node: dict | None = None,
-              progress: Callable[[int, int], None] | None = None) -> dict:
+              progress: Callable[[int, int], None] | None = None, attention: bool = True) -> dict:
     """Measure the tables and write ``out_path`` (the description) and its table file.
 
     The table goes next to the description as ``<stem>-measured.json``, named relative
@@ -232,13 +292,19 @@ def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | Non
     quick : bool
         Measure the small grid (:func:`gemm_grid`) instead of the shipped one.
     timer : object, optional
-        Has ``gemm(B, M, N, K)`` and ``memory_bound(op, elements)`` returning seconds and
-        a ``device_name``; default a :class:`TorchTimer` on the current CUDA device.
+        Has ``gemm(B, M, N, K)``, ``memory_bound(op, elements)`` and ``attention(b, h, s, d)``
+        returning seconds and a ``device_name``; default a :class:`TorchTimer` on the
+        current CUDA device.
     name, devices_per_node, memory_gb, peak_tflops, hbm_gbps, intra_node, inter_node
         Description fields. Defaults: the file's stem; 8; the device's memory; the best
         FLOP rate and bandwidth measured; :data:`DEFAULT_LINKS` (not measurable on one GPU).
     progress : callable, optional
         Called as ``progress(done, total)`` after each measurement.
+    attention : bool
+        Measure the attention grid (:func:`attention_grid`) and write the median efficiency,
+        ``attention_flops / (seconds * peak)`` capped at 1, as ``attention_efficiency``
+        (rounded to 3 places) and the rows in the table's ``attention``. The peak is the
+        description's ``peak_tflops``. False: neither is written (the costing's default).
 
     Returns
     -------
@@ -253,12 +319,16 @@ def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | Non
     stem = os.path.basename(out_path)[: -len(".json")]
     table_name = f"{stem}-measured.json"
     work = [("gemm", s) for s in gemm_grid(quick)] + [("memory_bound", s) for s in memory_grid(quick)]
-    gemm_rows, memory_rows = [], []
+    if attention:
+        work += [("attention", s) for s in attention_grid()]
+    gemm_rows, memory_rows, attention_rows = [], [], []
     for i, (kind, shape) in enumerate(work):
         if kind == "gemm":
             gemm_rows.append([*shape, float(timer.gemm(*shape))])
-        else:
+        elif kind == "memory_bound":
             memory_rows.append([*shape, float(timer.memory_bound(*shape))])
+        else:
+            attention_rows.append([*shape, float(timer.attention(*shape))])
         if progress is not None:
             progress(i + 1, len(work))
     device = getattr(timer, "device_name", "unknown device")
@@ -276,16 +346,28 @@ def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | Non
     if memory_gb is None:
         memory_gb = getattr(timer, "memory_bytes", None)
         memory_gb = round(memory_gb / 1e9, 1) if memory_gb else 80
+    peak_tflops = peak_tflops if peak_tflops is not None else round(best_tflops, 1)
+    efficiency = None
+    if attention_rows:
+        efficiencies = [min(1.0, attention_flops(b, h, s, d) / (seconds * peak_tflops * 1e12))
+                        for b, h, s, d, seconds in attention_rows]
+        efficiency = max(0.001, round(float(statistics.median(efficiencies)), 3))
+        table["attention_note"] = (
+            "[batch, heads, sequence, head_dim, seconds, efficiency]: forward + backward of causal "
+            "scaled_dot_product_attention on bf16 [batch, heads, sequence, head_dim] tensors; efficiency = "
+            f"4*b*h*s*s*d/2 * (1 + {ATTENTION_BACKWARD_FACTOR:g}) / (seconds * {peak_tflops:g} TFLOPS)")
+        table["attention"] = [row + [round(e, 4)] for row, e in zip(attention_rows, efficiencies)]
     description = {
         "name": name or stem,
         "devices_per_node": devices_per_node,
         "memory_gb": memory_gb,
-        "peak_tflops": peak_tflops if peak_tflops is not None else round(best_tflops, 1),
+        "peak_tflops": peak_tflops,
         "hbm_gbps": hbm_gbps if hbm_gbps is not None else round(best_gbps, 1),
         "intra_node": dict(intra_node or DEFAULT_LINKS["intra_node"]),
         "inter_node": dict(inter_node or DEFAULT_LINKS["inter_node"]),
         "act_bytes": ELEMENT_BYTES,
         "grad_bytes": 4,
+        **({"attention_efficiency": efficiency} if efficiency is not None else {}),
         "measured": table_name,
         "device": device,
         "notes": ("measured by pase calibrate" + (" --quick" if quick else "")
