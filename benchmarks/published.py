@@ -146,37 +146,12 @@ def derive_titan_table(path: str = TITAN_TABLE) -> None:
 _MACHINES: dict = {}
 
 
-class IntraNodeEdges:
-    """What-if, not part of the fitted procedure: the tool's machine with every edge
-    redistribution priced on the link of a node (``redistribute(e, min(p, devices_per_node))``).
-
-    The mesh search prices an edge between two layouts with ``redistribute(volume, p)`` for
-    all ``p`` devices, hence on the inter-node link as soon as ``p`` exceeds a node, although in
-    a mesh with ``tp`` within a node the devices that exchange a tensor (the tensor-parallel
-    group: sequence-parallel gathers and scatters) share a node. This wrapper shows what the
-    fix proposed in the README changes; every other cost is the machine's own.
-    """
-
-    def __init__(self, machine):
-        self._machine = machine
-
-    def __getattr__(self, name):
-        return getattr(self._machine, name)
-
-    def redistribute(self, elements, procs):
-        return self._machine.redistribute(elements, np.minimum(procs, self._machine.devices_per_node))
-
-
-def machine_for(row: dict, ceiling: float | None, tmp: str, intra: bool = False):
+def machine_for(row: dict, ceiling: float | None, tmp: str):
     """The row's machine; with ``ceiling``, no GEMM runs above that fraction of the spec peak
     (the description's ``peak_tflops`` is the floor ``6 BMNK / peak`` of every GEMM)."""
-    key = (row["source"], ceiling, intra)
+    key = (row["source"], ceiling)
     if key in _MACHINES:
         return _MACHINES[key]
-    if intra:
-        m = IntraNodeEdges(machine_for(row, ceiling, tmp))
-        _MACHINES[key] = m
-        return m
     if ceiling is None and row["source"] == "megatron":
         m = pase.load_machine(H100_SXM)
     else:
@@ -199,7 +174,7 @@ def machine_for(row: dict, ceiling: float | None, tmp: str, intra: bool = False)
 def price(row: dict, constants: dict, tmp: str, recipe: str | None = None, free: bool = False) -> dict:
     """Price ``row`` under its recipe (or ``recipe``, or none with ``free``)."""
     ceiling = constants.get("gemm_ceiling")
-    m = machine_for(row, ceiling, tmp, bool(constants.get("intra_node_edges")))
+    m = machine_for(row, ceiling, tmp)
     opts = {}
     if constants.get("overlap_efficiency") is not None:
         opts["overlap_efficiency"] = constants["overlap_efficiency"]
@@ -313,56 +288,51 @@ def fit(tmp: str, log=print) -> tuple:
 # ---------------------------------------------------------------------------------------
 # Output
 
-#: What explains each visible row's difference (from the breakdowns and the what-if).
+#: What explains each visible row's difference, from its breakdown (written for the model as it
+#: is now; a row added later gets only its breakdown).
 EXPLAIN = {
     "megatron-gpt-1.7b": (
         "compute is 93 % of the step at 628 TFLOP/s per GPU: the measured GEMM table (isolated GEMMs replayed in "
         "CUDA graphs, best of 3, no NCCL kernel sharing the SMs, no sustained-power clock drop) is faster than "
-        "the same GEMMs inside a step; the published figure also counts data loading, logging, gradient "
-        "clipping; the micro-batch size is not published (the tool takes 4 sequences per rank in one micro-batch; "
-        "a smaller one runs smaller, slower GEMMs)."),
+        "the same GEMMs inside a step; the published figure also counts data loading, logging and gradient "
+        "clipping; the micro-batch size is not published."),
     "megatron-gpt-16b": (
-        "two errors cancel: compute optimistic as for 1.7B, tensor-parallel all-reduces (17 %) fully exposed "
-        "where Megatron overlaps them (--tp-comm-overlap, not modelled), and sequence parallelism off because the "
-        "tool prices it above plain tensor parallelism (README: gaps 1 and 2)."),
+        "two errors cancel: compute optimistic as for 1.7B, and the tensor-parallel collectives (17 % of the "
+        "step) fully exposed where Megatron overlaps them (--tp-comm-overlap, not modelled)."),
     "megatron-gpt-70b": (
-        "22 % of the modelled step is exposed data-parallel synchronisation (fp32 reduce-scatter and bf16 "
-        "all-gather over 48 nodes at 50 GB/s) hidden behind only one micro-batch's compute per layer and added "
-        "after the pipeline; Megatron hides the gradients of a chunk behind the other chunks' backward and the "
-        "later stages' in the cool-down bubble (gap 3); tensor-parallel all-reduces exposed (gap 4)."),
+        "29 % of the modelled step is the slowest stage's exposed data-parallel synchronisation and optimizer "
+        "(fp32 reduce-scatter and bf16 all-gather over 48 nodes at 50 GB/s): with 4 micro-batches of 2 per rank "
+        "a layer's reduction hides behind little compute; Megatron also hides a chunk's gradients behind the "
+        "other chunks' backward passes, which the model does not."),
     "megatron-gpt-177b": (
-        "the 1F1B bubble is 16 %: interleaving does not fit the modelled 80 GB without sequence parallelism, "
-        "which the tool prices on the inter-node link (gap 1); with edges on the node link the tool picks "
-        "sequence parallelism and interleaving (v = 8) and the error falls to about +7 % (table 2b)."),
+        "within 4 %: 87 % of the step is the pipeline's steady state (24 micro-batches, interleaved v = 8), the "
+        "bubble 2 %, exposed synchronisation 11 %."),
     "llama-3.1-8b": (
         "torchtitan's selective checkpointing is op-level (it keeps matmul outputs except every second one and "
         "recomputes the rest); the tool's `selective` only drops attention scores, a no-op with fused attention, "
-        "so it keeps every activation (89 GiB, does not fit) and recomputes nothing; `full` brackets it "
-        "(2.16 s, 49 GiB, against published 2.84 s, 82.4 GiB). Eager mode (unfused RMSNorm, RoPE, SwiGLU, "
-        "launch latency) and the 500 W clock make the rest; the derived table only scales the 700 W one (gap 5)."),
+        "so it keeps every activation (89 GiB, does not fit) and recomputes nothing; eager mode (unfused RMSNorm, "
+        "RoPE, SwiGLU, launch latency) and the 500 W clock make the rest of the time; the derived table only "
+        "scales the 700 W one."),
 }
 
-#: Whether each row's free plan (table 3) could be run.
+#: Whether each row's free plan (table 3) could be run (written for the plans found now).
 RUNNABLE = {
     "megatron-gpt-1.7b": "it is the published recipe (data parallelism over 48, ZeRO-1); yes.",
     "megatron-gpt-16b": (
-        "dp 96, tp 2 without sequence parallelism, 2 sequences per rank: Megatron runs it as is "
-        "(--tensor-model-parallel-size 2 --use-distributed-optimizer --micro-batch-size 2); it is faster in the "
-        "model because the tensor-parallel all-reduces it saves are priced fully exposed, while Megatron overlaps "
-        "them; the gain is likely smaller or negative on the machine."),
+        "data parallelism 96 with 2 interleaved pipeline stages: Megatron runs it (--pipeline-model-parallel-size 2 "
+        "with virtual stages); it is faster in the model because it avoids the tensor-parallel collectives, priced "
+        "fully exposed while Megatron overlaps them: a candidate to measure."),
     "megatron-gpt-70b": (
-        "tp 4, pp 4 interleaved with 7 chunks (21 layers per stage, 3 per chunk), micro-batch 1: Megatron runs "
-        "it (--num-layers-per-virtual-pipeline-stage 3); faster in the model because tp 4 halves the share of the step in "
-        "the (fully exposed) TP all-reduces at the same parameters per device (tp x pp = 16), and 7 chunks keep the bubble small."),
+        "tp 2, pp 6 interleaved, micro-batch 1: Megatron runs it (--tensor-model-parallel-size 2 "
+        "--pipeline-model-parallel-size 6 with virtual stages); faster in the model because a smaller tp exposes "
+        "fewer TP collectives and more micro-batches hide the synchronisation: a candidate to measure."),
     "megatron-gpt-177b": (
-        "dp 36, tp 4, cp 2, pp 8 interleaved (v = 4): Megatron runs it (--context-parallel-size 2 with its ring "
-        "attention); 96 layers over 8 stages x 4 chunks = 3 per chunk; the gain rests on the same exposed TP "
-        "all-reduces, so treat it as a candidate to measure, not a promise."),
+        "tp 2, cp 4, pp 12 interleaved: Megatron runs it (--context-parallel-size 4 with its ring attention); the "
+        "gain rests on the same exposed TP collectives, so treat it as a candidate to measure, not a promise."),
     "llama-3.1-8b": (
-        "ZeRO-2, no recomputation, one sequence per rank and two micro-batches: torchtitan has no ZeRO-2 "
-        "switch (FSDP2 reshard_after_forward=False is the nearest, it keeps gathered weights, ZeRO-2-like) "
-        "and the plan keeps every activation (fits the modelled 96 GB at one sequence per micro-batch); runnable with "
-        "gradient accumulation, worth measuring."),
+        "ZeRO-2, no recomputation, one sequence per micro-batch: torchtitan has no ZeRO-2 switch (FSDP2 with "
+        "reshard_after_forward=False is the nearest) and the plan keeps every activation; runnable with gradient "
+        "accumulation, worth measuring."),
 }
 
 
@@ -441,10 +411,6 @@ def main(argv=None) -> int:
         h1 = headline(fitted)
         print("fitted constants:", ", ".join(f"{k} = {v}" for k, v in constants.items()))
         print(f"fitted: median {h1['median_step']:.1%}, worst {h1['worst_step']:.1%}", flush=True)
-        whatif = evaluate(dict(UNFITTED, intra_node_edges=True), tmp)
-        h2 = headline(whatif)
-        print(f"what-if (edges on the node link, unfitted): median {h2['median_step']:.1%}, worst {h2['worst_step']:.1%}",
-              flush=True)
         free_rows = []
         if not args.no_free:
             for r in unfitted:
@@ -467,8 +433,6 @@ def main(argv=None) -> int:
     if tried:
         md += [f"Grid: {len(tried)} points ({', '.join(f'{k} in {v}' for k, v in GRID.items())}); "
                "objective: mean absolute step-time error over the five rows, ties by the worst.", ""]
-    md += table_md(whatif, "2b. What-if, unfitted: edge redistributions priced on the node's link (a proposed fix, "
-                   "not a constant)", dict(UNFITTED, intra_node_edges=True))
     md += ["Per-row notes (what the modelled step misses; see README, *published.py*):", ""]
     for r in unfitted:
         note = EXPLAIN.get(r["row"]["config"])
@@ -492,7 +456,7 @@ def main(argv=None) -> int:
     md.append(f"Run time {time.time() - start:.0f} s.")
     with open(os.path.join(args.out, "published.md"), "w") as fh:
         fh.write("\n".join(md) + "\n")
-    rows = csv_rows(unfitted, "unfitted") + csv_rows(fitted, "fitted") + csv_rows(whatif, "whatif_intra_node_edges")
+    rows = csv_rows(unfitted, "unfitted") + csv_rows(fitted, "fitted")
     for r, f, _ in free_rows:
         rows.append({"table": "free", "run": r["row"]["name"], "devices": procs(r["row"]), "batch": r["row"]["batch"],
                      "sequence": r["row"]["seq"], "priced_recipe": f["recipe"], "fits": f["fits"],
