@@ -16,7 +16,7 @@ from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
-from pase.sources.registry import load
+from pase.sources.registry import load, source_of
 
 from .errors import CliError
 from .options import PROFILE_LIMIT, Options
@@ -67,7 +67,10 @@ def memory_cap(opts: Options, machine) -> float | None:
 def effective_model(opts: Options) -> int | None:
     """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
     entry = builtin_entry(opts.graph)
-    if entry is None or entry.model_help is None:
+    if entry is None:  # another source records -m when it takes one (hf: its sequence length)
+        source = source_of(opts.graph)
+        return opts.model if source is not None and "model" in source.sizes else None
+    if entry.model_help is None:
         return None
     return opts.model if opts.model is not None else entry.default_model
 
@@ -75,7 +78,10 @@ def effective_model(opts: Options) -> int | None:
 def model_name(opts: Options) -> str:
     """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
     entry = builtin_entry(opts.graph)
-    return entry.model_name if entry is not None else "model width"
+    if entry is not None:
+        return entry.model_name
+    source = source_of(opts.graph)
+    return source.model_name if source is not None else "model width"
 
 
 def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:

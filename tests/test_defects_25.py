@@ -1,0 +1,66 @@
+"""Issue 25: defects found trying the tool as a new user would (one test group per item)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cli_runner import run  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT2 = os.path.join(ROOT, "examples", "hf", "gpt2.json")
+
+MLP = '''import torch
+def mlp(batch):
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 32))
+    return m, (torch.randn(batch, 64),)
+'''
+
+
+def _json(text):
+    return json.loads(text)
+
+
+# Item 1: --evaluate of a plan from torch:/hf: prices it at the plan's recorded batch (and sequence).
+
+def test_evaluate_torch_plan_uses_recorded_batch(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "m.py").write_text(MLP)
+    spec = f"torch:{tmp_path / 'm.py'}:mlp"
+    status, out, _ = run("-g", spec, "-b", 8, "-p", 8, "--json")
+    assert status == 0
+    (tmp_path / "p.json").write_text(out)
+    planned = _json(out)
+    status, out, err = run("--evaluate", tmp_path / "p.json", "-g", spec, "--json")
+    assert status == 0, err
+    evaluated = _json(out)
+    assert evaluated["batch"] == 8
+    assert evaluated["total_cost"] == planned["total_cost"]
+
+
+def test_evaluate_hf_plan_uses_recorded_batch_and_sequence(tmp_path):
+    status, out, _ = run("-g", f"hf:{GPT2}", "-b", 4, "-m", 64, "-p", 4, "--json")
+    assert status == 0
+    planned = _json(out)
+    assert planned["model"] == 64
+    (tmp_path / "p.json").write_text(out)
+    status, out, err = run("--evaluate", tmp_path / "p.json", "-g", f"hf:{GPT2}", "--json")
+    assert status == 0, err
+    evaluated = _json(out)
+    assert (evaluated["batch"], evaluated["model"]) == (4, 64)
+    assert evaluated["total_cost"] == planned["total_cost"]
+
+
+def test_evaluate_builtin_plan_on_graph_file_without_b(tmp_path):
+    # Item 7 too: no -b was given, so no "-b 8 cannot change it"; a note says which batch applies.
+    status, out, _ = run("-g", "alexnet", "-b", 8, "-p", 4, "--json")
+    (tmp_path / "a8.json").write_text(out)
+    assert run("-g", "alexnet", "-p", 4, "--export-graph", tmp_path / "alex.json")[0] == 0
+    status, out, err = run("--evaluate", tmp_path / "a8.json", "-g", tmp_path / "alex.json")
+    assert status == 0, err
+    assert "-b 8" not in err
+    assert "records batch 8" in err and "priced at batch 128" in err
