@@ -64,3 +64,33 @@ def test_evaluate_builtin_plan_on_graph_file_without_b(tmp_path):
     assert status == 0, err
     assert "-b 8" not in err
     assert "records batch 8" in err and "priced at batch 128" in err
+
+
+# Item 6: an output path equal to an input or to another output is refused, nothing written.
+
+def test_output_over_evaluate_input_refused(tmp_path):
+    status, out, _ = run("-g", "alexnet", "-p", 4, "--json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    (tmp_path / "link.json").symlink_to(plan)
+    for flag in ("--dot-path", "--export-jax", "--export-graph"):
+        for target in (plan, tmp_path / "link.json"):
+            status, out, err = run("--evaluate", plan, flag, target)
+            assert status == 2, (flag, err)
+            assert err.count("\n") == 1 and flag in err and "--evaluate" in err
+            assert plan.read_text().startswith("{") and json.loads(plan.read_text())["graph"] == "alexnet"
+
+
+def test_two_outputs_on_one_file_refused(tmp_path):
+    status, _, err = run("-p", 4, "--export-graph", tmp_path / "x.json", "--dot-path", f"{tmp_path}/./x.json")
+    assert status == 2 and err.count("\n") == 1 and "same file" in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_output_over_graph_file_refused(tmp_path):
+    graph = tmp_path / "g.json"
+    assert run("-p", 4, "--export-graph", graph)[0] == 0
+    before = graph.read_text()
+    status, _, err = run("-g", graph, "-p", 4, "--dot-path", graph)
+    assert status == 2 and err.count("\n") == 1 and "-g" in err
+    assert graph.read_text() == before

@@ -4,11 +4,12 @@ options, profiling, printing a plan and writing the requested files."""
 from __future__ import annotations
 
 import cProfile
+import os
 from typing import IO
 
 from pase.core.fileio import InputError, check_writable, write_atomic
 from pase.costing.memory import ASSUMPTIONS
-from pase.machines.registry import load_machine
+from pase.machines.registry import MACHINE_NAMES, load_machine
 from pase.core.units import format_bytes
 from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
@@ -26,7 +27,7 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status",
+    "verified_status", "check_distinct_outputs",
 ]
 
 
@@ -155,8 +156,58 @@ def print_plan(planned: Plan, opts: Options, out: IO, measure=None, verified=Non
         out.write(f"\nDOT graph written to {opts.dot_path}\n")
 
 
+def _input_files(opts: Options) -> list:
+    """``(flag, path)`` of every file the run reads: the strategy, graph and machine files."""
+    inputs = []
+    if opts.evaluate is not None and opts.evaluate != "-":
+        inputs.append(("--evaluate", opts.evaluate))
+    source = source_of(opts.graph)
+    if source is not None and source.name != "built-in":
+        path = opts.graph.partition(":")[2] if source.prefix is not None else opts.graph
+        if source.name == "torch":  # FILE.py:FUNCTION (a module name is no file)
+            path = path.rpartition(":")[0]
+        if path:
+            inputs.append(("-g", path))
+    if opts.machine not in MACHINE_NAMES:
+        inputs.append(("--machine", opts.machine))
+    return inputs
+
+
+def _output_files(opts: Options) -> list:
+    """``(flag, path)`` of every file the run writes."""
+    outputs = [("--dot-path", opts.dot_path)] if opts.dot_path is not None else []
+    return outputs + [(exporter.flag, path) for exporter, path in opts.exports]
+
+
+def _same_file(a: str, b: str) -> bool:
+    if "\0" in a or "\0" in b:
+        return False  # no file has such a name: reading or writing it is refused on its own
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, or names differing in case on such a file system
+    except OSError:
+        return False
+
+
+def check_distinct_outputs(opts: Options) -> None:
+    """Refuse (usage status) an output path that is an input's or another output's, links
+    resolved, before anything is read or written."""
+    outputs = _output_files(opts)
+    for i, (flag, path) in enumerate(outputs):
+        for in_flag, in_path in _input_files(opts):
+            if _same_file(path, in_path):
+                raise CliError(f"{flag} {path} would overwrite the input file of {in_flag} ({in_path}): "
+                               "choose another output file", ExitStatus.USAGE)
+        for other_flag, other in outputs[:i]:
+            if _same_file(path, other):
+                raise CliError(f"{other_flag} {other} and {flag} {path} name the same file: choose one file "
+                               "per output", ExitStatus.USAGE)
+
+
 def check_outputs(opts: Options) -> None:
-    """Refuse unwritable output paths before any work."""
+    """Refuse unwritable output paths, and outputs over inputs or over each other, before any work."""
+    check_distinct_outputs(opts)
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
     for exporter, path in opts.exports:
