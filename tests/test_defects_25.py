@@ -94,3 +94,57 @@ def test_output_over_graph_file_refused(tmp_path):
     status, _, err = run("-g", graph, "-p", 4, "--dot-path", graph)
     assert status == 2 and err.count("\n") == 1 and "-g" in err
     assert graph.read_text() == before
+
+
+# Item 5: a graph file's batch must agree with its shapes; a key given twice is refused in every file.
+
+def _exported_graph(tmp_path):
+    path = tmp_path / "alex.json"
+    assert run("-p", 4, "--export-graph", path)[0] == 0
+    return path
+
+
+def test_graph_file_batch_disagreeing_with_shapes_refused(tmp_path):
+    path = _exported_graph(tmp_path)
+    data = json.loads(path.read_text())
+    data["batch"] = 64
+    path.write_text(json.dumps(data))
+    status, out, err = run("-g", path, "-p", 4)
+    assert status != 0 and out == ""
+    assert err.count("\n") == 1 and "64" in err and "128" in err
+
+
+def _duplicated(text: str, key: str, first, second) -> str:
+    old = f'"{key}": {json.dumps(first)}'
+    assert old in text
+    return text.replace(old, f'{old}, "{key}": {json.dumps(second)}', 1)
+
+
+def test_duplicate_keys_refused_in_graph_files(tmp_path):
+    path = _exported_graph(tmp_path)
+    path.write_text(_duplicated(json.dumps(json.loads(path.read_text())), "batch", 128, 64))
+    status, _, err = run("-g", path, "-p", 4)
+    assert status != 0 and err.count("\n") == 1 and "'batch'" in err and "more than once" in err
+
+
+def test_duplicate_keys_refused_in_strategy_files(tmp_path):
+    status, out, _ = run("-g", "alexnet", "-p", 4, "--json")
+    path = tmp_path / "plan.json"
+    path.write_text(_duplicated(json.dumps(json.loads(out)), "procs", 4, 8))
+    status, _, err = run("--evaluate", path)
+    assert status != 0 and err.count("\n") == 1 and "'procs'" in err and "more than once" in err
+
+
+def test_duplicate_keys_refused_in_machine_and_hf_files(tmp_path):
+    machine = os.path.join(ROOT, "examples", "machines", "h100-96gb-500w.json")
+    data = json.load(open(machine))
+    key = next(k for k, v in data.items() if isinstance(v, str))
+    path = tmp_path / "m.json"
+    path.write_text(_duplicated(json.dumps(data), key, data[key], data[key]))
+    status, _, err = run("-p", 4, "--machine", path)
+    assert status != 0 and err.count("\n") == 1 and "more than once" in err
+    data = json.load(open(GPT2))
+    path = tmp_path / "gpt2.json"
+    path.write_text(_duplicated(json.dumps(data), "n_layer", data["n_layer"], 2))
+    status, _, err = run("-p", 4, "-g", f"hf:{path}")
+    assert status != 0 and err.count("\n") == 1 and "'n_layer'" in err and "more than once" in err
