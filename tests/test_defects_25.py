@@ -148,3 +148,10 @@ def test_duplicate_keys_refused_in_machine_and_hf_files(tmp_path):
     path.write_text(_duplicated(json.dumps(data), "n_layer", data["n_layer"], 2))
     status, _, err = run("-p", 4, "-g", f"hf:{path}")
     assert status != 0 and err.count("\n") == 1 and "'n_layer'" in err and "more than once" in err
+
+
+# Item 9: pase --help names the other command, pase calibrate.
+
+def test_help_mentions_calibrate():
+    status, out, _ = run("--help")
+    assert status == 0 and "pase calibrate" in out

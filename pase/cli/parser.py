@@ -66,7 +66,11 @@ def _epilog() -> str:
     width = max(len(name) for name in GRAPHS)
     lines += [f"  {name:<{width}}  {entry.description}" for name, entry in GRAPHS.items()]
     lines += ["", "costs are in FLOP-equivalents: FLOPs plus rho x 8-byte words communicated,",
-              "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "", "exit status:"]
+              "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "",
+              "other commands:",
+              "  pase calibrate --out FILE.json  measure this GPU (PyTorch) and write a machine",
+              "                                  file for --machine (pase calibrate --help)", "",
+              "exit status:"]
     lines += [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
     return "\n".join(lines)
 
