@@ -155,3 +155,45 @@ def test_duplicate_keys_refused_in_machine_and_hf_files(tmp_path):
 def test_help_mentions_calibrate():
     status, out, _ = run("--help")
     assert status == 0 and "pase calibrate" in out
+
+
+# Item 7: confusing output.
+
+def _machine_file(tmp_path, **changes):
+    data = json.load(open(os.path.join(ROOT, "examples", "machines", "h100-96gb-500w.json")))
+    data.pop("measured")
+    data.update(changes)
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_machine_file_without_table_does_not_say_measured(tmp_path):
+    status, out, err = run("-p", 4, "--machine", _machine_file(tmp_path))
+    assert status == 0, err
+    assert "measured" not in out and "peak" in out
+
+
+def test_machine_file_act_bytes_sets_the_memory_model(tmp_path):
+    machine = _machine_file(tmp_path, act_bytes=4)
+    status, out, err = run("-p", 4, "--machine", machine, "--json")
+    assert status == 0, err
+    assert json.loads(out)["memory"]["act_bytes"] == 4
+    status, out, err = run("-p", 4, "--machine", machine, "--json", "--act-bytes", 1)
+    assert json.loads(out)["memory"]["act_bytes"] == 1
+
+
+def test_control_characters_in_layer_names_are_escaped(tmp_path):
+    path = _exported_graph(tmp_path)
+    data = json.loads(path.read_text())
+    first = data["layers"][0]["name"]
+    data["layers"][0]["name"] = "conv\n1\x1b[2J"
+    for layer in data["layers"]:
+        layer["inputs"] = ["conv\n1\x1b[2J" if i == first else i for i in layer["inputs"]]
+    path.write_text(json.dumps(data))
+    status, out, err = run("-g", path, "-p", 4)
+    assert status == 0, err
+    assert "\x1b" not in out
+    rows = out.split("\n\n")[1].splitlines()
+    assert len(rows) == 1 + len(data["layers"])
+    assert "conv\\n1\\x1b[2J" in rows[1]

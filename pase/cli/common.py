@@ -4,6 +4,7 @@ options, profiling, printing a plan and writing the requested files."""
 from __future__ import annotations
 
 import cProfile
+from dataclasses import replace
 import os
 from typing import IO
 
@@ -27,7 +28,7 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status", "check_distinct_outputs",
+    "verified_status", "check_distinct_outputs", "machine_defaults",
 ]
 
 
@@ -45,6 +46,15 @@ def load_network(opts: Options, model_from_file: bool = False):
             message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, ExitStatus.USAGE) from None
+
+
+def machine_defaults(opts: Options, machine) -> Options:
+    """``opts`` with the memory model's bytes per activation taken from a machine that states
+    them (a machine file's ``act_bytes``) when ``--act-bytes`` was not given."""
+    act_bytes = getattr(machine, "act_bytes", None)
+    if opts.act_bytes_given or act_bytes is None:
+        return opts
+    return replace(opts, act_bytes=float(act_bytes))
 
 
 def load_checked_machine(opts: Options, procs) -> object:

@@ -16,7 +16,7 @@ from pase.sources.builtin import GRAPHS
 from pase.sources.registry import source_of
 
 from .common import (
-    Profiler, check_distinct_outputs, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
+    machine_defaults, Profiler, check_distinct_outputs, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
     run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -147,6 +147,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
         err.write(note + "\n")
     check_distinct_outputs(opts)
     machine = load_checked_machine(opts, [opts.procs])
+    opts = machine_defaults(opts, machine)
     network = load_network(opts, model_from_file=args.model is None and "model" in settings)
     if args.batch is None and recorded_batch is not None and network.batch != recorded_batch:
         err.write(f"pase: note: {where} records batch {recorded_batch}, which {opts.graph} fixes at "

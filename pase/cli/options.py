@@ -79,6 +79,7 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
+    act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -148,4 +149,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         memory_cap=None if args.memory is None else args.memory * 1e9,
         param_bytes=pick("param_bytes", 16.0),
         act_bytes=pick("act_bytes", 2.0),
+        act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
     )

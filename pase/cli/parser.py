@@ -178,7 +178,8 @@ def _add_search_and_memory(add) -> None:
         help="bytes per parameter element in the memory model: 16 = fp16 weight and gradient plus "
              "fp32 master weight and two Adam moments. (Default: 16)")
     add("--act-bytes", type=byte_size, default=None, metavar="B",
-        help="bytes per activation element in the memory model. (Default: 2, fp16)")
+        help="bytes per activation element in the memory model. (Default: a machine file's "
+             "act_bytes, else 2, fp16)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
              f"for searches longer than {PROGRESS_DELAY:g} s)")
