@@ -197,3 +197,15 @@ def test_control_characters_in_layer_names_are_escaped(tmp_path):
     rows = out.split("\n\n")[1].splitlines()
     assert len(rows) == 1 + len(data["layers"])
     assert "conv\\n1\\x1b[2J" in rows[1]
+
+
+# Item 2: the paper machine's words say what its numbers count (a multiply-add once).
+
+def test_paper_machine_labels_say_what_is_counted():
+    status, out, _ = run("-p", 4)
+    assert status == 0
+    assert "FLOPs plus rho" not in out and "at 10 TFLOPS)" not in out
+    assert "a multiply-add counts 1" in out and "ms at 10e12 FLOP-equivalents/s)" in out
+    assert "1.4822e+11 FLOP-equivalents" in out  # the numbers are the paper's, unchanged
+    status, out, _ = run("--help")
+    assert "divide by the device's FLOP/s" not in out and "multiply-add" in out

@@ -65,8 +65,9 @@ def _epilog() -> str:
     lines = ["graphs:"]
     width = max(len(name) for name in GRAPHS)
     lines += [f"  {name:<{width}}  {entry.description}" for name, entry in GRAPHS.items()]
-    lines += ["", "costs are in FLOP-equivalents: FLOPs plus rho x 8-byte words communicated,",
-              "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "",
+    lines += ["", "costs are in FLOP-equivalents: compute, a multiply-add counting 1 (as in the paper;",
+              "the usual count is 2), plus rho x 8-byte words communicated, rho = FLOPS /",
+              "(bandwidth / 8); milliseconds shown are the cost at --flops x 1e12 per second.", "",
               "other commands:",
               "  pase calibrate --out FILE.json  measure this GPU (PyTorch) and write a machine",
               "                                  file for --machine (pase calibrate --help)", "",
