@@ -209,3 +209,26 @@ def test_paper_machine_labels_say_what_is_counted():
     assert "1.4822e+11 FLOP-equivalents" in out  # the numbers are the paper's, unchanged
     status, out, _ = run("--help")
     assert "divide by the device's FLOP/s" not in out and "multiply-add" in out
+
+
+# Item 4: "does it fit?" is answered before any dynamic programme (and before the time notice).
+
+def test_nothing_fits_is_known_before_any_dynamic_programme(monkeypatch):
+    import pase
+    from pase.search import solver
+    from pase.sources.registry import load
+
+    def no_programme(*args, **kwargs):
+        raise AssertionError("a dynamic programme ran although nothing can fit")
+
+    monkeypatch.setattr(solver.Search, "run", no_programme)
+    notices = []
+    planned = pase.plan(load("alexnet"), 8, memory_cap=1e3, notice=lambda *a: notices.append(a))
+    assert planned.memory.status == "nothing-fits"
+    assert planned.memory.searches == 0 and notices == []
+    assert planned.memory.least_bytes > 1e3
+
+
+def test_nothing_fits_cli_is_one_line_at_once():
+    status, out, err = run("-g", "gpt3-175b", "-p", 8, "-b", 8, "--memory", 1)
+    assert status == 4 and out == "" and err.count("\n") == 1 and "nothing fits" in err

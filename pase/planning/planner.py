@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+import numpy as np
+
 
 from pase.core.checks import checked_device_count, is_int, is_number
 from pase.planning.baselines import data_parallel
@@ -201,13 +203,18 @@ def plan(
     configs_of = [graph.nodes[v]["configs"] for v in vertices]
     search = Search(graph, ordering, blocks=blocks)
     search.check_budget(budget)  # refuse before any notice or allocation
-    if notice is not None:
+    vectors = None
+    if memory_cap is not None:
+        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
+        # The least memory any strategy needs is a per-layer minimum (memory has no edge
+        # terms): when it exceeds the cap, the capped search says so before any programme.
+        hopeless = sum(float(np.min(vectors[v])) for v in vertices) > memory_cap
+    if notice is not None and not (memory_cap is not None and hopeless):
         notice(search.estimate, 1 if memory_cap is None else capped_options.get("max_searches", MAX_SEARCHES))
     if memory_cap is None:
         result = search.run(memory_budget=budget, progress=progress)
         choice, total, stats, capped = result.choice, result.cost, result.stats, {}
     else:
-        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
         choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
                                                capped_options)
     indices = [int(choice[v]) for v in vertices]
