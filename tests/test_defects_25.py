@@ -232,3 +232,25 @@ def test_nothing_fits_is_known_before_any_dynamic_programme(monkeypatch):
 def test_nothing_fits_cli_is_one_line_at_once():
     status, out, err = run("-g", "gpt3-175b", "-p", 8, "-b", 8, "--memory", 1)
     assert status == 4 and out == "" and err.count("\n") == 1 and "nothing fits" in err
+
+
+# Item 8: a search restricted to configurations an engine can run; implied by --export-jax/--verify.
+
+def _devices(report):
+    import math
+    return [math.prod(layer["config"]) for layer in report["layers"]]
+
+
+def test_exportable_search_keeps_device_counts_dividing_p():
+    status, out, _ = run("-g", "transformer", "-b", 16, "-p", 32, "--json")
+    assert any(32 % d for d in _devices(json.loads(out)))  # the free optimum uses 24 of 32 somewhere
+    status, out, err = run("-g", "transformer", "-b", 16, "-p", 32, "--exportable", "--json")
+    assert status == 0, err
+    assert all(32 % d == 0 for d in _devices(json.loads(out)))
+
+
+def test_export_jax_implies_an_exportable_search(tmp_path):
+    status, out, err = run("-g", "transformer", "-b", 16, "-p", 32, "--export-jax", tmp_path / "shard.json")
+    assert status == 0, err
+    assert (tmp_path / "shard.json").exists()
+    assert "only those an engine can run" in out

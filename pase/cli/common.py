@@ -107,6 +107,7 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
     try:
         return plan(network, procs, machine, cap, opts.algo, progress,
                     memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
+                    exportable=opts.exportable,
                     notice=notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:

@@ -72,6 +72,7 @@ class Options:
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     exports: tuple = ()  # (Exporter, path) of every --export-* flag given
     verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
+    exportable: bool = False  # --exportable (or implied by --export-jax, --verify): engine-runnable configurations
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -142,6 +143,8 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         blocks=not args.no_blocks,
         exports=exports,
         verify=args.verify,
+        exportable=bool(getattr(args, "exportable", False)) or args.verify is not None
+        or any(exporter.engine for exporter, _ in exports),
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,

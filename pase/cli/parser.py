@@ -161,6 +161,10 @@ def _add_imports_and_exports(add) -> None:
              "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'. "
              "torch: the same on p gloo CPU processes with DTensor, bytes counted with CommDebugMode; "
              "needs pip install '.[torch]'.")
+    add("--exportable", action="store_true",
+        help="search only configurations an engine can run: every layer's device count divides p (a JAX "
+             "or PyTorch device mesh needs equal replicas of every part). (Default: on with --export-jax "
+             "or --verify, else every configuration on at most p devices)")
 
 
 def _add_search_and_memory(add) -> None:

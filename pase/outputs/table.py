@@ -80,6 +80,9 @@ def _summary_lines(plan: Plan) -> list:
             f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
+        if plan.exportable:
+            lines.append(("configurations", "only those an engine can run (each layer's device count divides "
+                                            f"{plan.procs}: --exportable)"))
         if s.blocks:
             lines.append((
                 "blocks",

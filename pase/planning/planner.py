@@ -63,6 +63,8 @@ class Plan:
         Chosen configuration index of every vertex, into ``graph.nodes[v]["configs"]``.
     graph : networkx.DiGraph or None
         The costed graph the search ran on.
+    exportable : bool
+        Searched among the configurations an engine can run only (``plan(exportable=True)``).
     """
 
     network: Network
@@ -78,6 +80,7 @@ class Plan:
     search: SearchStats | None = None
     indices: list | None = None
     graph: object = None
+    exportable: bool = False  # searched among configurations an engine can run only
 
     @property
     def evaluated(self) -> bool:
@@ -142,6 +145,7 @@ def plan(
     graph=None,
     notice: Callable | None = None,
     blocks: bool = True,
+    exportable: bool = False,
     **capped_options,
 ) -> Plan:
     """The cheapest strategy for ``network`` on ``procs`` devices, found exactly.
@@ -174,6 +178,10 @@ def plan(
     blocks : bool
         Solve runs of identical blocks once (``pase.search.solver.Search``; default); ``False``
         runs the plain dynamic programme. The optimum is the same.
+    exportable : bool
+        Search only configurations an engine can run (``Network.configs(procs, divisors=True)``:
+        each layer's device count divides ``procs``), so that the JAX export and the
+        ``--verify`` runs accept the plan. Ignored when ``graph`` is given.
     **capped_options
         ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of the capped search
         (only with ``memory_cap``).
@@ -195,8 +203,10 @@ def plan(
     if memory_cap is not None and not memory_cap > 0:
         raise ValueError(f"the memory cap must be positive, got {memory_cap!r}")
     budget = table_budget if table_budget is not None else default_table_budget()
+    restricted = bool(exportable) and graph is None
     if graph is None:
-        graph = network.graph(procs, machine, budget=budget)
+        configs = network.configs(procs, divisors=True) if restricted else None
+        graph = network.graph(procs, machine, configs=configs, budget=budget)
     else:
         _check_graph(graph, network, procs, machine)
     vertices = range(len(network.layers))
@@ -233,6 +243,7 @@ def plan(
         search=stats,
         indices=indices,
         graph=graph,
+        exportable=restricted,
     )
 
 
