@@ -4,11 +4,13 @@ options, profiling, printing a plan and writing the requested files."""
 from __future__ import annotations
 
 import cProfile
+from dataclasses import replace
+import os
 from typing import IO
 
 from pase.core.fileio import InputError, check_writable, write_atomic
 from pase.costing.memory import ASSUMPTIONS
-from pase.machines.registry import load_machine
+from pase.machines.registry import MACHINE_NAMES, load_machine
 from pase.core.units import format_bytes
 from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
@@ -16,7 +18,7 @@ from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
-from pase.sources.registry import load
+from pase.sources.registry import load, source_of
 
 from .errors import CliError
 from .options import PROFILE_LIMIT, Options
@@ -26,7 +28,7 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status",
+    "verified_status", "check_distinct_outputs", "machine_defaults",
 ]
 
 
@@ -44,6 +46,15 @@ def load_network(opts: Options, model_from_file: bool = False):
             message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, ExitStatus.USAGE) from None
+
+
+def machine_defaults(opts: Options, machine) -> Options:
+    """``opts`` with the memory model's bytes per activation taken from a machine that states
+    them (a machine file's ``act_bytes``) when ``--act-bytes`` was not given."""
+    act_bytes = getattr(machine, "act_bytes", None)
+    if opts.act_bytes_given or act_bytes is None:
+        return opts
+    return replace(opts, act_bytes=float(act_bytes))
 
 
 def load_checked_machine(opts: Options, procs) -> object:
@@ -67,7 +78,10 @@ def memory_cap(opts: Options, machine) -> float | None:
 def effective_model(opts: Options) -> int | None:
     """The ``-m`` value the graph was built with (given or the graph's default), if it has one."""
     entry = builtin_entry(opts.graph)
-    if entry is None or entry.model_help is None:
+    if entry is None:  # another source records -m when it takes one (hf: its sequence length)
+        source = source_of(opts.graph)
+        return opts.model if source is not None and "model" in source.sizes else None
+    if entry.model_help is None:
         return None
     return opts.model if opts.model is not None else entry.default_model
 
@@ -75,7 +89,10 @@ def effective_model(opts: Options) -> int | None:
 def model_name(opts: Options) -> str:
     """How outputs name the ``-m`` value of the graph (``model width``, ``sequence length``)."""
     entry = builtin_entry(opts.graph)
-    return entry.model_name if entry is not None else "model width"
+    if entry is not None:
+        return entry.model_name
+    source = source_of(opts.graph)
+    return source.model_name if source is not None else "model width"
 
 
 def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
@@ -90,6 +107,7 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
     try:
         return plan(network, procs, machine, cap, opts.algo, progress,
                     memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
+                    exportable=opts.exportable,
                     notice=notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:
@@ -149,8 +167,58 @@ def print_plan(planned: Plan, opts: Options, out: IO, measure=None, verified=Non
         out.write(f"\nDOT graph written to {opts.dot_path}\n")
 
 
+def _input_files(opts: Options) -> list:
+    """``(flag, path)`` of every file the run reads: the strategy, graph and machine files."""
+    inputs = []
+    if opts.evaluate is not None and opts.evaluate != "-":
+        inputs.append(("--evaluate", opts.evaluate))
+    source = source_of(opts.graph)
+    if source is not None and source.name != "built-in":
+        path = opts.graph.partition(":")[2] if source.prefix is not None else opts.graph
+        if source.name == "torch":  # FILE.py:FUNCTION (a module name is no file)
+            path = path.rpartition(":")[0]
+        if path:
+            inputs.append(("-g", path))
+    if opts.machine not in MACHINE_NAMES:
+        inputs.append(("--machine", opts.machine))
+    return inputs
+
+
+def _output_files(opts: Options) -> list:
+    """``(flag, path)`` of every file the run writes."""
+    outputs = [("--dot-path", opts.dot_path)] if opts.dot_path is not None else []
+    return outputs + [(exporter.flag, path) for exporter, path in opts.exports]
+
+
+def _same_file(a: str, b: str) -> bool:
+    if "\0" in a or "\0" in b:
+        return False  # no file has such a name: reading or writing it is refused on its own
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, or names differing in case on such a file system
+    except OSError:
+        return False
+
+
+def check_distinct_outputs(opts: Options) -> None:
+    """Refuse (usage status) an output path that is an input's or another output's, links
+    resolved, before anything is read or written."""
+    outputs = _output_files(opts)
+    for i, (flag, path) in enumerate(outputs):
+        for in_flag, in_path in _input_files(opts):
+            if _same_file(path, in_path):
+                raise CliError(f"{flag} {path} would overwrite the input file of {in_flag} ({in_path}): "
+                               "choose another output file", ExitStatus.USAGE)
+        for other_flag, other in outputs[:i]:
+            if _same_file(path, other):
+                raise CliError(f"{other_flag} {other} and {flag} {path} name the same file: choose one file "
+                               "per output", ExitStatus.USAGE)
+
+
 def check_outputs(opts: Options) -> None:
-    """Refuse unwritable output paths before any work."""
+    """Refuse unwritable output paths, and outputs over inputs or over each other, before any work."""
+    check_distinct_outputs(opts)
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
     for exporter, path in opts.exports:

@@ -13,9 +13,10 @@ from pase.core.fileio import InputError, read_json
 from pase.machines.registry import MACHINE_NAMES, preset_of
 from pase.planning.planner import evaluate_plan, strategy_from_json
 from pase.sources.builtin import GRAPHS
+from pase.sources.registry import source_of
 
 from .common import (
-    Profiler, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
+    machine_defaults, Profiler, check_distinct_outputs, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
     run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -58,7 +59,9 @@ def _read_strategy_file(path: str) -> tuple:
 
     ``where`` names the file in messages. ``extra`` may hold ``"file graph"`` and ``"file
     machine"``: the names of a graph and a machine that the plan was made with and that came
-    from files (not built in), which the command line must name again.
+    from files (not built in), which the command line must name again; with a file graph,
+    ``"file sizes"`` holds its recorded batch and width, which apply again when ``-g`` names
+    a source that takes them (``torch:``, ``hf:``; a graph file fixes its own).
     """
     where = f"strategy file {path}" if path != "-" else "strategy file on standard input"
     try:
@@ -78,10 +81,13 @@ def _read_strategy_file(path: str) -> tuple:
     graph = settings.get("graph")
     if isinstance(graph, str) and graph not in GRAPHS:
         # A graph file's or an imported model's network name: -g must name its source again.
-        # Its batch is the file's own, and a width applies to built-in graphs only.
+        # Its batch and width apply if that source takes them (run_evaluate decides).
         extra["file graph"] = graph
-        for key in ("graph", "batch", "model"):
-            settings.pop(key, None)
+        settings.pop("graph")
+        extra["file sizes"] = {key: settings.pop(key) for key in ("batch", "model") if key in settings}
+        for key, value in extra["file sizes"].items():
+            if value is not None and not _FILE_SETTINGS[key](value):
+                raise CliError(f"{where}: invalid {key!r}: {json.dumps(value)[:80]}")
     for key, value in list(settings.items()):
         if key not in _FILE_SETTINGS:
             del settings[key]  # recorded, but not a setting this version takes
@@ -116,6 +122,18 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     if args.graph is not None and args.graph != settings.get("graph", args.graph):
         # The recorded width belongs to the recorded graph, not to the one asked for.
         settings.pop("model", None)
+    recorded_batch = settings.get("batch", extra.get("file sizes", {}).get("batch"))
+    source = source_of(args.graph) if args.graph is not None else None
+    if source is not None:
+        # The sizes recorded for the plan's graph apply to a source that takes them (an
+        # imported model or a Hugging Face config is rebuilt at the plan's batch); a graph
+        # file fixes its own.
+        for key, value in extra.get("file sizes", {}).items():
+            if key in source.sizes and value is not None:
+                settings[key] = value
+        for key in ("batch", "model"):
+            if key not in source.sizes:
+                settings.pop(key, None)
     if args.machine is not None and args.machine != settings.get("machine", args.machine):
         # Recorded rates belong to the recorded machine: pricing on another one drops them.
         for key in ("flops", "bw"):
@@ -127,8 +145,13 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
         opts = replace(opts, memory_cap=float(settings["cap_bytes"]))
     for note in _overrides(args, settings):
         err.write(note + "\n")
+    check_distinct_outputs(opts)
     machine = load_checked_machine(opts, [opts.procs])
+    opts = machine_defaults(opts, machine)
     network = load_network(opts, model_from_file=args.model is None and "model" in settings)
+    if args.batch is None and recorded_batch is not None and network.batch != recorded_batch:
+        err.write(f"pase: note: {where} records batch {recorded_batch}, which {opts.graph} fixes at "
+                  f"{network.batch}: the plan is priced at batch {network.batch}\n")
     check_outputs(opts)
     write_exports(opts, "network", network)
     with Profiler(opts.profile) as profiler:

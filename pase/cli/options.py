@@ -72,6 +72,7 @@ class Options:
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     exports: tuple = ()  # (Exporter, path) of every --export-* flag given
     verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
+    exportable: bool = False  # --exportable (or implied by --export-jax, --verify): engine-runnable configurations
     profile: bool = False  # --profile: cProfile the search
     measure: bool = False  # --measure: time repeated searches
     progress: bool | None = None  # --progress / --no-progress
@@ -79,6 +80,7 @@ class Options:
     memory_cap: float | None = None  # --memory: bytes per device the strategy must fit
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
+    act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -141,6 +143,8 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         blocks=not args.no_blocks,
         exports=exports,
         verify=args.verify,
+        exportable=bool(getattr(args, "exportable", False)) or args.verify is not None
+        or any(exporter.engine for exporter, _ in exports),
         profile=args.profile,
         measure=args.measure,
         progress=args.progress,
@@ -148,4 +152,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         memory_cap=None if args.memory is None else args.memory * 1e9,
         param_bytes=pick("param_bytes", 16.0),
         act_bytes=pick("act_bytes", 2.0),
+        act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
     )

@@ -65,8 +65,13 @@ def _epilog() -> str:
     lines = ["graphs:"]
     width = max(len(name) for name in GRAPHS)
     lines += [f"  {name:<{width}}  {entry.description}" for name, entry in GRAPHS.items()]
-    lines += ["", "costs are in FLOP-equivalents: FLOPs plus rho x 8-byte words communicated,",
-              "rho = FLOPS / (bandwidth / 8); divide by the device's FLOP/s for seconds.", "", "exit status:"]
+    lines += ["", "costs are in FLOP-equivalents: compute, a multiply-add counting 1 (as in the paper;",
+              "the usual count is 2), plus rho x 8-byte words communicated, rho = FLOPS /",
+              "(bandwidth / 8); milliseconds shown are the cost at --flops x 1e12 per second.", "",
+              "other commands:",
+              "  pase calibrate --out FILE.json  measure this GPU (PyTorch) and write a machine",
+              "                                  file for --machine (pase calibrate --help)", "",
+              "exit status:"]
     lines += [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
     return "\n".join(lines)
 
@@ -156,6 +161,10 @@ def _add_imports_and_exports(add) -> None:
              "report the bytes XLA moves next to the modelled ones. Needs pip install '.[jax]'. "
              "torch: the same on p gloo CPU processes with DTensor, bytes counted with CommDebugMode; "
              "needs pip install '.[torch]'.")
+    add("--exportable", action="store_true",
+        help="search only configurations an engine can run: every layer's device count divides p (a JAX "
+             "or PyTorch device mesh needs equal replicas of every part). (Default: on with --export-jax "
+             "or --verify, else every configuration on at most p devices)")
 
 
 def _add_search_and_memory(add) -> None:
@@ -174,7 +183,8 @@ def _add_search_and_memory(add) -> None:
         help="bytes per parameter element in the memory model: 16 = fp16 weight and gradient plus "
              "fp32 master weight and two Adam moments. (Default: 16)")
     add("--act-bytes", type=byte_size, default=None, metavar="B",
-        help="bytes per activation element in the memory model. (Default: 2, fp16)")
+        help="bytes per activation element in the memory model. (Default: a machine file's "
+             "act_bytes, else 2, fp16)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="show (or hide) progress bars on stderr. (Default: shown when stderr is a terminal, "
              f"for searches longer than {PROGRESS_DELAY:g} s)")

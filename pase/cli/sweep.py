@@ -16,7 +16,7 @@ from pase.search.capped import NOTHING_FITS
 from pase.search.solver import SearchTooLarge
 
 from .common import (
-    Profiler, check_outputs, effective_model, write_exports, load_checked_machine, load_network, model_name,
+    machine_defaults, Profiler, check_outputs, effective_model, write_exports, load_checked_machine, load_network, model_name,
     nothing_fits_message, plan_with_options, write_dot,
 )
 from .options import Options
@@ -28,6 +28,7 @@ __all__ = ["run_sweep"]
 
 def run_sweep(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, opts.sweep)
+    opts = machine_defaults(opts, machine)
     network = load_network(opts)
     check_outputs(opts)
     write_exports(opts, "network", network)

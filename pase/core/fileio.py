@@ -25,14 +25,32 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    """``object_pairs_hook``: a key given twice in one object is an error, not "last wins"."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def parse_json(text: str, where: str):
     """Parse ``text`` as strict JSON; ``InputError`` naming ``where`` for anything else.
 
-    Rejects NaN and Infinity, nesting deep enough to exhaust the parser, and integers too
-    long to convert, which ``json`` would otherwise raise as unrelated errors.
+    Rejects NaN and Infinity, a key given twice in one object (two values for one field
+    would leave it to the reader which one counts), nesting deep enough to exhaust the
+    parser, and integers too long to convert, which ``json`` would otherwise raise as
+    unrelated errors.
     """
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as err:
+        raise InputError(f"{where}: key {str(err.args[0])[:80]!r} appears more than once") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{where} is not valid JSON: {err}") from None
     except RecursionError:
@@ -41,13 +59,15 @@ def parse_json(text: str, where: str):
         raise InputError(f"{where} is not valid input JSON: {err}") from None
 
 
-def read_json(path: str, what: str):
-    """Read the JSON file ``path`` (``-`` for standard input); ``what`` names it in messages."""
-    where = f"{what} {path}" if path != "-" else f"{what} on standard input"
+def read_json(path: str, what: str, stdin: bool = True):
+    """Read the JSON file ``path`` (``-`` for standard input unless ``stdin`` is false);
+    ``what`` names it in messages."""
+    stdin = stdin and path == "-"
+    where = f"{what} {path}" if not stdin else f"{what} on standard input"
     if "\0" in path:
         raise InputError(f"cannot read {what} {path!r}: the name contains a NUL byte")
     try:
-        if path == "-":
+        if stdin:
             if sys.stdin is None:  # started with standard input closed (pase --evaluate - <&-)
                 raise InputError(f"cannot read {where}: standard input is closed")
             text = sys.stdin.read(MAX_JSON_BYTES + 1)

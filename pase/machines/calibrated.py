@@ -295,7 +295,8 @@ class CalibratedMachine:
         )
 
     def unit_line(self) -> str:
-        return "costs in seconds per training step (shown in ms): measured compute, collectives over the devices' nodes"
+        compute = "measured compute" if self._description.get("measured") else "compute at peak FLOP/s"
+        return f"costs in seconds per training step (shown in ms): {compute}, collectives over the devices' nodes"
 
     def cost_cell(self, cost: float) -> str:
         return f"{1e3 * cost:.4f}"

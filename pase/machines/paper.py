@@ -24,7 +24,9 @@ WORD_BYTES = 8
 class Machine:
     """The reference machine of the PaSE paper: peak FLOPS and bandwidth of one device.
 
-    Costs are FLOP-equivalents: FLOPs plus ``rho`` FLOP per element communicated, with
+    Costs are FLOP-equivalents: compute with a multiply-add counted once (as in the paper, so a
+    GEMM of ``M x N x K`` is ``M N K``, half the usual ``2 M N K`` FLOPs), plus ``rho`` per
+    element communicated, with
     ``rho = F * 1000 / (B / 8)`` (``docs/cost-model.md``). Every machine answers the same calls
     (``gemm``, ``memory_bound``, ``all_reduce``, ``exchange``, ``redistribute``); this one
     ignores where the devices of a group are.
@@ -114,15 +116,17 @@ class Machine:
                 f"(rho = {self.rho:g} FLOP per 8-byte word)")
 
     def unit_line(self) -> str:
-        return "costs in FLOP-equivalents: FLOPs plus rho x words communicated, per device and training step"
+        return ("costs in FLOP-equivalents: compute (a multiply-add counts 1, as in the paper) plus rho x words "
+                "communicated, per device and training step")
 
     def cost_cell(self, cost: float) -> str:
         return format_cost(cost)
 
     def cost_text(self, cost: float) -> str:
-        """A total with the time it takes one device at peak FLOPS."""
+        """A total with the time it takes one device doing ``flops`` T FLOP-equivalents per second
+        (multiply-adds, not FLOPs: twice the time at ``flops`` TFLOPS counted the usual way)."""
         seconds = format_seconds(cost / (self.flops * 1e12))
-        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {self.flops:g} TFLOPS)"
+        return f"{format_cost(cost)} FLOP-equivalents ({seconds} at {self.flops:g}e12 FLOP-equivalents/s)"
 
     def json_keys(self) -> dict:
         """Top-level keys of the JSON output besides ``machine`` (kept from the first format)."""

@@ -85,13 +85,21 @@ class Network:
     def __len__(self) -> int:
         return len(self.layers)
 
-    def configs(self, procs: int) -> list:
-        """Valid configurations of every layer for ``procs`` devices."""
+    def configs(self, procs: int, divisors: bool = False) -> list:
+        """Valid configurations of every layer for ``procs`` devices.
+
+        With ``divisors``, only those an engine can run: the devices a configuration uses
+        divide ``procs`` (every part then has the same number of replicas, as a JAX or
+        PyTorch device mesh needs). The unsplit configuration always qualifies.
+        """
         procs = checked_device_count(procs)
-        return [
+        configs = [
             enumerate_configs(layer.domain, procs, self.cutoff, layer.unsplit, layer.contiguous)
             for layer in self.layers
         ]
+        if divisors:
+            configs = [C[procs % np.prod(C, axis=1) == 0] for C in configs]
+        return configs
 
     def _edge_keys(self, configs: list) -> tuple:
         """The tensor configurations of every edge and a key per distinct edge matrix.

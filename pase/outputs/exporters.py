@@ -22,6 +22,7 @@ class Exporter:
     of: str  # "network" or "plan": what ``text`` takes
     text: Callable[[object], str]  # the file's contents; ValueError if it cannot be written
     help: str
+    engine: bool = False  # a plan an engine runs: the search keeps to configurations it can run
 
     @property
     def dest(self) -> str:
@@ -47,5 +48,6 @@ EXPORTERS = (
              "also write the graph (built-in or imported) as a JSON graph file that -g FILE.json reads back."),
     Exporter("--export-jax", "JAX shardings", "plan", _jax_shardings,
              "also write the plan's device mesh and the PartitionSpec of every layer's inputs, outputs "
-             "and weights as JSON, for JAX (no JAX needed to write it)."),
+             "and weights as JSON, for JAX (no JAX needed to write it). The search keeps to configurations "
+             "a JAX mesh can run (see --exportable).", engine=True),
 )

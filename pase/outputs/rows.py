@@ -10,7 +10,8 @@ from typing import Sequence
 from pase.model.builder import Network
 from pase.planning.planner import Plan
 
-__all__ = ["LayerRow", "layer_rows", "batch_of", "edges_of", "split_notation", "shape_text", "format_columns"]
+__all__ = ["LayerRow", "layer_rows", "batch_of", "edges_of", "split_notation", "shape_text", "format_columns",
+           "printable"]
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,18 @@ def shape_text(domain: Sequence[int]) -> str:
     return "x".join(str(int(d)) for d in domain)
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (a newline, a tab, an escape sequence) written as
+    escapes (``\\n``), so that a name from a file cannot break a table or a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def format_columns(headers: Sequence[str], rows: Sequence[Sequence[str]], aligns: Sequence[str]) -> list:
-    """Lines of a table with aligned columns (``aligns``: ``"<"`` or ``">"`` per column)."""
+    """Lines of a table with aligned columns (``aligns``: ``"<"`` or ``">"`` per column); a
+    cell's control characters are escaped (``printable``)."""
+    rows = [[printable(str(c)) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells):

@@ -12,7 +12,7 @@ from pase.machines.paper import Machine
 from pase.planning.planner import Plan
 from pase.search.ordering import ordering_title
 
-from .rows import LayerRow, batch_of, format_columns, layer_rows, shape_text
+from .rows import LayerRow, batch_of, format_columns, layer_rows, printable, shape_text
 
 __all__ = ["Column", "layer_columns", "LAYER_COLUMNS", "format_table"]
 
@@ -56,7 +56,7 @@ def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
     width = f", {model_name} {model}" if model is not None else ""
     net = plan.network
     return [
-        f"PaSE {what}: {net.name} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
+        f"PaSE {what}: {printable(net.name)} ({len(net.layers)} layers, {len(net.edges)} edges){width}",
         f"devices {plan.procs}, batch {batch_of(net)}; {plan.machine.header_line()}",
         plan.machine.unit_line(),
     ]
@@ -80,6 +80,9 @@ def _summary_lines(plan: Plan) -> list:
             f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
+        if plan.exportable:
+            lines.append(("configurations", "only those an engine can run (each layer's device count divides "
+                                            f"{plan.procs}: --exportable)"))
         if s.blocks:
             lines.append((
                 "blocks",

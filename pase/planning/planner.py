@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+import numpy as np
+
 
 from pase.core.checks import checked_device_count, is_int, is_number
 from pase.planning.baselines import data_parallel
@@ -61,6 +63,8 @@ class Plan:
         Chosen configuration index of every vertex, into ``graph.nodes[v]["configs"]``.
     graph : networkx.DiGraph or None
         The costed graph the search ran on.
+    exportable : bool
+        Searched among the configurations an engine can run only (``plan(exportable=True)``).
     """
 
     network: Network
@@ -76,6 +80,7 @@ class Plan:
     search: SearchStats | None = None
     indices: list | None = None
     graph: object = None
+    exportable: bool = False  # searched among configurations an engine can run only
 
     @property
     def evaluated(self) -> bool:
@@ -140,6 +145,7 @@ def plan(
     graph=None,
     notice: Callable | None = None,
     blocks: bool = True,
+    exportable: bool = False,
     **capped_options,
 ) -> Plan:
     """The cheapest strategy for ``network`` on ``procs`` devices, found exactly.
@@ -172,6 +178,10 @@ def plan(
     blocks : bool
         Solve runs of identical blocks once (``pase.search.solver.Search``; default); ``False``
         runs the plain dynamic programme. The optimum is the same.
+    exportable : bool
+        Search only configurations an engine can run (``Network.configs(procs, divisors=True)``:
+        each layer's device count divides ``procs``), so that the JAX export and the
+        ``--verify`` runs accept the plan. Ignored when ``graph`` is given.
     **capped_options
         ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of the capped search
         (only with ``memory_cap``).
@@ -193,21 +203,28 @@ def plan(
     if memory_cap is not None and not memory_cap > 0:
         raise ValueError(f"the memory cap must be positive, got {memory_cap!r}")
     budget = table_budget if table_budget is not None else default_table_budget()
+    restricted = bool(exportable) and graph is None
     if graph is None:
-        graph = network.graph(procs, machine, budget=budget)
+        configs = network.configs(procs, divisors=True) if restricted else None
+        graph = network.graph(procs, machine, configs=configs, budget=budget)
     else:
         _check_graph(graph, network, procs, machine)
     vertices = range(len(network.layers))
     configs_of = [graph.nodes[v]["configs"] for v in vertices]
     search = Search(graph, ordering, blocks=blocks)
     search.check_budget(budget)  # refuse before any notice or allocation
-    if notice is not None:
+    vectors = None
+    if memory_cap is not None:
+        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
+        # The least memory any strategy needs is a per-layer minimum (memory has no edge
+        # terms): when it exceeds the cap, the capped search says so before any programme.
+        hopeless = sum(float(np.min(vectors[v])) for v in vertices) > memory_cap
+    if notice is not None and not (memory_cap is not None and hopeless):
         notice(search.estimate, 1 if memory_cap is None else capped_options.get("max_searches", MAX_SEARCHES))
     if memory_cap is None:
         result = search.run(memory_budget=budget, progress=progress)
         choice, total, stats, capped = result.choice, result.cost, result.stats, {}
     else:
-        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
         choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
                                                capped_options)
     indices = [int(choice[v]) for v in vertices]
@@ -226,6 +243,7 @@ def plan(
         search=stats,
         indices=indices,
         graph=graph,
+        exportable=restricted,
     )
 
 

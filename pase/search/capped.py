@@ -115,17 +115,18 @@ def capped_search(
     run = _LagrangianRun(G, memory, cap_bytes, search or Search(G, ordering, blocks=blocks), memory_budget,
                          max_searches, progress, trace)
 
-    # 1. The unconstrained optimum, if it fits, is the answer.
-    base = run.solve(0.0)
-    if run.memory_of(base.choice) <= cap_bytes:
-        return run.finish(UNCONSTRAINED, base.choice, base.cost, base.cost, 0.0, None)
-
-    # 2. Memory alone has no edge terms, so the least-memory strategy is each layer's
-    #    least-memory configuration (ties: the cheaper layer cost, then the lower index).
+    # 1. Memory alone has no edge terms, so the least-memory strategy is each layer's
+    #    least-memory configuration (ties: the cheaper layer cost, then the lower index):
+    #    known before any dynamic programme, so "nothing fits" is said at once.
     least = run.least_memory()
     min_memory = run.memory_of(least)
     if min_memory > cap_bytes:
         return run.finish(NOTHING_FITS, least, indexed_cost(G, least), float("nan"), float("inf"), min_memory)
+
+    # 2. The unconstrained optimum, if it fits, is the answer.
+    base = run.solve(0.0)
+    if run.memory_of(base.choice) <= cap_bytes:
+        return run.finish(UNCONSTRAINED, base.choice, base.cost, base.cost, 0.0, None)
 
     # 3. Bisection on lambda over exact dynamic programmes, then mixes of what it saw.
     run.start_bisection(base, least)

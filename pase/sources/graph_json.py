@@ -200,6 +200,10 @@ def network_from_json(data, where: str = "graph file") -> Network:
             out = g.add(lname, layer)
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({op}): {err}") from None
+        if batch is not None and layer.domain[layer.batch_dim] != batch:
+            # The label must describe the shapes: a batch the shapes disagree with is refused.
+            raise InputError(f"{where}: field 'batch' is {batch}, but the shapes have batch "
+                             f"{layer.domain[layer.batch_dim]} (layer {lname[:60]!r}, {op})")
         if isinstance(out, tuple):
             for i, t in enumerate(out):
                 tensors[f"{lname}:{i}"] = t

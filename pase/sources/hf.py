@@ -17,7 +17,7 @@ import json
 import math
 import os
 
-from pase.core.fileio import MAX_JSON_BYTES, InputError
+from pase.core.fileio import InputError, read_json
 
 __all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "load_hf", "network_name"]
 
@@ -34,54 +34,15 @@ ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_t
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def read_hf_config(path: str) -> dict:
     """The JSON of ``path`` (a Hugging Face ``config.json``); ``InputError`` in one line otherwise.
 
     Strict JSON (no NaN or Infinity) with no key given twice: two values for one field
     would leave it to the reader which one counts.
     """
-    where = f"hf config {path}"
     if not isinstance(path, str) or not path:
         raise InputError("hf: needs a file name (-g hf:FILE.json)")
-    if "\0" in path:
-        raise InputError(f"cannot read hf config {path!r}: the name contains a NUL byte")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_JSON_BYTES + 1)
-    except OSError as err:
-        raise InputError(f"cannot read {where}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{where} is not UTF-8 text") from None
-    if len(text) > MAX_JSON_BYTES:
-        raise InputError(f"{where} is larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB")
-    try:
-        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as err:
-        raise InputError(f"{where}: key {err.args[0]!r} appears more than once") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{where} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise InputError(f"{where} is nested too deeply to be a valid input") from None
-    except ValueError as err:  # over-long integers, NaN/Infinity
-        raise InputError(f"{where} is not valid input JSON: {err}") from None
-    return data
+    return read_json(path, "hf config", stdin=False)
 
 
 def _shown(value) -> str:

@@ -40,6 +40,10 @@ class Source:
     names: Callable[[], tuple] | None = None
     options: tuple = ()
     options_of: str = ""  # "imported models (torch:...)"
+    #: The sizes ``-b``/``-m`` set (``"batch"``, ``"model"``); a plan made from the source
+    #: records them, and ``--evaluate`` prices the plan at them. A graph file fixes both.
+    sizes: tuple = ("batch", "model")
+    model_name: str = "model width"  # how outputs name its -m value
 
     def matches(self, spec: str) -> bool:
         if self.prefix is not None:
@@ -54,11 +58,11 @@ class Source:
 SOURCES = (
     Source("torch", load_torch_source, "a PyTorch model torch:FILE_OR_MODULE:FUNCTION",
            "torch:FILE_OR_MODULE:FUNCTION", prefix="torch", options=("loss",),
-           options_of="imported models (torch:...)"),
+           options_of="imported models (torch:...)", sizes=("batch",)),
     Source("hf", load_hf_source, "a Hugging Face config hf:CONFIG.json (-m: sequence length)",
-           "hf:CONFIG.json", prefix="hf"),
+           "hf:CONFIG.json", prefix="hf", model_name="sequence length"),
     Source("graph file", load_graph_file, "a graph file FILE.json (see --export-graph)",
-           "a graph file FILE.json", suffix=".json"),
+           "a graph file FILE.json", suffix=".json", sizes=()),
     Source("built-in", builtin.load, f"a built-in graph ({', '.join(builtin.GRAPHS)})",
            f"one of {', '.join(builtin.GRAPHS)}", names=lambda: tuple(builtin.GRAPHS)),
 )
