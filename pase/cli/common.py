@@ -121,7 +121,8 @@ def nothing_fits_message(planned: Plan, opts: Options) -> str:
         f"batch {opts.batch if opts.batch is not None else planned.network.batch}, needs at least "
         f"{format_bytes(m.least_bytes)} per device with any strategy "
         f"(data parallelism: {format_bytes(m.data_parallel_per_device_bytes)}); memory model: {m.param_bytes:g} "
-        f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}"
+        f"bytes per parameter, {m.act_bytes:g} per activation, {ASSUMPTIONS}; "
+        "--training also searches ZeRO, recomputation, micro-batches and pipelines"
     )
 
 
