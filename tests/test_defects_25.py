@@ -296,3 +296,17 @@ def test_memory_error_without_text_is_not_empty_parentheses(monkeypatch):
     monkeypatch.setattr(search, "plan_with_options", exhausted)
     status, _, err = run("-p", 4)
     assert status == 3 and "()" not in err and "out of memory (" in err
+
+
+def test_ties_prefer_less_memory_then_fewer_replicas(tmp_path):
+    # Item 7: a zero-cost Ravel may be replicated or split; the split needs less memory.
+    graph = {"format": "pase-graph", "version": 1, "name": "rav", "cutoff": 1, "batch": 4,
+             "inputs": [{"name": "x", "shape": [4, 12], "letters": "bk", "param": False}],
+             "layers": [{"name": "r", "op": "Ravel", "inputs": ["x"]}]}
+    path = tmp_path / "rav.json"
+    path.write_text(json.dumps(graph))
+    status, out, err = run("-g", path, "-p", 4, "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["total_cost"] == 0
+    assert report["layers"][0]["config"] == [4, 1] and report["layers"][0]["memory_bytes"] == 24
