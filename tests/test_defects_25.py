@@ -254,3 +254,59 @@ def test_export_jax_implies_an_exportable_search(tmp_path):
     assert status == 0, err
     assert (tmp_path / "shard.json").exists()
     assert "only those an engine can run" in out
+
+
+# Item 3: configurations and cost tables are bounded before anything is enumerated.
+
+def test_huge_graph_file_refused_before_enumeration(tmp_path, monkeypatch):
+    from pase.model import builder
+
+    def no_enumeration(*args, **kwargs):
+        raise AssertionError("configurations were enumerated although the tables cannot fit")
+
+    monkeypatch.setattr(builder, "enumerate_configs", no_enumeration)
+    layers = [{"name": f"fc{i}", "op": "FC", "inputs": ["x" if i == 0 else f"fc{i - 1}"], "args": {"units": 720720}}
+              for i in range(100)]
+    graph = {"format": "pase-graph", "version": 1, "name": "big", "cutoff": 1, "batch": 720720,
+             "inputs": [{"name": "x", "shape": [720720, 720720], "letters": "bk", "param": False}], "layers": layers}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(graph))
+    status, out, err = run("-g", path, "-p", 1048576)
+    assert status == 3 and out == "" and err.count("\n") == 1
+    assert "at least" in err and "TB" in err
+
+
+def test_least_table_bytes_is_a_lower_bound():
+    from pase.model.builder import Network
+    from pase.sources.registry import load
+
+    for graph, procs in (("alexnet", 32), ("transformer", 32), ("gpt3-2.7b", 64), ("inception3", 32)):
+        network = load(graph, 64)
+        least, _ = network.least_table_bytes(procs)
+        configs = network.configs(procs)
+        assert least <= Network._table_bytes(configs, network._edge_keys(configs)[2])
+
+
+def test_memory_error_without_text_is_not_empty_parentheses(monkeypatch):
+    import pase.cli.search as search
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(search, "plan_with_options", exhausted)
+    status, _, err = run("-p", 4)
+    assert status == 3 and "()" not in err and "out of memory (" in err
+
+
+def test_ties_prefer_less_memory_then_fewer_replicas(tmp_path):
+    # Item 7: a zero-cost Ravel may be replicated or split; the split needs less memory.
+    graph = {"format": "pase-graph", "version": 1, "name": "rav", "cutoff": 1, "batch": 4,
+             "inputs": [{"name": "x", "shape": [4, 12], "letters": "bk", "param": False}],
+             "layers": [{"name": "r", "op": "Ravel", "inputs": ["x"]}]}
+    path = tmp_path / "rav.json"
+    path.write_text(json.dumps(graph))
+    status, out, err = run("-g", path, "-p", 4, "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["total_cost"] == 0
+    assert report["layers"][0]["config"] == [4, 1] and report["layers"][0]["memory_bytes"] == 24

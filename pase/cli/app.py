@@ -93,7 +93,7 @@ _HANDLERS = {
     InputError: lambda error: (ExitStatus.INPUT, f"error: {error}"),
     MissingDependency: lambda error: (ExitStatus.USAGE, f"error: {error}"),
     TooLarge: _too_large,
-    MemoryError: lambda error: (ExitStatus.TOO_LARGE, f"error: out of memory ({error or 'the cost tables are too large'})"),
+    MemoryError: lambda error: (ExitStatus.TOO_LARGE, f"error: out of memory ({str(error) or 'the process ran out of memory'})"),
     KeyboardInterrupt: lambda _: (ExitStatus.INTERRUPTED, "interrupted"),
     BrokenPipeError: lambda _: (ExitStatus.BROKEN_PIPE, None),
     # Writing the output failed (a full disk, a closed stream).

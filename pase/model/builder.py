@@ -15,7 +15,7 @@ import networkx as nx
 import numpy as np
 
 from pase.core.checks import checked_device_count, is_positive_int
-from pase.model.configs import enumerate_configs
+from pase.model.configs import count_configs, enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
 from pase.model.tensor import Tensor
@@ -31,11 +31,12 @@ class CostTablesTooLarge(TooLarge):
     Raised before they are computed; ``needed`` and ``budget`` are bytes.
     """
 
-    def __init__(self, network: str, procs: int, needed: int, largest: int, budget: int):
+    def __init__(self, network: str, procs: int, needed: int, largest: int, budget: int, least: bool = False):
         self.needed = needed
         self.budget = budget
         super().__init__(
-            f"the cost tables of {network} on {procs} devices are too large: about {format_bytes(needed)} "
+            f"the cost tables of {network} on {procs} devices are too large: "
+            f"{'at least' if least else 'about'} {format_bytes(needed)} "
             f"(up to {largest} configurations per layer), over the budget of {format_bytes(budget)}"
         )
 
@@ -101,6 +102,33 @@ class Network:
             configs = [C[procs % np.prod(C, axis=1) == 0] for C in configs]
         return configs
 
+    def least_table_bytes(self, procs: int) -> tuple:
+        """``(bytes, largest)``: a lower bound on the memory ``graph(procs)`` needs, and the
+        most configurations of a layer, counted without enumerating any configuration.
+
+        Bytes: the cost vectors and one edge matrix per distinct (configuration counts,
+        tensor shape): equal matrices always share those (repeated blocks share one), so
+        this never exceeds what ``graph`` computes, at 8 bytes an entry; Ravel and Unravel,
+        which keep few of their configurations, count one each. Or, if more, the
+        enumeration of the largest layer before any filter.
+        """
+        counted: dict = {}
+        sizes = []
+        enumeration = 0
+        for layer in self.layers:
+            key = (tuple(layer.domain), tuple(layer.unsplit), bool(layer.contiguous))
+            if key not in counted:
+                counted[key] = count_configs(layer.domain, procs, self.cutoff, layer.unsplit)
+            full = counted[key]
+            enumeration = max(enumeration, 8 * full * (len(layer.domain) + 1))
+            sizes.append(1 if layer.contiguous else full)
+        matrices = {}
+        for (u, v), tensors in self.edges.items():
+            for t in tensors:
+                matrices[(sizes[u], sizes[v], tuple(t.shape))] = sizes[u] * sizes[v]
+        tables = 8 * (sum(sizes) + sum(matrices.values()))
+        return max(tables, enumeration), max(sizes, default=0)
+
     def _edge_keys(self, configs: list) -> tuple:
         """The tensor configurations of every edge and a key per distinct edge matrix.
 
@@ -145,6 +173,10 @@ class Network:
         machine = machine or Machine()
         machine.check_procs(procs)
         if configs is None:
+            if budget is not None:  # refuse before enumerating anything
+                least, largest = self.least_table_bytes(procs)
+                if least > budget:
+                    raise CostTablesTooLarge(self.name, procs, least, largest, budget, least=True)
             configs = self.configs(procs)
         outputs, inputs, keys = self._edge_keys(configs)
         if budget is not None:

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = [
+    "count_configs",
     "divisors",
     "allowed_splits",
     "enumerate_configs",
@@ -125,6 +126,30 @@ def enumerate_configs(
     if contiguous:
         configs = configs[is_contiguous(configs, domain)]
     return configs
+
+
+def count_configs(domain: Sequence[int], procs: int, cutoff: int = 1, unsplit: Sequence[bool] | None = None) -> int:
+    """How many rows ``enumerate_configs`` would give (before the contiguity filter), counted
+    by product instead of enumerated: memory in the number of distinct device counts, not in
+    the number of configurations, so a bound can be checked before anything is built.
+
+    >>> count_configs((4, 6), 4), len(enumerate_configs((4, 6), 4))
+    (6, 6)
+    """
+    unsplit = [False] * len(domain) if unsplit is None else list(unsplit)
+    products, counts = np.ones(1, dtype=np.int64), [1]
+    for size, fixed in zip(domain, unsplit):
+        splits = np.array([1] if fixed else allowed_splits(size, procs, cutoff), dtype=np.int64)
+        grid = products[:, None] * splits[None, :]
+        keep = grid <= procs
+        rows = np.nonzero(keep)[0]
+        values = grid[keep]
+        merged: dict = {}
+        for value, row in zip(values.tolist(), rows.tolist()):
+            merged[value] = merged.get(value, 0) + counts[row]
+        products = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
+        counts = list(merged.values())
+    return int(sum(counts))
 
 
 def is_contiguous(configs: np.ndarray, domain: Sequence[int]) -> np.ndarray:

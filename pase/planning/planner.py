@@ -26,7 +26,7 @@ from pase.search.capped import NOTHING_FITS
 from pase.costing.memory import MemoryModel, MemorySummary
 from pase.search.ordering import ORDERINGS
 from pase.core.budget import default_table_budget
-from pase.search.solver import Search, SearchStats
+from pase.search.solver import Search, SearchStats, indexed_cost
 from pase.costing.strategy import Evaluation, evaluate
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json"]
@@ -224,6 +224,10 @@ def plan(
     if memory_cap is None:
         result = search.run(memory_budget=budget, progress=progress)
         choice, total, stats, capped = result.choice, result.cost, result.stats, {}
+        memory = dict(zip(vertices, memory_model.vectors(network, configs_of)))
+        leaner = prefer_lean(graph, choice, memory, procs)
+        if leaner != choice:
+            choice, total = leaner, indexed_cost(graph, leaner)
     else:
         choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
                                                capped_options)
@@ -245,6 +249,35 @@ def plan(
         graph=graph,
         exportable=restricted,
     )
+
+
+def prefer_lean(graph, choice: dict, memory: dict, procs: int) -> dict:
+    """Among strategies of the same cost, one with less memory, then fewer idle replicas.
+
+    One pass over the vertices: a vertex moves to another configuration only if its own cost
+    plus the costs of its edges (the neighbours' configurations fixed) is not higher, and it
+    then needs less memory per device, or as much on more devices (fewer replicas): so the
+    total cost stays the optimum (no edge terms elsewhere change), and an exact tie, such as
+    a zero-cost Ravel that could be replicated or split, goes to the leaner configuration.
+    """
+    choice = dict(choice)
+    for v in graph.nodes:
+        local = np.array(graph.nodes[v]["cost"], dtype=np.float64)
+        for u, _, m in graph.in_edges(v, data="cost"):
+            local = local + m[choice[u], :]
+        for _, w, m in graph.out_edges(v, data="cost"):
+            local = local + m[:, choice[w]]
+        current = choice[v]
+        ties = np.nonzero(local <= local[current])[0]
+        if len(ties) < 2:
+            continue
+        mem = np.asarray(memory[v], dtype=np.float64)[ties]
+        devices = np.prod(graph.nodes[v]["configs"][ties], axis=1)
+        best = ties[np.lexsort((ties, -devices, mem))[0]]
+        now = (float(memory[v][current]), -int(np.prod(graph.nodes[v]["configs"][current])))
+        if (float(memory[v][best]), -int(devices[list(ties).index(best)])) < now:
+            choice[v] = int(best)
+    return choice
 
 
 def _capped(graph, search: Search, ordering: str, memory: dict, memory_cap: float, budget: int, progress,
