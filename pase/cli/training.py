@@ -113,7 +113,7 @@ def _export_engines(found, network, batch: int, args, write: Callable) -> list:
                      f"{plan.summary.step_seconds:.4g}")
         plan = nearest
     tokens = tokens_of(network)
-    sequence = None if tokens is None else tokens // (batch // plan.options.microbatches)
+    sequence = None if tokens is None or not network.batch else tokens // network.batch
     for path, writer, what in targets:
         if path is not None:
             write(path, json.dumps(writer(plan, batch, sequence), indent=1) + "\n", what)
@@ -158,7 +158,10 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             4,
         )
     shown = build(batch // found.best.options.microbatches)
-    exported = _export_engines(found, shown, batch, args, write)
+    try:
+        exported = _export_engines(found, shown, batch, args, write)
+    except ValueError as err:  # a per-layer plan with no mesh beside it that fits
+        raise error(str(err), 2) from None
     if opts.dot_path is not None:
         from pase.outputs.dot import dot_graph
 
