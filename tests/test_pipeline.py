@@ -12,11 +12,8 @@ from pase.planning.pipeline import cuts, pipeline_rows, stage_layout
 from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.planning.training_search import _PartsMemo, search_meshes
 
-TOY = {
-    "name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
-    "intra_node": {"gbps": 100, "latency_us": 0}, "inter_node": {"gbps": 10, "latency_us": 0},
-    "act_bytes": 2, "grad_bytes": 4,
-}
+from test_training import TOY  # the toy machine of round numbers
+
 WIDTH = 64
 
 
@@ -63,7 +60,7 @@ P2P = 2 * (2 * WIDTH * 2) / 100e9
 
 def test_two_stages_1f1b_by_hand():
     machine, net, costing, options, edges, targets = _setup()
-    layout = stage_layout(costing)
+    layout = stage_layout(costing.blocks)
     assert layout.pre == (0,) and layout.post == (9, 10) and len(layout.blocks) == 4
     step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=["1f1b"],
                                       fixed_counts=(2, 2))
@@ -84,7 +81,7 @@ def test_two_stages_1f1b_by_hand():
 
 def test_interleaved_by_hand():
     machine, net, costing, options, edges, targets = _setup()
-    layout = stage_layout(costing)
+    layout = stage_layout(costing.blocks)
     step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout,
                                       schedules=["interleaved"], fixed_counts=(2, 2))
     v, m, pp = 2, 4, 2
@@ -99,7 +96,7 @@ def test_interleaved_by_hand():
 
 def test_four_stages_and_uneven_cuts():
     machine, net, costing, options, edges, targets = _setup(micro_batches=8)
-    layout = stage_layout(costing)
+    layout = stage_layout(costing.blocks)
     step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 4, 1, layout, schedules=["1f1b"],
                                       fixed_counts=(1, 1, 1, 1))
     stages = _by_hand(costing, options, [[0, 1, 2], [3, 4], [5, 6], [7, 8, 9, 10]])
@@ -118,7 +115,7 @@ def test_four_stages_and_uneven_cuts():
 
 def test_stage_search_equals_brute_force_over_cuts_and_schedules():
     machine, net, costing, options, edges, targets = _setup()
-    layout = stage_layout(costing)
+    layout = stage_layout(costing.blocks)
     step, _, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout)
     best = min(
         pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=[s], fixed_counts=c)[0][0]

@@ -70,10 +70,7 @@ def stage_of_layers(candidate, network) -> list | None:
     from pase.costing.training import NetworkStructure
     from pase.planning.pipeline import stage_layout
 
-    class _Blocks:  # stage_layout reads only the blocks
-        blocks = NetworkStructure.of(network).blocks
-
-    layout = stage_layout(_Blocks)
+    layout = stage_layout(NetworkStructure.of(network).blocks)
     stages = [0] * len(network.layers)
     block = 0
     for s, count in enumerate(st["blocks"] for st in pipe["stages"]):

@@ -449,7 +449,9 @@ class TrainingCosting:
                                          for v in range(len(network.layers))])
 
     def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
-        """:meth:`recomputed` for every layer at once."""
+        """Per layer, whether its forward runs again in the backward pass: every layer of a
+        repeated block under full recomputation; attention's scores and softmax under selective
+        recomputation when attention is not fused (fused, they are never stored)."""
         if options.recompute == "full":
             return self.recomputable
         if options.recompute == "selective" and not options.fused_attention:
@@ -485,12 +487,8 @@ class TrainingCosting:
         return getattr(self.machine, "attention_efficiency", None) or DEFAULT_ATTENTION_EFFICIENCY
 
     def recomputed(self, v: int, options: TrainingOptions) -> bool:
-        """Whether ``v``'s forward runs again in the backward pass."""
-        if options.recompute == "full":
-            return self.blocks[v] is not None
-        if options.recompute == "selective":
-            return self.cores.get(v) in ("scores", "softmax") and not options.fused_attention
-        return False
+        """Whether ``v``'s forward runs again in the backward pass (:meth:`recomputed_mask`)."""
+        return bool(self.recomputed_mask(options)[v])
 
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of one micro-batch, the fused attention kernel in place of its three layers."""
@@ -593,7 +591,7 @@ class TrainingCosting:
 
     def edge_factor(self, v: int, options: TrainingOptions) -> float:
         """Edges into ``v`` redistribute every micro-batch, and again when ``v`` recomputes."""
-        return options.microbatches * (1.0 + (FORWARD_COMM_SHARE if self.recomputed(v, options) else 0.0))
+        return float(self.edge_factors([v], options)[0])
 
     # -- memory --------------------------------------------------------------------------
 
@@ -621,6 +619,26 @@ class TrainingCosting:
         for elements, _ in self.parts[v].params:
             total = total + elements
         return options.weight_bytes * total
+
+    def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
+        """The non-additive memory of every row (all layers at that row) from
+        :meth:`layer_vectors`: ZeRO-3's two largest gathered layers, the largest block's working
+        set under full recomputation, and the reserve. ``layers`` restricts the gathered weights
+        to some layers (default all)."""
+        K = vectors["gathered"].shape[1]
+        total = np.full(K, float(options.reserve_bytes))
+        if options.zero == 3:
+            gathered = vectors["gathered"] if layers is None else vectors["gathered"][list(layers)]
+            top = np.sort(gathered, axis=0)[-2:]
+            total += top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
+        if options.recompute == "full":
+            members: dict = {}
+            for v, b in enumerate(self.blocks):
+                if b is not None:
+                    members.setdefault(b, []).append(v)
+            if members:
+                total += np.max(np.array([vectors["working"][m].sum(axis=0) for m in members.values()]), axis=0)
+        return total
 
     def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
         """Memory alive only part of the time, for one choice of row per layer: the weights

@@ -37,10 +37,10 @@ class Layout:
     outputs: tuple  # the vertex whose output leaves each block (sent to the next stage)
 
 
-def stage_layout(costing) -> Layout | None:
-    """The block structure of a costed network, or ``None`` when its layers are not
-    pre-layers, then blocks one after another, then post-layers."""
-    blocks = costing.blocks
+def stage_layout(blocks) -> Layout | None:
+    """The block structure of a network from each layer's block (``NetworkStructure.blocks``),
+    or ``None`` when its layers are not pre-layers, then blocks one after another, then
+    post-layers."""
     order: list = []
     members: dict = {}
     for v, b in enumerate(blocks):
@@ -130,13 +130,7 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     per_micro = vec["micro"].copy()
     if len(targets):
         np.add.at(per_micro, np.asarray(targets), costing.edge_factors(targets, options)[:, None] / m * edges)
-    transient = np.zeros(K)
-    if options.zero == 3:
-        transient += np.sort(vec["gathered"], axis=0)[-2:].sum(axis=0)
-    if options.recompute == "full":
-        working = [vec["working"][list(block)].sum(axis=0) for block in layout.blocks]
-        transient += np.max(np.array(working), axis=0)
-    transient += options.reserve_bytes
+    transient = costing.transient_rows(vec, options)
     per_step, state, acts, logits = vec["step"], vec["state"], vec["activations"], vec["logits"]
 
     # Prefix sums over the layers: a stage's total is one difference of two rows.

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pase.planning.mesh import Recipe
-from pase.costing.training import RECOMPUTE_POLICIES, ZERO_STAGES, TrainingOptions
-from pase.planning.training_search import Candidate, MeshSearch, search_free, search_meshes
+from pase.costing.training import TrainingOptions
+from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
 
 __all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES"]
 
@@ -62,12 +62,6 @@ class TrainingPlan:
         elif self.free_skipped:
             text += f"; per-layer search skipped: {self.free_skipped}"
         return text
-
-
-def _fixed_options(recipe: Recipe) -> list:
-    zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
-    policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
-    return [(z, r) for z in zeros for r in policies]
 
 
 def plan_training(
@@ -119,7 +113,7 @@ def plan_training(
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
-        settings = _fixed_options(recipe)
+        settings = options_grid(recipe)
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]

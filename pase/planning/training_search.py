@@ -182,7 +182,7 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     return meshes
 
 
-def _options_grid(recipe: Recipe, base: TrainingOptions) -> list:
+def options_grid(recipe: Recipe) -> list:
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
     policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
     return [(z, r) for z in zeros for r in policies]
@@ -230,7 +230,7 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
-    grid = _options_grid(recipe, base)
+    grid = options_grid(recipe)
     networks: dict = {}
     best = least = None
     evaluated = 0
@@ -271,7 +271,7 @@ def search_meshes(
             costing = TrainingCosting(network, configs, machine, structure)
             halved = np.array([mapper.sequence_parallel(mesh) for mesh, _ in valid]).T
             costing.activation_scale = np.where(halved, 0.5, 1.0)
-            layout = stage_layout(costing) if pp > 1 else None
+            layout = stage_layout(costing.blocks) if pp > 1 else None
             if pp > 1 and (layout is None or len(layout.blocks) < pp):
                 first_error = first_error or ValueError(
                     f"{pp} pipeline stages need at least {pp} repeated blocks in order")
@@ -319,28 +319,12 @@ def search_meshes(
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
             targets: list) -> tuple:
     """Step seconds and peak bytes of every row (all layers at the same row)."""
-    n = len(costing.network.layers)
-    K = len(costing.configs[0])
-    time_rows = np.zeros(K)
-    memory_rows = np.zeros(K)
     vec = costing.layer_vectors(options, act_bytes)
     time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
-    memory_rows = vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
-    if options.zero == 3:
-        gathered = vec["gathered"]
-        memory_rows = memory_rows + (np.sort(gathered, axis=0)[-2:].sum(axis=0) if n > 1 else 2 * gathered[0])
-    if options.recompute == "full":
-        working: dict = {}
-        for v in range(n):
-            if costing.blocks[v] is not None:
-                working.setdefault(costing.blocks[v], []).append(v)
-        if working:
-            memory_rows = memory_rows + np.max(
-                np.array([vec["working"][members].sum(axis=0) for members in working.values()]), axis=0)
-    factors = costing.edge_factors(targets, options)
     if len(targets):
-        time_rows += (factors[:, None] * edges).sum(axis=0)
-    memory_rows += options.reserve_bytes
+        time_rows = time_rows + (costing.edge_factors(targets, options)[:, None] * edges).sum(axis=0)
+    memory_rows = (vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
+                   + costing.transient_rows(vec, options))
     return time_rows, memory_rows
 
 

@@ -205,10 +205,9 @@ def load_hf(path: str, batch: int, sequence: int | None = None):
     return decoder(config, batch, network_name(path))
 
 
-#: Sequences per step when ``-b`` is not given (as for the built-in graphs).
-DEFAULT_BATCH = 128
-
 
 def load_hf_source(path: str, batch: int | None, model: int | None) -> object:
     """The ``hf:`` source of ``pase.sources``: ``-b`` sequences of ``-m`` tokens."""
+    from graphs import DEFAULT_BATCH  # sequences per step when -b is not given, as for the built-in graphs
+
     return load_hf(path, DEFAULT_BATCH if batch is None else batch, model)
