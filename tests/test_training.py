@@ -385,3 +385,15 @@ def test_tensor_parallelism_only_where_a_language_model_names_it():
     status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "dp=8", "--json"])
     assert status == 0, err
     assert json.loads(out)["training"]["mesh"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1}
+
+
+def test_engine_exports_never_overwrite_an_input_or_each_other(tmp_path):
+    config = tmp_path / "gpt2.json"
+    config.write_text(open(os.path.join(ROOT, "examples", "hf", "gpt2.json")).read())
+    before = config.read_text()
+    base = ["-g", f"hf:{config}", "-p", "8", "-b", "8", "-m", "64", "--machine", "h100-sxm", "--training"]
+    status, out, err = run_cli(base + ["--export-megatron", str(config)])
+    assert status == 2 and "would overwrite the input file" in err and config.read_text() == before
+    same = str(tmp_path / "x.json")
+    status, out, err = run_cli(base + ["--export-megatron", same, "--export-torchtitan", same])
+    assert status == 2 and "name the same file" in err and not os.path.exists(same)

@@ -185,10 +185,10 @@ def _input_files(opts: Options) -> list:
     return inputs
 
 
-def _output_files(opts: Options) -> list:
-    """``(flag, path)`` of every file the run writes."""
+def _output_files(opts: Options, extra=()) -> list:
+    """``(flag, path)`` of every file the run writes (``extra``: a command's own outputs)."""
     outputs = [("--dot-path", opts.dot_path)] if opts.dot_path is not None else []
-    return outputs + [(exporter.flag, path) for exporter, path in opts.exports]
+    return outputs + [(exporter.flag, path) for exporter, path in opts.exports] + list(extra)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -202,10 +202,11 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_distinct_outputs(opts: Options) -> None:
+def check_distinct_outputs(opts: Options, extra=()) -> None:
     """Refuse (usage status) an output path that is an input's or another output's, links
-    resolved, before anything is read or written."""
-    outputs = _output_files(opts)
+    resolved, before anything is read or written; ``extra``: ``(flag, path)`` of outputs a
+    command writes beside the shared ones."""
+    outputs = _output_files(opts, extra)
     for i, (flag, path) in enumerate(outputs):
         for in_flag, in_path in _input_files(opts):
             if _same_file(path, in_path):
@@ -217,9 +218,12 @@ def check_distinct_outputs(opts: Options) -> None:
                                "per output", ExitStatus.USAGE)
 
 
-def check_outputs(opts: Options) -> None:
-    """Refuse unwritable output paths, and outputs over inputs or over each other, before any work."""
-    check_distinct_outputs(opts)
+def check_outputs(opts: Options, extra=()) -> None:
+    """Refuse unwritable output paths, and outputs over inputs or over each other, before any
+    work; ``extra``: ``(flag, path, what)`` of a command's own outputs."""
+    check_distinct_outputs(opts, [(flag, path) for flag, path, _ in extra])
+    for _, path, what in extra:
+        check_writable(path, what)
     if opts.dot_path is not None:
         check_writable(opts.dot_path, "DOT graph")
     for exporter, path in opts.exports:

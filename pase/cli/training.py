@@ -177,7 +177,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
 
 def run_training_command(opts, args, out: IO) -> int:
     """The command: load the machine and network, check the output paths, plan and print."""
-    from pase.core.fileio import check_writable, write_atomic
+    from pase.core.fileio import write_atomic
     from pase.sources.registry import source_of
 
     from .common import check_outputs, effective_model, load_checked_machine, load_network, model_name, write_exports
@@ -185,10 +185,9 @@ def run_training_command(opts, args, out: IO) -> int:
 
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts)
-    check_outputs(opts)
-    for path, what in ((args.export_torchtitan, "torchtitan settings"), (args.export_megatron, "Megatron-LM arguments")):
-        if path is not None:
-            check_writable(path, what)
+    engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),
+               ("--export-megatron", args.export_megatron, "Megatron-LM arguments"))
+    check_outputs(opts, [entry for entry in engines if entry[1] is not None])
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.
     source = source_of(opts.graph)
