@@ -21,6 +21,7 @@ from pase.costing.strategy import check_strategy
 
 __all__ = [
     "MemoryModel", "MemorySummary", "ASSUMPTIONS", "parameter_elements", "activation_elements", "parameter_count",
+    "charged_parameters",
 ]
 
 #: What the figure leaves out; printed wherever a memory figure is.
@@ -30,17 +31,38 @@ ASSUMPTIONS = (
 )
 
 
-def parameter_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
+def parameter_elements(layer: Layer, C: np.ndarray, charged=None) -> np.ndarray:
     """Parameter elements per device for each configuration row of ``C``.
 
     A parameter tensor is divided by the splits of the iteration-space dimensions it
-    spans and replicated across the others.
+    spans and replicated across the others. ``charged`` (one flag per entry of
+    ``layer.parameter_tensors()``, default all) leaves out tensors another layer holds.
     """
     C = np.asarray(C, dtype=np.float64)
     total = np.zeros(len(C))
-    for shape, dims in layer.parameters():
-        total += math.prod(shape) / C[:, list(dims)].prod(axis=1)
+    tensors = layer.parameter_tensors()
+    for i, (shape, dims, _) in enumerate(tensors):
+        if charged is None or charged[i]:
+            total += math.prod(shape) / C[:, list(dims)].prod(axis=1)
     return total
+
+
+def charged_parameters(network: Network) -> tuple:
+    """Per layer, one flag per ``parameter_tensors()`` entry: whether this layer holds it.
+
+    A tensor several layers read (a tied embedding, weights shared across layers) is one
+    parameter: held by the first of its readers in vertex order, the others hold nothing.
+    """
+    seen: set = set()
+    out = []
+    for layer in network.layers:
+        flags = []
+        for _, _, key in layer.parameter_tensors():
+            flags.append(key is None or key not in seen)
+            if key is not None:
+                seen.add(key)
+        out.append(tuple(flags))
+    return tuple(out)
 
 
 def activation_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
@@ -54,7 +76,8 @@ def activation_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
 
 def parameter_count(network: Network) -> int:
     """Trainable parameters of a network (each parameter tensor counted once, unsplit)."""
-    return sum(math.prod(shape) for layer in network.layers for shape, _ in layer.parameters())
+    return sum(math.prod(shape) for layer, flags in zip(network.layers, charged_parameters(network))
+               for (shape, _, _), charged in zip(layer.parameter_tensors(), flags) if charged)
 
 
 @dataclass(frozen=True)
@@ -88,19 +111,25 @@ class MemoryModel:
             if not is_number(value) or not value >= 0 or not math.isfinite(value):
                 raise ValueError(f"{field} must be a non-negative number, got {value!r}")
 
-    def layer_memory(self, layer: Layer, C: np.ndarray) -> np.ndarray:
-        """``mem(v, c) = param_bytes * parameters + act_bytes * activations`` per row of ``C``."""
-        return self.param_bytes * parameter_elements(layer, C) + self.act_bytes * activation_elements(layer, C)
+    def layer_memory(self, layer: Layer, C: np.ndarray, charged=None) -> np.ndarray:
+        """``mem(v, c) = param_bytes * parameters + act_bytes * activations`` per row of ``C``.
+
+        ``charged``: see ``parameter_elements`` (a tensor another layer holds is left out).
+        """
+        return (self.param_bytes * parameter_elements(layer, C, charged)
+                + self.act_bytes * activation_elements(layer, C))
 
     def vectors(self, network: Network, configs: Sequence[np.ndarray]) -> list:
-        """Memory vector of every vertex over its configuration array."""
-        return [self.layer_memory(layer, C) for layer, C in zip(network.layers, configs)]
+        """Memory vector of every vertex over its configuration array (a shared tensor once)."""
+        return [self.layer_memory(layer, C, charged)
+                for layer, C, charged in zip(network.layers, configs, charged_parameters(network))]
 
     def strategy_memory(self, network: Network, strategy: Sequence[Sequence[int]], procs: int | None = None) -> np.ndarray:
         """Per-layer bytes per device of a strategy (any configurations, checked)."""
         strategy = check_strategy(network, strategy, procs)
         return np.array(
-            [float(self.layer_memory(layer, np.asarray([c]))[0]) for layer, c in zip(network.layers, strategy)]
+            [float(self.layer_memory(layer, np.asarray([c]), charged)[0])
+             for layer, c, charged in zip(network.layers, strategy, charged_parameters(network))]
         )
 
     def per_device(self, network: Network, strategy: Sequence[Sequence[int]], procs: int | None = None) -> float:

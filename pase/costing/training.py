@@ -215,12 +215,9 @@ class LayerParts:
 
 
 def _parameter_tensors(layer) -> list:
-    """``(shape, dims, identity)`` of every parameter tensor; identity is the tensor's ``id``
-    when the layer reads it as an input (a weight several layers share), else ``None``."""
-    entries = layer.parameters()
-    inputs = [t for t in layer.inputs if getattr(t, "is_param", False)]
-    ids = [id(t) for t in inputs] if len(inputs) == len(entries) else [None] * len(entries)
-    return [(shape, tuple(dims), ident) for (shape, dims), ident in zip(entries, ids)]
+    """``(shape, dims, identity)`` of every parameter tensor: ``Layer.parameter_tensors``, whose
+    identity names a tensor several layers share (a tied embedding), else ``None``."""
+    return layer.parameter_tensors()
 
 
 def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:

@@ -18,8 +18,16 @@ from pase.model.tensor import Tensor
 __all__ = [
     "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
     "as_float", "check_shape", "check_positive", "check_count", "check_axis", "check_letters", "check_pair",
-    "check_padding", "check_tensor", "generic_letters", "letters_of",
+    "check_padding", "check_tensor", "generic_letters", "letters_of", "SHARED_ARGS", "check_flag",
 ]
+
+#: Arguments every layer type takes besides its own, kept in ``args`` (so the JSON graph
+#: format carries them) and applied by ``make_layer``: ``tied``, one entry per ``parameters()``
+#: entry, the name of the tensor it is (entries of several layers naming one tensor are one
+#: parameter, counted once by the memory models) or None; ``held``, shapes of parameters the
+#: layer holds that its cost never reads (a position table, a class token, a layer scale),
+#: replicated on every device.
+SHARED_ARGS = ("tied", "held")
 
 #: Every layer type by its ``op`` name. Filled as the classes below are defined (a class with
 #: its own ``op`` registers itself); read by the JSON graph format and the documentation.
@@ -124,6 +132,12 @@ def check_count(value, what: str) -> int:
     return int(value)
 
 
+def check_flag(value, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{what} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def check_axis(axis, rank: int, what: str) -> int:
     if not is_int(axis, numpy=True) or not -rank <= axis < rank:
         raise ValueError(f"{what}: axis {axis!r} is out of range for rank {rank}")
@@ -200,6 +214,9 @@ class Layer:
     #: A table lookup (Embedding): its first input is a one-hot of token ids over its last
     #: axis, which runners feed as the ids, and its weight input is its own table.
     lookup_table: ClassVar[bool] = False
+    #: See ``SHARED_ARGS``: the tensor names of ``parameters()`` entries, and held shapes.
+    tied: tuple | None = None
+    held: tuple = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -288,6 +305,44 @@ class Layer:
         """
         return []
 
+    def share(self, tied=None, held=None) -> "Layer":
+        """Name the tensors of its parameters (``tied``) and add ``held`` ones (``SHARED_ARGS``).
+
+        Returns the layer itself; ``ValueError`` for a malformed argument.
+        """
+        if tied is not None:
+            entries = len(self.parameters())
+            if not isinstance(tied, (list, tuple)) or len(tied) != entries or not all(
+                    t is None or (isinstance(t, str) and t) for t in tied):
+                raise ValueError(f"{self.op}: tied must give one tensor name (or null) per parameter, "
+                                 f"{entries} here, got {tied!r}")
+            self.tied = tuple(tied) if any(t is not None for t in tied) else None
+        if held is not None:
+            if not isinstance(held, (list, tuple)):
+                raise ValueError(f"{self.op}: held must be a list of shapes, got {held!r}")
+            self.held = tuple(check_shape(shape, f"{self.op} held parameter") for shape in held)
+        self.args = {k: v for k, v in self.args.items() if k not in SHARED_ARGS}
+        if self.tied is not None:
+            self.args["tied"] = list(self.tied)
+        if self.held:
+            self.args["held"] = [list(shape) for shape in self.held]
+        return self
+
+    def parameter_tensors(self) -> list:
+        """``(shape, dims, key)`` of every parameter tensor the layer holds, held ones last.
+
+        ``key`` identifies a tensor several layers read (the memory models count it once):
+        ``("tied", name)`` for a named one, ``("input", id)`` for a weight read as a graph
+        input (the same ``Tensor`` object), else None.
+        """
+        entries = self.parameters()
+        read = [t for t in self.inputs if t.is_param]
+        keys = [("input", id(t)) for t in read[:len(entries)]] + [None] * max(len(entries) - len(read), 0)
+        if self.tied is not None:
+            keys = [("tied", name) if name is not None else key for key, name in zip(keys, self.tied)]
+        out = [(tuple(shape), tuple(dims), key) for (shape, dims), key in zip(entries, keys)]
+        return out + [(shape, (), None) for shape in self.held]
+
     # Helpers for subclasses ------------------------------------------------------------
 
     def _per_device(self, C: np.ndarray) -> np.ndarray:
@@ -322,8 +377,12 @@ def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
     cls = layer_type(op)
     if not isinstance(args, dict):
         raise ValueError(f"{op}: args must be an object, got {type(args).__name__}")
+    own = {k: v for k, v in args.items() if k not in SHARED_ARGS}
     try:
-        return cls.from_args(list(operands), dict(args))
+        layer = cls.from_args(list(operands), own)
+        if any(k in args for k in SHARED_ARGS):
+            layer.share(args.get("tied"), args.get("held"))
+        return layer
     except TypeError as err:
         # A wrong argument name or count: say which, without the Python signature noise.
         message = str(err).split(") ", 1)[-1] if ") " in str(err) else str(err)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_positive, check_padding, check_pair, check_tensor, gemm_cost
+from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, check_padding, check_pair, check_tensor, gemm_cost
 
 __all__ = ["Conv", "Pooling"]
 
@@ -15,12 +15,13 @@ class Conv(Layer):
     """2-D convolution: image ``(b, c, h, w)``, ``n`` filters of ``r x s``.
 
     Iteration space ``(b, c, ho, wo, r, s, n)``; ``ho`` and ``wo`` are never split.
-    Costed as a GEMM with ``M = b ho wo``, ``N = n``, ``K = c r s``.
+    Costed as a GEMM with ``M = b ho wo``, ``N = n``, ``K = c r s``. ``bias``: a learnt
+    vector of ``n`` (a parameter split like ``n``; its add is not priced).
     """
 
     op = "Conv"
 
-    def __init__(self, x: Tensor, filters: int, kernel, stride=1, pad=0, pw: int = 0):
+    def __init__(self, x: Tensor, filters: int, kernel, stride=1, pad=0, pw: int = 0, bias: bool = False):
         x = check_tensor(x, "Conv input")
         if x.rank != 4:
             raise ValueError(f"Conv needs a (b, c, h, w) image, got shape {list(x.shape)}")
@@ -34,11 +35,12 @@ class Conv(Layer):
         ho = (h - r + 2 * pad_h) // stride_h + 1
         wo = (w - s + 2 * pad_w) // stride_w + 1
         self.pw = check_count(pw, "Conv pw")
+        self.bias = check_flag(bias, "Conv bias")
         super().__init__(
             (x,), (b, c, ho, wo, r, s, n), "bchwrsn", ((b, n, ho, wo),), ("bchw",), batch_dim=0,
             unsplit=(False, False, True, True, False, False, False),
             args={"filters": n, "kernel": [r, s], "stride": [stride_h, stride_w], "pad": [pad_h, pad_w],
-                  "pw": self.pw},
+                  "pw": self.pw, **({"bias": True} if self.bias else {})},
         )
 
     def input_configs(self, C):
@@ -59,7 +61,7 @@ class Conv(Layer):
 
     def parameters(self):
         b, c, ho, wo, r, s, n = self.domain
-        return [((n, c, r, s), (6, 1, 4, 5))]
+        return [((n, c, r, s), (6, 1, 4, 5))] + ([((n,), (6,))] if self.bias else [])
 
 
 class Pooling(Layer):

@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_positive, letters_of, check_tensor, gemm_cost
+from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, gemm_cost
 
 __all__ = ["FC", "Einsum", "Embedding"]
 
@@ -17,11 +17,13 @@ class FC(Layer):
     """Fully-connected layer: input ``(x1..xj, k)``, ``n`` units.
 
     Iteration space ``(x1..xj, n, k)``; a GEMM with ``M = prod(x)``, ``N = n``, ``K = k``.
+    ``bias``: a learnt vector of ``n`` (a parameter split like ``n``; its add is a fused
+    epilogue, not priced).
     """
 
     op = "FC"
 
-    def __init__(self, x: Tensor, units: int, pw: int = 0, letters: str | None = None):
+    def __init__(self, x: Tensor, units: int, pw: int = 0, letters: str | None = None, bias: bool = False):
         x = check_tensor(x, "FC input")
         if x.rank < 2:
             raise ValueError(f"FC needs an input of rank >= 2, got shape {list(x.shape)}")
@@ -33,9 +35,11 @@ class FC(Layer):
         if len(letters) != j:
             raise ValueError(f"FC letters {letters!r} must name the {j} leading input dims")
         self.pw = check_count(pw, "FC pw")
+        self.bias = check_flag(bias, "FC bias")
         super().__init__(
             (x,), tuple(x.shape[:-1]) + (n, x.shape[-1]), letters + "nk", (tuple(x.shape[:-1]) + (n,),),
-            (letters + "n",), batch_dim=0, args={"units": n, "pw": self.pw, "letters": letters},
+            (letters + "n",), batch_dim=0,
+            args={"units": n, "pw": self.pw, "letters": letters, **({"bias": True} if self.bias else {})},
         )
 
     def input_configs(self, C):
@@ -59,7 +63,8 @@ class FC(Layer):
 
     def parameters(self):
         j = len(self.domain) - 2
-        return [((self.domain[j], self.domain[j + 1]), (j, j + 1))]
+        bias = [((self.domain[j],), (j,))] if self.bias else []
+        return [((self.domain[j], self.domain[j + 1]), (j, j + 1))] + bias
 
 
 _EQUATION = re.compile(r"^([a-z]+),([a-z]+)->([a-z]+)$")
@@ -100,12 +105,14 @@ class Einsum(Layer):
     Iteration space: output dims in output order, then reduction dims in order of first
     appearance in ``A``. Batch dims are in ``A``, ``B`` and the output; ``M`` dims in ``A``
     and the output only; ``N`` dims in ``B`` and the output only; ``K`` dims in ``A`` and
-    ``B`` only.
+    ``B`` only. ``bias``: a learnt tensor over the output dimensions of the weight operand
+    (``N`` when ``B`` is the weight), a parameter split like them, its add not priced.
     """
 
     op = "Einsum"
 
-    def __init__(self, equation: str, a: Tensor, b: Tensor, pw: int = 0, batch: str | None = None):
+    def __init__(self, equation: str, a: Tensor, b: Tensor, pw: int = 0, batch: str | None = None,
+                 bias: bool = False):
         a = check_tensor(a, "Einsum operand A")
         b = check_tensor(b, "Einsum operand B")
         eq, in_a, in_b, out, sizes = _parse_equation(equation, a, b)
@@ -126,10 +133,14 @@ class Einsum(Layer):
         self.equation = eq
         self.terms = (in_a, in_b, out)
         self.pw = check_count(pw, "Einsum pw")
+        self.bias = check_flag(bias, "Einsum bias")
+        if self.bias and not (a.is_param or b.is_param):
+            raise ValueError(f"Einsum {equation!r}: a bias needs a weight operand")
         self._cols = {letter: i for i, letter in enumerate(space)}
         super().__init__(
             (a, b), tuple(sizes[x] for x in space), "".join(space), (tuple(sizes[x] for x in out),), (out,),
-            batch_dim=space.index(batch), args={"equation": eq, "pw": self.pw, "batch": batch},
+            batch_dim=space.index(batch),
+            args={"equation": eq, "pw": self.pw, "batch": batch, **({"bias": True} if self.bias else {})},
         )
 
     @classmethod
@@ -161,11 +172,15 @@ class Einsum(Layer):
         return gemm_cost(machine, sizes, groups, self.pw, (self.inputs[0].is_param, self.inputs[1].is_param))
 
     def parameters(self):
-        return [
+        weights = [
             (t.shape, tuple(self._columns(term)))
             for t, term in zip(self.inputs, self.terms[:2])
             if t.is_param
         ]
+        if getattr(self, "bias", False):
+            own = self.n_letters if self.inputs[1].is_param else self.m_letters
+            weights.append((tuple(self.domain[self._cols[x]] for x in own), tuple(self._columns(own))))
+        return weights
 
 
 class Embedding(Einsum):

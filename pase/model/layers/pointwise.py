@@ -63,6 +63,8 @@ class Norm(_ShapeOfInput):
     Cost: ``16 E + 4 AR(E / dpp[axis], c[axis]) + 4 AR(dpp[axis], prod(c without axis))``
     (statistics reduced across the axis splits, scale/bias gradients across the others),
     plus ``pw E`` for ``pw`` fused point-wise operations (0 in the reference graphs).
+    ``learnt``: how many of its learnt vectors it has (a norm without bias has 1, one without
+    an affine transform 0); only the memory model reads it.
     """
 
     op = "Norm"
@@ -70,14 +72,20 @@ class Norm(_ShapeOfInput):
     #: Learnt tensors of length ``dom[axis]`` (scale and bias).
     n_params = 2
 
-    def __init__(self, x: Tensor, axis: int = -1, pw: int = 0):
+    def __init__(self, x: Tensor, axis: int = -1, pw: int = 0, learnt: int | None = None):
         x = check_tensor(x, f"{self.op} input")
         self.axis = check_axis(axis, x.rank, self.op)
         self.pw = check_count(pw, f"{self.op} pw")
+        self.learnt = self.n_params if learnt is None else check_count(learnt, f"{self.op} learnt")
+        if self.learnt > self.n_params:
+            raise ValueError(f"{self.op} learns at most {self.n_params} vectors, got learnt={learnt!r}")
         super().__init__(x, self._args())
 
     def _args(self) -> dict:
-        return {"axis": self.axis, "pw": self.pw}
+        return {"axis": self.axis, "pw": self.pw, **self._learnt_arg()}
+
+    def _learnt_arg(self) -> dict:
+        return {"learnt": self.learnt} if self.learnt != self.n_params else {}
 
     def costs(self, C, machine):
         dpp = self._per_device(C)
@@ -95,7 +103,7 @@ class Norm(_ShapeOfInput):
 
     def parameters(self):
         # Scale (and bias), each of length dom[axis], split c[axis].
-        return [((self.domain[self.axis],), (self.axis,))] * self.n_params
+        return [((self.domain[self.axis],), (self.axis,))] * self.learnt
 
 
 class BatchNorm(Norm):
@@ -107,17 +115,17 @@ class BatchNorm(Norm):
 
     op = "BatchNorm"
 
-    def __init__(self, x: Tensor, pw: int = 0):
+    def __init__(self, x: Tensor, pw: int = 0, learnt: int | None = None):
         x = check_tensor(x, "BatchNorm input")
         if x.rank < 2:
             raise ValueError(f"BatchNorm needs a (batch, channel, ...) input, got shape {list(x.shape)}")
-        super().__init__(x, axis=0, pw=pw)
+        super().__init__(x, axis=0, pw=pw, learnt=learnt)
 
     def _args(self) -> dict:
-        return {"pw": self.pw}
+        return {"pw": self.pw, **self._learnt_arg()}
 
     def parameters(self):
-        return [((self.domain[1],), (1,))] * 2
+        return [((self.domain[1],), (1,))] * self.learnt
 
 
 class RMSNorm(Norm):

@@ -19,6 +19,9 @@ class ProtoLayer:
         self.name = name
         self.pw_ops: set = set()
         self.outputs: list = []
+        #: ``(entry, name)``: the model parameter ``name`` is entry ``entry`` of the layer's
+        #: ``parameters()`` (its weight, bias, scale).
+        self.claims: list = []
 
     def output(self, atoms, index: int = 0) -> TracedTensor:
         base = TracedTensor(atoms, self, index)
@@ -31,11 +34,28 @@ class ProtoLayer:
 
 
 class Emitter:
-    """Builds the PaSE layers of the protos, in order, with one GraphBuilder."""
+    """Builds the PaSE layers of the protos, in order, with one GraphBuilder.
 
-    def __init__(self, builder: GraphBuilder):
+    ``claimers``: per model parameter, the protos that hold it as their own (several: a
+    tied tensor); ``held``: per proto, the shapes of the parameters no layer holds that it
+    carries for the memory models (``Layer.share``).
+    """
+
+    def __init__(self, builder: GraphBuilder, claimers=None, held=None):
         self.g = builder
         self.tensors: dict = {}  # id(TracedTensor) -> pase Tensor
+        self.claimers = claimers or {}
+        self.held = held or {}
+
+    def shared(self, proto) -> tuple:
+        """``(tied, held)`` of the layer of ``proto``: see ``Layer.share``."""
+        tied = None
+        if any(len(self.claimers.get(name, ())) > 1 for _, name in proto.claims):
+            tied = [None] * (1 + max(entry for entry, _ in proto.claims))
+            for entry, name in proto.claims:
+                if len(self.claimers[name]) > 1:
+                    tied[entry] = name
+        return tied, self.held.get(id(proto), [])
 
     def tensor(self, base: TracedTensor):
         if id(base) not in self.tensors:
@@ -50,6 +70,11 @@ class Emitter:
         return self.g.input(tuple(shape), name)
 
     def add(self, proto: ProtoLayer, layer) -> None:
+        tied, held = self.shared(proto)
+        if tied is not None:
+            tied = (tied + [None] * len(layer.parameters()))[:len(layer.parameters())]
+        if tied is not None or held:
+            layer.share(tied, held)
         outs = self.g.add(proto.name, layer)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for base, t in zip(proto.outputs, outs):
@@ -113,6 +138,7 @@ class ProtoGemm(ProtoLayer):
         self.sources = sources
         self.atoms: dict = {}  # key -> atom, for sizes and hints
         self.hints: dict = {}  # key -> display letter wanted for it
+        self.bias = False  # a learnt bias is added to its output
 
     def _key(self, side, atom):
         key = (side, id(atom))
@@ -157,7 +183,7 @@ class ProtoGemm(ProtoLayer):
         atom = self.atoms.__getitem__
         if [op[0] for op in self.operands] == ["view", "weight"] and self._is_fc(ta, tb, to):
             x = em.tensor(self.operands[0][1].base)
-            em.add(self, L.FC(x, atom(to[-1]).size, pw=self.pw,
+            em.add(self, L.FC(x, atom(to[-1]).size, pw=self.pw, bias=self.bias,
                               letters=_letters([self._hinted(k) for k in ta[:-1]], avoid="nk", keys=ta[:-1])))
             return
         order = list(dict.fromkeys(to + ta + tb))
@@ -175,7 +201,7 @@ class ProtoGemm(ProtoLayer):
         position = _batch_position([atom(k) for k in to])
         batch = words[2][position] if position is not None else None
         em.add(self, L.Einsum(f"{words[0]},{words[1]}->{words[2]}", tensors[0], tensors[1], pw=self.pw,
-                              batch=batch))
+                              batch=batch, bias=self.bias))
 
     def _hinted(self, key):
         """The atom of ``key``, or a stand-in with the hint the product asked for."""
@@ -199,9 +225,11 @@ class ProtoConv(ProtoLayer):
     def __init__(self, name, x, filters, kernel, stride, pad):
         super().__init__(name)
         self.x, self.filters, self.kernel, self.stride, self.pad = x, filters, kernel, stride, pad
+        self.bias = False
 
     def emit(self, em):
-        em.add(self, L.Conv(em.tensor(self.x), self.filters, self.kernel, self.stride, self.pad, pw=self.pw))
+        em.add(self, L.Conv(em.tensor(self.x), self.filters, self.kernel, self.stride, self.pad, pw=self.pw,
+                            bias=self.bias))
 
 
 class ProtoPooling(ProtoLayer):
@@ -246,11 +274,13 @@ class ProtoNorm(ProtoLayer):
 
     def emit(self, em):
         x = em.tensor(self.x)
+        learnt = len(self.claims)  # the learnt vectors the model has (none, a scale, and a shift)
         if self.kind == "BatchNorm":
-            em.add(self, L.BatchNorm(x, pw=self.pw))
+            em.add(self, L.BatchNorm(x, pw=self.pw, learnt=min(learnt, 2)))
         else:
             cls = L.RMSNorm if self.kind == "RMSNorm" else L.Norm
-            em.add(self, cls(x, axis=_index_of(self.x.leaves(), self.axis), pw=self.pw))
+            em.add(self, cls(x, axis=_index_of(self.x.leaves(), self.axis), pw=self.pw,
+                             learnt=min(learnt, cls.n_params)))
 
 
 class ProtoSoftmax(ProtoLayer):

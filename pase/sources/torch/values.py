@@ -160,10 +160,20 @@ class LazyStatistic:
 
 @dataclass(frozen=True, eq=False)
 class Replicated:
-    """A tensor (or other value) that does not depend on the batch: a graph input at most."""
+    """A tensor (or other value) that does not depend on the batch: a graph input at most.
+
+    ``param``: it is one of the model's parameters (perhaps reshaped or transposed);
+    ``params``: the names of the parameters it is computed from (its own name if ``param``).
+    """
 
     shape: tuple | None
     param: bool = False
+    params: frozenset = frozenset()
+
+
+def _carried(value, shape) -> Replicated:
+    """``value`` seen in another shape (a reshape, a transpose): the same parameter, if one."""
+    return Replicated(shape, getattr(value, "param", False), getattr(value, "params", frozenset()))
 
 
 class SideOutput:

@@ -29,6 +29,9 @@ class GraphWalk:
         self.batch: int | None = None
         self.outputs: list = []
         self.has_conv = False
+        self.parameters: dict = {}  # model parameter name -> shape, every one of the program
+        self.homes: dict = {}  # parameter name -> the proto whose output it first met (or None)
+        self._tensor_names = None  # id(parameter tensor) -> its first name
 
     # -- bookkeeping ----------------------------------------------------------------
 
@@ -89,6 +92,34 @@ class GraphWalk:
                 proto.sources.setdefault(id(leaf), proto.sources[id(atom)])
         base.atoms = mine + [a for a in leaves if a.size == 1]
         return True
+
+    def _canonical(self, name: str) -> str:
+        """The first name of a parameter tensor: a tied one (``lm_head.weight`` is
+        ``wte.weight``) is one tensor under several names, each a placeholder of its own."""
+        if self._tensor_names is None:
+            self._tensor_names = {}
+            for key, tensor in getattr(self.program, "state_dict", {}).items():
+                self._tensor_names.setdefault(id(tensor), key)
+        tensor = getattr(self.program, "state_dict", {}).get(name)
+        return self._tensor_names.get(id(tensor), name) if tensor is not None else name
+
+    def _claim(self, proto, entry: int, value) -> bool:
+        """``value`` is entry ``entry`` of ``proto``'s parameters, if it is a model parameter."""
+        if isinstance(value, Replicated) and value.param and len(value.params) == 1:
+            proto.claims.append((entry, next(iter(value.params))))
+            return True
+        return False
+
+    def _meet(self, flat) -> None:
+        """Parameters combined with batch-dependent values: remember next to which layer."""
+        first = next((v for v in flat if _dependent(v)), None)
+        base = first if isinstance(first, View) else getattr(first, "source", None)
+        proto = base.base.proto if isinstance(base, View) else None
+        for v in flat:
+            if isinstance(v, Replicated):
+                for name in v.params:
+                    if self.homes.get(name) is None:
+                        self.homes[name] = proto
 
     def _problem(self, node, reason: str) -> None:
         op = _display_op(node.target)
@@ -309,8 +340,11 @@ class GraphWalk:
             atoms = [Atom(s, hints[i] if i < len(hints) else "", batch=(i == 0)) for i, s in enumerate(shape)]
             base = TracedTensor(atoms, name=str(spec.arg.name) if spec is not None else node.name)
             return View(base, tuple((a,) if a.size > 1 else () for a in atoms))
-        param = spec is not None and spec.kind == kinds.PARAMETER
-        return Replicated(shape, param)
+        if spec is not None and spec.kind == kinds.PARAMETER:
+            name = self._canonical(str(spec.target))
+            self.parameters[name] = shape
+            return Replicated(shape, True, frozenset({name}))
+        return Replicated(shape)
 
     def _call(self, node):
         def value_of(arg):
@@ -338,6 +372,7 @@ class GraphWalk:
         if not any(_dependent(v) for v in flat):
             result = self._replicated(node, name, args)
         else:
+            self._meet(flat)
             handler = _HANDLERS.get(name)
             if handler is None:
                 self._problem(node, "no PaSE layer expresses it")
@@ -370,13 +405,14 @@ class GraphWalk:
 
     def _replicated(self, node, name, args):
         val = node.meta.get("val")
+        params = frozenset().union(*(v.params for v in _flat(list(args)) if isinstance(v, Replicated)))
         if isinstance(val, (list, tuple)):
-            return [Replicated(tuple(v.shape) if hasattr(v, "shape") else None) for v in val]
+            return [Replicated(tuple(v.shape) if hasattr(v, "shape") else None, False, params) for v in val]
         shape = tuple(int(d) for d in val.shape) if hasattr(val, "shape") else None
         first = args[0] if args else None
         param = (isinstance(first, Replicated) and first.param
                  and name in (_RESHAPES | _PERMUTES | _IDENTITY | _EXPANDS))
-        return Replicated(shape, param)
+        return Replicated(shape, param, params)
 
     # -- results ------------------------------------------------------------------------
 
@@ -421,9 +457,29 @@ class GraphWalk:
             a.frozen = True
         self._record(ProtoLoss(self._name(None, "loss"), view.base))
 
+    def held_parameters(self) -> tuple:
+        """``(claimers, held)`` for the Emitter: who holds each parameter as its own, and the
+        parameters none holds (a position table, a class token, a layer scale, one no
+        operation reads), each carried by the layer it first met, else the first layer."""
+        claimers: dict = {}
+        for proto in self.protos:
+            for _, name in proto.claims:
+                holders = claimers.setdefault(name, [])
+                if proto not in holders:
+                    holders.append(proto)
+        emitted = {id(p) for p in self.protos}
+        held: dict = {}
+        for name, shape in self.parameters.items():
+            if name in claimers or shape is None:
+                continue
+            home = self.homes.get(name)
+            home = home if home is not None and id(home) in emitted else self.protos[0]
+            held.setdefault(id(home), []).append(tuple(shape) or (1,))
+        return claimers, held
+
     def emit(self, cutoff: int) -> Network:
         g = GraphBuilder(self.model_name, cutoff=cutoff, batch=self.batch)
-        em = Emitter(g)
+        em = Emitter(g, *self.held_parameters())
         for proto in self.protos:
             proto.emit(em)
         return g.build()

@@ -45,6 +45,8 @@ def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dila
     _freeze(view.base.atoms)
     imp.has_conv = True
     proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad))
+    if imp._claim(proto, 0, weight) and bias is not None:
+        proto.bias = imp._claim(proto, 1, bias)
     batch = view.base.leaves()[0]
     atoms = [batch, Atom(n, "c", frozen=True), Atom(ho, "h", frozen=True), Atom(wo, "w", frozen=True)]
     return View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))

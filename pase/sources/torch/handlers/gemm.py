@@ -153,6 +153,8 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             sources[id(unit)] = ("own", weight_side)
             base.atoms.append(unit)
     proto.check()
+    if weight_side is not None:
+        imp._claim(proto, 0, operands[weight_side][0])
     proto.name = imp._name(node, suffix, leaf=True)
     proto.pw_ops = {f"{node.name}#{i}" for i in range(pw)}
     imp._record(proto)
@@ -169,8 +171,17 @@ def handle_linear(imp, node, name, x, weight, bias=None):
         raise Unmappable("a batch-dependent bias")
     rank = len(x.shape)
     lead = [f"x{i}" for i in range(rank - 1)]
-    return _contract(imp, node, "linear", [(x, _dims_spec(x, lead + ["K"])), (weight, _dims_spec(weight, ["N", "K"]))],
-                     lead + ["N"])
+    out = _contract(imp, node, "linear", [(x, _dims_spec(x, lead + ["K"])), (weight, _dims_spec(weight, ["N", "K"]))],
+                    lead + ["N"])
+    _bias(imp, out, bias)
+    return out
+
+
+def _bias(imp, out: View, bias) -> None:
+    """A learnt bias added to a product's output: a parameter of the product's layer."""
+    proto = out.base.proto
+    if bias is not None and proto.claims and imp._claim(proto, 1, bias):
+        proto.bias = True
 
 
 def _matmul_letters(ra: int, rb: int):
@@ -207,7 +218,9 @@ def handle_matmul(imp, node, name, a, b, *rest):
 def handle_addmm(imp, node, name, bias, a, b, *rest, **kwargs):
     if _dependent(bias):
         raise Unmappable("a batch-dependent bias")
-    return handle_matmul(imp, node, "matmul", a, b)
+    out = handle_matmul(imp, node, "matmul", a, b)
+    _bias(imp, out, bias)
+    return out
 
 
 @handles({"einsum"})
@@ -305,5 +318,6 @@ def handle_embedding(imp, node, name, weight, indices, *rest):
     _freeze(view.base.atoms)
     vocab, width = weight.shape
     proto = imp._record(ProtoEmbedding(imp._name(node, "embedding", leaf=True), view.base, vocab, width))
+    imp._claim(proto, 0, weight)
     out = proto.output(view.base.leaves() + [Atom(width, "e", frozen=True)])
     return View(out, tuple(view.dims) + ((out.atoms[-1],),))

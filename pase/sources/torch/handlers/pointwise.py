@@ -46,6 +46,7 @@ def handle_pointwise(imp, node, name, *args, **kwargs):
         # The learnt scale (and shift) of a hand-written norm is part of the norm's cost.
         other = next((v for v in args if isinstance(v, Replicated)), None)
         if other is not None and other.param and other.shape == (value.shape[-1],):
+            imp._claim(value.base.proto, len(value.base.proto.claims), other)
             return value
     if tuple(value.shape) != shape:
         value = _expand_view(imp._view(value, node), shape)
@@ -139,6 +140,12 @@ def handle_softmax(imp, node, name, x, dim, *rest, **kwargs):
     return _softmax_view(imp, node, view, _norm_dim(dim, len(view.dims)))
 
 
+def _claim_all(imp, proto, values) -> None:
+    """The learnt vectors of a norm (scale, bias; either may be absent), in order."""
+    for value in values:
+        imp._claim(proto, len(proto.claims), value)
+
+
 def _norm_layer(imp, node, kind, x, dim):
     view = imp._view(x, node)
     imp._charge(view)
@@ -154,6 +161,7 @@ def handle_layer_norm(imp, node, name, x, normalized_shape, *rest, **kwargs):
         raise Unmappable(f"a norm over {len(normalized_shape)} dimensions")
     kind = "RMSNorm" if "rms" in name else "Norm"
     out = _norm_layer(imp, node, kind, x, len(x.shape) - 1)
+    _claim_all(imp, out.base.proto, rest[:1] if kind == "RMSNorm" else rest[:2])
     if name in ("native_layer_norm",):
         return [out, SideOutput("norm statistics"), SideOutput("norm statistics")]
     if name == "_fused_rms_norm":
@@ -172,6 +180,7 @@ def handle_batch_norm(imp, node, name, x, *rest, **kwargs):
     view = imp._exact(view, node)
     _freeze(view.base.atoms)
     proto = imp._record(ProtoNorm(imp._name(node, "norm", leaf=True), "BatchNorm", view.base))
+    _claim_all(imp, proto, rest[:2])
     out = View(proto.output(view.base.atoms), view.dims)
     count = {"batch_norm": 1, "_native_batch_norm_legit_no_training": 3, "_native_batch_norm_legit": 3,
              "_native_batch_norm_legit_functional": 5, "native_batch_norm": 3, "cudnn_batch_norm": 4,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..aten import _EXPANDS, _IDENTITY, _PERMUTES, _RESHAPES, _SHAPE_ONLY, _norm_dim
 from ..errors import Unmappable
 from .common import _expand_view, _shape_arg
-from ..values import Replicated, LazySlice, View, _big, _dependent, _regroup
+from ..values import Replicated, LazySlice, View, _big, _carried, _dependent, _regroup
 from .registry import handles
 
 
@@ -18,7 +18,7 @@ def handle_identity(imp, node, name, x=None, *args, **kwargs):
         src = args[0] if args else kwargs.get("src")
         return src if _dependent(src) else Replicated(imp._meta_shape(node))
     if not _dependent(x):
-        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return _carried(x, imp._meta_shape(node))
     return x
 
 
@@ -30,7 +30,7 @@ def handle_shape_only(imp, node, name, *args, **kwargs):
 @handles(_RESHAPES)
 def handle_reshape(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return _carried(x, imp._meta_shape(node))
     shape = _shape_arg(node, imp)
     if isinstance(x, LazySlice) and x.shape == shape:
         return x
@@ -73,7 +73,7 @@ def _permutation(name, rank, args) -> list:
 @handles(_PERMUTES)
 def handle_permute(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return _carried(x, imp._meta_shape(node))
     view = imp._view(x, node)
     order = _permutation(name, len(view.dims), list(args) + list(kwargs.values()))
     return View(view.base, tuple(view.dims[i] for i in order), view.ops)
@@ -82,7 +82,7 @@ def handle_permute(imp, node, name, x, *args, **kwargs):
 @handles(_EXPANDS)
 def handle_expand(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
-        return Replicated(imp._meta_shape(node), getattr(x, "param", False))
+        return _carried(x, imp._meta_shape(node))
     view = imp._view(x, node)
     shape = _shape_arg(node, imp)
     if view.shape == shape:
