@@ -15,7 +15,8 @@ class SmallCNN(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.conv = torch.nn.Conv2d(4, 32, 3, padding=1)
+        # No bias before the batch norm: it removes the bias, whose gradient is then rounding noise.
+        self.conv = torch.nn.Conv2d(4, 32, 3, padding=1, bias=False)
         self.bn = torch.nn.BatchNorm2d(32)
         self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1)
         self.pool = torch.nn.AdaptiveAvgPool2d(1)

@@ -48,15 +48,25 @@ def _pointwise(x, pw: int):
 # ``extra`` holds labels (SoftmaxCrossEntropy), the losses list, and ``constrain``.
 
 
+def _bias(y, weights, axis: int):
+    """Add the layer's learnt bias (its weight after the first), if it has one, along ``axis``."""
+    if len(weights) < 2:
+        return y
+    bias = weights[1]
+    shape = [1] * y.ndim
+    shape[axis % y.ndim] = bias.shape[0]
+    return y + bias.reshape(shape)
+
+
 def _conv(layer, args, inputs, weights, extra):
-    (x,), (w,) = inputs, weights
+    (x,), w = inputs, weights[0]
     b, c, ho, wo, r, s, n = layer.domain
     ph, pw_ = args["pad"]
     y = jax.lax.conv_general_dilated(
         x, w, window_strides=tuple(args["stride"]), padding=[(ph, ph), (pw_, pw_)],
         dimension_numbers=("NCHW", "OIHW", "NCHW"),
     )
-    return [_pointwise(y / math.sqrt(c * r * s), args.get("pw", 0))]
+    return [_pointwise(_bias(y / math.sqrt(c * r * s), weights, 1), args.get("pw", 0))]
 
 
 def _pooling(layer, args, inputs, weights, extra):
@@ -70,9 +80,9 @@ def _pooling(layer, args, inputs, weights, extra):
 
 
 def _fc(layer, args, inputs, weights, extra):
-    (x,), (w,) = inputs, weights
+    (x,), w = inputs, weights[0]
     y = jnp.einsum("...k,nk->...n", x, w) / math.sqrt(x.shape[-1])
-    return [_pointwise(y, args.get("pw", 0))]
+    return [_pointwise(_bias(y, weights, -1), args.get("pw", 0))]
 
 
 def _einsum(layer, args, inputs, weights, extra):
@@ -81,7 +91,18 @@ def _einsum(layer, args, inputs, weights, extra):
     sizes = dict(zip(in_a, a.shape))
     reduction = math.prod(sizes[l] for l in in_a if l in in_b and l not in out)
     y = jnp.einsum(args["equation"], a, b) / math.sqrt(reduction)
+    if weights:  # its bias, over the weight's own output dimensions
+        weight_term, other = (in_b, in_a) if layer.inputs[1].is_param else (in_a, in_b)
+        own = "".join(x for x in out if x in weight_term and x not in other)
+        y = y + _over(weights[0], own, out)
     return [_pointwise(y, args.get("pw", 0))]
+
+
+def _over(t, letters: str, out: str):
+    """``t`` (dimensions ``letters``) broadcast against an array of dimensions ``out``."""
+    order = [x for x in out if x in letters]
+    t = jnp.transpose(t, [letters.index(x) for x in order])
+    return t.reshape([t.shape[order.index(x)] if x in letters else 1 for x in out])
 
 
 def _embedding(layer, args, inputs, weights, extra):
@@ -108,24 +129,30 @@ def _normalise(x, axes, scale, bias, param_axis):
     return y if bias is None else y + bias.reshape(shape)
 
 
+def _learnt(x, weights, axis: int) -> tuple:
+    """``(scale, bias)`` of a norm that learns ``len(weights)`` of them (ones and none if not)."""
+    scale = weights[0] if weights else jnp.ones((x.shape[axis],), x.dtype)
+    return scale, (weights[1] if len(weights) > 1 else None)
+
+
 def _norm(layer, args, inputs, weights, extra):
     (x,) = inputs
     axis = args["axis"] % x.ndim
-    scale, bias = weights
+    scale, bias = _learnt(x, weights, axis)
     return [_pointwise(_normalise(x, (axis,), scale, bias, axis), args.get("pw", 0))]
 
 
 def _batch_norm(layer, args, inputs, weights, extra):
     (x,) = inputs
-    scale, bias = weights
+    scale, bias = _learnt(x, weights, 1)
     axes = tuple(a for a in range(x.ndim) if a != 1)  # every channel over batch and space
     return [_pointwise(_normalise(x, axes, scale, bias, 1), args.get("pw", 0))]
 
 
 def _rms_norm(layer, args, inputs, weights, extra):
     (x,) = inputs
-    (scale,) = weights
     axis = args["axis"] % x.ndim
+    scale, _ = _learnt(x, weights, axis)
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=axis, keepdims=True) + EPS) * scale.reshape(shape)
@@ -345,8 +372,9 @@ class _Program:
                     with jax.named_scope(sub):
                         inputs.append(constrain(x, spec))
                 implicit = []
-                if not any(t.is_param for t in layer.inputs):
-                    for i, (k, w) in enumerate(zip(self.weight_key[v], entry["weights"])):
+                read = sum(1 for t in layer.inputs if t.is_param)  # weights read as inputs come first
+                for i, (k, w) in enumerate(zip(self.weight_key[v], entry["weights"])):
+                    if i >= read:
                         with jax.named_scope(f"w{i}"):
                             implicit.append(constrain(params[k], w["spec"]))
                 extra = {"constrain": constrain, "losses": losses, "labels": data.get(f"labels{v}")}

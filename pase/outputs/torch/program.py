@@ -72,8 +72,23 @@ def _pointwise(x, pw: int):
 # tensors or DTensors alike; DTensor's sharding propagation runs them on the shards.
 
 
+def _bias(y, weights, axis: int):
+    """Add the layer's learnt bias (its weight after the first), if it has one, along ``axis``."""
+    if len(weights) < 2:
+        return y
+    shape = [1] * y.ndim
+    shape[axis % y.ndim] = weights[1].shape[0]
+    return y + weights[1].reshape(shape)
+
+
+def _learnt(x, weights, axis: int) -> tuple:
+    """``(scale, bias)`` of a norm that learns ``len(weights)`` of them (ones and none if not)."""
+    scale = weights[0] if weights else torch.ones((x.shape[axis],), dtype=x.dtype)
+    return scale, (weights[1] if len(weights) > 1 else None)
+
+
 def _conv(layer, args, inputs, weights, extra):
-    (x,), (w,) = inputs, weights
+    (x,), w = inputs, weights[0]
     b, c, ho, wo, r, s, n = layer.domain
     stride, pad = tuple(args["stride"]), tuple(args["pad"])
     if not isinstance(x, DTensor):
@@ -81,7 +96,7 @@ def _conv(layer, args, inputs, weights, extra):
     else:
         y = _local_conv(layer, x, w, stride, pad, extra)
     y = extra["reduce"](y)
-    return [_pointwise(y / math.sqrt(c * r * s), args.get("pw", 0))]
+    return [_pointwise(_bias(y / math.sqrt(c * r * s), weights, 1), args.get("pw", 0))]
 
 
 def _local_conv(layer, x, w, stride, pad, extra):
@@ -143,10 +158,10 @@ def _pooling(layer, args, inputs, weights, extra):
 
 
 def _fc(layer, args, inputs, weights, extra):
-    (x,), (w,) = inputs, weights
+    (x,), w = inputs, weights[0]
     y = extra["reduce"](extra["local"](lambda a, b: torch.matmul(a, b.t()), [x, w], extra["specs"])) / math.sqrt(
         x.shape[-1])
-    return [_pointwise(y, args.get("pw", 0))]
+    return [_pointwise(_bias(y, weights, -1), args.get("pw", 0))]
 
 
 def _einsum(layer, args, inputs, weights, extra):
@@ -156,6 +171,11 @@ def _einsum(layer, args, inputs, weights, extra):
     reduction = math.prod(sizes[l] for l in in_a if l in in_b and l not in out)
     y = extra["reduce"](extra["local"](lambda p, q: torch.einsum(args["equation"], p, q), [a, b],
                                        extra["specs"])) / math.sqrt(reduction)
+    if weights:  # its bias, over the weight's own output dimensions
+        weight_term, other = (in_b, in_a) if layer.inputs[1].is_param else (in_a, in_b)
+        own = [x for x in out if x in weight_term and x not in other]
+        bias = weights[0].reshape([layer.domain[layer.dims.index(x)] if x in own else 1 for x in out])
+        y = y + bias
     return [_pointwise(y, args.get("pw", 0))]
 
 
@@ -203,21 +223,21 @@ def _normalise(x, axes, scale, bias, param_axis):
 def _norm(layer, args, inputs, weights, extra):
     (x,) = inputs
     axis = args["axis"] % x.ndim
-    scale, bias = weights
+    scale, bias = _learnt(x, weights, axis)
     return [_pointwise(_normalise(x, (axis,), scale, bias, axis), args.get("pw", 0))]
 
 
 def _batch_norm(layer, args, inputs, weights, extra):
     (x,) = inputs
-    scale, bias = weights
+    scale, bias = _learnt(x, weights, 1)
     axes = tuple(a for a in range(x.ndim) if a != 1)
     return [_pointwise(_normalise(x, axes, scale, bias, 1), args.get("pw", 0))]
 
 
 def _rms_norm(layer, args, inputs, weights, extra):
     (x,) = inputs
-    (scale,) = weights
     axis = args["axis"] % x.ndim
+    scale, _ = _learnt(x, weights, axis)
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
     y = x * torch.rsqrt((x * x).mean(dim=axis, keepdim=True) + EPS) * scale.reshape(shape)
@@ -429,9 +449,8 @@ class Program(nn.Module):
 
     def implicit_weights(self, v: int) -> list:
         """Keys of the weights of layer ``v`` that are its own (not graph inputs)."""
-        if any(t.is_param for t in self.network.layers[v].inputs):
-            return []
-        return self.weight_key[v]
+        read = sum(1 for t in self.network.layers[v].inputs if t.is_param)  # graph weights come first
+        return self.weight_key[v][read:]
 
     def _place(self, array, place):
         tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -530,8 +549,7 @@ class Program(nn.Module):
         keys = iter(tensors)
         for key in self.data_key[v]:
             inputs.append(next(keys))
-        if not any(t.is_param for t in layer.inputs):
-            implicit = list(keys)
+        implicit = list(keys)  # the layer's own weights (a bias after graph weights)
         specs_in = iter(entry["inputs"])
         specs_w = iter(entry["weights"])
         specs = [next(specs_w)["spec"] if t.is_param else next(specs_in)["spec"] for t in layer.inputs]
