@@ -158,32 +158,53 @@ MAX_UNSTACK = 2**16
 
 
 class Unstack(_DataMovement):
-    """Split a tensor along ``axis`` into ``x.shape[axis]`` tensors."""
+    """Split a tensor along ``axis`` into ``x.shape[axis]`` tensors, or into pieces of ``sizes``.
+
+    With ``sizes`` (positive, summing to the axis) each output keeps the axis, as long as its
+    piece: a fused projection's unequal parts (71 + 1 + 1 heads, 512 + 64 channels). The axis
+    is size 1 in the iteration space either way: it is never split.
+    """
 
     op = "Unstack"
 
-    def __init__(self, x: Tensor, axis: int = 0, batch_dim: int | None = None):
+    def __init__(self, x: Tensor, axis: int = 0, batch_dim: int | None = None, sizes=None):
         x = check_tensor(x, "Unstack input")
         self.axis = check_axis(axis, x.rank, "Unstack")
         dims = letters_of(x)
         part = tuple(d for i, d in enumerate(x.shape) if i != self.axis)
-        if not part:
-            raise ValueError("Unstack needs an input of rank >= 2")
         if batch_dim is None:
             batch_dim = 1 if self.axis == 0 else 0
         batch_dim = check_axis(batch_dim, x.rank, "Unstack batch_dim")
-        count = x.shape[self.axis]
-        if count > MAX_UNSTACK:
-            # One tensor per slice: a huge axis would build millions of outputs (or never finish).
-            raise ValueError(f"Unstack along axis {self.axis} of size {count}: at most {MAX_UNSTACK} outputs")
+        args = {"axis": self.axis, "batch_dim": batch_dim}
+        if sizes is not None:
+            if not isinstance(sizes, (list, tuple)) or not sizes:
+                raise ValueError(f"Unstack sizes must be a list of positive integers, got {sizes!r}")
+            self.sizes = check_shape(sizes, "Unstack sizes")
+            if sum(self.sizes) != x.shape[self.axis]:
+                raise ValueError(f"Unstack sizes {list(self.sizes)} do not add up to axis {self.axis}"
+                                 f" of {x.shape[self.axis]}")
+            shapes = tuple(tuple(n if i == self.axis else d for i, d in enumerate(x.shape)) for n in self.sizes)
+            letters = (dims,) * len(self.sizes)
+            args["sizes"] = list(self.sizes)
+        else:
+            self.sizes = None
+            if not part:
+                raise ValueError("Unstack needs an input of rank >= 2")
+            count = x.shape[self.axis]
+            if count > MAX_UNSTACK:
+                # One tensor per slice: a huge axis would build millions of outputs (or never finish).
+                raise ValueError(f"Unstack along axis {self.axis} of size {count}: at most {MAX_UNSTACK} outputs")
+            shapes = (part,) * count
+            letters = (dims[: self.axis] + dims[self.axis + 1:],) * count
         super().__init__(
-            (x,), tuple(1 if i == self.axis else d for i, d in enumerate(x.shape)), dims, (part,) * count,
-            (dims[: self.axis] + dims[self.axis + 1:],) * count, batch_dim=batch_dim,
-            args={"axis": self.axis, "batch_dim": batch_dim},
+            (x,), tuple(1 if i == self.axis else d for i, d in enumerate(x.shape)), dims, shapes, letters,
+            batch_dim=batch_dim, args=args,
         )
 
     def input_configs(self, C):
         return [C]
 
     def output_configs(self, C):
+        if self.sizes is not None:
+            return [C] * len(self.output_shapes)
         return [np.delete(C, self.axis, axis=1)] * len(self.output_shapes)

@@ -243,6 +243,9 @@ def _stack(layer, args, inputs, weights, extra):
 def _unstack(layer, args, inputs, weights, extra):
     (x,) = inputs
     axis = args["axis"]
+    if args.get("sizes"):  # unequal pieces, each keeping the axis
+        cuts = np.cumsum(args["sizes"])[:-1].tolist()
+        return list(jnp.split(x, cuts, axis=axis))
     return [jax.lax.index_in_dim(x, i, axis, keepdims=False) for i in range(x.shape[axis])]
 
 

@@ -278,6 +278,8 @@ def _stack(layer, args, inputs, weights, extra):
 
 def _unstack(layer, args, inputs, weights, extra):
     (x,) = inputs
+    if args.get("sizes"):  # unequal pieces, each keeping the axis
+        return list(torch.split(x, list(args["sizes"]), dim=args["axis"]))
     return list(torch.unbind(x, dim=args["axis"]))
 
 

@@ -333,14 +333,17 @@ class ProtoConcat(ProtoLayer):
 
 
 class ProtoUnstack(ProtoLayer):
-    def __init__(self, name, x, atom):
+    """An Unstack of the atom ``atom`` of ``x``: into its elements, or pieces of ``sizes``."""
+
+    def __init__(self, name, x, atom, sizes=None):
         super().__init__(name)
-        self.x, self.atom = x, atom
+        self.x, self.atom, self.sizes = x, atom, sizes
 
     def emit(self, em):
         leaves = self.x.leaves()
         position = _batch_position(leaves)
-        em.add(self, L.Unstack(em.tensor(self.x), _index_of(leaves, self.atom), batch_dim=position))
+        em.add(self, L.Unstack(em.tensor(self.x), _index_of(leaves, self.atom), batch_dim=position,
+                               sizes=self.sizes))
 
 
 class ProtoReshape(ProtoLayer):

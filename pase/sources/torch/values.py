@@ -69,7 +69,7 @@ def _freeze(atoms) -> None:
 class TracedTensor:
     """A layer output (``proto`` set) or a graph input: the tensor the search sees."""
 
-    __slots__ = ("atoms", "proto", "index", "name", "norm_pattern", "consumed")
+    __slots__ = ("atoms", "proto", "index", "name", "norm_pattern", "consumed", "piece")
 
     def __init__(self, atoms, proto=None, index: int = 0, name: str = ""):
         self.atoms = list(atoms)
@@ -78,6 +78,7 @@ class TracedTensor:
         self.name = name
         self.norm_pattern = False  # made by the mean/rsqrt pattern of a hand-written norm
         self.consumed = False  # a layer reads it: its layout is fixed
+        self.piece = None  # an output of an Unstack with sizes: the atom of its piece
 
     def leaves(self) -> list:
         return _leaves(self.atoms)
@@ -121,6 +122,13 @@ class LazySlice:
     stop: int
     squeeze: bool = False
     ops: frozenset = frozenset()
+    #: Boundaries of the other slices taken of the same dimension (a split's), so that one
+    #: Unstack of unequal pieces serves them all.
+    cuts: tuple = ()
+
+    def with_ops(self, ops) -> "LazySlice":
+        return LazySlice(self.source, self.dim, self.start, self.stop, self.squeeze, self.ops | frozenset(ops),
+                         self.cuts)
 
     @property
     def shape(self) -> tuple:

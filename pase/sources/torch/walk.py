@@ -215,13 +215,15 @@ class GraphWalk:
         src = s.source
         size = src.shape[s.dim]
         width = s.stop - s.start
-        if width <= 0 or size % width or s.start % width:
-            raise Unmappable(f"a slice [{s.start}:{s.stop}] of a dimension of {size} that is not an equal part")
+        if width <= 0:
+            raise Unmappable(f"an empty slice [{s.start}:{s.stop}] read by a layer")
+        if size % width or s.start % width or any(c % width for c in s.cuts):
+            return self._split(s, node)
         count = size // width
         dims = list(src.dims)
         groups = _regroup(_big(dims[s.dim]), (count, width))
         if groups is None or len(groups[0]) != 1:
-            raise Unmappable("a slice across a merged or frozen dimension")
+            return self._split(s, node)
         atom = groups[0][0]
         rest = groups[1]
         if atom.broadcast:  # a slice of an expanded dimension is the tensor itself
@@ -246,6 +248,45 @@ class GraphWalk:
                 raise AssertionError("a squeezed slice must be one wide")
             del dims[s.dim]
         return View(proto.outputs[s.start // width], tuple(dims), s.ops)
+
+    def _split(self, s: LazySlice, node) -> View:
+        """A slice of unequal pieces read by a layer: one output of an Unstack with sizes.
+
+        The pieces are those of every slice taken of the same dimension (``s.cuts``: q, k
+        and v of a fused projection, 71 + 1 + 1 heads), so one Unstack serves them all.
+        """
+        src = s.source
+        big = _big(src.dims[s.dim])
+        if len(big) != 1 or big[0].broadcast:
+            src = self._reshape(src, node)
+            big = _big(src.dims[s.dim])
+        atom = big[0]
+        if atom.batch:
+            raise Unmappable("a slice of the batch")
+        size = atom.size
+        cuts = tuple(sorted({0, size, s.start, s.stop} | {c for c in s.cuts if 0 < c < size}))
+        key = (id(src.base), id(atom), cuts)
+        if key not in self.unstacks:
+            self._charge(src)
+            atom.frozen = True
+            sizes = [b - a for a, b in zip(cuts, cuts[1:])]
+            proto = self._record(ProtoUnstack(self._name(node, "split"), src.base, atom, sizes))
+            leaves = src.base.leaves()
+            for i, n in enumerate(sizes):
+                piece = Atom(n, atom.hint, frozen=True)
+                proto.output([piece if a is atom else a for a in leaves], i)
+                proto.outputs[i].piece = piece
+            self.unstacks[key] = proto
+        proto = self.unstacks[key]
+        i = cuts.index(s.start)
+        if cuts[i + 1] != s.stop:
+            raise AssertionError("a slice across two pieces")
+        out = proto.outputs[i]
+        dims = list(src.dims)
+        dims[s.dim] = (out.piece,) if out.piece.size > 1 else ()
+        if s.squeeze:
+            del dims[s.dim]
+        return View(out, tuple(dims), s.ops)
 
     def _reduce(self, stat: LazyStatistic, node, leaf: bool = False) -> View:
         """A statistic read by a layer: a ReduceMean of its source."""

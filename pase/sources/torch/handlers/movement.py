@@ -6,26 +6,32 @@ from ..aten import _norm_dim
 from ..errors import Unmappable
 from .common import _same_layout, _shape_arg
 from ..protos import ProtoConcat
-from ..values import Atom, LazySlice, View, _dependent, _freeze
+from ..values import Atom, LazySlice, Replicated, View, _dependent, _freeze
 from .registry import handles
 
 
 @handles({"cat", "concat", "concatenate"})
 def handle_cat(imp, node, name, tensors, dim=0):
-    tensors = list(tensors)
     shape = _shape_arg(node, imp)
     rank = len(shape)
     dim = _norm_dim(dim, rank)
+    # Empty pieces (the zero-width slice a rotary over the whole head leaves) add nothing.
+    tensors = [t for t in tensors if not (isinstance(t, Replicated) and t.shape is not None and 0 in t.shape)]
+    if len(tensors) == 1 and _dependent(tensors[0]):
+        return tensors[0]
     if tensors and all(isinstance(t, LazySlice) for t in tensors):
         first = tensors[0]
         if all(_same_layout(t.source, first.source) and t.dim == dim and not t.squeeze for t in tensors):
             spans = sorted((t.start, t.stop) for t in tensors)
-            if spans[0][0] == 0 and spans[-1][1] == first.source.shape[dim] and all(
-                    a[1] == b[0] for a, b in zip(spans, spans[1:])):
-                # Halves put back together (rotate_half): the source, reordered within one
-                # dimension, which the cost model does not see.
-                ops = frozenset().union(*(t.ops for t in tensors)) | first.source.ops
-                return View(first.source.base, first.source.dims, ops)
+            if all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+                # Pieces put back together (rotate_half, a partial rotary and the part it
+                # leaves): the source, or a slice of it, reordered within one dimension,
+                # which the cost model does not see.
+                ops = frozenset().union(*(t.ops for t in tensors))
+                if spans[0][0] == 0 and spans[-1][1] == first.source.shape[dim]:
+                    return View(first.source.base, first.source.dims, ops | first.source.ops)
+                cuts = tuple(sorted(set().union(*(t.cuts for t in tensors))))
+                return LazySlice(first.source, dim, spans[0][0], spans[-1][1], False, ops, cuts)
     return _concat(imp, node, tensors, dim, stack=False)
 
 

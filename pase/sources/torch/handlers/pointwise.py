@@ -14,7 +14,7 @@ def _with_op(value, op: str):
     if isinstance(value, View):
         return value.with_ops({op})
     if isinstance(value, LazySlice):
-        return LazySlice(value.source, value.dim, value.start, value.stop, value.squeeze, value.ops | {op})
+        return value.with_ops({op})
     if isinstance(value, LazyStatistic):
         return LazyStatistic(value.source, value.axes, value.keepdim, value.kind, value.ops | {op})
     raise AssertionError(value)
@@ -65,7 +65,7 @@ def _combine(imp, node, name, values):
         if norm is not None:
             return norm
     if isinstance(a, LazySlice) and isinstance(b, LazySlice) and _same_slice(a, b):
-        return LazySlice(a.source, a.dim, a.start, a.stop, a.squeeze, a.ops | b.ops | {node.name})
+        return a.with_ops(b.ops | {node.name})
     a, b = imp._view(a, node), imp._view(b, node)
     if _same_layout(a, b):
         return View(a.base, a.dims, a.ops | b.ops | {node.name})

@@ -90,18 +90,97 @@ def handle_expand(imp, node, name, x, *args, **kwargs):
     return _expand_view(view, shape)
 
 
+_SLICES = {"slice", "narrow", "select", "index"}
+
+
+def _sibling_spans(node, dim: int, size: int) -> list:
+    """``(start, stop)`` of every slice or select of ``node``'s source along ``dim``, in graph
+    order; an index list whose positions the trace does not keep gives ``(None, length)``."""
+    source = node.args[0] if node.args else None
+    spans = []
+    for user in getattr(source, "users", ()):
+        name = getattr(getattr(user, "target", None), "_schema", None)
+        name = name.name.split("::")[-1] if name is not None else ""
+        if name not in _SLICES or user.args[0] is not source:
+            continue
+        rank = len(user.args[0].meta["val"].shape) if "val" in user.args[0].meta else None
+        if rank is None:
+            continue
+        if name == "index":
+            indices = list(user.args[1])
+            positions = [i for i, t in enumerate(indices) if t is not None]
+            if positions != [dim] or "val" not in user.meta:
+                continue
+            spans.append((None, int(user.meta["val"].shape[dim])))
+            continue
+        axis = user.args[1] if len(user.args) > 1 else 0
+        if _norm_dim(axis, rank) != dim:
+            continue
+        if name == "select":
+            index = int(user.args[2]) % size
+            spans.append((index, index + 1))
+        elif name == "narrow":
+            start = int(user.args[2]) % size
+            spans.append((start, start + int(user.args[3])))
+        else:
+            start, stop, step = slice(*(list(user.args[2:4]) + [None] * (2 - len(user.args[2:4])))).indices(size)
+            spans.append((start, max(start, stop)))
+    return spans
+
+
+def _cuts(spans, size: int) -> tuple:
+    """The boundaries of the known spans, and positions for the index lists in the gaps left."""
+    known = [(a, b) for a, b in spans if a is not None]
+    covered = sorted(known)
+    free, at = [], 0
+    for a, b in covered:
+        if a > at:
+            free.append((at, a))
+        at = max(at, b)
+    if at < size:
+        free.append((at, size))
+    placed, cursor = [], [list(f) for f in free]
+    for a, length in spans:
+        if a is not None:
+            continue
+        slot = next((f for f in cursor if f[1] - f[0] >= length), None)
+        if slot is None:
+            return tuple(sorted({c for span in known for c in span})), []
+        placed.append((slot[0], slot[0] + length))
+        slot[0] += length
+    cuts = {c for span in known + placed for c in span}
+    return tuple(sorted(cuts)), placed
+
+
+def _lazy(imp, node, value, dim, start, stop, squeeze=False):
+    """``value[..., start:stop, ...]`` along ``dim``: a LazySlice of the underlying view."""
+    view = value if isinstance(value, View) else None
+    if isinstance(value, LazySlice) and value.dim == dim and not value.squeeze:
+        # A slice of a slice is a slice of the source (rotate_half of a partial rotary).
+        return LazySlice(value.source, dim, value.start + start, value.start + stop, squeeze, value.ops,
+                         value.cuts)
+    if view is None:
+        view = imp._view(value, node)
+    size = view.shape[dim]
+    cuts, _ = _cuts(_sibling_spans(node, dim, size), size)
+    return LazySlice(view, dim, start, stop, squeeze, frozenset(), cuts)
+
+
 @handles({"slice"})
 def handle_slice(imp, node, name, x, dim=0, start=None, end=None, step=1):
-    view = x if isinstance(x, View) else imp._view(x, node)
-    rank = len(view.dims)
+    rank = len(x.shape)
     dim = _norm_dim(dim, rank)
-    size = view.shape[dim]
+    size = x.shape[dim]
     start, stop, step = slice(start, end, step).indices(size)
     if step != 1:
         raise Unmappable("a strided slice")
+    if stop <= start:
+        # A zero-width slice (what a rotary over the whole head leaves): an empty tensor,
+        # which a concatenation drops.
+        return Replicated(tuple(0 if i == dim else d for i, d in enumerate(x.shape)))
     if start == 0 and stop == size:
-        return view
-    return LazySlice(view, dim, start, stop)
+        return x
+    return _lazy(imp, node, x, dim, start, stop)
 
 
 @handles({"narrow"})
@@ -122,6 +201,65 @@ def handle_select(imp, node, name, x, dim, index):
     return LazySlice(view, dim, index, index + 1, squeeze=True)
 
 
+@handles({"index"})
+def handle_index(imp, node, name, x, indices):
+    """``x[..., [i, i+1, ...], ...]``: an index list of consecutive positions is a slice.
+
+    A list whose positions the trace does not keep (a constant on the meta device) takes
+    the positions the other slices of the same dimension leave, in graph order: the cost
+    model sees only the pieces' sizes. Indices computed from the input are data-dependent.
+    """
+    indices = list(indices)
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise Unmappable("advanced indexing along several dimensions")
+    dim = given[0]
+    index = indices[dim]
+    if _dependent(index):
+        raise Unmappable("positions computed from the input (data-dependent indexing)")
+    view = imp._view(x, node)
+    size = view.shape[dim]
+    values = getattr(index, "values", None)
+    if values is not None:
+        values = [v % size for v in values]
+        if values != list(range(values[0], values[0] + len(values))):
+            raise Unmappable(f"an index list {values[:8]} that is not a run of consecutive positions")
+        start, stop = values[0], values[0] + len(values)
+    else:
+        spans = _sibling_spans(node, dim, size)
+        _, placed = _cuts(spans, size)
+        mine = [i for i, user in enumerate(_sibling_users(node, dim)) if user is node]
+        lists = [i for i, (a, _) in enumerate(spans) if a is None]
+        if not mine or len(placed) != len(lists):
+            raise Unmappable("an index list whose positions the trace does not keep and no other slice bounds")
+        start, stop = placed[lists.index(mine[0])]
+    if start == 0 and stop == size:
+        return view
+    return _lazy(imp, node, view, dim, start, stop)
+
+
+def _sibling_users(node, dim):
+    """The users of ``node``'s source in the order ``_sibling_spans`` lists them."""
+    source = node.args[0]
+    out = []
+    for user in source.users:
+        schema = getattr(getattr(user, "target", None), "_schema", None)
+        name = schema.name.split("::")[-1] if schema is not None else ""
+        if name not in _SLICES or user.args[0] is not source:
+            continue
+        if name == "index":
+            positions = [i for i, t in enumerate(user.args[1]) if t is not None]
+            if positions != [dim] or "val" not in user.meta:
+                continue
+        else:
+            rank = len(source.meta["val"].shape)
+            axis = user.args[1] if len(user.args) > 1 else 0
+            if _norm_dim(axis, rank) != dim:
+                continue
+        out.append(user)
+    return out
+
+
 @handles({"split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes", "chunk"})
 def handle_split(imp, node, name, x, arg, dim=0, *rest):
     view = imp._view(x, node)
@@ -139,9 +277,15 @@ def handle_split(imp, node, name, x, arg, dim=0, *rest):
         sizes = [min(width, size - i) for i in range(0, size, width)]
     else:
         raise Unmappable("an unknown split")
+    cuts = tuple(sum(sizes[:i]) for i in range(len(sizes) + 1))
     out, start = [], 0
     for s in sizes:
-        out.append(view if s == size else LazySlice(view, dim, start, start + s))
+        if s == size:
+            out.append(view)
+        elif s == 0:
+            out.append(Replicated(tuple(0 if i == dim else d for i, d in enumerate(view.shape))))
+        else:
+            out.append(LazySlice(view, dim, start, start + s, cuts=cuts))
         start += s
     return out
 
