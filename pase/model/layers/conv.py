@@ -17,51 +17,93 @@ class Conv(Layer):
     Iteration space ``(b, c, ho, wo, r, s, n)``; ``ho`` and ``wo`` are never split.
     Costed as a GEMM with ``M = b ho wo``, ``N = n``, ``K = c r s``. ``bias``: a learnt
     vector of ``n`` (a parameter split like ``n``; its add is not priced).
+
+    ``groups`` > 1 (grouped and depthwise convolutions): ``c`` and ``n`` fall into ``g``
+    groups, each convolving its ``c / g`` channels into ``n / g`` filters. The iteration
+    space is ``(b, g, c/g, ho, wo, r, s, n/g)``: ``g`` splits like a batch (a batched GEMM
+    of ``g`` products, no collective of its own). A 1-D input ``(b, c, w)`` (``conv1d``) is a
+    convolution of height 1: ``h = r = 1``, the output ``(b, n, wo)``.
     """
 
     op = "Conv"
 
-    def __init__(self, x: Tensor, filters: int, kernel, stride=1, pad=0, pw: int = 0, bias: bool = False):
+    def __init__(self, x: Tensor, filters: int, kernel, stride=1, pad=0, pw: int = 0, bias: bool = False,
+                 groups: int = 1):
         x = check_tensor(x, "Conv input")
-        if x.rank != 4:
-            raise ValueError(f"Conv needs a (b, c, h, w) image, got shape {list(x.shape)}")
-        b, c, h, w = x.shape
+        if x.rank not in (3, 4):
+            raise ValueError(f"Conv needs a (b, c, h, w) image or a (b, c, w) sequence, got shape {list(x.shape)}")
+        self.flat = x.rank == 3
+        b, c, h, w = (x.shape[0], x.shape[1], 1, x.shape[2]) if self.flat else x.shape
         n = check_positive(filters, "Conv filter count")
+        g = check_positive(groups, "Conv groups")
+        if c % g or n % g:
+            raise ValueError(f"Conv groups {g} must divide the {c} channels and the {n} filters")
         r, s = check_pair(kernel, "Conv kernel")
         stride_h, stride_w = check_pair(stride, "Conv stride")
         pad_h, pad_w = check_padding(pad, "Conv pad")
+        if self.flat and (r, stride_h, pad_h) != (1, 1, 0):
+            raise ValueError("a Conv of a (b, c, w) sequence has height 1: kernel, stride and pad (1, .), (1, .), (0, .)")
         if h - r + 2 * pad_h < 0 or w - s + 2 * pad_w < 0:
             raise ValueError(f"Conv kernel {r}x{s} does not fit the padded {h}x{w} image")
         ho = (h - r + 2 * pad_h) // stride_h + 1
         wo = (w - s + 2 * pad_w) // stride_w + 1
         self.pw = check_count(pw, "Conv pw")
         self.bias = check_flag(bias, "Conv bias")
-        super().__init__(
-            (x,), (b, c, ho, wo, r, s, n), "bchwrsn", ((b, n, ho, wo),), ("bchw",), batch_dim=0,
-            unsplit=(False, False, True, True, False, False, False),
-            args={"filters": n, "kernel": [r, s], "stride": [stride_h, stride_w], "pad": [pad_h, pad_w],
-                  "pw": self.pw, **({"bias": True} if self.bias else {})},
-        )
+        self.groups = g
+        args = {"filters": n, "kernel": [r, s], "stride": [stride_h, stride_w], "pad": [pad_h, pad_w],
+                "pw": self.pw, **({"bias": True} if self.bias else {}), **({"groups": g} if g > 1 else {})}
+        out = (b, n, wo) if self.flat else (b, n, ho, wo)
+        letters = "bcw" if self.flat else "bchw"
+        if g == 1:
+            super().__init__((x,), (b, c, ho, wo, r, s, n), "bchwrsn", (out,), (letters,), batch_dim=0,
+                             unsplit=(False, False, True, True, False, False, False), args=args)
+        else:
+            super().__init__((x,), (b, g, c // g, ho, wo, r, s, n // g), "bgchwrsn", (out,), (letters,),
+                             batch_dim=0, unsplit=(False, False, False, True, True, False, False, False), args=args)
+
+    def _columns(self, C):
+        """``(b, c, h, w, r, s, n)`` split factors, the group split folded into ``c`` and ``n``."""
+        C = np.asarray(C)
+        if self.groups == 1:
+            return C
+        return np.stack([C[:, 0], C[:, 1] * C[:, 2], C[:, 3], C[:, 4], C[:, 5], C[:, 6], C[:, 1] * C[:, 7]], axis=1)
 
     def input_configs(self, C):
-        return [C[:, [0, 1, 2, 3]]]
+        cols = self._columns(C)
+        return [cols[:, [0, 1, 3]] if self.flat else cols[:, [0, 1, 2, 3]]]
 
     def output_configs(self, C):
-        return [C[:, [0, 6, 2, 3]]]
+        cols = self._columns(C)
+        return [cols[:, [0, 6, 3]] if self.flat else cols[:, [0, 6, 2, 3]]]
 
     def costs(self, C, machine):
-        b, c, ho, wo, r, s, n = self.domain
         Cf = as_float(C)
+        if self.groups == 1:
+            b, c, ho, wo, r, s, n = self.domain
+            return gemm_cost(
+                machine,
+                (1.0, b * ho * wo / (Cf[:, 0] * Cf[:, 2] * Cf[:, 3]), n / Cf[:, 6],
+                 c * r * s / (Cf[:, 1] * Cf[:, 4] * Cf[:, 5])),
+                self._groups(C, (0, 2, 3), (6,), (1, 4, 5)),
+                self.pw,
+            )
+        b, g, c, ho, wo, r, s, n = self.domain
         return gemm_cost(
             machine,
-            (1.0, b * ho * wo / (Cf[:, 0] * Cf[:, 2] * Cf[:, 3]), n / Cf[:, 6], c * r * s / (Cf[:, 1] * Cf[:, 4] * Cf[:, 5])),
-            self._groups(C, (0, 2, 3), (6,), (1, 4, 5)),
+            (g / Cf[:, 1], b * ho * wo / (Cf[:, 0] * Cf[:, 3] * Cf[:, 4]), n / Cf[:, 7],
+             c * r * s / (Cf[:, 2] * Cf[:, 5] * Cf[:, 6])),
+            self._groups(C, (0, 3, 4), (7,), (2, 5, 6)),
             self.pw,
         )
 
     def parameters(self):
-        b, c, ho, wo, r, s, n = self.domain
-        return [((n, c, r, s), (6, 1, 4, 5))] + ([((n,), (6,))] if self.bias else [])
+        if self.groups == 1:
+            b, c, ho, wo, r, s, n = self.domain
+            weight = [((n, c, r, s), (6, 1, 4, 5)), ((n,), (6,))]
+        else:  # the filter (n, c/g, r, s) seen as (g, n/g, c/g, r, s)
+            b, g, c, ho, wo, r, s, n = self.domain
+            weight = [((g, n, c, r, s), (1, 7, 2, 5, 6)), ((g, n), (1, 7))]
+        return weight if self.bias else weight[:1]
 
 
 class Pooling(Layer):

@@ -5,27 +5,45 @@ from __future__ import annotations
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
+from .base import Layer, LayerCost, as_float, check_axis, check_count, letters_of, check_tensor
 
 __all__ = ["Elementwise", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy"]
 
 
 class Elementwise(Layer):
-    """Element-wise combination of two tensors of one shape, ``pw`` fused operations."""
+    """Element-wise combination of two tensors, ``pw`` fused operations.
+
+    The operands have one shape, or broadcast against each other (same rank, each dimension
+    equal or 1 in one of them: a squeeze-excitation gate ``(b, c, 1, 1)`` times ``(b, c, h, w)``,
+    ``x / norm(x)``). The iteration space is the broadcast shape; an operand's size-1
+    dimensions are size 1 in its configuration, and its gradient is summed over them: an
+    all-reduce of the operand's elements per device across the devices splitting them.
+    """
 
     op = "Elementwise"
 
     def __init__(self, a: Tensor, b: Tensor, pw: int = 0):
         a = check_tensor(a, "Elementwise operand A")
         b = check_tensor(b, "Elementwise operand B")
-        if a.shape != b.shape:
+        if a.rank != b.rank or any(x != y and 1 not in (x, y) for x, y in zip(a.shape, b.shape)):
             raise ValueError(f"Elementwise operands differ in shape: {list(a.shape)} and {list(b.shape)}")
         self.pw = check_count(pw, "Elementwise pw")
-        dims = letters_of(a) if a.letters else letters_of(b)
-        super().__init__((a, b), a.shape, dims, (a.shape,), (dims,), batch_dim=0, args={"pw": self.pw})
+        shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
+        full = a if a.shape == shape else b
+        dims = letters_of(full) if full.letters else letters_of(a if a.letters else b)
+        #: Per operand, the dimensions it broadcasts along (size 1 where the output is not).
+        self.broadcast = tuple(tuple(i for i, (d, e) in enumerate(zip(t.shape, shape)) if d != e) for t in (a, b))
+        super().__init__((a, b), shape, dims, (shape,), (dims,), batch_dim=0, args={"pw": self.pw})
+
+    def _operand(self, C, i):
+        if not self.broadcast[i]:
+            return C
+        C = C.copy()
+        C[:, list(self.broadcast[i])] = 1
+        return C
 
     def input_configs(self, C):
-        return [C, C]
+        return [self._operand(C, 0), self._operand(C, 1)]
 
     def output_configs(self, C):
         return [C]
@@ -36,7 +54,14 @@ class Elementwise(Layer):
         compute = machine.memory_bound("add", E, E)
         if self.pw:
             compute = compute + self.pw * machine.memory_bound("gelu", E, E)
-        return LayerCost(compute, np.zeros(len(C)))
+        communication = np.zeros(len(C))
+        for i, dims in enumerate(self.broadcast):
+            if dims:  # the operand's gradient, summed over the dimensions it was broadcast along
+                shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
+                elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
+                (group,) = self._groups(C, dims)
+                communication = communication + machine.all_reduce(elements, group)
+        return LayerCost(compute, communication)
 
 
 class _ShapeOfInput(Layer):

@@ -60,13 +60,21 @@ def _bias(y, weights, axis: int):
 
 def _conv(layer, args, inputs, weights, extra):
     (x,), w = inputs, weights[0]
-    b, c, ho, wo, r, s, n = layer.domain
+    groups = int(args.get("groups", 1))
+    c, r, s = layer.inputs[0].shape[1] // groups, *args["kernel"]
+    w = w.reshape((-1,) + w.shape[-3:])  # a grouped filter (g, n/g, c/g, r, s) as (n, c/g, r, s)
+    bias = [weights[1].reshape(-1)] if len(weights) > 1 else []
     ph, pw_ = args["pad"]
+    flat = x.ndim == 3
+    if flat:  # a 1-D convolution: height 1
+        x, w = x[:, :, None, :], w
     y = jax.lax.conv_general_dilated(
         x, w, window_strides=tuple(args["stride"]), padding=[(ph, ph), (pw_, pw_)],
-        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
     )
-    return [_pointwise(_bias(y / math.sqrt(c * r * s), weights, 1), args.get("pw", 0))]
+    if flat:
+        y = y[:, :, 0, :]
+    return [_pointwise(_bias(y / math.sqrt(c * r * s), [w] + bias, 1), args.get("pw", 0))]
 
 
 def _pooling(layer, args, inputs, weights, extra):

@@ -283,6 +283,19 @@ def _unstack(layer, args, inputs, weights, extra):
     return list(torch.unbind(x, dim=args["axis"]))
 
 
+def _unsupported(layer) -> list:
+    """What of a layer the torch program does not run: grouped and 1-D convolutions, and
+    element-wise products that broadcast (JAX's program runs them all)."""
+    out = []
+    if layer.op == "Conv" and layer.args.get("groups", 1) > 1:
+        out.append("grouped")
+    if layer.op == "Conv" and layer.inputs[0].rank == 3:
+        out.append("1-D")
+    if layer.op == "Elementwise" and layer.inputs[0].shape != layer.inputs[1].shape:
+        out.append("broadcast")
+    return out
+
+
 #: The torch function of every layer type, by ``op`` (LSTM has none: no import produces it).
 OPS = {
     "Conv": _conv, "Pooling": _pooling, "FC": _fc, "Einsum": _einsum, "Embedding": _embedding,
@@ -362,6 +375,7 @@ class Program(nn.Module):
         self.dtype = np.dtype(dtype)
         self.torch_dtype = getattr(torch, dtype)
         missing = sorted({layer.op for layer in network.layers} - set(OPS))
+        missing += sorted({f"{layer.op} ({kind})" for layer in network.layers for kind in _unsupported(layer)})
         if missing:
             raise ValueError(f"layer type {missing[0]!r} has no PyTorch implementation")
         self.axis_names = plan["mesh"]["axis_names"] or ["d0"]

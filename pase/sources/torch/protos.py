@@ -222,14 +222,15 @@ class ProtoGemm(ProtoLayer):
 class ProtoConv(ProtoLayer):
     has_pw = True
 
-    def __init__(self, name, x, filters, kernel, stride, pad):
+    def __init__(self, name, x, filters, kernel, stride, pad, groups=1):
         super().__init__(name)
         self.x, self.filters, self.kernel, self.stride, self.pad = x, filters, kernel, stride, pad
+        self.groups = groups
         self.bias = False
 
     def emit(self, em):
         em.add(self, L.Conv(em.tensor(self.x), self.filters, self.kernel, self.stride, self.pad, pw=self.pw,
-                            bias=self.bias))
+                            bias=self.bias, groups=self.groups))
 
 
 class ProtoPooling(ProtoLayer):

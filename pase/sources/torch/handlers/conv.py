@@ -10,9 +10,10 @@ from ..values import Atom, SideOutput, LazyStatistic, View, _dependent, _freeze
 from .registry import handles
 
 
-@handles({"conv2d", "convolution", "_convolution"})
+@handles({"conv2d", "conv1d", "convolution", "_convolution"})
 def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dilation=1, *rest):
-    if name == "convolution":
+    """A 2-D convolution, grouped (depthwise) or not; a 1-D one is a Conv of height 1."""
+    if name in ("convolution", "_convolution"):
         transposed, _, groups = rest[:3] if len(rest) >= 3 else (False, None, 1)
         if transposed:
             raise Unmappable("a transposed convolution")
@@ -20,35 +21,43 @@ def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dila
         groups = rest[0] if rest else 1
     if _dependent(weight) or _dependent(bias):
         raise Unmappable("a convolution whose filter depends on the batch")
-    if len(x.shape) != 4 or weight.shape is None or len(weight.shape) != 4:
-        raise Unmappable("a convolution that is not 2-D")
-    if groups != 1:
-        raise Unmappable(f"a grouped convolution ({groups} groups)")
-    if any(d != 1 for d in _ints(dilation, 2, "dilation")):
+    flat = len(x.shape) == 3
+    if len(x.shape) not in (3, 4) or weight.shape is None or len(weight.shape) != len(x.shape):
+        raise Unmappable("a convolution that is neither 1-D nor 2-D")
+    spatial = 1 if flat else 2
+    if any(d != 1 for d in _ints(dilation, spatial, "dilation")):
         raise Unmappable("a dilated convolution")
-    n, c, r, s = weight.shape
+    n, c_group = weight.shape[:2]
+    r, s = (1, weight.shape[2]) if flat else weight.shape[2:]
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0
         elif padding == "same" and r % 2 and s % 2:
-            padding = ((r - 1) // 2, (s - 1) // 2)
+            padding = (s - 1) // 2 if flat else ((r - 1) // 2, (s - 1) // 2)
         else:
             raise Unmappable(f"padding={padding!r} with an even kernel")
-    stride, pad = _ints(stride, 2, "stride"), _ints(padding, 2, "padding")
+    stride, pad = _ints(stride, spatial, "stride"), _ints(padding, spatial, "padding")
+    if flat:
+        stride, pad = (1,) + stride, (0,) + pad
     view = imp._view(x, node)
     imp._charge(view)
     view = imp._exact(view, node)
-    b, _, h, w = view.shape
+    b, c = view.shape[:2]
+    h, w = (1, view.shape[2]) if flat else view.shape[2:]
+    if c_group * groups != c:
+        raise Unmappable(f"a convolution of {c} channels with filters of {c_group} in {groups} groups")
     ho, wo = (h - r + 2 * pad[0]) // stride[0] + 1, (w - s + 2 * pad[1]) // stride[1] + 1
-    if (b, n, ho, wo) != _shape_arg(node, imp):
+    want = (b, n, wo) if flat else (b, n, ho, wo)
+    if want != _shape_arg(node, imp):
         raise Unmappable("a convolution whose output shape the layer does not reproduce")
     _freeze(view.base.atoms)
     imp.has_conv = True
-    proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad))
+    proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad, groups))
     if imp._claim(proto, 0, weight) and bias is not None:
         proto.bias = imp._claim(proto, 1, bias)
     batch = view.base.leaves()[0]
-    atoms = [batch, Atom(n, "c", frozen=True), Atom(ho, "h", frozen=True), Atom(wo, "w", frozen=True)]
+    atoms = [batch, Atom(n, "c", frozen=True)] + ([] if flat else [Atom(ho, "h", frozen=True)]) + [
+        Atom(wo, "w", frozen=True)]
     return View(proto.output(atoms), tuple((a,) if a.size > 1 else () for a in atoms))
 
 

@@ -59,6 +59,9 @@ def _combine(imp, node, name, values):
         raise Unmappable("a point-wise operation of three batch-dependent tensors")
     a, b = values
     stats = [v for v in (a, b) if isinstance(v, LazyStatistic)]
+    if len(stats) == 1 and any(isinstance(v, LazySlice) for v in (a, b)):
+        # A norm of a slice (MLA's kv_a_layernorm of 512 of 576 channels): the slice as a view.
+        a, b = (imp._view(v, node) if isinstance(v, LazySlice) else v for v in (a, b))
     views = [v for v in (a, b) if isinstance(v, View)]
     if len(stats) == 1 and len(views) == 1:
         norm = _norm_pattern(imp, node, name, views[0], stats[0])
@@ -71,9 +74,30 @@ def _combine(imp, node, name, values):
         return View(a.base, a.dims, a.ops | b.ops | {node.name})
     shape = _shape_arg(node, imp)
     if a.shape != shape or b.shape != shape:
+        if len(a.shape) == len(b.shape) == len(shape) and all(
+                x == y or 1 in (x, y) for x, y in zip(a.shape, b.shape)):
+            return _broadcast(imp, node, a, b)
         raise Unmappable(
             f"broadcasting between two batch-dependent tensors of shapes {list(a.shape)} and {list(b.shape)}")
     return _elementwise(imp, node, a, b)
+
+
+def _broadcast(imp, node, a: View, b: View) -> View:
+    """Two batch-dependent tensors that broadcast (a gate ``(b, c, 1, 1)`` times ``(b, c, h, w)``):
+    an Elementwise whose operands are their layer outputs, size-1 dimensions included."""
+    views = []
+    for v in (a, b):
+        imp._charge(v)
+        v = imp._exact(v, node)
+        if v.base.shape() != v.shape:
+            v = imp._reshape(v, node, v.shape)
+        _freeze(v.base.atoms)
+        views.append(v)
+    a, b = views
+    atoms = [x if x.size >= y.size else y for x, y in zip(a.base.leaves(), b.base.leaves())]
+    proto = imp._record(ProtoElementwise(imp._name(node, _op_name(node.target).rstrip("_")), a.base, b.base))
+    base = proto.output(atoms)
+    return View(base, tuple((x,) if x.size > 1 else () for x in atoms))
 
 
 def _elementwise(imp, node, a: View, b: View) -> View:
