@@ -167,6 +167,25 @@ class LazyStatistic:
 
 
 @dataclass(frozen=True, eq=False)
+class LazyComplex:
+    """``view_as_complex`` of ``view`` (its last dimension the real and imaginary parts).
+
+    A complex rotary (``x * freqs_cis`` then ``view_as_real``) is the real rotary it
+    computes: the point-wise operations ride on ``view``, which ``view_as_real`` gives back.
+    """
+
+    view: View
+    ops: frozenset = frozenset()
+
+    @property
+    def shape(self) -> tuple:
+        return self.view.shape[:-1]
+
+    def with_ops(self, ops) -> "LazyComplex":
+        return LazyComplex(self.view, self.ops | frozenset(ops))
+
+
+@dataclass(frozen=True, eq=False)
 class Replicated:
     """A tensor (or other value) that does not depend on the batch: a graph input at most.
 
@@ -198,7 +217,7 @@ class UnmappedValue:
 UNMAPPED = UnmappedValue()
 
 
-_DEPENDENT = (View, LazySlice, LazyStatistic)
+_DEPENDENT = (View, LazySlice, LazyStatistic, LazyComplex)
 
 
 def _dependent(value) -> bool:

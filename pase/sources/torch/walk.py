@@ -10,7 +10,7 @@ from pase.model.builder import GraphBuilder, Network
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _op_name
 from .errors import TorchImportError, Unmappable
 from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
-from .values import Atom, SideOutput, TracedTensor, Replicated, LazySlice, LazyStatistic, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
+from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazySlice, LazyStatistic, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 
 
@@ -152,6 +152,8 @@ class GraphWalk:
             return self._unstack(value, node)
         if isinstance(value, LazyStatistic):
             return self._reduce(value, node)
+        if isinstance(value, LazyComplex):
+            raise Unmappable("a layer reads a complex tensor (only point-wise operations and view_as_real do)")
         raise AssertionError(f"not a batch-dependent value: {value!r}")
 
     def _natural(self, view: View) -> bool:

@@ -6,7 +6,7 @@ from ..aten import _BINARY, _DROPOUTS, _NORM_STATS, _POINTWISE, _STATS, _flat, _
 from ..errors import Unmappable
 from .common import _expand_view, _same_layout, _shape_arg, _softmax_view
 from ..protos import ProtoElementwise, ProtoNorm
-from ..values import SideOutput, Replicated, LazySlice, LazyStatistic, View, _dependent, _freeze, _unify
+from ..values import SideOutput, Replicated, LazyComplex, LazySlice, LazyStatistic, View, _dependent, _freeze, _unify
 from .registry import handles
 
 
@@ -17,6 +17,8 @@ def _with_op(value, op: str):
         return value.with_ops({op})
     if isinstance(value, LazyStatistic):
         return LazyStatistic(value.source, value.axes, value.keepdim, value.kind, value.ops | {op})
+    if isinstance(value, LazyComplex):
+        return value.with_ops({op})
     raise AssertionError(value)
 
 
@@ -48,9 +50,24 @@ def handle_pointwise(imp, node, name, *args, **kwargs):
         if other is not None and other.param and other.shape == (value.shape[-1],):
             imp._claim(value.base.proto, len(value.base.proto.claims), other)
             return value
-    if tuple(value.shape) != shape:
+    if tuple(value.shape) != shape and not isinstance(value, LazyComplex):
         value = _expand_view(imp._view(value, node), shape)
     return _with_op(value, node.name)
+
+
+@handles({"view_as_complex"})
+def handle_view_as_complex(imp, node, name, x):
+    view = imp._view(x, node)
+    if not view.shape or view.shape[-1] != 2:
+        raise Unmappable("view_as_complex of a tensor whose last dimension is not 2")
+    return LazyComplex(view)
+
+
+@handles({"view_as_real"})
+def handle_view_as_real(imp, node, name, z):
+    if not isinstance(z, LazyComplex):
+        raise Unmappable("view_as_real of a complex tensor the import did not follow")
+    return z.view.with_ops(z.ops)
 
 
 def _combine(imp, node, name, values):
