@@ -245,6 +245,7 @@ def roberta(batch):
     config = _hf("RobertaConfig")(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1)
     model, args, kwargs = _lm(_hf("RobertaModel"), config, batch)
     kwargs["position_ids"] = _meta(lambda: torch.arange(2, TOKENS + 2).expand(batch, TOKENS))
+    kwargs["token_type_ids"] = _meta(lambda: torch.zeros(batch, TOKENS, dtype=torch.long))
     return model, args, kwargs
 
 
@@ -392,7 +393,11 @@ mobilenet_v2 = _tv("mobilenet_v2", "mobilenet_v2")
 mobilenet_v3 = _tv("mobilenet_v3", "mobilenet_v3_large")
 efficientnet_b0 = _tv("efficientnet_b0", "efficientnet_b0")
 convnext_tiny = _tv("convnext_tiny", "convnext_tiny")
-regnet_y = _tv("regnet_y", "regnet_y_400mf")
+def regnet_y(batch):
+    """torchvision regnet_y_400mf (its initialisation cannot run on meta: built on the CPU, 4M weights)."""
+    import torchvision
+
+    return _image(torchvision.models.regnet_y_400mf().to("meta"), batch)
 densenet121 = _tv("densenet121", "densenet121")
 googlenet = _tv("googlenet", "googlenet", aux_logits=False, init_weights=False)
 inception_v3 = _tv("inception_v3", "inception_v3", 299, aux_logits=False, init_weights=False)
