@@ -219,7 +219,9 @@ class GraphWalk:
         width = s.stop - s.start
         if width <= 0:
             raise Unmappable(f"an empty slice [{s.start}:{s.stop}] read by a layer")
-        if size % width or s.start % width or any(c % width for c in s.cuts):
+        bounds = sorted({0, size, s.start, s.stop} | {c for c in s.cuts if 0 < c < size})
+        if size % width or any(b - a != width for a, b in zip(bounds, bounds[1:])):
+            # Pieces of different sizes (q, k and v of a multi-query fusion): one Unstack with sizes.
             return self._split(s, node)
         count = size // width
         dims = list(src.dims)
