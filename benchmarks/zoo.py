@@ -416,3 +416,93 @@ ZOO = [
     resnet50, resnext50, wide_resnet50, vgg16, mobilenet_v2, mobilenet_v3, efficientnet_b0, convnext_tiny,
     regnet_y, densenet121, googlenet, inception_v3, shufflenet, squeezenet, mnasnet, vit_b16, swin_t,
 ]
+
+
+def _why(err) -> str:
+    """The first reason of a refusal, short enough for a table cell."""
+    from pase.sources.torch.errors import UnmappableOpsError
+
+    if isinstance(err, UnmappableOpsError):
+        return "; ".join(f"`{op}`: {reason.split(':')[0].split(' (')[0]}" for op, _, reason, _ in err.ops[:3])
+    return str(err).split(": ", 1)[-1][:120]
+
+
+def run_one(factory, batch: int, procs) -> dict:
+    """Import, count and plan one model; a dict of what the table shows."""
+    from pase.costing.memory import parameter_count
+    from pase.sources.torch.importer import from_torch
+    import pase
+
+    row = {"name": factory.__name__, "doc": (factory.__doc__ or "").split("\n")[0]}
+    started = time.perf_counter()
+    try:
+        built = factory(batch)
+        module, args = built[0], built[1]
+        kwargs = built[2] if len(built) > 2 else {}
+        row["own"] = sum(p.numel() for p in module.parameters())
+        net = from_torch(module, args, kwargs, name=factory.__name__)
+    except Exception as err:  # noqa: BLE001  a refusal is a result of the benchmark
+        row["status"], row["why"] = "refused", _why(err)
+        row["import_s"] = time.perf_counter() - started
+        return row
+    row["import_s"] = time.perf_counter() - started
+    row["vertices"] = len(net.layers)
+    row["params"] = parameter_count(net)
+    row["status"] = "imports"
+    for p in procs:
+        started = time.perf_counter()
+        try:
+            found = pase.plan(net, p)
+            row[f"cost{p}"] = found.total_cost
+        except Exception as err:  # noqa: BLE001
+            row[f"cost{p}"] = None
+            row["status"], row["why"] = "imports, no plan", str(err)[:120]
+        row[f"plan{p}_s"] = time.perf_counter() - started
+    return row
+
+
+def main(argv=None) -> int:
+    from common import RESULTS, machine_info, machine_lines, markdown_table, write_text
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated factory names")
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--procs", default="8,64")
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args(argv)
+    procs = [int(p) for p in args.procs.split(",")]
+    chosen = [f for f in ZOO if not args.only or f.__name__ in args.only.split(",")]
+    rows = []
+    for factory in chosen:
+        row = run_one(factory, args.batch, procs)
+        rows.append(row)
+        print(f"{row['name']}: {row['status']} {row.get('why', '')}", flush=True)
+    table = []
+    for r in rows:
+        error = (f"{100 * (r['params'] / r['own'] - 1):+.3f} %" if r.get("params") is not None and r.get("own")
+                 else "")
+        costs = [f"{r[f'cost{p}']:.4g}" if r.get(f"cost{p}") is not None else "" for p in procs]
+        plan_s = sum(r.get(f"plan{p}_s", 0.0) for p in procs)
+        table.append([f"`{r['name']}`", r["status"] + (f": {r['why']}" if r.get("why") else ""),
+                      str(r.get("vertices", "")), f"{r['own'] / 1e6:.2f}M" if r.get("own") else "", error,
+                      *costs, f"{r['import_s']:.1f}", f"{plan_s:.1f}" if plan_s else ""])
+    imported = sum(1 for r in rows if r["status"] == "imports")
+    worst = max((abs(r["params"] / r["own"] - 1) for r in rows if r.get("params") is not None and r.get("own")),
+                default=0.0)
+    md = ["# The model zoo", "", "Machine:", ""] + machine_lines(machine_info()) + [
+        "",
+        f"Every factory of `benchmarks/zoo.py`, built from its configuration on the `meta` device, imported with",
+        f"`from_torch` (batch {args.batch}; language models {TOKENS} tokens) and planned with the exact search on",
+        f"the default machine at p = {', '.join(map(str, procs))}. {imported} of {len(rows)} import and plan; the",
+        f"largest parameter error against the model's own `sum(p.numel())` is {100 * worst:.3f} %.",
+        "Regenerate with `python benchmarks/zoo.py`.", "",
+    ]
+    md += markdown_table(["model", "import", "vertices", "parameters", "error"] + [f"optimum p={p}" for p in procs]
+                         + ["import s", "plan s"], table, "lllrr" + "r" * len(procs) + "rr")
+    md += ["", "Descriptions:", ""] + [f"- `{r['name']}`: {r['doc']}" for r in rows] + [""]
+    write_text(os.path.join(args.out, "zoo.md"), md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
