@@ -40,6 +40,10 @@ __all__ = [
 #: Default sequence length when neither ``-m`` nor the config limits it.
 SEQUENCE = 2048
 
+#: The most blocks a decoder may have: the largest published decoders have about 128, and a
+#: config asking for a million (a typo) would take minutes to build before any answer.
+MAX_LAYERS = 1024
+
 NORMS = ("rms", "layer")
 POSITIONS = ("rotary", "learned")
 
@@ -86,6 +90,9 @@ class DecoderConfig:
                     raise ValueError("decoder max_positions must be given for learned positions")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"decoder {f.name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise ValueError(f"decoder layers must be at most {MAX_LAYERS} (the largest published decoders have "
+                             f"about 128), got {self.layers}")
         if self.heads % self.kv_heads:
             raise ValueError(f"decoder kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.positions == "learned" and self.sequence > self.max_positions:

@@ -201,7 +201,7 @@ class Recipe:
 
 
 def _positive(key: str, value: str) -> int:
-    if not value.isdigit() or int(value) < 1 or len(value) > 9:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1 or len(value) > 9:
         raise ValueError(f"recipe {key} must be a positive integer, got {value!r}")
     return int(value)
 

@@ -102,7 +102,9 @@ def plan_training(
     base = base or TrainingOptions()
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
     best = found.best
-    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp"))
+    # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
+    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
+        (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
     if free is False:

@@ -215,7 +215,14 @@ def search_meshes(
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
-    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
+    # A fixed schedule or interleaving describes a pipeline: it asks for one (pp > 1).
+    pipelined = recipe.schedule is not None or recipe.vpp is not None
+    if pipelined and recipe.pp == 1:
+        raise ValueError("schedule and vpp describe a pipeline, and the recipe has pp=1")
+    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp) and (pp > 1 or not pipelined)]
+    if not stage_counts:
+        raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
+                         "cannot hold two stages")
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
