@@ -102,6 +102,8 @@ class MeshSearch:
     networks: int
     space: str
     candidates: list = field(default_factory=list)
+    #: Whether expert-parallel degrees were searched (the network has MoE layers).
+    experts: bool = False
 
 
 class _PartsMemo:
@@ -335,6 +337,7 @@ def search_meshes(
         networks=len(networks),
         space=space,
         candidates=kept,
+        experts=bool(expert_counts),
     )
     return result
 
