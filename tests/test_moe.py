@@ -149,11 +149,12 @@ def test_expert_parallel_memory():
     assert parts.activations.tolist() == [512.0, 512.0]
 
 
-def test_tokens_split_by_the_expert_split_on_the_batch_else_the_sequence():
+def test_tokens_split_by_the_expert_split_on_the_batch():
     layer = moe_layer()
-    configs = layer.input_configs(np.array([[2, 1, 4, 1, 1], [4, 2, 4, 1, 1], [1, 4, 2, 2, 1]]))[0]
-    # b = 8: 2 * 4 divides it; 4 * 4 does not, so the sequence takes the 4: (4, 8, 1); 1 * 2.
-    assert configs.tolist() == [[8, 1, 1], [4, 8, 1], [2, 4, 1]]
+    configs = layer.input_configs(np.array([[2, 1, 4, 1, 1], [1, 4, 2, 2, 1]]))[0]
+    # The batch takes c_b c_x: 2 * 4 = 8 with the sequence whole; 1 * 2 with the sequence 4; the
+    # width f is replicated, D unsplit.
+    assert configs.tolist() == [[8, 1, 1], [2, 4, 1]]
 
 
 def test_forward_flops_and_bad_arguments():
@@ -293,3 +294,20 @@ def test_cli_plan_is_deterministic_across_hash_seeds():
         outs.append([line for line in done.stdout.splitlines() if not line.startswith("search:")])
     assert outs[0] == outs[1]
     assert any("ep" in line for line in outs[0])
+
+
+def test_verify_jax_with_experts_and_their_width_split(tmp_path):
+    pytest.importorskip("jax")
+    import pase
+    from pase.sources.hf import load_hf
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({
+        "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "max_position_embeddings": 64}))
+    net = load_hf(str(path), 2, 16)
+    configs = [tuple([1] * len(layer.domain)) for layer in net.layers]
+    for v, layer in enumerate(net.layers):
+        if layer.op == "MoE":
+            configs[v] = (1, 1, 4, 2, 1)  # the experts 4 ways, each expert's width 2 ways
+    assert pase.verify(net, configs, 8).ok

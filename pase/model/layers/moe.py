@@ -43,7 +43,7 @@ class MoE(Layer):
     width ``H`` and the model width ``D`` (``e``, kept unsplit by the enumeration; its
     splits are costed all the same). A configuration's input and output hold
     ``T / (c_t c_x)`` tokens per device (``T = prod(t)``, ``c_t`` the token splits, ``c_x``
-    the expert split, placed on the first token dim when it divides, else the last): the
+    the expert split, placed on the first token dim, the batch): the
     devices of one expert group hold different tokens and trade them by all-to-all, as
     Megatron-LM's expert parallelism carved out of data parallelism.
 
@@ -116,15 +116,14 @@ class MoE(Layer):
         return 3 if self.gated else 2
 
     def _token_config(self, C) -> np.ndarray:
-        """Splits of the ``(t1..tj, D)`` tensor: the token splits, times the expert split on the
-        first token dim when that divides it, else on the last token dim."""
+        """Splits of the ``(t1..tj, D)`` tensor: the token splits, the first (the batch) times
+        the expert split. One rule for every row, so that exporters read the same placement
+        off any configuration; where ``c_t1 c_x`` does not divide the batch the volumes are
+        fractional, as for any uneven split."""
         C = np.asarray(C, dtype=np.int64)
         j = self.tokens
         out = np.concatenate([C[:, :j], C[:, j + 2: j + 3]], axis=1)
-        cx = C[:, j]
-        first = (self.domain[0] % (C[:, 0] * cx)) == 0
-        out[:, 0] = np.where(first, out[:, 0] * cx, out[:, 0])
-        out[:, j - 1] = np.where(first, out[:, j - 1], out[:, j - 1] * cx)
+        out[:, 0] = out[:, 0] * C[:, j]
         return out
 
     def input_configs(self, C):
