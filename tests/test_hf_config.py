@@ -266,7 +266,7 @@ def test_model_type_missing_and_not_an_object():
         decoder_config_from_hf({"hidden_size": 8}, 16, "x.json")
     with pytest.raises(ValueError, match="^hf config x.json: expected a JSON object, got list$"):
         decoder_config_from_hf([], 16, "x.json")
-    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2")
+    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def test_sequence_limits():

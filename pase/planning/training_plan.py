@@ -55,6 +55,8 @@ class TrainingPlan:
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
+        if self.mesh_search.experts:
+            text += "; expert parallelism ep dividing dp and every layer's expert count"
         if self.free_searches:
             text += (f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
                      f"stage and recomputation policy ({self.free_searches} searches"

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` files as decoder graphs (``-g hf:FILE.json``), without torch.
 
 ``decoder_config_from_hf`` reads the fields of a ``model_type`` it supports (``llama``,
-``mistral``, ``qwen2``, ``gpt2``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
+``mistral``, ``qwen2``, ``gpt2``; the mixtures of experts ``mixtral``, ``qwen2_moe`` and
+``qwen3_moe`` through ``pase.sources.hf_moe``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
 builds the network. Anything missing, malformed or unsupported is a ``ValueError`` of one
 line naming the file and the field: an ``InputError`` (a ``ValueError``; exit status 1 on the
 command line, as for an invalid graph file), like a file that cannot be read, is not JSON or
@@ -20,11 +21,12 @@ import math
 import os
 
 from pase.core.fileio import InputError, read_json
+from pase.sources.hf_moe import MOE_TYPES, REFUSED, moe_fields
 
 __all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "load_hf", "network_name"]
 
 #: The ``model_type`` values read, and how.
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES
 #: Sequence length when ``-m`` is not given (capped by the config's maximum position).
 DEFAULT_SEQUENCE = 2048
 
@@ -33,7 +35,7 @@ DEFAULT_SEQUENCE = 2048
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
                "quick_gelu", "relu", "tanh", "sigmoid")
 
-_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2") + MOE_TYPES
 
 
 def read_hf_config(path: str) -> dict:
@@ -123,7 +125,7 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2
+    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe
     """
     from graphs.decoder import DecoderConfig
 
@@ -133,6 +135,8 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     if "model_type" not in data:
         fields.fail(f"model_type is missing; supported: {', '.join(SUPPORTED)}")
     model_type = data["model_type"]
+    if isinstance(model_type, str) and model_type in REFUSED:
+        fields.fail(f"model_type {_shown(model_type)} is not supported: {REFUSED[model_type]}")
     if model_type not in SUPPORTED:
         fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
     if model_type == "gpt2":
@@ -183,6 +187,8 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
             qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
             sequence=_sequence(fields, sequence, "max_position_embeddings", learned=False),
         )
+        if model_type in MOE_TYPES:
+            config.update(moe_fields(fields, model_type, layers))
     try:
         return DecoderConfig(**config)
     except ValueError as err:  # anything the reading above let through
