@@ -69,14 +69,39 @@ def recipe_text(row: dict) -> str:
     """The published configuration in ``--recipe`` words.
 
     Megatron-Core: the distributed optimizer (ZeRO-1), no activation recomputation (none is
-    published for these runs); micro-batch size, sequence parallelism and pipeline schedule
-    are not published and left to the tool (fastest that fits). torchtitan: FSDP (ZeRO-3)
-    over 8 ranks, local batch 2 as one micro-batch, selective activation checkpointing
-    (the nearest of the tool's policies; see the README for how it differs).
+    published for these runs), tensor-parallel communication overlap (published: "DP, TP and
+    PP communication overlap enabled"; Megatron's ``--tp-comm-overlap``, which brings
+    sequence parallelism with it); micro-batch size and pipeline schedule are not published
+    and left to the tool (fastest that fits). torchtitan: FSDP (ZeRO-3) over the ranks,
+    local batch as one micro-batch, selective activation checkpointing with its ``op``
+    policy (``selective_ac_option = 'op'`` in its Llama 3 8B config): ``recompute=op``.
     """
     if row["source"] == "megatron":
-        return f"dp={row['dp']},tp={row['tp']},pp={row['pp']},zero=1,recompute=none"
-    return f"dp={row['dp']},tp=1,pp=1,zero=3,recompute=selective,microbatch={row['batch'] // row['dp']}"
+        return f"dp={row['dp']},tp={row['tp']},pp={row['pp']},tp_overlap=true,zero=1,recompute=none"
+    return f"dp={row['dp']},tp={row['tp']},pp={row['pp']},zero=3,recompute=op,microbatch={row['batch'] // row['dp']}"
+
+
+#: What each framework runs that the recipe does not say, as training options (README,
+#: *published.py*). Megatron-Core: Transformer Engine's fused kernels (no eager penalty), its
+#: fused vocabulary-parallel cross entropy (fp32 logits and their gradient: 2 buffers).
+#: torchtitan: eager PyTorch (RMSNorm unfused, ``eager``), the loss as
+#: ``cross_entropy(pred.float())`` (3 fp32 logit-sized buffers at its backward). Both: a
+#: CUDA kernel launch floor of :data:`LAUNCH_SECONDS` per kernel.
+FRAMEWORKS = {
+    "megatron": {"eager": False, "loss_buffers": 2.0},
+    "torchtitan": {"eager": True, "loss_buffers": 3.0},
+}
+#: Launch latency of one CUDA kernel from a host thread, about 4 us on H100 systems (NVIDIA,
+#: "Getting Started with CUDA Graphs", 2019, measures 3-4 us per launch of a short kernel).
+LAUNCH_SECONDS = 4e-6
+
+
+def bucket_elements(row: dict) -> float:
+    """Gradient bucket size: Megatron-Core's default ``max(40e6, 1e6 dp)`` parameters
+    (``DistributedDataParallelConfig.bucket_size``); torchtitan's FSDP2 reduces one block per
+    collective (larger still), priced with the same rule: within a node its latency is
+    negligible either way."""
+    return max(40e6, 1e6 * row["dp"])
 
 
 def procs(row: dict) -> int:
@@ -175,7 +200,7 @@ def price(row: dict, constants: dict, tmp: str, recipe: str | None = None, free:
     """Price ``row`` under its recipe (or ``recipe``, or none with ``free``)."""
     ceiling = constants.get("gemm_ceiling")
     m = machine_for(row, ceiling, tmp)
-    opts = {}
+    opts = dict(FRAMEWORKS[row["source"]], launch_seconds=LAUNCH_SECONDS, bucket_elements=bucket_elements(row))
     if constants.get("overlap_efficiency") is not None:
         opts["overlap_efficiency"] = constants["overlap_efficiency"]
     if constants.get("attention_efficiency") is not None:
