@@ -58,6 +58,9 @@ def test_op_recomputation_keeps_every_second_product():
     # The working set while a block runs again: b's 512 outputs at 2 bytes.
     assert costing.transient_bytes([0] * 9, op, act_bytes=2.0)["recompute_working_set"] == 1024.0
     vectors = costing.layer_vectors(op, 2.0)
+    # The search's vectors (one representative per group of equal layers) agree: a to d are
+    # the same kind of layer and differ only in what the policy keeps.
+    assert list(vectors["activations"][:, 0]) == [2.0 * k for k in kept]
     assert costing.transient_rows(vectors, op)[0] == pytest.approx(op.reserve_bytes + 1024.0)
 
 

@@ -486,12 +486,19 @@ class TrainingCosting:
             self.parts.append(parts)
         self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
+        self.op_saved = self._op_saved()
+        # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
+        # nor the logits that only it reads are kept as activations besides.
+        loss = {v for v, layer in enumerate(network.layers) if layer.op == "SoftmaxCrossEntropy"}
+        self.loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
+                                   for v in range(len(network.layers))])
         # Layers equal in parts and in place (block, attention role, kept output, charged
-        # weights, loss) have equal vectors under any options: one representative each.
+        # weights, loss, read by the loss alone, kept by the operator policy) have equal
+        # vectors under any options: one representative each.
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.op == "SoftmaxCrossEntropy")
+                   layer.op == "SoftmaxCrossEntropy", bool(self.loss_only[v]), bool(self.op_saved[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
@@ -501,12 +508,6 @@ class TrainingCosting:
         self.activation_scale = np.ones((len(network.layers), 1))
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
-        self.op_saved = self._op_saved()
-        # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
-        # nor the logits that only it reads are kept as activations besides.
-        loss = {v for v, layer in enumerate(network.layers) if layer.op == "SoftmaxCrossEntropy"}
-        self.loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
-                                   for v in range(len(network.layers))])
         self.eager_compute = self._eager_norms()
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)

@@ -221,8 +221,8 @@ def search_meshes(
     recipe.check(procs)
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-        if recipe.tp_overlap and recipe.sp is None:
-            recipe = Recipe(**{**recipe.fixed(), "sp": True})
+    if base.tp_overlap and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
+        recipe = Recipe(**{**recipe.fixed(), "sp": True})
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
