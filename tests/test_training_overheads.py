@@ -163,3 +163,20 @@ def test_recipe_keys():
         parse_recipe("recompute=ops")
     with pytest.raises(ValueError, match="recipe tp_overlap must be true or false"):
         parse_recipe("tp_overlap=maybe")
+
+
+def test_engine_exports_of_op_and_tp_overlap(tmp_path):
+    import json
+    from cli_runner import run
+    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
+    status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
+                           "--recipe", "dp=2,tp=4,zero=1,recompute=op,tp_overlap=true,microbatch=1",
+                           "--export-torchtitan", str(titan), "--export-megatron", str(megatron))
+    assert status == 0, err
+    t = json.loads(titan.read_text())
+    assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "recompute=op" in t["recipe"] and "tp_overlap=true" in t["recipe"]
+    m = json.loads(megatron.read_text())
+    assert m["arguments"]["--tp-comm-overlap"] is True and m["arguments"]["--sequence-parallel"] is True
+    assert m["arguments"]["--recompute-granularity"] == "selective"
+    assert any("operator-level" in note for note in m["notes"])
