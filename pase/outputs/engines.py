@@ -41,8 +41,11 @@ def torchtitan_settings(candidate, batch: int, sequence: int | None = None) -> d
         "enable_sequence_parallel": bool(mesh.sp and mesh.tp > 1),
         "pipeline_parallel_degree": mesh.pp,
         "context_parallel_degree": mesh.cp,
-        "expert_parallel_degree": 1,
+        "expert_parallel_degree": mesh.ep,
     }
+    if mesh.ep > 1 and options.zero != 3:
+        notes.append("torchtitan borrows expert parallelism from the sharded data-parallel degree: run it with "
+                     "FSDP (zero=3) for ep > 1")
     if mesh.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if pipe.get("schedule") == "interleaved" else "1F1B"
         counts = [st["blocks"] for st in pipe.get("stages", [])]
@@ -53,12 +56,13 @@ def torchtitan_settings(candidate, batch: int, sequence: int | None = None) -> d
             parallelism["pipeline_parallel_first_stage_layers"] = counts[0]
             parallelism["pipeline_parallel_last_stage_layers"] = counts[-1]
         parallelism["pipeline_parallel_microbatch_size"] = candidate.microbatch
-    mode = {"none": "none", "selective": "selective", "full": "full"}[options.recompute]
+    mode = {"none": "none", "selective": "selective", "full": "full", "op": "selective"}[options.recompute]
     checkpoint = {"mode": mode}
     if mode == "selective":
         checkpoint["selective_ac_option"] = "op"
-        notes.append("torchtitan's selective checkpointing ('op') saves matmul outputs; the plan priced "
-                     "Megatron's selective recomputation of attention (docs/training.md)")
+        if options.recompute == "selective":
+            notes.append("torchtitan's selective checkpointing ('op') saves matmul outputs; the plan priced "
+                         "Megatron's selective recomputation of attention (docs/training.md)")
     training = {"global_batch_size": batch, "local_batch_size": candidate.microbatch}
     if sequence is not None:
         training["seq_len"] = sequence
@@ -96,6 +100,8 @@ def megatron_settings(candidate, batch: int, sequence: int | None = None) -> dic
     ]
     if sequence is not None:
         args.append(("--seq-length", sequence))
+    if mesh.ep > 1:  # carved out of the data-parallel group, as the plan's mesh (docs/training.md)
+        args.append(("--expert-model-parallel-size", mesh.ep))
     if mesh.tp > 1 and mesh.sp:
         args.append(("--sequence-parallel", None))
     if options.zero >= 1:
@@ -107,8 +113,13 @@ def megatron_settings(candidate, batch: int, sequence: int | None = None) -> dic
     if options.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
-    elif options.recompute == "selective":
+    elif options.recompute in ("selective", "op"):
         args.append(("--recompute-granularity", "selective"))
+        if options.recompute == "op":
+            notes.append("Megatron has no operator-level policy like torchtitan's 'op': its selective "
+                         "recomputation (attention's core) is the nearest")
+    if options.tp_overlap and mesh.tp > 1:
+        args.append(("--tp-comm-overlap", None))
     if options.overlap:
         args.append(("--overlap-grad-reduce", None))
         if options.zero >= 1:

@@ -75,6 +75,8 @@ class Candidate:
             parts += [f"dp={self.mesh.dp}", f"tp={self.mesh.tp}"]
             if self.mesh.cp > 1:
                 parts.append(f"cp={self.mesh.cp}")
+            if self.mesh.ep > 1:
+                parts.append(f"ep={self.mesh.ep}")
             if self.mesh.pp > 1:
                 pipe = self.summary.extra.get("pipeline", {})
                 parts.append(f"pp={self.mesh.pp}")
@@ -82,6 +84,8 @@ class Candidate:
                     parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
             if self.mesh.tp > 1 and not self.mesh.sp:
                 parts.append("sp=false")
+        if o.tp_overlap:
+            parts.append("tp_overlap=true")
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
@@ -100,6 +104,8 @@ class MeshSearch:
     networks: int
     space: str
     candidates: list = field(default_factory=list)
+    #: Whether expert-parallel degrees were searched (the network has MoE layers).
+    experts: bool = False
 
 
 class _PartsMemo:
@@ -182,9 +188,31 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     return meshes
 
 
+def expert_counts_of(network) -> list:
+    """The expert counts of ``network``'s mixture-of-experts layers (empty: none)."""
+    return sorted({layer.experts for layer in network.layers if layer.op == "MoE"})
+
+
+def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> list:
+    """Expert-parallel degrees tried with data parallelism ``dp``: the divisors of ``dp`` that
+    divide every layer's expert count (just 1 without experts), or the recipe's ``ep``.
+
+    >>> expert_degrees(16, [8], Recipe()), expert_degrees(16, [], Recipe())
+    ([1, 2, 4, 8], [1])
+    """
+    if not expert_counts:
+        return [1]
+    return [ep for ep in divisors(dp) if all(n % ep == 0 for n in expert_counts) and recipe.ep in (None, ep)]
+
+
+#: Recomputation policies searched when a recipe names none: ``op`` (torchtitan's operator
+#: policy) is priced when a recipe asks for it.
+SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p != "op")
+
+
 def options_grid(recipe: Recipe) -> list:
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
-    policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
+    policies = [recipe.recompute] if recipe.recompute is not None else list(SEARCHED_POLICIES)
     return [(z, r) for z in zeros for r in policies]
 
 
@@ -212,10 +240,21 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
     recipe.check(procs)
+    if recipe.tp_overlap is not None:
+        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
+    if base.tp_overlap and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
+        recipe = Recipe(**{**recipe.fixed(), "sp": True})
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
-    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
+    # A fixed schedule or interleaving describes a pipeline: it asks for one (pp > 1).
+    pipelined = recipe.schedule is not None or recipe.vpp is not None
+    if pipelined and recipe.pp == 1:
+        raise ValueError("schedule and vpp describe a pipeline, and the recipe has pp=1")
+    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp) and (pp > 1 or not pipelined)]
+    if not stage_counts:
+        raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
+                         "cannot hold two stages")
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
@@ -230,6 +269,9 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
+    expert_counts = expert_counts_of(probe)
+    if not expert_counts and recipe.ep not in (None, 1):
+        raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
     grid = options_grid(recipe)
     networks: dict = {}
     best = least = None
@@ -239,7 +281,8 @@ def search_meshes(
     meshes_tried = 0
     for pp in stage_counts:
         q = procs // pp
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp) for m in mesh_candidates(q, machine, recipe) if batch % m.dp == 0]
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in mesh_candidates(q, machine, recipe)
+                  if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
         by_micro: dict = {}
@@ -312,6 +355,7 @@ def search_meshes(
         networks=len(networks),
         space=space,
         candidates=kept,
+        experts=bool(expert_counts),
     )
     return result
 
@@ -322,7 +366,7 @@ def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float
     vec = costing.layer_vectors(options, act_bytes)
     time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
     if len(targets):
-        time_rows = time_rows + (costing.edge_factors(targets, options)[:, None] * edges).sum(axis=0)
+        time_rows = time_rows + costing.edge_rows(edges, targets, options).sum(axis=0)
     memory_rows = (vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
                    + costing.transient_rows(vec, options))
     return time_rows, memory_rows
@@ -332,10 +376,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
     n = len(costing.network.layers)
     choice = [i] * n
-    moved = 0.0
-    targets = sorted(costing.network.edges)
-    for row, (u, v) in zip(edges, targets):
-        moved += costing.edge_factor(v, options) * float(row[i])
+    targets = [v for (_, v) in sorted(costing.network.edges)]
+    moved = float(costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0].sum()) if len(targets) else 0.0
     summary = costing.summarize(choice, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
@@ -372,7 +414,7 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
         halved = MeshMapper(network).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
-    moved = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
+    moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
     tokens = tokens_of(network)
     summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
@@ -421,6 +463,9 @@ def training_graph(network, procs: int, machine, options: TrainingOptions, act_b
                 scaled.setflags(write=False)
                 memo[key] = scaled
             matrix = matrix + memo[key]
+        if options.tp_overlap:
+            # The redistribution into v hides behind what v's own collectives leave of its compute.
+            matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
         data["cost"] = matrix
     memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
     return H, costing, memory
