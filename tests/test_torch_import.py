@@ -546,12 +546,14 @@ def test_ops_on_replicated_tensors_never_fail():
     assert len(from_torch(Lambda(forward, fc=nn.Linear(8, 8)), (torch.randn(2, 8),)).layers) == 2
 
 
-def test_broadcast_between_batch_dependent_tensors_is_refused():
+def test_broadcast_between_batch_dependent_tensors_is_an_elementwise():
+    # Issue 23: once refused, now an Elementwise whose second operand (2, 1) broadcasts.
     def forward(m, x):
         return m.a(x) * m.b(x).mean(-1, keepdim=True).exp()
 
-    with pytest.raises(UnmappableOpsError, match="broadcasting between two batch-dependent tensors"):
-        from_torch(Lambda(forward, a=nn.Linear(8, 8), b=nn.Linear(8, 8)), (torch.randn(2, 8),))
+    net = from_torch(Lambda(forward, a=nn.Linear(8, 8), b=nn.Linear(8, 8)), (torch.randn(2, 8),))
+    product = next(layer for layer in net.layers if layer.op == "Elementwise")
+    assert [t.shape for t in product.inputs] == [(2, 8), (2, 1)] and product.broadcast == ((), (1,))
 
 
 def test_bad_arguments():

@@ -220,7 +220,8 @@ class GraphWalk:
         if width <= 0:
             raise Unmappable(f"an empty slice [{s.start}:{s.stop}] read by a layer")
         bounds = sorted({0, size, s.start, s.stop} | {c for c in s.cuts if 0 < c < size})
-        if size % width or any(b - a != width for a, b in zip(bounds, bounds[1:])):
+        unequal = any(b - a != width for a, b in zip(bounds, bounds[1:])) if s.cuts else s.start % width
+        if size % width or unequal:
             # Pieces of different sizes (q, k and v of a multi-query fusion): one Unstack with sizes.
             return self._split(s, node)
         count = size // width
