@@ -50,16 +50,20 @@ def parameter_elements(layer: Layer, C: np.ndarray, charged=None) -> np.ndarray:
 def charged_parameters(network: Network) -> tuple:
     """Per layer, one flag per ``parameter_tensors()`` entry: whether this layer holds it.
 
-    A tensor several layers read (a tied embedding, weights shared across layers) is one
-    parameter: held by the first of its readers in vertex order, the others hold nothing.
+    A tensor several layers name in ``tied`` (an imported tied embedding, weights shared
+    across layers) is one parameter: held by the first of its readers in vertex order, the
+    others hold nothing. A built-in graph's weight ``Tensor`` read by two layers keeps the
+    paper model's rule (each reader counts it), so the reference figures stay as they were;
+    the training model counts it once.
     """
     seen: set = set()
     out = []
     for layer in network.layers:
         flags = []
         for _, _, key in layer.parameter_tensors():
-            flags.append(key is None or key not in seen)
-            if key is not None:
+            shared = key is not None and key[0] == "tied"
+            flags.append(not shared or key not in seen)
+            if shared:
                 seen.add(key)
         out.append(tuple(flags))
     return tuple(out)

@@ -337,7 +337,9 @@ class Layer:
         """
         entries = self.parameters()
         read = [t for t in self.inputs if t.is_param]
-        keys = [("input", id(t)) for t in read[:len(entries)]] + [None] * max(len(entries) - len(read), 0)
+        # Weights read as inputs are known tensors only when they are all its parameters (a
+        # built-in graph's biased projection keeps its own, unshared, accounting).
+        keys = [("input", id(t)) for t in read] if len(read) == len(entries) else [None] * len(entries)
         if self.tied is not None:
             keys = [("tied", name) if name is not None else key for key, name in zip(keys, self.tied)]
         out = [(tuple(shape), tuple(dims), key) for (shape, dims), key in zip(entries, keys)]
