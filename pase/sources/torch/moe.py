@@ -152,15 +152,29 @@ def _read_experts(experts, width_of_router):
     return count, gated, hidden, width
 
 
-def _router(block, experts):
-    """The router child: by name, else the one child whose only weight is a matrix."""
+def _expert_count(experts) -> int | None:
+    """``E``: the number of listed experts, or the leading dimension of fused expert weights."""
+    listed = _expert_list(experts)
+    if listed is not None:
+        return len(listed)
+    first = next(iter(_params(experts)), None)
+    return int(first.shape[0]) if first is not None and first.dim() >= 2 else None
+
+
+def _router(block, experts, count):
+    """The router child: by name, else the one other child (a weight and perhaps a bias) whose
+    weight is a matrix with a side of ``count``, the number of experts."""
     for name in _ROUTER_NAMES:
         child = getattr(block, name, None)
         if child is not None and child is not experts and hasattr(child, "parameters"):
             return name, child
-    found = [(name, child) for name, child in block.named_children()
-             if child is not experts and [len(p.shape) for p in _params(child)] == [2]
-             and 1 not in tuple(_params(child)[0].shape)]
+    found = []
+    for name, child in block.named_children():
+        params = _params(child)
+        if child is experts or not 1 <= len(params) <= 2 or params[0].dim() != 2:
+            continue
+        if count in tuple(params[0].shape) and 1 not in tuple(params[0].shape):
+            found.append((name, child))
     return found[0] if len(found) == 1 else (None, None)
 
 
@@ -172,12 +186,13 @@ def read_block(block, path: str) -> MoEBlock | None:
     experts = getattr(block, "experts", None)
     if experts is None or not hasattr(experts, "parameters") or experts not in list(block.children()):
         return None
-    router_name, router = _router(block, experts)
+    router_name, router = _router(block, experts, _expert_count(experts))
     top_k = _top_k(block, router, experts)
     if router is None and top_k is None:
         return None
     if router is None:
-        raise _Refused("it has experts and a top-k count but no router (a child 'gate' or 'router')")
+        raise _Refused("it has experts and a top-k count but no router (a child 'gate' or 'router', or the one "
+                       "other child whose weight is a matrix with a side of its expert count)")
     router_weights = [tuple(p.shape) for p in _params(router)]
     if len(router_weights) != 1 or len(router_weights[0]) != 2:
         what = "a bias" if len(router_weights) > 1 else f"weights {router_weights}"
