@@ -29,7 +29,6 @@ with one line naming it and the reason; the model's parameters are then counted 
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 from .errors import TorchImportError
@@ -326,7 +325,3 @@ def stand_ins(module, torch):
         for parent, name, child in reversed(swapped):
             setattr(parent, name, child)
 
-
-def parameter_total(module) -> int:
-    """``sum(p.numel())`` over the module's distinct parameters (for checks and reports)."""
-    return int(math.fsum(p.numel() for p in _params(module)))
