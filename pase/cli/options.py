@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pase.costing.memory import MemoryModel
 from pase.outputs.exporters import EXPORTERS
-from pase.search.approx import DEFAULT_TABLE_ENTRIES, MIN_TABLE_ENTRIES
+from pase.search.approx import DEFAULT_TABLE_ENTRIES
 from pase.search.ordering import ORDERINGS
 from pase.sources.builtin import DEFAULT_BATCH as BUILTIN_BATCH
 
@@ -46,7 +46,9 @@ MAX_PROCS = 2**20
 #: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
 #: rho and every cost stay finite in float64.
 MACHINE_RANGE = (1e-6, 1e9)
-#: Largest --approx table (entries): 2^34 float64 entries are 128 GiB, beyond any budget.
+#: --approx tables (entries): below 1024 the bound is too weak to be worth a plan; 2^34
+#: float64 entries are 128 GiB, beyond any budget.
+MIN_TABLE_ENTRIES = 1 << 10
 MAX_TABLE_ENTRIES = 1 << 34
 
 

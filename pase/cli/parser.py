@@ -178,7 +178,7 @@ def _add_search_and_memory(add) -> None:
         help="for graphs beyond the exact search (DenseNet's dense blocks): the approximate search, every table "
              "of at most ENTRIES entries. Prints a strategy, its cost, a lower bound on the optimum (mini-bucket "
              "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
-             "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**24; off: the exact search)")
+             "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
     add("--table-budget", type=positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")

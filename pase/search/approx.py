@@ -25,11 +25,12 @@ __all__ = ["approximate", "ApproxResult", "ApproxStats", "ApproxTooLarge", "DEFA
            "MIN_TABLE_ENTRIES"]
 
 #: Largest table (entries) a mini-bucket or a restricted programme may build by default:
-#: 2^24 float64 entries, 128 MiB. Larger tables give tighter bounds, and take longer.
-DEFAULT_TABLE_ENTRIES = 1 << 24
+#: 2^23 float64 entries, 64 MiB. Larger tables give tighter bounds, and take longer.
+DEFAULT_TABLE_ENTRIES = 1 << 23
 
-#: Smallest table bound accepted: every edge matrix of a graph must fit one table.
-MIN_TABLE_ENTRIES = 1 << 10
+#: Smallest table bound accepted. A function larger than the bound (an edge matrix) gets a
+#: mini-bucket of its own, so ``largest_table`` may exceed a bound below ``max K_u * K_v``.
+MIN_TABLE_ENTRIES = 1
 
 #: Most rounds of neighbourhood search after the first plan.
 DEFAULT_ROUNDS = 4
