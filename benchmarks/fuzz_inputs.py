@@ -1102,6 +1102,159 @@ def process_cases(rng: random.Random, refs: dict) -> list:
     return cases
 
 
+# -- Hugging Face configs, recipes and engine exports (the training-configuration turn) -----------
+
+#: A small Llama-style config: every case below runs in well under a second.
+TINY_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128,
+             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+#: Fields each model type reads (a missing required one is an invalid file).
+HF_REQUIRED = {"llama": ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                         "intermediate_size", "vocab_size"),
+               "gpt2": ("model_type", "n_embd", "n_layer", "n_head", "vocab_size", "n_positions")}
+
+
+def hf_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+
+    def add(kind, what, data, *extra, expect=BAD_FILE, raw=None, **kw):
+        body = raw if raw is not None else _dump(data)
+        cases.append(Case("hf", kind, what, ["-g", "hf:c.json", "-p", "4", "-b", "8", *extra], expect,
+                          {"c.json": body}, **kw))
+
+    for name, base in (("llama", TINY_HF), ("gpt2", TINY_GPT2)):
+        add("good", f"a small {name} config", base, expect=OK, same_as=f"hf-{name}")
+        add("good", f"the {name} config, keys reordered and indented", None, expect=OK, same_as=f"hf-{name}",
+            raw=json.dumps(dict(reversed(list(base.items()))), indent=3).encode())
+        add("good", f"the {name} config with unknown keys (a Hub config has many)",
+            dict(base, architectures=["X"], torch_dtype="bfloat16", _name_or_path="x/y"), expect=OK,
+            same_as=f"hf-{name}")
+        add("good", f"the {name} config, --training", base, "--machine", "h100-sxm", "--training", expect=OK)
+        for key in HF_REQUIRED[name]:
+            add("missing field", f"{name}: {key} missing", {k: v for k, v in base.items() if k != key})
+        for key in base:
+            for value in rng.sample(PALETTE, 5):
+                if value == base[key] and type(value) is type(base[key]):
+                    continue
+                add("wrong type", f"{name}: {key} = {_short(value, 20)}", dict(base, **{key: value}), expect=ANY)
+        for key, value in (("num_key_value_heads", 3), ("num_attention_heads", 5), ("head_dim", 0),
+                           ("hidden_size", 2 ** 40), ("vocab_size", 10 ** 30), ("num_hidden_layers", 10 ** 6),
+                           ("intermediate_size", 2 ** 62), ("hidden_act", "GELU"), ("rms_norm_eps", float("inf")),
+                           ("model_type", "Llama"), ("model_type", "mixtral"), ("model_type", None),
+                           ("max_position_embeddings", 0), ("tie_word_embeddings", 1)):
+            if name == "gpt2" and key not in base and key != "model_type":
+                continue
+            add("values", f"{name}: {key} = {_short(value, 20)}", dict(base, **{key: value}), expect=ANY)
+    add("values", "gpt2: -m longer than its learned positions", TINY_GPT2, "-m", "4096", expect=BAD_VALUE)
+    add("values", "llama: -m 1 (one token)", TINY_HF, "-m", "1", expect=OK)
+    add("values", "llama: -m far past the config's maximum (rotary takes any)", TINY_HF, "-m", "100000",
+        expect=frozenset({0, 3}))
+    for what, raw in (("an empty file", b""), ("truncated", _dump(TINY_HF)[:40]), ("a list", b"[1, 2]"),
+                      ("null", b"null"), ("NaN for a field", _dump(TINY_HF).replace(b"1e-05", b"NaN")),
+                      ("a key given twice", b'{"model_type": "llama", "model_type": "gpt2"}'),
+                      ("not UTF-8", b'{"model_type": "\xff"}'), ("nested 100000 deep", b"[" * 100000)):
+        add("syntax", what, None, raw=raw)
+    cases.append(Case("hf", "file system", "a missing file", ["-g", "hf:none.json", "-p", "4"], BAD_FILE))
+    cases.append(Case("hf", "file system", "a directory", ["-g", "hf:d", "-p", "4"], BAD_FILE, {"d": ("dir",)}))
+    cases.append(Case("hf", "file system", "an empty name", ["-g", "hf:", "-p", "4"], frozenset({1, 2})))
+    for i in range(60):
+        data, what = random_mutation(rng, rng.choice((TINY_HF, TINY_GPT2)), rng.randint(1, 3))
+        add("random", what, data, expect=ANY)
+    return cases
+
+
+#: Recipes that must be accepted on 4 devices of h100-sxm with the tiny config (2 layers).
+GOOD_RECIPES = ("dp=4", "tp=4", "dp=2,tp=2", "pp=2,dp=2", "zero=3", "recompute=full", "recompute=selective",
+                "microbatch=1", "dp=2,tp=2,sp=true", "pp=2,schedule=1f1b", "cp=2,dp=2", "dp=4,zero=0,microbatch=2")
+#: (recipe, why it is refused): a bad value is exit 2.
+BAD_RECIPES = (
+    ("dp=3", "degrees not dividing p"), ("dp=8", "more devices than -p"), ("tp=0", "a zero degree"),
+    ("tp=-2", "a negative degree"), ("tp=1.5", "a fractional degree"), ("zero=4", "no ZeRO stage 4"),
+    ("recompute=some", "an unknown policy"), ("schedule=gpipe", "an unknown schedule"), ("foo=1", "an unknown key"),
+    ("dp=2,dp=2", "a key given twice"), ("dp", "no value"), ("=2", "no key"), ("dp=2,,tp=2", "an empty item"),
+    ("", "an empty recipe"), ("dp=2;tp=2", "the wrong separator"), ("DP=4", "upper case"),
+    ("dp=4,tp=1,pp=1,cp=1,zero=1,recompute=none,microbatch=3", "a micro-batch not dividing the per-rank batch"),
+    ("pp=4", "more stages than blocks"), ("vpp=2", "interleaving without a pipeline"),
+    ("sp=maybe", "a non-boolean flag"), ("dp=" + "9" * 400, "a 400-digit degree"), ("dp=\u0664", "an Arabic-Indic digit"),
+)
+
+
+def recipe_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    hf = {"c.json": _dump(TINY_HF)}
+
+    def add(kind, what, recipe, *extra, expect=BAD_VALUE, files=hf):
+        cases.append(Case("recipe", kind, what, ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm",
+                                                 "--training", "--recipe", recipe, *extra], expect, dict(files)))
+
+    for recipe in GOOD_RECIPES:
+        add("good", recipe, recipe, expect=OK)
+    add("good", "--compare with a recipe", "dp=2,tp=2", "--compare", "dp=4", expect=OK)
+    add("good", "--json with a recipe", "dp=2,tp=2", "--json", expect=OK)
+    for recipe, why in BAD_RECIPES:
+        add("bad", f"{why}: {_short(recipe, 30)}", recipe, expect=frozenset({2, 4}) if "batch" in why else BAD_VALUE)
+    keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp")
+    values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "")
+    for _ in range(80):
+        recipe = ",".join(f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(1, 4)))
+        add("random", recipe, recipe, expect=frozenset({0, 2, 4}))
+    cases.append(Case("recipe", "flags", "--recipe on a graph that is not a decoder (alexnet)",
+                      ["-g", "alexnet", "-p", "4", "-b", "8", "--training", "--recipe", "dp=4"], frozenset({0, 2})))
+    cases.append(Case("recipe", "flags", "--recipe with --sweep",
+                      ["-g", "hf:c.json", "--sweep", "2,4", "-b", "8", "--recipe", "dp=2"], frozenset({0, 2}), dict(hf)))
+    cases.append(Case("recipe", "flags", "--recipe with --evaluate",
+                      ["--evaluate", "p.json", "--recipe", "dp=2"], frozenset({1, 2}), {"p.json": b"{}"}))
+    return cases
+
+
+#: The engine exports and the format of what they write.
+ENGINE_FLAGS = {"--export-torchtitan": "json", "--export-megatron": "json"}
+
+
+def engine_cases(rng: random.Random, refs: dict) -> list:
+    cases = []
+    hf = _dump(TINY_HF)
+    keep = b"previous contents\n"
+    base = ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training"]
+    for flag, check in ENGINE_FLAGS.items():
+        def add(what, target, files, expect, outputs=(), extra=()):
+            cases.append(Case("engine", flag, what, [*base, flag, target, *extra], expect,
+                              dict({"c.json": hf}, **files), outputs=outputs))
+
+        add("a new file", "out.x", {}, OK, (("out.x", check),))
+        add("an existing file (replaced)", "out.x", {"out.x": keep}, OK, (("out.x", check),))
+        add("a fixed recipe", "out.x", {}, OK, (("out.x", check),), ("--recipe", "dp=2,tp=2"))
+        add("a pipeline recipe", "out.x", {}, OK, (("out.x", check),), ("--recipe", "pp=2,dp=2"))
+        add("a directory", "d", {"d": ("dir",)}, BAD_FILE)
+        add("a missing directory", "no/such/out.x", {}, BAD_FILE)
+        add("a path through a file", "f/out.x", {"f": keep}, BAD_FILE)
+        add("an empty name", "", {}, frozenset({1, 2}))
+        add("the hf config itself", "c.json", {}, frozenset({1, 2}), (("c.json", "same:c.json"),))
+        add("a symlink to the hf config", "l.json", {"l.json": ("symlink", "c.json")}, frozenset({1, 2}),
+            (("l.json", "symlink"),))
+        add("a symlink to an existing file (the file is written)", "link.x",
+            {"real.x": keep, "link.x": ("symlink", "real.x")}, OK, (("real.x", check), ("link.x", "symlink")))
+        add("a full device (a copy of /dev/full)", "full", {"full": ("device", 1, 7)}, BAD_FILE,
+            (("full", "device"),))
+        add("without --training (a plain search)", "out.x", {}, frozenset({0, 2}), (), ())
+        add("and a graph file that fails", "out.x", {"out.x": keep, "c.json": b"{"}, BAD_FILE)
+    cases[-2].argv = ["-g", "hf:c.json", "-p", "4", "-b", "8", cases[-2].argv[-2], "out.x"]
+    cases.append(Case("engine", "several", "both exports to one file",
+                      [*base, "--export-torchtitan", "same", "--export-megatron", "same"], frozenset({1, 2}),
+                      {"c.json": hf}))
+    cases.append(Case("engine", "several", "an export over --dot-path",
+                      [*base, "--export-torchtitan", "same", "--dot-path", "same"], frozenset({1, 2}), {"c.json": hf}))
+    cases.append(Case("engine", "several", "both exports, and the DOT graph",
+                      [*base, "--export-torchtitan", "t.json", "--export-megatron", "m.json", "--dot-path", "g.dot"],
+                      OK, {"c.json": hf}, outputs=(("t.json", "json"), ("m.json", "json"), ("g.dot", "dot"))))
+    cases.append(Case("engine", "models", "a model that is not a decoder (alexnet)",
+                      ["-g", "alexnet", "-p", "4", "-b", "8", "--training", "--export-megatron", "m.json"],
+                      frozenset({0, 2})))
+    return cases
+
+
 CATEGORIES = {
     "graph": (graph_cases, "graph files (`-g FILE.json`)"),
     "machine": (machine_cases, "machine files (`--machine FILE.json`) and their measured tables"),
@@ -1109,6 +1262,9 @@ CATEGORIES = {
     "factory": (factory_cases, "model factories (`-g torch:...`), without and with PyTorch"),
     "output": (output_cases, "output paths (`--dot-path`, `-d`, `--export-graph`, `--export-jax`, "
                              "`pase calibrate --out`)"),
+    "hf": (hf_cases, "Hugging Face configs (`-g hf:FILE.json`)"),
+    "recipe": (recipe_cases, "training recipes (`--training --recipe ...`)"),
+    "engine": (engine_cases, "engine exports (`--export-torchtitan`, `--export-megatron`)"),
     "process": (process_cases, "real processes (`python3 scheduler.py`): exit status, streams, hash seeds"),
 }
 
@@ -1437,7 +1593,9 @@ def _numbers(case: Case, stdout: str) -> list:
         except ValueError as error:
             return [f"--json output is not JSON: {error}"]
         for record in records:
-            total = record.get("total_cost")
+            # A training plan reports its step; a strategy, its total cost.
+            total = record["training"].get("step_cost") if isinstance(record.get("training"), dict) \
+                else record.get("total_cost")
             if not isinstance(total, (int, float)) or not math.isfinite(total) or total < 0:
                 return [f"total_cost is {total!r}"]
         return []
@@ -1664,6 +1822,18 @@ FOUND = [
     ("factory", "a model torch.export cannot trace (a shape mismatch)",
      "torch logged a 20-line traceback on stderr before the error line", "torch_import"),
     ("factory", "a factory path naming a directory", "'file ... does not exist'", "torch_import"),
+    # The training-configuration turn (issue 25's last point): categories hf, recipe, engine.
+    ("hf", "an hf config with num_hidden_layers 1000000", "no answer within 30 s (building 17 million layers)",
+     "graphs.decoder (MAX_LAYERS)"),
+    ("hf", "an hf config with a missing or malformed field", "exit 2, where an invalid graph file is exit 1",
+     "sources.hf"),
+    ("recipe", "--recipe vpp=2 or schedule=1f1b without pp", "exit 0 with a plan of no pipeline (the keys ignored)",
+     "planning.training_search, training_plan"),
+    ("recipe", "--recipe pp=2 (no dp or tp)", "the per-layer search could win with a plan of no pipeline",
+     "planning.training_plan"),
+    ("recipe", "--recipe dp=\u0664 (an Arabic-Indic digit)", "exit 0: read as dp=4", "planning.mesh"),
+    ("engine", "--export-torchtitan / --export-megatron to a full device", "exit 2, where a write failure is exit 1",
+     "cli.training"),
 ]
 
 

@@ -18,13 +18,14 @@ from .alexnet import alexnet
 from .gpt import GPT_CONFIGS, gpt
 from .inception import inception3
 from .llama import LLAMA_CONFIGS, llama
+from .mixtral import MIXTRAL_CONFIGS, mixtral
 from .resnet import resnet101
 from .rnnlm import rnnlm
 from .transformer import transformer
 
 __all__ = [
     "GraphEntry", "GRAPHS", "build", "DEFAULT_BATCH", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
-    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS",
+    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS", "mixtral", "MIXTRAL_CONFIGS",
 ]
 
 
@@ -63,6 +64,13 @@ for _name, _cfg in LLAMA_CONFIGS.items():
         f"Llama 3 decoder, {_cfg.layers} layers, width {_cfg.width}, {_cfg.heads} heads "
         f"({_cfg.kv_heads} key/value), {17 * _cfg.layers + 4} vertices",
         "sequence length", 2048, "sequence length",
+    )
+for _name, _cfg in MIXTRAL_CONFIGS.items():
+    GRAPHS[_name] = GraphEntry(
+        _name, partial(mixtral, _name),
+        f"Mixtral decoder, {_cfg.layers} layers, width {_cfg.width}, {_cfg.moe.experts} experts (top "
+        f"{_cfg.moe.top_k}) of width {_cfg.moe.width}, {14 * _cfg.layers + 4} vertices",
+        "sequence length", 4096, "sequence length",
     )
 del _name, _cfg
 

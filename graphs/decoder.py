@@ -14,6 +14,9 @@ varies with the config:
   the Elementwise ``position``, as ``graphs/gpt.py`` adds its position input);
 - biases of the q/k/v projections, of the attention output and of the MLP: counted as
   parameters of the projection (see ``BiasedEinsum``), not priced (a fused epilogue);
+- queries' and keys' norms over each head (``qk_norm``, Qwen3): ``attn.q_norm``, ``attn.k_norm``;
+- mixture of experts (``DecoderConfig.moe``, a ``MoEConfig``): the MLP of every block but the
+  dense ones is one ``MoE`` vertex ``blockN.ff.moe`` (Mixtral, Qwen-MoE);
 - the output head: its own weight ``(e, V)`` (``ble,ev->blv``), or, tied, the embedding's
   very table ``(V, e)`` (``ble,ve->blv``): the same ``Tensor`` object the Embedding reads.
 
@@ -29,19 +32,56 @@ import math
 from dataclasses import dataclass, fields
 
 from pase.model.builder import GraphBuilder, Network
-from pase.model.layers import Einsum, Elementwise, Embedding, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
+from pase.model.layers import Einsum, Elementwise, Embedding, MoE, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
 from pase.model.tensor import Tensor
 
 __all__ = [
-    "DecoderConfig", "BiasedEinsum", "decoder", "parameter_count", "distinct_parameter_count",
+    "MoEConfig", "DecoderConfig", "BiasedEinsum", "decoder", "parameter_count", "distinct_parameter_count",
     "shared_parameters", "SEQUENCE",
 ]
 
 #: Default sequence length when neither ``-m`` nor the config limits it.
 SEQUENCE = 2048
 
+#: The most blocks a decoder may have: the largest published decoders have about 128, and a
+#: config asking for a million (a typo) would take minutes to build before any answer.
+MAX_LAYERS = 1024
+
 NORMS = ("rms", "layer")
 POSITIONS = ("rotary", "learned")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The mixture of experts of a decoder's MLPs: ``experts`` experts of width ``width``,
+    ``top_k`` per token, ``shared`` always-on experts of width ``shared_width`` (with a sigmoid
+    gate on their output, ``shared_gate``, as Qwen2-MoE), and the 0-based block indices
+    ``dense`` that keep the dense MLP of ``DecoderConfig.mlp_width``. ``capacity`` and
+    ``imbalance`` are the ``MoE`` layer's."""
+
+    experts: int
+    top_k: int
+    width: int
+    shared: int = 0
+    shared_width: int = 0
+    shared_gate: bool = False
+    dense: tuple = ()
+    capacity: float | None = None
+    imbalance: float = 1.0
+
+    def __post_init__(self):
+        for name in ("experts", "top_k", "width"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"decoder moe {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.dense, tuple) or not all(isinstance(i, int) and i >= 0 for i in self.dense):
+            raise ValueError(f"decoder moe dense must be a tuple of block indices, got {self.dense!r}")
+
+    def parameters(self, width: int, gated: bool) -> int:
+        """Parameters of one MoE MLP: ``e E`` (router) ``+ E m e H`` ``+ m e S H_s`` ``(+ e)``."""
+        m = 3 if gated else 2
+        total = width * self.experts + self.experts * m * width * self.width
+        return total + m * width * self.shared * self.shared_width + (width if self.shared_gate else 0)
 
 
 @dataclass(frozen=True)
@@ -70,11 +110,16 @@ class DecoderConfig:
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
+    moe: MoEConfig | None = None
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("gated", "tied", "qkv_bias", "out_bias", "mlp_bias"):
+            if f.name == "moe":
+                if value is not None and not isinstance(value, MoEConfig):
+                    raise ValueError(f"decoder moe must be a MoEConfig, got {type(value).__name__}")
+            elif f.name in ("gated", "tied", "qkv_bias", "out_bias", "mlp_bias", "qk_norm"):
                 if not isinstance(value, bool):
                     raise ValueError(f"decoder {f.name} must be true or false, got {value!r}")
             elif f.name in ("norm", "positions"):
@@ -86,6 +131,9 @@ class DecoderConfig:
                     raise ValueError("decoder max_positions must be given for learned positions")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"decoder {f.name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise ValueError(f"decoder layers must be at most {MAX_LAYERS} (the largest published decoders have "
+                             f"about 128), got {self.layers}")
         if self.heads % self.kv_heads:
             raise ValueError(f"decoder kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.positions == "learned" and self.sequence > self.max_positions:
@@ -96,6 +144,10 @@ class DecoderConfig:
     def group(self) -> int:
         """Query heads per key/value head (``r``)."""
         return self.heads // self.kv_heads
+
+    def is_sparse(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) has a mixture of experts for its MLP."""
+        return self.moe is not None and index not in self.moe.dense
 
 
 def parameter_count(config: DecoderConfig) -> int:
@@ -122,7 +174,10 @@ def parameter_count(config: DecoderConfig) -> int:
         mlp = 3 * e * f + (2 * f + e if c.mlp_bias else 0)
     else:
         mlp = 2 * e * f + (f + e if c.mlp_bias else 0)
-    norms = (2 * L + 1) * e * (1 if c.norm == "rms" else 2)
+    norms = (2 * L + 1) * e * (1 if c.norm == "rms" else 2) + (2 * L * c.head_dim if c.qk_norm else 0)
+    if c.moe is not None:
+        sparse = sum(1 for i in range(L) if c.is_sparse(i))
+        total += sparse * (c.moe.parameters(e, c.gated) - mlp)
     return total + L * (attention + mlp) + norms
 
 
@@ -152,7 +207,7 @@ def _norm(x: Tensor, cfg: DecoderConfig):
     return RMSNorm(x, axis=-1) if cfg.norm == "rms" else Norm(x, axis=-1)
 
 
-def _block(g: GraphBuilder, name: str, x: Tensor, cfg: DecoderConfig, rotary) -> Tensor:
+def _block(g: GraphBuilder, name: str, x: Tensor, cfg: DecoderConfig, rotary, sparse: bool = False) -> Tensor:
     """``r = x + attention(norm(x))``, then ``r + mlp(norm(r))`` (``graphs/llama.py``'s block)."""
     e, f, G, R, k = cfg.width, cfg.mlp_width, cfg.kv_heads, cfg.group, cfg.head_dim
     y = g.add(f"{name}.attn.norm", _norm(x, cfg))
@@ -162,6 +217,9 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: DecoderConfig, rotary) ->
     q = _project(g, f"{name}.attn.q", "ble,grek->bgrlk", y, wq, cfg.qkv_bias)
     key = _project(g, f"{name}.attn.k", "ble,gek->bglk", y, wk, cfg.qkv_bias)
     value = _project(g, f"{name}.attn.v", "ble,gek->bglk", y, wv, cfg.qkv_bias)
+    if cfg.qk_norm:  # Qwen3: an RMSNorm over each head's width of the queries and keys
+        q = g.add(f"{name}.attn.q_norm", RMSNorm(q, axis=-1))
+        key = g.add(f"{name}.attn.k_norm", RMSNorm(key, axis=-1))
     if rotary is not None:
         # As graphs/llama.py: a product with a precomputed table (a graph input, no edge).
         q = g.add(f"{name}.attn.q_rotary", Elementwise(q, rotary[0]))
@@ -173,6 +231,12 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: DecoderConfig, rotary) ->
     out = _project(g, f"{name}.attn.out", "bgrlk,grek->ble", context, wo, cfg.out_bias)
     r = g.add(f"{name}.attn.residual", Elementwise(x, out))
     y = g.add(f"{name}.ff.norm", _norm(r, cfg))
+    if sparse:
+        m = cfg.moe
+        out = g.add(f"{name}.ff.moe", MoE(y, m.experts, m.top_k, m.width, gated=cfg.gated, capacity=m.capacity,
+                                          imbalance=m.imbalance, shared=m.shared, shared_hidden=m.shared_width,
+                                          shared_gate=m.shared_gate))
+        return g.add(f"{name}.ff.residual", Elementwise(r, out))
     if cfg.gated:
         w_gate = g.weight((e, f), f"{name}.ff.w_gate", letters="ef")
         w_up = g.weight((e, f), f"{name}.ff.w_up", letters="ef")
@@ -217,7 +281,7 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         table = g.add("position.embedding", Embedding(positions, cfg.max_positions, cfg.width, letters="bl"))
         x = g.add("position", Elementwise(x, table))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg, rotary)
+        x = _block(g, f"block{i}", x, cfg, rotary, cfg.is_sparse(i - 1))
     y = g.add("final.norm", _norm(x, cfg))
     if cfg.tied:
         # The embedding's own table (V, e): the very Tensor the Embedding reads.

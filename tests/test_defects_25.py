@@ -310,3 +310,76 @@ def test_ties_prefer_less_memory_then_fewer_replicas(tmp_path):
     report = json.loads(out)
     assert report["total_cost"] == 0
     assert report["layers"][0]["config"] == [4, 1] and report["layers"][0]["memory_bytes"] == 24
+
+
+# The last point: fuzzing the inputs of the training-configuration turn (benchmarks/fuzz_inputs.py
+# --only hf,recipe,engine) found these.
+
+TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def _tiny(tmp_path, **changes):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(dict(TINY, **changes)))
+    return f"hf:{path}"
+
+
+def test_fuzz_hf_million_layers_refused_at_once(tmp_path):
+    status, out, err = run("-g", _tiny(tmp_path, num_hidden_layers=10 ** 6), "-p", "4")
+    assert status == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"pase: error: hf config {tmp_path / 'c.json'}: decoder layers must be at most 1024 (the largest published "
+        "decoders have about 128), got 1000000"]
+
+
+def test_fuzz_hf_invalid_field_is_an_invalid_file(tmp_path):
+    status, _, err = run("-g", _tiny(tmp_path, vocab_size="x"), "-p", "4")
+    assert status == 1 and "vocab_size must be a positive integer" in err
+
+
+@pytest.mark.parametrize("recipe", ["vpp=2", "schedule=1f1b", "schedule=interleaved"])
+def test_fuzz_recipe_schedule_asks_for_a_pipeline(tmp_path, recipe):
+    # Two blocks on 4 devices: pp=2 exists (1F1B), so a schedule or vpp gives a pipelined plan
+    # or, where no pipeline applies (vpp=2 needs 4 chunks from 2 blocks), an error; never a plan
+    # without stages that silently drops the key.
+    status, out, err = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
+                           "--recipe", recipe)
+    if status == 0:
+        assert "pp=2" in out.splitlines()[1], out
+    else:
+        assert status == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_fuzz_recipe_pp_is_never_answered_without_stages(tmp_path):
+    status, out, _ = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
+                         "--recipe", "pp=2")
+    assert status == 0 and "pp=2" in out.splitlines()[1] and "not a mesh" not in out
+
+
+def test_fuzz_recipe_schedule_with_pp_1_refused(tmp_path):
+    status, _, err = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
+                         "--recipe", "pp=1,vpp=2")
+    assert status == 2 and "describe a pipeline, and the recipe has pp=1" in err
+
+
+def test_fuzz_recipe_only_ascii_digits():
+    from pase.planning.mesh import parse_recipe
+
+    for text in ("dp=\u0664", "dp=\u00b2", "tp=\uff12"):  # Arabic-Indic four, superscript two, fullwidth two
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            parse_recipe(text)
+
+
+def test_fuzz_engine_export_write_failure_is_status_1(tmp_path):
+    import stat
+
+    full = tmp_path / "full"  # a copy of /dev/full (character device 1, 7): never the system's own
+    try:
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except (OSError, AttributeError):
+        pytest.skip("cannot make a device node here (not root)")
+    status, out, err = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
+                           "--export-megatron", str(full))
+    assert status == 1 and f"cannot write the Megatron-LM arguments to {full}" in err
+    assert stat.S_ISCHR(os.stat(full).st_mode)  # still the device, not a file put in its place

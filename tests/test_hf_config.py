@@ -266,7 +266,7 @@ def test_model_type_missing_and_not_an_object():
         decoder_config_from_hf({"hidden_size": 8}, 16, "x.json")
     with pytest.raises(ValueError, match="^hf config x.json: expected a JSON object, got list$"):
         decoder_config_from_hf([], 16, "x.json")
-    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2")
+    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def test_sequence_limits():
@@ -314,7 +314,7 @@ def test_cli_plans_an_hf_config():
 def test_cli_errors(tmp_path):
     bad = write(tmp_path, json.dumps(dict(LLAMA, num_attention_heads=0)))
     status, out, err = run("-g", f"hf:{bad}", "-p", 4)
-    assert status == 2 and out == ""
+    assert status == 1 and out == ""  # an invalid file, as for -g FILE.json
     assert err.strip().splitlines() == [
         f"pase: error: hf config {bad}: num_attention_heads must be a positive integer dividing hidden_size, got 0"]
     duplicate = write(tmp_path, '{"a": 1, "a": 2}', "d.json")

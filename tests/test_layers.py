@@ -71,11 +71,11 @@ def _tensor_configs(layer, row):
 
 
 def test_every_layer_type_is_covered_here():
-    # The spec's table lists exactly these types; each has a test class below.
+    # The spec's table lists exactly these types; each has a test class below (MoE: tests/test_moe.py).
     assert set(LAYER_TYPES) == {
         "Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm",
         "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
-        "Stack", "Unstack",
+        "Stack", "Unstack", "MoE",
     }
 
 

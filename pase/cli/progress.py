@@ -52,8 +52,9 @@ class Progress:
 #: A search estimated to take longer than this (seconds) says so before it starts.
 NOTICE_SECONDS = 10.0
 
-#: Rough dynamic-programme speed on a two-core machine, for that estimate (seconds per entry).
-SECONDS_PER_ENTRY = 2e-9
+#: Dynamic-programme CPU seconds per table entry, for that estimate: the median measured by
+#: ``benchmarks/notice.py`` (results/notice.md), on a 2-core x86 machine.
+SECONDS_PER_ENTRY = 1.2e-9
 
 
 def notice(err: IO, label: str):

@@ -124,6 +124,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                  write: Callable | None = None) -> int:
     """Plan the training configuration and print it; returns the exit status (0, or 4 when
     nothing fits)."""
+    from pase.core.errors import InputError
     from pase.outputs.plan_json import format_json
     from pase.outputs.training import format_training, training_report
     from pase.planning.training_plan import plan_training
@@ -158,6 +159,8 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     shown = build(batch // found.best.options.microbatches)
     try:
         exported = _export_engines(found, shown, batch, args, write)
+    except InputError as err:  # the file could not be written (a full disk): status 1
+        raise error(str(err), 1) from None
     except ValueError as err:  # a per-layer plan with no mesh beside it that fits
         raise error(str(err), 2) from None
     if opts.dot_path is not None:

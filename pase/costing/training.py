@@ -193,6 +193,11 @@ class _Probe:
             return self._machine.exchange(elements, group)
         return self._zeros(elements) * np.zeros(len(group.sizes))
 
+    def all_to_all(self, elements, group):
+        if self._keep == "activation":
+            return self._machine.all_to_all(elements, group)
+        return self._zeros(elements) * np.zeros(len(group.sizes))
+
 
 @dataclass(frozen=True)
 class LayerParts:
@@ -303,6 +308,8 @@ def model_flops(network) -> float:
     for layer in network.layers:
         if layer.op in ("Einsum", "FC", "Conv"):
             total += 2.0 * math.prod(layer.domain)
+        elif hasattr(layer, "forward_flops"):  # a layer that counts its own (MoE)
+            total += layer.forward_flops()
     return 3.0 * total
 
 

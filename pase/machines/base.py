@@ -120,6 +120,9 @@ class Machine(Protocol):
     def exchange(self, elements, group: Group):
         """A point-to-point exchange of ``elements`` with the group."""
 
+    def all_to_all(self, elements, group: Group):
+        """An all-to-all of ``elements`` per device over ``group`` (each keeps ``1/q`` of them)."""
+
     def redistribute(self, elements, procs: int):
         """Redistributing ``elements`` on an edge among ``procs`` devices."""
 

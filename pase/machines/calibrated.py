@@ -401,6 +401,24 @@ class CalibratedMachine:
         seconds = np.where(one_node, n / self.b_in + self.a_in, n / self.b_out + self.a_out)
         return np.where((q > 1) & (n > 0), seconds, 0.0)
 
+    def all_to_all(self, elements, group) -> np.ndarray:
+        """All-to-all of ``elements`` activation elements per device over ``group`` (seconds).
+
+        A device keeps ``1/q`` of its ``n`` bytes, sends ``(q_in - 1)/q`` of them to the other
+        members of its node over NVLink and ``(q - q_in)/q`` to the members on other nodes
+        over the network. Both go at once (the collective posts every peer's transfer
+        together), so the slower link sets the time, each with its latency when used::
+
+            max( (q_in-1)/q n / B_in + a_in [q_in > 1],  (q-q_in)/q n / B_out + a_out [q_out > 1] )
+
+        Zero where the group size is 1 or nothing moves (``docs/machines.md``).
+        """
+        q, q_in, q_out = self._split(group)
+        n = np.asarray(elements, dtype=np.float64) * self.act_bytes
+        inside = (q_in - 1.0) / q * n / self.b_in + np.where(q_in > 1, self.a_in, 0.0)
+        across = (q - q_in) / q * n / self.b_out + np.where(q_out > 1, self.a_out, 0.0)
+        return np.where((q > 1) & (n > 0), np.maximum(inside, across), 0.0)
+
     def redistribute(self, elements, procs) -> np.ndarray:
         """Edge redistribution of ``elements`` activation elements per device (seconds).
 

@@ -28,7 +28,8 @@ class Machine:
     GEMM of ``M x N x K`` is ``M N K``, half the usual ``2 M N K`` FLOPs), plus ``rho`` per
     element communicated, with
     ``rho = F * 1000 / (B / 8)`` (``docs/cost-model.md``). Every machine answers the same calls
-    (``gemm``, ``memory_bound``, ``all_reduce``, ``exchange``, ``redistribute``); this one
+    (``gemm``, ``memory_bound``, ``all_reduce``, ``exchange``, ``all_to_all``,
+    ``redistribute``); this one
     ignores where the devices of a group are.
 
     Parameters
@@ -96,6 +97,12 @@ class Machine:
         """Point-to-point exchange with the group (halo, hand-over, loss): ``rho * w``, zero
         when the group is one device."""
         return np.where(group.size > 1, self.comm(np.asarray(elements, dtype=np.float64)), 0.0)
+
+    def all_to_all(self, elements, group: Group):
+        """All-to-all of ``elements`` per device: it sends all but its own ``1/q``,
+        ``rho * w * (q - 1) / q``; zero when ``q == 1``."""
+        q = group.size.astype(np.float64)
+        return self.rho * np.asarray(elements, dtype=np.float64) * (q - 1.0) / q
 
     def redistribute(self, elements, procs: int):
         """Redistribution on an edge: ``rho * w`` (the caller passes forward plus backward)."""

@@ -41,8 +41,11 @@ def torchtitan_settings(candidate, batch: int, sequence: int | None = None) -> d
         "enable_sequence_parallel": bool(mesh.sp and mesh.tp > 1),
         "pipeline_parallel_degree": mesh.pp,
         "context_parallel_degree": mesh.cp,
-        "expert_parallel_degree": 1,
+        "expert_parallel_degree": mesh.ep,
     }
+    if mesh.ep > 1 and options.zero != 3:
+        notes.append("torchtitan borrows expert parallelism from the sharded data-parallel degree: run it with "
+                     "FSDP (zero=3) for ep > 1")
     if mesh.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if pipe.get("schedule") == "interleaved" else "1F1B"
         counts = [st["blocks"] for st in pipe.get("stages", [])]
@@ -96,6 +99,8 @@ def megatron_settings(candidate, batch: int, sequence: int | None = None) -> dic
     ]
     if sequence is not None:
         args.append(("--seq-length", sequence))
+    if mesh.ep > 1:  # carved out of the data-parallel group, as the plan's mesh (docs/training.md)
+        args.append(("--expert-model-parallel-size", mesh.ep))
     if mesh.tp > 1 and mesh.sp:
         args.append(("--sequence-parallel", None))
     if options.zero >= 1:

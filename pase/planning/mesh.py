@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pase.model.layers.moe import EXPERT_LETTER
+
 __all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
 
 #: Letters of a decoder's iteration spaces (graphs/llama.py, graphs/gpt.py, hf: configs):
@@ -28,7 +30,10 @@ SEQUENCE_LETTER = "l"
 class Mesh:
     """Degrees of data, tensor and context parallelism (and pipeline stages, 1 here).
 
-    ``sp``: sequence parallelism for the layers between tensor-parallel products.
+    ``sp``: sequence parallelism for the layers between tensor-parallel products. ``ep``:
+    expert parallelism, carved out of data parallelism (Megatron-LM's semantics): a
+    mixture-of-experts layer splits its experts ``ep`` ways and the batch ``dp / ep`` ways,
+    every other layer is as without it.
     """
 
     dp: int
@@ -36,18 +41,22 @@ class Mesh:
     cp: int = 1
     pp: int = 1
     sp: bool = True
+    ep: int = 1
 
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.cp * self.pp
 
     def as_dict(self) -> dict:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp}
+        out = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp}
+        return {**out, "ep": self.ep} if self.ep > 1 else out
 
     def label(self) -> str:
         parts = [f"dp {self.dp}", f"tp {self.tp}"]
         if self.cp > 1:
             parts.append(f"cp {self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep {self.ep}")
         if self.pp > 1:
             parts.append(f"pp {self.pp}")
         if self.tp > 1:
@@ -74,6 +83,12 @@ def mesh_config(layer, mesh: Mesh, name: str = "") -> tuple:
     c = [1] * len(layer.domain)
     dom = layer.domain
     c[layer.batch_dim] = _split(dom[layer.batch_dim], mesh.dp, f"{where}: the batch")
+    if mesh.ep > 1 and EXPERT_LETTER in dims:
+        if mesh.dp % mesh.ep:
+            raise ValueError(f"{where}: expert parallelism {mesh.ep} does not divide data parallelism {mesh.dp}")
+        i = dims.index(EXPERT_LETTER)
+        c[i] = _split(dom[i], mesh.ep, f"{where}: the experts")
+        c[layer.batch_dim] //= mesh.ep
     if mesh.cp > 1 and SEQUENCE_LETTER in dims:
         i = dims.index(SEQUENCE_LETTER)
         c[i] *= _split(dom[i] // c[i], mesh.cp, f"{where}: the sequence")
@@ -166,7 +181,7 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp")
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "ep")
 
 
 @dataclass(frozen=True)
@@ -183,6 +198,7 @@ class Recipe:
     schedule: str | None = None
     vpp: int | None = None
     sp: bool | None = None
+    ep: int | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
@@ -198,16 +214,19 @@ class Recipe:
             raise ValueError(f"recipe dp x tp x pp x cp = {product}, not the {procs} devices of -p")
         if procs % product:
             raise ValueError(f"recipe degrees multiply to {product}, which does not divide the {procs} devices of -p")
+        if self.ep is not None and self.dp is not None and self.dp % self.ep:
+            raise ValueError(f"recipe ep={self.ep} must divide dp={self.dp}: expert parallelism is carved out of "
+                             "data parallelism")
 
 
 def _positive(key: str, value: str) -> int:
-    if not value.isdigit() or int(value) < 1 or len(value) > 9:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1 or len(value) > 9:
         raise ValueError(f"recipe {key} must be a positive integer, got {value!r}")
     return int(value)
 
 
 def parse_recipe(text: str) -> Recipe:
-    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp``.
+    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp ep``.
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -228,7 +247,7 @@ def parse_recipe(text: str) -> Recipe:
             raise ValueError(f"unknown recipe key {key!r} (keys: {', '.join(RECIPE_KEYS)})")
         if key in values:
             raise ValueError(f"recipe key {key!r} is given twice")
-        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp"):
+        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp", "ep"):
             values[key] = _positive(key, value)
         elif key == "zero":
             if value not in ("0", "1", "2", "3"):

@@ -55,6 +55,8 @@ class TrainingPlan:
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
+        if self.mesh_search.experts:
+            text += "; expert parallelism ep dividing dp and every layer's expert count"
         if self.free_searches:
             text += (f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
                      f"stage and recomputation policy ({self.free_searches} searches"
@@ -102,7 +104,9 @@ def plan_training(
     base = base or TrainingOptions()
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
     best = found.best
-    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp"))
+    # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
+    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
+        (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
     if free is False:

@@ -75,6 +75,8 @@ class Candidate:
             parts += [f"dp={self.mesh.dp}", f"tp={self.mesh.tp}"]
             if self.mesh.cp > 1:
                 parts.append(f"cp={self.mesh.cp}")
+            if self.mesh.ep > 1:
+                parts.append(f"ep={self.mesh.ep}")
             if self.mesh.pp > 1:
                 pipe = self.summary.extra.get("pipeline", {})
                 parts.append(f"pp={self.mesh.pp}")
@@ -100,6 +102,8 @@ class MeshSearch:
     networks: int
     space: str
     candidates: list = field(default_factory=list)
+    #: Whether expert-parallel degrees were searched (the network has MoE layers).
+    experts: bool = False
 
 
 class _PartsMemo:
@@ -182,6 +186,23 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     return meshes
 
 
+def expert_counts_of(network) -> list:
+    """The expert counts of ``network``'s mixture-of-experts layers (empty: none)."""
+    return sorted({layer.experts for layer in network.layers if layer.op == "MoE"})
+
+
+def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> list:
+    """Expert-parallel degrees tried with data parallelism ``dp``: the divisors of ``dp`` that
+    divide every layer's expert count (just 1 without experts), or the recipe's ``ep``.
+
+    >>> expert_degrees(16, [8], Recipe()), expert_degrees(16, [], Recipe())
+    ([1, 2, 4, 8], [1])
+    """
+    if not expert_counts:
+        return [1]
+    return [ep for ep in divisors(dp) if all(n % ep == 0 for n in expert_counts) and recipe.ep in (None, ep)]
+
+
 def options_grid(recipe: Recipe) -> list:
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
     policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
@@ -215,7 +236,14 @@ def search_meshes(
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
-    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp)]
+    # A fixed schedule or interleaving describes a pipeline: it asks for one (pp > 1).
+    pipelined = recipe.schedule is not None or recipe.vpp is not None
+    if pipelined and recipe.pp == 1:
+        raise ValueError("schedule and vpp describe a pipeline, and the recipe has pp=1")
+    stage_counts = [pp for pp in divisors(procs) if recipe.pp in (None, pp) and (pp > 1 or not pipelined)]
+    if not stage_counts:
+        raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
+                         "cannot hold two stages")
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
@@ -230,6 +258,9 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
+    expert_counts = expert_counts_of(probe)
+    if not expert_counts and recipe.ep not in (None, 1):
+        raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
     grid = options_grid(recipe)
     networks: dict = {}
     best = least = None
@@ -239,7 +270,8 @@ def search_meshes(
     meshes_tried = 0
     for pp in stage_counts:
         q = procs // pp
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp) for m in mesh_candidates(q, machine, recipe) if batch % m.dp == 0]
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in mesh_candidates(q, machine, recipe)
+                  if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
         by_micro: dict = {}
@@ -312,6 +344,7 @@ def search_meshes(
         networks=len(networks),
         space=space,
         candidates=kept,
+        experts=bool(expert_counts),
     )
     return result
 

@@ -1,10 +1,13 @@
 """Hugging Face ``config.json`` files as decoder graphs (``-g hf:FILE.json``), without torch.
 
 ``decoder_config_from_hf`` reads the fields of a ``model_type`` it supports (``llama``,
-``mistral``, ``qwen2``, ``gpt2``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
+``mistral``, ``qwen2``, ``gpt2``; the mixtures of experts ``mixtral``, ``qwen2_moe`` and
+``qwen3_moe`` through ``pase.sources.hf_moe``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
 builds the network. Anything missing, malformed or unsupported is a ``ValueError`` of one
-line naming the file and the field; a file that cannot be read, is not JSON or repeats a
-key is an ``InputError``.
+line naming the file and the field: an ``InputError`` (a ``ValueError``; exit status 1 on the
+command line, as for an invalid graph file), like a file that cannot be read, is not JSON or
+repeats a key; a sequence length (``-m``) the config cannot take is a plain ``ValueError``
+(exit status 2, a bad command-line value).
 
 The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)`` (GPT-2:
 ``n_positions``), or 2048 when the config gives no maximum. Learned position tables cap
@@ -18,11 +21,12 @@ import math
 import os
 
 from pase.core.fileio import InputError, read_json
+from pase.sources.hf_moe import MOE_TYPES, REFUSED, moe_fields
 
 __all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "load_hf", "network_name"]
 
 #: The ``model_type`` values read, and how.
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES
 #: Sequence length when ``-m`` is not given (capped by the config's maximum position).
 DEFAULT_SEQUENCE = 2048
 
@@ -31,7 +35,7 @@ DEFAULT_SEQUENCE = 2048
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
                "quick_gelu", "relu", "tanh", "sigmoid")
 
-_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2") + MOE_TYPES
 
 
 def read_hf_config(path: str) -> dict:
@@ -58,7 +62,7 @@ class _Fields:
         self.source = source
 
     def fail(self, message: str):
-        raise ValueError(f"hf config {self.source}: {message}")
+        raise InputError(f"hf config {self.source}: {message}")
 
     def _get(self, key: str, default, required: bool):
         if key not in self.data or (self.data[key] is None and not required):
@@ -102,7 +106,9 @@ def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int
     if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
         raise ValueError(f"the sequence length (-m) must be a positive integer, got {sequence!r}")
     if learned and sequence > maximum:
-        fields.fail(f"-m {sequence} is longer than its {maximum} learned positions ({maximum_key})")
+        # The file is fine; the command line asks for more than it has (exit 2, not 1).
+        raise ValueError(f"hf config {fields.source}: -m {sequence} is longer than its {maximum} learned positions "
+                         f"({maximum_key})")
     return sequence
 
 
@@ -119,16 +125,18 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    ValueError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2
+    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe
     """
     from graphs.decoder import DecoderConfig
 
     fields = _Fields(data, source)
     if not isinstance(data, dict):
-        raise ValueError(f"hf config {source}: expected a JSON object, got {type(data).__name__}")
+        raise InputError(f"hf config {source}: expected a JSON object, got {type(data).__name__}")
     if "model_type" not in data:
         fields.fail(f"model_type is missing; supported: {', '.join(SUPPORTED)}")
     model_type = data["model_type"]
+    if isinstance(model_type, str) and model_type in REFUSED:
+        fields.fail(f"model_type {_shown(model_type)} is not supported: {REFUSED[model_type]}")
     if model_type not in SUPPORTED:
         fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
     if model_type == "gpt2":
@@ -179,6 +187,8 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
             qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
             sequence=_sequence(fields, sequence, "max_position_embeddings", learned=False),
         )
+        if model_type in MOE_TYPES:
+            config.update(moe_fields(fields, model_type, layers))
     try:
         return DecoderConfig(**config)
     except ValueError as err:  # anything the reading above let through

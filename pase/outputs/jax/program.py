@@ -201,6 +201,36 @@ def _lstm(layer, args, inputs, weights, extra):
     return [jnp.swapaxes(states[L - 1:, L - 1], 0, 1)]  # (b, s, n)
 
 
+def _moe(layer, args, inputs, weights, extra):
+    """Dense dispatch: every expert runs on every token, the router's top-k weights (zero for
+    the others) combine them; the same function as a sparse dispatch, at E/k times the work."""
+    (x,) = inputs
+    router, *rest = weights
+    E, k, D = args["experts"], args["top_k"], x.shape[-1]
+    probs = jax.nn.softmax(jnp.einsum("...d,de->...e", x, router) / math.sqrt(D), axis=-1)
+    top, index = jax.lax.top_k(probs, k)
+    gates = jnp.sum(jax.nn.one_hot(index, E, dtype=x.dtype) * top[..., None], axis=-2)
+
+    def mlp(x_eq, w, width):
+        if args["gated"]:
+            gate, up, down = w
+            h = _pointwise(jnp.einsum(x_eq[0], x, gate) / math.sqrt(D), 1) * (jnp.einsum(x_eq[0], x, up) / math.sqrt(D))
+        else:
+            up, down = w
+            h = _pointwise(jnp.einsum(x_eq[0], x, up) / math.sqrt(D), 1)
+        return jnp.einsum(x_eq[1], h, down) / math.sqrt(width)
+
+    m = 3 if args["gated"] else 2
+    experts = mlp(("...d,edh->...eh", "...eh,edh->...ed"), rest[:m], args["hidden"])
+    y = jnp.einsum("...e,...ed->...d", gates, experts)
+    if args["shared"]:
+        shared = mlp(("...d,dh->...h", "...h,dh->...d"), rest[m: 2 * m], args["shared"] * args["shared_hidden"])
+        if args["shared_gate"]:
+            shared = jax.nn.sigmoid(jnp.einsum("...d,do->...o", x, rest[2 * m]) / math.sqrt(D)) * shared
+        y = y + shared
+    return [y]
+
+
 def _ravel(layer, args, inputs, weights, extra):
     return [inputs[0].reshape(-1)]
 
@@ -225,7 +255,7 @@ OPS = {
     "Elementwise": _elementwise, "Concat": _concat, "Norm": _norm, "BatchNorm": _batch_norm,
     "RMSNorm": _rms_norm, "ReduceMean": _reduce_mean, "Softmax": _softmax,
     "SoftmaxCrossEntropy": _softmax_cross_entropy, "LSTM": _lstm, "Ravel": _ravel, "Unravel": _unravel,
-    "Stack": _stack, "Unstack": _unstack,
+    "Stack": _stack, "Unstack": _unstack, "MoE": _moe,
 }
 
 

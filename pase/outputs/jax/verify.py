@@ -149,6 +149,10 @@ class TrafficMachine:
     def exchange(self, elements, group):
         return np.where(np.asarray(group.size) > 1, self.element_bytes * np.asarray(elements, dtype=np.float64), 0.0)
 
+    def all_to_all(self, elements, group):
+        q = np.asarray(group.size, dtype=np.float64)
+        return self.element_bytes * np.asarray(elements, dtype=np.float64) * (q - 1.0) / q
+
     def redistribute(self, elements, procs: int):
         return self.element_bytes * np.asarray(elements, dtype=np.float64)
 
