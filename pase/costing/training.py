@@ -16,15 +16,20 @@ from typing import Sequence
 
 import numpy as np
 
+from pase.machines.measured import ELEMENT_TRAFFIC
+
+ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
+
 __all__ = [
     "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "block_of", "TrainingCosting",
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
-    "model_flops", "parameter_elements_unique",
+    "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
+    "EAGER_NORM_SAVED",
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_POLICIES = ("none", "selective", "full")
+RECOMPUTE_POLICIES = ("none", "selective", "full", "op")
 
 #: Share of a layer's training-step compute that is its forward pass: one product of the
 #: three a GEMM runs per step (forward, gradient of the input, gradient of the weight); the
@@ -49,6 +54,24 @@ OPTIMIZER_STEP_BYTES = 28.0
 #: buffers, cuBLAS workspaces and the allocator's rounding (about 1-2 GB measured on H100
 #: nodes in PyTorch; we state 2 GB).
 DEFAULT_RESERVE_BYTES = 2e9
+#: Bytes an eager (unfused) RMSNorm moves per element, forward and backward, as torchtitan
+#: writes it (``x * rsqrt(mean(x.float()**2) + eps)``, cast back, times the weight; its
+#: ``models/norms.py``, December 2024), every aten kernel reading and writing its operands:
+#: forward float 2+4, pow 4+4, mean 4, mul 4+4, cast 4+2, weight 2+2 = 36; backward (autograd
+#: of the same ops) weight 2+2 and its reduction 2+2, cast 2+4, mul 4+4 and 4+4, mean 4, pow
+#: 4+4+4, gradient sum 4+4+4, cast 4+2 = 64; 100 in all, against 4 + 6 = 10 for one fused
+#: kernel each way.
+EAGER_NORM_BYTES = 100.0
+#: Activation bytes an eager RMSNorm keeps for its backward pass, in units of its bf16
+#: output: autograd saves the fp32 copy of the input (4 bytes, for ``pow`` and the product)
+#: and the cast output (2, for the weight's product): 6 bytes, 3 outputs' worth, where a fused
+#: kernel keeps its output's worth (the tool's count of every layer).
+EAGER_NORM_SAVED = 3.0
+#: Kernels an eager RMSNorm launches, forward (7) and backward (about 12), by the same count.
+EAGER_NORM_KERNELS = 19
+#: Kernels of any other layer in one training step: forward, gradient of the input, gradient
+#: of the weight (a layer without weights launches two; three is the floor's count).
+KERNELS_PER_LAYER = 3
 
 
 @dataclass(frozen=True)
@@ -62,8 +85,10 @@ class TrainingOptions:
         replication group, 2 also the gradients, 3 also the weights.
     recompute : str
         ``none``, ``selective`` (attention's scores and softmax recomputed; Korthikanti et
-        al. 2022) or ``full`` (each repeated block keeps its input only and runs its
-        forward again in the backward pass).
+        al. 2022), ``full`` (each repeated block keeps its input only and runs its
+        forward again in the backward pass) or ``op`` (torchtitan's operator-level policy:
+        a block keeps its input, the outputs of every second weight product and of fused
+        attention, and recomputes the rest; :meth:`TrainingCosting.op_saved`).
     microbatches : int
         Micro-batches per step (gradient accumulation); the network is built at one
         micro-batch.
@@ -86,6 +111,26 @@ class TrainingOptions:
         Memory no tensor accounts for (:data:`DEFAULT_RESERVE_BYTES`).
     optimizer_step : bool
         Price the optimizer step (memory-bound over the local optimizer state).
+    tp_overlap : bool
+        Activation collectives hide behind the compute of their layer (Megatron's
+        ``--tp-comm-overlap``: tensor-parallel all-gathers and reduce-scatters split into
+        chunks pipelined with the adjacent GEMM), at ``overlap_efficiency``
+        (:meth:`TrainingCosting.exposed_activation`).
+    eager : bool
+        Normalisations run unfused, one aten kernel per operation (PyTorch eager mode, as
+        torchtitan runs without ``torch.compile``): :data:`EAGER_NORM_BYTES` per element.
+    loss_buffers : float
+        Logit-sized buffers of ``logit_bytes`` alive at the loss's backward pass: 2 (the
+        fp32 logits and their gradient, a fused loss) or 3 (PyTorch's
+        ``cross_entropy(logits.float())``: the saved log-softmax, the gradient it receives and
+        the gradient it returns).
+    bucket_elements : float
+        Weight elements per gradient bucket (Megatron-Core's default ``max(4e7, 1e6 dp)``
+        parameters); each layer pays its share of a bucket's collective latency. 0: every
+        layer's tensors reduce in collectives of their own.
+    launch_seconds : float
+        Per-kernel launch floor: no layer's step compute is below its kernel count
+        (:data:`KERNELS_PER_LAYER`, :data:`EAGER_NORM_KERNELS`) times this; 0 turns it off.
     """
 
     zero: int = 0
@@ -101,6 +146,11 @@ class TrainingOptions:
     attention_efficiency: float | None = None
     reserve_bytes: float = DEFAULT_RESERVE_BYTES
     optimizer_step: bool = True
+    tp_overlap: bool = False
+    eager: bool = False
+    loss_buffers: float = 2.0
+    launch_seconds: float = 0.0
+    bucket_elements: float = 0.0
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -110,7 +160,7 @@ class TrainingOptions:
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
-                     "reserve_bytes"):
+                     "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -180,6 +230,8 @@ class _Probe:
         return self._zeros(elements)
 
     def all_reduce(self, elements, group, grad: bool = False):
+        if grad and self._keep == "latency":  # the collective's fixed part: almost nothing moved
+            return self._machine.all_reduce(np.asarray(elements, dtype=np.float64) * 0.0 + 1e-12, group, grad=True)
         if grad and self._keep == "gradient":
             return self._machine.all_reduce(elements, group, grad=True)
         if grad and self._keep == "gather":
@@ -208,7 +260,8 @@ class LayerParts:
     weight gradients at the gradient's element size, ``gather``: the same collective at the
     weight's element size (a reduce-scatter or all-gather is half an all-reduce in the ring
     model). ``params``: parameter tensors as ``(elements per device, replication group
-    size)``; ``activations``: output elements per device.
+    size)``; ``activations``: output elements per device; ``latency``: the fixed part of the
+    weight-gradient collectives (their time with nothing to move), which bucketing shares.
     """
 
     compute: np.ndarray
@@ -217,6 +270,7 @@ class LayerParts:
     gather: np.ndarray
     params: tuple
     activations: np.ndarray
+    latency: np.ndarray | None = None
 
 
 def _parameter_tensors(layer) -> list:
@@ -232,7 +286,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`)."""
     C = np.asarray(C, dtype=np.int64)
     parts = {}
-    for keep in ("compute", "activation", "gradient", "gather"):
+    for keep in ("compute", "activation", "gradient", "gather", "latency"):
         cost = layer.costs(C, _Probe(machine, keep))
         parts[keep] = np.asarray(cost.compute + cost.communication, dtype=np.float64) * np.ones(len(C))
     Cf = C.astype(np.float64)
@@ -245,7 +299,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
         activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
-                      activations)
+                      activations, parts["latency"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -439,12 +493,19 @@ class TrainingCosting:
             self.parts.append(parts)
         self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
+        self.op_saved = self._op_saved()
+        # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
+        # nor the logits that only it reads are kept as activations besides.
+        loss = {v for v, layer in enumerate(network.layers) if layer.op == "SoftmaxCrossEntropy"}
+        self.loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
+                                   for v in range(len(network.layers))])
         # Layers equal in parts and in place (block, attention role, kept output, charged
-        # weights, loss) have equal vectors under any options: one representative each.
+        # weights, loss, read by the loss alone, kept by the operator policy) have equal
+        # vectors under any options: one representative each.
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.op == "SoftmaxCrossEntropy")
+                   layer.op == "SoftmaxCrossEntropy", bool(self.loss_only[v]), bool(self.op_saved[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
@@ -454,15 +515,57 @@ class TrainingCosting:
         self.activation_scale = np.ones((len(network.layers), 1))
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
+        self.eager_compute = self._eager_norms()
+        self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
+                                 for v in range(len(network.layers))], dtype=np.float64)
+
+    def _op_saved(self) -> np.ndarray:
+        """Per layer, whether torchtitan's operator-level policy keeps its output: in each
+        repeated block, the weight products (an Einsum or FC reading a parameter, attention's
+        scores and context excluded) numbered from 1 in graph order, the odd ones (its
+        ``_custom_policy`` saves every ``aten.mm`` but every second one, counted per block:
+        a Llama block keeps q, v, gate and down and recomputes k, out and up)."""
+        count: dict = {}
+        saved = np.zeros(len(self.network.layers), dtype=bool)
+        for v, layer in enumerate(self.network.layers):
+            b = self.blocks[v]
+            if b is None or layer.op not in ("Einsum", "FC") or v in self.cores or not self.parts[v].params:
+                continue
+            count[b] = count.get(b, 0) + 1
+            saved[v] = count[b] % 2 == 1
+        return saved
+
+    def _eager_norms(self) -> dict:
+        """``{vertex: seconds}`` of every RMSNorm run unfused (:data:`EAGER_NORM_BYTES` per
+        output element, streamed as copies at the machine's rate), in place of its fused time.
+        LayerNorm is one native kernel in eager PyTorch and stays as it is."""
+        out = {}
+        act = float(getattr(self.machine, "act_bytes", 2.0))
+        copy_bytes = ELEMENT_TRAFFIC_COPY * act
+        for v, layer in enumerate(self.network.layers):
+            if layer.op != "RMSNorm":
+                continue
+            e = self.parts[v].activations
+            fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
+            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes), dtype=np.float64)
+            out[v] = self.parts[v].compute - fused + eager
+        return out
 
     def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
         """Per layer, whether its forward runs again in the backward pass: every layer of a
         repeated block under full recomputation; attention's scores and softmax under selective
-        recomputation when attention is not fused (fused, they are never stored)."""
+        recomputation when attention is not fused (fused, they are never stored); under ``op``
+        every layer of a block but its output, the kept products and attention's core."""
         if options.recompute == "full":
             return self.recomputable
         if options.recompute == "selective" and not options.fused_attention:
             return self.attention_inner
+        if options.recompute == "op":
+            # Everything in a block but its output, the kept products and attention's core
+            # (fused: one kernel whose output is kept; unfused: scores and softmax again).
+            core = np.array([v in self.cores for v in range(len(self.recomputable))], dtype=bool)
+            again = self.recomputable & ~self.op_saved & ~core & ~np.array(self.block_outputs, dtype=bool)
+            return again | (self.attention_inner if not options.fused_attention else False)
         return np.zeros(len(self.recomputable), dtype=bool)
 
     def edge_factors(self, targets, options: TrainingOptions) -> np.ndarray:
@@ -498,7 +601,8 @@ class TrainingCosting:
         return bool(self.recomputed_mask(options)[v])
 
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """Compute of one micro-batch, the fused attention kernel in place of its three layers."""
+        """Compute of one micro-batch, the fused attention kernel in place of its three layers;
+        RMSNorm unfused under ``eager``; no layer below its kernels' launch floor."""
         role = self.cores.get(v) if options.fused_attention else None
         if role == "scores":
             seconds = self.fused[v]
@@ -507,15 +611,30 @@ class TrainingCosting:
             return seconds
         if role in ("softmax", "context"):
             return np.zeros(len(self.configs[v]))
-        return self.parts[v].compute
+        seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
+        if options.launch_seconds > 0:
+            kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
+            seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
+        return seconds
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """Activation elements ``v`` keeps for the backward pass, per micro-batch."""
+        """Activation elements ``v`` keeps for the backward pass, per micro-batch (none for the
+        loss and the logits only it reads; an eager RMSNorm :data:`EAGER_NORM_SAVED` times)."""
         role = self.cores.get(v)
+        if self.loss_only[v]:
+            return np.zeros(len(self.configs[v]))
         if role in ("scores", "softmax") and (options.fused_attention or options.recompute != "none"):
             return np.zeros(len(self.configs[v]))
         if options.recompute == "full" and not self.block_outputs[v]:
             return np.zeros(len(self.configs[v]))
+        if options.recompute == "op" and self.blocks[v] is not None and not (
+                self.block_outputs[v] or self.op_saved[v] or role == "context"):
+            return np.zeros(len(self.configs[v]))
+        return self._kept(v, options)
+
+    def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
+        if options.eager and v in self.eager_compute:
+            return EAGER_NORM_SAVED * self.parts[v].activations
         return self.parts[v].activations
 
     def working_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -523,7 +642,7 @@ class TrainingCosting:
         role = self.cores.get(v)
         if role in ("scores", "softmax") and options.fused_attention:
             return np.zeros(len(self.configs[v]))
-        return self.parts[v].activations
+        return self._kept(v, options)
 
     # -- time ----------------------------------------------------------------------------
 
@@ -534,13 +653,22 @@ class TrainingCosting:
         reduce-scatter (half of it), ``AG`` an all-gather at the weight's size (half the
         all-reduce at that size) and ``m`` micro-batches: stage 0 ``AR``; 1 ``RS + AG``; 2
         ``m RS + AG`` (the gradient shard is reduced every micro-batch); 3 ``m (RS + 2 AG)``
-        (the weights gathered for the forward and again for the backward pass).
+        (the weights gathered for the forward and again for the backward pass). With
+        ``bucket_elements`` ``B``, a layer of ``P`` local weight elements pays ``min(1, P/B)`` of
+        its collectives' fixed (latency) part.
         """
         p = self.parts[v]
         m = options.microbatches
-        rs, ag = 0.5 * p.gradient, 0.5 * p.gather
+        gradient, gather = p.gradient, p.gather
+        if p.latency is not None and options.bucket_elements > 0:
+            # Gradients reduce in buckets of ``bucket_elements``: a layer pays its share of
+            # one bucket's fixed cost, not a collective of its own.
+            local = sum((elements for elements, _ in p.params), np.zeros(len(self.configs[v])))
+            spare = p.latency * (1.0 - np.minimum(1.0, local / options.bucket_elements))
+            gradient, gather = np.maximum(gradient - spare, 0.0), np.maximum(gather - spare, 0.0)
+        rs, ag = 0.5 * gradient, 0.5 * gather
         if options.zero == 0:
-            return p.gradient
+            return gradient
         if options.zero == 1:
             return rs + ag
         if options.zero == 2:
@@ -567,6 +695,35 @@ class TrainingCosting:
             return s
         return np.maximum(s - options.overlap_efficiency * self.hiding(v, options), 0.0)
 
+    def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """``v``'s activation collectives of one micro-batch left exposed: all of them, or
+        with ``tp_overlap`` ``max(0, a - e c)`` (``a`` the collectives, ``c`` the layer's
+        compute, ``e`` the overlap efficiency; Megatron's ``--tp-comm-overlap`` pipelines each
+        tensor-parallel all-gather and reduce-scatter with the GEMM beside it)."""
+        a = self.parts[v].activation * self.activation_scale[v]
+        if not options.tp_overlap:
+            return a
+        return np.maximum(a - options.overlap_efficiency * self.compute(v, options), 0.0)
+
+    def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
+        collectives leave free to hide the redistribution into ``v`` (``tp_overlap``; 0 else)."""
+        if not options.tp_overlap:
+            return np.zeros(len(self.configs[v]))
+        a = self.parts[v].activation * self.activation_scale[v]
+        return np.maximum(options.overlap_efficiency * self.compute(v, options) - a, 0.0)
+
+    def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions) -> np.ndarray:
+        """Exposed seconds of every edge per row ``(E, K)`` from the redistribution seconds of
+        one micro-batch forward and backward ``edges``: :meth:`edge_factors` times them, less
+        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0."""
+        rows = self.edge_factors(targets, options)[:, None] * edges
+        if not options.tp_overlap or not len(targets):
+            return rows
+        left: dict = {}
+        hide = np.array([left.setdefault(v, self.overlap_leftover(v, options)) for v in targets])
+        return np.maximum(rows - options.microbatches * hide, 0.0)
+
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
         hbm = getattr(self.machine, "hbm_bytes_per_s", None)
@@ -583,7 +740,7 @@ class TrainingCosting:
         exposed synchronisation, optimizer."""
         m = options.microbatches
         c = self.compute(v, options)
-        a = self.parts[v].activation * self.activation_scale[v]
+        a = self.exposed_activation(v, options)
         again = self.recomputed(v, options)
         return {
             "compute": m * c,
@@ -604,7 +761,7 @@ class TrainingCosting:
 
     def layer_memory(self, v: int, options: TrainingOptions, act_bytes: float) -> dict:
         """Bytes per device that add up over layers: model state by ZeRO stage, stored
-        activations, the loss's fp32 logits and their gradient."""
+        activations, the loss's logit-sized buffers (``loss_buffers`` of ``logit_bytes``)."""
         K = len(self.configs[v])
         state = np.zeros(K)
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
@@ -614,7 +771,7 @@ class TrainingCosting:
         logits = np.zeros(K)
         layer = self.network.layers[v]
         if layer.op == "SoftmaxCrossEntropy":
-            logits = 2.0 * options.logit_bytes * self.parts[v].activations
+            logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
         return {"model_state": state, "activations": acts, "logits": logits}
 
     def memory_vector(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
@@ -630,7 +787,7 @@ class TrainingCosting:
     def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         """The non-additive memory of every row (all layers at that row) from
         :meth:`layer_vectors`: ZeRO-3's two largest gathered layers, the largest block's working
-        set under full recomputation, and the reserve. ``layers`` restricts the gathered weights
+        set under full recomputation (under ``op``: its recomputed layers' outputs), and the reserve. ``layers`` restricts the gathered weights
         to some layers (default all)."""
         K = vectors["gathered"].shape[1]
         total = np.full(K, float(options.reserve_bytes))
@@ -638,10 +795,11 @@ class TrainingCosting:
             gathered = vectors["gathered"] if layers is None else vectors["gathered"][list(layers)]
             top = np.sort(gathered, axis=0)[-2:]
             total += top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
-        if options.recompute == "full":
+        if options.recompute in ("full", "op"):
+            again = self.recomputed_mask(options) if options.recompute == "op" else None
             members: dict = {}
             for v, b in enumerate(self.blocks):
-                if b is not None:
+                if b is not None and (again is None or again[v]):
                     members.setdefault(b, []).append(v)
             if members:
                 total += np.max(np.array([vectors["working"][m].sum(axis=0) for m in members.values()]), axis=0)
@@ -655,11 +813,12 @@ class TrainingCosting:
         if options.zero == 3:
             sizes = sorted((self.gathered_bytes(v, options)[i] for v, i in enumerate(choice)), reverse=True)
             out["gathered_weights"] = float(sum(sizes[:2]))
-        if options.recompute == "full":
+        if options.recompute in ("full", "op"):
+            again = self.recomputed_mask(options)
             per_block: dict = {}
             for v, i in enumerate(choice):
                 b = self.blocks[v]
-                if b is not None:
+                if b is not None and again[v]:
                     per_block[b] = per_block.get(b, 0.0) + act_bytes * float(self.working_activations(v, options)[i])
             out["recompute_working_set"] = max(per_block.values(), default=0.0)
         return out
@@ -667,10 +826,10 @@ class TrainingCosting:
     def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
         """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
-        synchronisation and optimizer), ``state``, ``activations``, ``logits``, ``gathered``
-        and ``working`` bytes. Layers equal in parts and place share one computation."""
+        synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
+        ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation."""
         n, K = len(self.network.layers), len(self.configs[0])
-        names = ("micro", "step", "state", "activations", "logits", "gathered", "working")
+        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync")
         out = {name: np.zeros((n, K)) for name in names}
         m = options.microbatches
         for v, members in self.vector_groups:
@@ -679,7 +838,7 @@ class TrainingCosting:
             values = (
                 (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
                 mem["model_state"], mem["activations"], mem["logits"], self.gathered_bytes(v, options),
-                act_bytes * self.working_activations(v, options),
+                act_bytes * self.working_activations(v, options), t["weight_sync"],
             )
             for name, value in zip(names, values):
                 out[name][members] = value

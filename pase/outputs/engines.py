@@ -56,12 +56,13 @@ def torchtitan_settings(candidate, batch: int, sequence: int | None = None) -> d
             parallelism["pipeline_parallel_first_stage_layers"] = counts[0]
             parallelism["pipeline_parallel_last_stage_layers"] = counts[-1]
         parallelism["pipeline_parallel_microbatch_size"] = candidate.microbatch
-    mode = {"none": "none", "selective": "selective", "full": "full"}[options.recompute]
+    mode = {"none": "none", "selective": "selective", "full": "full", "op": "selective"}[options.recompute]
     checkpoint = {"mode": mode}
     if mode == "selective":
         checkpoint["selective_ac_option"] = "op"
-        notes.append("torchtitan's selective checkpointing ('op') saves matmul outputs; the plan priced "
-                     "Megatron's selective recomputation of attention (docs/training.md)")
+        if options.recompute == "selective":
+            notes.append("torchtitan's selective checkpointing ('op') saves matmul outputs; the plan priced "
+                         "Megatron's selective recomputation of attention (docs/training.md)")
     training = {"global_batch_size": batch, "local_batch_size": candidate.microbatch}
     if sequence is not None:
         training["seq_len"] = sequence
@@ -112,8 +113,13 @@ def megatron_settings(candidate, batch: int, sequence: int | None = None) -> dic
     if options.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
-    elif options.recompute == "selective":
+    elif options.recompute in ("selective", "op"):
         args.append(("--recompute-granularity", "selective"))
+        if options.recompute == "op":
+            notes.append("Megatron has no operator-level policy like torchtitan's 'op': its selective "
+                         "recomputation (attention's core) is the nearest")
+    if options.tp_overlap and mesh.tp > 1:
+        args.append(("--tp-comm-overlap", None))
     if options.overlap:
         args.append(("--overlap-grad-reduce", None))
         if options.zero >= 1:

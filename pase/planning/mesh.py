@@ -181,7 +181,7 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "ep")
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep")
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,9 @@ class Recipe:
     schedule: str | None = None
     vpp: int | None = None
     sp: bool | None = None
+    #: Megatron's ``--tp-comm-overlap`` (activation collectives hidden behind their GEMMs);
+    #: it needs sequence parallelism, so ``tp_overlap=true`` fixes ``sp`` on where ``tp > 1``.
+    tp_overlap: bool | None = None
     ep: int | None = None
 
     def fixed(self) -> dict:
@@ -226,7 +229,8 @@ def _positive(key: str, value: str) -> int:
 
 
 def parse_recipe(text: str) -> Recipe:
-    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp ep``.
+    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
+    tp_overlap ep``.
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -254,15 +258,18 @@ def parse_recipe(text: str) -> Recipe:
                 raise ValueError(f"recipe zero must be 0, 1, 2 or 3, got {value!r}")
             values[key] = int(value)
         elif key == "recompute":
-            if value not in ("none", "selective", "full"):
-                raise ValueError(f"recipe recompute must be none, selective or full, got {value!r}")
+            if value not in ("none", "selective", "full", "op"):
+                raise ValueError(f"recipe recompute must be none, selective, full or op, got {value!r}")
             values[key] = value
-        elif key == "sp":
+        elif key in ("sp", "tp_overlap"):
             if value not in ("true", "false", "on", "off", "1", "0"):
-                raise ValueError(f"recipe sp must be true or false, got {value!r}")
+                raise ValueError(f"recipe {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "on", "1")
         else:  # schedule
             if value not in ("1f1b", "interleaved"):
                 raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
             values[key] = value
+    if values.get("tp_overlap") and values.get("sp") is False:
+        raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
+                         "drop sp=false")
     return Recipe(**values)

@@ -22,7 +22,7 @@ import numpy as np
 from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "SCHEDULES"]
+__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "chunk_sync", "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
 
@@ -116,6 +116,27 @@ def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
 
 
+def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: float) -> np.ndarray:
+    """A stage's exposed weight synchronisation when its ``vpp`` chunks reduce in turn.
+
+    In the interleaved schedule a device runs the backward passes of its chunks in rounds
+    of ``pp`` micro-batches, so its chunks finish their last backward pass ``g = pp (2/3)
+    t / vpp`` apart (``t``: the stage's forward and backward of one micro-batch, all chunks).
+    Megatron reduces a chunk's gradients as soon as its last backward pass ends (its
+    ``--overlap-grad-reduce``), one reduction after another; each chunk's share ``S / vpp``
+    queued that way ends ``max(S / vpp, S - (vpp - 1) e g)`` after the last backward pass
+    (the queue's finish over every starting chunk; ``e`` the overlap efficiency, 0 without
+    overlap). One chunk (1F1B) leaves ``S``.
+
+    >>> float(chunk_sync(np.array(8.0), np.array(3.0), 2, 4, 1.0))  # g = 2 x 2/3 x 3 / 4 = 1
+    5.0
+    """
+    if vpp <= 1:
+        return sync
+    g = efficiency * pp * (1.0 - FORWARD_SHARE) * t / vpp
+    return np.maximum(sync / vpp, sync - (vpp - 1) * g)
+
+
 def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
                   layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None) -> tuple:
     """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
@@ -129,14 +150,15 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     vec = costing.layer_vectors(options, act_bytes)
     per_micro = vec["micro"].copy()
     if len(targets):
-        np.add.at(per_micro, np.asarray(targets), costing.edge_factors(targets, options)[:, None] / m * edges)
+        np.add.at(per_micro, np.asarray(targets), costing.edge_rows(edges, targets, options) / m)
     transient = costing.transient_rows(vec, options)
     per_step, state, acts, logits = vec["step"], vec["state"], vec["activations"], vec["logits"]
+    sync = vec["sync"]
 
     # Prefix sums over the layers: a stage's total is one difference of two rows.
     prefix = {name: np.concatenate([np.zeros((1, K)), np.cumsum(values, axis=0)])
               for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
-                                   ("logits", logits))}
+                                   ("logits", logits), ("sync", sync))}
     block_starts = [b[0] for b in layout.blocks]
     first_block, end_blocks = layout.blocks[0][0], layout.blocks[-1][-1] + 1
     n_layers = per_micro.shape[0]
@@ -173,7 +195,8 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
                 # Stage s finishes its last backward pass pp - 1 - s backward slots before the
                 # first stage does: its weight synchronisation may run in that drain.
                 drain = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE) * t
-                step = pipe + np.maximum(stage["step"] - drain, 0.0).max(axis=0)
+                exposed = chunk_sync(stage["sync"], t, pp, vpp, options.overlap_efficiency if options.overlap else 0.0)
+                step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=0)
                 in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
                 if vpp > 1:
                     in_flight = in_flight * (1.0 + (pp - 1) / (pp * vpp))

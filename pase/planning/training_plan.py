@@ -102,6 +102,8 @@ def plan_training(
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
+    if recipe.tp_overlap is not None:
+        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.

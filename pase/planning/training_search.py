@@ -84,6 +84,8 @@ class Candidate:
                     parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
             if self.mesh.tp > 1 and not self.mesh.sp:
                 parts.append("sp=false")
+        if o.tp_overlap:
+            parts.append("tp_overlap=true")
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
@@ -203,9 +205,14 @@ def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> lis
     return [ep for ep in divisors(dp) if all(n % ep == 0 for n in expert_counts) and recipe.ep in (None, ep)]
 
 
+#: Recomputation policies searched when a recipe names none: ``op`` (torchtitan's operator
+#: policy) is priced when a recipe asks for it.
+SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p != "op")
+
+
 def options_grid(recipe: Recipe) -> list:
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
-    policies = [recipe.recompute] if recipe.recompute is not None else list(RECOMPUTE_POLICIES)
+    policies = [recipe.recompute] if recipe.recompute is not None else list(SEARCHED_POLICIES)
     return [(z, r) for z in zeros for r in policies]
 
 
@@ -233,6 +240,10 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
     recipe.check(procs)
+    if recipe.tp_overlap is not None:
+        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
+    if base.tp_overlap and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
+        recipe = Recipe(**{**recipe.fixed(), "sp": True})
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
@@ -355,7 +366,7 @@ def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float
     vec = costing.layer_vectors(options, act_bytes)
     time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
     if len(targets):
-        time_rows = time_rows + (costing.edge_factors(targets, options)[:, None] * edges).sum(axis=0)
+        time_rows = time_rows + costing.edge_rows(edges, targets, options).sum(axis=0)
     memory_rows = (vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
                    + costing.transient_rows(vec, options))
     return time_rows, memory_rows
@@ -365,10 +376,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
     n = len(costing.network.layers)
     choice = [i] * n
-    moved = 0.0
-    targets = sorted(costing.network.edges)
-    for row, (u, v) in zip(edges, targets):
-        moved += costing.edge_factor(v, options) * float(row[i])
+    targets = [v for (_, v) in sorted(costing.network.edges)]
+    moved = float(costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0].sum()) if len(targets) else 0.0
     summary = costing.summarize(choice, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
@@ -405,7 +414,7 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
         halved = MeshMapper(network).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
-    moved = sum(costing.edge_factor(v, options) * float(row[0]) for row, v in zip(edges, targets))
+    moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
     tokens = tokens_of(network)
     summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
@@ -454,6 +463,9 @@ def training_graph(network, procs: int, machine, options: TrainingOptions, act_b
                 scaled.setflags(write=False)
                 memo[key] = scaled
             matrix = matrix + memo[key]
+        if options.tp_overlap:
+            # The redistribution into v hides behind what v's own collectives leave of its compute.
+            matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
         data["cost"] = matrix
     memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
     return H, costing, memory

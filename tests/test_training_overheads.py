@@ -1,0 +1,182 @@
+"""Hand-worked values of the mechanisms the published runs need (issue 21): torchtitan's
+operator-level recomputation, eager RMSNorm, tensor-parallel overlap, interleaved chunks'
+gradient queue, gradient buckets, loss buffers, the launch floor, and their recipe keys."""
+
+import numpy as np
+import pytest
+
+from pase.costing.training import (
+    EAGER_NORM_BYTES, EAGER_NORM_SAVED, KERNELS_PER_LAYER, TrainingCosting, TrainingOptions,
+)
+from pase.machines.calibrated import CalibratedMachine
+from pase.model.builder import GraphBuilder
+from pase.model.layers import FC, RMSNorm, SoftmaxCrossEntropy
+from pase.planning.mesh import parse_recipe
+from pase.planning.pipeline import chunk_sync
+
+#: Round numbers, as tests/test_training.py's toy: 1 TFLOPS, 1 GB/s of memory, 2-byte
+#: activations, 4-byte gradients; links and latencies set per test.
+BASE = {"name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
+        "intra_node": {"gbps": 100, "latency_us": 0}, "inter_node": {"gbps": 10, "latency_us": 0},
+        "act_bytes": 2, "grad_bytes": 4}
+
+
+def machine(**links):
+    return CalibratedMachine({**BASE, **links})
+
+
+def _ones(net):
+    return [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+
+
+def _blocks_of_four():
+    """Two blocks of four FC layers of width 64 (batch 8), then the loss."""
+    g = GraphBuilder("four", 1, batch=8)
+    x = g.input((8, 64), "x", letters="bk")
+    for i in (1, 2):
+        for name in "abcd":
+            x = g.add(f"block{i}.{name}", FC(x, 64))
+    g.add("loss", SoftmaxCrossEntropy(x))
+    return g.build()
+
+
+def test_op_recomputation_keeps_every_second_product():
+    net = _blocks_of_four()
+    costing = TrainingCosting(net, _ones(net), machine())
+    op = TrainingOptions(recompute="op")
+    # Products numbered per block from 1: a (1) and c (3) kept, b (2) and d (4) not; d is the
+    # block's output, kept as the next block's input and never recomputed; block2.d is read by
+    # the loss alone (its buffers stand for it).
+    assert list(costing.op_saved) == [True, False, True, False] * 2 + [False]
+    kept = [costing.stored_activations(v, op)[0] for v in range(9)]
+    assert kept == [512.0, 0.0, 512.0, 512.0, 512.0, 0.0, 512.0, 0.0, 0.0]  # 8 x 64 each
+    again = costing.recomputed_mask(op)
+    assert list(again) == [False, True, False, False] * 2 + [False]
+    # b's forward again: one third of 6 x 8 x 64 x 64 / 1e12 s = 6.5536e-8 s; nothing else.
+    assert costing.layer_time(1, op)["recompute"][0] == pytest.approx(6 * 8 * 64 * 64 / 1e12 / 3)
+    assert costing.layer_time(0, op)["recompute"][0] == 0.0
+    # The working set while a block runs again: b's 512 outputs at 2 bytes.
+    assert costing.transient_bytes([0] * 9, op, act_bytes=2.0)["recompute_working_set"] == 1024.0
+    vectors = costing.layer_vectors(op, 2.0)
+    # The search's vectors (one representative per group of equal layers) agree: a to d are
+    # the same kind of layer and differ only in what the policy keeps.
+    assert list(vectors["activations"][:, 0]) == [2.0 * k for k in kept]
+    assert costing.transient_rows(vectors, op)[0] == pytest.approx(op.reserve_bytes + 1024.0)
+
+
+def _norm_net():
+    g = GraphBuilder("norm", 1, batch=8)
+    x = g.input((8, 64), "x", letters="bd")
+    g.add("norm", RMSNorm(x, axis=1))
+    return g.build()
+
+
+def test_eager_rmsnorm_moves_its_unfused_bytes():
+    net = _norm_net()
+    costing = TrainingCosting(net, _ones(net), machine())
+    fused, eager = TrainingOptions(), TrainingOptions(eager=True)
+    # Fused: 5 element passes of 512 elements at 2 bytes over 1 GB/s = 5.12e-6 s. Eager: 100
+    # bytes per element = 5.12e-5 s (priced as copies: 4 passes x 2 bytes of 6400 elements).
+    assert costing.compute(0, fused)[0] == pytest.approx(5 * 512 * 2 / 1e9)
+    assert EAGER_NORM_BYTES == 100.0
+    assert costing.compute(0, eager)[0] == pytest.approx(100 * 512 / 1e9)
+    # Its backward keeps the fp32 input and the cast output: 3 outputs' worth.
+    assert costing.stored_activations(0, eager)[0] == EAGER_NORM_SAVED * 512 == 1536.0
+
+
+def test_launch_floor():
+    net = _norm_net()
+    costing = TrainingCosting(net, _ones(net), machine())
+    # 5.12e-6 s of work; 3 kernels x 4 us = 1.2e-5 s floor; eager: 19 x 4 us = 7.6e-5 s.
+    assert costing.compute(0, TrainingOptions(launch_seconds=4e-6))[0] == pytest.approx(KERNELS_PER_LAYER * 4e-6)
+    assert costing.compute(0, TrainingOptions(launch_seconds=4e-6, eager=True))[0] == pytest.approx(19 * 4e-6)
+    assert costing.compute(0, TrainingOptions(launch_seconds=1e-7))[0] == pytest.approx(5.12e-6)
+
+
+def _fc_net():
+    g = GraphBuilder("fc", 1, batch=8)
+    x = g.input((8, 1000), "x", letters="bk")
+    g.add("fc", FC(x, 500))
+    return g.build()
+
+
+def test_tp_overlap_hides_collectives_behind_their_gemm():
+    # FC 8 x 1000 -> 500 with its 1000 inputs split 2 ways: per device 8 x 500 x 500, 6 BMNK /
+    # 1e12 = 1.2e-5 s; its output all-reduced over 2 devices at 1 GB/s: 2 (1/2) 4000 x 2 B /
+    # 1e9 = 8e-6 s.
+    costing = TrainingCosting(_fc_net(), [np.array([[1, 1, 2]])], machine(intra_node={"gbps": 1, "latency_us": 0}))
+    assert costing.compute(0, TrainingOptions())[0] == pytest.approx(1.2e-5)
+    assert costing.exposed_activation(0, TrainingOptions())[0] == pytest.approx(8e-6)
+    half = TrainingOptions(tp_overlap=True, overlap_efficiency=0.5)
+    assert costing.exposed_activation(0, half)[0] == pytest.approx(8e-6 - 0.5 * 1.2e-5)  # 2e-6
+    whole = TrainingOptions(tp_overlap=True)
+    assert costing.exposed_activation(0, whole)[0] == 0.0
+    # What is left of the GEMM (1.2e-5 - 8e-6 = 4e-6 s per micro-batch) hides the edge into it:
+    # an edge of 1e-5 s over 2 micro-batches (factor 2: 2e-5 s) leaves 2e-5 - 2 x 4e-6 = 1.2e-5 s.
+    two = TrainingOptions(tp_overlap=True, microbatches=2)
+    assert costing.overlap_leftover(0, two)[0] == pytest.approx(4e-6)
+    assert costing.edge_rows(np.array([[1e-5]]), [0], two)[0, 0] == pytest.approx(1.2e-5)
+    assert costing.edge_rows(np.array([[1e-5]]), [0], TrainingOptions(microbatches=2))[0, 0] == pytest.approx(2e-5)
+
+
+def test_gradient_buckets_share_the_latency():
+    # FC weight 5e5 elements, batch split 4 ways in one node at 100 GB/s, 10 us a step: ring
+    # all-reduce 2 (3/4) 5e5 x 4 B / 1e11 = 3e-5 s of bandwidth, 2 x 3 x 1e-5 = 6e-5 s of latency.
+    costing = TrainingCosting(_fc_net(), [np.array([[4, 1, 1]])], machine(intra_node={"gbps": 100, "latency_us": 10}))
+    assert costing.sync(0, TrainingOptions())[0] == pytest.approx(9e-5)
+    # Buckets of 1e6 elements: the layer is half a bucket, pays half the latency: 3e-5 + 3e-5.
+    assert costing.sync(0, TrainingOptions(bucket_elements=1e6))[0] == pytest.approx(6e-5)
+    # A layer larger than a bucket pays all of it.
+    assert costing.sync(0, TrainingOptions(bucket_elements=1e5))[0] == pytest.approx(9e-5)
+
+
+def test_loss_buffers():
+    g = GraphBuilder("loss", 1, batch=2)
+    x = g.input((2, 10), "x", letters="bk")
+    g.add("loss", SoftmaxCrossEntropy(x))
+    net = g.build()
+    costing = TrainingCosting(net, _ones(net), machine())
+    # 20 logits: 2 fp32 buffers (fused loss) 160 bytes; 3 (torchtitan's .float() loss) 240.
+    assert costing.layer_memory(0, TrainingOptions(), 2.0)["logits"][0] == 160.0
+    assert costing.layer_memory(0, TrainingOptions(loss_buffers=3), 2.0)["logits"][0] == 240.0
+    assert costing.layer_memory(0, TrainingOptions(), 2.0)["activations"][0] == 0.0
+
+
+@pytest.mark.parametrize("sync, t, pp, vpp, efficiency, exposed", [
+    (8.0, 3.0, 2, 4, 1.0, 5.0),    # g = 2 x 2/3 x 3 / 4 = 1: max(8/4, 8 - 3 x 1)
+    (8.0, 3.0, 2, 4, 0.25, 7.25),  # g = 0.25: 8 - 0.75
+    (8.0, 30.0, 2, 4, 1.0, 2.0),   # g = 10: the last chunk's share 8 / 4 alone
+    (8.0, 3.0, 2, 1, 1.0, 8.0),    # one chunk: all of it
+    (8.0, 3.0, 2, 4, 0.0, 8.0),    # no overlap: all of it
+])
+def test_interleaved_chunks_queue_their_gradient_sync(sync, t, pp, vpp, efficiency, exposed):
+    assert float(chunk_sync(np.array(sync), np.array(t), pp, vpp, efficiency)) == pytest.approx(exposed)
+
+
+def test_recipe_keys():
+    r = parse_recipe("tp=4,tp_overlap=true,recompute=op")
+    assert r.tp_overlap is True and r.recompute == "op"
+    assert r.text() == "tp=4,recompute=op,tp_overlap=true"
+    with pytest.raises(ValueError, match="tp_overlap=true needs sequence parallelism"):
+        parse_recipe("tp=4,sp=false,tp_overlap=true")
+    with pytest.raises(ValueError, match="recipe recompute must be none, selective, full or op"):
+        parse_recipe("recompute=ops")
+    with pytest.raises(ValueError, match="recipe tp_overlap must be true or false"):
+        parse_recipe("tp_overlap=maybe")
+
+
+def test_engine_exports_of_op_and_tp_overlap(tmp_path):
+    import json
+    from cli_runner import run
+    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
+    status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
+                           "--recipe", "dp=2,tp=4,zero=1,recompute=op,tp_overlap=true,microbatch=1",
+                           "--export-torchtitan", str(titan), "--export-megatron", str(megatron))
+    assert status == 0, err
+    t = json.loads(titan.read_text())
+    assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "recompute=op" in t["recipe"] and "tp_overlap=true" in t["recipe"]
+    m = json.loads(megatron.read_text())
+    assert m["arguments"]["--tp-comm-overlap"] is True and m["arguments"]["--sequence-parallel"] is True
+    assert m["arguments"]["--recompute-granularity"] == "selective"
+    assert any("operator-level" in note for note in m["notes"])
