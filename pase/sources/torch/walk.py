@@ -388,7 +388,8 @@ class GraphWalk:
             return View(base, tuple((a,) if a.size > 1 else () for a in atoms))
         if spec is not None and spec.kind == kinds.PARAMETER:
             name = self._canonical(str(spec.target))
-            self.parameters[name] = shape
+            if node.users:  # one no operation reads (a block a stand-in replaces) is not held
+                self.parameters[name] = shape
             return Replicated(shape, True, frozenset({name}))
         return Replicated(shape)
 
@@ -505,8 +506,8 @@ class GraphWalk:
 
     def held_parameters(self) -> tuple:
         """``(claimers, held)`` for the Emitter: who holds each parameter as its own, and the
-        parameters none holds (a position table, a class token, a layer scale, one no
-        operation reads), each carried by the layer it first met, else the first layer."""
+        parameters some operation reads but no layer holds (a position table, a class token,
+        a layer scale), each carried by the layer it first met, else the first layer."""
         claimers: dict = {}
         for proto in self.protos:
             for _, name in proto.claims:
