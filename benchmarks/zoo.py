@@ -359,8 +359,9 @@ def llava(batch):
     vision = _hf("CLIPVisionConfig")(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
                                      num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
     text = _hf("LlamaConfig")(hidden_size=4096, intermediate_size=11008, num_hidden_layers=4,
-                              num_attention_heads=32, num_key_value_heads=32, vocab_size=32064)
+                              num_attention_heads=32, num_key_value_heads=32, vocab_size=32064, use_cache=False)
     config = _hf("LlavaConfig")(vision_config=vision, text_config=text, image_token_index=32000)
+    config.use_cache = False
     config._attn_implementation = "sdpa"
     model = _meta(lambda: _hf("LlavaForConditionalGeneration")(config))
     tokens = 576 + 64

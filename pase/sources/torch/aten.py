@@ -22,6 +22,7 @@ _SHAPE_ONLY = {
     "new_ones", "new_zeros", "new_empty", "new_full", "zeros_like", "ones_like", "empty_like",
     "full_like", "rand_like", "randn_like", "randint_like", "sym_size", "sym_numel", "sym_stride",
     "size", "dim", "numel", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
+    "_is_all_true", "_is_any_true",  # checks of the input's values: an assert, not a computation
 }
 
 
