@@ -222,7 +222,7 @@ def deepseek_v2(batch):
 
 
 def mixtral(batch):
-    """Mixtral-8x7B's shape with 4 layers (refused: MoE routing)."""
+    """Mixtral-8x7B's shape with 4 layers: its sparse blocks one MoE layer each."""
     config = _hf("MixtralConfig")(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                                   num_local_experts=8, num_experts_per_tok=2)

@@ -78,9 +78,9 @@ def test_qwen2_moe_shared_expert_and_its_gate(tmp_path):
     assert (moe["experts"], moe["top_k"], moe["hidden"], moe["gated"]) == (8, 2, 32, True)
     assert (moe["shared"], moe["shared_hidden"], moe["shared_gate"]) == (1, 64, True)
     assert moe_layers(net) == moe_layers(ref)
-    # The importer drops the q/k/v biases of Qwen2's attention (2 layers x (64 + 16 + 16)); the
-    # MoE blocks are counted in full.
-    assert parameter_count(net) == sum(p.numel() for p in module.parameters()) - 2 * 96
+    # Every parameter, the q/k/v biases of Qwen2's attention (2 layers x (64 + 16 + 16)) included
+    # (issue 23); the MoE blocks are counted in full.
+    assert parameter_count(net) == sum(p.numel() for p in module.parameters())
     assert parameter_count(ref) == sum(p.numel() for p in module.parameters())
     # A dense block of a sparse model (mlp_only_layers) stays three FCs.
     config = module.config
