@@ -16,7 +16,7 @@ import numpy as np
 
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import MEMORY_BOUND_KINDS
-from pase.machines.collectives import CollectiveTables, validate_collectives
+from pase.machines.collectives import CollectiveTables, published_all_reduce, validate_collectives
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
@@ -43,6 +43,11 @@ PRESETS = {
         "measured": "h100-sxm-measured.json",
     },
 }
+#: ``h100-sxm`` with all-reduces priced from published NCCL bus bandwidths (NVLink 4 inside a
+#: node, a 400 Gb/s NIC per GPU across nodes; ``collectives.published_all_reduce`` names the
+#: figures and their sources) instead of its links. Opt-in: ``h100-sxm`` stays as documented.
+PRESETS["h100-sxm-nccl"] = dict(PRESETS["h100-sxm"], name="h100-sxm-nccl",
+                                collectives={"all_reduce": published_all_reduce()})
 
 #: Where each preset's measured table is shipped (package data).
 PRESET_TABLES = {name: os.path.join(DATA_DIR, d["measured"]) for name, d in PRESETS.items() if "measured" in d}

@@ -195,3 +195,52 @@ class CollectiveTables:
             curve = self._curves[(kind, *group)]
             out[at] = curve.seconds(n[at]) * (bus_factor(kind, gq) / curve.factor)
         return out
+
+
+# ---------------------------------------------------------------------------------------
+# Defaults from published figures (the ``h100-sxm-nccl`` preset)
+
+#: All-reduce bus bandwidth of 8 H100 SXM GPUs in one node (NVLink 4 through NVSwitch) at large
+#: messages, GB/s: approximately 450-480 as commonly reported for nccl-tests ``all_reduce_perf``
+#: on DGX/HGX H100 (the top with NVLink SHARP); the low end, which is also NVLink 4's 450 GB/s
+#: per direction per GPU (DGX H100 User Guide: 18 links, 900 GB/s bidirectional).
+H100_NVLINK_BUS_GBPS = 450.0
+#: All-reduce bus bandwidth across nodes per GPU's own NIC, GB/s: DGX H100 has eight 400 Gb/s
+#: ConnectX-7 ports for the compute fabric, one per GPU (DGX H100 User Guide), a 50 GB/s line
+#: rate each; NCCL over InfiniBand NDR reaches about 40-48 GB/s of it, approximately, as
+#: commonly reported; the low end.
+NDR400_BUS_GBPS_PER_GPU = 40.0
+#: Message sizes of the default curves (bytes): 1 MB to 1 GB by 4x, as ``pase calibrate``.
+DEFAULT_SIZES = tuple(10**6 * 4**i for i in range(6))
+
+
+def published_all_reduce(devices_per_node: int = 8, intra_latency_us: float = 3.0,
+                         inter_latency_us: float = 10.0) -> list:
+    """All-reduce rows ``[ranks, nodes, bytes, bus_gbps]`` from the published large-message
+    bus bandwidths, falling off at small messages by the links' latencies.
+
+    A group of ``q_in`` GPUs on each of ``q_out`` nodes: NCCL's rings cross the nodes on one NIC
+    per GPU of the group, so its large-message bus bandwidth is ``q_in`` times
+    :data:`NDR400_BUS_GBPS_PER_GPU`, at most :data:`H100_NVLINK_BUS_GBPS`; inside a node that
+    NVLink figure. Time ``t = 2 (q_in-1) a_in + 2 (q_out-1) a_out + 2 (q-1)/q n / busbw``
+    (the latencies of ``docs/machines.md``), ``bus_gbps = 2 (q-1)/q n / t``, rounded to 0.01.
+    Groups: 2, 4, 8 in a node; 1, 2, 4, 8 per node on 2, 8 and 64 nodes; 1 MB to 1 GB by 4x.
+
+    >>> rows = published_all_reduce()
+    >>> rows[0], len(rows)   # 2 ranks, 1 MB: t = 2 * 3 us + 1e6 / 450e9 = 8.222 us
+    ([2, 1, 1000000, 121.62], 90)
+    """
+    groups = [(q, 1) for q in (2, 4, 8)]
+    groups += [(q_in * nodes, nodes) for nodes in (2, 8, 64) for q_in in (1, 2, 4, 8)]
+    rows = []
+    for ranks, nodes in groups:
+        q_in = ranks // nodes
+        if q_in > devices_per_node:
+            continue
+        bus = H100_NVLINK_BUS_GBPS if nodes == 1 else min(q_in * NDR400_BUS_GBPS_PER_GPU, H100_NVLINK_BUS_GBPS)
+        latency = (2 * (q_in - 1) * intra_latency_us + 2 * (nodes - 1) * inter_latency_us) * 1e-6
+        factor = bus_factor("all_reduce", ranks)
+        for size in DEFAULT_SIZES:
+            seconds = latency + factor * size / (bus * 1e9)
+            rows.append([ranks, nodes, size, round(factor * size / seconds / 1e9, 2)])
+    return rows
