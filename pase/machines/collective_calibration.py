@@ -248,8 +248,12 @@ def _measure_with_torch(sizes, kinds, processes: int | None, backend: str = "ncc
     with tempfile.TemporaryDirectory(prefix="pase-collectives-") as folder:
         result = os.path.join(folder, "table.json")
         rendezvous = "file://" + os.path.join(folder, "rendezvous")
-        torch.multiprocessing.spawn(_spawned, args=(processes, backend, rendezvous, list(sizes), tuple(kinds), result),
-                                    nprocs=processes, join=True)
+        try:
+            torch.multiprocessing.spawn(_spawned, args=(processes, backend, rendezvous, list(sizes), tuple(kinds),
+                                                        result), nprocs=processes, join=True)
+        except Exception as e:  # a rank failed: its traceback's last line, the error itself
+            lines = str(e).strip().splitlines()
+            raise RuntimeError(f"measuring the collectives failed: {lines[-1] if lines else type(e).__name__}") from None
         with open(result) as f:
             table = json.load(f)
     where = (f"{processes} GPUs of one node; across nodes not measured "
