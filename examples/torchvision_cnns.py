@@ -40,3 +40,12 @@ def resnet18_small(batch):
         model = torchvision.models.resnet18(weights=None, num_classes=10)
         images = torch.empty(batch, 3, 32, 32)
     return model, (images,)
+
+
+def densenet121(batch):
+    """torchvision DenseNet-121 on 224 x 224 images: its dense blocks put the exact search out of
+    reach (dependent sets of 25); plan it with ``--approx``."""
+    with torch.device("meta"):
+        model = torchvision.models.densenet121(weights=None)
+        images = torch.empty(batch, 3, 224, 224)
+    return model, (images,)

@@ -8,9 +8,10 @@ import math
 
 from pase.sources.registry import is_graph_spec, unknown_graph_message
 
-from .options import MACHINE_RANGE, MAX_DIMENSION, MAX_PROCS
+from .options import MACHINE_RANGE, MAX_DIMENSION, MAX_PROCS, MAX_TABLE_ENTRIES, MIN_TABLE_ENTRIES
 
-__all__ = ["positive_int", "dimension_size", "device_count", "positive_float", "byte_size", "machine_rate", "device_list", "graph_spec"]
+__all__ = ["positive_int", "dimension_size", "device_count", "positive_float", "byte_size", "machine_rate", "device_list",
+           "graph_spec", "table_entries"]
 
 
 def positive_int(text: str) -> int:
@@ -98,3 +99,21 @@ def graph_spec(text: str) -> str:
     if is_graph_spec(text):
         return text
     raise argparse.ArgumentTypeError(unknown_graph_message(text))
+
+
+def table_entries(text: str) -> int:
+    """--approx: the most entries of a table, an integer written as ``4194304``, ``4e6`` or ``2**22``."""
+    what = f"a number of table entries between {MIN_TABLE_ENTRIES} and {MAX_TABLE_ENTRIES:.0e}, such as 4e6 or 2**22"
+    text = text.strip()
+    base, power, exponent = text.partition("**")
+    try:
+        if power:
+            base, exponent = int(base, 10), int(exponent, 10)
+            value = base ** exponent if 0 <= exponent <= 64 and 0 <= base <= 1 << 34 else math.inf
+        else:
+            value = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and MIN_TABLE_ENTRIES <= value <= MAX_TABLE_ENTRIES):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return int(value)

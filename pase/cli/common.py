@@ -98,7 +98,8 @@ def model_name(opts: Options) -> str:
 def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar: bool = True) -> Plan:
     """``pase.plan`` with the options' machine, ordering, budget, cap and progress bar."""
     progress = None
-    cap = memory_cap(opts, machine)
+    # The approximate search runs without a cap (an explicit --memory is refused with it).
+    cap = None if opts.approx is not None else memory_cap(opts, machine)
     if bar and show_progress(opts, err):
         if cap is None:
             progress = Progress(err, f"{network.name} p={procs}")
@@ -107,7 +108,7 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
     try:
         return plan(network, procs, machine, cap, opts.algo, progress,
                     memory_model=opts.memory_model, table_budget=opts.table_budget, blocks=opts.blocks,
-                    exportable=opts.exportable,
+                    exportable=opts.exportable, approx=opts.approx,
                     notice=notice(err, f"{network.name} on {procs} devices"))
     finally:
         if progress is not None:

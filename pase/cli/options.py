@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pase.costing.memory import MemoryModel
 from pase.outputs.exporters import EXPORTERS
+from pase.search.approx import DEFAULT_TABLE_ENTRIES
 from pase.search.ordering import ORDERINGS
 from pase.sources.builtin import DEFAULT_BATCH as BUILTIN_BATCH
 
@@ -17,7 +18,7 @@ from .status import ExitStatus
 __all__ = [
     "Options", "options_from_args", "DEFAULT_GRAPH", "DEFAULT_PROCS", "DEFAULT_BATCH", "DEFAULT_FLOPS", "DEFAULT_BW",
     "ALGOS", "MEASURE_WARMUP", "MEASURE_RUNS", "PROFILE_LIMIT", "DOT_FILE", "VERIFIERS", "LOSSES", "MAX_DIMENSION",
-    "MAX_PROCS", "MACHINE_RANGE",
+    "MAX_PROCS", "MACHINE_RANGE", "DEFAULT_TABLE_ENTRIES", "MIN_TABLE_ENTRIES", "MAX_TABLE_ENTRIES",
 ]
 
 DEFAULT_GRAPH = "alexnet"
@@ -45,6 +46,10 @@ MAX_PROCS = 2**20
 #: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
 #: rho and every cost stay finite in float64.
 MACHINE_RANGE = (1e-6, 1e9)
+#: --approx tables (entries): below 1024 the bound is too weak to be worth a plan; 2^34
+#: float64 entries are 128 GiB, beyond any budget.
+MIN_TABLE_ENTRIES = 1 << 10
+MAX_TABLE_ENTRIES = 1 << 34
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class Options:
     param_bytes: float = 16.0  # --param-bytes: bytes per parameter element
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
     act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
+    approx: int | None = None  # --approx: the approximate search with tables of at most this many entries
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -111,7 +117,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
                        ExitStatus.USAGE)
     if args.evaluate is not None:
         for flag, given in (("-a/--algo", args.algo is not None), ("--table-budget", args.table_budget is not None),
-                            ("--no-blocks", args.no_blocks)):
+                            ("--no-blocks", args.no_blocks), ("--approx", args.approx is not None)):
             if given:
                 raise CliError(f"{flag} applies to a search; --evaluate costs a given strategy without one",
                                ExitStatus.USAGE)
@@ -121,6 +127,12 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
     for exporter, _ in exports:
         if args.sweep is not None and exporter.of == "plan":
             raise CliError(f"{exporter.flag} writes one plan; it cannot be combined with --sweep", ExitStatus.USAGE)
+    if args.approx is not None:
+        for flag, given in (("--memory", args.memory is not None), ("--measure", args.measure),
+                            ("--no-blocks", args.no_blocks)):
+            if given:
+                raise CliError(f"--approx cannot be combined with {flag}: the approximate search runs without a memory "
+                               "cap, once, and solves no repeated blocks", ExitStatus.USAGE)
     if args.measure and args.memory is not None:
         raise CliError("--measure times the unconstrained search; drop --memory", ExitStatus.USAGE)
     dot_path = args.dot_path if args.dot_path is not None else (DOT_FILE if args.dump_graph else None)
@@ -153,4 +165,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         param_bytes=pick("param_bytes", 16.0),
         act_bytes=pick("act_bytes", 2.0),
         act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
+        approx=args.approx,
     )

@@ -15,11 +15,13 @@ from pase.sources.builtin import GRAPHS
 from pase.sources.registry import graph_help
 
 from .training import add_training_flags
-from .argtypes import byte_size, device_count, device_list, dimension_size, graph_spec, machine_rate, positive_float
+from .argtypes import (
+    byte_size, device_count, device_list, dimension_size, graph_spec, machine_rate, positive_float, table_entries,
+)
 from .errors import CliError, ParserExit
 from .options import (
-    ALGOS, DEFAULT_BATCH, DEFAULT_BW, DEFAULT_FLOPS, DEFAULT_GRAPH, DEFAULT_PROCS, DOT_FILE, LOSSES, MAX_PROCS,
-    MEASURE_RUNS, MEASURE_WARMUP, VERIFIERS,
+    ALGOS, DEFAULT_BATCH, DEFAULT_BW, DEFAULT_FLOPS, DEFAULT_GRAPH, DEFAULT_PROCS, DEFAULT_TABLE_ENTRIES, DOT_FILE,
+    LOSSES, MAX_PROCS, MEASURE_RUNS, MEASURE_WARMUP, VERIFIERS,
 )
 from .progress import PROGRESS_DELAY
 from .status import EXIT_CODES, ExitStatus
@@ -172,6 +174,11 @@ def _add_search_and_memory(add) -> None:
     add("--no-blocks", action="store_true",
         help="solve the plain dynamic programme on the whole graph. (Default: runs of identical blocks, "
              "such as a transformer's layers, are found and solved once; the optimum is the same)")
+    add("--approx", type=table_entries, nargs="?", const=DEFAULT_TABLE_ENTRIES, default=None, metavar="ENTRIES",
+        help="for graphs beyond the exact search (DenseNet's dense blocks): the approximate search, every table "
+             "of at most ENTRIES entries. Prints a strategy, its cost, a lower bound on the optimum (mini-bucket "
+             "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
+             "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
     add("--table-budget", type=positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")

@@ -56,6 +56,7 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
                         ("--measure", args.measure), ("--no-blocks", args.no_blocks),
+                        ("--approx", getattr(args, "approx", None) is not None),
                         ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None)):
         if given:
             raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")

@@ -65,6 +65,20 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
             "plain_table_entries": s.plain_table_entries,
             "blocks": [dataclasses.asdict(b) for b in s.blocks],
         }
+    if plan.approximation is not None:
+        a = plan.approximation
+        out["lower_bound"] = _finite(a.lower_bound)
+        out["gap"] = _finite(a.gap)
+        out["approximate"] = {
+            "exact": a.exact,
+            "lower_bound": _finite(a.lower_bound),
+            "gap": _finite(a.gap),
+            "largest_table": a.stats.largest_table,
+            "split_buckets": a.stats.split_buckets,
+            "rounds": a.stats.rounds,
+            "bound_seconds": a.stats.bound_seconds,
+            "plan_seconds": a.stats.plan_seconds,
+        }
     out["memory"] = memory_dict(plan)
     if measure is not None:
         out["measure"] = {

@@ -42,6 +42,9 @@ def format_sweep_header(graph: str, batch: int, machine, model: int | None = Non
 
 def _cap_cell(plan: Plan) -> str:
     m = plan.memory
+    a = plan.approximation
+    if a is not None:
+        return "exact" if a.exact else "gap n/a" if a.gap is None else f"approx, gap {100 * a.gap:.2g}%"
     if m.cap_bytes is None:
         return "-"
     if m.status == "capped":

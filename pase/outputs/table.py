@@ -14,7 +14,7 @@ from pase.search.ordering import ordering_title
 
 from .rows import LayerRow, batch_of, format_columns, layer_rows, printable, shape_text
 
-__all__ = ["Column", "layer_columns", "LAYER_COLUMNS", "format_table"]
+__all__ = ["Column", "layer_columns", "LAYER_COLUMNS", "format_table", "approximate_line"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,10 @@ LAYER_COLUMNS = layer_columns()
 
 def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
     capped = plan.memory.status == "capped"
+    approximate = plan.approximation is not None and not plan.approximation.exact
     what = ("cost of a given strategy" if plan.evaluated
-            else "best strategy within the memory cap" if capped else "optimal parallelization strategy")
+            else "best strategy within the memory cap" if capped
+            else "approximate parallelization strategy" if approximate else "optimal parallelization strategy")
     width = f", {model_name} {model}" if model is not None else ""
     net = plan.network
     return [
@@ -65,10 +67,14 @@ def _header_lines(plan: Plan, model: int | None, model_name: str) -> list:
 def _summary_lines(plan: Plan) -> list:
     with_time = plan.machine.cost_text
     capped = plan.memory.status == "capped"
-    label = "strategy cost" if plan.evaluated else "best fitting cost" if capped else "optimal total cost"
+    a = plan.approximation
+    label = ("strategy cost" if plan.evaluated else "best fitting cost" if capped
+             else "plan cost" if a is not None and not a.exact else "optimal total cost")
     speedup = plan.speedup
-    lines = [
-        (label, with_time(plan.total_cost)),
+    lines = [(label, with_time(plan.total_cost))]
+    if a is not None:
+        lines.append(("approximate", approximate_line(plan)))
+    lines += [
         ("data-parallel cost", with_time(plan.data_parallel.total)),
         ("modelled speedup", f"{speedup:.3f}x over data parallelism" if speedup is not None else "n/a"),
     ]
@@ -80,6 +86,13 @@ def _summary_lines(plan: Plan) -> list:
             f"{ordering_title(s.ordering)} ordering, largest dependent set {s.max_dependent_set}, "
             f"{s.table_entries:,} table entries, {s.seconds:.4f} s ({s.ns_per_entry:.1f} ns per entry)",
         ))
+        if a is not None:
+            st = a.stats
+            lines.append((
+                "approximate search",
+                f"tables of at most {st.largest_table:,} entries; {st.split_buckets} eliminations split into "
+                f"mini-buckets; bound {st.bound_seconds:.2f} s, plan {st.plan_seconds:.2f} s ({st.rounds} rounds)",
+            ))
         if plan.exportable:
             lines.append(("configurations", "only those an engine can run (each layer's device count divides "
                                             f"{plan.procs}: --exportable)"))
@@ -90,6 +103,17 @@ def _summary_lines(plan: Plan) -> list:
             ))
     width = max(len(k) for k, _ in lines)
     return [f"{k:<{width}}  {v}" for k, v in lines]
+
+
+def approximate_line(plan: Plan) -> str:
+    """``cost X, lower bound Y, gap Z %`` of an approximate plan, in the machine's cost unit."""
+    a = plan.approximation
+    cost = plan.machine.cost_cell
+    if a.exact:
+        return (f"cost {cost(plan.total_cost)}, lower bound {cost(a.lower_bound)}, gap 0 % "
+                "(exact: the bounded tables held the whole programme)")
+    gap = "unbounded (the bound is not positive)" if a.gap is None else f"{100 * a.gap:.3g} %"
+    return f"cost {cost(plan.total_cost)}, lower bound {cost(a.lower_bound)}, gap {gap}"
 
 
 def _fits(fits: bool | None, cap: float | None) -> str:

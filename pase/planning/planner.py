@@ -25,8 +25,9 @@ from pase.machines.paper import Machine
 from pase.search.capped import NOTHING_FITS
 from pase.costing.memory import MemoryModel, MemorySummary
 from pase.search.ordering import ORDERINGS
+from pase.search.approx import ApproxResult, approximate
 from pase.core.budget import default_table_budget
-from pase.search.solver import Search, SearchStats, indexed_cost
+from pase.search.solver import Search, SearchStats, WorkEstimate, indexed_cost
 from pase.costing.strategy import Evaluation, evaluate
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json"]
@@ -65,6 +66,9 @@ class Plan:
         The costed graph the search ran on.
     exportable : bool
         Searched among the configurations an engine can run only (``plan(exportable=True)``).
+    approximation : pase.search.approx.ApproxResult or None
+        The approximate search's outcome (``plan(approx=...)``): its lower bound on the
+        optimum, the gap and whether it is exact; ``None`` for the exact search.
     """
 
     network: Network
@@ -81,6 +85,7 @@ class Plan:
     indices: list | None = None
     graph: object = None
     exportable: bool = False  # searched among configurations an engine can run only
+    approximation: ApproxResult | None = None  # plan(approx=...): the lower bound and gap
 
     @property
     def evaluated(self) -> bool:
@@ -146,6 +151,7 @@ def plan(
     notice: Callable | None = None,
     blocks: bool = True,
     exportable: bool = False,
+    approx: int | None = None,
     **capped_options,
 ) -> Plan:
     """The cheapest strategy for ``network`` on ``procs`` devices, found exactly.
@@ -182,6 +188,12 @@ def plan(
         Search only configurations an engine can run (``Network.configs(procs, divisors=True)``:
         each layer's device count divides ``procs``), so that the JAX export and the
         ``--verify`` runs accept the plan. Ignored when ``graph`` is given.
+    approx : int, optional
+        Run the approximate search (``pase.search.approx.approximate``) with tables of at most
+        this many entries instead of the exact one: a strategy, its cost and a lower bound on
+        the optimum (``Plan.approximation``), for graphs whose exact tables would not fit. It
+        is the exact optimum where the bounded tables hold the exact programme. Takes no
+        ``memory_cap``; ``blocks`` does not apply.
     **capped_options
         ``max_searches``, ``tolerance``, ``lambda_tolerance``, ``trace`` of the capped search
         (only with ``memory_cap``).
@@ -202,6 +214,8 @@ def plan(
         raise ValueError(f"{', '.join(sorted(capped_options))} apply only with a memory cap")
     if memory_cap is not None and not memory_cap > 0:
         raise ValueError(f"the memory cap must be positive, got {memory_cap!r}")
+    if approx is not None and memory_cap is not None:
+        raise ValueError("the approximate search takes no memory cap")
     budget = table_budget if table_budget is not None else default_table_budget()
     restricted = bool(exportable) and graph is None
     if graph is None:
@@ -211,6 +225,17 @@ def plan(
         _check_graph(graph, network, procs, machine)
     vertices = range(len(network.layers))
     configs_of = [graph.nodes[v]["configs"] for v in vertices]
+    approximation = None
+    if approx is not None:
+        approximation = approximate(graph, ordering, approx, budget, progress=progress)
+        memory = dict(zip(vertices, memory_model.vectors(network, configs_of)))
+        choice = prefer_lean(graph, approximation.choice, memory, procs)
+        total = indexed_cost(graph, choice) if choice != approximation.choice else approximation.cost
+        a = approximation.stats
+        stats = SearchStats(WorkEstimate(a.ordering, a.table_entries, a.largest_table, a.max_dependent_set,
+                                         a.peak_bytes), a.seconds)
+        return _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, None, {},
+                     restricted, approximation)
     search = Search(graph, ordering, blocks=blocks)
     search.check_budget(budget)  # refuse before any notice or allocation
     vectors = None
@@ -231,6 +256,14 @@ def plan(
     else:
         choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
                                                capped_options)
+    return _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, memory_cap, capped,
+                 restricted)
+
+
+def _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, memory_cap, capped,
+          restricted, approximation=None) -> Plan:
+    """The ``Plan`` of a searched strategy: its configurations, costs and memory."""
+    vertices = range(len(network.layers))
     indices = [int(choice[v]) for v in vertices]
     configs = [tuple(int(c) for c in configs_of[v][i]) for v, i in enumerate(indices)]
     return Plan(
@@ -248,6 +281,7 @@ def plan(
         indices=indices,
         graph=graph,
         exportable=restricted,
+        approximation=approximation,
     )
 
 

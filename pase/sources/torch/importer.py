@@ -29,6 +29,7 @@ from .errors import (
     INSTALL_HINT, FactoryError, TorchImportError, TorchNotInstalledError, UnmappableOpsError, _import_torch, Unmappable,
 )
 from .factory import _quiet_logging, _raised, load_factory
+from .moe import stand_ins
 from .walk import GraphWalk
 
 __all__ = [
@@ -104,8 +105,11 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     if not isinstance(model_name, str) or not model_name:
         raise TorchImportError(f"the network name must be a non-empty string, got {name!r}")
     try:
-        with _quiet_logging():
-            program = torch.export.export(module, tuple(args), kwargs=dict(kwargs or {}), strict=False)
+        # Mixture-of-experts blocks are traced as one operation each (``moe.py``).
+        with _quiet_logging(), stand_ins(module, torch) as traced:
+            program = torch.export.export(traced, tuple(args), kwargs=dict(kwargs or {}), strict=False)
+    except TorchImportError:
+        raise
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001  torch raises many types, the model's forward anything

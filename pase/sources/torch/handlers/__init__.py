@@ -3,7 +3,7 @@ returning the view of its output; each module registers its handlers where it de
 A new operation is one ``@handles({...})`` function in the module of its family.
 """
 
-from . import conv, gemm, movement, pointwise, shape  # noqa: F401  (they register their handlers)
+from . import conv, gemm, moe, movement, pointwise, shape  # noqa: F401  (they register their handlers)
 from .registry import HANDLERS
 
 __all__ = ["HANDLERS", "HANDLED"]
