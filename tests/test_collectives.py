@@ -336,3 +336,21 @@ def test_main_collectives_without_torch_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     status, out, err = run(["--collectives", "--out", str(_description(tmp_path))])
     assert status == 1 and out == "" and err.count("\n") == 1 and "needs PyTorch" in err
+
+
+def test_a_torchrun_rank_other_than_0_writes_nothing(tmp_path, monkeypatch):
+    import pase.machines.collective_calibration as cc
+
+    monkeypatch.setattr(cc, "_measure_with_torch", lambda sizes, kinds, processes, backend: (
+        {"all_reduce": [[2, 1, 10**6, 1.0]]}, "2 GPUs on each of 2 nodes (torchrun)", False))
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    # No description on this node: rank 1 measures with the others and writes nothing.
+    assert calibrate_collectives(str(tmp_path / "absent.json")) == (None, "2 GPUs on each of 2 nodes (torchrun)")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(cc, "_measure_with_torch", lambda sizes, kinds, processes, backend: (
+        {"all_reduce": [[4, 2, 10**6, 80.0]]}, "2 GPUs on each of 2 nodes (torchrun)", True))
+    path = _description(tmp_path, devices_per_node=2)
+    description, _ = calibrate_collectives(str(path))
+    assert description["collectives"] == {"all_reduce": [[4, 2, 10**6, 80.0]]}

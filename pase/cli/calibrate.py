@@ -13,7 +13,8 @@ from typing import IO, Sequence
 
 from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, attention_grid, calibrate, gemm_grid, memory_grid
 from pase.machines.calibrated import load_calibrated, load_description
-from pase.machines.collective_calibration import calibrate_collectives, collective_groups, collective_sizes
+from pase.machines.collective_calibration import (calibrate_collectives, collective_groups, collective_sizes,
+                                                  torchrun_world)
 from pase.machines.collectives import COLLECTIVE_KINDS
 
 from .errors import CliError, ParserExit
@@ -109,7 +110,8 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
                 flag = "--" + (given[0] if given else "no_attention").replace("_", "-")
                 raise CliError(f"{flag} sets a description field; --collectives measures the collectives only "
                                "and keeps the description's fields", ExitStatus.USAGE)
-            if not os.path.isfile(args.out):
+            launched = torchrun_world() if collective_timer is None else None
+            if not os.path.isfile(args.out) and (launched is None or launched[0] == 0):  # rank 0 writes it
                 raise CliError(f"--collectives adds to an existing machine description, and {args.out} is none "
                                f"(write one first: pase calibrate --out {args.out})", ExitStatus.USAGE)
     except ParserExit as done:

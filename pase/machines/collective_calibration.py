@@ -283,6 +283,10 @@ def calibrate_collectives(path: str, quick: bool = False, *, timer: Callable | N
     """
     path = os.fspath(path)
     label = f"machine file {os.path.basename(path)}"
+    launched = torchrun_world() if timer is None else None
+    if launched is not None and launched[0] != 0:  # only rank 0 writes: other nodes need no file
+        _, where, _ = _measure_with_torch(collective_sizes(quick), kinds, processes, backend)
+        return None, where
     if not os.path.isfile(path):
         raise ValueError(f"{label}: no such machine description {path} (pase calibrate --out {path} writes one; "
                          "--collectives adds to it)")
