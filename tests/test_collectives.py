@@ -354,3 +354,10 @@ def test_a_torchrun_rank_other_than_0_writes_nothing(tmp_path, monkeypatch):
     path = _description(tmp_path, devices_per_node=2)
     description, _ = calibrate_collectives(str(path))
     assert description["collectives"] == {"all_reduce": [[4, 2, 10**6, 80.0]]}
+
+
+def test_main_refuses_an_inconsistent_torchrun_environment(tmp_path, monkeypatch):
+    for name, value in (("RANK", "5"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    status, _, err = run(["--collectives", "--out", str(_description(tmp_path))])
+    assert status == 2 and "inconsistent torchrun environment: RANK 5, WORLD_SIZE 4" in err and err.count("\n") == 1

@@ -110,7 +110,10 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
                 flag = "--" + (given[0] if given else "no_attention").replace("_", "-")
                 raise CliError(f"{flag} sets a description field; --collectives measures the collectives only "
                                "and keeps the description's fields", ExitStatus.USAGE)
-            launched = torchrun_world() if collective_timer is None else None
+            try:
+                launched = torchrun_world() if collective_timer is None else None
+            except ValueError as e:
+                raise CliError(str(e), ExitStatus.USAGE) from None
             if not os.path.isfile(args.out) and (launched is None or launched[0] == 0):  # rank 0 writes it
                 raise CliError(f"--collectives adds to an existing machine description, and {args.out} is none "
                                f"(write one first: pase calibrate --out {args.out})", ExitStatus.USAGE)
