@@ -330,7 +330,7 @@ def test_file_errors(tmp_path):
     write(tmp_path / "broken.json", {"gemm": [[1, 1, 1, 1, -1]]})
     with pytest.raises(ValueError, match=r"^measured table broken.json: gemm row 0: seconds"):
         load_machine(write(tmp_path / "u.json", dict(SPEC_EXAMPLE, measured="broken.json")))
-    with pytest.raises(ValueError, match=r"^unknown machine 'h200': not a preset \(paper, h100-sxm\)"):
+    with pytest.raises(ValueError, match=r"^unknown machine 'h200': not a preset \(paper, h100-sxm, h100-sxm-nccl\)"):
         load_machine("h200")
 
 

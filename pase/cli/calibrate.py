@@ -1,5 +1,7 @@
 """``pase calibrate --out FILE.json [--quick] [--no-attention]``: measure this GPU (``pase.machines.calibration``)
-and write a machine description that ``--machine`` accepts, with its table next to it."""
+and write a machine description that ``--machine`` accepts, with its table next to it.
+``pase calibrate --collectives --out FILE.json``: measure NCCL collectives on this node's GPUs
+(``pase.machines.collective_calibration``) into that description."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import sys
 from typing import IO, Sequence
 
 from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, attention_grid, calibrate, gemm_grid, memory_grid
-from pase.machines.calibrated import load_calibrated
+from pase.machines.calibrated import load_calibrated, load_description
+from pase.machines.collective_calibration import (calibrate_collectives, collective_groups, collective_sizes,
+                                                  torchrun_world)
+from pase.machines.collectives import COLLECTIVE_KINDS
 
 from .errors import CliError, ParserExit
 from .parser import StreamParser
@@ -50,30 +55,43 @@ def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.Arg
     p.add_argument("--no-attention", dest="attention", action="store_false",
                    help="skip the attention grid (the description then states no attention_efficiency; "
                    "fused attention is priced at the default 0.4 of peak)")
+    p.add_argument("--collectives", action="store_true",
+                   help="measure NCCL all-reduce, all-gather, reduce-scatter and all-to-all bus bandwidths on "
+                   "this node's GPUs (groups of 2, 4, 8; 1 MB to 1 GB) into the existing description --out, "
+                   "nothing else; across nodes too when started by torchrun on several nodes")
     p.add_argument("--name", help="machine name (default: the file's stem)")
-    p.add_argument("--devices-per-node", type=_positive(int), default=8, metavar="G",
+    p.add_argument("--devices-per-node", type=_positive(int), metavar="G",
                    help="GPUs per node (default 8)")
     p.add_argument("--memory-gb", type=_positive(float), help="device memory, the default --memory cap "
                    "(default: what the device reports)")
     p.add_argument("--peak-tflops", type=_positive(float), help="peak TFLOPS (default: the best measured)")
     p.add_argument("--hbm-gbps", type=_positive(float), help="memory bandwidth GB/s (default: the best measured)")
-    p.add_argument("--intra-gbps", type=_positive(float), default=DEFAULT_LINKS["intra_node"]["gbps"],
-                   help="GB/s per GPU inside a node (default %(default)s)")
-    p.add_argument("--intra-latency-us", type=_non_negative, default=DEFAULT_LINKS["intra_node"]["latency_us"],
-                   help="latency inside a node, microseconds (default %(default)s)")
-    p.add_argument("--inter-gbps", type=_positive(float), default=DEFAULT_LINKS["inter_node"]["gbps"],
-                   help="GB/s per GPU between nodes (default %(default)s)")
-    p.add_argument("--inter-latency-us", type=_non_negative, default=DEFAULT_LINKS["inter_node"]["latency_us"],
-                   help="latency between nodes, microseconds (default %(default)s)")
+    p.add_argument("--intra-gbps", type=_positive(float),
+                   help=f"GB/s per GPU inside a node (default {DEFAULT_LINKS['intra_node']['gbps']})")
+    p.add_argument("--intra-latency-us", type=_non_negative,
+                   help=f"latency inside a node, microseconds (default {DEFAULT_LINKS['intra_node']['latency_us']})")
+    p.add_argument("--inter-gbps", type=_positive(float),
+                   help=f"GB/s per GPU between nodes (default {DEFAULT_LINKS['inter_node']['gbps']})")
+    p.add_argument("--inter-latency-us", type=_non_negative,
+                   help=f"latency between nodes, microseconds (default {DEFAULT_LINKS['inter_node']['latency_us']})")
     return p
 
 
+#: The description flags, which --collectives (it measures the collectives only) refuses.
+_DESCRIPTION_FLAGS = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps", "intra_gbps",
+                      "intra_latency_us", "inter_gbps", "inter_latency_us")
+
+
+def _link(value, link: str, field: str):
+    return DEFAULT_LINKS[link][field] if value is None else value
+
+
 def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | None = None, *,
-         prog: str = "pase calibrate", timer=None) -> int:
+         prog: str = "pase calibrate", timer=None, collective_timer=None) -> int:
     """``pase calibrate``: returns the exit status (0; 1 no PyTorch, no GPU or a file error; 2 usage).
 
     Every error is one ``pase calibrate: error:`` line on ``err``. ``timer`` replaces the
-    GPU (tests).
+    GPU, ``collective_timer`` the GPUs' collectives (tests: ``timer(kind, ranks, nodes, bytes)``).
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -86,6 +104,19 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
             raise CliError(f"--out: no such directory {folder}", ExitStatus.USAGE)
         if os.path.isdir(args.out):
             raise CliError(f"--out: {args.out} is a directory", ExitStatus.USAGE)
+        if args.collectives:
+            given = [f for f in _DESCRIPTION_FLAGS if getattr(args, f) is not None]
+            if given or not args.attention:
+                flag = "--" + (given[0] if given else "no_attention").replace("_", "-")
+                raise CliError(f"{flag} sets a description field; --collectives measures the collectives only "
+                               "and keeps the description's fields", ExitStatus.USAGE)
+            try:
+                launched = torchrun_world() if collective_timer is None else None
+            except ValueError as e:
+                raise CliError(str(e), ExitStatus.USAGE) from None
+            if not os.path.isfile(args.out) and (launched is None or launched[0] == 0):  # rank 0 writes it
+                raise CliError(f"--collectives adds to an existing machine description, and {args.out} is none "
+                               f"(write one first: pase calibrate --out {args.out})", ExitStatus.USAGE)
     except ParserExit as done:
         return done.status
     except CliError as e:
@@ -94,6 +125,8 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
     if not os.access(folder, os.W_OK):  # find out now, not after an hour of measuring
         err.write(f"{prog}: error: cannot write {args.out}: permission denied\n")
         return 1
+    if args.collectives:
+        return _collectives(args, out, err, prog, collective_timer)
     try:
         if timer is None:
             timer = TorchTimer()
@@ -109,10 +142,13 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
 
         try:
             description = calibrate(
-                args.out, args.quick, timer=timer, name=args.name, devices_per_node=args.devices_per_node,
+                args.out, args.quick, timer=timer, name=args.name,
+                devices_per_node=args.devices_per_node if args.devices_per_node is not None else 8,
                 memory_gb=args.memory_gb, peak_tflops=args.peak_tflops, hbm_gbps=args.hbm_gbps,
-                intra_node={"gbps": args.intra_gbps, "latency_us": args.intra_latency_us},
-                inter_node={"gbps": args.inter_gbps, "latency_us": args.inter_latency_us},
+                intra_node={"gbps": _link(args.intra_gbps, "intra_node", "gbps"),
+                            "latency_us": _link(args.intra_latency_us, "intra_node", "latency_us")},
+                inter_node={"gbps": _link(args.inter_gbps, "inter_node", "gbps"),
+                            "latency_us": _link(args.inter_latency_us, "inter_node", "latency_us")},
                 progress=progress, attention=args.attention,
             )
         finally:
@@ -129,4 +165,39 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
     out.write(f"wrote {args.out} ({description['device']}: peak {description['peak_tflops']:g} TFLOPS, "
               f"{description['hbm_gbps']:g} GB/s{attention}; table {description['measured']}); "
               f"use --machine {args.out}\n")
+    return 0
+
+
+def _collectives(args, out: IO, err: IO, prog: str, timer) -> int:
+    """``--collectives``: measure into ``args.out``; one line on ``out`` or one error line."""
+    try:
+        progress = None
+        bar = None
+        if timer is not None:  # measured here (spawned or torchrun ranks cannot share a bar)
+            from tqdm import tqdm
+
+            g = load_description(args.out)["devices_per_node"]
+            total = len(COLLECTIVE_KINDS) * len(collective_groups(g)) * len(collective_sizes(args.quick))
+            bar = tqdm(total=total, desc="collectives", unit="size", file=err, leave=False, disable=None)
+
+            def progress(done, total):
+                bar.update(done - bar.n)
+        try:
+            description, where = calibrate_collectives(args.out, args.quick, timer=timer, progress=progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        if description is None:  # a torchrun rank other than 0: rank 0 reports
+            return 0
+        load_calibrated(args.out)  # what was written loads back
+    except OSError as e:
+        err.write(f"{prog}: error: cannot write {e.filename or args.out}: {e.strerror or e}\n")
+        return 1
+    except (ImportError, RuntimeError, ValueError) as e:
+        err.write(f"{prog}: error: {e}\n")
+        return 1
+    rows = sum(len(r) for r in description["collectives"].values())
+    big = [r for r in description["collectives"].get("all_reduce", []) if r[1] == 1]
+    best = (f"; all-reduce up to {max(r[3] for r in big):g} GB/s bus bandwidth in a node" if big else "")
+    out.write(f"wrote the collectives of {args.out} ({rows} rows, {where}{best}); use --machine {args.out}\n")
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import MEMORY_BOUND_KINDS
+from pase.machines.collectives import CollectiveTables, published_all_reduce, validate_collectives
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
@@ -42,6 +43,11 @@ PRESETS = {
         "measured": "h100-sxm-measured.json",
     },
 }
+#: ``h100-sxm`` with all-reduces priced from published NCCL bus bandwidths (NVLink 4 inside a
+#: node, a 400 Gb/s NIC per GPU across nodes; ``collectives.published_all_reduce`` names the
+#: figures and their sources) instead of its links. Opt-in: ``h100-sxm`` stays as documented.
+PRESETS["h100-sxm-nccl"] = dict(PRESETS["h100-sxm"], name="h100-sxm-nccl",
+                                collectives={"all_reduce": published_all_reduce()})
 
 #: Where each preset's measured table is shipped (package data).
 PRESET_TABLES = {name: os.path.join(DATA_DIR, d["measured"]) for name, d in PRESETS.items() if "measured" in d}
@@ -54,8 +60,9 @@ _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps",
              "act_bytes", "grad_bytes")
 #: Optional fields: the fraction of peak a fused attention kernel reaches (a number; absent:
 #: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
-#: to the file), and free text that ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("attention_efficiency", "measured", "device", "notes")
+#: to the file), measured NCCL bus bandwidths (``pase.machines.collectives``), and free text that
+#: ``pase calibrate`` writes (the device it measured, how).
+_OPTIONAL = ("attention_efficiency", "measured", "collectives", "device", "notes")
 #: The optional fields that are text.
 _TEXT_FIELDS = ("measured", "device", "notes")
 
@@ -98,7 +105,8 @@ def validate_description(data, source: str = "machine description") -> dict:
         The fields of ``docs/machines.md``: ``name``, ``devices_per_node``, ``memory_gb``,
         ``peak_tflops``, ``hbm_gbps``, ``intra_node`` and ``inter_node`` (each ``gbps``
         and ``latency_us``), ``act_bytes``, ``grad_bytes``; optional ``measured``,
-        ``device``, ``notes``, ``attention_efficiency`` (in (0, 1]).
+        ``device``, ``notes``, ``attention_efficiency`` (in (0, 1]), ``collectives``
+        (:func:`pase.machines.collectives.validate_collectives`).
     source : str
         How messages name the description (``"machine file x.json"``).
 
@@ -163,6 +171,8 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: attention_efficiency must be a number in (0, 1] (the fraction of "
                              f"peak_tflops a fused attention kernel reaches), got {_shown(v)}")
         out["attention_efficiency"] = v
+    if "collectives" in data:
+        out["collectives"] = validate_collectives(data["collectives"], g, source)
     for field in _TEXT_FIELDS:
         if field in data:
             v = data[field]
@@ -271,6 +281,8 @@ class CalibratedMachine:
         self.grad_bytes = float(d["grad_bytes"])
         #: Fraction of peak the fused attention kernel reaches (``None``: the costing's default).
         self.attention_efficiency = (float(d["attention_efficiency"]) if "attention_efficiency" in d else None)
+        #: Measured NCCL bus bandwidths (``None``: every collective from the links).
+        self.collectives = CollectiveTables(d["collectives"]) if "collectives" in d else None
 
     def __repr__(self) -> str:
         table = "measured" if self.tables is not None else "peak only"
@@ -292,6 +304,7 @@ class CalibratedMachine:
             f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
             f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
             + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+            + (f"; NCCL bus bandwidths for {', '.join(self.collectives.kinds)}" if self.collectives else "")
         )
 
     def unit_line(self) -> str:
@@ -381,13 +394,23 @@ class CalibratedMachine:
 
         which is the one-node ring ``2 (q-1)/q n / B_in + 2 (q-1) a_in`` when the group
         lies in one node (``q_in = q``). Zero where the group size is 1 or nothing is
-        reduced.
+        reduced. Where the description's ``collectives`` has an ``all_reduce`` curve on the
+        group's side (one node or several): ``2 (q-1)/q n / busbw`` with that curve's bus
+        bandwidth at ``n`` bytes (:class:`pase.machines.collectives.CollectiveTables`).
         """
         q, q_in, q_out = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * (self.grad_bytes if grad else self.act_bytes)
         inside = 2.0 * (q_in - 1.0) / q_in * n / self.b_in + 2.0 * (q_in - 1.0) * self.a_in
         across = 2.0 * (q_out - 1.0) / q_out * (n / q_in) / self.b_out + 2.0 * (q_out - 1.0) * self.a_out
-        return np.where((q > 1) & (n > 0), inside + across, 0.0)
+        return self._measured("all_reduce", n, q, q_out, np.where((q > 1) & (n > 0), inside + across, 0.0))
+
+    def _measured(self, kind: str, n, q, q_out, modelled) -> np.ndarray:
+        """``modelled`` with the measured bus bandwidth's seconds wherever the machine's
+        ``collectives`` has a curve for the group (``CollectiveTables.seconds``)."""
+        if self.collectives is None or kind not in self.collectives.kinds:
+            return modelled
+        measured = self.collectives.seconds(kind, n, q, q_out)
+        return np.where(np.isnan(measured), modelled, measured)
 
     def exchange(self, elements, group) -> np.ndarray:
         """Point-to-point exchange of ``elements`` activation elements per device in ``group``.
@@ -411,13 +434,15 @@ class CalibratedMachine:
 
             max( (q_in-1)/q n / B_in + a_in [q_in > 1],  (q-q_in)/q n / B_out + a_out [q_out > 1] )
 
-        Zero where the group size is 1 or nothing moves (``docs/machines.md``).
+        Zero where the group size is 1 or nothing moves (``docs/machines.md``). With a measured
+        ``all_to_all`` curve for the group's side: ``(q-1)/q n / busbw``.
         """
         q, q_in, q_out = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * self.act_bytes
         inside = (q_in - 1.0) / q * n / self.b_in + np.where(q_in > 1, self.a_in, 0.0)
         across = (q - q_in) / q * n / self.b_out + np.where(q_out > 1, self.a_out, 0.0)
-        return np.where((q > 1) & (n > 0), np.maximum(inside, across), 0.0)
+        return self._measured("all_to_all", n, q, q_out,
+                              np.where((q > 1) & (n > 0), np.maximum(inside, across), 0.0))
 
     def redistribute(self, elements, procs) -> np.ndarray:
         """Edge redistribution of ``elements`` activation elements per device (seconds).

@@ -1,0 +1,246 @@
+"""Measured NCCL bus bandwidths by collective, group and message size: the ``collectives`` field
+of a machine description, checked, and the seconds of a collective read from it.
+
+Bus bandwidth is nccl-tests' (``PERFORMANCE.md`` of NVIDIA/nccl-tests): for ``n`` bytes per
+device over ``q`` devices taking ``t`` seconds, ``busbw = f(q) n / t`` with ``f = 2 (q-1)/q`` for an
+all-reduce and ``(q-1)/q`` for an all-gather, a reduce-scatter and an all-to-all. It is the rate
+each device's link must sustain, comparable across group sizes, so ``t = f(q) n / busbw``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from pase.core.checks import is_int, is_number
+
+__all__ = ["COLLECTIVE_KINDS", "bus_factor", "validate_collectives", "CollectiveTables"]
+
+#: The collectives a table may hold, as nccl-tests names them (``all_reduce_perf``, ...).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+#: Largest message of a row (bytes) and fastest bus (GB/s): far beyond any machine, finite costs.
+MAX_BYTES = 1e15
+BUS_GBPS_RANGE = (1e-6, 1e9)
+#: Most ranks in a row (the command line's largest device count).
+MAX_RANKS = 2**20
+
+
+def bus_factor(kind: str, q):
+    """nccl-tests' bus factor: ``busbw = bus_factor * n / t``.
+
+    >>> bus_factor("all_reduce", 8), bus_factor("all_gather", 4)
+    (1.75, 0.75)
+    """
+    q = np.asarray(q, dtype=np.float64)
+    f = (q - 1.0) / q
+    out = 2.0 * f if kind == "all_reduce" else f
+    return float(out) if out.ndim == 0 else out
+
+
+def validate_collectives(data, devices_per_node: int, source: str) -> dict:
+    """Check a description's ``collectives`` and return a clean copy, rows sorted.
+
+    ``{"all_reduce": [[ranks, nodes, bytes, bus_gbps], ...], ...}``: each kind of
+    :data:`COLLECTIVE_KINDS` optional; a row measured over ``ranks`` devices, ``ranks / nodes``
+    on each of ``nodes`` nodes, ``bytes`` per device (nccl-tests' size), ``bus_gbps`` GB/s of bus
+    bandwidth. A ``ValueError`` names the bad field in one line.
+
+    >>> validate_collectives({"all_reduce": [[8, 1, 1e6, 0]]}, 8, "machine file m.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: machine file m.json: collectives.all_reduce[0]: bus_gbps must be a positive number, got 0
+    """
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError(f"{source}: collectives must be a non-empty object of tables "
+                         f"({', '.join(COLLECTIVE_KINDS)}), got {data!r:.60}")
+    out = {}
+    for kind, rows in data.items():
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"{source}: unknown collective {kind!r} (collectives: {', '.join(COLLECTIVE_KINDS)})")
+        where = f"{source}: collectives.{kind}"
+        if not isinstance(rows, list) or not rows:
+            raise ValueError(f"{where} must be a non-empty list of [ranks, nodes, bytes, bus_gbps] rows")
+        seen = set()
+        clean = []
+        for i, row in enumerate(rows):
+            at = f"{where}[{i}]"
+            if not isinstance(row, list) or len(row) != 4:
+                raise ValueError(f"{at} must be [ranks, nodes, bytes, bus_gbps], got {row!r:.60}")
+            ranks, nodes, size, gbps = row
+            if not is_int(ranks) or not 2 <= ranks <= MAX_RANKS:
+                raise ValueError(f"{at}: ranks must be an integer from 2 to {MAX_RANKS}, got {ranks!r:.30}")
+            if not is_int(nodes) or not 1 <= nodes <= ranks or ranks % nodes:
+                raise ValueError(f"{at}: nodes must be a positive integer dividing ranks {ranks}, got {nodes!r:.30}")
+            if ranks // nodes > devices_per_node:
+                raise ValueError(f"{at}: {ranks} ranks on {nodes} node(s) is more than devices_per_node "
+                                 f"{devices_per_node} on a node")
+            if not is_number(size) or not math.isfinite(size) or not 1 <= size <= MAX_BYTES:
+                raise ValueError(f"{at}: bytes must be a number from 1 to {MAX_BYTES:g}, got {size!r:.30}")
+            if not is_number(gbps) or not math.isfinite(gbps) or gbps <= 0:
+                raise ValueError(f"{at}: bus_gbps must be a positive number, got {gbps!r:.30}")
+            if not BUS_GBPS_RANGE[0] <= gbps <= BUS_GBPS_RANGE[1]:
+                raise ValueError(f"{at}: bus_gbps must be from {BUS_GBPS_RANGE[0]:g} to {BUS_GBPS_RANGE[1]:g}, "
+                                 f"got {gbps!r:.30}")
+            key = (ranks, nodes, float(size))
+            if key in seen:
+                raise ValueError(f"{at}: a second row for {ranks} ranks on {nodes} node(s) at {size:g} bytes")
+            seen.add(key)
+            clean.append([ranks, nodes, size, gbps])
+        out[kind] = sorted(clean, key=lambda r: (r[0], r[1], r[2]))
+    return out
+
+
+class _Curve:
+    """One group's bus bandwidth against message size: seconds of ``n`` bytes.
+
+    Inside the measured sizes, ``log busbw`` is linear in ``log n`` between neighbours; above
+    them, the largest message's bandwidth; below them, the straight line ``t = alpha + beta n``
+    through the two smallest (a latency and a rate, ``beta`` clamped to ``[0, t_0 / s_0]`` so
+    that ``alpha >= 0``; one size alone: ``alpha = 0``).
+    """
+
+    def __init__(self, factor: float, sizes, gbps):
+        self.factor = factor
+        self.log_sizes = np.log(np.asarray(sizes, dtype=np.float64))
+        self.log_bus = np.log(np.asarray(gbps, dtype=np.float64) * 1e9)
+        s0 = float(sizes[0])
+        t0 = factor * s0 / (float(gbps[0]) * 1e9)
+        if len(sizes) > 1:
+            t1 = factor * float(sizes[1]) / (float(gbps[1]) * 1e9)
+            beta = min(max((t1 - t0) / (float(sizes[1]) - s0), 0.0), t0 / s0)
+        else:
+            beta = t0 / s0
+        self.s0, self.alpha, self.beta = s0, t0 - beta * s0, beta
+
+    def seconds(self, n: np.ndarray) -> np.ndarray:
+        safe = np.maximum(n, self.s0)
+        bus = np.exp(np.interp(np.log(safe), self.log_sizes, self.log_bus))
+        return np.where(n < self.s0, self.alpha + self.beta * n, self.factor * safe / bus)
+
+
+class CollectiveTables:
+    """A machine's measured collectives (:func:`validate_collectives`): seconds by group.
+
+    A group of ``q`` devices, ``q_in`` on each of ``q_out`` nodes, reads the curve measured on
+    the same side (one node, or several) nearest to it: the nearest ``ranks`` inside a node;
+    across nodes the nearest ``nodes``, then the nearest ``ranks / nodes`` (distances in
+    ``log2``, ties to the larger group). A group with no curve on its side gets ``NaN``: the
+    caller prices it otherwise.
+
+    >>> t = CollectiveTables({"all_reduce": [[8, 1, 1e9, 350]]})
+    >>> round(float(t.seconds("all_reduce", 1e9, 8, 1)), 12)   # 2 * 7/8 * 1e9 B / 350 GB/s
+    0.005
+    """
+
+    def __init__(self, table: Mapping):
+        self.kinds = tuple(k for k in COLLECTIVE_KINDS if k in table)
+        self._groups = {}
+        self._curves = {}
+        for kind in self.kinds:
+            by_group = {}
+            for ranks, nodes, size, gbps in table[kind]:
+                by_group.setdefault((ranks, nodes), []).append((size, gbps))
+            self._groups[kind] = sorted(by_group)
+            for (ranks, nodes), rows in by_group.items():
+                rows.sort()
+                self._curves[kind, ranks, nodes] = _Curve(
+                    bus_factor(kind, ranks), [r[0] for r in rows], [r[1] for r in rows])
+
+    def curve_for(self, kind: str, q: float, q_out: float):
+        """``(ranks, nodes)`` of the curve that prices a group of ``q`` devices on ``q_out`` nodes,
+        or ``None`` when the table has none on that side (one node or several).
+
+        >>> t = CollectiveTables({"all_reduce": [[2, 1, 1e6, 1], [8, 1, 1e6, 1], [16, 2, 1e6, 1]]})
+        >>> t.curve_for("all_reduce", 4, 1), t.curve_for("all_reduce", 64, 8), t.curve_for("all_to_all", 4, 1)
+        ((8, 1), (16, 2), None)
+        """
+        if kind not in self._groups:
+            return None
+        across = q_out > 1
+        side = [(r, n) for r, n in self._groups[kind] if (n > 1) == across]
+        if not side:
+            return None
+
+        def distance(group):
+            ranks, nodes = group
+            if not across:
+                return (abs(math.log2(ranks) - math.log2(q)), 0.0, -ranks)
+            return (abs(math.log2(nodes) - math.log2(q_out)),
+                    abs(math.log2(ranks / nodes) - math.log2(q / q_out)), -ranks)
+
+        return min(side, key=distance)
+
+    def seconds(self, kind: str, n, q, q_out) -> np.ndarray:
+        """Seconds of collective ``kind`` of ``n`` bytes per device over groups of ``q``
+        devices on ``q_out`` nodes (broadcasting arrays): ``bus_factor(kind, q) * n / busbw``,
+        ``busbw`` the curve's at ``n`` (bus bandwidth does not depend on the group size, so a
+        curve measured on another size keeps its bandwidth; below its smallest message its
+        ``alpha + beta n`` is scaled by the ratio of the two factors). ``NaN`` where no curve is
+        on the group's side; 0 where ``q <= 1`` or ``n <= 0``.
+        """
+        n, q, q_out = np.broadcast_arrays(*[np.asarray(a, dtype=np.float64) for a in (n, q, q_out)])
+        out = np.zeros(n.shape)
+        live = (q > 1) & (n > 0)
+        if not live.any():
+            return out
+        pairs = np.unique(np.stack([q[live], q_out[live]], axis=1), axis=0)
+        for gq, gout in pairs:
+            at = live & (q == gq) & (q_out == gout)
+            group = self.curve_for(kind, float(gq), float(gout))
+            if group is None:
+                out[at] = np.nan
+                continue
+            curve = self._curves[(kind, *group)]
+            out[at] = curve.seconds(n[at]) * (bus_factor(kind, gq) / curve.factor)
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Defaults from published figures (the ``h100-sxm-nccl`` preset)
+
+#: All-reduce bus bandwidth of 8 H100 SXM GPUs in one node (NVLink 4 through NVSwitch) at large
+#: messages, GB/s: approximately 450-480 as commonly reported for nccl-tests ``all_reduce_perf``
+#: on DGX/HGX H100 (the top with NVLink SHARP); the low end, which is also NVLink 4's 450 GB/s
+#: per direction per GPU (DGX H100 User Guide: 18 links, 900 GB/s bidirectional).
+H100_NVLINK_BUS_GBPS = 450.0
+#: All-reduce bus bandwidth across nodes per GPU's own NIC, GB/s: DGX H100 has eight 400 Gb/s
+#: ConnectX-7 ports for the compute fabric, one per GPU (DGX H100 User Guide), a 50 GB/s line
+#: rate each; NCCL over InfiniBand NDR reaches about 40-48 GB/s of it, approximately, as
+#: commonly reported; the low end.
+NDR400_BUS_GBPS_PER_GPU = 40.0
+#: Message sizes of the default curves (bytes): 1 MB to 1 GB by 4x, as ``pase calibrate``.
+DEFAULT_SIZES = tuple(10**6 * 4**i for i in range(6))
+
+
+def published_all_reduce(devices_per_node: int = 8, intra_latency_us: float = 3.0,
+                         inter_latency_us: float = 10.0) -> list:
+    """All-reduce rows ``[ranks, nodes, bytes, bus_gbps]`` from the published large-message
+    bus bandwidths, falling off at small messages by the links' latencies.
+
+    A group of ``q_in`` GPUs on each of ``q_out`` nodes: NCCL's rings cross the nodes on one NIC
+    per GPU of the group, so its large-message bus bandwidth is ``q_in`` times
+    :data:`NDR400_BUS_GBPS_PER_GPU`, at most :data:`H100_NVLINK_BUS_GBPS`; inside a node that
+    NVLink figure. Time ``t = 2 (q_in-1) a_in + 2 (q_out-1) a_out + 2 (q-1)/q n / busbw``
+    (the latencies of ``docs/machines.md``), ``bus_gbps = 2 (q-1)/q n / t``, rounded to 0.01.
+    Groups: 2, 4, 8 in a node; 1, 2, 4, 8 per node on 2, 8 and 64 nodes; 1 MB to 1 GB by 4x.
+
+    >>> rows = published_all_reduce()
+    >>> rows[0], len(rows)   # 2 ranks, 1 MB: t = 2 * 3 us + 1e6 / 450e9 = 8.222 us
+    ([2, 1, 1000000, 121.62], 90)
+    """
+    groups = [(q, 1) for q in (2, 4, 8)]
+    groups += [(q_in * nodes, nodes) for nodes in (2, 8, 64) for q_in in (1, 2, 4, 8)]
+    rows = []
+    for ranks, nodes in groups:
+        q_in = ranks // nodes
+        if q_in > devices_per_node:
+            continue
+        bus = H100_NVLINK_BUS_GBPS if nodes == 1 else min(q_in * NDR400_BUS_GBPS_PER_GPU, H100_NVLINK_BUS_GBPS)
+        latency = (2 * (q_in - 1) * intra_latency_us + 2 * (nodes - 1) * inter_latency_us) * 1e-6
+        factor = bus_factor("all_reduce", ranks)
+        for size in DEFAULT_SIZES:
+            seconds = latency + factor * size / (bus * 1e9)
+            rows.append([ranks, nodes, size, round(factor * size / seconds / 1e9, 2)])
+    return rows
