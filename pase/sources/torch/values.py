@@ -186,6 +186,58 @@ class LazyComplex:
 
 
 @dataclass(frozen=True, eq=False)
+class LazyStrided:
+    """``source[..., start::step, ...]`` along ``dim``: every ``step``-th element from ``start``.
+
+    It is the element ``start`` of the inner factor when ``dim`` is refined into
+    ``(size / step, step)``. Kept lazy: the pieces of an interleaved rotary (``x[..., ::2]``,
+    ``x[..., 1::2]``) stacked back along a new last dimension are ``source`` reordered within
+    one dimension (``LazyPairs``); read by a layer it is one output of an Unstack of the
+    refined inner factor. ``source`` is a View or a LazySlice.
+    """
+
+    source: object
+    dim: int
+    start: int
+    step: int
+    ops: frozenset = frozenset()
+
+    def with_ops(self, ops) -> "LazyStrided":
+        return LazyStrided(self.source, self.dim, self.start, self.step, self.ops | frozenset(ops))
+
+    @property
+    def shape(self) -> tuple:
+        shape = list(self.source.shape)
+        shape[self.dim] //= self.step
+        return tuple(shape)
+
+
+@dataclass(frozen=True, eq=False)
+class LazyPairs:
+    """``source`` with dimension ``dim`` seen as ``(size / step, step)``, its elements
+    reordered within that dimension (the cost model does not see the order).
+
+    What stacking the strided pieces of an interleaved rotary back gives; flattened back to
+    ``source``'s shape it is ``source`` itself. ``source`` is a View or a LazySlice.
+    """
+
+    source: object
+    dim: int
+    step: int
+    ops: frozenset = frozenset()
+
+    def with_ops(self, ops) -> "LazyPairs":
+        return LazyPairs(self.source, self.dim, self.step, self.ops | frozenset(ops))
+
+    @property
+    def shape(self) -> tuple:
+        shape = list(self.source.shape)
+        size = shape[self.dim]
+        shape[self.dim:self.dim + 1] = [size // self.step, self.step]
+        return tuple(shape)
+
+
+@dataclass(frozen=True, eq=False)
 class Replicated:
     """A tensor (or other value) that does not depend on the batch: a graph input at most.
 
@@ -217,7 +269,7 @@ class UnmappedValue:
 UNMAPPED = UnmappedValue()
 
 
-_DEPENDENT = (View, LazySlice, LazyStatistic, LazyComplex)
+_DEPENDENT = (View, LazySlice, LazyStatistic, LazyComplex, LazyStrided, LazyPairs)
 
 
 def _dependent(value) -> bool:

@@ -10,7 +10,7 @@ from pase.model.builder import GraphBuilder, Network
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _op_name
 from .errors import TorchImportError, Unmappable
 from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
-from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazySlice, LazyStatistic, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
+from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 
 
@@ -152,9 +152,29 @@ class GraphWalk:
             return self._unstack(value, node)
         if isinstance(value, LazyStatistic):
             return self._reduce(value, node)
+        if isinstance(value, LazyStrided):
+            # Every step-th element: the element ``start`` of the refined dimension's inner factor.
+            refined = self._refined(value.source, value.dim, value.step, node)
+            return self._unstack(LazySlice(refined, value.dim + 1, value.start, value.start + 1, True, value.ops),
+                                 node)
+        if isinstance(value, LazyPairs):
+            return self._refined(value.source, value.dim, value.step, node).with_ops(value.ops)
         if isinstance(value, LazyComplex):
             raise Unmappable("a layer reads a complex tensor (only point-wise operations and view_as_real do)")
         raise AssertionError(f"not a batch-dependent value: {value!r}")
+
+    def _refined(self, value, dim: int, step: int, node) -> View:
+        """``value`` with dimension ``dim`` seen as ``(size / step, step)``: its atoms refined,
+        or, where an atom is frozen, a Reshape to that shape."""
+        view = self._view(value, node)
+        size = view.shape[dim]
+        groups = _regroup(_big(view.dims[dim]), (size // step, step))
+        if groups is None:
+            shape = view.shape[:dim] + (size // step, step) + view.shape[dim + 1:]
+            return self._reshape(view, node, shape)
+        dims = list(view.dims)
+        dims[dim:dim + 1] = groups
+        return View(view.base, tuple(dims), view.ops)
 
     def _natural(self, view: View) -> bool:
         """The view lists its layer output's dimensions in order (merges allowed, no expand)."""

@@ -6,7 +6,7 @@ from ..aten import _norm_dim
 from ..errors import Unmappable
 from .common import _same_layout, _shape_arg
 from ..protos import ProtoConcat
-from ..values import Atom, LazySlice, Replicated, View, _dependent, _freeze
+from ..values import Atom, LazyPairs, LazySlice, LazyStrided, Replicated, View, _dependent, _freeze
 from .registry import handles
 
 
@@ -38,7 +38,18 @@ def handle_cat(imp, node, name, tensors, dim=0):
 @handles({"stack"})
 def handle_stack(imp, node, name, tensors, dim=0):
     shape = _shape_arg(node, imp)
-    return _concat(imp, node, list(tensors), _norm_dim(dim, len(shape)), stack=True)
+    dim = _norm_dim(dim, len(shape))
+    tensors = list(tensors)
+    if tensors and all(isinstance(t, LazyStrided) for t in tensors):
+        first = tensors[0]
+        same = all(t.source is first.source or (isinstance(t.source, View) and isinstance(first.source, View)
+                                                and _same_layout(t.source, first.source)) for t in tensors)
+        if (same and dim == first.dim + 1 and all(t.dim == first.dim and t.step == first.step for t in tensors)
+                and sorted(t.start for t in tensors) == list(range(first.step))):
+            # The strided pieces of an interleaved rotary stacked back as pairs: the source with
+            # its dimension seen as (n / step, step), reordered within it (not seen by the cost model).
+            return LazyPairs(first.source, first.dim, first.step, frozenset().union(*(t.ops for t in tensors)))
+    return _concat(imp, node, tensors, dim, stack=True)
 
 
 def _concat(imp, node, tensors, dim, stack):

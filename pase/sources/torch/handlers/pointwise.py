@@ -6,7 +6,7 @@ from ..aten import _BINARY, _DROPOUTS, _NORM_STATS, _POINTWISE, _STATS, _flat, _
 from ..errors import Unmappable
 from .common import _expand_view, _same_layout, _shape_arg, _softmax_view
 from ..protos import ProtoElementwise, ProtoNorm
-from ..values import SideOutput, Replicated, LazyComplex, LazySlice, LazyStatistic, View, _dependent, _freeze, _unify
+from ..values import SideOutput, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStrided, LazyStatistic, View, _dependent, _freeze, _unify
 from .registry import handles
 
 
@@ -17,7 +17,7 @@ def _with_op(value, op: str):
         return value.with_ops({op})
     if isinstance(value, LazyStatistic):
         return LazyStatistic(value.source, value.axes, value.keepdim, value.kind, value.ops | {op})
-    if isinstance(value, LazyComplex):
+    if isinstance(value, (LazyComplex, LazyStrided, LazyPairs)):
         return value.with_ops({op})
     raise AssertionError(value)
 

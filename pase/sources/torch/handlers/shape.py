@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..aten import _EXPANDS, _IDENTITY, _PERMUTES, _RESHAPES, _SHAPE_ONLY, _norm_dim
 from ..errors import Unmappable
 from .common import _expand_view, _shape_arg
-from ..values import Replicated, LazySlice, View, _big, _carried, _dependent, _regroup
+from ..values import Replicated, LazyPairs, LazySlice, LazyStrided, View, _big, _carried, _dependent, _regroup
 from .registry import handles
 
 
@@ -34,6 +34,9 @@ def handle_reshape(imp, node, name, x, *args, **kwargs):
     shape = _shape_arg(node, imp)
     if isinstance(x, LazySlice) and x.shape == shape:
         return x
+    if isinstance(x, LazyPairs) and x.source.shape == shape:
+        # An interleaved rotary's pairs flattened back: the source, reordered within a dimension.
+        return x.source.with_ops(x.ops)
     view = imp._view(x, node)
     groups = _regroup(_big([a for d in view.dims for a in d]), shape)
     if groups is None:
@@ -173,7 +176,11 @@ def handle_slice(imp, node, name, x, dim=0, start=None, end=None, step=1):
     size = x.shape[dim]
     start, stop, step = slice(start, end, step).indices(size)
     if step != 1:
-        raise Unmappable("a strided slice")
+        if start >= step or size % step or len(range(start, stop, step)) != size // step:
+            raise Unmappable(f"a strided slice [{start}:{stop}:{step}] of {size} that is not every {step}-th "
+                             "element of the whole dimension")
+        source = x if isinstance(x, (View, LazySlice)) else imp._view(x, node)
+        return LazyStrided(source, dim, start, step)
     if stop <= start:
         # A zero-width slice (what a rotary over the whole head leaves): an empty tensor,
         # which a concatenation drops.
