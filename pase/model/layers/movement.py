@@ -31,7 +31,14 @@ class _DataMovement(Layer):
 
 
 class Concat(_DataMovement):
-    """Concatenation along ``axis``; the axis is size 1 in the iteration space."""
+    """Concatenation along ``axis``; the axis is size 1 in the iteration space.
+
+    An operand may be size 1 off the axis where the others are not: it is broadcast (copied)
+    along that dimension (MLA's shared rotary key, one head, joined to every head's key).
+    Its configuration is 1 there, and its gradient is summed over the dimension: an
+    all-reduce of its elements per device across the devices splitting it, as for a
+    broadcast Elementwise operand.
+    """
 
     op = "Concat"
     copies = True
@@ -45,17 +52,25 @@ class Concat(_DataMovement):
         first = tensors[0]
         self.axis = check_axis(axis, first.rank, "Concat")
         for t in tensors[1:]:
-            if t.rank != first.rank or any(
-                d != e for i, (d, e) in enumerate(zip(t.shape, first.shape)) if i != self.axis
-            ):
+            if t.rank != first.rank:
+                raise ValueError(f"Concat on axis {self.axis}: shapes {list(first.shape)} and {list(t.shape)} "
+                                 "differ in rank")
+        shape = tuple(max(t.shape[i] for t in tensors) for i in range(first.rank))
+        for t in tensors:
+            if any(d not in (e, 1) for i, (d, e) in enumerate(zip(t.shape, shape)) if i != self.axis):
                 raise ValueError(
                     f"Concat on axis {self.axis}: shapes {list(first.shape)} and {list(t.shape)} differ off the axis"
                 )
-        dims = letters_of(first)
+        #: Per operand, the dimensions it is broadcast along (size 1 where the output is not).
+        self.broadcast = tuple(tuple(i for i, (d, e) in enumerate(zip(t.shape, shape)) if i != self.axis and d != e)
+                               for t in tensors)
+        full = next(t for t, b in zip(tensors, self.broadcast) if not b) if any(
+            not b for b in self.broadcast) else first
+        dims = letters_of(full)
         total = sum(t.shape[self.axis] for t in tensors)
         super().__init__(
-            tensors, tuple(1 if i == self.axis else d for i, d in enumerate(first.shape)), dims,
-            (tuple(total if i == self.axis else d for i, d in enumerate(first.shape)),), (dims,), batch_dim=0,
+            tensors, tuple(1 if i == self.axis else d for i, d in enumerate(shape)), dims,
+            (tuple(total if i == self.axis else d for i, d in enumerate(shape)),), (dims,), batch_dim=0,
             args={"axis": self.axis},
         )
 
@@ -63,11 +78,31 @@ class Concat(_DataMovement):
     def from_args(cls, operands, args):
         return cls(list(operands), **args)
 
+    def _operand(self, C, i):
+        if not self.broadcast[i]:
+            return C
+        C = C.copy()
+        C[:, list(self.broadcast[i])] = 1
+        return C
+
     def input_configs(self, C):
-        return [C] * len(self.inputs)
+        return [self._operand(C, i) for i in range(len(self.inputs))]
 
     def output_configs(self, C):
         return [C]
+
+    def costs(self, C, machine):
+        cost = super().costs(C, machine)
+        if not any(self.broadcast):
+            return cost
+        communication = cost.communication
+        for i, dims in enumerate(self.broadcast):
+            if dims:  # the operand's gradient, summed over the dimensions it was broadcast along
+                shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
+                elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
+                (group,) = self._groups(C, dims)
+                communication = communication + machine.all_reduce(elements, group)
+        return LayerCost(cost.compute, communication)
 
 
 class Ravel(_DataMovement):

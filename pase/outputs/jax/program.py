@@ -124,7 +124,12 @@ def _elementwise(layer, args, inputs, weights, extra):
 
 
 def _concat(layer, args, inputs, weights, extra):
-    return [jnp.concatenate(inputs, axis=args["axis"])]
+    axis = args["axis"]
+    shape = layer.output_shapes[0]
+    # An operand of size 1 off the axis (a broadcast one) is copied along that dimension first.
+    inputs = [jnp.broadcast_to(x, tuple(x.shape[i] if i == axis else d for i, d in enumerate(shape)))
+              for x in inputs]
+    return [jnp.concatenate(inputs, axis=axis)]
 
 
 def _normalise(x, axes, scale, bias, param_axis):

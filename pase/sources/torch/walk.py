@@ -7,7 +7,7 @@ import operator
 
 from pase.model.builder import GraphBuilder, Network
 
-from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _op_name
+from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _norm_dim, _op_name
 from .errors import TorchImportError, Unmappable
 from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
 from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
@@ -32,6 +32,9 @@ class GraphWalk:
         self.parameters: dict = {}  # model parameter name -> shape, every one of the program
         self.homes: dict = {}  # parameter name -> the proto whose output it first met (or None)
         self._tensor_names = None  # id(parameter tensor) -> its first name
+        #: A new tensor being written by slice assignment (``k[..., :a].copy_(x)``), not yet
+        #: whole: its node name -> [dim, [(start, stop, value)]].
+        self.fills: dict = {}
 
     # -- bookkeeping ----------------------------------------------------------------
 
@@ -418,6 +421,10 @@ class GraphWalk:
             return self.values.get(arg.name, UNMAPPED)
 
         torch = self.torch
+        partial = [n for n in node.all_input_nodes if n.name in self.fills]
+        if partial and _op_name(node.target) != "slice":
+            self._problem(node, "it reads a tensor only partly written by slice assignment")
+            return self._opaque(node)
         args = torch.fx.node.map_arg(node.args, value_of)
         kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
         if node.target is operator.getitem:
@@ -452,7 +459,45 @@ class GraphWalk:
         if inplace and node.args and hasattr(node.args[0], "name"):
             # The mutated tensor now holds the result: later readers of it see the result.
             self.values[node.args[0].name] = result
+            if name == "copy":
+                self._fill(node, result)
         return result
+
+    def _fill(self, node, piece) -> None:
+        """``copy_`` into a slice of a replicated tensor (a ``new_empty``): slice assignment.
+
+        Once the slices written along one dimension cover it, the tensor is the concatenation
+        of the pieces (MLA's key: the per-head part, then the shared rotary part); until then
+        only slicing may read it (``_call`` refuses other readers).
+        """
+        dst = node.args[0]
+        if getattr(dst, "op", None) != "call_function" or _op_name(dst.target) != "slice":
+            return
+        base = dst.args[0]
+        if not isinstance(self.values.get(getattr(base, "name", None)), Replicated) and base.name not in self.fills:
+            return
+        shape = self._meta_shape(base)
+        if shape is None:
+            return
+        dim = _norm_dim(dst.args[1] if len(dst.args) > 1 else 0, len(shape))
+        start, stop, step = slice(*(list(dst.args[2:5]) + [None] * (3 - len(dst.args[2:5])))).indices(shape[dim])
+        entry = self.fills.setdefault(base.name, [dim, []])
+        if step != 1 or entry[0] != dim:
+            self._problem(node, "slice assignment along several dimensions, or strided")
+            return
+        entry[1].append((start, stop, piece))
+        spans = sorted(entry[1], key=lambda p: p[0])
+        if spans[0][0] != 0 or spans[-1][1] != shape[dim] or any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            return
+        del self.fills[base.name]
+        pieces = [p for _, _, p in spans]
+        if not any(_dependent(p) for p in pieces):
+            return
+        try:
+            self.values[base.name] = _HANDLERS["cat"](self, base, "cat", pieces, dim)
+        except Unmappable as why:
+            self._problem(node, str(why))
+            self.values[base.name] = self._opaque(base)
 
     def _opaque(self, node):
         """The result of an operation that could not be mapped: a stand-in of its shape.

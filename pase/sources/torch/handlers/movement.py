@@ -6,7 +6,7 @@ from ..aten import _norm_dim
 from ..errors import Unmappable
 from .common import _same_layout, _shape_arg
 from ..protos import ProtoConcat
-from ..values import Atom, LazyPairs, LazySlice, LazyStrided, Replicated, View, _dependent, _freeze
+from ..values import Atom, LazyPairs, LazySlice, LazyStrided, Replicated, View, _dependent, _freeze, _leaves
 from .registry import handles
 
 
@@ -59,15 +59,30 @@ def _concat(imp, node, tensors, dim, stack):
         if _dependent(t):
             view = imp._view(t, node)
             imp._charge(view)
-            view = imp._exact(view, node)
+            expanded = [any(a.broadcast for a in _leaves(d)) for d in view.dims]
+            if any(expanded):
+                # An expanded operand (MLA's one rotary key head joined to every head's key):
+                # the Concat reads it with size 1 there and broadcasts it.
+                if stack:
+                    raise Unmappable("a stack of an expanded tensor")
+                if any(e and not all(a.broadcast for a in _leaves(d)) for e, d in zip(expanded, view.dims)):
+                    raise Unmappable("a concatenation of a tensor expanded within a merged dimension")
+                view = View(view.base, tuple(() if e else d for e, d in zip(expanded, view.dims)), view.ops)
+                view = imp._exact(view, node)
+                if view.base.shape() != view.shape:
+                    view = imp._reshape(view, node, view.shape)
+            else:
+                view = imp._exact(view, node)
+                first = first or view
             _freeze(view.base.atoms)
             items.append(view.base)
-            first = first or view
         else:
             if t.shape is None:
                 raise Unmappable("a concatenation with a non-tensor operand")
             items.append(t.shape)
     shape = _shape_arg(node, imp)
+    if first is None:
+        raise Unmappable("a concatenation of expanded tensors only")
     proto = imp._record(ProtoConcat(imp._name(node, "stack" if stack else "concat"), items, dim, stack))
     leaves = first.base.leaves()
     if stack:
