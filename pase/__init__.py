@@ -28,7 +28,7 @@ _EXPORTS = {
     **{name: "model.layers" for name in (
         "Layer", "LayerCost", "LAYER_TYPES", "make_layer", "Conv", "Pooling", "FC", "Einsum", "Embedding",
         "Elementwise", "Concat", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy",
-        "LSTM", "Ravel", "Unravel", "Stack", "Unstack", "MoE",
+        "LSTM", "Ravel", "Unravel", "Stack", "Unstack", "Roll", "MoE",
     )},
     "Ordering": "search.ordering", "ORDERINGS": "search.ordering", "generate_seq": "search.ordering",
     "breadth_first": "search.ordering",

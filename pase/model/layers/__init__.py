@@ -13,11 +13,11 @@ from .conv import Conv, Pooling
 from .gemm import FC, Einsum, Embedding
 from .pointwise import BatchNorm, Elementwise, Norm, ReduceMean, RMSNorm, Softmax, SoftmaxCrossEntropy
 from .recurrent import LSTM
-from .movement import Concat, Ravel, Stack, Unravel, Unstack
+from .movement import Concat, Ravel, Roll, Stack, Unravel, Unstack
 from .moe import MoE
 
 __all__ = [
     "Layer", "LayerCost", "Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm",
     "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
-    "Stack", "Unstack", "MoE", "gemm_cost", "redistribution_volume", "LAYER_TYPES", "layer_type", "make_layer",
+    "Stack", "Unstack", "Roll", "MoE", "gemm_cost", "redistribution_volume", "LAYER_TYPES", "layer_type", "make_layer",
 ]

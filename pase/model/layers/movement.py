@@ -10,7 +10,7 @@ import numpy as np
 from pase.model.tensor import Tensor
 from .base import Layer, LayerCost, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
 
-__all__ = ["Concat", "Ravel", "Unravel", "Stack", "Unstack"]
+__all__ = ["Concat", "Ravel", "Unravel", "Stack", "Unstack", "Roll"]
 
 
 class _DataMovement(Layer):
@@ -243,3 +243,60 @@ class Unstack(_DataMovement):
         if self.sizes is not None:
             return [C] * len(self.output_shapes)
         return [np.delete(C, self.axis, axis=1)] * len(self.output_shapes)
+
+
+class Roll(_DataMovement):
+    """A cyclic shift of ``x`` by ``shifts[i]`` along ``axes[i]`` (``torch.roll``; Swin's shifted
+    windows). Iteration space: ``x``'s shape, every dimension splittable.
+
+    It computes nothing (a permutation; a measured machine prices the copy it writes). Split
+    ``c`` ways along a rolled axis of ``n`` (blocks of ``m = n / c``), a shift ``s`` sends each
+    device's block to block ``j + s // m`` (its first ``m - s % m`` elements) and ``j + s // m + 1``
+    (the rest): the elements landing on another device leave it. Over several rolled axes an
+    element stays only if it stays along each. Those elements are exchanged with neighbours
+    twice: the forward's shift and the backward's shift back (``machine.exchange``).
+    """
+
+    op = "Roll"
+    copies = True
+
+    def __init__(self, x: Tensor, shifts, axes, batch_dim: int = 0):
+        x = check_tensor(x, "Roll input")
+        shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+        axes = [axes] if isinstance(axes, int) else list(axes)
+        if not axes or len(shifts) != len(axes) or not all(isinstance(s, int) for s in shifts):
+            raise ValueError(f"Roll needs one integer shift per axis, got shifts {shifts} and axes {axes}")
+        self.axes = tuple(check_axis(a, x.rank, "Roll") for a in axes)
+        if len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"Roll axes {list(axes)} repeat")
+        #: Each shift as a non-negative one (``s mod n``).
+        self.shifts = tuple(int(s) % x.shape[a] for s, a in zip(shifts, self.axes))
+        batch_dim = check_axis(batch_dim, x.rank, "Roll batch_dim")
+        dims = letters_of(x)
+        super().__init__((x,), x.shape, dims, (x.shape,), (dims,), batch_dim=batch_dim,
+                         args={"shifts": list(self.shifts), "axes": list(self.axes), "batch_dim": batch_dim})
+
+    def input_configs(self, C):
+        return [C]
+
+    def output_configs(self, C):
+        return [C]
+
+    def moved(self, C) -> np.ndarray:
+        """Elements per device that a shift sends to another device, one entry per configuration."""
+        Cf = as_float(C)
+        stays = np.ones(len(C))
+        for s, a in zip(self.shifts, self.axes):
+            c = Cf[:, a]
+            m = self.domain[a] / c
+            whole, part = np.floor_divide(s, m), np.mod(s, m)
+            # Elements whose block moves by a whole number of blocks that is not a multiple of c leave.
+            first = np.where(np.mod(whole, c) != 0, m - part, 0.0)
+            second = np.where(np.mod(whole + 1, c) != 0, part, 0.0)
+            stays = stays * (1.0 - (first + second) / m)
+        return self._E(C) * (1.0 - stays)
+
+    def costs(self, C, machine):
+        cost = super().costs(C, machine)
+        (group,) = self._groups(C, self.axes)
+        return LayerCost(cost.compute, machine.exchange(2.0 * self.moved(C), group))

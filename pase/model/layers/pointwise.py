@@ -209,26 +209,39 @@ class ReduceMean(Layer):
 
 
 class Softmax(_ShapeOfInput):
-    """Softmax along one axis: ``4E + E dom[axis] + AR(e, a) + AR(e dom[axis], a) + AR(e, a)``."""
+    """Softmax along one axis: ``4E + E dom[axis] + AR(e, a) + AR(e dom[axis], a) + AR(e, a)``.
+
+    ``axis`` may be a list of axes: a softmax over their elements together (Swin's attention
+    over the 7 x 7 tokens of a window, two dimensions of its scores); ``dom[axis]`` is then
+    their product and the all-reduces run over the devices splitting any of them.
+    """
 
     op = "Softmax"
 
-    def __init__(self, x: Tensor, axis: int = -1, causal: bool = False):
+    def __init__(self, x: Tensor, axis=-1, causal: bool = False):
         x = check_tensor(x, "Softmax input")
-        self.axis = check_axis(axis, x.rank, self.op)
+        axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis) if isinstance(axis, (list, tuple)) else None
+        if not axes:
+            raise ValueError(f"Softmax axis must be an integer or a non-empty list of them, got {axis!r}")
+        #: The axes the softmax normalises over, together.
+        self.axes = tuple(check_axis(a, x.rank, self.op) for a in axes)
+        if len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"Softmax axes {list(axes)} repeat")
+        self.axis = self.axes[-1]
         if not isinstance(causal, bool):
             raise ValueError(f"Softmax causal must be true or false, got {causal!r}")
         # ``causal``: a masked attention softmax (half its scores are masked); only the
         # fused attention pricing of a training configuration reads it.
-        super().__init__(x, {"axis": self.axis, **({"causal": True} if causal else {})})
+        arg = self.axes[0] if len(self.axes) == 1 else list(self.axes)
+        super().__init__(x, {"axis": arg, **({"causal": True} if causal else {})})
 
     def costs(self, C, machine):
         dpp = self._per_device(C)
         E = dpp.prod(axis=1)
-        ax = self.axis
-        e = E / dpp[:, ax]
-        full = float(self.domain[ax])
-        (group,) = self._groups(C, (ax,))
+        ax = list(self.axes)
+        e = E / dpp[:, ax].prod(axis=1)
+        full = float(np.prod([self.domain[a] for a in ax]))
+        (group,) = self._groups(C, tuple(ax))
         compute = machine.memory_bound("softmax", E, 4.0 * E + E * full)
         communication = (
             machine.all_reduce(e, group) + machine.all_reduce(e * full, group) + machine.all_reduce(e, group)

@@ -180,7 +180,8 @@ def _reduce_mean(layer, args, inputs, weights, extra):
 
 def _softmax(layer, args, inputs, weights, extra):
     (x,) = inputs
-    return [jax.nn.softmax(x, axis=args["axis"])]
+    axis = args["axis"]
+    return [jax.nn.softmax(x, axis=tuple(axis) if isinstance(axis, list) else axis)]
 
 
 def _softmax_cross_entropy(layer, args, inputs, weights, extra):
@@ -283,6 +284,11 @@ def _stack(layer, args, inputs, weights, extra):
     return [jnp.stack(inputs, axis=args["axis"])]
 
 
+def _roll(layer, args, inputs, weights, extra):
+    (x,) = inputs
+    return [jnp.roll(x, tuple(args["shifts"]), tuple(args["axes"]))]
+
+
 def _unstack(layer, args, inputs, weights, extra):
     (x,) = inputs
     axis = args["axis"]
@@ -298,7 +304,7 @@ OPS = {
     "Elementwise": _elementwise, "Concat": _concat, "Norm": _norm, "BatchNorm": _batch_norm,
     "RMSNorm": _rms_norm, "ReduceMean": _reduce_mean, "Softmax": _softmax,
     "SoftmaxCrossEntropy": _softmax_cross_entropy, "LSTM": _lstm, "Ravel": _ravel, "Unravel": _unravel,
-    "Stack": _stack, "Unstack": _unstack, "MoE": _moe,
+    "Stack": _stack, "Unstack": _unstack, "Roll": _roll, "MoE": _moe,
 }
 
 

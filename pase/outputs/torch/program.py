@@ -207,7 +207,11 @@ def _elementwise(layer, args, inputs, weights, extra):
 
 
 def _concat(layer, args, inputs, weights, extra):
-    return [torch.cat(list(inputs), dim=args["axis"])]
+    axis = args["axis"]
+    shape = layer.output_shapes[0]
+    # An operand of size 1 off the axis (a broadcast one) is copied along that dimension first.
+    inputs = [x.expand(*(x.shape[i] if i == axis else d for i, d in enumerate(shape))) for x in inputs]
+    return [torch.cat(inputs, dim=axis)]
 
 
 def _normalise(x, axes, scale, bias, param_axis):
@@ -252,7 +256,11 @@ def _reduce_mean(layer, args, inputs, weights, extra):
 
 def _softmax(layer, args, inputs, weights, extra):
     (x,) = inputs
-    return [torch.softmax(x, dim=args["axis"])]
+    axes = args["axis"] if isinstance(args["axis"], list) else [args["axis"]]
+    # Over several axes together: those axes moved last and flattened, then put back.
+    moved = x.movedim(axes, list(range(x.ndim - len(axes), x.ndim)))
+    y = torch.softmax(moved.flatten(x.ndim - len(axes)), dim=-1).view(moved.shape)
+    return [y.movedim(list(range(x.ndim - len(axes), x.ndim)), axes)]
 
 
 def _softmax_cross_entropy(layer, args, inputs, weights, extra):
@@ -283,6 +291,11 @@ def _unstack(layer, args, inputs, weights, extra):
     return list(torch.unbind(x, dim=args["axis"]))
 
 
+def _roll(layer, args, inputs, weights, extra):
+    (x,) = inputs
+    return [torch.roll(x, tuple(args["shifts"]), tuple(args["axes"]))]
+
+
 def _unsupported(layer) -> list:
     """What of a layer the torch program does not run: grouped and 1-D convolutions, and
     element-wise products that broadcast (JAX's program runs them all)."""
@@ -302,7 +315,7 @@ OPS = {
     "Elementwise": _elementwise, "Concat": _concat, "Norm": _norm, "BatchNorm": _batch_norm,
     "RMSNorm": _rms_norm, "ReduceMean": _reduce_mean, "Softmax": _softmax,
     "SoftmaxCrossEntropy": _softmax_cross_entropy, "Ravel": _ravel, "Unravel": _unravel,
-    "Stack": _stack, "Unstack": _unstack,
+    "Stack": _stack, "Unstack": _unstack, "Roll": _roll,
 }
 
 

@@ -452,7 +452,8 @@ def _check_torch_version() -> None:
 
 
 _OPS_NAMES = {"Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm", "BatchNorm",
-              "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "Ravel", "Unravel", "Stack", "Unstack"}
+              "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "Ravel", "Unravel", "Stack", "Unstack",
+              "Roll"}
 
 
 def _check_placements(plan: dict) -> None:

@@ -285,12 +285,20 @@ class ProtoNorm(ProtoLayer):
 
 
 class ProtoSoftmax(ProtoLayer):
+    """A Softmax over the atom ``axis``, or over several atoms together (a list)."""
+
     def __init__(self, name, x, axis):
         super().__init__(name)
         self.x, self.axis = x, axis
 
     def emit(self, em):
-        em.add(self, L.Softmax(em.tensor(self.x), axis=_index_of(self.x.leaves(), self.axis)))
+        leaves = self.x.leaves()
+        if isinstance(self.axis, list):
+            axis = [_index_of(leaves, a) for a in self.axis]
+            axis = axis[0] if len(axis) == 1 else axis
+        else:
+            axis = _index_of(leaves, self.axis)
+        em.add(self, L.Softmax(em.tensor(self.x), axis=axis))
 
 
 class ProtoReduceMean(ProtoLayer):
@@ -357,3 +365,17 @@ class ProtoReshape(ProtoLayer):
     def emit(self, em):
         out = em.g.reshape(self.name, em.tensor(self.x), self.shape)
         em.tensors[id(self.outputs[0])] = out
+
+
+class ProtoRoll(ProtoLayer):
+    """A cyclic shift of ``x`` along the atoms ``axes`` by ``shifts``: a Roll."""
+
+    def __init__(self, name, x, shifts, axes):
+        super().__init__(name)
+        self.x, self.shifts, self.axes = x, shifts, axes
+
+    def emit(self, em):
+        leaves = self.x.leaves()
+        position = _batch_position(leaves)
+        em.add(self, L.Roll(em.tensor(self.x), list(self.shifts), [_index_of(leaves, a) for a in self.axes],
+                            batch_dim=position if position is not None else 0))

@@ -6,7 +6,7 @@ import math
 
 from ..errors import Unmappable
 from ..protos import ProtoSoftmax
-from ..values import Atom, View, _leaves
+from ..values import Atom, View, _big, _leaves
 
 
 def _shape_arg(node, imp) -> tuple:
@@ -46,7 +46,17 @@ def _same_layout(a: View, b: View) -> bool:
 def _softmax_view(imp, node, value, dim):
     view = imp._view(value, node)
     imp._charge(view)
-    view, axis = imp._axis_leaf(view, dim, node)
-    axis.frozen = True
-    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axis))
+    if not imp._natural(view):
+        imp._reorder(view)
+    merged = _big(view.dims[dim]) if imp._natural(view) else []
+    if len(merged) > 1:
+        # A dimension made of several of the layer output's (Swin's 7 x 7 window tokens):
+        # one Softmax over them together, rather than a Reshape to merge them.
+        axes = merged
+    else:
+        view, axis = imp._axis_leaf(view, dim, node)
+        axes = [axis]
+    for axis in axes:
+        axis.frozen = True
+    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axes))
     return View(proto.output(view.base.atoms), view.dims)

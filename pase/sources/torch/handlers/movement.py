@@ -1,11 +1,11 @@
-"""Handlers of concatenation and stacking."""
+"""Handlers of concatenation, stacking, cyclic shifts (roll) and padding."""
 
 from __future__ import annotations
 
 from ..aten import _norm_dim
 from ..errors import Unmappable
 from .common import _same_layout, _shape_arg
-from ..protos import ProtoConcat
+from ..protos import ProtoConcat, ProtoRoll
 from ..values import Atom, LazyPairs, LazySlice, LazyStrided, Replicated, View, _dependent, _freeze, _leaves
 from .registry import handles
 
@@ -91,3 +91,40 @@ def _concat(imp, node, tensors, dim, stack):
         atoms = [a if i != dim else Atom(shape[dim], a.hint, frozen=True) for i, a in enumerate(leaves)]
     base = proto.output(atoms)
     return View(base, tuple((a,) if a.size > 1 else () for a in atoms))
+
+
+@handles({"roll"})
+def handle_roll(imp, node, name, x, shifts, dims=()):
+    """``torch.roll``: a Roll layer reading its input as laid out (Swin's shifted windows)."""
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        raise Unmappable("a roll of the flattened tensor (no dimension given)")
+    view = imp._view(x, node)
+    rank = len(view.dims)
+    dims = [_norm_dim(d, rank) for d in dims]
+    imp._charge(view)
+    view = imp._exact(view, node)
+    _freeze(view.base.atoms)
+    leaves = view.base.leaves()
+    axes, kept = [], []
+    for shift, d in zip(shifts, dims):
+        atom = leaves[d]
+        if atom.batch:
+            raise Unmappable("a roll along the batch")
+        if atom.size > 1 and shift % atom.size:
+            axes.append(atom)
+            kept.append(shift)
+    if not axes:  # a shift by a multiple of the size: the tensor itself
+        return view
+    proto = imp._record(ProtoRoll(imp._name(node, "roll"), view.base, kept, axes))
+    return View(proto.output(view.base.atoms), view.dims)
+
+
+@handles({"pad", "constant_pad_nd"})
+def handle_pad(imp, node, name, x, pad, *rest, **kwargs):
+    """Padding by nothing (Swin's to a multiple of the window, when it is one already) is the
+    tensor itself; padding to a larger shape has no layer."""
+    if any(int(p) for p in pad):
+        raise Unmappable(f"a padding by {list(pad)} to a larger shape (no PaSE layer writes one)")
+    return x

@@ -28,7 +28,6 @@ REASONS = {
     "histc": "counts the input's values (mixture-of-experts routing): data-dependent",
     "bincount": "counts the input's values: data-dependent",
     "item": "reads a value of the input as a Python number: data-dependent",
-    "roll": "a cyclic shift (Swin's shifted windows), which no PaSE layer expresses",
 }
 
 
