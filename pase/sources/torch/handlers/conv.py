@@ -123,3 +123,17 @@ def handle_adaptive_pool(imp, node, name, x, output_size):
     else:
         raise Unmappable(f"adaptive pooling from {h}x{w} to {oh}x{ow} (not a whole window)")
     return [out, SideOutput("pooling indices")] if with_indices else out
+
+
+@handles({"adaptive_avg_pool1d"})
+def handle_adaptive_pool1d(imp, node, name, x, output_size):
+    """A 1-D adaptive average to one position (Hugging Face Swin's pooler over its tokens):
+    a ReduceMean over the last dimension, as the 2-D global average is."""
+    view = imp._view(x, node)
+    (size,) = _ints(output_size, 1, "output_size")
+    length = view.shape[-1]
+    if size in (0, length):
+        return view
+    if size != 1:
+        raise Unmappable(f"1-D adaptive pooling from {length} to {size} (only to one position)")
+    return imp._reduce(LazyStatistic(view, (len(view.shape) - 1,), True, "mean"), node, leaf=True)
