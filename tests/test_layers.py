@@ -33,6 +33,7 @@ from pase.model.layers import (
     Ravel,
     ReduceMean,
     RMSNorm,
+    Roll,
     Softmax,
     SoftmaxCrossEntropy,
     Stack,
@@ -75,7 +76,7 @@ def test_every_layer_type_is_covered_here():
     assert set(LAYER_TYPES) == {
         "Conv", "Pooling", "FC", "Einsum", "Embedding", "Elementwise", "Concat", "Norm",
         "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy", "LSTM", "Ravel", "Unravel",
-        "Stack", "Unstack", "MoE",
+        "Stack", "Unstack", "Roll", "MoE",
     }
 
 
@@ -498,6 +499,48 @@ class TestConcat:
             Concat([], axis=0)
 
 
+class TestConcatBroadcast:
+    def test_a_size_one_operand_is_broadcast_and_its_gradient_all_reduced(self):
+        # (2, 4, 3) and (2, 1, 2) on axis 2: output (2, 4, 5), space (2, 4, 1); the second
+        # operand is broadcast along axis 1. Config (1, 2, 1): the copy is free on the paper
+        # machine; the broadcast operand is whole (2*1*2 = 4 elements) on both devices
+        # splitting axis 1: AR(4, 2) = 4 (rho 1), 8 (rho 2). Config (2, 1, 1): no AR.
+        a, b = _inputs((2, 4, 3), (2, 1, 2))
+        c = Concat([a, b], axis=2)
+        assert c.domain == (2, 4, 1) and c.output_shapes == ((2, 4, 5),) and c.broadcast == ((), (1,))
+        np.testing.assert_array_equal(_cost(c, [(1, 2, 1), (2, 1, 1)]), [4.0, 0.0])
+        np.testing.assert_array_equal(_cost(c, [(1, 2, 1)], RHO2), [8.0])
+        ins, outs = _tensor_configs(c, (2, 3, 1))
+        assert ins == [(2, 3, 1), (2, 1, 1)] and outs == [(2, 3, 1)]
+
+
+# ----------------------------------------------------------------------------- Roll
+
+
+class TestRoll:
+    def test_space_cost_configs(self):
+        # x (2, 8), shift 3 along axis 1: space (2, 8), no compute. Config (1, 2): blocks of
+        # 4, 3 of each block's 4 columns land on the other device: 2 * 3 = 6 elements, sent
+        # forward and back: exchange(12) = 12 rho. Config (1, 8): blocks of 1, all move:
+        # 2 * 2 = 4. Config (2, 1): the rolled axis whole, nothing moves.
+        (x,) = _inputs((2, 8))
+        r = Roll(x, 3, 1)
+        assert r.domain == (2, 8) and r.output_shapes == ((2, 8),) and r.batch_dim == 0
+        np.testing.assert_array_equal(_cost(r, [(1, 2), (1, 8), (2, 1)]), [12.0, 4.0, 0.0])
+        np.testing.assert_array_equal(_cost(r, [(1, 2)], RHO2), [24.0])
+        ins, outs = _tensor_configs(r, (2, 3))
+        assert ins == [(2, 3)] and outs == [(2, 3)]
+
+    def test_mismatch(self):
+        (x,) = _inputs((2, 8))
+        with pytest.raises(ValueError):
+            Roll(x, [1, 2], [1])  # a shift per axis
+        with pytest.raises(ValueError):
+            Roll(x, [1, 1], [1, 1])  # an axis twice
+        with pytest.raises(ValueError):
+            Roll(x, 1, 2)  # axis out of range
+
+
 # ----------------------------------------------------------------------------- Norm / BatchNorm
 
 
@@ -634,6 +677,15 @@ class TestSoftmax:
         np.testing.assert_allclose(_cost(s, configs, RHO2), [64.0, 56.0, 32.0, 28.0], rtol=1e-12)
         ins, outs = _tensor_configs(s, (2, 3))
         assert ins == [(2, 3)] and outs == [(2, 3)]
+
+    def test_costs_two_axes_together(self):
+        # x (2, 2, 3), axes (1, 2): dom = 6. Config (1, 2, 1): dpp (2, 1, 3), E = 6:
+        # 24 + 36 = 60; e = 6 / 3 = 2, a = 2: AR(2,2) = 2, AR(12,2) = 12, AR(2,2) = 2 -> 16. 76.
+        # Config (2, 1, 1): dpp (1, 2, 3), E = 6: 24 + 36 = 60, the axes whole: no AR.
+        (x,) = _inputs((2, 2, 3))
+        s = Softmax(x, axis=[1, 2])
+        assert s.axes == (1, 2) and s.args["axis"] == [1, 2]
+        np.testing.assert_allclose(_cost(s, [(1, 2, 1), (2, 1, 1)]), [76.0, 60.0], rtol=1e-12)
 
     def test_costs_first_axis(self):
         # x (2, 4), axis 0, dom[axis] = 2. Config (2, 1): dpp (1, 4), E = 4: 16 + 4*2 = 24;
