@@ -175,3 +175,20 @@ def test_padding_to_a_larger_shape_and_a_roll_of_the_batch_are_refused_in_one_li
         from_torch(model, (torch.randn(2, 6, 4),))
     message = str(err.value)
     assert "\n" not in message and words in message
+
+
+def test_a_split_roll_and_a_softmax_over_two_axes_run_under_dtensor():
+    from pase.outputs.torch.verify import verify_torch
+
+    def forward(m, x):
+        y = torch.roll(m.fc(x), 1, 1)
+        z = torch.softmax(y.flatten(1, 2), 1).view(x.shape[0], 4, 4, 8)  # over 4 x 4 positions
+        return m.out(z)
+
+    net = from_torch(Lambda(forward, fc=nn.Linear(8, 8), out=nn.Linear(8, 8)), (torch.randn(4, 4, 4, 8),))
+    assert [layer.op for layer in net.layers] == ["FC", "Roll", "Softmax", "FC", "SoftmaxCrossEntropy"]
+    # The roll and the softmax split along the rolled, normalised axis; the rest the batch.
+    configs = [[2 if i == (1 if layer.op in ("Roll", "Softmax") else 0) else 1 for i in range(len(layer.domain))]
+               for layer in net.layers]
+    result = verify_torch(net, configs, 2, timeout=300)
+    assert result.ok, result.table()

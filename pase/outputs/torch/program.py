@@ -259,7 +259,7 @@ def _softmax(layer, args, inputs, weights, extra):
     axes = args["axis"] if isinstance(args["axis"], list) else [args["axis"]]
     # Over several axes together: those axes moved last and flattened, then put back.
     moved = x.movedim(axes, list(range(x.ndim - len(axes), x.ndim)))
-    y = torch.softmax(moved.flatten(x.ndim - len(axes)), dim=-1).view(moved.shape)
+    y = torch.softmax(moved.flatten(x.ndim - len(axes)), dim=-1).reshape(moved.shape)
     return [y.movedim(list(range(x.ndim - len(axes), x.ndim)), axes)]
 
 
