@@ -212,7 +212,7 @@ def deepseek_v2_dense(batch):
 
 
 def deepseek_v2(batch):
-    """DeepSeek-V2-Lite with its mixture of experts (refused: MoE routing)."""
+    """DeepSeek-V2-Lite with its mixture of experts (each MoE block one MoE layer)."""
     config = _hf("DeepseekV2Config")(hidden_size=2048, intermediate_size=10944, num_hidden_layers=27,
                                      num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
                                      q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128,
