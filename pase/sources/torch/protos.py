@@ -285,12 +285,12 @@ class ProtoNorm(ProtoLayer):
 
 
 class ProtoSoftmax(ProtoLayer):
-    def __init__(self, name, x, axis):
+    def __init__(self, name, x, axis, causal: bool = False):
         super().__init__(name)
-        self.x, self.axis = x, axis
+        self.x, self.axis, self.causal = x, axis, causal
 
     def emit(self, em):
-        em.add(self, L.Softmax(em.tensor(self.x), axis=_index_of(self.x.leaves(), self.axis)))
+        em.add(self, L.Softmax(em.tensor(self.x), axis=_index_of(self.x.leaves(), self.axis), causal=self.causal))
 
 
 class ProtoReduceMean(ProtoLayer):

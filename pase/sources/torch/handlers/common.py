@@ -43,10 +43,12 @@ def _same_layout(a: View, b: View) -> bool:
     return True
 
 
-def _softmax_view(imp, node, value, dim):
+def _softmax_view(imp, node, value, dim, causal: bool = False):
+    """The softmax of ``value`` over ``dim`` (``causal``: an attention softmax whose scores are
+    masked to the keys at or before each query)."""
     view = imp._view(value, node)
     imp._charge(view)
     view, axis = imp._axis_leaf(view, dim, node)
     axis.frozen = True
-    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axis))
+    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axis, causal))
     return View(proto.output(view.base.atoms), view.dims)
