@@ -241,6 +241,40 @@ def test_grouped_query_attention_groups_the_query_heads():
     assert_same_network(net, g.build())
 
 
+def _softmax_causal(model, x):
+    net = from_torch(model, (x,), loss=None)
+    return [layer.args.get("causal", False) for layer in net.layers if layer.op == "Softmax"]
+
+
+def test_attention_softmax_is_causal_when_asked_or_built_by_a_causal_module():
+    # Causal attention masks half the scores, which fused attention skips (docs/training.md);
+    # the importer marks the softmax causal when SDPA says is_causal=True, or when a mask is
+    # passed by a module that declares itself causal (Hugging Face's attention classes, which
+    # under torch.export pass their causal mask as a tensor), over square scores.
+    b, l, e = 2, 8, 16
+
+    def attend(m, x, **kw):
+        q = x.view(b, l, 2, e // 2).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, **kw)
+
+    class Attention(nn.Module):
+        def __init__(self, is_causal, **kw):
+            super().__init__()
+            self.is_causal, self.kw = is_causal, kw
+
+        def forward(self, x):
+            mask = torch.ones(l, l, dtype=torch.bool, device=x.device).tril() if self.kw.get("mask") else None
+            return attend(self, x, attn_mask=mask, is_causal=self.kw.get("flag", False))
+
+    x = torch.randn(b, l, e)
+    assert _softmax_causal(Lambda(lambda m, x: attend(m, x, is_causal=True)), x) == [True]
+    assert _softmax_causal(Lambda(lambda m, x: attend(m, x)), x) == [False]
+    assert _softmax_causal(Attention(True, mask=True), x) == [True]  # HF: a causal module's mask
+    assert _softmax_causal(Attention(False, mask=True), x) == [False]  # an encoder's mask (BERT)
+    assert _softmax_causal(Attention(None, mask=True), x) == [False]  # nothing declared: not assumed
+    assert _softmax_causal(Attention(True, flag=True), x) == [True]
+
+
 def test_repeat_kv_attention_is_the_same_graph_as_enable_gqa():
     # Hugging Face's repeat_kv (unsqueeze, expand, reshape) instead of enable_gqa=True.
     b, l, e, kv, h = 2, 8, 64, 2, 8

@@ -114,7 +114,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         raise
     except BaseException as err:  # noqa: BLE001  torch raises many types, the model's forward anything
         raise TorchImportError(f"torch.export could not trace {model_name}: {_raised(err)}") from err
-    importer = GraphWalk(program, torch, model_name)
+    importer = GraphWalk(program, torch, model_name, traced)
     importer.run()
     if importer.batch is None:
         raise TorchImportError(

@@ -285,11 +285,12 @@ class ProtoNorm(ProtoLayer):
 
 
 class ProtoSoftmax(ProtoLayer):
-    """A Softmax over the atom ``axis``, or over several atoms together (a list)."""
+    """A Softmax over the atom ``axis``, or over several atoms together (a list); ``causal``:
+    an attention softmax masked to the keys at or before each query."""
 
-    def __init__(self, name, x, axis):
+    def __init__(self, name, x, axis, causal: bool = False):
         super().__init__(name)
-        self.x, self.axis = x, axis
+        self.x, self.axis, self.causal = x, axis, causal
 
     def emit(self, em):
         leaves = self.x.leaves()
@@ -298,7 +299,7 @@ class ProtoSoftmax(ProtoLayer):
             axis = axis[0] if len(axis) == 1 else axis
         else:
             axis = _index_of(leaves, self.axis)
-        em.add(self, L.Softmax(em.tensor(self.x), axis=axis))
+        em.add(self, L.Softmax(em.tensor(self.x), axis=axis, causal=self.causal))
 
 
 class ProtoReduceMean(ProtoLayer):

@@ -4,6 +4,7 @@ and proto-layers, its handler called, unmappable operations collected."""
 from __future__ import annotations
 
 import operator
+import re
 
 from pase.model.builder import GraphBuilder, Network
 
@@ -17,10 +18,11 @@ from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 class GraphWalk:
     """Walks an ``ExportedProgram``'s graph once, recording protos; then emits the network."""
 
-    def __init__(self, program, torch, model_name: str):
+    def __init__(self, program, torch, model_name: str, module=None):
         self.program = program
         self.torch = torch
         self.model_name = model_name
+        self.module = module  # the traced nn.Module, to read a submodule's attributes (``module_of``)
         self.values: dict = {}
         self.protos: list = []
         self.names: set = set()
@@ -45,6 +47,19 @@ class GraphWalk:
         path, kind = list(stack.values())[-1]
         kind = kind if isinstance(kind, str) else getattr(kind, "__qualname__", str(kind))
         return str(path), kind.rsplit(".", 1)[-1]
+
+    def module_of(self, node):
+        """The submodule whose ``forward`` ran ``node`` (``None`` where it cannot be found)."""
+        path, _ = self._where(node)
+        if self.module is None:
+            return None
+        # torch.export writes "model.layers.0.self_attn" (older versions "L['self'].model.layers[0]...").
+        path = re.sub(r"^L\['self'\]\.?", "", path)
+        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        try:
+            return self.module.get_submodule(path) if path else self.module
+        except (AttributeError, TypeError, ValueError):
+            return None
 
     def _name(self, node, suffix: str, leaf: bool = False) -> str:
         """A unique layer name: the module path, for the layer a leaf module (a Linear, a

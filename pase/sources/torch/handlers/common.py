@@ -43,7 +43,9 @@ def _same_layout(a: View, b: View) -> bool:
     return True
 
 
-def _softmax_view(imp, node, value, dim):
+def _softmax_view(imp, node, value, dim, causal: bool = False):
+    """The softmax of ``value`` over ``dim`` (``causal``: an attention softmax whose scores are
+    masked to the keys at or before each query)."""
     view = imp._view(value, node)
     imp._charge(view)
     if not imp._natural(view):
@@ -58,5 +60,5 @@ def _softmax_view(imp, node, value, dim):
         axes = [axis]
     for axis in axes:
         axis.frozen = True
-    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axes))
+    proto = imp._record(ProtoSoftmax(imp._name(node, "softmax", leaf=True), view.base, axes, causal))
     return View(proto.output(view.base.atoms), view.dims)

@@ -290,7 +290,12 @@ def handle_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     scores = _contract(imp, node, "scores", [(q, q_spec + [("L", rank - 2), ("E", rank - 1)]),
                                               (k, k_spec + [("S", rank - 2), ("E", rank - 1)])],
                        out_batch + ["L", "S"], pw=pw, hints=hints)
-    weights = _softmax_view(imp, node, scores, len(scores.dims) - 1)
+    # Causal: asked for (is_causal), or a mask over square scores that an attention module
+    # declaring itself causal built (Hugging Face attentions carry ``is_causal``; under
+    # torch.export they pass the causal mask as a tensor).
+    owner = imp.module_of(node) if attn_mask is not None and not is_causal else None
+    causal = bool(is_causal) or (getattr(owner, "is_causal", None) is True and q.shape[rank - 2] == k.shape[rank - 2])
+    weights = _softmax_view(imp, node, scores, len(scores.dims) - 1, causal=causal)
     # The weights' dimensions, in the letters of the scores.
     w_spec = [(x, tuple(weights.dims[i])) for i, x in enumerate(out_batch + ["L", "S"])]
     context = _contract(imp, node, "context", [(weights, w_spec),
