@@ -171,8 +171,7 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
 def _collectives(args, out: IO, err: IO, prog: str, timer) -> int:
     """``--collectives``: measure into ``args.out``; one line on ``out`` or one error line."""
     try:
-        progress = None
-        bar = None
+        progress = bar = None
         if timer is not None:  # measured here (spawned or torchrun ranks cannot share a bar)
             from tqdm import tqdm
 

@@ -14,7 +14,6 @@ drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (tw
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,7 +159,6 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
               for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
                                    ("logits", logits), ("sync", sync))}
     block_starts = [b[0] for b in layout.blocks]
-    first_block, end_blocks = layout.blocks[0][0], layout.blocks[-1][-1] + 1
     n_layers = per_micro.shape[0]
     p2p = _p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices)
     L = len(layout.blocks)

@@ -14,7 +14,6 @@ Two searches, each exact over what it says:
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
-from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe, mesh_configs
+from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,

@@ -19,6 +19,7 @@ __all__ = [
     "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
     "as_float", "check_shape", "check_positive", "check_count", "check_axis", "check_letters", "check_pair",
     "check_padding", "check_tensor", "generic_letters", "letters_of", "SHARED_ARGS", "check_flag",
+    "BroadcastOperands",
 ]
 
 #: Arguments every layer type takes besides its own, kept in ``args`` (so the JSON graph
@@ -389,3 +390,31 @@ def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
         # A wrong argument name or count: say which, without the Python signature noise.
         message = str(err).split(") ", 1)[-1] if ") " in str(err) else str(err)
         raise ValueError(f"{op}: {message}") from None
+
+
+class BroadcastOperands:
+    """For a layer whose operands may broadcast: ``self.broadcast`` holds, per operand, the
+    dimensions of the iteration space along which it is size 1 where the output is not
+    (Elementwise; Concat off its axis)."""
+
+    broadcast: tuple = ()
+
+    def _operand(self, C, i):
+        """The configurations of operand ``i``: unsplit along the dimensions it is broadcast along."""
+        if not self.broadcast[i]:
+            return C
+        C = C.copy()
+        C[:, list(self.broadcast[i])] = 1
+        return C
+
+    def broadcast_gradients(self, C, machine):
+        """Each broadcast operand's gradient, summed over the dimensions it was broadcast along:
+        an all-reduce of its per-device elements over the devices splitting those dimensions."""
+        communication = np.zeros(len(C))
+        for i, dims in enumerate(self.broadcast):
+            if dims:
+                shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
+                elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
+                (group,) = self._groups(C, dims)
+                communication = communication + machine.all_reduce(elements, group)
+        return communication

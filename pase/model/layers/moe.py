@@ -157,7 +157,7 @@ class MoE(Layer):
         C = np.asarray(C, dtype=np.int64)
         Cf = as_float(C)
         j = self.tokens
-        E, k, H, D = self.experts, self.top_k, self.hidden, self.domain[-1]
+        E, H, D = self.experts, self.hidden, self.domain[-1]
         cx, cf, ce = Cf[:, j], Cf[:, j + 1], Cf[:, j + 2]
         tok = list(range(j))
         g_tok, g_tok_x, g_x, g_f, g_e, g_none = self._groups(C, tok, tok + [j], (j,), (j + 1,), (j + 2,), ())

@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
+from .base import BroadcastOperands, Layer, LayerCost, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
 
 __all__ = ["Concat", "Ravel", "Unravel", "Stack", "Unstack", "Roll"]
 
@@ -30,7 +30,7 @@ class _DataMovement(Layer):
         return LayerCost(machine.memory_bound("copy", elements, zero), zero)
 
 
-class Concat(_DataMovement):
+class Concat(BroadcastOperands, _DataMovement):
     """Concatenation along ``axis``; the axis is size 1 in the iteration space.
 
     An operand may be size 1 off the axis where the others are not: it is broadcast (copied)
@@ -78,13 +78,6 @@ class Concat(_DataMovement):
     def from_args(cls, operands, args):
         return cls(list(operands), **args)
 
-    def _operand(self, C, i):
-        if not self.broadcast[i]:
-            return C
-        C = C.copy()
-        C[:, list(self.broadcast[i])] = 1
-        return C
-
     def input_configs(self, C):
         return [self._operand(C, i) for i in range(len(self.inputs))]
 
@@ -95,14 +88,7 @@ class Concat(_DataMovement):
         cost = super().costs(C, machine)
         if not any(self.broadcast):
             return cost
-        communication = cost.communication
-        for i, dims in enumerate(self.broadcast):
-            if dims:  # the operand's gradient, summed over the dimensions it was broadcast along
-                shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
-                elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
-                (group,) = self._groups(C, dims)
-                communication = communication + machine.all_reduce(elements, group)
-        return LayerCost(cost.compute, communication)
+        return LayerCost(cost.compute, cost.communication + self.broadcast_gradients(C, machine))
 
 
 class Ravel(_DataMovement):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_axis, check_count, letters_of, check_tensor
+from .base import BroadcastOperands, Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
 
 __all__ = ["Elementwise", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy"]
 
 
-class Elementwise(Layer):
+class Elementwise(BroadcastOperands, Layer):
     """Element-wise combination of two tensors, ``pw`` fused operations.
 
     The operands have one shape, or broadcast against each other (same rank, each dimension
@@ -35,13 +35,6 @@ class Elementwise(Layer):
         self.broadcast = tuple(tuple(i for i, (d, e) in enumerate(zip(t.shape, shape)) if d != e) for t in (a, b))
         super().__init__((a, b), shape, dims, (shape,), (dims,), batch_dim=0, args={"pw": self.pw})
 
-    def _operand(self, C, i):
-        if not self.broadcast[i]:
-            return C
-        C = C.copy()
-        C[:, list(self.broadcast[i])] = 1
-        return C
-
     def input_configs(self, C):
         return [self._operand(C, 0), self._operand(C, 1)]
 
@@ -54,14 +47,7 @@ class Elementwise(Layer):
         compute = machine.memory_bound("add", E, E)
         if self.pw:
             compute = compute + self.pw * machine.memory_bound("gelu", E, E)
-        communication = np.zeros(len(C))
-        for i, dims in enumerate(self.broadcast):
-            if dims:  # the operand's gradient, summed over the dimensions it was broadcast along
-                shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
-                elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
-                (group,) = self._groups(C, dims)
-                communication = communication + machine.all_reduce(elements, group)
-        return LayerCost(compute, communication)
+        return LayerCost(compute, self.broadcast_gradients(C, machine))
 
 
 class _ShapeOfInput(Layer):
