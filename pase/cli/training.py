@@ -33,9 +33,10 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         help="search the training configuration (implied by --recipe and --compare).")
     add("--recipe", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
-             "zero (0-3), recompute (none, selective, full), microbatch (sequences per micro-batch per "
-             "data-parallel rank), sp (sequence parallelism, true/false), schedule (1f1b, interleaved) and vpp "
-             "(model chunks per device, interleaved).")
+             "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
+             "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
+             "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
+             "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
     add("--export-torchtitan", metavar="FILE", default=None,
