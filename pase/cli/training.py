@@ -201,5 +201,10 @@ def run_training_command(opts, args, out: IO) -> int:
     def load(sequences: int):
         return network if sequences == network.batch else load_network(replace(opts, batch=sequences))
 
+    if source is not None and source.name == "torch":
+        from pase.sources.rebatch import Rebatcher
+
+        load = Rebatcher(load)  # an imported model: traced twice, then re-batched (pase/sources/rebatch.py)
+
     return run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
                         model_name(opts), rebuild=rebuild, write=write_atomic)
