@@ -20,6 +20,7 @@ from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
 from pase.search.ordering import get_ordering, vertex_order
+from pase.search.tables import edge_matrices, vertex_costs
 
 __all__ = ["approximate", "ApproxResult", "ApproxStats", "ApproxTooLarge", "DEFAULT_TABLE_ENTRIES",
            "MIN_TABLE_ENTRIES"]
@@ -154,35 +155,11 @@ class _Problem:
         """``(problem, vertex list)`` of a costed graph; antiparallel edges are summed."""
         vertices = vertex_order(G)
         index = {v: i for i, v in enumerate(vertices)}
-        unary = []
-        for v in vertices:
-            cost = G.nodes[v].get("cost")
-            if cost is None:
-                raise ValueError(f"vertex {v!r} has no 'cost' vector")
-            cost = np.asarray(cost, dtype=np.float64)
-            if cost.ndim != 1 or cost.size == 0:
-                raise ValueError(f"vertex {v!r}: the cost must be a non-empty 1-D array, got shape {cost.shape}")
-            if not np.isfinite(cost).all():
-                raise ValueError(f"vertex {v!r}: the cost vector must be finite")
-            unary.append(cost)
-        pairs: dict = {}
-        for u, v, data in G.edges(data=True):
-            if u == v:
-                raise ValueError(f"vertex {u!r} has an edge to itself")
-            matrix = data.get("cost")
-            if matrix is None:
-                raise ValueError(f"edge {(u, v)!r} has no 'cost' matrix")
-            matrix = np.asarray(matrix, dtype=np.float64)
-            i, j = index[u], index[v]
-            if matrix.shape != (unary[i].size, unary[j].size):
-                raise ValueError(f"edge {(u, v)!r}: the cost matrix has shape {matrix.shape}, "
-                                 f"expected {(unary[i].size, unary[j].size)}")
-            if not np.isfinite(matrix).all():
-                raise ValueError(f"edge {(u, v)!r}: the cost matrix must be finite")
-            if i > j:
-                i, j, matrix = j, i, matrix.T
-            pairs[i, j] = pairs[i, j] + matrix if (i, j) in pairs else matrix
-        return cls(unary, pairs), vertices
+        costs = vertex_costs(G, finite=True)
+        sizes = {v: cost.size for v, cost in costs.items()}
+        # Oriented (earlier, later) in vertex_order: index order.
+        pairs = {(index[u], index[v]): m for (u, v), m in edge_matrices(G, sizes, finite=True).items()}
+        return cls([costs[v] for v in vertices], pairs), vertices
 
     def graph(self) -> nx.Graph:
         G = nx.Graph()

@@ -28,6 +28,7 @@ from pase.core.units import format_bytes
 
 from pase.search.blocks import describe_blocks, find_block_runs, is_periodic
 from pase.search.ordering import Ordering, vertex_order, generate_seq, get_ordering
+from pase.search.tables import edge_matrices, vertex_costs
 
 __all__ = [
     "Search",
@@ -523,19 +524,8 @@ class Search:
             raise ValueError(f"blocks must be True, False or 'always', got {blocks!r}")
         self.chunk_entries = int(chunk_entries)
         self.vertices = list(G.nodes)
-        self.K = {}
-        self.base_costs = {}
-        for v, data in G.nodes(data=True):
-            cost = data.get("cost")
-            if cost is None:
-                raise ValueError(f"vertex {v!r} has no 'cost' vector")
-            cost = np.asarray(cost, dtype=np.float64)
-            if cost.ndim != 1 or cost.size == 0:
-                raise ValueError(f"vertex {v!r}: the cost must be a non-empty 1-D array, got shape {cost.shape}")
-            if np.isnan(cost).any():
-                raise ValueError(f"vertex {v!r}: the cost vector contains NaN")
-            self.K[v] = cost.size
-            self.base_costs[v] = cost
+        self.base_costs = vertex_costs(G)
+        self.K = {v: cost.size for v, cost in self.base_costs.items()}
         self.ordering: Ordering = get_ordering(ordering)(G)
         seq = self.ordering.sequence
         self.position = {v: i for i, v in enumerate(seq)}
@@ -543,27 +533,7 @@ class Search:
 
         # Edge matrices summed per vertex pair, oriented (earlier, later) in id order.
         id_order = vertex_order(G)
-        rank = {v: i for i, v in enumerate(id_order)}
-        pairs: dict = {}
-        checked = {}  # id -> matrix found free of NaN (repeated blocks share matrices)
-        for u, v, data in G.edges(data=True):
-            if u == v:
-                raise ValueError(f"vertex {u!r} has an edge to itself")
-            matrix = data.get("cost")
-            if matrix is None:
-                raise ValueError(f"edge {(u, v)!r} has no 'cost' matrix")
-            matrix = np.asarray(matrix, dtype=np.float64)
-            if matrix.shape != (self.K[u], self.K[v]):
-                raise ValueError(
-                    f"edge {(u, v)!r}: the cost matrix has shape {matrix.shape}, expected {(self.K[u], self.K[v])}"
-                )
-            if id(matrix) not in checked:
-                if np.isnan(matrix).any():
-                    raise ValueError(f"edge {(u, v)!r}: the cost matrix contains NaN")
-                checked[id(matrix)] = matrix  # held, so that the id stays its own
-            if rank[u] > rank[v]:
-                u, v, matrix = v, u, matrix.T
-            pairs[u, v] = pairs[u, v] + matrix if (u, v) in pairs else matrix
+        pairs = edge_matrices(G, self.K)
         self._pairs = pairs
         self._id_order = id_order
         self._plain = _Elimination(self.K, self.ordering, list(pairs), list(pairs.values()), (), self.chunk_entries)
