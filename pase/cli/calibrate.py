@@ -154,18 +154,27 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
         finally:
             bar.close()
         load_calibrated(args.out)  # what was written loads back
-    except OSError as e:
-        err.write(f"{prog}: error: cannot write {e.filename or args.out}: {e.strerror or e}\n")
-        return 1
-    except (ImportError, RuntimeError, ValueError) as e:
-        err.write(f"{prog}: error: {e}\n")
-        return 1
+    except _FAILURES as e:
+        return _failed(e, args.out, err, prog)
     attention = (f", fused attention at {description['attention_efficiency']:g} of peak"
                  if "attention_efficiency" in description else "")
     out.write(f"wrote {args.out} ({description['device']}: peak {description['peak_tflops']:g} TFLOPS, "
               f"{description['hbm_gbps']:g} GB/s{attention}; table {description['measured']}); "
               f"use --machine {args.out}\n")
     return 0
+
+
+#: What a calibration run raises for one line and exit status 1: a file it cannot write, torch
+#: or a GPU it lacks, a measurement or file that fails.
+_FAILURES = (OSError, ImportError, RuntimeError, ValueError)
+
+
+def _failed(e: Exception, out: str, err: IO, prog: str) -> int:
+    if isinstance(e, OSError):
+        err.write(f"{prog}: error: cannot write {e.filename or out}: {e.strerror or e}\n")
+    else:
+        err.write(f"{prog}: error: {e}\n")
+    return 1
 
 
 def _collectives(args, out: IO, err: IO, prog: str, timer) -> int:
@@ -189,12 +198,8 @@ def _collectives(args, out: IO, err: IO, prog: str, timer) -> int:
         if description is None:  # a torchrun rank other than 0: rank 0 reports
             return 0
         load_calibrated(args.out)  # what was written loads back
-    except OSError as e:
-        err.write(f"{prog}: error: cannot write {e.filename or args.out}: {e.strerror or e}\n")
-        return 1
-    except (ImportError, RuntimeError, ValueError) as e:
-        err.write(f"{prog}: error: {e}\n")
-        return 1
+    except _FAILURES as e:
+        return _failed(e, args.out, err, prog)
     rows = sum(len(r) for r in description["collectives"].values())
     big = [r for r in description["collectives"].get("all_reduce", []) if r[1] == 1]
     best = (f"; all-reduce up to {max(r[3] for r in big):g} GB/s bus bandwidth in a node" if big else "")
