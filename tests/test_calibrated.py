@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -363,17 +364,11 @@ def test_attention_efficiency_round_trips(tmp_path):
 
 
 def _attention_net(causal=True):
-    from pase.model.builder import GraphBuilder
-    from pase.model.layers import Einsum, Softmax
+    """test_training's scores-softmax-context block (one definition of it)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_training import _attention_net as attention_net
 
-    g = GraphBuilder("attention", 1, batch=2)
-    q = g.input((2, 2, 8, 4), "q", letters="bhlk")
-    k = g.input((2, 2, 8, 4), "k", letters="bhmk")
-    v = g.input((2, 2, 8, 4), "v", letters="bhmk")
-    scores = g.add("block1.scores", Einsum("bhlk,bhmk->bhlm", q, k))
-    weights = g.add("block1.softmax", Softmax(scores, axis=3, causal=causal))
-    g.add("block1.context", Einsum("bhlm,bhmk->bhlk", weights, v))
-    return g.build()
+    return attention_net(causal)
 
 
 @pytest.mark.parametrize("efficiency", [None, 0.25, 0.7])
