@@ -43,6 +43,7 @@ import numpy as np
 import pase
 from pase.model.builder import Network
 from pase.outputs.jax.export import export_shardings, unpack_plan
+from pase.outputs.verified import numerics_dict
 from pase.costing.memory import activation_elements, parameter_elements
 from pase.core.budget import memory_budget as share_of_available_memory
 from pase.costing.strategy import check_strategy, evaluate
@@ -308,19 +309,8 @@ class VerifyResult:
 
     def to_dict(self) -> dict:
         """The JSON ``"verify"`` object (bytes are per device per step)."""
-        worst = max(self.gradients, key=lambda g: g[2]) if self.gradients else None
         return {
-            "ok": self.ok,
-            "procs": self.procs,
-            "tolerance": self.tolerance,
-            "seed": self.seed,
-            "dtype": self.dtype,
-            "loss": self.loss,
-            "loss_reference": self.loss_reference,
-            "loss_error": self.loss_error,
-            "max_error": self.max_error,
-            "worst_gradient": None if worst is None else {"name": worst[0], "error": worst[2]},
-            "gradients": [{"name": n, "shape": list(s), "error": e} for n, s, e in self.gradients],
+            **numerics_dict(self),
             "modelled_bytes": self.modelled_total,
             "xla_bytes": self.xla_total,
             "ratio": _ratio(self.xla_total, self.modelled_total),

@@ -50,6 +50,7 @@ from pase.outputs.jax.common import GRADIENT_FLOOR
 from pase.outputs.jax.common import relative_error as _relative_error
 from pase.outputs.jax.export import export_shardings, tensor_dims, unpack_plan
 from pase.outputs.jax.verify import DTYPES, MEMORY_SHARE, VerifyTooLarge, estimated_bytes, modelled_bytes
+from pase.outputs.verified import numerics_dict
 
 __all__ = [
     "verify_torch", "TorchVerifyResult", "TorchLayerTraffic", "TorchMissing", "TorchVerifyTooLarge", "torch_plan",
@@ -235,20 +236,9 @@ class TorchVerifyResult:
 
     def to_dict(self) -> dict:
         """The JSON ``"verify"`` object (bytes per device per step), shaped as ``--verify jax``'s."""
-        worst = max(self.gradients, key=lambda g: g[2]) if self.gradients else None
         return {
             "backend": "torch",
-            "ok": self.ok,
-            "procs": self.procs,
-            "tolerance": self.tolerance,
-            "seed": self.seed,
-            "dtype": self.dtype,
-            "loss": self.loss,
-            "loss_reference": self.loss_reference,
-            "loss_error": self.loss_error,
-            "max_error": self.max_error,
-            "worst_gradient": None if worst is None else {"name": worst[0], "error": worst[2]},
-            "gradients": [{"name": n, "shape": list(s), "error": e} for n, s, e in self.gradients],
+            **numerics_dict(self),
             "modelled_bytes": self.modelled_total,
             "dtensor_bytes": self.dtensor_total,
             "ratio": _ratio(self.dtensor_total, self.modelled_total),
