@@ -355,13 +355,7 @@ def model_flops(network) -> float:
     """Model FLOPs of one step: three times the forward products of every GEMM-like layer
     (``2 x`` its iteration space), embeddings (lookups) excluded, attention counted whole
     (the count of MFU, Narayanan et al. 2021)."""
-    total = 0.0
-    for layer in network.layers:
-        if layer.op in ("Einsum", "FC", "Conv"):
-            total += 2.0 * math.prod(layer.domain)
-        elif hasattr(layer, "forward_flops"):  # a layer that counts its own (MoE)
-            total += layer.forward_flops()
-    return 3.0 * total
+    return 3.0 * sum(layer.forward_flops() for layer in network.layers)
 
 
 def parameter_elements_unique(network) -> int:

@@ -298,6 +298,11 @@ class Layer:
         """Layer cost (compute plus communication) of every configuration row of ``C``."""
         return self.costs(C, machine).total
 
+    def forward_flops(self) -> float:
+        """FLOPs of one forward pass as MFU counts them (Narayanan et al. 2021): the products
+        only (``2 x`` the iteration space of a GEMM-like layer); 0 for every other layer."""
+        return 0.0
+
     def parameters(self) -> list:
         """Parameter tensors as ``(shape, spanned iteration-space dims)`` pairs.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pase.model.tensor import Tensor
@@ -26,6 +28,10 @@ class Conv(Layer):
     """
 
     op = "Conv"
+
+    def forward_flops(self) -> float:
+        """``2 x`` the iteration space (an implicit GEMM; a grouped one's groups included)."""
+        return 2.0 * math.prod(self.domain)
 
     def __init__(self, x: Tensor, filters: int, kernel, stride=1, pad=0, pw: int = 0, bias: bool = False,
                  groups: int = 1):

@@ -23,6 +23,10 @@ class FC(Layer):
 
     op = "FC"
 
+    def forward_flops(self) -> float:
+        """``2 x`` the iteration space: a multiply and an add per point."""
+        return 2.0 * math.prod(self.domain)
+
     def __init__(self, x: Tensor, units: int, pw: int = 0, letters: str | None = None, bias: bool = False):
         x = check_tensor(x, "FC input")
         if x.rank < 2:
@@ -111,6 +115,10 @@ class Einsum(Layer):
 
     op = "Einsum"
 
+    def forward_flops(self) -> float:
+        """``2 x`` the iteration space: a multiply and an add per point."""
+        return 2.0 * math.prod(self.domain)
+
     def __init__(self, equation: str, a: Tensor, b: Tensor, pw: int = 0, batch: str | None = None,
                  bias: bool = False):
         a = check_tensor(a, "Einsum operand A")
@@ -192,6 +200,10 @@ class Embedding(Einsum):
     """
 
     op = "Embedding"
+
+    def forward_flops(self) -> float:
+        """0: a lookup, not a product (MFU leaves embeddings out)."""
+        return 0.0
     lookup_table = True
 
     def __init__(self, ids: Tensor, vocab: int, width: int, letters: str | None = None):
