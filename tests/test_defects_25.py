@@ -284,7 +284,7 @@ def test_least_table_bytes_is_a_lower_bound():
         network = load(graph, 64)
         least, _ = network.least_table_bytes(procs)
         configs = network.configs(procs)
-        assert least <= Network._table_bytes(configs, network._edge_keys(configs)[2])
+        assert least <= network._table_bytes(configs, network._edge_keys(configs)[2])
 
 
 def test_memory_error_without_text_is_not_empty_parentheses(monkeypatch):

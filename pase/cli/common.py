@@ -37,7 +37,8 @@ def load_network(opts: Options, model_from_file: bool = False):
     if options and not opts.graph.startswith("torch:"):
         raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", ExitStatus.USAGE)
     try:
-        return load(opts.graph, opts.batch, opts.model, **options)
+        network = load(opts.graph, opts.batch, opts.model, **options)
+        return network if opts.readers is None else network.with_readers(opts.readers)
     except InputError as err:
         raise CliError(str(err), ExitStatus.INPUT) from None
     except ValueError as err:

@@ -11,6 +11,7 @@ from typing import IO
 from pase.core.checks import is_int, is_number
 from pase.core.fileio import InputError, read_json
 from pase.machines.registry import MACHINE_NAMES, preset_of
+from pase.model.readers import READER_RULES
 from pase.planning.planner import evaluate_plan, strategy_from_json
 from pase.sources.builtin import GRAPHS
 from pase.sources.registry import source_of
@@ -38,13 +39,14 @@ _FILE_SETTINGS = {
     "act_bytes": lambda v: is_number(v) and 0 <= v <= 1e6,
     "cap_bytes": lambda v: is_number(v) and 0 < v < 1e30,
     "machine": lambda v: isinstance(v, str) and v in MACHINE_NAMES,
+    "readers": lambda v: v in READER_RULES,
 }
 
 
 #: How a recorded setting is named on the command line, for the notes on overrides.
 _FLAG_OF = {"graph": "-g", "procs": "-p", "batch": "-b", "model": "-m", "flops": "--flops", "bw": "--bw",
             "param_bytes": "--param-bytes", "act_bytes": "--act-bytes", "cap_bytes": "--memory",
-            "machine": "--machine"}
+            "machine": "--machine", "readers": "--readers"}
 
 
 def _recorded_machine(recorded: dict):

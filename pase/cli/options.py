@@ -87,6 +87,7 @@ class Options:
     act_bytes: float = 2.0  # --act-bytes: bytes per activation element
     act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
     approx: int | None = None  # --approx: the approximate search with tables of at most this many entries
+    readers: str | None = None  # --readers: the reader rule (None: the source's own)
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -166,4 +167,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         act_bytes=pick("act_bytes", 2.0),
         act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
         approx=args.approx,
+        readers=pick("readers", None),
     )

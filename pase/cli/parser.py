@@ -10,6 +10,7 @@ from typing import IO
 from pase import __version__
 from pase.costing.memory import ASSUMPTIONS
 from pase.machines.registry import MACHINE_NAMES
+from pase.model.readers import READER_RULES
 from pase.outputs.exporters import EXPORTERS
 from pase.sources.builtin import GRAPHS
 from pase.sources.registry import graph_help
@@ -155,6 +156,11 @@ def _add_imports_and_exports(add) -> None:
     add("--loss", choices=LOSSES, default=None,
         help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
+    add("--readers", choices=READER_RULES, default=None,
+        help="how several layers reading one tensor reduce its gradient: each its own (the paper's rule), or "
+             "summed, once where they are split alike, as frameworks run separate q/k/v and gate/up projections; "
+             "exact, and a larger search (one more vertex in the largest dependent sets). (Default: each; a graph "
+             "file records its own)")
     for exporter in EXPORTERS:
         add(exporter.flag, metavar="FILE", default=None, help=exporter.help)
     add("--verify", choices=VERIFIERS, default=None,

@@ -34,7 +34,8 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
     write_exports(opts, "network", network)
     model = effective_model(opts)
     if not opts.json:
-        out.write(format_sweep_header(network.name, network.batch, machine, model, model_name(opts)))
+        out.write(format_sweep_header(network.name, network.batch, machine, model, model_name(opts),
+                                      network.readers))
     status = ExitStatus.OK
     profiler = Profiler(opts.profile)
     bar = tqdm(opts.sweep, desc=f"{network.name} sweep", unit="search", file=err, leave=False,

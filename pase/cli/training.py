@@ -187,7 +187,11 @@ def run_training_command(opts, args, out: IO) -> int:
 
     from .common import check_outputs, effective_model, load_checked_machine, load_network, model_name, write_exports
     from .errors import CliError
+    from .status import ExitStatus
 
+    if opts.readers == "summed":
+        raise CliError("--readers summed applies to the per-layer search; the training model prices each reader's "
+                       "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts)
     engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),

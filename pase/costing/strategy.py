@@ -16,6 +16,7 @@ from pase.core.checks import checked_device_count
 from pase.model.builder import Network
 from pase.model.layers import redistribution_volume
 from pase.model.configs import check_config
+from pase.model.readers import shared_reductions
 from pase.machines.paper import Machine
 
 __all__ = ["Evaluation", "evaluate", "check_strategy"]
@@ -136,4 +137,7 @@ def evaluate(
                 for t in tensors
             )
         )
+    # Under the reader rule "summed", a reader laid out like the one before it shares its
+    # gradient's all-reduce (pase.model.readers): its communication is the rest.
+    communication = communication - shared_reductions(network, strategy, machine)
     return Evaluation(strategy, compute, communication, edge_costs)

@@ -7,6 +7,7 @@ device count and machine, giving the networkx graph the search works on.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -18,6 +19,7 @@ from pase.core.checks import checked_device_count, is_positive_int
 from pase.model.configs import count_configs, enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
+from pase.model.readers import READER_RULES, link_matrix, reader_links
 from pase.model.tensor import Tensor
 from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
@@ -74,6 +76,10 @@ class Network:
         ``(u, v) -> tuple of EdgeTensor``: the distinct tensors ``v`` reads from ``u``.
     batch : int or None
         The mini-batch size it was built for, if any.
+    readers : str
+        How several readers of one tensor reduce its gradient (``pase.model.readers``):
+        ``"each"`` its own (the paper's rule, the default) or ``"summed"`` once where they
+        are laid out alike (``--readers summed``).
     """
 
     name: str
@@ -82,6 +88,15 @@ class Network:
     names: tuple
     edges: dict = field(hash=False)
     batch: int | None = None
+    readers: str = "each"
+
+    def __post_init__(self):
+        if self.readers not in READER_RULES:
+            raise ValueError(f"unknown reader rule {self.readers!r}; choose one of: {', '.join(READER_RULES)}")
+
+    def with_readers(self, readers: str) -> "Network":
+        """The same network under another reader rule (``pase.model.readers``)."""
+        return self if readers == self.readers else dataclasses.replace(self, readers=readers)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -147,14 +162,21 @@ class Network:
             )
         return outputs, inputs, keys
 
-    @staticmethod
-    def _table_bytes(configs: list, keys: dict) -> int:
-        """Bytes of the cost vectors and of the distinct edge matrices (and distinct sums)."""
+    def _table_bytes(self, configs: list, keys: dict) -> int:
+        """Bytes of the cost vectors, of the distinct edge matrices (and distinct sums) and of
+        the reader links' matrices."""
         counts = [len(c) for c in configs]
         distinct = {}
         for (u, v), tensor_keys in keys.items():
             for key in tensor_keys + ((tensor_keys,) if len(tensor_keys) > 1 else ()):
                 distinct[key] = counts[u] * counts[v]
+        for link in reader_links(self):
+            a, b = self.layers[link.earlier], self.layers[link.later]
+            key = ("readers", a.op, a.domain, link.earlier_input, b.op, b.domain, link.later_input,
+                   configs[link.earlier].tobytes(), configs[link.later].tobytes())
+            distinct[key] = counts[link.earlier] * counts[link.later]
+            if (link.earlier, link.later) in keys:  # summed into that edge's matrix
+                distinct[key + (link.earlier, link.later)] = counts[link.earlier] * counts[link.later]
         return 8 * (sum(distinct.values()) + sum(counts))
 
     def graph(self, procs: int, machine=None, configs: list | None = None, budget: int | None = None) -> nx.DiGraph:
@@ -209,7 +231,25 @@ class Network:
                     memo[tensor_keys] = summed
                 parts = [memo[tensor_keys]]
             G.add_edge(u, v, cost=parts[0], tensors=tensors)
+        self._link_readers(G, configs, machine)
         return G
+
+    def _link_readers(self, G: nx.DiGraph, configs: list, machine) -> None:
+        """Under the rule ``"summed"``, each reader link's reduction leaves the later reader's
+        cost for an edge that charges it only where the earlier reader is laid out otherwise
+        (``pase.model.readers``); an edge already there gets the sum (and keeps the link's
+        matrix as ``readers``). Equal links (repeated blocks) share one matrix."""
+        memo: dict = {}
+        for link in reader_links(self):
+            a, b = link.earlier, link.later
+            matrix, reduction = link_matrix(self, link, configs, machine, memo)
+            G.nodes[b]["cost"] = G.nodes[b]["cost"] - reduction
+            if G.has_edge(a, b):
+                data = G.edges[a, b]
+                data["readers"] = data["readers"] + matrix if "readers" in data else matrix
+                data["cost"] = data["cost"] + matrix
+            else:
+                G.add_edge(a, b, cost=matrix, tensors=(), readers=matrix)
 
     def edge_list(self) -> list:
         """``[producer, consumer]`` pairs in the order the edges were created."""

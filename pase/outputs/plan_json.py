@@ -27,6 +27,7 @@ def report_dict(plan: Plan, model: int | None = None, measure: Measurement | Non
         "batch": batch_of(plan.network),
         "model": model,
         **_machine_keys(plan.machine),
+        "readers": plan.network.readers,
         "status": "ok",
         "total_cost": plan.total_cost,
         "data_parallel_cost": plan.data_parallel.total,

@@ -31,11 +31,12 @@ def _sweep_line(cells) -> str:
 
 
 def format_sweep_header(graph: str, batch: int, machine, model: int | None = None,
-                        model_name: str = "model width") -> str:
-    """Title and column headers of a sweep table."""
+                        model_name: str = "model width", readers: str = "each") -> str:
+    """Title and column headers of a sweep table (the reader rule named where it is not the paper's)."""
     model = f", {model_name} {model}" if model is not None else ""
+    rule = f", readers {readers}" if readers != "each" else ""
     return (
-        f"PaSE sweep: {graph}, batch {batch}{model}; {machine.header_line()}; costs in {machine.sweep_unit}\n"
+        f"PaSE sweep: {graph}, batch {batch}{model}{rule}; {machine.header_line()}; costs in {machine.sweep_unit}\n"
         + _sweep_line([h for h, _ in SWEEP_COLUMNS]) + "\n"
     )
 

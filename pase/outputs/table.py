@@ -78,6 +78,9 @@ def _summary_lines(plan: Plan) -> list:
         ("data-parallel cost", with_time(plan.data_parallel.total)),
         ("modelled speedup", f"{speedup:.3f}x over data parallelism" if speedup is not None else "n/a"),
     ]
+    if plan.network.readers != "each":
+        lines.append(("readers", "a tensor's readers split alike reduce its summed gradient once (--readers "
+                                 f"{plan.network.readers})"))
     lines += _memory_lines(plan)
     if plan.search is not None:
         s = plan.search

@@ -444,7 +444,7 @@ def strategy_from_json(data, where: str) -> tuple:
 
 #: Settings a plan file records (a ``--json`` output does) that a later ``--evaluate`` takes,
 #: at the top level and inside its ``memory`` object.
-_SETTINGS = ("graph", "procs", "batch", "model", "flops", "bw", "machine")
+_SETTINGS = ("graph", "procs", "batch", "model", "flops", "bw", "machine", "readers")
 _MEMORY_SETTINGS = ("param_bytes", "act_bytes", "cap_bytes")
 
 

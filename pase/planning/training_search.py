@@ -440,8 +440,10 @@ class FreeSearch:
 
 def training_graph(network, procs: int, machine, options: TrainingOptions, act_bytes: float, budget=None):
     """``(graph, costing, memory vectors)``: the costed graph whose layer vectors and edge
-    matrices are the training configuration's (``options``), for the exact search."""
-    G = network.graph(procs, machine, budget=budget)
+    matrices are the training configuration's (``options``), for the exact search. The
+    training model prices each reader's gradient reduction itself (the reader rule
+    ``"each"``, ``docs/training.md``)."""
+    G = network.with_readers("each").graph(procs, machine, budget=budget)
     configs = [G.nodes[v]["configs"] for v in range(len(network.layers))]
     costing = TrainingCosting(network, configs, machine)
     H = G.copy()

@@ -13,6 +13,7 @@ from pase.core.checks import is_int, is_positive_int
 from pase.model.builder import GraphBuilder, Network
 from pase.core.fileio import InputError, read_json
 from pase.model.layers import make_layer
+from pase.model.readers import READER_RULES
 
 __all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps", "load_graph_file"]
 
@@ -59,7 +60,8 @@ def network_to_json(network: Network) -> dict:
     ]
     return {
         "format": FORMAT, "version": VERSION, "name": network.name, "cutoff": network.cutoff,
-        "batch": network.batch, "inputs": inputs, "layers": layers,
+        "batch": network.batch, **({"readers": network.readers} if network.readers != "each" else {}),
+        "inputs": inputs, "layers": layers,
     }
 
 
@@ -88,7 +90,7 @@ def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
 
 #: The fields of a graph file, of each graph input and of each layer. Any other is refused:
 #: a misspelt optional field (``"params"``, ``"arg"``) would otherwise be silently ignored.
-_TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "inputs", "layers")
+_TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "readers", "inputs", "layers")
 _INPUT_FIELDS = ("name", "shape", "letters", "param")
 _LAYER_FIELDS = ("name", "op", "inputs", "args")
 
@@ -151,6 +153,9 @@ def network_from_json(data, where: str = "graph file") -> Network:
         raise InputError(f"{where}: field 'batch' must be a positive integer or null")
     if cutoff < 1:
         raise InputError(f"{where}: field 'cutoff' must be a positive integer")
+    readers = _field(data, "readers", str, where, optional=True, default="each")
+    if readers not in READER_RULES:
+        raise InputError(f"{where}: field 'readers' must be one of {', '.join(READER_RULES)}, got {json.dumps(readers)[:60]}")
     g = GraphBuilder(name or "graph", cutoff=cutoff, batch=batch)
     tensors: dict = {}
     for i, spec in enumerate(_field(data, "inputs", list, where)):
@@ -210,7 +215,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
             tensors[lname] = out[0]
         else:
             tensors[lname] = out
-    return g.build()
+    return g.build().with_readers(readers)
 
 
 def load_graph_file(path: str, batch: int | None, model: int | None) -> Network:

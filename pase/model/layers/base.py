@@ -19,7 +19,7 @@ __all__ = [
     "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
     "as_float", "check_shape", "check_positive", "check_count", "check_axis", "check_letters", "check_pair",
     "check_padding", "check_tensor", "generic_letters", "letters_of", "SHARED_ARGS", "check_flag",
-    "BroadcastOperands",
+    "BroadcastOperands", "GemmShaped", "operand_gradient_reductions",
 ]
 
 #: Arguments every layer type takes besides its own, kept in ``args`` (so the JSON graph
@@ -82,12 +82,19 @@ def gemm_cost(machine, per_device, groups, pw: int = 0, weight_grads=(False, Tru
     if pw > 0:
         outputs = Bp * Mp * Np
         compute = compute + pw * machine.memory_bound("gelu", outputs, 3.0 * outputs)
-    communication = (
-        machine.all_reduce(Bp * Mp * Np, group_k)
-        + machine.all_reduce(Bp * Mp * Kp, group_n, grad=weight_grads[0])
-        + machine.all_reduce(Bp * Np * Kp, group_m, grad=weight_grads[1])
-    )
+    gradient_a, gradient_b = operand_gradient_reductions(machine, (Bp, Mp, Np, Kp), groups, weight_grads)
+    communication = machine.all_reduce(Bp * Mp * Np, group_k) + gradient_a + gradient_b
     return LayerCost(compute, communication)
+
+
+def operand_gradient_reductions(machine, per_device, groups, weight_grads=(False, True)) -> tuple:
+    """The last two terms of ``gemm_cost``: operand A's gradient all-reduced over the devices
+    splitting ``N`` (``AR(Bp Mp Kp, n)``) and operand B's over those splitting ``M``
+    (``AR(Bp Np Kp, m)``); ``weight_grads`` says which is a weight's gradient."""
+    Bp, Mp, Np, Kp = (np.asarray(x, dtype=np.float64) for x in per_device)
+    group_m, group_n, _ = groups
+    return (machine.all_reduce(Bp * Mp * Kp, group_n, grad=weight_grads[0]),
+            machine.all_reduce(Bp * Np * Kp, group_m, grad=weight_grads[1]))
 
 
 def redistribution_volume(shape, source, target):
@@ -298,6 +305,29 @@ class Layer:
         """Layer cost (compute plus communication) of every configuration row of ``C``."""
         return self.costs(C, machine).total
 
+    def reduced_inputs(self) -> tuple:
+        """Positions of the inputs whose gradient ``costs`` all-reduces in a way another reader
+        of the same tensor, laid out alike, could share: the readers sum their partial
+        gradients and reduce once (``pase.model.readers``; ``docs/cost-model.md``, "Several
+        readers of one tensor"). Default: none."""
+        return ()
+
+    def gradient_reductions(self, C: np.ndarray, machine) -> dict:
+        """``input position -> cost vector`` of that all-reduce, for every ``reduced_inputs``."""
+        return {}
+
+    def reduction_signature(self, i: int) -> tuple:
+        """What two readers of one tensor must have in common for their ``reduction_layout``
+        columns to mean the same: by default the layer type, the input position and the
+        iteration-space rank."""
+        return (self.op, i, len(self.domain))
+
+    def reduction_layout(self, i: int) -> tuple:
+        """``(held, group)`` for an input in ``gradient_reductions``: the iteration-space
+        columns that say which block of the input (and of its partial gradient) a device
+        holds, and those the gradient is all-reduced over."""
+        raise NotImplementedError
+
     def forward_flops(self) -> float:
         """FLOPs of one forward pass as MFU counts them (Narayanan et al. 2021): the products
         only (``2 x`` the iteration space of a GEMM-like layer); 0 for every other layer."""
@@ -395,6 +425,54 @@ def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
         # A wrong argument name or count: say which, without the Python signature noise.
         message = str(err).split(") ", 1)[-1] if ") " in str(err) else str(err)
         raise ValueError(f"{op}: {message}") from None
+
+
+class GemmShaped:
+    """A layer priced as one batched GEMM by ``gemm_cost``.
+
+    A subclass gives ``gemm_dims()``: its iteration-space columns that are the GEMM's batch,
+    ``M``, ``N`` and ``K`` dimensions; ``gemm_operands``: the input positions of operand A and
+    operand B (``None`` for a weight the layer owns); ``weight_grads``: which operand's gradient
+    is a weight's; and ``pw``."""
+
+    pw: int = 0
+    gemm_operands: tuple = (0, None)
+
+    def gemm_dims(self) -> tuple:
+        raise NotImplementedError
+
+    def weight_grads(self) -> tuple:
+        return (False, True)
+
+    def _gemm_terms(self, C) -> tuple:
+        """``gemm_cost``'s per-device sizes and groups."""
+        dims = [list(d) for d in self.gemm_dims()]
+        Cf = as_float(C)
+        domain = np.asarray(self.domain, dtype=np.float64)
+        sizes = tuple(domain[d].prod() / Cf[:, d].prod(axis=1) for d in dims)
+        return sizes, self._groups(C, *dims[1:])
+
+    def costs(self, C, machine):
+        sizes, groups = self._gemm_terms(C)
+        return gemm_cost(machine, sizes, groups, self.pw, self.weight_grads())
+
+    def reduced_inputs(self) -> tuple:
+        """The activation operands (not a weight's)."""
+        return tuple(i for i, weight in zip(self.gemm_operands, self.weight_grads()) if i is not None and not weight)
+
+    def gradient_reductions(self, C, machine) -> dict:
+        """The all-reduce of each activation operand's gradient (``gemm_cost``'s terms)."""
+        sizes, groups = self._gemm_terms(C)
+        terms = operand_gradient_reductions(machine, sizes, groups, self.weight_grads())
+        return {i: term for i, term in zip(self.gemm_operands, terms) if i in self.reduced_inputs()}
+
+    def reduction_layout(self, i: int) -> tuple:
+        """``(held, group)``: operand A's columns (batch, ``M``, ``K``) and ``N``; B's (batch,
+        ``N``, ``K``) and ``M``."""
+        batch, m, n, k = (list(d) for d in self.gemm_dims())
+        if i == self.gemm_operands[0]:
+            return batch + m + k, n
+        return batch + n + k, m
 
 
 class BroadcastOperands:

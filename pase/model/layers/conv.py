@@ -7,13 +7,13 @@ import math
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, check_padding, check_pair, check_tensor, gemm_cost
+from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, check_padding, check_pair, check_tensor, GemmShaped
 
 __all__ = ["Conv", "Pooling"]
 
 
 
-class Conv(Layer):
+class Conv(GemmShaped, Layer):
     """2-D convolution: image ``(b, c, h, w)``, ``n`` filters of ``r x s``.
 
     Iteration space ``(b, c, ho, wo, r, s, n)``; ``ho`` and ``wo`` are never split.
@@ -82,25 +82,16 @@ class Conv(Layer):
         cols = self._columns(C)
         return [cols[:, [0, 6, 3]] if self.flat else cols[:, [0, 6, 2, 3]]]
 
-    def costs(self, C, machine):
-        Cf = as_float(C)
-        if self.groups == 1:
-            b, c, ho, wo, r, s, n = self.domain
-            return gemm_cost(
-                machine,
-                (1.0, b * ho * wo / (Cf[:, 0] * Cf[:, 2] * Cf[:, 3]), n / Cf[:, 6],
-                 c * r * s / (Cf[:, 1] * Cf[:, 4] * Cf[:, 5])),
-                self._groups(C, (0, 2, 3), (6,), (1, 4, 5)),
-                self.pw,
-            )
-        b, g, c, ho, wo, r, s, n = self.domain
-        return gemm_cost(
-            machine,
-            (g / Cf[:, 1], b * ho * wo / (Cf[:, 0] * Cf[:, 3] * Cf[:, 4]), n / Cf[:, 7],
-             c * r * s / (Cf[:, 2] * Cf[:, 5] * Cf[:, 6])),
-            self._groups(C, (0, 3, 4), (7,), (2, 5, 6)),
-            self.pw,
-        )
+    def gemm_dims(self) -> tuple:
+        if self.groups == 1:  # (b, c, ho, wo, r, s, n)
+            return (), (0, 2, 3), (6,), (1, 4, 5)
+        return (1,), (0, 3, 4), (7,), (2, 5, 6)  # (b, g, c/g, ho, wo, r, s, n/g)
+
+    def reduction_signature(self, i: int) -> tuple:
+        """Convolutions only compare with convolutions of the same shape but the filter count:
+        their operand A is the unfolded image, whose size depends on the kernel, stride and
+        padding (the output size) and the grouping."""
+        return ("Conv", self.groups) + tuple(self.domain[:-1])
 
     def parameters(self):
         if self.groups == 1:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import math
 import re
 
-import numpy as np
-
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, gemm_cost
+from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, GemmShaped
 
 __all__ = ["FC", "Einsum", "Embedding"]
 
 
-class FC(Layer):
+class FC(GemmShaped, Layer):
     """Fully-connected layer: input ``(x1..xj, k)``, ``n`` units.
 
     Iteration space ``(x1..xj, n, k)``; a GEMM with ``M = prod(x)``, ``N = n``, ``K = k``.
@@ -54,16 +52,13 @@ class FC(Layer):
         j = len(self.domain) - 2
         return [C[:, : j + 1]]
 
-    def costs(self, C, machine):
+    def gemm_dims(self) -> tuple:
         j = len(self.domain) - 2
-        Cf = as_float(C)
-        return gemm_cost(
-            machine,
-            (1.0, math.prod(self.domain[:j]) / Cf[:, :j].prod(axis=1), self.domain[j] / Cf[:, j],
-             self.domain[j + 1] / Cf[:, j + 1]),
-            self._groups(C, range(j), (j,), (j + 1,)),
-            self.pw,
-        )
+        return (), range(j), (j,), (j + 1,)
+
+    def reduction_signature(self, i: int) -> tuple:
+        """A GEMM's activation operand, whatever the layer: ``held`` follows the tensor's dims."""
+        return ("gemm", len(self.inputs[i].shape))
 
     def parameters(self):
         j = len(self.domain) - 2
@@ -103,7 +98,7 @@ def _parse_equation(equation: str, a: Tensor, b: Tensor) -> tuple:
     return eq, in_a, in_b, out, sizes
 
 
-class Einsum(Layer):
+class Einsum(GemmShaped, Layer):
     """A two-operand Einsum such as ``ble,ef->blf``, costed as a batched GEMM.
 
     Iteration space: output dims in output order, then reduction dims in order of first
@@ -167,17 +162,23 @@ class Einsum(Layer):
     def output_configs(self, C):
         return [C[:, : len(self.terms[2])]]
 
-    def costs(self, C, machine):
-        Cf = as_float(C)
-        dom = np.asarray(self.domain, dtype=np.float64)
+    gemm_operands = (0, 1)
 
-        def per_device(letters):
-            cols = self._columns(letters)
-            return dom[cols].prod() / Cf[:, cols].prod(axis=1)
+    def gemm_dims(self) -> tuple:
+        return tuple(self._columns(x) for x in (self.batch_letters, self.m_letters, self.n_letters, self.k_letters))
 
-        sizes = tuple(per_device(x) for x in (self.batch_letters, self.m_letters, self.n_letters, self.k_letters))
-        groups = self._groups(C, *(self._columns(x) for x in (self.m_letters, self.n_letters, self.k_letters)))
-        return gemm_cost(machine, sizes, groups, self.pw, (self.inputs[0].is_param, self.inputs[1].is_param))
+    def weight_grads(self) -> tuple:
+        return (self.inputs[0].is_param, self.inputs[1].is_param)
+
+    def reduction_signature(self, i: int) -> tuple:
+        """As ``FC``'s: ``held`` follows the operand's letters, so an FC and an Einsum reading
+        one tensor compare."""
+        return ("gemm", len(self.inputs[i].shape))
+
+    def reduction_layout(self, i: int) -> tuple:
+        held = self._columns(self.terms[i])
+        other = self.n_letters if i == 0 else self.m_letters
+        return held, self._columns(other)
 
     def parameters(self):
         weights = [
@@ -233,6 +234,10 @@ class Embedding(Einsum):
     @property
     def operands(self) -> tuple:
         return (self.ids,)
+
+    def reduced_inputs(self) -> tuple:
+        """None: its only input is the token ids, which have no gradient."""
+        return ()
 
     def costs(self, C, machine):
         einsum = super().costs(C, machine)

@@ -23,6 +23,7 @@ its operand. Unsupported operations are collected and reported together (``Unmap
 from __future__ import annotations
 
 from pase.model.builder import Network
+from pase.model.readers import READER_RULES
 from pase.core.checks import is_positive_int
 
 from .errors import (
@@ -43,7 +44,7 @@ LOSSES = ("cross-entropy", None)
 
 
 def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | None = "cross-entropy",
-               cutoff: int | None = None) -> Network:
+               cutoff: int | None = None, readers: str = "each") -> Network:
     """The PaSE network of a PyTorch module, traced with ``torch.export``.
 
     Parameters
@@ -65,6 +66,10 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
     cutoff : int, optional
         Configuration cut-off; default 4 when the model has convolutions (like the built-in
         CNNs), otherwise 1.
+    readers : {"each", "summed"}
+        How several readers of one tensor reduce its gradient (``pase.model.readers``):
+        ``"each"`` its own, the paper's rule (default), or ``"summed"`` once where they are
+        laid out alike, as PyTorch runs them (exact, and a larger search).
 
     Returns
     -------
@@ -99,6 +104,8 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         loss = None
     if loss not in LOSSES:
         raise TorchImportError(f"loss must be 'cross-entropy' or None, got {loss!r}")
+    if readers not in READER_RULES:
+        raise TorchImportError(f"readers must be one of {', '.join(READER_RULES)}, got {readers!r}")
     if cutoff is not None and (not is_positive_int(cutoff)):
         raise TorchImportError(f"the cut-off must be a positive integer, got {cutoff!r}")
     model_name = name or type(module).__name__
@@ -129,7 +136,7 @@ def from_torch(module, args, kwargs=None, name: str | None = None, loss: str | N
         raise TorchImportError(f"{model_name}: no layer depends on the batch input; there is nothing to plan")
     chosen = cutoff if cutoff is not None else (4 if importer.has_conv else 1)
     try:
-        return importer.emit(chosen)
+        return importer.emit(chosen).with_readers(readers)
     except Unmappable as why:
         raise TorchImportError(f"{model_name}: {why}") from None
 
