@@ -31,7 +31,9 @@ class Evaluation:
     configs : list of tuple
         The strategy: one configuration per vertex id.
     compute, communication : numpy.ndarray
-        The two parts of every vertex's layer cost (``Layer.costs``).
+        The two parts of every vertex's layer cost (``Layer.costs``); under the reader rule
+        ``"summed"`` a reader's communication leaves out the reduction it shares with the
+        reader before it (``pase.model.readers``).
     edge_costs : dict
         ``(u, v) -> `` redistribution cost of every edge.
     """
