@@ -168,6 +168,35 @@ def test_cli_exits_5_when_the_plan_skips_a_reduction(tmp_path, monkeypatch):
 
 
 @needs_torch
+def test_readers_split_alike_reduce_once_as_dtensor_does():
+    # Gate and up read h and split their units over both processes: each gradient of h is
+    # partial. DTensor adds the two partials and all-reduces the sum once (in h's backward);
+    # the reader rule "summed" charges that one all-reduce, "each" two.
+    from pase import Elementwise
+    from pase.costing.strategy import evaluate
+    from pase.outputs.jax.verify import TrafficMachine
+
+    g = GraphBuilder("gated")
+    x = g.input((8, 16), "x", letters="bk")
+    h = g.add("h", FC(x, 16))
+    gate = g.add("gate", FC(h, 32))
+    up = g.add("up", FC(h, 32))
+    m = g.add("m", Elementwise(gate, up))
+    g.add("loss", SoftmaxCrossEntropy(g.add("down", FC(m, 12))))
+    net = g.build().with_readers("summed")
+    configs = [(1, 1, 1), (1, 2, 1), (1, 2, 1), (1, 2), (1, 1, 2), (1, 1)]
+    result = verify_torch(net, configs, 2)
+    assert result.ok, result.table()
+    by_name = {l.name: l for l in result.layers}
+    # h's gradient: 8 x 16 float32 = 512 bytes, all-reduced over 2 (2 x 1/2 x 512), once.
+    assert by_name["h"].collectives == {"all-reduce": 1} and by_name["h"].dtensor_layer_backward == 512.0
+    assert by_name["gate"].modelled_layer == 512.0 and by_name["up"].modelled_layer == 0.0
+    assert result.modelled_total == result.dtensor_total == 896.0  # and down's output, 8 x 12 x 4
+    each = evaluate(net.with_readers("each"), configs, TrafficMachine(4.0), 2)
+    assert each.total == 1408.0
+
+
+@needs_torch
 def test_tiny_llama_runs_on_two_processes():
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.join(ROOT, "examples"))
