@@ -1,6 +1,8 @@
 """Vector norms (``torch.linalg.vector_norm``, ``Tensor.norm``, ``F.normalize``) against
 hand-built layers: dividing a tensor by its own norm over the last axis is an RMSNorm; a norm
-read otherwise is a statistic priced like the mean (a ReduceMean)."""
+read otherwise is a statistic priced like the mean (a ReduceMean). And the product of such a
+norm's reshaped output with a tensor that keeps the dimensions it merged (Swin-v2's cosine
+attention over windows)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from pase import GraphBuilder  # noqa: E402
-from pase.model.layers import FC, ReduceMean, RMSNorm, SoftmaxCrossEntropy  # noqa: E402
-from pase.sources.torch.importer import UnmappableOpsError, from_torch  # noqa: E402
+from pase.model.layers import FC, Einsum, Norm, ReduceMean, RMSNorm, SoftmaxCrossEntropy  # noqa: E402
+from pase.sources.torch.importer import from_torch  # noqa: E402
 
 from test_torch_import import Lambda, assert_same_network  # noqa: E402
 
@@ -94,3 +96,24 @@ def test_a_norm_over_another_axis_divides_by_broadcast():
     assert "RMSNorm" not in ops and "ReduceMean" in ops
     product = next(layer for layer in net.layers if layer.op == "Elementwise")
     assert [t.shape for t in product.inputs] == [(4, 5, 16), (4, 1, 16)] and product.broadcast == ((), (1,))
+
+
+def test_a_product_of_a_merged_dimension_and_its_pieces_reshapes_both_operands():
+    # (images, windows) = (2, 3) merged into 6: the transposed norm reads a Reshape whose output
+    # has one frozen atom of 6; the other operand still has the norm's 2 and 3, frozen by that
+    # Reshape. They cannot be paired, so the second operand is reshaped too (once refused).
+    def forward(m, x):
+        y = m.ln(x).reshape(6, 4, 8)
+        q = F.normalize(y.transpose(1, 2), dim=-1)  # (6, 8, 4): normalised over the 4 tokens
+        return m.b(q @ y)
+
+    net = from_torch(Lambda(forward, ln=nn.LayerNorm(8), b=nn.Linear(8, 5)), (torch.randn(2, 3, 4, 8),))
+    g = GraphBuilder("want", cutoff=1)
+    x = g.input((2, 3, 4, 8), "x")
+    y = g.add("ln", Norm(x, axis=-1))
+    q = g.add("norm", RMSNorm(g.reshape("reshape", y, (6, 8, 4)), axis=-1, learnt=0))
+    y = g.reshape("reshape_2", y, (6, 4, 8))
+    z = g.add("matmul", Einsum("wdt,wte->wde", q, y))
+    z = g.add("b", FC(z, 5))
+    g.add("loss", SoftmaxCrossEntropy(z))
+    assert_same_network(net, g.build())
