@@ -536,9 +536,13 @@ def _vision(model_name, config_name, batch, size=224, **config):
 
 
 def dinov2(batch):
-    """DINOv2-small with 4 layers: layer scale, position embedding interpolated to the image."""
-    return _vision("Dinov2Model", "Dinov2Config", batch, hidden_size=384, num_hidden_layers=4,
-                   num_attention_heads=6, image_size=518, patch_size=14)
+    """DINOv2-small with 4 layers: layer scale, position embedding interpolated to the image, the
+    patch mask of its (iBOT) training passed (so that its mask token is read)."""
+    import torch
+
+    model, args = _vision("Dinov2Model", "Dinov2Config", batch, hidden_size=384, num_hidden_layers=4,
+                          num_attention_heads=6, image_size=518, patch_size=14)
+    return model, args, {"bool_masked_pos": _meta(lambda: torch.zeros(batch, (224 // 14) ** 2, dtype=torch.bool))}
 
 
 def beit(batch):

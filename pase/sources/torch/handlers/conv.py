@@ -6,8 +6,21 @@ from ..aten import _ints
 from ..errors import Unmappable
 from .common import _shape_arg
 from ..protos import ProtoConv, ProtoPooling
-from ..values import Atom, SideOutput, LazyStatistic, View, _dependent, _freeze
+from ..values import Atom, SideOutput, LazyStatistic, Replicated, View, _dependent, _freeze
 from .registry import handles
+
+
+def _claim_derived(imp, proto, weight) -> bool:
+    """A filter computed from parameters (weight normalisation: ``g * v / ||v||``): the Conv
+    holds the one of the filter's shape (``v``) as its filter; the others (``g``) stay
+    parameters it reads, held once each."""
+    if not isinstance(weight, Replicated) or weight.shape is None:
+        return False
+    same = [name for name in sorted(weight.params) if imp.parameters.get(name) == tuple(weight.shape)]
+    if len(same) != 1:
+        return False
+    proto.claims.append((0, same[0]))
+    return True
 
 
 @handles({"conv2d", "conv1d", "convolution", "_convolution"})
@@ -53,7 +66,7 @@ def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dila
     _freeze(view.base.atoms)
     imp.has_conv = True
     proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad, groups))
-    if imp._claim(proto, 0, weight) and bias is not None:
+    if (imp._claim(proto, 0, weight) or _claim_derived(imp, proto, weight)) and bias is not None:
         proto.bias = imp._claim(proto, 1, bias)
     batch = view.base.leaves()[0]
     atoms = [batch, Atom(n, "c", frozen=True)] + ([] if flat else [Atom(ho, "h", frozen=True)]) + [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..aten import _BINARY, _DROPOUTS, _NORM_STATS, _POINTWISE, _STATS, _flat, _norm_dim, _op_name
@@ -229,6 +230,26 @@ def handle_layer_norm(imp, node, name, x, normalized_shape, *rest, **kwargs):
     if name == "_fused_rms_norm":
         return [out, SideOutput("norm statistics")]
     return out
+
+
+@handles({"group_norm"})
+def handle_group_norm(imp, node, name, x, groups, weight=None, bias=None, *rest, **kwargs):
+    """``F.group_norm`` of ``(b, c, ...)``: statistics over each group of ``c / groups`` channels
+    and every position. One group per channel of a sequence (Wav2Vec2's first convolution) is a
+    Norm over the length; otherwise a Reshape to ``(b, groups, c / groups * positions)``, a
+    Norm over the last axis, and a Reshape back. The per-channel scale and shift are not the
+    Norm's (its learnt vectors run along its axis): they are held as parameters it reads."""
+    view = imp._view(x, node)
+    shape = tuple(view.shape)
+    if len(shape) < 3:
+        raise Unmappable("a group norm of a tensor without positions")
+    b, c = shape[:2]
+    groups = int(groups)
+    if groups == c and len(shape) == 3:
+        return _norm_layer(imp, node, "Norm", view, 2)
+    grouped = imp._reshape(view, node, (b, groups, c // groups * math.prod(shape[2:])))
+    out = _norm_layer(imp, node, "Norm", grouped, 2)
+    return imp._reshape(out, node, shape)
 
 
 @handles({"batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
