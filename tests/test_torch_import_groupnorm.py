@@ -1,5 +1,6 @@
-"""Group norms and weight-normalised filters (Wav2Vec2's feature extractor and position
-convolution, PoolFormer's norms) against hand-built layers and the models' own parameter counts."""
+"""Group norms, weight-normalised and dilated filters (Wav2Vec2's feature extractor and position
+convolution, PoolFormer's norms, DeepLab's atrous convolutions) against hand-built layers and
+the models' own parameter counts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 from pase import GraphBuilder  # noqa: E402
 from pase.costing.memory import parameter_count  # noqa: E402
 from pase.model.layers import Conv, Norm  # noqa: E402
-from pase.sources.torch.importer import from_torch  # noqa: E402
+from pase.sources.torch.importer import UnmappableOpsError, from_torch  # noqa: E402
 
 from test_torch_import import Lambda, assert_same_network  # noqa: E402
 
@@ -72,3 +73,27 @@ def test_a_weight_normalised_filter_is_held_once():
     assert_same_network(net, g.build())
     v, magnitude = 6 * 2 * 3, 3
     assert parameter_count(net) == _own(model) == 2 * 4 + 4 + v + magnitude + 6
+
+
+def test_a_dilated_convolution_is_the_undilated_kernel_with_less_padding():
+    # 3 x 3 dilated by 2 spans 5 x 5: padding 2 keeps 8 x 8, as the undilated 3 x 3 with padding
+    # 1 does, with the same 9 products per output (DeepLab's atrous convolutions).
+    def forward(m, x):
+        return m.b(m.a(x))
+
+    model = Lambda(forward, a=nn.Conv2d(3, 4, 3, padding=2, dilation=2),
+                   b=nn.Conv2d(4, 5, (3, 1), padding=(3, 0), dilation=(3, 1)))
+    net = from_torch(model, (torch.randn(2, 3, 8, 8),), loss=None)
+    g = GraphBuilder("want", cutoff=4)
+    x = g.input((2, 3, 8, 8), "x")
+    y = g.add("a", Conv(x, 4, 3, pad=1, bias=True))
+    g.add("b", Conv(y, 5, (3, 1), pad=(1, 0), bias=True))  # 3 rows dilated by 3 span 7, 4 more: 2 less each side
+    assert_same_network(net, g.build())
+    assert net.layers[1].output_shapes == ((2, 5, 8, 8),)
+
+
+def test_a_dilated_convolution_padded_less_than_it_spreads_is_refused():
+    model = nn.Conv2d(3, 4, 3, padding=1, dilation=3)  # spans 7: 1 each side is less than the 2 added
+    with pytest.raises(UnmappableOpsError) as info:
+        from_torch(model, (torch.randn(2, 3, 12, 12),), loss=None)
+    assert "\n" not in str(info.value) and "dilated convolution padded by less" in str(info.value)
