@@ -231,7 +231,8 @@ def mixtral(batch):
 
 def gpt_bigcode(batch):
     """SantaCoder's shape (GPT-BigCode) with 4 layers: multi-query attention fused in one c_attn."""
-    config = _hf("GPTBigCodeConfig")(n_embd=2048, n_layer=4, n_head=16, multi_query=True, vocab_size=49280)
+    config = _hf("GPTBigCodeConfig")(n_embd=2048, n_layer=4, n_head=16, multi_query=True, vocab_size=49280,
+                                     bos_token_id=49152, eos_token_id=49152)
     return _lm(_hf("GPTBigCodeForCausalLM"), config, batch)
 
 
@@ -282,7 +283,7 @@ def smollm(batch):
     """SmolLM2-135M (Llama): 30 narrow layers (576 wide, 9 heads, 3 KV), tied embedding."""
     config = _hf("LlamaConfig")(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                 num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                                tie_word_embeddings=True)
+                                tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     return _lm(_hf("LlamaForCausalLM"), config, batch)
 
 
@@ -674,7 +675,7 @@ def _why(err) -> str:
     from pase.sources.torch.errors import UnmappableOpsError
 
     if isinstance(err, UnmappableOpsError):
-        return "; ".join(f"`{op}`: {reason.split(':')[0].split(' (')[0]}" for op, _, reason, _ in err.ops[:3])
+        return "; ".join(f"`{op}`: {reason.split(': ')[0].split(' (')[0]}" for op, _, reason, _ in err.ops[:3])
     return str(err).split(": ", 1)[-1][:120]
 
 
