@@ -238,7 +238,8 @@ def handle_group_norm(imp, node, name, x, groups, weight=None, bias=None, *rest,
     and every position. One group per channel of a sequence (Wav2Vec2's first convolution) is a
     Norm over the length; otherwise a Reshape to ``(b, groups, c / groups * positions)``, a
     Norm over the last axis, and a Reshape back. The per-channel scale and shift are not the
-    Norm's (its learnt vectors run along its axis): they are held as parameters it reads."""
+    Norm's (its learnt vectors run along its axis): they are held like a layer scale, by the
+    layer whose output they first meet."""
     view = imp._view(x, node)
     shape = tuple(view.shape)
     if len(shape) < 3:

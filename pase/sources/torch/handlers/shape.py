@@ -79,10 +79,6 @@ def _permutation(name, rank, args) -> list:
 def handle_permute(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
         return _carried(x, imp._meta_shape(node))
-    if isinstance(x, LazyStatistic) and x.keepdim and _shape_arg(node, imp) == tuple(x.source.shape):
-        # A statistic broadcast back over the axes it reduced (``F.normalize``'s
-        # ``expand_as``): still lazy, so that dividing its source by it is a norm.
-        return replace(x, expanded=True)
     view = imp._view(x, node)
     order = _permutation(name, len(view.dims), list(args) + list(kwargs.values()))
     return View(view.base, tuple(view.dims[i] for i in order), view.ops)
