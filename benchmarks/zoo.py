@@ -229,6 +229,64 @@ def mixtral(batch):
     return _lm(_hf("MixtralForCausalLM"), config, batch)
 
 
+def gpt_bigcode(batch):
+    """SantaCoder's shape (GPT-BigCode) with 4 layers: multi-query attention fused in one c_attn."""
+    config = _hf("GPTBigCodeConfig")(n_embd=2048, n_layer=4, n_head=16, multi_query=True, vocab_size=49280,
+                                     bos_token_id=49152, eos_token_id=49152)
+    return _lm(_hf("GPTBigCodeForCausalLM"), config, batch)
+
+
+def codegen(batch):
+    """CodeGen-350M's shape with 4 layers: qkv fused in model-parallel blocks, interleaved rotary."""
+    config = _hf("CodeGenConfig")(n_embd=1024, n_layer=4, n_head=16, rotary_dim=32, vocab_size=51200)
+    return _lm(_hf("CodeGenForCausalLM"), config, batch)
+
+
+def mpt(batch):
+    """MPT-7B's shape with 4 layers: ALiBi, fused Wqkv, bias-free layer norms."""
+    config = _hf("MptConfig")(d_model=4096, n_layers=4, n_heads=32, vocab_size=50432, expansion_ratio=4)
+    return _lm(_hf("MptForCausalLM"), config, batch)
+
+
+def cohere(batch):
+    """Command-R's layer (Cohere) at width 2048, 4 layers: parallel attention and MLP, logit scale."""
+    config = _hf("CohereConfig")(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
+                                 num_attention_heads=16, num_key_value_heads=4, vocab_size=256000)
+    return _lm(_hf("CohereForCausalLM"), config, batch)
+
+
+def granite(batch):
+    """Granite-3.0-2B's shape with 4 layers: embedding, residual and logit multipliers."""
+    config = _hf("GraniteConfig")(hidden_size=2048, intermediate_size=8192, num_hidden_layers=4,
+                                  num_attention_heads=32, num_key_value_heads=8, vocab_size=49155,
+                                  tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                  logits_scaling=8.0, attention_multiplier=0.015625)
+    return _lm(_hf("GraniteForCausalLM"), config, batch)
+
+
+def olmo2(batch):
+    """OLMo-2-1B's shape with 4 layers: q/k norms over the whole width, norms after each block."""
+    config = _hf("Olmo2Config")(hidden_size=2048, intermediate_size=8192, num_hidden_layers=4,
+                                num_attention_heads=16, num_key_value_heads=16, vocab_size=100352)
+    return _lm(_hf("Olmo2ForCausalLM"), config, batch)
+
+
+def gemma3(batch):
+    """Gemma-3-1B (text) with 6 layers: sliding-window and global layers, q/k norms, tied embedding."""
+    config = _hf("Gemma3TextConfig")(hidden_size=1152, intermediate_size=6912, num_hidden_layers=6,
+                                     num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                                     vocab_size=262144, sliding_window=512)
+    return _lm(_hf("Gemma3ForCausalLM"), config, batch)
+
+
+def smollm(batch):
+    """SmolLM2-135M (Llama): 30 narrow layers (576 wide, 9 heads, 3 KV), tied embedding."""
+    config = _hf("LlamaConfig")(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    return _lm(_hf("LlamaForCausalLM"), config, batch)
+
+
 # ---------------------------------------------------------------------------------------
 # Encoders and encoder-decoders
 
@@ -371,6 +429,166 @@ def llava(batch):
     return model, (), {"input_ids": ids, "pixel_values": pixels}
 
 
+def _ids(batch, tokens=TOKENS):
+    import torch
+
+    return _meta(lambda: torch.zeros(batch, tokens, dtype=torch.long))
+
+
+def _seq2seq(model_cls, config, batch):
+    model, args, kwargs = _lm(model_cls, config, batch)
+    kwargs["decoder_input_ids"] = _ids(batch)
+    return model, args, kwargs
+
+
+def xlm_roberta(batch):
+    """XLM-RoBERTa's layer with 4 layers and its 250k vocabulary, its position ids passed."""
+    import torch
+
+    config = _hf("XLMRobertaConfig")(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1,
+                                     num_hidden_layers=4)
+    model, args, kwargs = _lm(_hf("XLMRobertaModel"), config, batch)
+    kwargs["position_ids"] = _meta(lambda: torch.arange(2, TOKENS + 2).expand(batch, TOKENS))
+    kwargs["token_type_ids"] = _ids(batch)
+    return model, args, kwargs
+
+
+def deberta_v2(batch):
+    """DeBERTa-v3-base's shape with 2 layers: disentangled relative-position attention."""
+    config = _hf("DebertaV2Config")(vocab_size=128100, num_hidden_layers=2, relative_attention=True,
+                                    position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+                                    pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                                    position_biased_input=False, type_vocab_size=0)
+    return _lm(_hf("DebertaV2Model"), config, batch)
+
+
+def mobilebert(batch):
+    """MobileBERT with 4 layers: bottlenecks, stacked feed-forward networks, no-norm layers."""
+    return _lm(_hf("MobileBertModel"), _hf("MobileBertConfig")(num_hidden_layers=4), batch)
+
+
+def mpnet(batch):
+    """MPNet-base's shape with 4 layers: a relative-position bias shared by the layers, its
+    position ids passed (computed from the ids they are data-dependent)."""
+    import torch
+
+    model, args, kwargs = _lm(_hf("MPNetModel"), _hf("MPNetConfig")(num_hidden_layers=4), batch)
+    kwargs["position_ids"] = _meta(lambda: torch.arange(2, TOKENS + 2).expand(batch, TOKENS))
+    return model, args, kwargs
+
+
+def marian(batch):
+    """Marian (opus-mt-en-de) with 2 + 2 layers: sinusoidal positions, tied embeddings."""
+    config = _hf("MarianConfig")(vocab_size=58101, d_model=512, encoder_layers=2, decoder_layers=2,
+                                 encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                                 decoder_ffn_dim=2048, pad_token_id=58100, decoder_start_token_id=58100)
+    return _seq2seq(_hf("MarianMTModel"), config, batch)
+
+
+def mbart(batch):
+    """mBART-large's shape with 2 + 2 layers: norms before each block and after each stack."""
+    config = _hf("MBartConfig")(vocab_size=250027, d_model=1024, encoder_layers=2, decoder_layers=2,
+                                encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
+                                decoder_ffn_dim=4096)
+    return _seq2seq(_hf("MBartModel"), config, batch)
+
+
+def pegasus(batch):
+    """Pegasus-large's shape with 2 + 2 layers: sinusoidal positions."""
+    config = _hf("PegasusConfig")(vocab_size=96103, d_model=1024, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
+                                  decoder_ffn_dim=4096)
+    return _seq2seq(_hf("PegasusModel"), config, batch)
+
+
+def mt5(batch):
+    """mT5-small with 2 + 2 layers: gated-GELU MLPs, an untied head over 250k tokens."""
+    config = _hf("MT5Config")(num_layers=2, num_decoder_layers=2)
+    return _seq2seq(_hf("MT5ForConditionalGeneration"), config, batch)
+
+
+def umt5(batch):
+    """UMT5-small with 2 + 2 layers: a relative-position bias in every layer."""
+    config = _hf("UMT5Config")(num_layers=2, num_decoder_layers=2)
+    return _seq2seq(_hf("UMT5ForConditionalGeneration"), config, batch)
+
+
+def wav2vec2(batch):
+    """Wav2Vec2-base with 2 layers: a 7-layer conv1d feature extractor, a grouped conv1d position
+    embedding (weight-normalised), 1 s of 16 kHz audio (time masking and layer drop, training randomness, off)."""
+    import torch
+
+    config = _hf("Wav2Vec2Config")(num_hidden_layers=2, mask_time_prob=0.0, layerdrop=0.0)
+    model = _meta(lambda: _build(_hf("Wav2Vec2Model"), config))
+    return model, (_meta(lambda: torch.zeros(batch, 16000)),)
+
+
+def hubert(batch):
+    """HuBERT-base with 2 layers: Wav2Vec2's feature extractor and encoder."""
+    import torch
+
+    config = _hf("HubertConfig")(num_hidden_layers=2, mask_time_prob=0.0, layerdrop=0.0)
+    model = _meta(lambda: _build(_hf("HubertModel"), config))
+    return model, (_meta(lambda: torch.zeros(batch, 16000)),)
+
+
+def _vision(model_name, config_name, batch, size=224, **config):
+    return _image(_meta(lambda: _build(_hf(model_name), _hf(config_name)(**config))), batch, size)
+
+
+def dinov2(batch):
+    """DINOv2-small with 4 layers: layer scale, position embedding interpolated to the image, the
+    patch mask of its (iBOT) training passed (so that its mask token is read)."""
+    import torch
+
+    model, args = _vision("Dinov2Model", "Dinov2Config", batch, hidden_size=384, num_hidden_layers=4,
+                          num_attention_heads=6, image_size=518, patch_size=14)
+    return model, args, {"bool_masked_pos": _meta(lambda: torch.zeros(batch, (224 // 14) ** 2, dtype=torch.bool))}
+
+
+def beit(batch):
+    """BEiT-base with 2 layers: a relative-position bias per layer, layer scale, mean pooling."""
+    return _vision("BeitForImageClassification", "BeitConfig", batch, num_hidden_layers=2,
+                   use_relative_position_bias=True, use_mean_pooling=True)
+
+
+def data2vec_vision(batch):
+    """Data2Vec-vision-base with 2 layers (BEiT's architecture)."""
+    return _vision("Data2VecVisionForImageClassification", "Data2VecVisionConfig", batch, num_hidden_layers=2,
+                   use_relative_position_bias=True, use_mean_pooling=True)
+
+
+def swinv2(batch):
+    """Swin-v2-T (Hugging Face) at 256 pixels: cosine attention, a continuous position-bias MLP."""
+    return _vision("Swinv2ForImageClassification", "Swinv2Config", batch, 256, image_size=256, window_size=8)
+
+
+def convnextv2(batch):
+    """ConvNeXt-v2-T (Hugging Face): global response normalisation."""
+    return _vision("ConvNextV2ForImageClassification", "ConvNextV2Config", batch, depths=[3, 3, 9, 3],
+                   hidden_sizes=[96, 192, 384, 768])
+
+
+def segformer(batch):
+    """SegFormer-B0: overlapping patch embeddings, reduced-key attention, an all-MLP decoder."""
+    return _vision("SegformerForSemanticSegmentation", "SegformerConfig", batch, 512)
+
+
+def mobilevit(batch):
+    """MobileViT-S at 256 pixels: unfolded patches through transformer blocks between convolutions."""
+    return _vision("MobileViTForImageClassification", "MobileViTConfig", batch, 256)
+
+
+def levit(batch):
+    """LeViT-128S: attention with learnt position biases, subsampling attention, batch norms."""
+    return _vision("LevitForImageClassification", "LevitConfig", batch)
+
+
+def poolformer(batch):
+    """PoolFormer-S12: average pooling in place of attention, group norms."""
+    return _vision("PoolFormerForImageClassification", "PoolFormerConfig", batch)
+
+
 # ---------------------------------------------------------------------------------------
 # torchvision
 
@@ -408,14 +626,47 @@ mnasnet = _tv("mnasnet", "mnasnet1_0")
 vit_b16 = _tv("vit_b16", "vit_b_16")
 swin_t = _tv("swin_t", "swin_t")
 
+efficientnet_v2_s = _tv("efficientnet_v2_s", "efficientnet_v2_s", 384)
+
+
+def regnet_x(batch):
+    """torchvision regnet_x_400mf (built on the CPU like ``regnet_y``, 5M weights)."""
+    import torchvision
+
+    return _image(torchvision.models.regnet_x_400mf().to("meta"), batch)
+
+
+vit_l32 = _tv("vit_l32", "vit_l_32")
+swin_v2_t = _tv("swin_v2_t", "swin_v2_t", 256)
+maxvit_t = _tv("maxvit_t", "maxvit_t")
+
+
+def _tv_segmentation(zoo_name, name):
+    def factory(batch):
+        import torchvision
+
+        return _image(_meta(lambda: getattr(torchvision.models.segmentation, name)(
+            weights=None, weights_backbone=None, aux_loss=False)), batch, 520)
+
+    factory.__name__ = factory.__qualname__ = zoo_name
+    factory.__doc__ = f"torchvision segmentation {name}, 520 x 520 images."
+    return factory
+
+
+fcn_resnet50 = _tv_segmentation("fcn_resnet50", "fcn_resnet50")
+deeplabv3 = _tv_segmentation("deeplabv3", "deeplabv3_resnet50")
+
 
 #: The zoo in report order: (factory, family, what it shows).
 ZOO = [
     gpt2, llama, mistral, qwen2, qwen3, gemma, gemma2, pythia, phi3, phi2, falcon, opt, stablelm, starcoder2,
-    olmo, gpt_neo, bloom, gptj, deepseek_v2_dense, deepseek_v2, mixtral, bert, roberta, roberta_ids_only,
-    distilbert, albert, electra, t5, bart, whisper, clip, clip_vision, vit, deit, swin, convnext_hf, llava,
-    resnet50, resnext50, wide_resnet50, vgg16, mobilenet_v2, mobilenet_v3, efficientnet_b0, convnext_tiny,
-    regnet_y, densenet121, googlenet, inception_v3, shufflenet, squeezenet, mnasnet, vit_b16, swin_t,
+    olmo, gpt_neo, bloom, gptj, deepseek_v2_dense, deepseek_v2, mixtral, gpt_bigcode, codegen, mpt, cohere,
+    granite, olmo2, gemma3, smollm, bert, roberta, roberta_ids_only, distilbert, albert, electra, xlm_roberta,
+    deberta_v2, mobilebert, mpnet, t5, bart, marian, mbart, pegasus, mt5, umt5, whisper, wav2vec2, hubert, clip,
+    clip_vision, vit, deit, swin, convnext_hf, dinov2, beit, data2vec_vision, swinv2, convnextv2, segformer,
+    mobilevit, levit, poolformer, llava, resnet50, resnext50, wide_resnet50, vgg16, mobilenet_v2, mobilenet_v3,
+    efficientnet_b0, convnext_tiny, regnet_y, densenet121, googlenet, inception_v3, shufflenet, squeezenet,
+    mnasnet, vit_b16, swin_t, efficientnet_v2_s, regnet_x, vit_l32, swin_v2_t, maxvit_t, fcn_resnet50, deeplabv3,
 ]
 
 
@@ -424,7 +675,7 @@ def _why(err) -> str:
     from pase.sources.torch.errors import UnmappableOpsError
 
     if isinstance(err, UnmappableOpsError):
-        return "; ".join(f"`{op}`: {reason.split(':')[0].split(' (')[0]}" for op, _, reason, _ in err.ops[:3])
+        return "; ".join(f"`{op}`: {reason.split(': ')[0].split(' (')[0]}" for op, _, reason, _ in err.ops[:3])
     return str(err).split(": ", 1)[-1][:120]
 
 

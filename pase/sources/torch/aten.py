@@ -69,7 +69,7 @@ _STATS = {"mean": "mean", "sum": "sum", "var": "var", "std": "std", "amax": "max
           "nanmean": "mean", "logsumexp": "max"}
 
 
-_NORM_STATS = {"mean", "var", "std"}
+_NORM_STATS = {"mean", "var", "std", "norm"}
 
 
 #: Module classes whose layer takes the module's own path as its name.

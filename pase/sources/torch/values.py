@@ -144,8 +144,9 @@ class LazySlice:
 class LazyStatistic:
     """A statistic (``mean``, ``var``, ...) over ``axes`` of ``source``, kept lazy.
 
-    Combined with its own source (``x * rsqrt(mean(x^2) + eps)``, ``x - mean(x)``) it is a
-    norm; read by anything else it becomes a ReduceMean.
+    Combined with its own source (``x * rsqrt(mean(x^2) + eps)``, ``x - mean(x)``,
+    ``x / norm(x)``) it is a norm; read by anything else it becomes a ReduceMean. ``expanded``:
+    broadcast back to its source's shape (``F.normalize``'s ``expand_as``), as a reader sees it.
     """
 
     source: View
@@ -153,9 +154,12 @@ class LazyStatistic:
     keepdim: bool
     kind: str
     ops: frozenset = frozenset()
+    expanded: bool = False
 
     @property
     def shape(self) -> tuple:
+        if self.expanded:
+            return tuple(self.source.shape)
         shape = []
         for i, size in enumerate(self.source.shape):
             if i in self.axes:

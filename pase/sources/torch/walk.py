@@ -13,6 +13,7 @@ from .errors import TorchImportError, Unmappable
 from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
 from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
+from .handlers.common import _expand_view
 
 
 class GraphWalk:
@@ -169,7 +170,8 @@ class GraphWalk:
         if isinstance(value, LazySlice):
             return self._unstack(value, node)
         if isinstance(value, LazyStatistic):
-            return self._reduce(value, node)
+            reduced = self._reduce(value, node)
+            return _expand_view(reduced, value.source.shape) if value.expanded else reduced
         if isinstance(value, LazyStrided):
             # Every step-th element: the element ``start`` of the refined dimension's inner factor.
             refined = self._refined(value.source, value.dim, value.step, node)

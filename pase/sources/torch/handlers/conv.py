@@ -6,8 +6,21 @@ from ..aten import _ints
 from ..errors import Unmappable
 from .common import _shape_arg
 from ..protos import ProtoConv, ProtoPooling
-from ..values import Atom, SideOutput, LazyStatistic, View, _dependent, _freeze
+from ..values import Atom, SideOutput, LazyStatistic, Replicated, View, _dependent, _freeze
 from .registry import handles
+
+
+def _claim_derived(imp, proto, weight) -> bool:
+    """A filter computed from parameters (weight normalisation: ``g * v / ||v||``): the Conv
+    holds the one of the filter's shape (``v``) as its filter; the others (``g``) stay
+    parameters it reads, held once each."""
+    if not isinstance(weight, Replicated) or weight.shape is None:
+        return False
+    same = [name for name in sorted(weight.params) if imp.parameters.get(name) == tuple(weight.shape)]
+    if len(same) != 1:
+        return False
+    proto.claims.append((0, same[0]))
+    return True
 
 
 @handles({"conv2d", "conv1d", "convolution", "_convolution"})
@@ -25,20 +38,28 @@ def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dila
     if len(x.shape) not in (3, 4) or weight.shape is None or len(weight.shape) != len(x.shape):
         raise Unmappable("a convolution that is neither 1-D nor 2-D")
     spatial = 1 if flat else 2
-    if any(d != 1 for d in _ints(dilation, spatial, "dilation")):
-        raise Unmappable("a dilated convolution")
     n, c_group = weight.shape[:2]
     r, s = (1, weight.shape[2]) if flat else weight.shape[2:]
+    dil = _ints(dilation, spatial, "dilation")
+    spread = [d * (k - 1) for d, k in zip(dil, (s,) if flat else (r, s))]  # what the kernel spans, less 1
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0
-        elif padding == "same" and r % 2 and s % 2:
-            padding = (s - 1) // 2 if flat else ((r - 1) // 2, (s - 1) // 2)
+        elif padding == "same" and not any(e % 2 for e in spread):
+            padding = [e // 2 for e in spread]
         else:
             raise Unmappable(f"padding={padding!r} with an even kernel")
     stride, pad = _ints(stride, spatial, "stride"), _ints(padding, spatial, "padding")
     if flat:
-        stride, pad = (1,) + stride, (0,) + pad
+        stride, pad, dil = (1,) + stride, (0,) + pad, (1,) + dil
+    if any(d != 1 for d in dil):
+        # A dilated kernel reads r x s inputs spread over d (r - 1) + 1: the products of the
+        # undilated kernel, whose output has the same shape with (d - 1)(r - 1) / 2 less padding
+        # each side (the Conv never splits the image, so it has no halo to price differently).
+        extra = [(d - 1) * (k - 1) for d, k in zip(dil, (r, s))]
+        if any(e % 2 for e in extra) or any(p < e // 2 for p, e in zip(pad, extra)):
+            raise Unmappable("a dilated convolution padded by less than half the spread of its kernel")
+        pad = tuple(p - e // 2 for p, e in zip(pad, extra))
     view = imp._view(x, node)
     imp._charge(view)
     view = imp._exact(view, node)
@@ -53,7 +74,7 @@ def handle_conv(imp, node, name, x, weight, bias=None, stride=1, padding=0, dila
     _freeze(view.base.atoms)
     imp.has_conv = True
     proto = imp._record(ProtoConv(imp._name(node, "conv", leaf=True), view.base, n, (r, s), stride, pad, groups))
-    if imp._claim(proto, 0, weight) and bias is not None:
+    if (imp._claim(proto, 0, weight) or _claim_derived(imp, proto, weight)) and bias is not None:
         proto.bias = imp._claim(proto, 1, bias)
     batch = view.base.leaves()[0]
     atoms = [batch, Atom(n, "c", frozen=True)] + ([] if flat else [Atom(ho, "h", frozen=True)]) + [

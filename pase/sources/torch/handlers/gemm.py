@@ -25,6 +25,40 @@ def _dim_atoms(view: View, dim: int) -> list:
     return _big(view.dims[dim])
 
 
+def _pairable(xs: list, ys: list) -> bool:
+    """Whether two atom sequences pair (``_unify``) without touching the atoms themselves."""
+    stand_in = [[Atom(a.size, frozen=a.frozen) for a in atoms if a.size > 1] for atoms in (xs, ys)]
+    return _unify(*stand_in) is not None
+
+
+def _align(imp, node, operands, views) -> list:
+    """Two batch-dependent operands sharing a dimension that one has merged into a single frozen
+    atom (a Reshape's output: a norm of heads laid out anew) and the other keeps as the frozen
+    atoms it merged (Swin-v2's windows times heads): the finer operand reshaped as well, so that
+    both read the dimension as one atom (and the other too, where it is split otherwise)."""
+    if len(views) != 2 or any(v is None for v in views):
+        return views
+    (_, spec_a), (_, spec_b) = operands
+    dims_b = {letter: dim for letter, dim in spec_b}
+    for letter, dim_a in spec_a:
+        dim_b = dims_b.get(letter)
+        if not isinstance(dim_a, int) or not isinstance(dim_b, int):
+            continue
+        atoms = [[a for a in _dim_atoms(v, d) if a.size > 1] for v, d in zip(views, (dim_a, dim_b))]
+        sizes = [math.prod(a.size for a in side) for side in atoms]
+        if sizes[0] != sizes[1] or _pairable(*atoms):
+            continue
+        views = list(views)
+        finer = 0 if len(atoms[0]) > len(atoms[1]) else 1
+        for side in (finer, 1 - finer):
+            if len(atoms[side]) > 1:
+                views[side] = imp._reshape(views[side], node)
+                atoms[side] = [a for a in _dim_atoms(views[side], (dim_a, dim_b)[side]) if a.size > 1]
+                if _pairable(*atoms):
+                    break
+    return views
+
+
 def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
     """Record the product of two operands given as ``(value, [(letter, dim)])``.
 
@@ -46,6 +80,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
             if value.shape is None:
                 raise Unmappable("a product with a non-tensor operand")
             views.append(None)
+    views = _align(imp, node, operands, views)
     # Per letter: its size and its atoms as (atom, side) pairs; ``alias`` pairs keys.
     sizes: dict = {}
     atoms_of: dict = {}

@@ -121,10 +121,34 @@ def handle_roll(imp, node, name, x, shifts, dims=()):
     return View(proto.output(view.base.atoms), view.dims)
 
 
+def _shift(x, pad):
+    """``(source, shift, dim)`` where ``pad`` puts a slice back to its source's size along the
+    sliced dimension alone (``F.pad(x[:, 1:], (0, 0, 0, 1))``: the sequence shifted by one,
+    zero-filled); else ``None``."""
+    if not isinstance(x, LazySlice) or x.squeeze:
+        return None
+    rank = len(x.source.shape)
+    pairs = [(int(pad[i]), int(pad[i + 1]) if i + 1 < len(pad) else 0) for i in range(0, len(pad), 2)]
+    padded = {rank - 1 - j: pair for j, pair in enumerate(pairs) if any(pair)}
+    if set(padded) != {x.dim}:
+        return None
+    before, after = padded[x.dim]
+    if before < 0 or after < 0 or before + (x.stop - x.start) + after != x.source.shape[x.dim]:
+        return None
+    return x.source.with_ops(x.ops), before - x.start, x.dim
+
+
 @handles({"pad", "constant_pad_nd"})
 def handle_pad(imp, node, name, x, pad, *rest, **kwargs):
     """Padding by nothing (Swin's to a multiple of the window, when it is one already) is the
-    tensor itself; padding to a larger shape has no layer."""
-    if any(int(p) for p in pad):
+    tensor itself; a slice padded back to its source's size (a token shift) is a Roll, the
+    elements it fills with a constant priced as the ones a roll would bring round; padding to a
+    larger shape otherwise has no layer."""
+    if not any(int(p) for p in pad):
+        return x
+    mode = kwargs.get("mode", rest[0] if name == "pad" and rest else "constant")
+    shifted = _shift(x, pad) if mode == "constant" else None
+    if shifted is None:
         raise Unmappable(f"a padding by {list(pad)} to a larger shape (no PaSE layer writes one)")
-    return x
+    source, shift, dim = shifted
+    return handle_roll(imp, node, "roll", source, shift, dim)

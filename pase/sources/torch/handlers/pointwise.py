@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from ..aten import _BINARY, _DROPOUTS, _NORM_STATS, _POINTWISE, _STATS, _flat, _norm_dim, _op_name
 from ..errors import Unmappable
 from .common import _expand_view, _same_layout, _shape_arg, _softmax_view
@@ -16,7 +19,7 @@ def _with_op(value, op: str):
     if isinstance(value, LazySlice):
         return value.with_ops({op})
     if isinstance(value, LazyStatistic):
-        return LazyStatistic(value.source, value.axes, value.keepdim, value.kind, value.ops | {op})
+        return replace(value, ops=value.ops | {op})
     if isinstance(value, (LazyComplex, LazyStrided, LazyPairs)):
         return value.with_ops({op})
     raise AssertionError(value)
@@ -139,8 +142,11 @@ def _elementwise(imp, node, a: View, b: View) -> View:
 
 
 def _norm_pattern(imp, node, name, view: View, stat: LazyStatistic):
-    """``x * rsqrt(mean(x^2) + eps)`` (RMSNorm), ``x - mean(x)`` (LayerNorm): one norm layer."""
+    """``x * rsqrt(mean(x^2) + eps)`` (RMSNorm), ``x - mean(x)`` (LayerNorm), ``x / norm(x)``
+    (``F.normalize``, an RMSNorm up to the constant sqrt of the width): one norm layer."""
     if stat.kind not in _NORM_STATS or not stat.keepdim or name not in ("mul", "div", "sub"):
+        return None
+    if stat.kind == "norm" and name != "div":
         return None
     rank = len(stat.source.dims)
     if stat.axes != (rank - 1,) or not _same_layout(stat.source, view):
@@ -173,6 +179,22 @@ def handle_stat(imp, node, name, x, dim=None, *args, **kwargs):
         dims = [dim] if isinstance(dim, int) else list(dim)
         axes = tuple(sorted({_norm_dim(d, rank) for d in dims}))
     return LazyStatistic(view, axes, bool(keepdim), _STATS[name])
+
+
+@handles({"linalg_vector_norm", "norm"})
+def handle_vector_norm(imp, node, name, x, ord=2, dim=None, keepdim=False, *rest, **kwargs):
+    """The p-norm over ``dim`` (``torch.linalg.vector_norm``, ``Tensor.norm``): a statistic like
+    the mean of the p-th powers, its root a point-wise op."""
+    view = imp._view(x, node)
+    rank = len(view.dims)
+    keepdim = kwargs.get("keepdim", keepdim)
+    dim = kwargs.get("dim", dim)
+    if dim is None or dim == []:
+        axes = tuple(range(rank))
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        axes = tuple(sorted({_norm_dim(d, rank) for d in dims}))
+    return LazyStatistic(view, axes, bool(keepdim), "norm")
 
 
 @handles({"softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax"})
@@ -208,6 +230,27 @@ def handle_layer_norm(imp, node, name, x, normalized_shape, *rest, **kwargs):
     if name == "_fused_rms_norm":
         return [out, SideOutput("norm statistics")]
     return out
+
+
+@handles({"group_norm"})
+def handle_group_norm(imp, node, name, x, groups, weight=None, bias=None, *rest, **kwargs):
+    """``F.group_norm`` of ``(b, c, ...)``: statistics over each group of ``c / groups`` channels
+    and every position. One group per channel of a sequence (Wav2Vec2's first convolution) is a
+    Norm over the length; otherwise a Reshape to ``(b, groups, c / groups * positions)``, a
+    Norm over the last axis, and a Reshape back. The per-channel scale and shift are not the
+    Norm's (its learnt vectors run along its axis): they are held like a layer scale, by the
+    layer whose output they first meet."""
+    view = imp._view(x, node)
+    shape = tuple(view.shape)
+    if len(shape) < 3:
+        raise Unmappable("a group norm of a tensor without positions")
+    b, c = shape[:2]
+    groups = int(groups)
+    if groups == c and len(shape) == 3:
+        return _norm_layer(imp, node, "Norm", view, 2)
+    grouped = imp._reshape(view, node, (b, groups, c // groups * math.prod(shape[2:])))
+    out = _norm_layer(imp, node, "Norm", grouped, 2)
+    return imp._reshape(out, node, shape)
 
 
 @handles({"batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",

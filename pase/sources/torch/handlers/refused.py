@@ -4,6 +4,7 @@ instead where the model offers a way (its position ids)."""
 from __future__ import annotations
 
 from ..errors import Unmappable
+from ..values import _dependent
 from .registry import handles
 
 #: Why each is refused; the walk prefixes the operation and where it is.
@@ -31,6 +32,17 @@ REASONS = {
 }
 
 
+#: A gather whose positions do not depend on the batch (a relative-position table): not
+#: data-dependent, but no PaSE layer reads a tensor at arbitrary positions either.
+CONSTANT_GATHER = ("reads at positions a constant index table gives (relative-position attention's scores "
+                   "looked up by distance): not data-dependent, but no PaSE layer expresses a gather; "
+                   "use the model's variant without it (e.g. relative_attention=False) where it has one")
+
+
 @handles(set(REASONS))
 def handle_refused(imp, node, name, *args, **kwargs):
+    if name == "gather":
+        index = args[2] if len(args) > 2 else kwargs.get("index")
+        if index is not None and not _dependent(index):
+            raise Unmappable(CONSTANT_GATHER)
     raise Unmappable(REASONS[name])

@@ -3,10 +3,12 @@ permute, expand, slice, select, split, unbind."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..aten import _EXPANDS, _IDENTITY, _PERMUTES, _RESHAPES, _SHAPE_ONLY, _norm_dim
 from ..errors import Unmappable
 from .common import _expand_view, _shape_arg
-from ..values import Replicated, LazyPairs, LazySlice, LazyStrided, View, _big, _carried, _dependent, _regroup
+from ..values import Replicated, LazyPairs, LazySlice, LazyStatistic, LazyStrided, View, _big, _carried, _dependent, _regroup
 from .registry import handles
 
 
@@ -86,6 +88,10 @@ def handle_permute(imp, node, name, x, *args, **kwargs):
 def handle_expand(imp, node, name, x, *args, **kwargs):
     if not _dependent(x):
         return _carried(x, imp._meta_shape(node))
+    if isinstance(x, LazyStatistic) and x.keepdim and _shape_arg(node, imp) == tuple(x.source.shape):
+        # A statistic broadcast back over the axes it reduced (``F.normalize``'s
+        # ``expand_as``): still lazy, so that dividing its source by it is a norm.
+        return replace(x, expanded=True)
     view = imp._view(x, node)
     shape = _shape_arg(node, imp)
     if view.shape == shape:
