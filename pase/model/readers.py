@@ -64,8 +64,10 @@ def reduction_keys(layer, C: np.ndarray, i: int) -> np.ndarray:
     """One row of integers per configuration of ``layer`` saying where input ``i``'s blocks and
     its gradient's reduction groups lie: the splits and device strides of the columns that hold
     the input, then the reduction group as ``(split, stride)`` codes of its split dimensions in
-    decreasing order (zeros after). Rows of two layers of one ``reduction_signature`` are equal
-    exactly when the layouts agree (up to the padding ``link_matrix`` adds)."""
+    decreasing order (zeros after). Equal rows of two layers of one ``reduction_signature``
+    (after the padding ``same_layout`` adds) mean the layouts agree; a group written with other
+    dimensions (two of 2 where the other has one of 4 on the same devices) is not recognised,
+    so no saving is claimed there, never a false one."""
     C = np.asarray(C, dtype=np.int64)
     strides = layout_strides(C, layer.batch_dim)
     held, group = (list(cols) for cols in layer.reduction_layout(i))
