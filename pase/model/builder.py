@@ -190,6 +190,8 @@ class Network:
         ``configs`` may pass the configurations already enumerated by ``configs(procs)``.
         With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
         computed if they would need more. Edges of repeated blocks share one read-only matrix.
+        Under the reader rule ``"summed"`` the graph also has an edge per reader link
+        (``pase.model.readers``), with ``tensors`` empty and the link's matrix as ``readers``.
         """
         procs = checked_device_count(procs)
         machine = machine or Machine()
