@@ -2,13 +2,12 @@
 the optimum, its plan is a real strategy of the cost it reports, and where the tables hold
 the exact programme it is the optimum with gap 0.
 
-Small graphs are checked against every strategy (``itertools.product``), costed here from the
+Small graphs are checked against every strategy (``tests/brute.py``), costed from the
 graph's own tables, not by the module under test.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -23,23 +22,12 @@ from pase.planning.planner import plan
 from pase.search import approx as approx_module
 from pase.search.approx import ApproxTooLarge, approximate
 from pase.search.solver import indexed_cost, solve
+from brute import brute_force
 from cli_runner import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def brute_force(G) -> float:
-    """The least cost of any strategy, by enumerating every one of them."""
-    nodes = sorted(G.nodes)
-    where = {v: i for i, v in enumerate(nodes)}
-    ranges = [range(len(G.nodes[v]["cost"])) for v in nodes]
-    x = np.array(list(itertools.product(*ranges)), dtype=np.intp).reshape(-1, len(nodes))
-    total = np.zeros(len(x))
-    for v in nodes:
-        total += np.asarray(G.nodes[v]["cost"])[x[:, where[v]]]
-    for u, v, m in G.edges(data="cost"):
-        total += np.asarray(m)[x[:, where[u]], x[:, where[v]]]
-    return float(total.min())
 
 
 def random_graph(seed: int, n: int = 7, density: float = 0.7, kmax: int = 4) -> nx.DiGraph:

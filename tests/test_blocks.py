@@ -10,7 +10,6 @@ several device counts. Work counts are checked against a small graph worked by h
 from __future__ import annotations
 
 import io
-import itertools
 import math
 
 import networkx as nx
@@ -24,6 +23,7 @@ from pase.search.capped import capped_search
 from pase.costing.memory import MemoryModel
 from pase.search.solver import MAX_TABLE_AXES, Search, SearchStats, SearchTooLarge, WorkEstimate
 from pase.costing.strategy import evaluate
+from brute import brute_force
 
 SEED = 20_240_612
 N_RANDOM = 160
@@ -47,16 +47,6 @@ def _close(a, b, G) -> bool:
     return math.isclose(a, b, rel_tol=REL, abs_tol=REL * _scale(G))
 
 
-def _brute_force(G) -> float:
-    nodes = list(G.nodes)
-    column = {v: i for i, v in enumerate(nodes)}
-    rows = np.array(list(itertools.product(*(range(len(G.nodes[v]["cost"])) for v in nodes))))
-    totals = np.zeros(len(rows))
-    for v in nodes:
-        totals += G.nodes[v]["cost"][rows[:, column[v]]]
-    for u, v, m in G.edges(data="cost"):
-        totals += m[rows[:, column[u]], rows[:, column[v]]]
-    return float(totals.min())
 
 
 def _values(rng, kind, shape):
@@ -205,7 +195,7 @@ def test_hand_chain_detection_and_work():
     assert e.blocks == (BlockSummary(1, 2, 4, 2, 0),)
     assert e.blocks_description == "1 run: 4 copies of 2 vertices from vertex 1 (2 states)"
     result = search.run()
-    assert result.cost == _brute_force(G)
+    assert result.cost == brute_force(G)
     assert result.stats.blocks == e.blocks and result.stats.plain_table_entries == 54
 
 
@@ -260,7 +250,7 @@ def test_small_random_chain_equals_brute_force(index):
     G = _chained_graph(index, small=True)
     if math.prod(len(G.nodes[v]["cost"]) for v in G) > 200_000:
         pytest.skip("too many strategies to enumerate")
-    best = _brute_force(G)
+    best = brute_force(G)
     for chunk in (1 << 17, 2):  # whole tables, and slices narrower than an axis
         result = Search(G, chunk_entries=chunk, blocks="always").run()
         assert _close(result.cost, best, G)
@@ -519,7 +509,7 @@ def test_wide_dependent_set_of_mostly_single_configurations():
     search = Search(G, "breadth-first")
     assert search.estimate.max_dependent_set == 40 and search.estimate.table_axes == 4
     result = search.run()
-    assert math.isclose(result.cost, _brute_force(G), rel_tol=1e-12)
+    assert math.isclose(result.cost, brute_force(G), rel_tol=1e-12)
 
 
 def test_more_than_32_wide_axes_refused_clearly():

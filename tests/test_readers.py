@@ -4,7 +4,6 @@ Hand values use the reference machine: an all-reduce of ``w`` words over ``q`` d
 ``rho * 2 (q - 1) / q * w`` with ``rho = 5000``.
 """
 
-import itertools
 import json
 
 import numpy as np
@@ -19,6 +18,7 @@ from pase.model.readers import reader_links
 from pase.planning.planner import plan
 from pase.search.solver import indexed_cost
 from pase.sources.graph_json import network_from_json, network_to_json
+from brute import brute_force
 
 RHO = 5000.0
 
@@ -106,21 +106,6 @@ def test_an_fc_and_an_einsum_reading_one_tensor_share():
     assert each.total - summed.total == pytest.approx(all_reduce(4 * 8, 2), rel=1e-12)
 
 
-def _brute_force(G) -> float:
-    """The least total over every joint choice, summed from the graph's tables by broadcasting."""
-    vertices = sorted(G.nodes)
-    shape = [len(G.nodes[v]["cost"]) for v in vertices]
-    total = np.zeros(shape)
-    for axis, v in enumerate(vertices):
-        total = total + G.nodes[v]["cost"].reshape([-1 if a == axis else 1 for a in range(len(shape))])
-    for u, v, m in G.edges(data="cost"):
-        iu, iv = vertices.index(u), vertices.index(v)
-        if iu > iv:
-            iu, iv, m = iv, iu, m.T
-        view = [1] * len(shape)
-        view[iu], view[iv] = m.shape
-        total = total + m.reshape(view)
-    return float(total.min())
 
 
 @pytest.mark.parametrize("readers", ["each", "summed"])
@@ -128,7 +113,7 @@ def test_the_search_equals_brute_force(readers):
     net = three_readers(readers, b=4, k=8)
     G = net.graph(2)
     best = plan(net, 2)
-    assert best.total_cost == pytest.approx(_brute_force(G), rel=1e-12)
+    assert best.total_cost == pytest.approx(brute_force(G), rel=1e-12)
     assert best.evaluation.total == pytest.approx(best.total_cost, rel=1e-12)
 
 
@@ -199,9 +184,9 @@ def test_a_conv_compares_only_with_a_conv_of_the_same_shape():
     g = GraphBuilder("branches", cutoff=1)
     x = g.input((4, 8, 6, 6), "x", letters="bchw")
     h = g.add("h", Conv(x, 8, 1))
-    a = g.add("a", Conv(h, 8, 1))
-    b = g.add("b", Conv(h, 16, 1))
-    c = g.add("c", Conv(h, 8, 3, pad=1))
+    g.add("a", Conv(h, 8, 1))
+    g.add("b", Conv(h, 16, 1))
+    g.add("c", Conv(h, 8, 3, pad=1))
     net = g.build().with_readers("summed")
     links = reader_links(net)
     # a and b (1x1 kernels, other filter counts) share; c (3x3) reads an unfolded image of its own.

@@ -191,7 +191,8 @@ class Network:
         With ``budget`` (bytes), ``CostTablesTooLarge`` is raised before any table is
         computed if they would need more. Edges of repeated blocks share one read-only matrix.
         Under the reader rule ``"summed"`` the graph also has an edge per reader link
-        (``pase.model.readers``), with ``tensors`` empty and the link's matrix as ``readers``.
+        (``pase.model.readers``) with ``tensors`` empty, or the link's matrix added to the edge
+        already joining the two readers.
         """
         procs = checked_device_count(procs)
         machine = machine or Machine()
@@ -239,19 +240,17 @@ class Network:
     def _link_readers(self, G: nx.DiGraph, configs: list, machine) -> None:
         """Under the rule ``"summed"``, each reader link's reduction leaves the later reader's
         cost for an edge that charges it only where the earlier reader is laid out otherwise
-        (``pase.model.readers``); an edge already there gets the sum (and keeps the link's
-        matrix as ``readers``). Equal links (repeated blocks) share one matrix."""
+        (``pase.model.readers``); an edge already there gets the sum. Equal links (repeated
+        blocks) share one matrix."""
         memo: dict = {}
         for link in reader_links(self):
             a, b = link.earlier, link.later
             matrix, reduction = link_matrix(self, link, configs, machine, memo)
             G.nodes[b]["cost"] = G.nodes[b]["cost"] - reduction
             if G.has_edge(a, b):
-                data = G.edges[a, b]
-                data["readers"] = data["readers"] + matrix if "readers" in data else matrix
-                data["cost"] = data["cost"] + matrix
+                G.edges[a, b]["cost"] = G.edges[a, b]["cost"] + matrix
             else:
-                G.add_edge(a, b, cost=matrix, tensors=(), readers=matrix)
+                G.add_edge(a, b, cost=matrix, tensors=())
 
     def edge_list(self) -> list:
         """``[producer, consumer]`` pairs in the order the edges were created."""

@@ -26,7 +26,8 @@ import numpy as np
 
 from pase.machines.base import layout_strides
 
-__all__ = ["READER_RULES", "ReaderLink", "reader_links", "reduction_keys", "link_matrix", "shared_reductions"]
+__all__ = ["READER_RULES", "ReaderLink", "reader_links", "reduction_keys", "same_layout", "link_matrix",
+           "shared_reductions"]
 
 #: ``each``: every reader reduces its own gradient (the paper); ``summed``: readers laid out
 #: alike sum first and reduce once (what a framework runs).
@@ -114,8 +115,9 @@ def shared_reductions(network, strategy: list, machine) -> np.ndarray:
     because the reader before it, laid out alike, reduces the summed gradient."""
     saved = np.zeros(len(network.layers))
     for link in reader_links(network):
-        rows = [np.asarray([strategy[v]], dtype=np.int64) for v in (link.earlier, link.later)]
-        matrix, reduction = link_matrix(network, link, {link.earlier: rows[0], link.later: rows[1]}, machine)
-        if matrix[0, 0] == 0.0:
-            saved[link.later] += float(reduction[0])
+        (a, i), (b, j) = (link.earlier, link.earlier_input), (link.later, link.later_input)
+        rows = {v: np.asarray([strategy[v]], dtype=np.int64) for v in (a, b)}
+        later = network.layers[b]
+        if same_layout(reduction_keys(network.layers[a], rows[a], i), reduction_keys(later, rows[b], j))[0, 0]:
+            saved[b] += float(np.asarray(later.gradient_reductions(rows[b], machine)[j]).reshape(-1)[0])
     return saved
