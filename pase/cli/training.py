@@ -21,6 +21,15 @@ def _recipe(text: str):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _engine(text: str):
+    from pase.planning.engine import load_engine
+
+    try:
+        return load_engine(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_training_flags(parser: argparse.ArgumentParser) -> None:
     """The training-configuration flags (a group of their own in ``--help``)."""
     group = parser.add_argument_group(
@@ -37,6 +46,10 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
              "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved).")
+    add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
+        help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
+             "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
+             "torchtitan,compile=true (docs/engines.md).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
     add("--export-torchtitan", metavar="FILE", default=None,
@@ -48,6 +61,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
 
 def wants_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
+                or getattr(args, "engine", None) is not None
                 or args.export_torchtitan is not None or args.export_megatron is not None)
 
 
@@ -128,6 +142,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     from pase.core.errors import InputError
     from pase.outputs.plan_json import format_json
     from pase.outputs.training import format_training, training_report
+    from pase.planning.engine import load_engine
     from pase.planning.training_plan import plan_training
 
     @lru_cache(maxsize=None)
@@ -143,8 +158,9 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                 raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
+        engine = getattr(args, "engine", None) or load_engine(None)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget)
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:

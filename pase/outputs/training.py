@@ -57,6 +57,7 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "mfu": s.mfu if seconds else None,
         "peak_memory_bytes": s.peak_memory_bytes,
         "parameters": s.parameters,
+        "engine": o.engine or None,
         "zero": o.zero,
         "recompute": o.recompute,
         "microbatches": o.microbatches,
@@ -91,6 +92,7 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         "cost_unit": plan.machine.cost_unit,
         "memory_cap_bytes": plan.memory_cap,
         "status": "fits" if best is not None else "nothing-fits",
+        "engine": _engine_label(plan),
         "training": training_dict(best, network, seconds) if best is not None else None,
         "search": {
             "configurations": plan.mesh_search.evaluated,
@@ -105,6 +107,12 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
     if plan.compare is not None:
         data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
     return data
+
+
+def _engine_label(plan) -> str | None:
+    """The engine profile the plan was priced under (``--engine``; the default named)."""
+    c = plan.best or plan.least_memory
+    return (c.options.engine or None) if c is not None else None
 
 
 def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
@@ -130,6 +138,9 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
     size = f", {model_name} {model}" if model is not None else ""
     lines = [f"{plan.network_name} on {plan.procs} devices of {plan.machine.name}, batch {plan.batch}{size}: "
              "training configuration"]
+    engine = _engine_label(plan)
+    if engine:
+        lines.append(f"engine: {engine} (--engine; its kernels, dtypes, overlaps and allocator: docs/engines.md)")
     best = plan.best
     if best is not None:
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"

@@ -79,6 +79,7 @@ def plan_training(
     free: bool | None = None,
     rebuild: bool = True,
     table_budget: int | None = None,
+    engine=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -101,10 +102,11 @@ def plan_training(
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
-    base = base or TrainingOptions()
+    base = base or (engine.base_options() if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
+    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
+                          engine=engine)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
@@ -119,7 +121,7 @@ def plan_training(
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
-        settings = options_grid(recipe)
+        settings = options_grid(recipe, engine)
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]
@@ -129,7 +131,8 @@ def plan_training(
             skipped = f"{work:.2g} table entries over {len(settings)} settings, more than {FREE_SEARCH_ENTRIES:.0e}"
         else:
             for zero, policy in settings:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                             "tp_overlap": reference.options.tp_overlap})
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
                                      microbatch=reference.microbatch)
                 free_searches += result.searches
@@ -142,10 +145,10 @@ def plan_training(
         try:
             # The recipe's fastest fitting configuration; if none fits, its fastest.
             compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                     rebuild=rebuild).best
+                                     rebuild=rebuild, engine=engine).best
             if compared is None:
                 compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild).best
+                                         rebuild=rebuild, engine=engine).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
     return TrainingPlan(

@@ -209,10 +209,23 @@ def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> lis
 SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p != "op")
 
 
-def options_grid(recipe: Recipe) -> list:
+def options_grid(recipe: Recipe, engine=None) -> list:
+    """``(zero, recompute)`` pairs the search tries: the recipe's, else every ZeRO stage and the
+    engine's recomputation policies (:data:`SEARCHED_POLICIES` without an engine)."""
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
-    policies = [recipe.recompute] if recipe.recompute is not None else list(SEARCHED_POLICIES)
+    searched = SEARCHED_POLICIES if engine is None else engine.searched()["recompute"]
+    policies = [recipe.recompute] if recipe.recompute is not None else list(searched)
     return [(z, r) for z in zeros for r in policies]
+
+
+def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple:
+    """``tp_overlap`` values tried: the recipe's, else both where the engine overlaps
+    tensor-parallel communication (``searched()``), else the base options'."""
+    if recipe.tp_overlap is not None:
+        return (recipe.tp_overlap,)
+    if engine is not None:
+        return tuple(engine.searched()["tp_overlap"])
+    return (base.tp_overlap,)
 
 
 def search_meshes(
@@ -226,6 +239,7 @@ def search_meshes(
     base: TrainingOptions | None = None,
     keep_all: bool = False,
     rebuild: bool = True,
+    engine=None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -237,11 +251,10 @@ def search_meshes(
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
-    base = base or TrainingOptions()
+    base = base or (engine.base_options() if engine is not None else TrainingOptions())
     recipe.check(procs)
-    if recipe.tp_overlap is not None:
-        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    if base.tp_overlap and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
+    overlaps = overlap_choices(recipe, base, engine)
+    if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
@@ -271,7 +284,7 @@ def search_meshes(
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
-    grid = options_grid(recipe)
+    grid = [(z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps]
     networks: dict = {}
     best = least = None
     evaluated = 0
@@ -321,8 +334,9 @@ def search_meshes(
             edges, targets = memo.edge_seconds(network, configs)
             tokens = tokens_of(network)
             m = batch // global_micro
-            for zero, policy in grid:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+            for zero, policy, overlap in grid:
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                             "tp_overlap": overlap})
                 if pp == 1:
                     time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
                     stage_plans = [None] * len(valid)
@@ -332,6 +346,12 @@ def search_meshes(
                         None if recipe.vpp is None else [recipe.vpp])
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
+                        continue
+                    # Overlapping tensor-parallel communication needs tensor parallelism with
+                    # sequence parallelism; searched (not fixed), it is tried only there.
+                    if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
+                        continue
+                    if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
                         continue
                     evaluated += 1
                     t, peak = float(time_rows[i]), float(memory_rows[i])
