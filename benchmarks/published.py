@@ -214,7 +214,7 @@ def price(row: dict, constants: dict, tmp: str, recipe: str | None = None, free:
     plan = pase.plan_training(build, row["batch"], procs(row), m, cap, 2.0, rec, base=base, free=False)
     c, fits = plan.best, True
     if c is None:  # the recipe does not fit the model's memory: price it anyway, say so
-        plan = pase.plan_training(build, row["batch"], procs(row), m, None, 2.0, rec, base=base, free=False)
+        plan = pase.plan_training(build, row["batch"], procs(row), m, pase.NO_CAP, 2.0, rec, base=base, free=False)
         c, fits = plan.best, False
     s = c.summary
     return dict(candidate=c, summary=s, recipe=c.recipe(), fits=fits, step=s.step_seconds,
