@@ -97,7 +97,12 @@ def _cause_bars(rows: list, seconds: bool, band) -> str:
     used = set()
     for i, (label, c) in enumerate(rows):
         y = top + i * (bar + gap)
-        body.append(_text(left - 10, y + bar / 2 + 4, label, 12, "end", "#222", "bold" if i == 0 else "normal"))
+        label, _, detail = label.partition("\n")
+        if detail:
+            body.append(_text(left - 10, y + bar / 2 - 2, label, 12, "end", "#222", "bold" if i == 0 else "normal"))
+            body.append(_text(left - 10, y + bar / 2 + 11, _clip(detail, 44), 10, "end", "#777"))
+        else:
+            body.append(_text(left - 10, y + bar / 2 + 4, label, 12, "end", "#222", "bold" if i == 0 else "normal"))
         x = left
         for key, value in c.causes().items():
             if value <= 0:
@@ -130,6 +135,10 @@ def _cause_bars(rows: list, seconds: bool, band) -> str:
                       "end", "#666"))
     body.insert(0, _legend([(CAUSE_NAMES[k], CAUSE_COLOURS[k]) for k in CAUSE_NAMES if k in used], 20, 14))
     return _svg(_WIDTH, height, body, "step time by cause")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
 def _legend(items: list, x: float, y: float) -> str:
@@ -260,10 +269,19 @@ def schedule_ops(pp: int, m: int, vpp: int, forward: list, backward: list, send:
     return ops
 
 
-def _timeline(plan, seconds: bool) -> str:
-    pipe = plan.best.summary.extra.get("pipeline")
+def _timelines(plan, seconds: bool) -> str:
+    """The plan's schedule, and the compared recipe's when it is pipelined."""
+    out = _timeline(plan.best, seconds, "the plan")
+    if plan.compare is not None and plan.compare.summary.extra.get("pipeline"):
+        out += f'<h3>--compare {_e(plan.compare_recipe)}: <code>{_e(plan.compare.recipe())}</code></h3>'
+        out += _timeline(plan.compare, seconds, "the compared recipe")
+    return out
+
+
+def _timeline(candidate, seconds: bool, who: str) -> str:
+    pipe = candidate.summary.extra.get("pipeline")
     if not pipe:
-        return ('<p class="note">No pipeline: every device runs the whole network (pp = 1), so there is no '
+        return (f'<p class="note">No pipeline in {who}: every device runs the whole network (pp = 1), so there is no '
                 'schedule to draw.</p>')
     pp, m, vpp = pipe["pp"], pipe["microbatches"], pipe["vpp"]
     t = [st["microbatch_seconds"] for st in pipe["stages"]]
@@ -498,7 +516,7 @@ table.alts{{border-collapse:collapse;width:100%;font-size:12.5px;table-layout:fi
 .alts th,.alts td{{text-align:left;padding:5px 8px;border-bottom:1px solid #eee;vertical-align:top}}
 .alts th{{cursor:pointer;background:#fafbfc;user-select:none}} .alts tr.plan td{{background:#fff4f4;font-weight:600}}
 .alts tr.compare td{{background:#f2faf2}} svg.chart{{display:block;max-width:100%;height:auto}}
-.warn{{color:#c0392b;font-weight:600}} footer{{color:#777;font-size:12px}}
+.warn{{color:#c0392b;font-weight:600}} h3{{font-size:13px;margin:18px 0 6px;color:#333}} footer{{color:#777;font-size:12px}}
 """
 
 # Sorting the alternatives table by a column (click its heading): the page's only script.
@@ -541,9 +559,10 @@ def html_report(plan, network=None, model=None, model_name: str = "sequence leng
     if plan.margin_bytes is not None:
         cards.append(("margin", format_bytes(plan.margin_bytes)))
     card_html = "".join(f'<div class="card"><span>{_e(k)}</span><b>{_e(v)}</b></div>' for k, v in cards)
-    bar_rows = [("the plan", best)] + [(f"alternative {i + 1}", c) for i, c in enumerate(plan.alternatives[1:6], 1)]
+    bar_rows = [("the plan", best)] + [(f"alternative {i + 1}\n{difference(best, c)}", c)
+                                       for i, c in enumerate(plan.alternatives[1:6], 1)]
     if plan.compare is not None:
-        bar_rows.append((f"--compare {plan.compare_recipe}", plan.compare))
+        bar_rows.append((f"--compare\n{plan.compare_recipe}", plan.compare))
     where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"
     warn = (f'<p class="warn">The plan needs more than the device\'s {_e(format_bytes(plan.device_memory_bytes))}.</p>'
             if plan.exceeds_device else "")
@@ -552,7 +571,7 @@ def html_report(plan, network=None, model=None, model_name: str = "sequence leng
          + '<p class="note">A pipelined plan\'s bar is its slowest stage\'s work over all micro-batches, the bubble, '
            'then the exposed weight synchronisation and optimizer step. Hover a segment for its value.</p>'),
         ("Memory per device", _memory_bars(plan)),
-        ("Pipeline schedule", _timeline(plan, seconds)),
+        ("Pipeline schedule", _timelines(plan, seconds)),
         (f"Alternatives: the {len(plan.alternatives)} fastest distinct configurations that fit",
          _alternatives_table(plan, seconds)
          + f'<p class="note">Click a heading to sort. "=" marks a tie with the plan '
