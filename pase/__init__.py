@@ -44,6 +44,7 @@ _EXPORTS = {
     "Mesh": "planning.mesh", "Recipe": "planning.mesh", "parse_recipe": "planning.mesh",
     "search_meshes": "planning.training_search", "evaluate_candidate": "planning.training_search",
     "training_report": "outputs.training", "format_training": "outputs.training",
+    "html_report": "outputs.report",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -540,7 +540,9 @@ document.querySelectorAll('table.alts th').forEach(function (th, col) {
 
 def html_report(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The page of a training plan (``plan_training``'s result, with ``keep_priced`` for the
-    scatter and ``alternatives`` for the table); one string, everything inline."""
+    scatter and ``alternatives`` for the table); one string, everything inline. ``model``
+    and ``model_name`` only label the title (``sequence length 8192``); ``network`` is
+    unused beside ``plan.network`` and kept for the signature of ``format_training``."""
     best = plan.best
     if best is None:
         raise ValueError("nothing fits: there is no plan to report")

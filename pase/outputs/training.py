@@ -267,8 +267,8 @@ def _alternative_lines(plan, seconds: bool) -> list:
     best = plan.best
     band = step_band(best)
     unit = " s" if seconds else ""
-    lines = [f"top {len(plan.alternatives)} (fastest fitting configurations; = marks a tie with the plan"
-             + (" within its band" if band is not None else " to the figures shown") + "):"]
+    lines = [f"top {len(plan.alternatives)}: the fastest distinct configurations that fit (one of each step and "
+             "memory); = marks a tie with the plan" + (" within its band" if band is not None else " to the figures shown")]
     width = max(len(c.recipe()) for c in plan.alternatives)
     for i, c in enumerate(plan.alternatives):
         s = c.summary

@@ -218,22 +218,32 @@ def plan_training(
 def _alternatives(best, priced: list, k: int, memory_cap, price: Callable) -> list:
     """The ``k`` fastest distinct fitting configurations, fastest first: the plan, then the
     fastest priced meshes other than it (ties in step by memory, then by recipe), each
-    priced in full by ``price(recipe)``."""
+    priced in full by ``price(recipe)``. A configuration equal in step and memory to one
+    already shown (selective recomputation where it recomputes nothing) is left out."""
     if best is None:
         return []
     fitting = [p for p in priced if memory_cap is None or p.peak_memory_bytes <= memory_cap]
     fitting.sort(key=lambda p: (p.step_seconds, p.peak_memory_bytes, p.recipe().text()))
     shown = [best]
     seen = {best.recipe()}
+    figures = {_figures(best)}
     for entry in fitting:
         if len(shown) >= k:
             break
+        if (round(entry.step_seconds, 9), round(entry.peak_memory_bytes)) in figures:
+            continue
         candidate = price(entry.recipe())
-        if candidate is None or candidate.recipe() in seen:
+        if candidate is None or candidate.recipe() in seen or _figures(candidate) in figures:
             continue
         seen.add(candidate.recipe())
+        figures.add(_figures(candidate))
         shown.append(candidate)
     return shown
+
+
+def _figures(candidate) -> tuple:
+    """Step (to the nanosecond) and peak (to the byte): what tells two plans apart."""
+    return round(candidate.summary.step_seconds, 9), round(candidate.summary.peak_memory_bytes)
 
 
 def found_name(build, batch: int, rebuild: bool) -> str:
