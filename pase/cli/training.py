@@ -64,7 +64,7 @@ def _top(text: str) -> int:
 #: Largest --top: each alternative is priced in full (a fraction of a second each).
 MAX_TOP = 50
 #: Alternatives the report lists when --top is not given.
-REPORT_TOP = 10
+REPORT_TOP = 5
 
 
 def _add_front_door_flags(add) -> None:
