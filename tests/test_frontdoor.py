@@ -138,6 +138,19 @@ def test_alternatives_are_the_fastest_fitting_distinct(piped):
     assert [(round(c.summary.step_seconds, 9), round(c.summary.peak_memory_bytes)) for c in alts] == fitting[:3]
 
 
+def test_alternatives_equal_their_recipes_priced_again(piped, h100):
+    # Each alternative is kept from the search itself; priced again from its recipe with every
+    # choice fixed, it costs the same.
+    from pase.planning.training_search import search_meshes
+
+    for c in piped.alternatives[1:]:
+        again = search_meshes(gpt2, 16, 8, h100, piped.memory_cap, 2.0, c.as_recipe()).best
+        assert again.recipe() == c.recipe()
+        assert again.summary.step_seconds == pytest.approx(c.summary.step_seconds, rel=1e-12)
+        assert again.summary.peak_memory_bytes == pytest.approx(c.summary.peak_memory_bytes, rel=1e-12)
+        assert again.causes() == pytest.approx(c.causes(), rel=1e-12)
+
+
 def test_difference_in_recipe_words_and_causes(piped):
     best, other = piped.best, piped.compare
     words = difference(best, other)

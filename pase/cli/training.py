@@ -61,7 +61,7 @@ def _top(text: str) -> int:
     return int(text)
 
 
-#: Largest --top: each alternative is priced in full (a fraction of a second each).
+#: Largest --top: the search keeps that many candidates (and their costings) as it runs.
 MAX_TOP = 50
 #: Alternatives the report lists when --top is not given.
 REPORT_TOP = 5

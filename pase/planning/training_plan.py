@@ -134,7 +134,7 @@ def plan_training(
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
     alternatives : int
-        How many of the fastest distinct fitting mesh configurations to price in full
+        How many of the fastest distinct fitting configurations to keep, in full
         (``TrainingPlan.alternatives``, fastest first, the plan first).
     keep_priced : bool
         Keep every configuration the mesh search priced (``TrainingPlan.priced``).
@@ -153,9 +153,8 @@ def plan_training(
     base = base or TrainingOptions()
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    keep = keep_priced or alternatives > 0
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          keep_all=keep)
+                          keep_all=keep_priced, keep_best=alternatives)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
@@ -201,9 +200,8 @@ def plan_training(
             raise ValueError(f"--compare: {err}") from None
     priced = found.candidates
     found.candidates = []
-    chosen = _alternatives(best, priced, alternatives, memory_cap,
-                           lambda r: search_meshes(build, batch, procs, machine, memory_cap, act_bytes, r, base,
-                                                   rebuild=rebuild).best) if alternatives > 0 else []
+    chosen = _alternatives(best, found.fastest, alternatives)
+    found.fastest = []
     return TrainingPlan(
         network_name=found_name(build, batch, rebuild),
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
@@ -215,25 +213,20 @@ def plan_training(
     )
 
 
-def _alternatives(best, priced: list, k: int, memory_cap, price: Callable) -> list:
+def _alternatives(best, fastest: list, k: int) -> list:
     """The ``k`` fastest distinct fitting configurations, fastest first: the plan, then the
-    fastest priced meshes other than it (ties in step by memory, then by recipe), each
-    priced in full by ``price(recipe)``. A configuration equal in step and memory to one
-    already shown (selective recomputation where it recomputes nothing) is left out."""
-    if best is None:
+    mesh search's fastest (``MeshSearch.fastest``: distinct in step and memory) other than
+    it. A configuration equal in step and memory to one already shown (selective
+    recomputation where it recomputes nothing) is left out."""
+    if best is None or k <= 0:
         return []
-    fitting = [p for p in priced if memory_cap is None or p.peak_memory_bytes <= memory_cap]
-    fitting.sort(key=lambda p: (p.step_seconds, p.peak_memory_bytes, p.recipe().text()))
     shown = [best]
     seen = {best.recipe()}
     figures = {_figures(best)}
-    for entry in fitting:
+    for candidate in fastest:
         if len(shown) >= k:
             break
-        if (round(entry.step_seconds, 9), round(entry.peak_memory_bytes)) in figures:
-            continue
-        candidate = price(entry.recipe())
-        if candidate is None or candidate.recipe() in seen or _figures(candidate) in figures:
+        if candidate.recipe() in seen or _figures(candidate) in figures:
             continue
         seen.add(candidate.recipe())
         figures.add(_figures(candidate))

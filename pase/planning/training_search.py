@@ -158,6 +158,8 @@ class MeshSearch:
     candidates: list = field(default_factory=list)
     #: Whether expert-parallel degrees were searched (the network has MoE layers).
     experts: bool = False
+    #: With ``keep_best``: the fastest fitting candidates distinct in step and memory.
+    fastest: list = field(default_factory=list)
 
 
 class _PartsMemo:
@@ -279,6 +281,7 @@ def search_meshes(
     base: TrainingOptions | None = None,
     keep_all: bool = False,
     rebuild: bool = True,
+    keep_best: int = 0,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -287,6 +290,10 @@ def search_meshes(
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
+
+    ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
+    the fastest fitting configurations distinct in step and memory, at most that many, in
+    ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -330,6 +337,7 @@ def search_meshes(
     evaluated = 0
     first_error = None
     kept = []
+    fastest: list = []
     meshes_tried = 0
     for pp in stage_counts:
         q = procs // pp
@@ -393,10 +401,14 @@ def search_meshes(
                         best = found
                     if least is None or peak < least[1]:
                         least = found
-                    if keep_all:
+                    if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
                         plan = stage_plans[i]
-                        kept.append(Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
-                                           1 if plan is None else plan.vpp, t, peak))
+                        priced = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
+                                        1 if plan is None else plan.vpp, t, peak)
+                        if keep_all:
+                            kept.append(priced)
+                        if keep_best and (memory_cap is None or peak <= memory_cap):
+                            _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
         raise ValueError(f"no mesh applies to this graph: {first_error}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
@@ -410,8 +422,28 @@ def search_meshes(
         space=space,
         candidates=kept,
         experts=bool(expert_counts),
+        fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
     )
     return result
+
+
+def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
+    """Keep ``fastest`` the ``k`` fastest configurations distinct in step (to the nanosecond)
+    and peak (to the byte), as ``(step, peak, recipe text, found)`` in order; of two equal in
+    both, the first recipe in text order."""
+    if len(fastest) >= k and (priced.step_seconds, priced.peak_memory_bytes) > fastest[-1][:2]:
+        return
+    figures = (round(priced.step_seconds, 9), round(priced.peak_memory_bytes))
+    entry = (priced.step_seconds, priced.peak_memory_bytes, priced.recipe().text(), found)
+    for j, (t, peak, text, _) in enumerate(fastest):
+        if (round(t, 9), round(peak)) == figures:
+            if entry[2] < text:
+                fastest[j] = entry
+                fastest.sort(key=lambda e: e[:3])
+            return
+    fastest.append(entry)
+    fastest.sort(key=lambda e: e[:3])
+    del fastest[k:]
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
