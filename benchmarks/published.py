@@ -81,7 +81,7 @@ def recipe_text(row: dict) -> str:
     return f"dp={row['dp']},tp={row['tp']},pp={row['pp']},zero=3,recompute=op,microbatch={row['batch'] // row['dp']}"
 
 
-#: What each framework runs that the recipe does not say, as training options (README,
+#: What each framework runs that the recipe does not say, as training options (docs/benchmarks.md,
 #: *published.py*). Megatron-Core: Transformer Engine's fused kernels (no eager penalty), its
 #: fused vocabulary-parallel cross entropy (fp32 logits and their gradient: 2 buffers), its
 #: tensor-parallel overlap (also in the free search).
@@ -214,7 +214,7 @@ def price(row: dict, constants: dict, tmp: str, recipe: str | None = None, free:
     plan = pase.plan_training(build, row["batch"], procs(row), m, cap, 2.0, rec, base=base, free=False)
     c, fits = plan.best, True
     if c is None:  # the recipe does not fit the model's memory: price it anyway, say so
-        plan = pase.plan_training(build, row["batch"], procs(row), m, None, 2.0, rec, base=base, free=False)
+        plan = pase.plan_training(build, row["batch"], procs(row), m, pase.NO_CAP, 2.0, rec, base=base, free=False)
         c, fits = plan.best, False
     s = c.summary
     return dict(candidate=c, summary=s, recipe=c.recipe(), fits=fits, step=s.step_seconds,
@@ -453,7 +453,7 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     md = ["# Modelled against published H100 training runs", "",
-          "Written by `benchmarks/published.py` (issue 21; README section *published.py*). Published numbers "
+          "Written by `benchmarks/published.py` (issue 21; docs/benchmarks.md, *published.py*). Published numbers "
           "as published; step time derived from them (Megatron: the issue's FLOP count over the published "
           "TFLOP/s per GPU; torchtitan: tokens per step over the published tokens/s per GPU). MFU against "
           "989 TFLOP/s for every row. Signed errors are model / published - 1 (negative: the model is faster "
@@ -464,7 +464,7 @@ def main(argv=None) -> int:
     if tried:
         md += [f"Grid: {len(tried)} points ({', '.join(f'{k} in {v}' for k, v in GRID.items())}); "
                "objective: mean absolute step-time error over the five rows, ties by the worst.", ""]
-    md += ["Per-row notes (what the modelled step misses; see README, *published.py*):", ""]
+    md += ["Per-row notes (what the modelled step misses; see docs/benchmarks.md, *published.py*):", ""]
     for r in unfitted:
         note = EXPLAIN.get(r["row"]["config"])
         if note:

@@ -176,10 +176,10 @@ def test_machine_file_without_table_does_not_say_measured(tmp_path):
 
 def test_machine_file_act_bytes_sets_the_memory_model(tmp_path):
     machine = _machine_file(tmp_path, act_bytes=4)
-    status, out, err = run("-p", 4, "--machine", machine, "--json")
+    status, out, err = run("-p", 4, "--machine", machine, "--json", "--per-layer")
     assert status == 0, err
     assert json.loads(out)["memory"]["act_bytes"] == 4
-    status, out, err = run("-p", 4, "--machine", machine, "--json", "--act-bytes", 1)
+    status, out, err = run("-p", 4, "--machine", machine, "--json", "--act-bytes", 1, "--per-layer")
     assert json.loads(out)["memory"]["act_bytes"] == 1
 
 

@@ -218,7 +218,7 @@ def test_search_tries_expert_degrees_and_recipes_fix_them():
     machine = CalibratedMachine(dict(PRESETS["h100-sxm"], devices_per_node=4))
     found = search_meshes(small_moe, 8, 8, machine, None, 2.0, keep_all=True)
     assert found.experts
-    eps = {mesh.ep for mesh, *_ in found.candidates}
+    eps = {priced.mesh.ep for priced in found.candidates}
     assert eps == {1, 2, 4}  # divisors of dp dividing 4 experts
     fixed = search_meshes(small_moe, 8, 8, machine, None, 2.0, Recipe(ep=2, tp=1))
     assert fixed.best.mesh.ep == 2 and "ep=2" in fixed.best.recipe()

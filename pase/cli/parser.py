@@ -80,7 +80,7 @@ def _epilog() -> str:
 
 
 def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase") -> argparse.ArgumentParser:
-    """The argument parser; flags of the PaSE README plus the ones of ``docs/cli.md``.
+    """The argument parser; the flags of ``docs/cli.md`` (the original PaSE's among them).
 
     Flags whose value may also come from an ``--evaluate`` file default to ``None`` here;
     ``options_from_args`` fills in the defaults stated in the help.

@@ -57,16 +57,72 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "with the same as one line of its command-line options.")
     add("--export-megatron", metavar="FILE", default=None,
         help="write the plan's mesh as Megatron-LM arguments (JSON, and one command line).")
+    _add_front_door_flags(add)
+
+
+# --- the front door (issue 34): --report, --top, --per-layer; the training plan by default on
+# --- a real machine (a preset other than paper, or a machine file).
+
+#: Flags that only the per-layer (paper-style) search takes: given on a real machine, they ask
+#: for it as --per-layer does.
+PER_LAYER_ONLY = ("sweep", "evaluate", "export_jax", "verify", "measure", "no_blocks", "approx", "param_bytes", "algo")
+
+
+def _top(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"--top takes a whole number from 1 to {MAX_TOP}, got {text!r}")
+    return int(text)
+
+
+#: Largest --top: the search keeps that many candidates (and their costings) as it runs.
+MAX_TOP = 50
+#: Alternatives the report lists when --top is not given.
+REPORT_TOP = 5
+
+
+def _add_front_door_flags(add) -> None:
+    add("--per-layer", action="store_true",
+        help="on a real machine, run the paper's per-layer search instead of the training plan (the default there; "
+             "on --machine paper the per-layer search is the default).")
+    add("--top", type=_top, default=None, metavar="K",
+        help="list the K fastest distinct configurations that fit, each with its step, memory and how it differs "
+             "from the plan and why it is slower (JSON: training.alternatives).")
+    add("--report", metavar="FILE.html", default=None,
+        help="write one self-contained HTML page of the plan: step time by cause, memory against the device, "
+             "the pipeline schedule, the alternatives and every configuration priced (step against memory).")
+
+
+def real_machine(args) -> bool:
+    """A calibrated preset or a machine file: anything but the paper's model."""
+    return args.machine is not None and args.machine != "paper"
+# --- end of the front door flags
+
+
+def asks_training(args) -> bool:
+    """Flags that only a training plan takes (--training itself among them)."""
+    return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
+                or args.export_torchtitan is not None or args.export_megatron is not None
+                or getattr(args, "top", None) is not None or getattr(args, "report", None) is not None
+                or getattr(args, "engine", None) is not None)
 
 
 def wants_training(args) -> bool:
-    return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
-                or getattr(args, "engine", None) is not None
-                or args.export_torchtitan is not None or args.export_megatron is not None)
+    """The training plan: asked for, or by default on a real machine unless --per-layer or a
+    flag of the per-layer search (--sweep, --evaluate, ...) is given."""
+    if asks_training(args):
+        return True
+    if getattr(args, "per_layer", False) or not real_machine(args):
+        return False
+    if getattr(args, "readers", None) == "summed":  # a rule of the per-layer search
+        return False
+    return not any(getattr(args, name, None) not in (None, False) for name in PER_LAYER_ONLY)
 
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
     """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
+    if getattr(args, "per_layer", False):
+        raise error("--per-layer asks for the per-layer search; --training, --recipe, --compare, --top, --report and "
+                    "the engine exports ask for a training plan: choose one")
     for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
@@ -74,7 +130,8 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                         ("--approx", getattr(args, "approx", None) is not None),
                         ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None)):
         if given:
-            raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
+            raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare, "
+                        "--top, --report; the default on a real machine: add --per-layer for the per-layer search)")
 
 
 def stage_of_layers(candidate, network) -> list | None:
@@ -157,10 +214,14 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             except ValueError as err:
                 raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
+    report = getattr(args, "report", None)
+    top = getattr(args, "top", None)
     try:
         engine = getattr(args, "engine", None) or load_engine(None)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine)
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine,
+                              alternatives=top or (REPORT_TOP if report is not None else 0),
+                              keep_priced=report is not None)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:
@@ -186,6 +247,13 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         write(opts.dot_path, dot_graph(shown, found.best.configs, stage_of_layers(found.best, shown)).to_string(),
               "DOT graph")
         exported.append(f"DOT graph written to {opts.dot_path}")
+    if report is not None:
+        from pase.outputs.report import html_report
+
+        write(report, html_report(found, shown, model, model_name), "HTML report")
+        exported.append(f"HTML report written to {report}")
+    if top is None:  # the report's alternatives are its own; the text and JSON show them for --top only
+        found = replace(found, alternatives=[])
 
     if opts.json:
         out.write(format_json(training_report(found, shown, model, model_name)))
@@ -211,7 +279,8 @@ def run_training_command(opts, args, out: IO) -> int:
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts)
     engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),
-               ("--export-megatron", args.export_megatron, "Megatron-LM arguments"))
+               ("--export-megatron", args.export_megatron, "Megatron-LM arguments"),
+               ("--report", getattr(args, "report", None), "HTML report"))
     check_outputs(opts, [entry for entry in engines if entry[1] is not None])
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.

@@ -10,19 +10,24 @@ recipe's best configuration next to the optimum.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
 
-__all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES"]
+__all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES", "NO_CAP"]
 
 #: Largest dynamic-programme work (a lower bound in table entries, summed over the ZeRO and
 #: recomputation settings) for which the per-layer search runs beside the mesh search by default: about a second of
 #: work on one core.
 FREE_SEARCH_ENTRIES = 50_000_000
+
+#: ``memory_cap=NO_CAP``: search without any memory cap, even on a machine with a device
+#: memory (the plan then says whether it exceeds the device: ``TrainingPlan.exceeds_device``).
+NO_CAP = float("inf")
 
 
 @dataclass
@@ -47,6 +52,30 @@ class TrainingPlan:
     compare: Candidate | None
     compare_recipe: str | None
     seconds: float
+    #: The network the best plan runs (at its micro-batch): what the tables name.
+    network: object = None
+    #: The device's memory in bytes (``machine.memory_bytes``), ``None`` where the machine has none.
+    device_memory_bytes: float | None = None
+    #: Every configuration the mesh search priced (``Priced``), when asked for (``keep_priced``).
+    priced: list = field(default_factory=list)
+    #: The fastest distinct fitting configurations, fastest first (the plan first), when asked for.
+    alternatives: list = field(default_factory=list)
+
+    @property
+    def exceeds_device(self) -> bool:
+        """Whether the plan needs more memory per device than the device has (possible only
+        when the caller raised the cap above the device's memory, or removed it)."""
+        return (self.best is not None and self.device_memory_bytes is not None
+                and self.best.summary.peak_memory_bytes > self.device_memory_bytes)
+
+    @property
+    def margin_bytes(self) -> float | None:
+        """Bytes per device the plan leaves free under the cap (the device's memory when
+        there is no cap); ``None`` without either."""
+        limit = self.memory_cap if self.memory_cap not in (None, NO_CAP) else self.device_memory_bytes
+        if self.best is None or limit is None:
+            return None
+        return limit - self.best.summary.peak_memory_bytes
 
     @property
     def optimal_over(self) -> str:
@@ -80,6 +109,8 @@ def plan_training(
     rebuild: bool = True,
     table_budget: int | None = None,
     engine=None,
+    alternatives: int = 0,
+    keep_priced: bool = False,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -89,9 +120,13 @@ def plan_training(
         ``build(sequences)``: the network at a global micro-batch of that many sequences.
     batch : int
         Sequences per step.
+    machine : Machine
+        What prices the work (``pase.machines.registry.load_machine("h100-sxm")``).
     memory_cap : float, optional
-        Bytes per device the peak must fit (a calibrated machine's memory by default in
-        the CLI).
+        Bytes per device the peak must fit. Default: the machine's device memory
+        (``machine.memory_bytes``), as in the CLI; none on a machine without one.
+        :data:`NO_CAP` searches without a cap: the result then says whether the plan
+        exceeds the device (``TrainingPlan.exceeds_device``).
     recipe, compare : Recipe, optional
         Fixed choices of the plan, and a recipe to price beside it.
     free : bool, optional
@@ -99,14 +134,28 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
+    alternatives : int
+        How many of the fastest distinct fitting configurations to keep, in full
+        (``TrainingPlan.alternatives``, fastest first, the plan first).
+    keep_priced : bool
+        Keep every configuration the mesh search priced (``TrainingPlan.priced``).
+
+    A plan returned never needs more than the cap; with the cap above the device's memory
+    (or :data:`NO_CAP`) ``exceeds_device`` says when it needs more than the device has.
     """
     start = time.perf_counter()
+    build = lru_cache(maxsize=None)(build)
+    device = getattr(machine, "memory_bytes", None)
+    if memory_cap is None:
+        memory_cap = device
+    elif memory_cap == NO_CAP:
+        memory_cap = None
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          engine=engine)
+                          engine=engine, keep_all=keep_priced, keep_best=alternatives)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
@@ -151,13 +200,45 @@ def plan_training(
                                          rebuild=rebuild, engine=engine).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
+    priced = found.candidates
+    found.candidates = []
+    chosen = _alternatives(best, found.fastest, alternatives)
+    found.fastest = []
     return TrainingPlan(
         network_name=found_name(build, batch, rebuild),
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
         least_memory=found.least_memory, mesh_search=found, free_searches=free_searches, free_entries=free_entries,
         free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
         seconds=time.perf_counter() - start,
+        network=None if best is None else build(batch // best.options.microbatches),
+        device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
     )
+
+
+def _alternatives(best, fastest: list, k: int) -> list:
+    """The ``k`` fastest distinct fitting configurations, fastest first: the plan, then the
+    mesh search's fastest (``MeshSearch.fastest``: distinct in step and memory) other than
+    it. A configuration equal in step and memory to one already shown (selective
+    recomputation where it recomputes nothing) is left out."""
+    if best is None or k <= 0:
+        return []
+    shown = [best]
+    seen = {best.recipe()}
+    figures = {_figures(best)}
+    for candidate in fastest:
+        if len(shown) >= k:
+            break
+        if candidate.recipe() in seen or _figures(candidate) in figures:
+            continue
+        seen.add(candidate.recipe())
+        figures.add(_figures(candidate))
+        shown.append(candidate)
+    return shown
+
+
+def _figures(candidate) -> tuple:
+    """Step (to the nanosecond) and peak (to the byte): what tells two plans apart."""
+    return round(candidate.summary.step_seconds, 9), round(candidate.summary.peak_memory_bytes)
 
 
 def found_name(build, batch: int, rebuild: bool) -> str:

@@ -28,8 +28,13 @@ from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
 
-__all__ = ["Candidate", "MeshSearch", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
-           "divisors"]
+__all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
+           "divisors", "CAUSES"]
+
+#: The causes a step's time is told by, in the order they are shown: per-device compute,
+#: recomputation, exposed activation collectives, redistribution between layers, pipeline
+#: sends, the pipeline bubble, exposed weight synchronisation, the optimizer step.
+CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync", "optimizer")
 
 
 def divisors(n: int) -> list:
@@ -90,6 +95,54 @@ class Candidate:
             parts.append(f"microbatch={self.microbatch}")
         return ",".join(parts)
 
+    def causes(self) -> dict:
+        """The step time by cause (keys of :data:`CAUSES`, those that apply), summing to the
+        step: a pipelined plan's is its slowest stage's work over all micro-batches, the
+        bubble and the exposed synchronisation and optimizer step after it."""
+        told = self.summary.extra.get("causes")
+        if told is not None:
+            return dict(told)
+        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES if k in self.summary.time}
+
+    def memory_kinds(self) -> dict:
+        """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
+        return dict(self.summary.extra.get("memory_kinds", self.summary.memory))
+
+    def as_recipe(self) -> Recipe:
+        """Every choice of the candidate fixed (a mesh candidate's; ``ValueError`` for a
+        per-layer plan, which no recipe describes)."""
+        if self.mesh is None:
+            raise ValueError("a per-layer plan has no recipe that fixes it")
+        pipe = self.summary.extra.get("pipeline", {})
+        mesh = self.mesh
+        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
+                      recompute=self.options.recompute, microbatch=self.microbatch,
+                      schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
+                      else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One configuration the mesh search priced: its mesh and options, the per-rank
+    micro-batch, the pipeline schedule and chunks (pipelined meshes), step and peak."""
+
+    mesh: Mesh
+    zero: int
+    recompute: str
+    microbatch: int
+    schedule: str | None
+    vpp: int
+    step_seconds: float
+    peak_memory_bytes: float
+
+    def recipe(self) -> Recipe:
+        """The configuration as a recipe fixing every choice."""
+        mesh = self.mesh
+        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.zero, recompute=self.recompute,
+                      microbatch=self.microbatch, schedule=self.schedule,
+                      vpp=self.vpp if self.schedule == "interleaved" else None,
+                      sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
+
 
 @dataclass
 class MeshSearch:
@@ -105,6 +158,8 @@ class MeshSearch:
     candidates: list = field(default_factory=list)
     #: Whether expert-parallel degrees were searched (the network has MoE layers).
     experts: bool = False
+    #: With ``keep_best``: the fastest fitting candidates distinct in step and memory.
+    fastest: list = field(default_factory=list)
 
 
 class _PartsMemo:
@@ -240,6 +295,7 @@ def search_meshes(
     keep_all: bool = False,
     rebuild: bool = True,
     engine=None,
+    keep_best: int = 0,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -248,6 +304,10 @@ def search_meshes(
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
+
+    ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
+    the fastest fitting configurations distinct in step and memory, at most that many, in
+    ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -290,6 +350,7 @@ def search_meshes(
     evaluated = 0
     first_error = None
     kept = []
+    fastest: list = []
     meshes_tried = 0
     for pp in stage_counts:
         q = procs // pp
@@ -360,8 +421,14 @@ def search_meshes(
                         best = found
                     if least is None or peak < least[1]:
                         least = found
-                    if keep_all:
-                        kept.append((mesh, options, micro, t, peak))
+                    if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
+                        plan = stage_plans[i]
+                        priced = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
+                                        1 if plan is None else plan.vpp, t, peak)
+                        if keep_all:
+                            kept.append(priced)
+                        if keep_best and (memory_cap is None or peak <= memory_cap):
+                            _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
         raise ValueError(f"no mesh applies to this graph: {first_error}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
@@ -375,8 +442,28 @@ def search_meshes(
         space=space,
         candidates=kept,
         experts=bool(expert_counts),
+        fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
     )
     return result
+
+
+def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
+    """Keep ``fastest`` the ``k`` fastest configurations distinct in step (to the nanosecond)
+    and peak (to the byte), as ``(step, peak, recipe text, found)`` in order; of two equal in
+    both, the first recipe in text order."""
+    if len(fastest) >= k and (priced.step_seconds, priced.peak_memory_bytes) > fastest[-1][:2]:
+        return
+    figures = (round(priced.step_seconds, 9), round(priced.peak_memory_bytes))
+    entry = (priced.step_seconds, priced.peak_memory_bytes, priced.recipe().text(), found)
+    for j, (t, peak, text, _) in enumerate(fastest):
+        if (round(t, 9), round(peak)) == figures:
+            if entry[2] < text:
+                fastest[j] = entry
+                fastest.sort(key=lambda e: e[:3])
+            return
+    fastest.append(entry)
+    fastest.sort(key=lambda e: e[:3])
+    del fastest[k:]
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
@@ -410,6 +497,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
         summary.memory = {"largest_stage": float(peak)}
         summary.step_seconds = float(step)
         summary.peak_memory_bytes = float(peak)
+        summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step))
+        summary.extra["memory_kinds"] = _stage_memory(costing, options, i, act_bytes, stages)
         summary.extra["pipeline"] = {
             "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
             "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
@@ -420,6 +509,62 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
         }
     configs = tuple(tuple(int(x) for x in costing.configs[v][i]) for v in range(n))
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
+
+
+def _stage_range(costing, stages, s: int) -> tuple:
+    """The layers ``[start, end)`` of pipeline stage ``s`` (as ``pipeline_rows`` cuts them)."""
+    layout = stage_layout(costing.blocks)
+    bounds = np.cumsum((0,) + tuple(stages.counts))
+    block_starts = [b[0] for b in layout.blocks]
+    start = 0 if s == 0 else block_starts[bounds[s]]
+    end = len(costing.network.layers) if s == stages.pp - 1 else block_starts[bounds[s + 1]]
+    return start, end
+
+
+def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages) -> dict:
+    """The largest stage's peak by kind (as ``pipeline_rows`` adds it up): its model state,
+    its activations times the micro-batches in flight on it, its logits, and the memory alive
+    part of the time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
+    s = int(np.argmax(stages.memory_bytes))
+    start, end = _stage_range(costing, stages, s)
+    pp, m = stages.pp, options.microbatches
+    in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
+    kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
+    for v in range(start, end):
+        for key, value in costing.layer_memory(v, options, act_bytes).items():
+            kinds[key] += float(value[i])
+    kinds["activations"] *= in_flight
+    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes))
+    kinds["reserve"] = float(options.reserve_bytes)
+    return kinds
+
+
+def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float) -> dict:
+    """A pipelined row's step by cause: the slowest stage's compute, recomputation, activation
+    collectives, redistribution and sends over the ``m`` micro-batches; the bubble
+    ``(pp - 1) / vpp`` slots of it; the rest of the step (the exposed synchronisation and
+    optimizer step after the drain), the slowest stage's optimizer step first."""
+    m = options.microbatches
+    s = int(np.argmax(stages.microbatch_seconds))
+    slowest = stages.microbatch_seconds[s]
+    start, end = _stage_range(costing, stages, s)
+    causes = dict.fromkeys(CAUSES, 0.0)
+    optimizer = 0.0
+    for v in range(start, end):
+        part = costing.layer_time(v, options)
+        for key in ("compute", "recompute", "activation_comm"):
+            causes[key] += float(part[key][i])
+        optimizer += float(part["optimizer"][i])
+    targets = [v for (_, v) in sorted(costing.network.edges)]
+    if targets:
+        rows = costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0]
+        causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
+    causes["p2p"] = m * stages.p2p_seconds
+    causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
+    rest = max(step - (m + (stages.pp - 1) / stages.vpp) * slowest, 0.0)
+    causes["optimizer"] = min(optimizer, rest)
+    causes["weight_sync"] = rest - causes["optimizer"]
+    return causes
 
 
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
