@@ -14,8 +14,6 @@ MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 #: MoE model types refused, and why (one line each).
 REFUSED = {
-    "deepseek_v3": "its multi-head latent attention (queries, keys and values through low-rank "
-                   "compressions with a separate rotary part) is not the grouped-query attention of the decoder graph",
     "deepseek_v2": "its multi-head latent attention (low-rank compressed keys and values) is not the grouped-query "
                    "attention of the decoder graph",
 }
