@@ -277,9 +277,10 @@ def test_hf_configs_match_the_models_on_meta(kind, tmp_path):
     assert any(layer.op == "MoE" for layer in net.layers)
 
 
-def test_deepseek_is_refused_in_one_line(tmp_path):
+def test_deepseek_v2_is_refused_in_one_line(tmp_path):
+    # DeepSeek-V3 is read (tests/test_hf_models.py); V2 still says why not.
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 64}))
+    path.write_text(json.dumps({"model_type": "deepseek_v2", "hidden_size": 64}))
     status, out, err = run("-g", f"hf:{path}", "-p", "2")
     assert status != 0 and err.count("\n") == 1 and "multi-head latent attention" in err
 

@@ -186,6 +186,20 @@ class Einsum(GemmShaped, Layer):
         q, k = self.band
         return [i for i, term in enumerate(self.terms[:2]) if k in term and q not in term]
 
+    def _gemm_terms(self, C) -> tuple:
+        """As a GEMM's, but a key operand's gradient is not reduced over the query split: each
+        device holds its own keys (the halo's gradient goes back by the exchange)."""
+        sizes, groups = super()._gemm_terms(C)
+        if not self.banded:
+            return sizes, groups
+        query = self._cols[self.band[0]]
+        dims = [list(d) for d in self.gemm_dims()]
+        groups = list(groups)
+        for i in self._key_operands():
+            side = 1 if i == 1 else 2  # B's gradient is reduced over M's devices, A's over N's
+            groups[side - 1] = self._groups(C, [d for d in dims[side] if d != query])[0]
+        return sizes, tuple(groups)
+
     def costs(self, C, machine):
         cost = super().costs(C, machine)
         if not self.banded:
