@@ -302,3 +302,48 @@ def test_a_missing_field_is_named(model_type, key):
 def test_small_configs_build(model_type):
     cfg = read_decoder_config(dict(BASES[model_type], model_type=model_type), 16, "x.json")[0]
     assert distinct_parameter_count(decoder(cfg, 2)) == parameter_count(cfg)
+
+
+# ---------------------------------------------------------------------------------------
+# Any other model type: through transformers and the torch: importer
+
+OLMO2 = {"model_type": "olmo2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256}
+
+
+def test_other_model_type_through_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "olmo.json"
+    path.write_text(json.dumps(OLMO2))
+    net = load_hf(str(path), 2, 32)
+    assert net.name == "hf:olmo" and net.batch == 2
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model("olmo2", **{k: v for k, v in OLMO2.items() if k != "model_type"}))
+    from pase.costing.training import parameter_elements_unique
+
+    assert parameter_elements_unique(net) == sum(p.numel() for p in model.parameters())
+
+
+def test_other_model_type_without_torch_is_one_line(tmp_path, monkeypatch):
+    import pase.sources.torch.hf as via_torch
+    from pase.sources.torch.errors import TorchNotInstalledError
+
+    def missing():
+        raise TorchNotInstalledError()
+
+    monkeypatch.setattr(via_torch, "_import_torch", missing)
+    path = tmp_path / "olmo.json"
+    path.write_text(json.dumps(OLMO2))
+    status, out, err = run("-g", f"hf:{path}", "-p", "2")
+    assert status != 0 and err.count("\n") == 1
+    assert "model_type 'olmo2' is built by transformers" in err and "pip install '.[hf]'" in err
+
+
+def test_other_model_type_transformers_does_not_know(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"model_type": "no_such_model", "hidden_size": 8}))
+    status, out, err = run("-g", f"hf:{path}", "-p", "2")
+    assert status != 0 and err.count("\n") == 1 and "transformers cannot build model_type 'no_such_model'" in err

@@ -9,6 +9,10 @@ command line, as for an invalid graph file), like a file that cannot be read, is
 repeats a key; a sequence length (``-m``) the config cannot take is a plain ``ValueError``
 (exit status 2, a bad command-line value).
 
+Any other ``model_type`` is built by ``transformers`` from the config on the ``meta`` device
+and imported through the ``torch:`` path (``pase.sources.torch.hf``); without PyTorch and
+transformers, one line names the model type and the extra to install.
+
 The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)`` (GPT-2:
 ``n_positions``), or 2048 when the config gives no maximum. Learned position tables cap
 ``-m`` at their length; rotary models take any ``-m``.
@@ -238,7 +242,21 @@ def load_hf(path: str, batch: int, sequence: int | None = None, mtp: bool = Fals
 
     from graphs.decoder import decoder
 
-    config, notes = read_decoder_config(read_hf_config(path), sequence, path, mtp)
+    data = read_hf_config(path)
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if isinstance(model_type, str) and model_type not in SUPPORTED:
+        # Any other model type: transformers builds it on the meta device, the torch: importer reads it.
+        from pase.sources.torch.hf import from_hf_config
+
+        if mtp:
+            raise ValueError(f"hf config {path}: --mtp applies to deepseek_v3 configs, not to model_type {model_type!r}")
+        maximum = data.get("max_position_embeddings")
+        if sequence is None:
+            sequence = min(maximum, DEFAULT_SEQUENCE) if isinstance(maximum, int) and maximum > 0 else DEFAULT_SEQUENCE
+        elif isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
+            raise ValueError(f"the sequence length (-m) must be a positive integer, got {sequence!r}")
+        return from_hf_config(data, path, batch, sequence, network_name(path))
+    config, notes = read_decoder_config(data, sequence, path, mtp)
     network = decoder(config, batch, network_name(path))
     return dataclasses.replace(network, notes=tuple(f"hf config {path}: {note}" for note in notes))
 
