@@ -347,3 +347,12 @@ def test_other_model_type_transformers_does_not_know(tmp_path):
     path.write_text(json.dumps({"model_type": "no_such_model", "hidden_size": 8}))
     status, out, err = run("-g", f"hf:{path}", "-p", "2")
     assert status != 0 and err.count("\n") == 1 and "transformers cannot build model_type 'no_such_model'" in err
+
+
+@pytest.mark.parametrize("model_type,key", [("gpt_oss", "num_hidden_layers"), ("deepseek_v3", "num_hidden_layers"),
+                                            ("mpt", "n_layers")])
+def test_a_huge_layer_count_is_refused_before_reading_per_block_fields(model_type, key):
+    # Found by benchmarks/fuzz_inputs.py: 2^63 blocks hung building the per-block window list.
+    data = dict(BASES[model_type], model_type=model_type, **{key: 2 ** 63})
+    with pytest.raises(ValueError, match=f"^hf config x.json: {key} must be at most 1024"):
+        read_decoder_config(data, 16, "x.json")

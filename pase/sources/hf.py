@@ -110,6 +110,17 @@ class _Fields:
         return value
 
 
+def _layers(fields: _Fields, key: str) -> int:
+    """The block count, at most the decoder's ``MAX_LAYERS`` (checked before any per-block field is read)."""
+    from graphs.decoder import MAX_LAYERS
+
+    layers = fields.positive(key)
+    if layers > MAX_LAYERS:
+        fields.fail(f"{key} must be at most {MAX_LAYERS} (the largest published decoders have about 128), "
+                    f"got {layers}")
+    return layers
+
+
 def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int:
     maximum = fields.positive(maximum_key, required=learned)
     if sequence is None:
@@ -180,7 +191,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
         )
     else:
         width = fields.positive("hidden_size")
-        layers = fields.positive("num_hidden_layers")
+        layers = _layers(fields, "num_hidden_layers")
         head_dim = fields.positive("head_dim", HEAD_DIM_DEFAULTS.get(model_type), required=False)
         if model_type == "deepseek_v3":
             head_dim = 1  # latent attention: its head widths are its own fields

@@ -160,7 +160,7 @@ def _deepseek_v3(fields, base: dict, mtp: bool) -> dict:
 
 
 def _mpt(fields, sequence) -> dict:
-    from pase.sources.hf import ACTIVATIONS, _sequence
+    from pase.sources.hf import ACTIVATIONS, _layers, _sequence
 
     width = fields.positive("d_model")
     heads = fields.positive("n_heads", condition=" dividing d_model")
@@ -182,7 +182,7 @@ def _mpt(fields, sequence) -> dict:
                             "(transformers' MPT has no other)")
     fields.choice("activation_function", "gelu", ACTIVATIONS)
     biased = not fields.flag("no_bias", True)
-    layers = fields.positive("n_layers")
+    layers = _layers(fields, "n_layers")
     return dict(layers=layers, width=width, heads=heads, kv_heads=heads, head_dim=width // heads,
                 mlp_width=int(ratio * width), vocab=fields.positive("vocab_size"), gated=False, norm="layer",
                 norm_bias=biased, positions="alibi", tied=fields.flag("tie_word_embeddings", True), qkv_bias=biased,
