@@ -356,3 +356,28 @@ def test_a_huge_layer_count_is_refused_before_reading_per_block_fields(model_typ
     data = dict(BASES[model_type], model_type=model_type, **{key: 2 ** 63})
     with pytest.raises(ValueError, match=f"^hf config x.json: {key} must be at most 1024"):
         read_decoder_config(data, 16, "x.json")
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "deepseek_v3", "mpt", "gemma3_text"])
+def test_graph_file_round_trips_windows_sinks_and_latent_attention(model_type):
+    from pase.sources.graph_json import dumps, network_from_json
+
+    data = dict(BASES[model_type], model_type=model_type)
+    if model_type in ("gpt_oss", "gemma3_text"):
+        data["sliding_window"] = 4  # a band at 16 tokens
+    net = decoder(read_decoder_config(data, 16, "x.json")[0], 2)
+    back = network_from_json(json.loads(dumps(net)))
+    assert [(l.op, l.domain, l.args) for l in back.layers] == [(l.op, l.domain, l.args) for l in net.layers]
+    machine = Machine()
+    G1, G2 = net.graph(4, machine), back.graph(4, machine)
+    for v in G1.nodes:
+        assert np.array_equal(G1.nodes[v]["cost"], G2.nodes[v]["cost"])
+    for u, v, m in G1.edges(data="cost"):
+        assert np.array_equal(m, G2.edges[u, v]["cost"])
+
+
+def test_training_plans_a_windowed_moe_with_sinks():
+    status, out, err = run("-g", "gpt-oss-120b", "-m", "256", "-b", "8", "-p", "8", "--machine", "h100-sxm",
+                           "--training", "--recipe", "dp=8,ep=8", "--memory", "1000")
+    assert status == 0, err
+    assert "parameters: 116,829,156,672" in out
