@@ -2,8 +2,9 @@
 
 ``decoder_config_from_hf`` reads the fields of a ``model_type`` it supports (``llama``,
 ``mistral``, ``qwen2``, ``gpt2``; the mixtures of experts ``mixtral``, ``qwen2_moe`` and
-``qwen3_moe`` through ``pase.sources.hf_moe``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
-builds the network. Anything missing, malformed or unsupported is a ``ValueError`` of one
+``qwen3_moe`` through ``pase.sources.hf_moe``; ``qwen3``, ``phi3``, ``nemotron``, ``gemma2``,
+``gemma3_text``, ``gpt_oss``, ``mpt`` and ``deepseek_v3`` through ``pase.sources.hf_types``)
+into a ``graphs.decoder.DecoderConfig``; ``load_hf`` builds the network (``docs/models.md``). Anything missing, malformed or unsupported is a ``ValueError`` of one
 line naming the file and the field: an ``InputError`` (a ``ValueError``; exit status 1 on the
 command line, as for an invalid graph file), like a file that cannot be read, is not JSON or
 repeats a key; a sequence length (``-m``) the config cannot take is a plain ``ValueError``

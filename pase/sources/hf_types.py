@@ -11,7 +11,7 @@ returns them), never dropped silently.
 
 from __future__ import annotations
 
-__all__ = ["TYPES", "LLAMA_LIKE", "read_type", "windows"]
+__all__ = ["TYPES", "LLAMA_LIKE", "READERS", "read_type", "windows"]
 
 #: ``model_type`` values read here whose base fields are Llama's (``hidden_size``, ...).
 LLAMA_LIKE = ("qwen3", "phi3", "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3")
@@ -189,12 +189,19 @@ def _mpt(fields, sequence) -> dict:
                 out_bias=biased, mlp_bias=biased, sequence=_sequence(fields, sequence, "max_seq_len", learned=False))
 
 
+#: The reader of each type: ``(fields, base, sequence, mtp) -> DecoderConfig fields``.
+READERS = {
+    "qwen3": lambda fields, base, sequence, mtp: _qwen3(fields, base),
+    "phi3": lambda fields, base, sequence, mtp: _phi3(fields, base),
+    "nemotron": lambda fields, base, sequence, mtp: _nemotron(fields, base),
+    "gemma2": lambda fields, base, sequence, mtp: _gemma(fields, base, 2),
+    "gemma3_text": lambda fields, base, sequence, mtp: _gemma(fields, base, 3),
+    "gpt_oss": lambda fields, base, sequence, mtp: _gpt_oss(fields, base),
+    "deepseek_v3": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp),
+    "mpt": lambda fields, base, sequence, mtp: _mpt(fields, sequence),
+}
+
+
 def read_type(fields, model_type: str, base: dict | None, sequence, mtp: bool = False) -> dict:
     """The ``DecoderConfig`` fields of ``model_type`` (one of ``TYPES``)."""
-    if model_type == "mpt":
-        return _mpt(fields, sequence)
-    if model_type == "deepseek_v3":
-        return _deepseek_v3(fields, base, mtp)
-    if model_type in ("gemma2", "gemma3_text"):
-        return _gemma(fields, base, 2 if model_type == "gemma2" else 3)
-    return {"qwen3": _qwen3, "phi3": _phi3, "nemotron": _nemotron, "gpt_oss": _gpt_oss}[model_type](fields, base)
+    return READERS[model_type](fields, base, sequence, mtp)
