@@ -381,3 +381,23 @@ def test_training_plans_a_windowed_moe_with_sinks():
                            "--training", "--recipe", "dp=8,ep=8", "--memory", "1000")
     assert status == 0, err
     assert "parameters: 116,829,156,672" in out
+
+
+#: A small DeepSeek-V2 (no query compression, two shared experts, one dense block).
+DEEPSEEK_V2 = {"model_type": "deepseek_v2", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
+               "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": None,
+               "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+               "n_routed_experts": 16, "n_shared_experts": 2, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+               "first_k_dense_replace": 1, "moe_layer_freq": 1, "vocab_size": 1000, "max_position_embeddings": 512}
+
+
+def test_deepseek_v2_reads_as_v3():
+    cfg = read_decoder_config(DEEPSEEK_V2, 64, "ds2.json")[0]
+    assert cfg.mla.q_rank == 0 and cfg.moe.shared_width == 128 and cfg.moe.dense == (0,)
+    # By hand: embedding and head 2 x 1000 x 256 = 512,000; final norm 256; per block MLA 256 x 8 x 48
+    # (q) + 256 x 80 + 64 + 64 x 8 x 64 + 8 x 32 x 256 = 98,304 + 20,480 + 64 + 32,768 + 65,536 = 217,152 and
+    # norms 512; block 1 dense 3 x 256 x 512 = 393,216; blocks 2-4 router 4,096 + experts 16 x 3 x 256 x
+    # 64 = 786,432 + shared 3 x 256 x 128 = 98,304: 888,832. 512,256 + 4 x 217,664 + 393,216 + 3 x
+    # 888,832 = 4,442,624 (transformers 5.24 on the meta device: the same).
+    assert parameter_count(cfg) == 4_442_624
+    assert distinct_parameter_count(decoder(cfg, 1)) == 4_442_624

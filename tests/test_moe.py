@@ -11,7 +11,6 @@ import pytest
 
 import graphs
 from graphs.decoder import DecoderConfig, MoEConfig, decoder, distinct_parameter_count
-from pase.sources.hf import decoder_config_from_hf
 from pase.costing.training import layer_parts, model_flops
 from pase.machines.base import Group
 from pase.machines.calibrated import PRESETS, CalibratedMachine
@@ -276,15 +275,6 @@ def test_hf_configs_match_the_models_on_meta(kind, tmp_path):
     net = load_hf(str(path), 2, 16)
     assert abs(distinct_parameter_count(net) - count) <= 1e-3 * count
     assert any(layer.op == "MoE" for layer in net.layers)
-
-
-def test_deepseek_v2_is_refused_in_one_line():
-    # DeepSeek-V3 is read (tests/test_hf_models.py); V2's fields are not (the command line
-    # builds it through transformers instead, tests/test_hf_models.py).
-    with pytest.raises(ValueError, match="^hf config ds.json: model_type \"deepseek_v2\" is not supported: its multi-head "
-                                         "latent attention") as info:
-        decoder_config_from_hf({"model_type": "deepseek_v2", "hidden_size": 64}, 16, "ds.json")
-    assert "\n" not in str(info.value)
 
 
 def test_cli_plan_is_deterministic_across_hash_seeds():

@@ -150,7 +150,7 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, qwen3, phi3, nemotron, gemma2, gemma3_text, gpt_oss, deepseek_v3, mpt
+    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, qwen3, phi3, nemotron, gemma2, gemma3_text, gpt_oss, deepseek_v3, deepseek_v2, mpt
     """
     return read_decoder_config(data, sequence, source, mtp)[0]
 
@@ -194,7 +194,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
         width = fields.positive("hidden_size")
         layers = _layers(fields, "num_hidden_layers")
         head_dim = fields.positive("head_dim", HEAD_DIM_DEFAULTS.get(model_type), required=False)
-        if model_type == "deepseek_v3":
+        if model_type in ("deepseek_v3", "deepseek_v2"):
             head_dim = 1  # latent attention: its head widths are its own fields
         heads = fields.positive("num_attention_heads", condition="" if head_dim else " dividing hidden_size")
         if head_dim is None:

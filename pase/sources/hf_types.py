@@ -1,5 +1,6 @@
 """The Hugging Face model types beyond Llama's shape, for ``pase.sources.hf``: ``qwen3``,
-``phi3``, ``nemotron``, ``gemma2``, ``gemma3_text``, ``gpt_oss``, ``mpt`` and ``deepseek_v3``,
+``phi3``, ``nemotron``, ``gemma2``, ``gemma3_text``, ``gpt_oss``, ``mpt``, ``deepseek_v3`` and
+``deepseek_v2``,
 and the sliding windows of every type.
 
 Each reader takes ``pase.sources.hf``'s typed reader of the file (every error names the
@@ -14,7 +15,7 @@ from __future__ import annotations
 __all__ = ["TYPES", "LLAMA_LIKE", "READERS", "read_type", "windows"]
 
 #: ``model_type`` values read here whose base fields are Llama's (``hidden_size``, ...).
-LLAMA_LIKE = ("qwen3", "phi3", "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3")
+LLAMA_LIKE = ("qwen3", "phi3", "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "deepseek_v2")
 #: Every ``model_type`` read here.
 TYPES = LLAMA_LIKE + ("mpt",)
 
@@ -198,6 +199,8 @@ READERS = {
     "gemma3_text": lambda fields, base, sequence, mtp: _gemma(fields, base, 3),
     "gpt_oss": lambda fields, base, sequence, mtp: _gpt_oss(fields, base),
     "deepseek_v3": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp),
+    # DeepSeek-V2 has V3's shape (latent attention, shared and group-limited experts), no MTP.
+    "deepseek_v2": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp),
     "mpt": lambda fields, base, sequence, mtp: _mpt(fields, sequence),
 }
 
