@@ -1,4 +1,5 @@
-"""A generic decoder-only transformer from a shape (``DecoderConfig``): Llama, Mistral, Qwen2, GPT-2.
+"""A generic decoder-only transformer from a shape (``DecoderConfig``): Llama, Mistral, Qwen2/3, GPT-2,
+Gemma, Phi-3, Nemotron, MPT, GPT-OSS, DeepSeek-V2/V3.
 
 The block is ``graphs/llama.py``'s: the same layer types, the same vertex names
 (``block3.attn.q``, ``block3.ff.up``, ...) and grouped-query attention written as
@@ -18,7 +19,13 @@ varies with the config:
 - mixture of experts (``DecoderConfig.moe``, a ``MoEConfig``): the MLP of every block but the
   dense ones is one ``MoE`` vertex ``blockN.ff.moe`` (Mixtral, Qwen-MoE);
 - the output head: its own weight ``(e, V)`` (``ble,ev->blv``), or, tied, the embedding's
-  very table ``(V, e)`` (``ble,ve->blv``): the same ``Tensor`` object the Embedding reads.
+  very table ``(V, e)`` (``ble,ve->blv``): the same ``Tensor`` object the Embedding reads;
+- what a fused attention kernel does to the scores, declared on the three attention layers
+  (``_attention_core``), none between them: sliding windows (``window``, ``window_blocks``:
+  ``Einsum`` ``window``/``band`` and ``Softmax`` ``window``), ALiBi (``positions="alibi"``),
+  soft-capping, attention sinks; Gemma's four norms a block (``post_norms``);
+- multi-head latent attention (``MLAConfig``, DeepSeek-V2/V3: ``_mla_attention``) and the
+  multi-token-prediction modules (``mtp``: ``_mtp_module``); ``docs/models.md``.
 
 Tied weights: ``network.layers[head].inputs[1] is network.layers[embedding].inputs[1]``.
 Tensors compare by value and every Embedding's table has the same key, so object identity
