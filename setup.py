@@ -32,7 +32,8 @@ setup(
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],
-    # Optional: importing PyTorch models and `pase calibrate` (torch); running plans (jax).
-    extras_require={"torch": ["torch>=2.1"], "jax": ["jax>=0.4.30"]},
+    # Optional: importing PyTorch models and `pase calibrate` (torch); running plans (jax);
+    # Hugging Face configs of model types read through transformers (hf).
+    extras_require={"torch": ["torch>=2.1"], "jax": ["jax>=0.4.30"], "hf": ["torch>=2.1", "transformers>=4.40"]},
     entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )

@@ -1117,10 +1117,35 @@ TINY_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "nu
            "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128,
              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+#: Today's model types (issue 32), each as small: windows, sinks, latent attention, experts.
+TINY_NEW = {
+    "qwen3": dict(_TINY, model_type="qwen3", head_dim=16),
+    "mistral": dict(_TINY, model_type="mistral", sliding_window=8),
+    "phi3": dict(_TINY, model_type="phi3", sliding_window=7),
+    "nemotron": dict(_TINY, model_type="nemotron", hidden_act="relu2", partial_rotary_factor=0.5),
+    "gemma2": dict(_TINY, model_type="gemma2", head_dim=16, sliding_window=8),
+    "gemma3_text": dict(_TINY, model_type="gemma3_text", head_dim=16, sliding_window=8),
+    "gpt_oss": dict(_TINY, model_type="gpt_oss", head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "deepseek_v3": dict(_TINY, model_type="deepseek_v3", q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=8, n_shared_experts=1,
+                        num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+                        moe_intermediate_size=32, num_nextn_predict_layers=1),
+    "mpt": {"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "expansion_ratio": 4, "max_seq_len": 128,
+            "vocab_size": 256, "no_bias": True, "attn_config": {"alibi": True}},
+}
+_LLAMA_REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                   "vocab_size")
 #: Fields each model type reads (a missing required one is an invalid file).
-HF_REQUIRED = {"llama": ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                         "intermediate_size", "vocab_size"),
-               "gpt2": ("model_type", "n_embd", "n_layer", "n_head", "vocab_size", "n_positions")}
+HF_REQUIRED = {"llama": _LLAMA_REQUIRED,
+               "gpt2": ("model_type", "n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
+               **{t: _LLAMA_REQUIRED for t in ("qwen3", "mistral", "phi3", "nemotron", "gemma2", "gemma3_text")},
+               "gpt_oss": _LLAMA_REQUIRED + ("num_local_experts", "num_experts_per_tok"),
+               "deepseek_v3": _LLAMA_REQUIRED + ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                                 "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"),
+               "mpt": ("model_type", "d_model", "n_heads", "n_layers", "vocab_size")}
 
 
 def hf_cases(rng: random.Random, refs: dict) -> list:
@@ -1131,7 +1156,7 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
         cases.append(Case("hf", kind, what, ["-g", "hf:c.json", "-p", "4", "-b", "8", *extra], expect,
                           {"c.json": body}, **kw))
 
-    for name, base in (("llama", TINY_HF), ("gpt2", TINY_GPT2)):
+    for name, base in (("llama", TINY_HF), ("gpt2", TINY_GPT2), *TINY_NEW.items()):
         add("good", f"a small {name} config", base, expect=OK, same_as=f"hf-{name}")
         add("good", f"the {name} config, keys reordered and indented", None, expect=OK, same_as=f"hf-{name}",
             raw=json.dumps(dict(reversed(list(base.items()))), indent=3).encode())
@@ -1151,11 +1176,15 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
                            ("intermediate_size", 2 ** 62), ("hidden_act", "GELU"), ("rms_norm_eps", float("inf")),
                            ("model_type", "Llama"), ("model_type", "mixtral"), ("model_type", None),
                            ("max_position_embeddings", 0), ("tie_word_embeddings", 1)):
-            if name == "gpt2" and key not in base and key != "model_type":
+            if key not in base and key != "model_type":
                 continue
             add("values", f"{name}: {key} = {_short(value, 20)}", dict(base, **{key: value}), expect=ANY)
     add("values", "gpt2: -m longer than its learned positions", TINY_GPT2, "-m", "4096", expect=BAD_VALUE)
     add("values", "llama: -m 1 (one token)", TINY_HF, "-m", "1", expect=OK)
+    add("values", "deepseek_v3: --mtp", TINY_NEW["deepseek_v3"], "--mtp", expect=OK)
+    add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=OK)
+    add("values", "an unknown model_type (through transformers, or one line without it)",
+        dict(TINY_HF, model_type="no_such_model"), expect=ANY)
     add("values", "llama: -m far past the config's maximum (rotary takes any)", TINY_HF, "-m", "100000",
         expect=frozenset({0, 3}))
     for what, raw in (("an empty file", b""), ("truncated", _dump(TINY_HF)[:40]), ("a list", b"[1, 2]"),
@@ -1167,7 +1196,7 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
     cases.append(Case("hf", "file system", "a directory", ["-g", "hf:d", "-p", "4"], BAD_FILE, {"d": ("dir",)}))
     cases.append(Case("hf", "file system", "an empty name", ["-g", "hf:", "-p", "4"], frozenset({1, 2})))
     for i in range(60):
-        data, what = random_mutation(rng, rng.choice((TINY_HF, TINY_GPT2)), rng.randint(1, 3))
+        data, what = random_mutation(rng, rng.choice((TINY_HF, TINY_GPT2, *TINY_NEW.values())), rng.randint(1, 3))
         add("random", what, data, expect=ANY)
     return cases
 

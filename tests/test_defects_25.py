@@ -329,8 +329,8 @@ def test_fuzz_hf_million_layers_refused_at_once(tmp_path):
     status, out, err = run("-g", _tiny(tmp_path, num_hidden_layers=10 ** 6), "-p", "4")
     assert status == 1 and out == ""
     assert err.strip().splitlines() == [
-        f"pase: error: hf config {tmp_path / 'c.json'}: decoder layers must be at most 1024 (the largest published "
-        "decoders have about 128), got 1000000"]
+        f"pase: error: hf config {tmp_path / 'c.json'}: num_hidden_layers must be at most 1024 (the largest "
+        "published decoders have about 128), got 1000000"]
 
 
 def test_fuzz_hf_invalid_field_is_an_invalid_file(tmp_path):

@@ -277,13 +277,6 @@ def test_hf_configs_match_the_models_on_meta(kind, tmp_path):
     assert any(layer.op == "MoE" for layer in net.layers)
 
 
-def test_deepseek_is_refused_in_one_line(tmp_path):
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 64}))
-    status, out, err = run("-g", f"hf:{path}", "-p", "2")
-    assert status != 0 and err.count("\n") == 1 and "multi-head latent attention" in err
-
-
 def test_cli_plan_is_deterministic_across_hash_seeds():
     args = [sys.executable, "-m", "pase", "-g", "mixtral-8x7b", "-m", "256", "-b", "16", "-p", "16",
             "--machine", "h100-sxm", "--training"]

@@ -73,4 +73,4 @@ def test_measured_tables_ship_as_package_data():
 
 def test_optional_extras_are_declared():
     extras = ast.literal_eval(setup_keywords()["extras_require"])
-    assert set(extras) == {"torch", "jax"}
+    assert set(extras) == {"torch", "jax", "hf"}

@@ -54,7 +54,7 @@ def _run_command(argv: list, out: IO, err: IO, prog: str) -> int:
         check_training_flags(args, lambda message: CliError(message, ExitStatus.USAGE))
     opts = options_from_args(args)
     if wants_training(args):
-        return run_training_command(opts, args, out)
+        return run_training_command(opts, args, out, err)
     if opts.sweep is not None:
         return run_sweep(opts, out, err)
     return run_search(opts, out, err)

@@ -32,12 +32,21 @@ __all__ = [
 ]
 
 
-def load_network(opts: Options, model_from_file: bool = False):
+def load_network(opts: Options, model_from_file: bool = False, err: IO | None = None):
+    """The network ``-g`` names; ``err``: where its source's notes go (fields left out)."""
     options = {} if opts.loss is None else {"loss": None if opts.loss == "none" else opts.loss}
     if options and not opts.graph.startswith("torch:"):
         raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", ExitStatus.USAGE)
+    if opts.mtp:
+        if not opts.graph.startswith("hf:"):
+            raise CliError(f"--mtp applies only to Hugging Face configs (-g hf:...), not to {opts.graph!r}",
+                           ExitStatus.USAGE)
+        options["mtp"] = True
     try:
         network = load(opts.graph, opts.batch, opts.model, **options)
+        if err is not None:
+            for note in network.notes:
+                err.write(f"pase: note: {note}\n")
         return network if opts.readers is None else network.with_readers(opts.readers)
     except InputError as err:
         raise CliError(str(err), ExitStatus.INPUT) from None

@@ -74,6 +74,7 @@ class Options:
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
     loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
+    mtp: bool = False  # --mtp: an hf: config's multi-token-prediction modules (DeepSeek-V3)
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     exports: tuple = ()  # (Exporter, path) of every --export-* flag given
     verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
@@ -153,6 +154,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         evaluate=args.evaluate,
         dot_path=dot_path,
         loss=args.loss,
+        mtp=bool(getattr(args, "mtp", False)),
         blocks=not args.no_blocks,
         exports=exports,
         verify=args.verify,

@@ -156,6 +156,9 @@ def _add_imports_and_exports(add) -> None:
     add("--loss", choices=LOSSES, default=None,
         help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
+    add("--mtp", action="store_true",
+        help="for a Hugging Face config (-g hf:...) with multi-token-prediction modules (DeepSeek-V3's "
+             "num_nextn_predict_layers): build them too, each a block, the shared head and a loss of its own.")
     add("--readers", choices=READER_RULES, default=None,
         help="how several layers reading one tensor reduce its gradient: each its own (the paper's rule), or "
              "summed, once where they are split alike, as frameworks run separate q/k/v and gate/up projections; "

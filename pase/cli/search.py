@@ -22,7 +22,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     check_distinct_outputs(opts)
     machine = load_checked_machine(opts, [opts.procs])
     opts = machine_defaults(opts, machine)
-    network = load_network(opts)
+    network = load_network(opts, err=err)
     check_outputs(opts)
     write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)

@@ -264,7 +264,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     return 0
 
 
-def run_training_command(opts, args, out: IO) -> int:
+def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     """The command: load the machine and network, check the output paths, plan and print."""
     from pase.core.fileio import write_atomic
     from pase.sources.registry import source_of
@@ -277,7 +277,7 @@ def run_training_command(opts, args, out: IO) -> int:
         raise CliError("--readers summed applies to the per-layer search; the training model prices each reader's "
                        "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
-    network = load_network(opts)
+    network = load_network(opts, err=err)
     engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),
                ("--export-megatron", args.export_megatron, "Megatron-LM arguments"),
                ("--report", getattr(args, "report", None), "HTML report"))

@@ -338,6 +338,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     activations = np.zeros(len(C))
     for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
         activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
+    activations = activations * layer.output_density
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
                       activations, parts["latency"])
 
@@ -617,7 +618,9 @@ class TrainingCosting:
         per_device = np.asarray(layer.domain, dtype=np.float64) / C
         forward = 2.0 * 2.0 * per_device.prod(axis=1)
         softmax = self.network.layers[self.structure.consumers[v][0]]
-        if _causal(softmax):
+        if layer.banded:  # a sliding window: the kernel visits its band only
+            forward = forward * layer.density
+        elif _causal(softmax):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
         peak = getattr(self.machine, "peak_flops", None)

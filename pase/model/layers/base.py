@@ -333,6 +333,9 @@ class Layer:
         only (``2 x`` the iteration space of a GEMM-like layer); 0 for every other layer."""
         return 0.0
 
+    #: Share of its outputs a layer stores (a sliding-window attention's scores: their band).
+    output_density: float = 1.0
+
     def parameters(self) -> list:
         """Parameter tensors as ``(shape, spanned iteration-space dims)`` pairs.
 
