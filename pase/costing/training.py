@@ -550,6 +550,10 @@ class TrainingCosting:
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
         self.eager_compute = self._eager_norms()
+        #: Elements a layer keeps inside itself besides its output (a mixture of experts'
+        #: dispatched tokens, expert products and router probabilities), per row.
+        self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
+                         for v, layer in enumerate(network.layers) if hasattr(layer, "internal_activations")}
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
 
@@ -669,6 +673,8 @@ class TrainingCosting:
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
         if options.eager and v in self.eager_compute:
             return EAGER_NORM_SAVED * self.parts[v].activations
+        if v in self.internal:
+            return self.parts[v].activations + self.internal[v]
         return self.parts[v].activations
 
     def working_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -693,7 +699,7 @@ class TrainingCosting:
         """
         p = self.parts[v]
         m = options.microbatches
-        gradient, gather = p.gradient, p.gather
+        gradient, gather = self.wire_parts(v, options)
         if p.latency is not None and options.bucket_elements > 0:
             # Gradients reduce in buckets of ``bucket_elements``: a layer pays its share of
             # one bucket's fixed cost, not a collective of its own.
@@ -708,6 +714,23 @@ class TrainingCosting:
         if options.zero == 2:
             return m * rs + ag
         return m * (rs + 2.0 * ag)
+
+    def wire_parts(self, v: int, options: TrainingOptions) -> tuple:
+        """``(gradient, gather)`` collectives of ``v`` at the options' element sizes: the parts
+        are priced at the machine's ``grad_bytes`` and ``act_bytes``; ``grad_reduce_bytes`` and
+        ``gather_bytes`` rescale the part that moves bytes (the fixed latency stays)."""
+        p = self.parts[v]
+        latency = p.latency if p.latency is not None else 0.0
+        out = []
+        for seconds, wanted, priced in ((p.gradient, options.grad_reduce_bytes, "grad_bytes"),
+                                        (p.gather, options.gather_bytes, "act_bytes")):
+            at = getattr(self.machine, priced, None)
+            if wanted is None or at is None or wanted == at:
+                out.append(seconds)
+                continue
+            fixed = np.minimum(latency, seconds)
+            out.append(fixed + (seconds - fixed) * (wanted / float(at)))
+        return tuple(out)
 
     def hiding(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute that ``v``'s synchronisation may hide behind (one layer as one bucket).
@@ -727,7 +750,9 @@ class TrainingCosting:
         s = self.sync(v, options)
         if not options.overlap:
             return s
-        return np.maximum(s - options.overlap_efficiency * self.hiding(v, options), 0.0)
+        hidden = np.minimum(s, options.overlap_efficiency * self.hiding(v, options))
+        # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).
+        return s - hidden + options.comm_sm_share * hidden
 
     def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``v``'s activation collectives of one micro-batch left exposed: all of them, or
@@ -737,7 +762,8 @@ class TrainingCosting:
         a = self.parts[v].activation * self.activation_scale[v]
         if not options.tp_overlap:
             return a
-        return np.maximum(a - options.overlap_efficiency * self.compute(v, options), 0.0)
+        hidden = np.minimum(a, options.overlap_efficiency * self.compute(v, options))
+        return a - hidden + options.comm_sm_share * hidden
 
     def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
@@ -767,7 +793,8 @@ class TrainingCosting:
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
             if charged:
                 total = total + elements / (r if options.zero >= 1 else 1.0)
-        return OPTIMIZER_STEP_BYTES * total / hbm
+        # The optimizer's temporaries are written and read again (``optimizer_temp_bytes``).
+        return (OPTIMIZER_STEP_BYTES + 2.0 * options.optimizer_temp_bytes) * total / hbm
 
     def layer_time(self, v: int, options: TrainingOptions) -> dict:
         """The parts of ``v``'s step time: compute, recomputation, activation collectives,
@@ -806,7 +833,12 @@ class TrainingCosting:
         layer = self.network.layers[v]
         if layer.op == "SoftmaxCrossEntropy":
             logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
-        return {"model_state": state, "activations": acts, "logits": logits}
+        out = {"model_state": state, "activations": acts, "logits": logits}
+        if options.fragmentation:
+            # Short-lived allocations fragment the caching allocator; the long-lived model
+            # state is allocated once.
+            out["fragmentation"] = options.fragmentation * (acts + logits)
+        return out
 
     def memory_vector(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         return sum(self.layer_memory(v, options, act_bytes).values())
@@ -818,44 +850,92 @@ class TrainingCosting:
             total = total + elements
         return options.weight_bytes * total
 
-    def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
-        """The non-additive memory of every row (all layers at that row) from
-        :meth:`layer_vectors`: ZeRO-3's two largest gathered layers, the largest block's working
-        set under full recomputation (under ``op``: its recomputed layers' outputs), and the reserve. ``layers`` restricts the gathered weights
-        to some layers (default all)."""
-        K = vectors["gathered"].shape[1]
-        total = np.full(K, float(options.reserve_bytes))
-        if options.zero == 3:
-            gathered = vectors["gathered"] if layers is None else vectors["gathered"][list(layers)]
-            top = np.sort(gathered, axis=0)[-2:]
-            total += top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
+    def _units(self) -> tuple:
+        """``(unit of every layer, unit count)``: each repeated block one unit (as FSDP wraps a
+        decoder block), every layer outside the blocks one root unit (unit 0)."""
+        ids: dict = {}
+        index = np.array([0 if b is None else ids.setdefault(b, len(ids) + 1) for b in self.blocks], dtype=np.int64)
+        return index, len(ids) + 1
+
+    def transient_parts(self, gathered: np.ndarray, working: np.ndarray, grads: np.ndarray,
+                        options: TrainingOptions, recomputed=None) -> dict:
+        """The non-additive memory of every row from per-layer ``(n, K)`` bytes (the weights
+        once gathered, the recomputation working set, the output gradient), as ``(K,)`` arrays:
+
+        - ``gathered_weights`` (ZeRO-3): ``wrap_unit`` ``layer``: the two largest layers'
+          weights (the one computed and the next, prefetched); ``block`` / ``prefetch``: the
+          two largest units (a block each, the layers outside the blocks one root unit: the
+          unit computed and the one prefetched, ``prefetch_units`` of them) at the gather's
+          element size, plus ``unsharded_gradients``: the largest unit's full gradient at the
+          reduction's element size, alive until its reduce-scatter;
+        - ``recompute_working_set`` (full, op): the largest block's working activations;
+        - ``activation_gradients``: the gradient a layer's backward reads and the one it
+          writes, twice the largest output (``activation_grads``);
+        - ``comm_buffers`` and ``reserve``: constants of the engine and the options.
+        """
+        K = gathered.shape[1]
+        out = {}
+        if options.zero == 3 and len(gathered):
+            if options.wrap_unit == "layer":
+                top = np.sort(gathered, axis=0)[-2:]
+                out["gathered_weights"] = top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
+            else:
+                index, count = self._units()
+                units = np.zeros((count, K))
+                np.add.at(units, index[: len(gathered)], gathered)
+                gather = options.gather_bytes or options.weight_bytes
+                units = units * (gather / options.weight_bytes)
+                top = np.sort(units, axis=0)[::-1]
+                out["gathered_weights"] = top[:2].sum(axis=0)  # the unit computed and the one prefetched
+                reduce = options.grad_reduce_bytes or options.grad_bytes
+                out["unsharded_gradients"] = top[0] * (reduce / gather)
         if options.recompute in ("full", "op"):
-            again = self.recomputed_mask(options) if options.recompute == "op" else None
             members: dict = {}
-            for v, b in enumerate(self.blocks):
-                if b is not None and (again is None or again[v]):
+            for v, b in enumerate(self.blocks[: len(working)]):
+                if b is not None and (recomputed is None or recomputed[v]):
                     members.setdefault(b, []).append(v)
             if members:
-                total += np.max(np.array([vectors["working"][m].sum(axis=0) for m in members.values()]), axis=0)
-        return total
+                out["recompute_working_set"] = np.max(
+                    np.array([working[m].sum(axis=0) for m in members.values()]), axis=0)
+        if options.activation_grads and len(grads):
+            out["activation_gradients"] = 2.0 * grads.max(axis=0)
+        if options.comm_buffer_bytes:
+            out["comm_buffers"] = np.full(K, float(options.comm_buffer_bytes))
+        return out
+
+    def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
+        """The non-additive memory of every row (all layers at that row) from
+        :meth:`layer_vectors` (:meth:`transient_parts`) plus the reserve. ``layers`` restricts
+        the gathered weights to some layers (default all)."""
+        K = vectors["gathered"].shape[1]
+        gathered = vectors["gathered"]
+        if layers is not None:
+            keep = np.zeros(len(gathered), dtype=bool)
+            keep[list(layers)] = True
+            gathered = np.where(keep[:, None], gathered, 0.0)
+        again = self.recomputed_mask(options) if options.recompute == "op" else None
+        parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again)
+        return sum(parts.values(), np.full(K, float(options.reserve_bytes)))
 
     def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
-        """Memory alive only part of the time, for one choice of row per layer: the weights
-        ZeRO-3 gathers (the layer being computed and the next one, prefetched) and, under
-        full recomputation, the activations of the largest block while it runs again."""
+        """Memory alive only part of the time, for one choice of row per layer
+        (:meth:`transient_parts`), by part."""
+        pick = lambda f: np.array([[float(f(v)[i])] for v, i in enumerate(choice)]).reshape(len(choice), 1)  # noqa: E731
+        gathered = pick(lambda v: self.gathered_bytes(v, options))
+        working = pick(lambda v: act_bytes * self.working_activations(v, options))
+        grads = pick(lambda v: self.output_gradient_bytes(v, act_bytes))
+        again = self.recomputed_mask(options)
+        parts = self.transient_parts(gathered, working, grads, options, again)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
-        if options.zero == 3:
-            sizes = sorted((self.gathered_bytes(v, options)[i] for v, i in enumerate(choice)), reverse=True)
-            out["gathered_weights"] = float(sum(sizes[:2]))
-        if options.recompute in ("full", "op"):
-            again = self.recomputed_mask(options)
-            per_block: dict = {}
-            for v, i in enumerate(choice):
-                b = self.blocks[v]
-                if b is not None and again[v]:
-                    per_block[b] = per_block.get(b, 0.0) + act_bytes * float(self.working_activations(v, options)[i])
-            out["recompute_working_set"] = max(per_block.values(), default=0.0)
+        out.update({k: float(v[0]) for k, v in parts.items()})
         return out
+
+    def output_gradient_bytes(self, v: int, act_bytes: float) -> np.ndarray:
+        """Bytes of the gradient of ``v``'s output (none for the loss and the logits only it
+        reads: the loss's buffers count those)."""
+        if self.loss_only[v]:
+            return np.zeros(len(self.configs[v]))
+        return act_bytes * self.parts[v].activations
 
     def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
         """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
@@ -863,16 +943,19 @@ class TrainingCosting:
         synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
         ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation."""
         n, K = len(self.network.layers), len(self.configs[0])
-        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync")
+        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw",
+                 "grads")
         out = {name: np.zeros((n, K)) for name in names}
         m = options.microbatches
+        grow = 1.0 + options.fragmentation  # the allocator's share of the short-lived allocations
         for v, members in self.vector_groups:
             t = self.layer_time(v, options)
             mem = self.layer_memory(v, options, act_bytes)
             values = (
                 (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
-                mem["model_state"], mem["activations"], mem["logits"], self.gathered_bytes(v, options),
-                act_bytes * self.working_activations(v, options), t["weight_sync"],
+                mem["model_state"], grow * mem["activations"], grow * mem["logits"], self.gathered_bytes(v, options),
+                act_bytes * self.working_activations(v, options), t["weight_sync"], self.sync(v, options),
+                self.output_gradient_bytes(v, act_bytes),
             )
             for name, value in zip(names, values):
                 out[name][members] = value

@@ -23,6 +23,10 @@ _MEMORY_NAMES = {
     "logits": "fp32 logits and gradient",
     "gathered_weights": "gathered weights",
     "recompute_working_set": "recomputed block",
+    "fragmentation": "allocator fragmentation",
+    "unsharded_gradients": "unsharded gradients before reduce-scatter",
+    "activation_gradients": "activation gradients",
+    "comm_buffers": "communication buffers",
     "reserve": "reserve",
     "largest_stage": "largest stage",
 }
