@@ -34,7 +34,7 @@ def Group(sizes, strides):
     return _Group(np.atleast_2d(np.asarray(sizes, dtype=np.int64)), np.atleast_2d(np.asarray(strides, dtype=np.int64)))
 
 
-SPEC_EXAMPLE = {  # docs/machines.md, "The description", verbatim
+SPEC_EXAMPLE = {  # docs/machines.md, "The description" (and clock_ratio, its section)
     "name": "h100-sxm",
     "devices_per_node": 8,
     "memory_gb": 80,
@@ -45,6 +45,7 @@ SPEC_EXAMPLE = {  # docs/machines.md, "The description", verbatim
     "act_bytes": 2,
     "grad_bytes": 4,
     "measured": "h100-sxm-measured.json",
+    "clock_ratio": 0.803,
 }
 
 

@@ -25,7 +25,7 @@ __all__ = [
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
-    "EAGER_NORM_SAVED",
+    "EAGER_NORM_SAVED", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -47,10 +47,21 @@ FORWARD_COMM_SHARE = 0.5
 #: FlashAttention's backward pass runs 2.5 times the forward's products (it recomputes the
 #: scores: five products against two; Dao 2023, FlashAttention-2, section 3.1.2).
 FLASH_BACKWARD_FACTOR = 2.5
-#: Fraction of the device's peak a fused attention kernel reaches when the machine states
-#: none: FlashAttention-2 on an H100 SXM runs its forward and backward at about 330-400
-#: TFLOP/s of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6, head dimension 128).
-DEFAULT_ATTENTION_EFFICIENCY = 0.4
+#: Fraction of the device's peak a fused attention kernel reaches, forward and backward, at
+#: long sequences and head width 128, when the machine states none: FlashAttention-2 on an
+#: H100 SXM runs its forward at about 330-350 TFLOP/s and its backward (2.5 times the
+#: forward's products) at about 270-300 of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6):
+#: 3.5 / (1/340 + 2.5/285) = about 300 TFLOP/s, 0.3.
+DEFAULT_ATTENTION_EFFICIENCY = 0.3
+#: Sequence length at which a causal fused attention kernel runs at half its long-sequence
+#: efficiency: FlashAttention-2's forward and backward on H100 (Shah et al. 2024,
+#: FlashAttention-3, Fig. 5-6, causal, head dimension 128) reach about half their 16k rate at
+#: 512 (tiles of the diagonal are half empty and the grid is small); ``s / (s + S)``.
+ATTENTION_HALF_SEQUENCE = 512.0
+#: Head width at which the kernel runs at half its rate, by the same form ``d / (d + D)``
+#: normalised at 128: FlashAttention-2 (Dao 2023, Fig. 4-5) runs head width 64 at about 0.9
+#: of 128's rate forward and backward.
+ATTENTION_HALF_HEAD = 16.0
 #: Bytes an Adam step reads and writes per local parameter element: reads the fp32 master
 #: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
 #: the moments and the bf16 weight (4 + 4 + 4 + 2).
@@ -77,6 +88,20 @@ EAGER_NORM_KERNELS = 19
 #: Kernels of any other layer in one training step: forward, gradient of the input, gradient
 #: of the weight (a layer without weights launches two; three is the floor's count).
 KERNELS_PER_LAYER = 3
+
+
+def attention_shape_factor(sequence, head):
+    """A fused attention kernel's efficiency at key length ``sequence`` and head width ``head``
+    relative to its long-sequence, width-128 figure: ``s / (s + S)`` times ``(d / (d + D)) /
+    (128 / (128 + D))`` (:data:`ATTENTION_HALF_SEQUENCE`, :data:`ATTENTION_HALF_HEAD`).
+
+    >>> round(float(attention_shape_factor(512, 128)), 3), round(float(attention_shape_factor(8192, 64)), 3)
+    (0.5, 0.847)
+    """
+    s = np.asarray(sequence, dtype=np.float64)
+    d = np.asarray(head, dtype=np.float64)
+    width = (d / (d + ATTENTION_HALF_HEAD)) / (128.0 / (128.0 + ATTENTION_HALF_HEAD))
+    return s / (s + ATTENTION_HALF_SEQUENCE) * width
 
 
 @dataclass(frozen=True)
@@ -156,6 +181,14 @@ class TrainingOptions:
     activation_grads : bool
         Count the activation gradients alive during the backward pass (the gradient of the
         largest layer's output and of its input).
+    compute_efficiency : float
+        What an in-step kernel reaches of the same kernel measured alone, beyond the clock
+        (``clock_ratio`` of the machine): every layer's compute, on a machine that prices in
+        seconds, is divided by it (the command line's engines set the fitted
+        ``pase.planning.engine.STEP_COMPUTE_EFFICIENCY``; docs/calibration.md).
+    attention_shape : bool
+        The fused attention kernel's efficiency follows the sequence and head width
+        (:func:`attention_shape_factor`).
     """
 
     zero: int = 0
@@ -185,6 +218,8 @@ class TrainingOptions:
     comm_buffer_bytes: float = 0.0
     fragmentation: float = 0.0
     activation_grads: bool = False
+    compute_efficiency: float = 1.0
+    attention_shape: bool = False
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -207,6 +242,8 @@ class TrainingOptions:
                 raise ValueError(f"{name} must be a positive number or None, got {value!r}")
         if self.wrap_unit not in WRAP_UNITS:
             raise ValueError(f"wrap_unit must be one of {', '.join(WRAP_UNITS)}, got {self.wrap_unit!r}")
+        if not (isinstance(self.compute_efficiency, (int, float)) and 0 < self.compute_efficiency <= 1):
+            raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
         if self.comm_sm_share >= 1 or self.fragmentation >= 1:
             raise ValueError("comm_sm_share and fragmentation must be below 1")
         if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
@@ -629,6 +666,12 @@ class TrainingCosting:
             return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
         return flops / (peak * self._attention_efficiency())
 
+    def _attention_shape(self, v: int) -> float:
+        """:func:`attention_shape_factor` of the scores layer ``v``: its keys are the last
+        dimension of its output, its head width the last of its first input."""
+        layer = self.network.layers[v]
+        return float(attention_shape_factor(layer.output_shapes[0][-1], layer.inputs[0].shape[-1]))
+
     def _attention_efficiency(self, options: TrainingOptions | None = None) -> float:
         if options is not None and options.attention_efficiency is not None:
             return options.attention_efficiency
@@ -646,14 +689,27 @@ class TrainingCosting:
             seconds = self.fused[v]
             if getattr(self.machine, "peak_flops", None) is not None and options.attention_efficiency is not None:
                 seconds = seconds * self._attention_efficiency() / options.attention_efficiency
-            return seconds
+            if options.attention_shape and getattr(self.machine, "peak_flops", None) is not None:
+                seconds = seconds / self._attention_shape(v)
+            return self._in_step(seconds, options)
         if role in ("softmax", "context"):
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
+        seconds = self._in_step(seconds, options)
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
+
+    def _in_step(self, seconds: np.ndarray, options: TrainingOptions) -> np.ndarray:
+        """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a
+        machine that prices in seconds (``clock_ratio``: the clock the machine sustains through
+        a step at its power limit over the clock its kernels were measured at, 1 if it states
+        none)."""
+        if getattr(self.machine, "peak_flops", None) is None:
+            return seconds
+        factor = float(getattr(self.machine, "clock_ratio", 1.0)) * options.compute_efficiency
+        return seconds if factor == 1.0 else seconds / factor
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Activation elements ``v`` keeps for the backward pass, per micro-batch (none for the
@@ -700,11 +756,16 @@ class TrainingCosting:
         p = self.parts[v]
         m = options.microbatches
         gradient, gather = self.wire_parts(v, options)
-        if p.latency is not None and options.bucket_elements > 0:
-            # Gradients reduce in buckets of ``bucket_elements``: a layer pays its share of
-            # one bucket's fixed cost, not a collective of its own.
-            local = sum((elements for elements, _ in p.params), np.zeros(len(self.configs[v])))
-            spare = p.latency * (1.0 - np.minimum(1.0, local / options.bucket_elements))
+        bucket = options.bucket_elements
+        if options.wrap_unit != "layer":
+            # FSDP reduces and gathers a unit's flattened parameters in one collective.
+            bucket = self._unit_elements()[v]
+        if p.latency is not None and np.any(bucket > 0):
+            # Gradients reduce in buckets of ``bucket_elements`` (or the unit): a layer pays
+            # its share of one bucket's fixed cost, not a collective of its own.
+            local = self._local_elements(v)
+            share = np.where(bucket > 0, np.minimum(1.0, local / np.where(bucket > 0, bucket, 1.0)), 1.0)
+            spare = p.latency * (1.0 - share)
             gradient, gather = np.maximum(gradient - spare, 0.0), np.maximum(gather - spare, 0.0)
         rs, ag = 0.5 * gradient, 0.5 * gather
         if options.zero == 0:
@@ -714,6 +775,27 @@ class TrainingCosting:
         if options.zero == 2:
             return m * rs + ag
         return m * (rs + 2.0 * ag)
+
+    def _local_elements(self, v: int) -> np.ndarray:
+        """Weight elements ``v`` holds per device (its tensor-parallel shard), per row."""
+        return sum((elements for elements, _ in self.parts[v].params), np.zeros(len(self.configs[v])))
+
+    def _unit_elements(self) -> list:
+        """Per layer, the weight elements per device of its FSDP unit (:meth:`_units`), per row."""
+        if getattr(self, "_unit_cache", None) is None:
+            index, count = self._units()
+            K = len(self.configs[0])
+            if any(len(C) != K for C in self.configs):
+                # Per-layer rows (the free search): rows of different layers are unrelated, so a
+                # unit's total has no row; each layer counts as its unit times its unit's size.
+                sizes = np.bincount(index, minlength=count)
+                self._unit_cache = [self._local_elements(v) * sizes[index[v]] for v in range(len(index))]
+                return self._unit_cache
+            totals = np.zeros((count, K))
+            for v in range(len(self.network.layers)):
+                totals[index[v]] += self._local_elements(v)
+            self._unit_cache = [totals[index[v]] for v in range(len(self.network.layers))]
+        return self._unit_cache
 
     def wire_parts(self, v: int, options: TrainingOptions) -> tuple:
         """``(gradient, gather)`` collectives of ``v`` at the options' element sizes: the parts
@@ -844,11 +926,12 @@ class TrainingCosting:
         return sum(self.layer_memory(v, options, act_bytes).values())
 
     def gathered_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """Bytes of ``v``'s weights once ZeRO-3 has gathered them (its tensor-parallel shard)."""
+        """Bytes of ``v``'s weights once ZeRO-3 has gathered them (its tensor-parallel shard), at
+        ``gather_bytes`` (else ``weight_bytes``)."""
         total = np.zeros(len(self.configs[v]))
         for elements, _ in self.parts[v].params:
             total = total + elements
-        return options.weight_bytes * total
+        return (options.gather_bytes or options.weight_bytes) * total
 
     def _units(self) -> tuple:
         """``(unit of every layer, unit count)``: each repeated block one unit (as FSDP wraps a
@@ -884,11 +967,13 @@ class TrainingCosting:
                 units = np.zeros((count, K))
                 np.add.at(units, index[: len(gathered)], gathered)
                 gather = options.gather_bytes or options.weight_bytes
-                units = units * (gather / options.weight_bytes)
                 top = np.sort(units, axis=0)[::-1]
                 out["gathered_weights"] = top[:2].sum(axis=0)  # the unit computed and the one prefetched
+                # A block's full gradient, at the reduction's element size, until its
+                # reduce-scatter (the root unit's reduces at the end, when the activations are gone).
                 reduce = options.grad_reduce_bytes or options.grad_bytes
-                out["unsharded_gradients"] = top[0] * (reduce / gather)
+                blocks = units[1:] if count > 1 else units
+                out["unsharded_gradients"] = blocks.max(axis=0) * (reduce / gather)
         if options.recompute in ("full", "op"):
             members: dict = {}
             for v, b in enumerate(self.blocks[: len(working)]):
@@ -923,17 +1008,17 @@ class TrainingCosting:
         pick = lambda f: np.array([[float(f(v)[i])] for v, i in enumerate(choice)]).reshape(len(choice), 1)  # noqa: E731
         gathered = pick(lambda v: self.gathered_bytes(v, options))
         working = pick(lambda v: act_bytes * self.working_activations(v, options))
-        grads = pick(lambda v: self.output_gradient_bytes(v, act_bytes))
+        grads = pick(lambda v: self.output_gradient_bytes(v, options, act_bytes))
         again = self.recomputed_mask(options)
         parts = self.transient_parts(gathered, working, grads, options, again)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
         out.update({k: float(v[0]) for k, v in parts.items()})
         return out
 
-    def output_gradient_bytes(self, v: int, act_bytes: float) -> np.ndarray:
+    def output_gradient_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """Bytes of the gradient of ``v``'s output (none for the loss and the logits only it
-        reads: the loss's buffers count those)."""
-        if self.loss_only[v]:
+        reads: the loss's buffers count those; none inside fused attention)."""
+        if self.loss_only[v] or (options.fused_attention and self.attention_inner[v]):
             return np.zeros(len(self.configs[v]))
         return act_bytes * self.parts[v].activations
 
@@ -955,7 +1040,7 @@ class TrainingCosting:
                 (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
                 mem["model_state"], grow * mem["activations"], grow * mem["logits"], self.gathered_bytes(v, options),
                 act_bytes * self.working_activations(v, options), t["weight_sync"], self.sync(v, options),
-                self.output_gradient_bytes(v, act_bytes),
+                self.output_gradient_bytes(v, options, act_bytes),
             )
             for name, value in zip(names, values):
                 out[name][members] = value

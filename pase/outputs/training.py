@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pase.core.units import format_bytes
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary"]
@@ -30,6 +32,58 @@ _MEMORY_NAMES = {
     "reserve": "reserve",
     "largest_stage": "largest stage",
 }
+
+
+@lru_cache(maxsize=None)
+def _engine_bands(label: str):
+    """``(step, memory)`` band multipliers of the engine ``label`` (None: no engine)."""
+    from pase.planning.engine import band_of, load_engine
+
+    try:
+        profile = load_engine(label)
+    except ValueError:
+        return None
+    return band_of(profile, "step"), band_of(profile, "memory")
+
+
+def bands(candidate, seconds: bool = True):
+    """``(step_seconds_band, peak_memory_bytes_band)`` of a candidate as ``[low, high]`` lists:
+    its modelled figures times the spread of published / modelled over the visible published
+    runs of its engine (docs/calibration.md); ``(None, None)`` without an engine."""
+    label = candidate.options.engine
+    found = _engine_bands(label) if label and seconds else None
+    if found is None:
+        return None, None
+    (s_lo, s_hi), (m_lo, m_hi) = found
+    s = candidate.summary
+    return [s.step_seconds * s_lo, s.step_seconds * s_hi], [s.peak_memory_bytes * m_lo, s.peak_memory_bytes * m_hi]
+
+
+def fit_word(candidate, memory_cap, seconds: bool = True) -> str | None:
+    """``fits`` (the memory band's high end fits), ``tight`` (only the modelled peak fits) or
+    ``does-not-fit``; None without a cap."""
+    if memory_cap is None:
+        return None
+    peak = candidate.summary.peak_memory_bytes
+    if peak > memory_cap:
+        return "does-not-fit"
+    _, memory = bands(candidate, seconds)
+    return "tight" if memory is not None and memory[1] > memory_cap else "fits"
+
+
+def band_overlap(a, b) -> float:
+    """Overlap of two ``[low, high]`` bands as a share of the narrower one (0 to 1)."""
+    width = min(a[1] - a[0], b[1] - b[0])
+    if width <= 0:
+        return 0.0
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) / width
+
+
+def is_tie(a, b, seconds: bool = True) -> bool:
+    """Two plans whose step bands overlap by more than half: a tie, not a win."""
+    band_a, _ = bands(a, seconds)
+    band_b, _ = bands(b, seconds)
+    return band_a is not None and band_b is not None and band_overlap(band_a, band_b) > 0.5
 
 
 def split_summary(network, configs, machine=None) -> list:
@@ -72,6 +126,10 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "memory": dict(s.memory),
         "recipe": candidate.recipe(),
     }
+    step_band, memory_band = bands(candidate, seconds)
+    data["step_seconds_band"] = step_band
+    data["peak_memory_bytes_band"] = memory_band
+    data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
     if "pipeline" in s.extra:
         data["pipeline"] = s.extra["pipeline"]
         data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]
@@ -109,7 +167,8 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
                     for v, n in enumerate(network.names)] if best is not None else []),
     }
     if plan.compare is not None:
-        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
+        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds),
+                           "tie": bool(best is not None and is_tie(best, plan.compare, seconds))}
     return data
 
 
@@ -122,11 +181,21 @@ def _engine_label(plan) -> str | None:
 def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
     s = candidate.summary
     unit = "s" if seconds else "flop-equivalents"
-    fits = "" if memory_cap is None else (" (fits)" if s.peak_memory_bytes <= memory_cap else " (does NOT fit)")
+    step_band, memory_band = bands(candidate, seconds)
+    word = fit_word(candidate, memory_cap, seconds)
+    if word is None:
+        fits = ""
+    elif word == "fits":
+        fits = " (fits" + (f", band up to {format_bytes(memory_band[1])}" if memory_band else "") + ")"
+    elif word == "tight":
+        fits = (f" (tight: fits at the modelled peak, not at its band's high end {format_bytes(memory_band[1])})")
+    else:
+        fits = " (does NOT fit)"
     time_parts = ", ".join(f"{_TIME_NAMES[k]} {v:.4g}" for k, v in s.time.items() if v)
     memory_parts = ", ".join(f"{_MEMORY_NAMES[k]} {format_bytes(v)}" for k, v in s.memory.items() if v)
+    band_text = "" if step_band is None else f", band {step_band[0]:.4g}-{step_band[1]:.4g} {unit}"
     lines = [
-        f"{indent}step: {s.step_seconds:.4g} {unit} ({time_parts})",
+        f"{indent}step: {s.step_seconds:.4g} {unit}{band_text} ({time_parts})",
         f"{indent}peak memory per device: {format_bytes(s.peak_memory_bytes)}"
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
     ]
@@ -169,7 +238,9 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
         lines += _candidate_lines(c, plan.memory_cap, seconds)
         if best is not None and best.summary.step_seconds > 0:
             ratio = c.summary.step_seconds / best.summary.step_seconds
-            lines.append(f"  {ratio:.3f}x the plan's step")
+            tie = is_tie(best, c, seconds)
+            lines.append(f"  {ratio:.3f}x the plan's step" + ("; a tie: their bands overlap by more than half"
+                                                              if tie else ""))
     lines.append(f"search: {plan.mesh_search.evaluated} configurations in {plan.seconds:.2f} s; {plan.optimal_over}")
     lines.append("model: docs/training.md (fused attention, ZeRO, recomputation, overlap, reserve)")
     return "\n".join(lines) + "\n"
