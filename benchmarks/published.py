@@ -49,6 +49,28 @@ SPEC_PEAK = 989e12
 TITAN_MACHINE = os.path.join("examples", "machines", "h100-96gb-500w.json")
 
 
+#: The torchtitan hardware's table, derived from the shipped H100 SXM one (nothing measured on
+#: the 500 W part): GEMM times scaled by the clock ratio 1830/1640 (NVIDIA's dense peaks assume
+#: 1830 MHz at 700 W on the SXM, 1545 MHz at 400 W on the 132-SM NVL; 500 W interpolated
+#: linearly: 1640 MHz), memory-bound times by the bandwidth ratio 3350/2400 (HBM3 against HBM2e).
+TITAN_TABLE = os.path.join(ROOT, "examples", "machines", "h100-96gb-500w-derived.json")
+CLOCK_RATIO = 1830.0 / 1640.0
+BANDWIDTH_RATIO = 3350.0 / 2400.0
+
+
+def derive_titan_table(path: str = TITAN_TABLE) -> None:
+    """Write the derived table of ``examples/machines/h100-96gb-500w.json`` (``--derive-table``)."""
+    with open(os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json")) as f:
+        t = json.load(f)
+    t["device"] = "H100 96 GB HBM2e, 500 W (derived from the H100 80GB HBM3 table, not measured)"
+    t["software"] = (f"derived by benchmarks/published.py: GEMM seconds x {CLOCK_RATIO:.4f} (clock 1830 -> 1640 MHz), "
+                     f"memory-bound seconds x {BANDWIDTH_RATIO:.4f} (3350 -> 2400 GB/s); source: " + t.get("software", ""))
+    t["gemm"] = [r[:-1] + [float(f"{r[-1] * CLOCK_RATIO:.4g}")] for r in t["gemm"]]
+    t["memory_bound"] = [r[:-1] + [float(f"{r[-1] * BANDWIDTH_RATIO:.4g}")] for r in t["memory_bound"]]
+    with open(path, "w") as f:
+        json.dump(t, f, separators=(",", ":"))
+
+
 def published_dir() -> str:
     """``reference/published`` of the shared folder beside the checkout (``../shared``), or
     ``$PASE_PUBLISHED``."""
@@ -294,10 +316,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--only", default=None, help="only rows whose source is this")
+    parser.add_argument("--derive-table", action="store_true",
+                        help="rewrite the torchtitan machine's derived table (examples/machines/)")
     parser.add_argument("--write-bands", action="store_true",
                         help="write each engine profile's band (published / modelled spread) from these rows")
     args = parser.parse_args(argv)
     start = time.time()
+    if args.derive_table or not os.path.exists(TITAN_TABLE):
+        derive_titan_table()
     rows = load_rows(published_dir())
     if args.only:
         rows = [r for r in rows if r["source"] == args.only]
