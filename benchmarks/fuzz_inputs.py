@@ -1242,6 +1242,60 @@ def recipe_cases(rng: random.Random, refs: dict) -> list:
                       ["-g", "hf:c.json", "--sweep", "2,4", "-b", "8", "--recipe", "dp=2"], frozenset({0, 2}), dict(hf)))
     cases.append(Case("recipe", "flags", "--recipe with --evaluate",
                       ["--evaluate", "p.json", "--recipe", "dp=2"], frozenset({1, 2}), {"p.json": b"{}"}))
+    cases += engine_profile_cases(rng, hf)
+    return cases
+
+
+def _profile_file(mutate) -> bytes:
+    """The shipped fsdp profile, changed by ``mutate(data)`` (which may return new data)."""
+    from pase.planning.engine import engine_dir
+
+    with open(os.path.join(engine_dir(), "fsdp.json")) as f:
+        data = json.load(f)
+    changed = mutate(data)
+    return _dump(data if changed is None else changed)
+
+
+#: (``--engine`` value, why it is refused): a bad value is exit 2, one line.
+BAD_ENGINES = (
+    ("nope", "an unknown engine"), ("Megatron", "upper case"), ("megatron,colour=red", "an unknown key"),
+    ("torchtitan,compile=maybe", "a switch value it lacks"), ("megatron,comm_sm_share=2", "a share above 1"),
+    ("megatron,launch_seconds=-1", "a negative number"), ("megatron,launch_seconds=nan", "not a number"),
+    ("torchtitan,compile", "a key without a value"), ("", "an empty spec"), (",", "a comma alone"),
+    ("megatron,tp_overlap=true,tp_overlap=false", "a key twice"), ("absent.json", "a missing profile file"),
+)
+#: (file contents, why it is refused): malformed profile files.
+BAD_PROFILES = (
+    (b"{", "not JSON"), (b"[]", "a list"), (b"\xff\xfe", "not UTF-8"),
+    (lambda d: d.pop("facts") and None, "no facts"),
+    (lambda d: d["facts"].pop("wrap_unit") and None, "a fact missing"),
+    (lambda d: d["facts"]["grad_dtype"].update(source="") or None, "a fact without a source"),
+    (lambda d: d["facts"]["grad_dtype"].update(value="fp8") or None, "an unknown dtype"),
+    (lambda d: d["facts"]["loss_buffers"].update(value=True) or None, "a boolean for a number"),
+    (lambda d: d["facts"].update(colour={"value": 1, "source": "x"}) or None, "an unknown fact"),
+    (lambda d: d.update(name="") or None, "an empty name"),
+    (lambda d: d.update(band={"step": [2, 1]}) or None, "a band low above high"),
+    (lambda d: d.update(switches={"k": {"v": {"nope": 1}}}) or None, "a switch setting an unknown fact"),
+)
+
+
+def engine_profile_cases(rng: random.Random, hf: dict) -> list:
+    """``--engine``: every shipped engine and a switch (exit 0), bad names and keys and malformed
+    profile files (exit 2, one line on stderr)."""
+    cases = []
+
+    def add(kind, what, spec, expect, files=None):
+        cases.append(Case("recipe", kind, what, ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm",
+                                                 "--engine", spec], expect, dict(hf, **(files or {}))))
+
+    for spec in ("megatron", "torchtitan", "fsdp", "deepspeed", "torchtitan,compile=true", "megatron,grad_reduce=bf16"):
+        add("engine good", spec, spec, OK)
+    add("engine good", "a profile file of one's own", "mine.json", OK, {"mine.json": _profile_file(lambda d: None)})
+    for spec, why in BAD_ENGINES:
+        add("engine bad", f"{why}: {_short(spec, 30)}", spec, BAD_VALUE)
+    for content, why in BAD_PROFILES:
+        data = content if isinstance(content, bytes) else _profile_file(content)
+        add("engine bad", f"profile file: {why}", "bad.json", BAD_VALUE, {"bad.json": data})
     return cases
 
 

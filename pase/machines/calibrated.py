@@ -41,6 +41,10 @@ PRESETS = {
         "act_bytes": 2,
         "grad_bytes": 4,
         "measured": "h100-sxm-measured.json",
+        # Through a training step at its 700 W limit an H100 SXM holds about its base clock,
+        # 1590 MHz; the measured table's isolated GEMMs (CUDA-graph replay, best of 3) ran at
+        # its maximum boost, 1980 MHz (NVIDIA H100 SXM5 base and boost clocks): 1590 / 1980.
+        "clock_ratio": 0.803,
     },
 }
 #: ``h100-sxm`` with all-reduces priced from published NCCL bus bandwidths (NVLink 4 inside a
@@ -62,7 +66,7 @@ _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps",
 #: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
 #: to the file), measured NCCL bus bandwidths (``pase.machines.collectives``), and free text that
 #: ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("attention_efficiency", "measured", "collectives", "device", "notes")
+_OPTIONAL = ("attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes")
 #: The optional fields that are text.
 _TEXT_FIELDS = ("measured", "device", "notes")
 
@@ -171,6 +175,12 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: attention_efficiency must be a number in (0, 1] (the fraction of "
                              f"peak_tflops a fused attention kernel reaches), got {_shown(v)}")
         out["attention_efficiency"] = v
+    if "clock_ratio" in data:
+        v = data["clock_ratio"]
+        if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
+            raise ValueError(f"{source}: clock_ratio must be a number in (0, 1] (the clock sustained through a "
+                             f"training step over the clock the measured table ran at), got {_shown(v)}")
+        out["clock_ratio"] = v
     if "collectives" in data:
         out["collectives"] = validate_collectives(data["collectives"], g, source)
     for field in _TEXT_FIELDS:
@@ -281,6 +291,10 @@ class CalibratedMachine:
         self.grad_bytes = float(d["grad_bytes"])
         #: Fraction of peak the fused attention kernel reaches (``None``: the costing's default).
         self.attention_efficiency = (float(d["attention_efficiency"]) if "attention_efficiency" in d else None)
+        #: The clock a training step sustains at the power limit over the clock of the measured
+        #: table (1: as measured); the training model slows a step's kernels by it
+        #: (``pase.costing.training``), kernels measured alone keep the table's times.
+        self.clock_ratio = float(d.get("clock_ratio", 1.0))
         #: Measured NCCL bus bandwidths (``None``: every collective from the links).
         self.collectives = CollectiveTables(d["collectives"]) if "collectives" in d else None
 

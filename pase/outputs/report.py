@@ -19,7 +19,7 @@ import numpy as np
 from pase.core.units import format_bytes
 from pase.costing.training import FORWARD_SHARE
 
-from .training import CAUSE_NAMES, _MEMORY_NAMES, _tie, difference, explain_difference, step_band
+from .training import CAUSE_NAMES, _MEMORY_NAMES, difference, explain_difference, is_tie, step_band
 
 __all__ = ["html_report", "schedule_ops", "pareto_front", "CAUSE_COLOURS", "MEMORY_COLOURS"]
 
@@ -473,7 +473,6 @@ def _scatter_svg(step, memory, marks, limit, seconds, xr, yr, log: bool, title: 
 
 def _alternatives_table(plan, seconds: bool) -> str:
     best = plan.best
-    band = step_band(best)
     rows = [("", c) for c in plan.alternatives]
     if plan.compare is not None:
         rows.append(("compare", plan.compare))
@@ -491,7 +490,7 @@ def _alternatives_table(plan, seconds: bool) -> str:
             slower = [(k, v) for k, v in explain_difference(best, c) if v > 0][:2]
             why = difference(best, c) + (": " + ", ".join(f"{CAUSE_NAMES[k]} +{v:.3g}" for k, v in slower)
                                          if slower else "")
-        tie = tag == "" and i > 0 and _tie(c, best, band)
+        tie = tag == "" and i > 0 and is_tie(best, c)
         ratio = s.step_seconds / best.summary.step_seconds
         body.append(f'<tr class="{"plan" if i == 0 and not tag else tag}"><td>{_e(rank)}{" =" if tie else ""}</td>'
                     f"<td><code>{_e(c.recipe()).replace(',', ',<wbr>')}</code></td><td>{_e(_seconds(s.step_seconds, seconds))}</td>"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pase.core.units import format_bytes
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary", "CAUSE_NAMES", "difference",
@@ -33,9 +35,65 @@ _MEMORY_NAMES = {
     "logits": "fp32 logits and gradient",
     "gathered_weights": "gathered weights",
     "recompute_working_set": "recomputed block",
+    "fragmentation": "allocator fragmentation",
+    "unsharded_gradients": "unsharded gradients before reduce-scatter",
+    "activation_gradients": "activation gradients",
+    "comm_buffers": "communication buffers",
     "reserve": "reserve",
     "largest_stage": "largest stage",
 }
+
+
+@lru_cache(maxsize=None)
+def _engine_bands(label: str):
+    """``(step, memory)`` band multipliers of the engine ``label`` (None: no engine)."""
+    from pase.planning.engine import band_of, load_engine
+
+    try:
+        profile = load_engine(label)
+    except ValueError:
+        return None
+    return band_of(profile, "step"), band_of(profile, "memory")
+
+
+def bands(candidate, seconds: bool = True):
+    """``(step_seconds_band, peak_memory_bytes_band)`` of a candidate as ``[low, high]`` lists:
+    its modelled figures times the spread of published / modelled over the visible published
+    runs of its engine (docs/calibration.md); ``(None, None)`` without an engine."""
+    label = candidate.options.engine
+    found = _engine_bands(label) if label and seconds else None
+    if found is None:
+        return None, None
+    (s_lo, s_hi), (m_lo, m_hi) = found
+    s = candidate.summary
+    return [s.step_seconds * s_lo, s.step_seconds * s_hi], [s.peak_memory_bytes * m_lo, s.peak_memory_bytes * m_hi]
+
+
+def fit_word(candidate, memory_cap, seconds: bool = True) -> str | None:
+    """``fits`` (the memory band's high end fits), ``tight`` (only the modelled peak fits) or
+    ``does-not-fit``; None without a cap."""
+    if memory_cap is None:
+        return None
+    peak = candidate.summary.peak_memory_bytes
+    if peak > memory_cap:
+        return "does-not-fit"
+    _, memory = bands(candidate, seconds)
+    return "tight" if memory is not None and memory[1] > memory_cap else "fits"
+
+
+def band_overlap(a, b) -> float:
+    """Overlap of two ``[low, high]`` bands as a share of the narrower one (0 to 1)."""
+    width = min(a[1] - a[0], b[1] - b[0])
+    if width <= 0:
+        return 0.0
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) / width
+
+
+def is_tie(a, b, seconds: bool = True) -> bool:
+    """Two plans whose step bands overlap by more than half: a tie, not a win."""
+    band_a, _ = bands(a, seconds)
+    band_b, _ = bands(b, seconds)
+    return band_a is not None and band_b is not None and band_overlap(band_a, band_b) > 0.5
 
 
 def split_summary(network, configs, machine=None) -> list:
@@ -79,6 +137,10 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "recipe": candidate.recipe(),
         "causes": candidate.causes(),
     }
+    step_band, memory_band = bands(candidate, seconds)
+    data["step_seconds_band"] = step_band
+    data["peak_memory_bytes_band"] = memory_band
+    data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
     if "pipeline" in s.extra:
         data["pipeline"] = s.extra["pipeline"]
         data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]
@@ -116,15 +178,15 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
                     for v, n in enumerate(network.names)] if best is not None else []),
     }
     if plan.compare is not None:
-        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
+        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds),
+                           "tie": bool(best is not None and is_tie(best, plan.compare, seconds))}
         if best is not None:
             data["compare"]["difference"] = [{"cause": k, "seconds": v} for k, v in explain_difference(best, plan.compare)]
     if plan.alternatives:
-        band = step_band(best)
         data["training"]["alternatives"] = [
             {"recipe": c.recipe(), "step_seconds": c.summary.step_seconds if seconds else None,
              "step_cost": c.summary.step_seconds, "peak_memory_bytes": c.summary.peak_memory_bytes,
-             "tie": i > 0 and _tie(c, best, band), "differs": None if i == 0 else difference(best, c),
+             "tie": i > 0 and is_tie(best, c, seconds), "differs": None if i == 0 else difference(best, c),
              "slower_by": None if i == 0 else [{"cause": k, "seconds": v} for k, v in explain_difference(best, c)[:2]],
              "causes": c.causes()}
             for i, c in enumerate(plan.alternatives)]
@@ -142,16 +204,8 @@ def step_band(candidate) -> tuple | None:
     (``training.step_seconds_band``), else ``None``."""
     if candidate is None:
         return None
-    band = candidate.summary.extra.get("step_seconds_band")
+    band, _ = bands(candidate)
     return None if band is None else (float(band[0]), float(band[1]))
-
-
-def _tie(candidate, best, band) -> bool:
-    """Within the plan's band (without a band: equal to the four figures shown)."""
-    step, ref = candidate.summary.step_seconds, best.summary.step_seconds
-    if band is not None:
-        return band[0] <= step <= band[1]
-    return f"{step:.4g}" == f"{ref:.4g}"
 
 
 def _recipe_values(candidate) -> dict:
@@ -200,16 +254,22 @@ def _signed(seconds: float, unit: str) -> str:
 def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
     s = candidate.summary
     unit = "s" if seconds else "flop-equivalents"
-    if memory_cap is None:
+    step_band, memory_band = bands(candidate, seconds)
+    word = fit_word(candidate, memory_cap, seconds)
+    if word is None:
         fits = ""
-    elif s.peak_memory_bytes <= memory_cap:
-        fits = f" (fits, {format_bytes(memory_cap - s.peak_memory_bytes)} to spare)"
+    elif word == "fits":
+        fits = (f" (fits, {format_bytes(memory_cap - s.peak_memory_bytes)} to spare"
+                + (f", band up to {format_bytes(memory_band[1])}" if memory_band else "") + ")")
+    elif word == "tight":
+        fits = (f" (tight: fits at the modelled peak, not at its band's high end {format_bytes(memory_band[1])})")
     else:
         fits = " (does NOT fit)"
     time_parts = ", ".join(f"{CAUSE_NAMES[k]} {v:.4g}" for k, v in candidate.causes().items() if v)
     memory_parts = ", ".join(f"{_MEMORY_NAMES[k]} {format_bytes(v)}" for k, v in candidate.memory_kinds().items() if v)
+    band_text = "" if step_band is None else f", band {step_band[0]:.4g}-{step_band[1]:.4g} {unit}"
     lines = [
-        f"{indent}step: {s.step_seconds:.4g} {unit} ({time_parts})",
+        f"{indent}step: {s.step_seconds:.4g} {unit}{band_text} ({time_parts})",
         f"{indent}peak memory per device: {format_bytes(s.peak_memory_bytes)}"
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
     ]
@@ -261,8 +321,9 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         if best is not None and best.summary.step_seconds > 0:
             ratio = c.summary.step_seconds / best.summary.step_seconds
             unit = " s" if seconds else ""
-            lines.append(f"  {ratio:.3f}x the plan's step ({_signed(c.summary.step_seconds - best.summary.step_seconds, unit)}); "
-                         f"{difference(best, c)}")
+            tie = "; a tie: their bands overlap by more than half" if is_tie(best, c, seconds) else ""
+            lines.append(f"  {ratio:.3f}x the plan's step ({_signed(c.summary.step_seconds - best.summary.step_seconds, unit)}"
+                         f"){tie}; {difference(best, c)}")
             why = explain_difference(best, c)
             if why:
                 lines.append("  by cause, largest first: " + ", ".join(
@@ -283,7 +344,7 @@ def _alternative_lines(plan, seconds: bool) -> list:
     width = max(len(c.recipe()) for c in plan.alternatives)
     for i, c in enumerate(plan.alternatives):
         s = c.summary
-        mark = "=" if i > 0 and _tie(c, best, band) else " "
+        mark = "=" if i > 0 and is_tie(best, c, seconds) else " "
         head = f"  {i + 1:>2}{mark} {c.recipe():<{width}}  step {s.step_seconds:.4g}{unit}  {format_bytes(s.peak_memory_bytes)}"
         if i == 0:
             lines.append(head + "  the plan")

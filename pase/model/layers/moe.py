@@ -184,6 +184,24 @@ class MoE(Layer):
         j = self.tokens
         return self.load * self.copies(C) * self.per_device_tokens(C) * self.domain[-1] / as_float(C)[:, j + 2]
 
+    def internal_activations(self, C) -> np.ndarray:
+        """Elements per device the layer keeps inside itself for its backward pass, besides its
+        output (``docs/training.md``, *Mixture of experts*): per routed token copy (``load k
+        t_loc`` rows on the busiest device) the permuted input and the expert output before the
+        weighted sum (``D / c_e`` each), the gate and up products and the activation (``3 H /
+        c_f``; plain experts ``2 H / c_f``); per token the router's ``E`` probabilities; the
+        shared experts' products and activation (``3 W / c_f``, plain ``2 W / c_f``) per token."""
+        Cf = as_float(C)
+        j = self.tokens
+        D, H, E = self.domain[-1], self.hidden, self.experts
+        cf, ce = Cf[:, j + 1], Cf[:, j + 2]
+        t_loc = self.per_device_tokens(C)
+        rows = self.load * self.top_k * t_loc
+        out = rows * (2.0 * D / ce + self.matrices * H / cf) + t_loc * E
+        if self.shared:
+            out = out + t_loc * self.matrices * self.shared * self.shared_hidden / cf
+        return out
+
     # -- costs ------------------------------------------------------------------------------
 
     def costs(self, C, machine):
