@@ -532,8 +532,10 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
     for v in range(start, end):
         for key, value in costing.layer_memory(v, options, act_bytes).items():
-            kinds[key] += float(value[i])
+            kinds[key] = kinds.get(key, 0.0) + float(value[i])
     kinds["activations"] *= in_flight
+    if "fragmentation" in kinds:  # the allocator's share of the short-lived bytes in flight
+        kinds["fragmentation"] = options.fragmentation * (kinds["activations"] + kinds["logits"])
     kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes))
     kinds["reserve"] = float(options.reserve_bytes)
     return kinds
