@@ -1,0 +1,203 @@
+"""Machine presets from public specifications, the GEMM transfer rule and NVLink domains
+(docs/machines.md, "Presets from public specifications", "Levels")."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from pase.cli.app import main
+from pase.machines.base import Group
+from pase.machines.calibrated import PRESETS, load_description
+from pase.machines.measured import MeasuredTables
+from pase.machines.registry import load_machine
+from pase.machines.specs import DTYPES, GemmTransfer, domain_sizes
+
+SPEC_PRESETS = ("h100-sxm", "a100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x")
+SOURCED = ("memory_gb", "peak_tflops", "dtype_tflops", "hbm_gbps", "intra_node", "inter_node", "nvlink_domain",
+           "rail_optimized", "sms", "clock_mhz")
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), out, err)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", SPEC_PRESETS)
+def test_every_preset_figure_names_its_source(name):
+    d = load_description(name)
+    for field in SOURCED:
+        assert d["sources"].get(field, "").strip(), f"{name}: no source for {field}"
+    assert d["peak_tflops"] > 0 and d["hbm_gbps"] > 0 and d["sms"] > 0
+    # A machine without its own table carries the H100's over.
+    assert ("measured" in d) != ("gemm_reference" in d)
+
+
+def test_preset_figures_as_published():
+    # Dense = the datasheet's "with sparsity" figure halved; GB/s one way = bidirectional halved.
+    b200 = load_description("b200")  # HGX B200: BF16 36 PF, FP8 72 PF, FP4 144 PF sparse for 8 GPUs
+    assert (b200["peak_tflops"], b200["dtype_tflops"]) == (36000 / 8 / 2, {"fp8": 72000 / 8 / 2, "mxfp8": 4500,
+                                                                           "nvfp4": 144000 / 8 / 2})
+    gb200 = load_description("gb200-nvl72")  # NVL72: BF16 360 PF sparse, 576 TB/s, 130 TB/s NVLink for 72
+    assert gb200["peak_tflops"] == 360000 / 72 / 2 and gb200["hbm_gbps"] == 576000 / 72
+    assert gb200["intra_node"]["gbps"] == 1800 / 2 and gb200["nvlink_domain"] == 72
+    assert gb200["devices_per_node"] == 4  # 18 compute trays of 4 GPUs
+    assert load_description("a100-sxm")["dtype_tflops"] == {}  # no FP8 on Ampere
+    assert load_machine("a100-sxm").precisions == ("bf16",)
+    assert load_machine("h100-sxm").precisions == ("bf16", "fp8")
+    assert load_machine("gb300-nvl72").precisions == DTYPES
+    assert load_machine("mi300x").precisions == ("bf16", "fp8")
+
+
+# -- the transfer rule ---------------------------------------------------------------------
+
+
+def _linear_table():
+    # t = 1 us x B + 6e-15 s x B M N K: multilinear, so the table's interpolation is exact.
+    rows = [[b, m, n, k, 1e-6 * b + 6e-15 * b * m * n * k]
+            for b in (1, 2) for m in (256, 1024, 4096) for n in (256, 1024, 4096) for k in (256, 1024, 4096)]
+    return MeasuredTables(rows)
+
+
+def test_transfer_rule_by_hand():
+    # Reference: 1000 TFLOPS, 1 TB/s, 100 SMs. Target: 2000 (bf16) / 4000 (fp8) TFLOPS, 2 TB/s, 200 SMs.
+    t = GemmTransfer(_linear_table(), 1e15, 1e12, 100, {"bf16": 2e15, "fp8": 4e15}, 2e12, 200)
+    # s = 100/200 = 0.5. 1024^3: the reference at M = 512: 1e-6 + 6e-15 * 512 * 1024^2 = 4.2212e-6 s,
+    # / s = 8.4425e-6. I(2) = 2 * 1024^3 / (3 * 1024^2 * 2) = 341.33 FLOP/B: bandwidth-bound on both
+    # (341.33 * 1e12 = 3.413e14 < 1e15; 341.33 * 2e12 = 6.827e14 < 2e15): ratio 1/2 -> 4.2212e-6 s.
+    base = (1e-6 + 6e-15 * 512 * 1024 ** 2) / 0.5
+    assert float(t.gemm_seconds(1, 1024, 1024, 1024)) == pytest.approx(base * 0.5, rel=1e-9)
+    # FP8: I(1) = 682.67, roof min(4e15, 682.67 * 2e12 = 1.365e15): ratio 3.413e14 / 1.365e15 = 1/4.
+    assert float(t.gemm_seconds(1, 1024, 1024, 1024, "fp8")) == pytest.approx(base * 0.25, rel=1e-9)
+    # 4096^3: I(2) = 1365.3, compute-bound on both (1e15, 2e15): ratio 1/2 of
+    # (1e-6 + 6e-15 * 2048 * 4096^2) / 0.5 = 4.14316e-4 -> 2.07158e-4 s.
+    assert float(t.gemm_seconds(1, 4096, 4096, 4096)) == pytest.approx(
+        (1e-6 + 6e-15 * 2048 * 4096 ** 2) / 0.5 * 0.5, rel=1e-9)
+    assert t.memory_scale() == 0.5
+
+
+def test_transfer_rule_is_the_table_on_the_reference():
+    h100 = load_machine("h100-sxm")
+    shapes = (1, [512, 4096, 8192], [1024, 4096, 8192], [4096, 8192, 1024])
+    # In BF16 the reference prices from its own table, and the rule on itself is the identity.
+    same = h100.transfer.gemm_seconds(*shapes, "bf16")
+    assert np.allclose(np.maximum(same, 6.0 * np.prod(np.broadcast_arrays(*shapes), axis=0) / 989e12),
+                       h100.gemm(*shapes))
+    # FP8 of 8192^3 on H100: compute-bound at both formats (I = 2731 and 5461 FLOP/B against the
+    # ridges 295 and 591): the BF16 time x 989 / 1979.
+    bf16 = float(h100.gemm(1, 8192, 8192, 8192))
+    assert float(h100.gemm(1, 8192, 8192, 8192, dtype="fp8")) == pytest.approx(bf16 * 989 / 1979, rel=1e-12)
+    with pytest.raises(ValueError, match="machine h100-sxm has no nvfp4 GEMMs"):
+        h100.gemm(1, 64, 64, 64, dtype="nvfp4")
+
+
+def test_h200_gemms_are_the_h100s_where_compute_bound():
+    # Same die, same peaks and SMs (s = 1): a compute-bound GEMM is the H100's time; a bandwidth-bound
+    # one gains the bandwidth ratio 3350 / 4800.
+    h100, h200 = load_machine("h100-sxm"), load_machine("h200-sxm")
+    assert float(h200.gemm(1, 8192, 8192, 8192)) == pytest.approx(float(h100.gemm(1, 8192, 8192, 8192)))
+    # M = N = K = 64: I(2) = 2 * 64^3 / (3 * 64^2 * 2) = 21.3 FLOP/B, bandwidth-bound on both.
+    assert float(h200.transfer.gemm_seconds(1, 64, 64, 64)) == pytest.approx(
+        float(h100.gemm(1, 64, 64, 64)) * 3350 / 4800, rel=1e-9)
+    assert float(h200.memory_bound("gelu", 1e8)) == pytest.approx(
+        float(h100.memory_bound("gelu", 1e8)) * 3350 / 4800, rel=1e-12)
+
+
+# -- NVLink domains ------------------------------------------------------------------------
+
+
+def test_domain_sizes_by_hand():
+    # 128 GPUs on NVL72 racks: 64 per rack (16 trays), the largest divisor <= 72 of whole trays.
+    assert domain_sizes([16, 64, 72, 128, 144, 256, 100], 72, 4).tolist() == [16, 64, 72, 64, 72, 64, 20]
+
+
+def test_all_reduce_over_16_gpus_of_one_nvl72_domain():
+    m = load_machine("gb200-nvl72")  # 900 GB/s and 3 us in a domain, 50 GB/s and 10 us between
+    # 5e8 elements x 2 bytes = 1e9 bytes, 16 GPUs of one domain: a ring over NVLink,
+    # 2 * 15/16 * 1e9 / 900e9 + 2 * 15 * 3 us = 2.08333 ms + 90 us = 2.17333 ms.
+    one = Group(np.array([[16]]), np.array([[1]]), np.array([16]))
+    assert float(m.all_reduce(5e8, one)[0]) == pytest.approx(2 * 15 / 16 * 1e9 / 900e9 + 90e-6, rel=1e-12)
+    # The same 16 GPUs on an H100 cluster span 2 nodes: 2 * 7/8 * 1e9 / 450e9 + 42 us
+    # + 2 * 1/2 * (1e9 / 8) / 50e9 + 20 us = 3.889 + 0.042 + 2.5 + 0.020 = 6.451 ms.
+    h100 = load_machine("h100-sxm")
+    assert float(h100.all_reduce(5e8, Group.flat(16))[0]) == pytest.approx(
+        2 * 7 / 8 * 1e9 / 450e9 + 42e-6 + 1e9 / 8 / 50e9 + 20e-6, rel=1e-12)
+
+
+def test_all_reduce_over_16_gpus_of_two_nvl72_domains():
+    m = load_machine("gb200-nvl72")
+    # A job of 128 GPUs: 64 per rack. 16 GPUs at stride 8 span devices 0..120: 64 // 8 = 8 in each
+    # of 2 domains. Reduce-scatter in the domain, all-reduce of the 1/8 shard across, all-gather:
+    # 2 * 7/8 * 1e9 / 900e9 + 2 * 7 * 3 us + 2 * 1/2 * (1e9 / 8) / 50e9 + 2 * 1 * 10 us
+    # = 1.94444 ms + 42 us + 2.5 ms + 20 us = 4.50644 ms.
+    two = Group(np.array([[16]]), np.array([[8]]), np.array([128]))
+    expected = 2 * 7 / 8 * 1e9 / 900e9 + 42e-6 + 1e9 / 8 / 50e9 + 20e-6
+    assert float(m.all_reduce(5e8, two)[0]) == pytest.approx(expected, rel=1e-12)
+    # All-to-all of 1e9 bytes over the same group: 7/16 of it over NVLink, 8/16 over the network:
+    # max(7/16 * 1e9 / 900e9 + 3 us, 8/16 * 1e9 / 50e9 + 10 us) = 10.01 ms.
+    assert float(m.all_to_all(5e8, two)[0]) == pytest.approx(0.5e9 / 50e9 + 10e-6, rel=1e-12)
+    # Redistribution among 64 devices stays on NVLink; among 128 it crosses racks.
+    assert float(m.redistribute(5e8, 64)) == pytest.approx(1e9 / 900e9 + 6e-6)
+    assert float(m.redistribute(5e8, 128)) == pytest.approx(1e9 / 50e9 + 20e-6)
+
+
+def test_check_procs_on_nvl72_takes_whole_trays():
+    m = load_machine("gb200-nvl72")
+    for p in (1, 2, 4, 64, 72, 128, 256):
+        m.check_procs(p)
+    with pytest.raises(ValueError, match="do not fill whole nodes of 4"):
+        m.check_procs(130)
+
+
+# -- machine files and the command ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("dtype_tflops", {"fp4": 9}, "dtype_tflops has no format 'fp4'"),
+    ("dtype_tflops", {"fp8": -1}, "dtype_tflops.fp8 must be a positive number"),
+    ("dtype_tflops", [1], "dtype_tflops must be an object"),
+    ("nvlink_domain", 12, "nvlink_domain 12 must be a multiple of devices_per_node 8"),
+    ("nvlink_domain", "72", "nvlink_domain must be a positive integer"),
+    ("sms", 0, "sms must be a positive integer"),
+    ("rail_optimized", "yes", "rail_optimized must be true or false"),
+    ("clock_mhz", {"turbo": 1}, "clock_mhz must be an object"),
+    ("clock_mhz", {"boost": -5}, "clock_mhz.boost must be a positive number or null"),
+    ("gemm_reference", "b200", "gemm_reference must name a preset with a measured table"),
+    ("sources", {"sms": ""}, "sources must be an object"),
+])
+def test_bad_spec_fields_are_one_line(tmp_path, field, value, message):
+    d = {k: v for k, v in load_description("b200").items()}
+    d[field] = value
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(d))
+    status, out, err = run("-g", "alexnet", "-p", "8", "--machine", str(path))
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_machine_file_with_the_new_fields(tmp_path):
+    d = dict(load_description("gb200-nvl72"), name="my-rack")
+    path = tmp_path / "rack.json"
+    path.write_text(json.dumps(d))
+    m = load_machine(str(path))
+    assert m.nvlink_domain == 72 and m.reference == "h100-sxm" and m.precisions == DTYPES
+    assert float(m.gemm(1, 4096, 4096, 4096)) == float(load_machine("gb200-nvl72").gemm(1, 4096, 4096, 4096))
+
+
+def test_pase_machines_lists_every_preset():
+    status, out, err = run("machines")
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    for name in PRESETS:
+        assert any(line.split()[:1] == [name] for line in lines)
+    b200 = next(line for line in lines if line.startswith("b200 "))
+    assert b200.split() == ["b200", "8", "8", "180", "8", "2250", "4500", "4500", "9000", "900", "50", "from",
+                            "h100-sxm"]
+    status, out, _ = run("machines", "--json")
+    assert status == 0 and {r["machine"] for r in json.loads(out)} == set(PRESETS)
+    status, out, _ = run("machines", "b300")
+    assert status == 0 and "source: NVIDIA Blackwell Ultra technical blog (2025): 160 SMs" in out
+    status, out, err = run("machines", "h300")
+    assert status == 2 and out == "" and err.startswith("pase machines: error: unknown machine 'h300'")
