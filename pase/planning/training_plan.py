@@ -51,7 +51,7 @@ class TrainingPlan:
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within a node, cp up to 16, sequence "
+        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within an NVLink domain, cp up to 16, sequence "
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
@@ -106,6 +106,10 @@ def plan_training(
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
     best = found.best
+    if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
+        chosen = (best or found.least_memory).options
+        base = TrainingOptions(**{**base.__dict__, "precision": chosen.precision, "fp8_scaling": chosen.fp8_scaling,
+                                  "fp8_gather": chosen.fp8_gather})
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1
