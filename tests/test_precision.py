@@ -59,6 +59,9 @@ def test_fp8_gemm_layer_time_by_hand(costing):
     fp8_m4 = TrainingOptions(precision="fp8", fp8_scaling="current", microbatches=4)
     cast_m4 = (4096 * 768 + 4096 * 3072 + 768 * 3072 / 4) * 6 / 2000e9
     assert float(costing.compute(up, fp8_m4)[0]) - before == pytest.approx(gemm16 / 2 - gemm16 + cast_m4, rel=1e-9)
+    # Under ZeRO-3 the weight is gathered, and cast, again for every micro-batch: the whole weight.
+    fp8_z3 = TrainingOptions(precision="fp8", fp8_scaling="current", microbatches=4, zero=3)
+    assert float(costing.compute(up, fp8_z3)[0]) - before == pytest.approx(gemm16 / 2 - gemm16 + cast, rel=1e-9)
 
 
 def test_fp8_memory_by_hand(costing):

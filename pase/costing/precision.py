@@ -11,8 +11,8 @@ micro-batch:
   rule of ``pase.machines.specs.GemmTransfer``) in place of their BF16 time;
 - the quantisation kernels, memory-bound at the machine's streaming rate: every operand of the
   GEMMs is cast (the input and the output gradient every micro-batch, the weight once per step:
-  its low-precision copy is cached across micro-batches) at :data:`QUANT_BYTES` bytes read and
-  written per element;
+  its low-precision copy is cached across micro-batches, except under ZeRO-3, which gathers and
+  casts it again every micro-batch) at :data:`QUANT_BYTES` bytes read and written per element;
 
 and in memory: the input a layer keeps for its weight gradient in the format (a tensor that only
 converted layers read is stored at :data:`~pase.machines.specs.DTYPE_BYTES` per element instead
@@ -168,7 +168,10 @@ class PrecisionPricing:
         bf16, elements = self._layer(v, "bf16")
         low, _ = self._layer(v, dtype)
         weights = self._weights(v)
-        cast_elements = np.maximum(elements - weights, 0.0) + weights / options.microbatches
+        # The weight's low-precision copy is kept across micro-batches, but ZeRO-3 gathers the
+        # weight again for every micro-batch and casts it again.
+        per_step = 1.0 if options.zero == 3 else 1.0 / options.microbatches
+        cast_elements = np.maximum(elements - weights, 0.0) + weights * per_step
         return low - bf16 + self.cast_seconds(cast_elements, options)
 
     def cast_seconds(self, elements, options) -> np.ndarray:
