@@ -145,7 +145,7 @@ def test_all_reduce_over_16_gpus_of_two_nvl72_domains():
 
 def test_check_procs_on_nvl72_takes_whole_trays():
     m = load_machine("gb200-nvl72")
-    for p in (1, 2, 4, 64, 72, 128, 256):
+    for p in (1, 2, 4, 6, 64, 70, 72, 128, 256):  # any count within one rack; beyond it whole trays
         m.check_procs(p)
     with pytest.raises(ValueError, match="do not fill whole nodes of 4"):
         m.check_procs(130)
@@ -201,3 +201,15 @@ def test_pase_machines_lists_every_preset():
     assert status == 0 and "source: NVIDIA Blackwell Ultra technical blog (2025): 160 SMs" in out
     status, out, err = run("machines", "h300")
     assert status == 2 and out == "" and err.startswith("pase machines: error: unknown machine 'h300'")
+
+
+def test_the_search_lets_tp_span_the_domain():
+    # Brute force over the divisors: tp within the domain (72 on NVL72, the node of 8 on HGX).
+    from pase.planning.training_search import mesh_candidates
+    nvl = {m.tp for m in mesh_candidates(64, load_machine("gb200-nvl72"))}
+    hgx = {m.tp for m in mesh_candidates(64, load_machine("h100-sxm"))}
+    assert nvl == {d for d in range(1, 65) if 64 % d == 0}
+    assert hgx == {1, 2, 4, 8}
+    status, out, err = run("-g", "gpt2-small", "-p", "64", "-b", "64", "--machine", "h100-sxm", "--recipe", "tp=16")
+    assert status == 2 and err == ("pase: error: tp=16 is more than the 8 GPUs of one NVLink domain of machine "
+                                   "h100-sxm: tensor parallelism stays within a domain\n")

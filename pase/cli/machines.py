@@ -10,7 +10,7 @@ from typing import IO, Sequence
 from pase.machines.calibrated import PRESETS, load_calibrated, load_description
 from pase.machines.specs import DTYPES
 
-from .errors import ParserExit
+from .errors import CliError, ParserExit
 from .parser import StreamParser
 
 __all__ = ["build_parser", "main", "machines_table"]
@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
         args = build_parser(out, err, prog).parse_args(argv)
     except ParserExit as done:
         return done.status
+    except CliError as e:
+        err.write(f"{prog}: error: {e}\n")
+        return e.status
     if args.name is None:
         rows = machines_table()
         out.write(json.dumps(rows, indent=1) + "\n" if args.json else _text(rows))

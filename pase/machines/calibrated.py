@@ -364,14 +364,15 @@ class CalibratedMachine:
         return {}
 
     def check_procs(self, procs) -> None:
-        """``ValueError`` unless ``procs`` fits the nodes: at most one node, or whole nodes."""
+        """``ValueError`` unless ``procs`` fits the nodes: at most one NVLink domain (one node
+        where the domain is the node), or whole nodes."""
         g = self.devices_per_node
         if not is_positive_int(procs, numpy=True):
             raise ValueError(f"the device count must be a positive integer, got {procs!r}")
-        if procs > g and procs % g:
+        if procs > self.nvlink_domain and procs % g:
             raise ValueError(
                 f"{procs} devices do not fill whole nodes of {g} on machine {self.name}: "
-                f"use at most {g} or a multiple of {g}"
+                f"use at most {self.nvlink_domain} or a multiple of {g}"
             )
 
     # -- compute ------------------------------------------------------------------------

@@ -247,6 +247,10 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
     recipe.check(procs)
+    domain = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", None))
+    if recipe.tp is not None and domain is not None and recipe.tp > domain:
+        raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
+                         f"{getattr(machine, 'name', '')}: tensor parallelism stays within a domain")
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild)
     base = with_precision(base, recipe, machine)
