@@ -64,18 +64,23 @@ def _linear_table():
 def test_transfer_rule_by_hand():
     # Reference: 1000 TFLOPS, 1 TB/s, 100 SMs. Target: 2000 (bf16) / 4000 (fp8) TFLOPS, 2 TB/s, 200 SMs.
     t = GemmTransfer(_linear_table(), 1e15, 1e12, 100, {"bf16": 2e15, "fp8": 4e15}, 2e12, 200)
-    # s = 100/200 = 0.5. 1024^3: the reference at M = 512: 1e-6 + 6e-15 * 512 * 1024^2 = 4.2212e-6 s,
-    # / s = 8.4425e-6. I(2) = 2 * 1024^3 / (3 * 1024^2 * 2) = 341.33 FLOP/B: bandwidth-bound on both
-    # (341.33 * 1e12 = 3.413e14 < 1e15; 341.33 * 2e12 = 6.827e14 < 2e15): ratio 1/2 -> 4.2212e-6 s.
+    floor = 1e-6 + 6e-15 * 256 ** 3  # the table's least time (B = 1, 256^3): 1.10066 us
+    assert t.floor == pytest.approx(floor, rel=1e-12)
+    # s = 100/200 = 0.5. 1024^3: base = the reference at M = 512, / s:
+    # (1e-6 + 6e-15 * 512 * 1024^2) / 0.5 = 8.4425 us. Roofline of the reference: max(6.44e9 / 1e15,
+    # 3 * 3 * 1024^2 * 2 / 1e12 = 18.874 us) = 18.874 us, above the (made-up) table: both rooflines x k =
+    # 8.4425 / 18.874; target BF16 roofline 9.437 us x k = 4.2212 us = base / 2, nothing left over.
     base = (1e-6 + 6e-15 * 512 * 1024 ** 2) / 0.5
-    assert float(t.gemm_seconds(1, 1024, 1024, 1024)) == pytest.approx(base * 0.5, rel=1e-9)
-    # FP8: I(1) = 682.67, roof min(4e15, 682.67 * 2e12 = 1.365e15): ratio 3.413e14 / 1.365e15 = 1/4.
-    assert float(t.gemm_seconds(1, 1024, 1024, 1024, "fp8")) == pytest.approx(base * 0.25, rel=1e-9)
-    # 4096^3: I(2) = 1365.3, compute-bound on both (1e15, 2e15): ratio 1/2 of
-    # (1e-6 + 6e-15 * 2048 * 4096^2) / 0.5 = 4.14316e-4 -> 2.07158e-4 s.
-    assert float(t.gemm_seconds(1, 4096, 4096, 4096)) == pytest.approx(
-        (1e-6 + 6e-15 * 2048 * 4096 ** 2) / 0.5 * 0.5, rel=1e-9)
-    assert t.memory_scale() == 0.5
+    assert float(t.gemm_seconds(1, 1024, 1024, 1024)) == pytest.approx(base / 2, rel=1e-9)
+    # FP8: roofline max(6.44e9 / 4e15, 9437184 * 1 / 2e12 = 4.7186 us) x k = base / 4.
+    assert float(t.gemm_seconds(1, 1024, 1024, 1024, "fp8")) == pytest.approx(base / 4, rel=1e-9)
+    # 4096^3: base = 2 us + 6e-15 * 2048 * 4096^2 / 0.5 = 2 us + 412.32 us; reference roofline
+    # 6 * 4096^3 / 1e15 = 412.32 us (compute-bound), left over 2 us: the floor 1.10066 us stays, the other
+    # 0.89934 us moves with the peaks (x 1/2); target roofline 412.32 / 2 = 206.16 us:
+    # 206.16 + 1.10066 + 0.44967 = 207.711 us.
+    rest = 2e-6
+    expected = 6 * 4096 ** 3 / 2e15 + floor + (rest - floor) / 2
+    assert float(t.gemm_seconds(1, 4096, 4096, 4096)) == pytest.approx(expected, rel=1e-9)
 
 
 def test_transfer_rule_is_the_table_on_the_reference():
@@ -85,24 +90,33 @@ def test_transfer_rule_is_the_table_on_the_reference():
     same = h100.transfer.gemm_seconds(*shapes, "bf16")
     assert np.allclose(np.maximum(same, 6.0 * np.prod(np.broadcast_arrays(*shapes), axis=0) / 989e12),
                        h100.gemm(*shapes))
-    # FP8 of 8192^3 on H100: compute-bound at both formats (I = 2731 and 5461 FLOP/B against the
-    # ridges 295 and 591): the BF16 time x 989 / 1979.
+    # FP8 of 8192^3 on H100: compute-bound in both formats; the roofline 6 * 8192^3 / 989e12 = 3.336 ms
+    # of the measured 4.343 ms halves (x 989/1979), the table's launch floor stays, the rest of the
+    # measured time moves with the peak too.
     bf16 = float(h100.gemm(1, 8192, 8192, 8192))
-    assert float(h100.gemm(1, 8192, 8192, 8192, dtype="fp8")) == pytest.approx(bf16 * 989 / 1979, rel=1e-12)
+    roof = 6 * 8192 ** 3 / 989e12
+    floor = h100.transfer.floor
+    expected = roof * 989 / 1979 + floor + (bf16 - roof - floor) * 989 / 1979
+    assert float(h100.gemm(1, 8192, 8192, 8192, dtype="fp8")) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="machine h100-sxm has no nvfp4 GEMMs"):
         h100.gemm(1, 64, 64, 64, dtype="nvfp4")
 
 
-def test_h200_gemms_are_the_h100s_where_compute_bound():
-    # Same die, same peaks and SMs (s = 1): a compute-bound GEMM is the H100's time; a bandwidth-bound
-    # one gains the bandwidth ratio 3350 / 4800.
+def test_h200_gemms_are_the_h100s_but_for_the_bandwidth():
+    # Same die, same peaks and SMs (s = 1): a compute-bound GEMM is the H100's time; a latency-bound
+    # one keeps its measured time but for its roofline part, which moves with the bandwidth.
     h100, h200 = load_machine("h100-sxm"), load_machine("h200-sxm")
     assert float(h200.gemm(1, 8192, 8192, 8192)) == pytest.approx(float(h100.gemm(1, 8192, 8192, 8192)))
-    # M = N = K = 64: I(2) = 2 * 64^3 / (3 * 64^2 * 2) = 21.3 FLOP/B, bandwidth-bound on both.
-    assert float(h200.transfer.gemm_seconds(1, 64, 64, 64)) == pytest.approx(
-        float(h100.gemm(1, 64, 64, 64)) * 3350 / 4800, rel=1e-9)
-    assert float(h200.memory_bound("gelu", 1e8)) == pytest.approx(
-        float(h100.memory_bound("gelu", 1e8)) * 3350 / 4800, rel=1e-12)
+    # M = N = K = 64: roofline max(6 * 64^3 / 989e12, 3 * 3 * 64^2 * 2 bytes / 3.35e12) = 22.0 ns on
+    # the H100 (bandwidth), 15.4 ns at 4.8 TB/s; the rest of its measured ~5 us stays.
+    traffic = 3 * 3 * 64 ** 2 * 2
+    assert float(h200.gemm(1, 64, 64, 64)) == pytest.approx(
+        float(h100.gemm(1, 64, 64, 64)) - traffic / 3.35e12 + traffic / 4.8e12, rel=1e-9)
+    # Memory-bound: the measured launch floor stays, the rest x 3350 / 4800.
+    floor = h200.transfer.memory_floor
+    assert floor == 1.265e-06  # the shipped table's least memory-bound time (add, 4096 elements)
+    t = float(h100.memory_bound("gelu", 1e8))
+    assert float(h200.memory_bound("gelu", 1e8)) == pytest.approx(floor + (t - floor) * 3350 / 4800, rel=1e-12)
 
 
 # -- NVLink domains ------------------------------------------------------------------------

@@ -422,7 +422,7 @@ class CalibratedMachine:
             ref = self.transfer.tables
             seconds = (ref.memory_bound_seconds(kind, elements) if kind in ref.kinds
                        else ref.streaming_seconds(ELEMENT_TRAFFIC[kind], elements))
-            return seconds * self.transfer.memory_scale()
+            return self.transfer.memory_seconds(seconds)
         e = np.asarray(elements, dtype=np.float64)
         bad = ~np.isfinite(e) | (e < 0)
         if bad.any():

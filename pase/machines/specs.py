@@ -161,18 +161,24 @@ class GemmTransfer:
     """GEMM and memory-bound times of a machine without a measured table, carried over from a
     reference machine's measured table by one rule (``docs/machines.md``, "The transfer rule").
 
-    With ``s = sms_ref / sms``, ``I(e) = 2 M N K / ((M K + K N + M N) e)`` the arithmetic
-    intensity of one training step's three products at ``e`` bytes per operand element, and
-    ``roof(peak, bw, I) = min(peak, I bw)`` the roofline::
+    A measured time is taken apart into the roofline time of the work (what the device's peak or
+    bandwidth allows) and the rest (launches, latencies, tiles and waves, clocks). With
+    ``s = sms_ref / sms``, ``F = 6 B M N K`` and ``D(e) = 3 B (M K + K N + M N) e`` bytes at ``e``
+    bytes per operand element (one training step's three products)::
 
-        t(B, M, N, K, dtype) = t_ref(B, s M, N, K) / s  x  roof_ref(I(2)) / roof(I(e_dtype))
+        base = t_ref(B, s M, N, K) / s                      (the same work per multiprocessor)
+        roof_ref = max(F / peak_ref, D(2) / hbm_ref)
+        roof = max(F / peak[dtype], D(e_dtype) / hbm)
+        (both x min(1, base / roof_ref): a measurement below the roofline, served from cache)
+        rest = base - roof_ref;  fixed = min(rest, floor)
+        t = roof + fixed + (rest - fixed) x peak_ref / peak[dtype]
 
-    The reference's time at the same work per multiprocessor (its rows scaled by ``s``: the
-    same tiles per multiprocessor, so the same wave quantisation and fill), taken to this
-    machine's rate at the shape's own place on each roofline: a compute-bound shape moves with
-    the ratio of peaks, a bandwidth-bound one with the ratio of bandwidths and of element sizes.
-    On the reference itself in BF16 it is the table. Memory-bound work: the reference's time
-    times ``hbm_ref / hbm``.
+    ``floor`` is the reference table's least time (its kernels' launch floor): it does not move;
+    the rest of the overhead moves with the compute rate. A latency-bound shape keeps its time
+    (the H200, same die, prices small GEMMs as the H100 measured them), a bandwidth-bound one moves
+    with the bandwidth, a compute-bound one with the peak. On the reference itself in BF16 it is
+    the table. Memory-bound work: the launch floor of the reference's memory table as measured, the
+    rest times ``hbm_ref / hbm``.
     """
 
     def __init__(self, tables, ref_peak: float, ref_hbm: float, ref_sms: int, peak: dict, hbm: float, sms: int):
@@ -181,15 +187,26 @@ class GemmTransfer:
         self.peak = dict(peak)  # dtype -> FLOP/s
         self.hbm = float(hbm)
         self.sms = float(sms)
+        self.floor, self.memory_floor = tables.floors
 
     def gemm_seconds(self, B, M, N, K, dtype: str = "bf16") -> np.ndarray:
         B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
         s = self.ref_sms / self.sms
         base = self.tables.gemm_seconds(B, s * M, N, K) / s
-        shape = 2.0 * M * N * K / (M * K + K * N + M * N)
-        roof_ref = np.minimum(self.ref_peak, shape / DTYPE_BYTES["bf16"] * self.ref_hbm)
-        roof = np.minimum(self.peak[dtype], shape / DTYPE_BYTES[dtype] * self.hbm)
-        return base * roof_ref / roof
+        flops = 6.0 * B * M * N * K
+        traffic = 3.0 * B * (M * K + K * N + M * N)
+        roof_ref = np.maximum(flops / self.ref_peak, traffic * DTYPE_BYTES["bf16"] / self.ref_hbm)
+        roof = np.maximum(flops / self.peak[dtype], traffic * DTYPE_BYTES[dtype] / self.hbm)
+        # A measurement below the roofline (operands served from cache, not HBM): both rooflines
+        # shrink by the same factor, so the rule stays the table on the reference.
+        k = np.minimum(1.0, base / roof_ref)
+        roof_ref, roof = k * roof_ref, k * roof
+        rest = base - roof_ref
+        fixed = np.minimum(rest, self.floor)
+        return roof + fixed + (rest - fixed) * (self.ref_peak / self.peak[dtype])
 
-    def memory_scale(self) -> float:
-        return self.ref_hbm / self.hbm
+    def memory_seconds(self, seconds) -> np.ndarray:
+        """A memory-bound time measured on the reference, on this machine."""
+        seconds = np.asarray(seconds, dtype=np.float64)
+        fixed = np.minimum(seconds, self.memory_floor)
+        return fixed + (seconds - fixed) * (self.ref_hbm / self.hbm)
