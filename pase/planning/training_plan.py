@@ -51,7 +51,10 @@ class TrainingPlan:
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within an NVLink domain, cp up to 16, sequence "
+        domain = getattr(self.machine, "nvlink_domain", None)
+        within = ("a node" if domain is None or domain == getattr(self.machine, "devices_per_node", None)
+                  else f"an NVLink domain of {domain}")
+        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within {within}, cp up to 16, sequence "
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
