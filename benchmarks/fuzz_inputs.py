@@ -1202,8 +1202,10 @@ def recipe_cases(rng: random.Random, refs: dict) -> list:
     add("good", "--json with a recipe", "dp=2,tp=2", "--json", expect=OK)
     for recipe, why in BAD_RECIPES:
         add("bad", f"{why}: {_short(recipe, 30)}", recipe, expect=frozenset({2, 4}) if "batch" in why else BAD_VALUE)
-    keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp")
-    values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "")
+    keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "precision", "scaling",
+            "fp8_gather")
+    values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "", "fp8", "nvfp4", "search",
+              "current", "blockwise")
     for _ in range(80):
         recipe = ",".join(f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(1, 4)))
         add("random", recipe, recipe, expect=frozenset({0, 2, 4}))
