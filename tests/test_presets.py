@@ -227,3 +227,20 @@ def test_the_search_lets_tp_span_the_domain():
     status, out, err = run("-g", "gpt2-small", "-p", "64", "-b", "64", "--machine", "h100-sxm", "--recipe", "tp=16")
     assert status == 2 and err == ("pase: error: tp=16 is more than the 8 GPUs of one NVLink domain of machine "
                                    "h100-sxm: tensor parallelism stays within a domain\n")
+
+
+def test_a_layers_groups_know_their_job():
+    # A configuration of 128 devices, batch 8 ways outermost (stride 16) and a dimension 16 ways
+    # (stride 1), on NVL72 racks: 64 GPUs per rack. The 16-way group lies in one rack; the 8-way
+    # group has 64 // 16 = 4 members in each of 2 racks.
+    from pase.machines.base import layout_strides
+    m = load_machine("gb200-nvl72")
+    C = np.array([[8, 16]])
+    strides = layout_strides(C, batch_dim=0)
+    inner, outer = Group.of(C, strides, [1]), Group.of(C, strides, [0])
+    assert inner.devices.tolist() == [128] and m.levels.members(inner).tolist() == [16]
+    assert m.levels.members(outer).tolist() == [4]
+    # 1e9 bytes over the 8-way group: 2 * 3/4 * 1e9 / 900e9 + 2 * 3 * 3 us + 2 * 1/2 * (1e9 / 4) / 50e9
+    # + 2 * 1 * 10 us = 1.6667 ms + 18 us + 5 ms + 20 us = 6.7047 ms.
+    assert float(m.all_reduce(5e8, outer)[0]) == pytest.approx(
+        2 * 0.75 * 1e9 / 900e9 + 18e-6 + 1e9 / 4 / 50e9 + 20e-6, rel=1e-12)
