@@ -77,6 +77,10 @@ def test_fp8_memory_by_hand(costing):
     state16 = float(costing.layer_memory(up, bf16, 2.0)["model_state"][0])
     assert state16 == 16 * 2359296
     assert float(costing.layer_memory(up, fp8, 2.0)["model_state"][0]) == state16 + 2 * 2359296
+    # The up projection's own output (GELU fused into it) is read by the down projection alone,
+    # yet stays BF16: the fused GELU's backward needs it.
+    assert float(costing.layer_memory(up, fp8, 2.0)["activations"][0]) == float(
+        costing.layer_memory(up, bf16, 2.0)["activations"][0])
     # Under ZeRO-3 the FP8 copy is gathered per layer (transient): nothing is added.
     z3, z3_fp8 = TrainingOptions(zero=3), TrainingOptions(zero=3, precision="fp8")
     assert float(costing.layer_memory(up, z3_fp8, 2.0)["model_state"][0]) == float(

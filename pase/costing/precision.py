@@ -186,12 +186,15 @@ class PrecisionPricing:
     def stored_scale(self, v: int, options, act_bytes: float) -> float:
         """Share of ``v``'s stored output kept: ``DTYPE_BYTES[format] / act_bytes`` when every
         reader of it is a converted layer (which keeps its input in the format for the weight
-        gradient), else 1."""
+        gradient), else 1. Not for attention's core (its backward reads its BF16 output) nor a
+        converted layer's own output (a point-wise function fused into it needs its BF16 input
+        for the backward pass)."""
         if options.precision == "bf16":
             return 1.0
         c = self.costing
         readers = c.structure.consumers.get(v, [])
-        if not readers or v in c.cores or not all(self.eligible()[w] for w in readers):
+        if (not readers or v in c.cores or self.eligible()[v]
+                or not all(self.eligible()[w] for w in readers)):
             return 1.0
         return DTYPE_BYTES[options.precision] / act_bytes
 
