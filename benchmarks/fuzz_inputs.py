@@ -1231,8 +1231,10 @@ def recipe_cases(rng: random.Random, refs: dict) -> list:
     add("good", "--json with a recipe", "dp=2,tp=2", "--json", expect=OK)
     for recipe, why in BAD_RECIPES:
         add("bad", f"{why}: {_short(recipe, 30)}", recipe, expect=frozenset({2, 4}) if "batch" in why else BAD_VALUE)
-    keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp")
-    values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "")
+    keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "precision", "scaling",
+            "fp8_gather")
+    values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "", "fp8", "nvfp4", "search",
+              "current", "blockwise")
     for _ in range(80):
         recipe = ",".join(f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(1, 4)))
         add("random", recipe, recipe, expect=frozenset({0, 2, 4}))
@@ -1345,6 +1347,88 @@ def engine_cases(rng: random.Random, refs: dict) -> list:
     return cases
 
 
+#: Specification fields of a machine file (pase/machines/specs.py) and values each must refuse.
+SPEC_BAD_VALUES = {
+    "dtype_tflops": [{"fp4": 9}, {"fp8": 0}, {"fp8": -1}, {"fp8": "1"}, {"fp8": True}, {"fp8": 1e999}, [1], "fp8",
+                     None, {"bf16": 10}],
+    "nvlink_domain": [0, -8, 6, 3, 7.5, "72", True, None, 2 ** 40],
+    "rail_optimized": ["yes", 1, 0, None, []],
+    "sms": [0, -1, 1.5, "148", True, None, 2 ** 40],
+    "clock_mhz": [{"turbo": 1}, {"boost": -5}, {"boost": "1980"}, {"sustained": 0}, [], 1980, None],
+    "gemm_reference": ["b200", "paper", "", 1, None, "h100-sxm.json"],
+    "sources": [{"sms": ""}, {"sms": 1}, ["x"], "text", None],
+}
+#: Recipes of the number format: (recipe, machine, expected statuses).
+PRECISION_RECIPES = (
+    ("precision=fp8", "h100-sxm", OK), ("precision=fp8,scaling=delayed", "h100-sxm", OK),
+    ("precision=fp8,scaling=rowwise", "h100-sxm", OK), ("precision=fp8,scaling=blockwise,zero=3,fp8_gather=true",
+                                                         "h100-sxm", OK),
+    ("precision=bf16", "a100-sxm", OK), ("precision=mxfp8", "b200", OK), ("precision=nvfp4", "gb300-nvl72", OK),
+    ("precision=search", "b300", OK), ("precision=search,scaling=blockwise", "mi300x", OK),
+    ("precision=fp8", "a100-sxm", BAD_VALUE), ("precision=nvfp4", "h100-sxm", BAD_VALUE),
+    ("precision=mxfp8", "mi300x", BAD_VALUE), ("precision=fp8", "paper", BAD_VALUE),
+    ("precision=fp4", "h100-sxm", BAD_VALUE), ("precision=FP8", "h100-sxm", BAD_VALUE),
+    ("precision=", "h100-sxm", BAD_VALUE), ("scaling=current", "h100-sxm", BAD_VALUE),
+    ("precision=mxfp8,scaling=current", "b200", BAD_VALUE), ("precision=fp8,scaling=tensorwise", "h100-sxm", BAD_VALUE),
+    ("precision=fp8,fp8_gather=maybe", "h100-sxm", BAD_VALUE), ("precision=fp8,precision=bf16", "h100-sxm", BAD_VALUE),
+)
+
+
+def hardware_cases(rng: random.Random, refs: dict) -> list:
+    """Issue 31: every preset by name and as a copied file, the specification fields of machine
+    files (good and bad), NVLink domains against device counts, number formats in recipes."""
+    from pase.machines.calibrated import PRESETS, load_description
+
+    cases = []
+    hf = {"c.json": _dump(TINY_HF), "mini.json": _dump(mini_graph())}
+    names = [n for n in PRESETS if n != "h100-sxm-nccl"]
+    for name in names:
+        cases.append(Case("hardware", "preset", f"preset {name} by name, training", [
+            "-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", name, "--training", "--json"], OK, dict(hf),
+            same_as=f"preset-{name}"))
+        d = load_description(name)
+        if "measured" in d:
+            continue
+        cases.append(Case("hardware", "preset", f"preset {name} copied to a file, training", [
+            "-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "m.json", "--training", "--json"], OK,
+            dict(hf, **{"m.json": _dump(dict(d))}), same_as=f"preset-{name}"))
+    base = {k: v for k, v in load_description("gb200-nvl72").items() if k != "sources"}
+    for field, values in SPEC_BAD_VALUES.items():
+        for value in values:
+            data = dict(base, **{field: value})
+            if field == "nvlink_domain" and value is None:
+                data.pop(field)
+                expect = OK
+            else:
+                expect = BAD_MACHINE
+            cases.append(Case("hardware", "spec field", f"{field} = {_short(value)}", [
+                "-g", "mini.json", "-p", "8", "--machine", "m.json"], expect, dict(hf, **{"m.json": _dump(data)})))
+    for _ in range(30):  # random combinations of good and bad specification values
+        data = dict(base)
+        for field in rng.sample(sorted(SPEC_BAD_VALUES), rng.randint(1, 3)):
+            data[field] = rng.choice(SPEC_BAD_VALUES[field] + [base.get(field, 1)])
+        cases.append(Case("hardware", "random spec", _short(data, 60), [
+            "-g", "mini.json", "-p", "8", "--machine", "m.json"], ANY, dict(hf, **{"m.json": _dump(data)})))
+    for procs, expect in ((64, OK), (72, OK), (128, OK), (144, OK), (6, OK), (70, OK), (130, BAD_VALUE), (74, BAD_VALUE)):
+        cases.append(Case("hardware", "domain", f"gb200-nvl72 with -p {procs}", [
+            "-g", "mini.json", "-p", str(procs), "--machine", "gb200-nvl72"], expect, dict(hf)))
+    for recipe, machine, expect in PRECISION_RECIPES:
+        cases.append(Case("hardware", "precision", f"{recipe} on {machine}", [
+            "-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", machine, "--training", "--recipe", recipe],
+            expect, dict(hf)))
+    for machine, expect in (("b200", OK), ("a100-sxm", OK), ("h100-sxm", OK)):
+        cases.append(Case("hardware", "precision", f"--search-precision on {machine}", [
+            "-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", machine, "--search-precision"], expect, dict(hf)))
+    cases.append(Case("hardware", "precision", "--search-precision against a fixed precision", [
+        "-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "b200", "--search-precision", "--recipe",
+        "precision=fp8"], BAD_VALUE, dict(hf)))
+    for argv, expect in ((["machines"], OK), (["machines", "b200"], OK),
+                         (["machines", "nope"], BAD_VALUE), (["machines", "a", "b"], BAD_VALUE),
+                         (["machines", "--frobnicate"], BAD_VALUE)):
+        cases.append(Case("hardware", "pase machines", " ".join(argv), argv, expect, {}))
+    return cases
+
+
 CATEGORIES = {
     "graph": (graph_cases, "graph files (`-g FILE.json`)"),
     "machine": (machine_cases, "machine files (`--machine FILE.json`) and their measured tables"),
@@ -1355,6 +1439,8 @@ CATEGORIES = {
     "hf": (hf_cases, "Hugging Face configs (`-g hf:FILE.json`)"),
     "recipe": (recipe_cases, "training recipes (`--training --recipe ...`)"),
     "engine": (engine_cases, "engine exports (`--export-torchtitan`, `--export-megatron`)"),
+    "hardware": (hardware_cases, "machine presets, specification fields, NVLink domains and number formats "
+                                 "(issue 31)"),
     "process": (process_cases, "real processes (`python3 scheduler.py`): exit status, streams, hash seeds"),
 }
 
@@ -1650,7 +1736,7 @@ def check(case: Case, result: dict, before: dict, timeout: int = CASE_TIMEOUT) -
         problems.append(f"exit {status}, expected {' or '.join(str(s) for s in sorted(case.expect))}")
     if result["stray"].strip():
         problems.append(f"output outside the given streams: {_short(result['stray'].strip(), 120)}")
-    prog = "pase calibrate" if case.argv[:1] == ["calibrate"] else "pase"
+    prog = {"calibrate": "pase calibrate", "machines": "pase machines"}.get(case.argv[0] if case.argv else "", "pase")
     if status not in (0, None) and status != 70:
         errors = [line for line in err_lines if not line.startswith(f"{prog}: note:")]
         if len(errors) != 1 or not (errors[0].startswith(f"{prog}: error: ") or errors[0] == f"{prog}: interrupted"):

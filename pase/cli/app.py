@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         from .calibrate import main as calibrate
 
         return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
+    if argv[:1] == ["machines"]:
+        from .machines import main as machines
+
+        return machines(argv[1:], out, err, prog=f"{prog} machines")
     try:
         return _run_command(argv, out, err, prog)
     except (Exception, KeyboardInterrupt) as error:

@@ -45,7 +45,12 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
-             "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved).")
+             "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved); precision (bf16, fp8, "
+             "mxfp8, nvfp4: the blocks' weight products; search: --search-precision), scaling (fp8: delayed, "
+             "current, rowwise, blockwise) and fp8_gather (ZeRO all-gathers in FP8, true/false).")
+    add("--search-precision", action="store_true",
+        help="let the search choose the number format among those the machine runs (bf16 unless asked: a "
+             "format changes the numerics); the same as --recipe precision=search.")
     add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
         help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
              "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
@@ -103,7 +108,7 @@ def asks_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
                 or args.export_torchtitan is not None or args.export_megatron is not None
                 or getattr(args, "top", None) is not None or getattr(args, "report", None) is not None
-                or getattr(args, "engine", None) is not None)
+                or getattr(args, "engine", None) is not None or getattr(args, "search_precision", False))
 
 
 def wants_training(args) -> bool:
@@ -207,6 +212,14 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         return load_network(sequences)
 
     network = build(batch)
+    if getattr(args, "search_precision", False):
+        from pase.planning.mesh import Recipe
+
+        if args.recipe is not None and args.recipe.precision not in (None, "search"):
+            raise error(f"--search-precision searches the number format, and --recipe fixes "
+                        f"precision={args.recipe.precision}: give one of them", 2)
+        args = argparse.Namespace(**{**vars(args), "recipe": Recipe(**{**(args.recipe or Recipe()).fixed(),
+                                                                          "precision": "search"})})
     for r in (args.recipe, args.compare):
         if r is not None:
             try:

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
@@ -189,6 +190,14 @@ class TrainingOptions:
     attention_shape : bool
         The fused attention kernel's efficiency follows the sequence and head width
         (:func:`attention_shape_factor`).
+    precision : str
+        Number format of the repeated blocks' weight products: ``bf16``, ``fp8``, ``mxfp8`` or
+        ``nvfp4`` (:mod:`pase.costing.precision`; the machine must run it).
+    fp8_scaling : str
+        With ``fp8``: ``delayed``, ``current``, ``rowwise`` or ``blockwise`` scaling.
+    fp8_gather : bool
+        ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
+        Megatron's ``--fp8-param-gather``).
     """
 
     zero: int = 0
@@ -220,6 +229,9 @@ class TrainingOptions:
     activation_grads: bool = False
     compute_efficiency: float = 1.0
     attention_shape: bool = False
+    precision: str = "bf16"
+    fp8_scaling: str = "current"
+    fp8_gather: bool = False
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -248,6 +260,12 @@ class TrainingOptions:
             raise ValueError("comm_sm_share and fragmentation must be below 1")
         if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
+        if not isinstance(self.fp8_gather, bool):
+            raise ValueError(f"fp8_gather must be true or false, got {self.fp8_gather!r}")
 
     def bytes_per_parameter(self, r):
         """Bytes per parameter element on a device for a replication group of ``r`` devices.
@@ -272,7 +290,11 @@ class TrainingOptions:
 
     def label(self) -> str:
         return f"ZeRO-{self.zero}, recompute {self.recompute}, {self.microbatches} micro-batch" + (
-            "es" if self.microbatches != 1 else "")
+            "es" if self.microbatches != 1 else "") + (f", {self.precision_label()}" if self.precision != "bf16" else "")
+
+    def precision_label(self) -> str:
+        """``bf16``, ``fp8 (current scaling)``, ``mxfp8``, ``nvfp4``."""
+        return f"fp8 ({self.fp8_scaling} scaling)" if self.precision == "fp8" else self.precision
 
 
 # ---------------------------------------------------------------------------------------
@@ -592,6 +614,8 @@ class TrainingCosting:
         #: dispatched tokens, expert products and router probabilities), per row.
         self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
                          for v, layer in enumerate(network.layers) if hasattr(layer, "internal_activations")}
+        #: FP8 / MXFP8 / NVFP4 (``TrainingOptions.precision``), priced in ``pase.costing.precision``.
+        self.precision = PrecisionPricing(self)
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
 
@@ -698,6 +722,7 @@ class TrainingCosting:
         if role in ("softmax", "context"):
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
+        seconds = seconds + self.precision.compute_delta(v, options)
         seconds = self._in_step(seconds, options)
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
@@ -770,6 +795,7 @@ class TrainingCosting:
             share = np.where(bucket > 0, np.minimum(1.0, local / np.where(bucket > 0, bucket, 1.0)), 1.0)
             spare = p.latency * (1.0 - share)
             gradient, gather = np.maximum(gradient - spare, 0.0), np.maximum(gather - spare, 0.0)
+        gather = gather * self.precision.gather_scale(v, options)
         rs, ag = 0.5 * gradient, 0.5 * gather
         if options.zero == 0:
             return gradient
@@ -913,7 +939,8 @@ class TrainingCosting:
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
             if charged:
                 state = state + elements * options.bytes_per_parameter(r)
-        acts = act_bytes * self.stored_activations(v, options)
+        state = state + self.precision.cache_bytes(v, options)
+        acts = act_bytes * self.stored_activations(v, options) * self.precision.stored_scale(v, options, act_bytes)
         logits = np.zeros(K)
         layer = self.network.layers[v]
         if layer.op == "SoftmaxCrossEntropy":

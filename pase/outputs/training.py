@@ -141,6 +141,9 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     data["step_seconds_band"] = step_band
     data["peak_memory_bytes_band"] = memory_band
     data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
+    if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
+        data["precision"] = {"format": o.precision, "fp8_scaling": o.fp8_scaling if o.precision == "fp8" else None,
+                             "fp8_gather": o.fp8_gather}
     if "pipeline" in s.extra:
         data["pipeline"] = s.extra["pipeline"]
         data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]

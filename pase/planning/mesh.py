@@ -181,7 +181,12 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep")
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
+               "precision", "scaling", "fp8_gather")
+#: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
+#: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
+PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
+SCALING_WORDS = ("delayed", "current", "rowwise", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,11 @@ class Recipe:
     #: it needs sequence parallelism, so ``tp_overlap=true`` fixes ``sp`` on where ``tp > 1``.
     tp_overlap: bool | None = None
     ep: int | None = None
+    #: Number format of the blocks' weight products (``None``: bf16, not searched; ``search``:
+    #: chosen among the machine's), FP8 scaling, FP8 parameter all-gathers.
+    precision: str | None = None
+    scaling: str | None = None
+    fp8_gather: bool | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
@@ -230,7 +240,7 @@ def _positive(key: str, value: str) -> int:
 
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
-    tp_overlap ep``.
+    tp_overlap ep precision scaling fp8_gather``.
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -261,7 +271,15 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("none", "selective", "full", "op"):
                 raise ValueError(f"recipe recompute must be none, selective, full or op, got {value!r}")
             values[key] = value
-        elif key in ("sp", "tp_overlap"):
+        elif key == "precision":
+            if value not in PRECISION_WORDS:
+                raise ValueError(f"recipe precision must be {', '.join(PRECISION_WORDS[:-1])} or search, got {value!r}")
+            values[key] = value
+        elif key == "scaling":
+            if value not in SCALING_WORDS:
+                raise ValueError(f"recipe scaling must be {', '.join(SCALING_WORDS[:-1])} or blockwise, got {value!r}")
+            values[key] = value
+        elif key in ("sp", "tp_overlap", "fp8_gather"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "on", "1")
@@ -269,6 +287,8 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("1f1b", "interleaved"):
                 raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
             values[key] = value
+    if "scaling" in values and values.get("precision") not in ("fp8", "search"):
+        raise ValueError("recipe scaling applies to precision=fp8 (MXFP8 and NVFP4 scale per block): add precision=fp8")
     if values.get("tp_overlap") and values.get("sp") is False:
         raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
                          "drop sp=false")

@@ -80,7 +80,10 @@ class TrainingPlan:
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within a node, cp up to 16, sequence "
+        domain = getattr(self.machine, "nvlink_domain", None)
+        within = ("a node" if domain is None or domain == getattr(self.machine, "devices_per_node", None)
+                  else f"an NVLink domain of {domain}")
+        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within {within}, cp up to 16, sequence "
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
@@ -157,6 +160,10 @@ def plan_training(
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                           engine=engine, keep_all=keep_priced, keep_best=alternatives)
     best = found.best
+    if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
+        chosen = (best or found.least_memory).options
+        base = TrainingOptions(**{**base.__dict__, "precision": chosen.precision, "fp8_scaling": chosen.fp8_scaling,
+                                  "fp8_gather": chosen.fp8_gather})
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1

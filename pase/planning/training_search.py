@@ -3,7 +3,7 @@ the per-layer splits, every candidate priced by :class:`pase.training.TrainingCo
 
 Two searches, each exact over what it says:
 
-- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside a node),
+- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside an NVLink domain),
   sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
   micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
   fastest that fits is kept. Layer parts are computed once per distinct layer and mesh and
@@ -24,6 +24,7 @@ import numpy as np
 from pase.model.layers import redistribution_volume
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
+from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
@@ -93,6 +94,12 @@ class Candidate:
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
+        if o.precision != "bf16":  # the plan's number format, in the words engines' exports read
+            parts.append(f"precision={o.precision}")
+            if o.precision == "fp8":
+                parts.append(f"scaling={o.fp8_scaling}")
+            if o.fp8_gather:
+                parts.append("fp8_gather=true")
         return ",".join(parts)
 
     def causes(self) -> dict:
@@ -221,10 +228,11 @@ def edge_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: 
 
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
-    """Every mesh of ``procs`` devices the search tries: ``tp`` within a node (all devices
-    on a flat machine), ``cp`` any divisor, sequence parallelism both ways when ``tp > 1``."""
+    """Every mesh of ``procs`` devices the search tries: ``tp`` within an NVLink domain (a node
+    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine), ``cp`` any
+    divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
-    node = getattr(machine, "devices_per_node", procs)
+    node = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", procs))
     meshes = []
     for tp in divisors(procs):
         if tp > node or recipe.tp not in (None, tp):
@@ -313,6 +321,14 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     recipe.check(procs)
+    domain = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", None))
+    if recipe.tp is not None and domain is not None and recipe.tp > domain:
+        raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
+                         f"{getattr(machine, 'name', '')}: tensor parallelism stays within a domain")
+    if recipe.precision == "search":
+        return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
+                                  engine, keep_best)
+    base = with_precision(base, recipe, machine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
@@ -464,6 +480,42 @@ def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
     fastest.append(entry)
     fastest.sort(key=lambda e: e[:3])
     del fastest[k:]
+
+
+def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOptions:
+    """``base`` with the recipe's number format, FP8 scaling and FP8 gathers; ``ValueError``
+    when the machine does not run that format."""
+    fields = {"precision": recipe.precision, "fp8_scaling": recipe.scaling, "fp8_gather": recipe.fp8_gather}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    options = TrainingOptions(**{**base.__dict__, **fields}) if fields else base
+    check_precision(machine, options.precision)
+    return options
+
+
+def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
+                       engine=None, keep_best: int = 0):
+    """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
+    recipe's scaling, else the options'), the fastest fitting plan of all."""
+    runs = []
+    for precision in machine_precisions(machine):
+        fixed = {**recipe.fixed(), "precision": precision}
+        if precision != "fp8":
+            fixed.pop("scaling", None)
+        runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
+                                  keep_all, rebuild, engine=engine, keep_best=keep_best))
+    fitting = [r.best for r in runs if r.best is not None]
+    least = [r.least_memory for r in runs if r.least_memory is not None]
+    return MeshSearch(
+        best=min(fitting, key=lambda c: c.summary.step_seconds) if fitting else None,
+        least_memory=min(least, key=lambda c: c.summary.peak_memory_bytes) if least else None,
+        evaluated=sum(r.evaluated for r in runs),
+        seconds=sum(r.seconds for r in runs),
+        networks=max(r.networks for r in runs),
+        space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(machine_precisions(machine))})",
+        candidates=[c for r in runs for c in r.candidates],
+        experts=runs[0].experts,
+        fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
+    )
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
