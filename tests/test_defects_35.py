@@ -69,3 +69,32 @@ def test_write_atomic_refuses_a_file_read_in_the_same_run(tmp_path):
     assert source.read_text() == '{"a": 1}\n'
     write_atomic(str(source), "{}\n", "report")  # outside the run: an ordinary write
     assert source.read_text() == "{}\n"
+
+
+# 3. Refusals with their reason ------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, reason", [
+    (["-b", "15", "--recipe", "dp=8"], "batch 15 is not divisible by dp 8"),
+    (["-b", "16", "--recipe", "dp=8,microbatch=3"], "micro-batch 3 does not divide the per-rank batch 2"),
+    # No dp fixed: every mesh's per-rank batch (16/dp for dp = 1, 2, 4, 8) is named.
+    (["-b", "16", "--recipe", "microbatch=3"], "micro-batch 3 does not divide the per-rank batch of any mesh"),
+    # 12 blocks cannot be 8 stages of 5 chunks each: 8 x 5 = 40 > 12.
+    (["-b", "16", "--recipe", "pp=8,vpp=5,schedule=interleaved"], "pp 8 x vpp 5 = 40 chunks > 12 blocks"),
+    (["-b", "16", "--compare", "pp=8,microbatch=3"], "micro-batch 3 does not divide the per-rank batch 16"),
+])
+def test_a_recipe_no_mesh_meets_says_why(flags, reason):
+    status, out, err = run("-g", "gpt2-small", "-p", "8", *flags)
+    assert status == 2 and reason in err and "None" not in err, err
+    assert out == "" and err.count("\n") == 1
+
+
+def test_a_device_count_no_mesh_can_occupy_says_the_largest_that_can():
+    # llama3-8b: batch 128 (dp divides it), sequence 2048 (cp up to 16 divides it), tp up to
+    # the 8 devices of a node dividing the 8 key/value heads, pp up to its 32 blocks:
+    # 100,000 = 2^5 x 5^5 has five factors 5 that only pp could take (5 or 25 stages), so no
+    # mesh has 100,000 devices. The largest count a mesh occupies is 128 x 16 x 8 x 32 = 524,288
+    # in all; at most 100,000 the products of those degrees reach 98,304 = 2^15 x 3 (pp 24).
+    status, out, err = run("-g", "llama3-8b", "-p", "100000", "-b", "128", "--machine", "h100-sxm", "--training")
+    assert status == 2 and out == "", err
+    assert "batch 128 and sequence 2048 cannot occupy 100,000 devices" in err, err
+    assert "98,304" in err, err

@@ -23,6 +23,7 @@ import numpy as np
 
 from pase.model.layers import redistribution_volume
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
@@ -268,6 +269,11 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
+    probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
+    blocks = None if probe_layout is None else len(probe_layout.blocks)
+    refusal = recipe_refusal(recipe, batch, blocks)
+    if refusal is not None:
+        raise ValueError(f"no mesh applies to this graph: {refusal}")
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
@@ -278,9 +284,12 @@ def search_meshes(
     first_error = None
     kept = []
     meshes_tried = 0
+    dps_tried: set = set()
     for pp in stage_counts:
         q = procs // pp
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in mesh_candidates(q, machine, recipe)
+        candidates = mesh_candidates(q, machine, recipe)
+        dps_tried.update(m.dp for m in candidates)
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in candidates
                   if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
@@ -343,7 +352,13 @@ def search_meshes(
                     if keep_all:
                         kept.append((mesh, options, micro, t, peak))
     if best is None and least is None:
-        raise ValueError(f"no mesh applies to this graph: {first_error}")
+        tokens = tokens_of(probe)
+        reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
+                                    tokens // batch if tokens and batch else None, MAX_CP)
+                  or microbatch_refusal(recipe, batch, dps_tried) or first_error
+                  or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
+                      if dps_tried else "no mesh of these degrees"))
+        raise ValueError(f"no mesh applies to this graph: {reason}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
     result = MeshSearch(
