@@ -98,3 +98,35 @@ def test_a_device_count_no_mesh_can_occupy_says_the_largest_that_can():
     assert status == 2 and out == "", err
     assert "batch 128 and sequence 2048 cannot occupy 100,000 devices" in err, err
     assert "98,304" in err, err
+
+
+# 5. Units -----------------------------------------------------------------------------------
+
+def test_every_figure_of_a_training_plan_carries_the_machines_unit():
+    import re
+
+    # The paper machine prices in FLOP-equivalents: its pipeline stages (the command
+    # picks pp 4) were printed as "1.272e+11 s per micro-batch".
+    status, out, err = run("-g", "gpt2-small", "-p", "8", "-b", "15", "--training")
+    assert status == 0, err
+    stages = [line for line in out.splitlines() if line.strip().startswith("stage ")]
+    assert stages and all("flop-equivalents per micro-batch" in line for line in stages), out
+    timed = [line for line in out.splitlines() if re.search(r"\d s\b", line) and not line.startswith("search:")]
+    assert timed == [], timed  # only the search's own wall time is in seconds
+
+
+def test_the_nearest_mesh_line_carries_the_unit(tmp_path):
+    # A per-layer plan (micro-batch 3 of batch 15) exported as its nearest mesh: both steps compared.
+    status, out, err = run("-g", "gpt2-small", "-p", "8", "-b", "15", "--recipe", "microbatch=3",
+                           "--export-megatron", tmp_path / "m.json")
+    assert status == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("the plan is not a mesh"))
+    assert line.endswith("flop-equivalents"), line
+
+
+def test_a_calibrated_machines_stages_stay_in_seconds():
+    status, out, err = run("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm",
+                           "--recipe", "pp=2,microbatch=1")
+    assert status == 0, err
+    stages = [line for line in out.splitlines() if line.strip().startswith("stage ")]
+    assert len(stages) == 2 and all(" s per micro-batch" in line for line in stages), out

@@ -143,7 +143,8 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
                          + f", {pipe['microbatches']} micro-batches, bubble {100 * pipe['bubble_fraction']:.1f} %")
             for st in pipe["stages"]:
                 lines.append(f"    stage {st['stage']}: {st['blocks']} blocks, devices {st['devices'][0]}-"
-                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} s per micro-batch, "
+                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} {'s' if seconds else 'flop-equivalents'} "
+                             "per micro-batch, "
                              f"{format_bytes(st['memory_bytes'])}")
         if best.mesh is None:
             lines.append("  splits of the first block:")
