@@ -130,3 +130,30 @@ def test_a_calibrated_machines_stages_stay_in_seconds():
     assert status == 0, err
     stages = [line for line in out.splitlines() if line.strip().startswith("stage ")]
     assert len(stages) == 2 and all(" s per micro-batch" in line for line in stages), out
+
+
+# 6. GPT sequence length -------------------------------------------------------------------
+
+def test_m_sets_the_sequence_of_the_gpt_graphs():
+    import graphs
+
+    net = graphs.build("gpt3-175b", 1, 4096)
+    ids = net.layers[net.names.index("embedding")].ids
+    assert tuple(ids.shape) == (1, 4096)
+    assert tuple(graphs.build("gpt2-small", 2).layers[0].ids.shape) == (2, 1024)  # the default: GPT-2's context
+    status, out, err = run("-g", "gpt2-small", "-p", "4", "-b", "8", "-m", "256", "--json")
+    assert status == 0, err
+    import json
+
+    data = json.loads(out)
+    assert data["model"] == 256
+    # The logits' iteration space b x l x e x v at sequence 256: 8 x 256 x 768 x 50304.
+    logits = next(layer for layer in data["layers"] if layer["name"] == "head.logits")
+    assert logits["domain"][:2] == [8, 256], logits
+
+
+def test_m_of_a_gpt_graph_must_be_a_positive_sequence():
+    import graphs
+
+    with pytest.raises(ValueError, match="sequence length"):
+        graphs.build("gpt2-small", 2, 0)
