@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pase.core.units import format_bytes
+from pase.core.checks import a_network, a_training_plan, arguments, text
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary"]
 
@@ -78,6 +79,7 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     return data
 
 
+@arguments(plan=a_training_plan, network=a_network, model_name=text)
 def training_report(plan, network, model=None, model_name="sequence length") -> dict:
     """The whole JSON object of a training plan."""
     best = plan.best
@@ -124,6 +126,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     return lines
 
 
+@arguments(plan=a_training_plan, network=a_network, model_name=text)
 def format_training(plan, network, model=None, model_name: str = "sequence length") -> str:
     """The table of a training plan."""
     seconds = plan.machine.cost_unit == "seconds"
@@ -143,8 +146,8 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
                          + f", {pipe['microbatches']} micro-batches, bubble {100 * pipe['bubble_fraction']:.1f} %")
             for st in pipe["stages"]:
                 lines.append(f"    stage {st['stage']}: {st['blocks']} blocks, devices {st['devices'][0]}-"
-                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} {'s' if seconds else 'flop-equivalents'} "
-                             "per micro-batch, "
+                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} "
+                             f"{'s' if seconds else 'flop-equivalents'} per micro-batch, "
                              f"{format_bytes(st['memory_bytes'])}")
         if best.mesh is None:
             lines.append("  splits of the first block:")

@@ -28,6 +28,11 @@ from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
+from pase.core.checks import (
+    a_callable, a_mesh, a_network, a_recipe, a_training_options, arguments, configurations, optional, positive_int,
+    positive_number,
+)
+from pase.machines.registry import as_machine
 
 __all__ = ["Candidate", "MeshSearch", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
            "divisors"]
@@ -216,6 +221,9 @@ def options_grid(recipe: Recipe) -> list:
     return [(z, r) for z in zeros for r in policies]
 
 
+@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
+           memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
+           base=optional(a_training_options))
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -417,11 +425,17 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
 
 
+@arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
+           options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
+           mesh=optional(a_mesh), microbatch=optional(positive_int))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
                        microbatch: int | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
     ``options``: the same numbers the searches compute."""
+    if len(configs) != len(network.layers):
+        raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
+                         f"{len(network.layers)} layers")
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
     if mesh is not None:
