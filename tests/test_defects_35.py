@@ -3,6 +3,7 @@ a few) per item, each written to fail on the code before its fix."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -157,3 +158,62 @@ def test_m_of_a_gpt_graph_must_be_a_positive_sequence():
 
     with pytest.raises(ValueError, match="sequence length"):
         graphs.build("gpt2-small", 2, 0)
+
+
+# 4. Hopeless searches ---------------------------------------------------------------------
+
+def test_a_search_no_layer_can_fill_is_refused_at_once():
+    import time
+
+    # gpt2-small at batch 128: its dimensions (128 = 2^7, 1024 = 2^10, 768 = 2^8 x 3, 50304 =
+    # 2^7 x 3 x 131, 3072 = 2^10 x 3, 12 heads = 2^2 x 3) have no factor 5, so no product of
+    # their splits is 100,000 = 2^5 x 5^5; the largest at most 10^5 is 2^15 x 3 = 98,304. The
+    # search would take about 28 minutes (the issue) for a plan with 1,696 devices idle.
+    start = time.perf_counter()
+    status, out, err = run("-g", "gpt2-small", "-p", "100000", "-b", "128")
+    assert time.perf_counter() - start < 20
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "cannot occupy 100,000 devices" in err and "98,304" in err and "--allow-replication" in err
+
+
+def test_allow_replication_searches_anyway():
+    # AlexNet's dimensions have no factor 7 (55 = 5 x 11, 27, 13, 11, 3, 96, 256, 384, 4096,
+    # 1000, 128): 6 is the most devices a configuration uses on 7.
+    status, _, err = run("-g", "alexnet", "-p", "7")
+    assert status == 2 and "uses more than 6" in err and "search -p 6" in err, err
+    status, out, err = run("-g", "alexnet", "-p", "7", "--allow-replication", "--json")
+    import json
+
+    assert status == 0, err
+    assert max(math.prod(layer["config"]) for layer in json.loads(out)["layers"]) == 6
+
+
+def test_useful_devices_is_the_brute_force_maximum():
+    import itertools
+
+    import numpy as np
+
+    from pase.model.configs import enumerate_configs
+    from pase.planning.occupancy import largest_product
+
+    rng = np.random.default_rng(35)
+    for _ in range(200):
+        domain = tuple(int(x) for x in rng.integers(1, 40, size=rng.integers(1, 4)))
+        procs = int(rng.integers(1, 70))
+        cutoff = int(rng.integers(1, 3))
+        brute = max(math.prod(c) for c in itertools.product(*[range(1, d + 1) for d in domain])
+                    if math.prod(c) <= procs and all(d % s == 0 and d // s >= cutoff or s == 1
+                                                     for d, s in zip(domain, c)))
+        assert largest_product(domain, procs, cutoff) == brute, (domain, procs, cutoff)
+        assert int(enumerate_configs(domain, procs, cutoff).prod(axis=1).max()) == brute
+
+
+@pytest.mark.parametrize("graph", ["alexnet", "inception3", "resnet101", "rnnlm", "transformer"])
+def test_the_reference_graphs_fill_the_reference_device_counts(graph):
+    # Table 1 and Fig. 6 (benchmarks/common.py PROCS): every paper graph still searches.
+    import graphs
+
+    from pase.planning.occupancy import useful_devices
+
+    network = graphs.build(graph, 128)
+    assert [useful_devices(network, p) for p in (4, 8, 16, 32, 64)] == [4, 8, 16, 32, 64]

@@ -15,6 +15,7 @@ from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
 from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
+from pase.planning.occupancy import useful_devices
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load, source_of
@@ -27,7 +28,7 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS",
+    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy",
 ]
 
 
@@ -113,6 +114,21 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
     finally:
         if progress is not None:
             progress.close()
+
+
+def check_occupancy(network, procs: int, opts: Options) -> None:
+    """Refuse (usage status) a search on more devices than any configuration of any layer can
+    use (``pase.planning.occupancy``), unless ``--allow-replication``: every strategy would
+    replicate work on the rest, and the search would take as long as one that uses them."""
+    if opts.allow_replication:
+        return
+    useful = useful_devices(network, procs)
+    if useful < procs:
+        raise CliError(
+            f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'} cannot occupy {procs:,} devices: no configuration of any layer "
+            f"uses more than {useful:,} (each dimension splits by its divisors), so every strategy would replicate "
+            f"work on the other {procs - useful:,}; search -p {useful} instead, or pass --allow-replication",
+            ExitStatus.USAGE)
 
 
 def nothing_fits_message(planned: Plan, opts: Options) -> str:
