@@ -217,3 +217,12 @@ def test_the_reference_graphs_fill_the_reference_device_counts(graph):
 
     network = graphs.build(graph, 128)
     assert [useful_devices(network, p) for p in (4, 8, 16, 32, 64)] == [4, 8, 16, 32, 64]
+
+
+# Found by the fuzz driver (item 8): a Llama-type model's training plan on the paper machine.
+
+def test_a_llama_training_plan_on_the_paper_machine(tmp_path):
+    # RMSNorm's unfused time asked the paper machine for memory-bound work without its FLOPs:
+    # internal error (exit 70). On the paper machine a norm costs its FLOPs, fused or not.
+    status, out, err = run("-g", "llama3-8b", "-p", "4", "-b", "4", "-m", "16", "--training")
+    assert status == 0 and "flop-equivalents" in out, err
