@@ -63,6 +63,7 @@ VALID = {
                                    "options": pase.TrainingOptions(), "act_bytes": 2.0},
     "solve": lambda: {"G": _ALEXNET.graph(4)},
     "training_report": lambda: {"plan": _training_plan(), "network": _GPT},
+    "export_shardings": lambda: {"network": _ALEXNET, "configs": _dp(_ALEXNET, 4), "procs": 4},
     "format_training": lambda: {"plan": _training_plan(), "network": _GPT},
 }
 
@@ -74,6 +75,7 @@ ALIASES = {
     ("parse_recipe", "text"): "recipe",
     ("evaluate", "configs"): "strategy",
     ("evaluate_plan", "configs"): "strategy",
+    ("export_shardings", "configs"): "strategy",
 }
 
 #: Wrong values tried for every argument.
@@ -84,10 +86,9 @@ def _functions() -> list:
     return sorted(name for name in pase.__all__ if inspect.isfunction(getattr(pase, name)))
 
 
-#: Functions that run a child process or need an optional engine (their arguments are checked
-#: by the functions they share with ``plan``: ``export_shardings`` and the verifiers take a
-#: network, configurations and a device count as ``evaluate`` does).
-OPTIONAL = {"from_torch", "to_dtensor", "verify", "verify_torch", "export_shardings"}
+#: Functions that run a child process or need an optional engine (the verifiers check their
+#: network, configurations and device count with ``export_shardings``, fuzzed here).
+OPTIONAL = {"from_torch", "to_dtensor", "verify", "verify_torch"}
 
 
 def test_every_public_function_has_a_valid_call():
