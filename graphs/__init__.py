@@ -58,6 +58,7 @@ for _name, _cfg in GPT_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(
         _name, partial(gpt, _name),
         f"GPT decoder, {_cfg.layers} layers, width {_cfg.width}, {12 * _cfg.layers + 5} vertices",
+        "sequence length", _cfg.sequence, "sequence length",
     )
 for _name, _cfg in LLAMA_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(

@@ -11,6 +11,7 @@ import sys
 from typing import IO, Sequence
 
 from pase.core.errors import InputError, MissingDependency, TooLarge
+from pase.core.fileio import recording_reads
 from pase.search.solver import SearchTooLarge
 
 from .errors import CliError, ParserExit
@@ -45,7 +46,8 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
 
         return machines(argv[1:], out, err, prog=f"{prog} machines")
     try:
-        return _run_command(argv, out, err, prog)
+        with recording_reads():  # no output may land on a file the run reads (pase.core.fileio)
+            return _run_command(argv, out, err, prog)
     except (Exception, KeyboardInterrupt) as error:
         return _report(error, err, prog)
 

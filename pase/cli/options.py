@@ -89,6 +89,7 @@ class Options:
     act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
     approx: int | None = None  # --approx: the approximate search with tables of at most this many entries
     readers: str | None = None  # --readers: the reader rule (None: the source's own)
+    allow_replication: bool = False  # --allow-replication: search when no layer can use all p devices
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -170,4 +171,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
         approx=args.approx,
         readers=pick("readers", None),
+        allow_replication=bool(getattr(args, "allow_replication", False)),
     )

@@ -188,6 +188,10 @@ def _add_search_and_memory(add) -> None:
              "of at most ENTRIES entries. Prints a strategy, its cost, a lower bound on the optimum (mini-bucket "
              "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
              "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
+    add("--allow-replication", action="store_true",
+        help="search even when no configuration of any layer can use all p devices (each dimension splits by "
+             "its divisors): every strategy then replicates work on the rest. (Default: refused at once, with the "
+             "largest device count a configuration uses)")
     add("--table-budget", type=positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")

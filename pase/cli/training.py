@@ -165,6 +165,12 @@ def _differing_layers(network, configs, mesh_configs) -> list:
     return [network.names[v] for v, (a, b) in enumerate(zip(configs, mesh_configs)) if tuple(a) != tuple(b)]
 
 
+def _unit(machine) -> str:
+    """How a figure of ``machine``'s costs is labelled: ``s``, or its own unit."""
+    unit = getattr(machine, "cost_unit", "seconds")
+    return "s" if unit == "seconds" else unit
+
+
 def _export_engines(found, network, batch: int, args, write: Callable) -> list:
     """Write --export-torchtitan / --export-megatron; returns the lines to print about them."""
     from pase.outputs.engines import megatron_settings, torchtitan_settings
@@ -185,7 +191,7 @@ def _export_engines(found, network, batch: int, args, write: Callable) -> list:
         lines.append(f"the plan is not a mesh: {len(differ)} layers differ from the nearest mesh "
                      f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); exported that mesh, "
                      f"{nearest.recipe()}: step {nearest.summary.step_seconds:.4g} against the plan's "
-                     f"{plan.summary.step_seconds:.4g}")
+                     f"{plan.summary.step_seconds:.4g} {_unit(found.machine)}")
         plan = nearest
     tokens = tokens_of(network)
     sequence = None if tokens is None or not network.batch else tokens // network.batch

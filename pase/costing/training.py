@@ -646,8 +646,12 @@ class TrainingCosting:
             if layer.op != "RMSNorm":
                 continue
             e = self.parts[v].activations
-            fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
-            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes), dtype=np.float64)
+            # flops: what the reference machine counts (the norm's own, fused or not); a
+            # calibrated machine ignores it.
+            flops = self.parts[v].compute
+            fused = np.asarray(self.machine.memory_bound("layer_norm", e, flops), dtype=np.float64)
+            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes, flops),
+                               dtype=np.float64)
             out[v] = self.parts[v].compute - fused + eager
         return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pase.core.units import format_bytes
+from pase.core.checks import a_network, a_training_plan, arguments, optional, text
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary", "CAUSE_NAMES", "difference",
            "step_band", "explain_difference"]
@@ -155,6 +156,7 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     return data
 
 
+@arguments(plan=a_training_plan, network=a_network, model_name=text)
 def training_report(plan, network, model=None, model_name="sequence length") -> dict:
     """The whole JSON object of a training plan."""
     best = plan.best
@@ -282,6 +284,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     return lines
 
 
+@arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
     memory, its pipeline, the alternatives and the compared recipe. ``network`` is the one
@@ -308,7 +311,8 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
                          + f", {pipe['microbatches']} micro-batches, bubble {100 * pipe['bubble_fraction']:.1f} %")
             for st in pipe["stages"]:
                 lines.append(f"    stage {st['stage']}: {st['blocks']} blocks, devices {st['devices'][0]}-"
-                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} s per micro-batch, "
+                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} "
+                             f"{'s' if seconds else 'flop-equivalents'} per micro-batch, "
                              f"{format_bytes(st['memory_bytes'])}")
         if plan.exceeds_device:
             lines.append(f"  WARNING: needs more than the device's {format_bytes(plan.device_memory_bytes)}")

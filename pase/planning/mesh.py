@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pase.model.layers.moe import EXPERT_LETTER
+from pase.core.checks import arguments, text
 
 __all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
 
@@ -238,6 +239,7 @@ def _positive(key: str, value: str) -> int:
     return int(value)
 
 
+@arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
     tp_overlap ep precision scaling fp8_gather``.

@@ -17,6 +17,10 @@ from typing import Callable
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
+from pase.core.checks import (
+    a_callable, a_recipe, a_training_options, arguments, optional, positive_int, positive_number,
+)
+from pase.machines.registry import as_machine
 
 __all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES", "NO_CAP"]
 
@@ -98,6 +102,9 @@ class TrainingPlan:
         return text
 
 
+@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
+           memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
+           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number))
 def plan_training(
     build: Callable[[int], object],
     batch: int,

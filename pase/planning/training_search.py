@@ -23,11 +23,17 @@ import numpy as np
 
 from pase.model.layers import redistribution_volume
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
+from pase.core.checks import (
+    a_callable, a_mesh, a_network, a_recipe, a_training_options, arguments, configurations, optional, positive_int,
+    positive_number,
+)
+from pase.machines.registry import as_machine
 
 __all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
            "divisors", "CAUSES"]
@@ -291,6 +297,9 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
     return (base.tp_overlap,)
 
 
+@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
+           memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
+           base=optional(a_training_options))
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -357,6 +366,11 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
+    probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
+    blocks = None if probe_layout is None else len(probe_layout.blocks)
+    refusal = recipe_refusal(recipe, batch, blocks)
+    if refusal is not None:
+        raise ValueError(f"no mesh applies to this graph: {refusal}")
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
@@ -368,9 +382,12 @@ def search_meshes(
     kept = []
     fastest: list = []
     meshes_tried = 0
+    dps_tried: set = set()
     for pp in stage_counts:
         q = procs // pp
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in mesh_candidates(q, machine, recipe)
+        candidates = mesh_candidates(q, machine, recipe)
+        dps_tried.update(m.dp for m in candidates)
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in candidates
                   if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
@@ -446,7 +463,13 @@ def search_meshes(
                         if keep_best and (memory_cap is None or peak <= memory_cap):
                             _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
-        raise ValueError(f"no mesh applies to this graph: {first_error}")
+        tokens = tokens_of(probe)
+        reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
+                                    tokens // batch if tokens and batch else None, MAX_CP)
+                  or microbatch_refusal(recipe, batch, dps_tried) or first_error
+                  or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
+                      if dps_tried else "no mesh of these degrees"))
+        raise ValueError(f"no mesh applies to this graph: {reason}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
     result = MeshSearch(
@@ -621,11 +644,17 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
     return causes
 
 
+@arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
+           options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
+           mesh=optional(a_mesh), microbatch=optional(positive_int))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
                        microbatch: int | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
     ``options``: the same numbers the searches compute."""
+    if len(configs) != len(network.layers):
+        raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
+                         f"{len(network.layers)} layers")
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
     if mesh is not None:
