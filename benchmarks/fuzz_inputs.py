@@ -1411,12 +1411,12 @@ def hardware_cases(rng: random.Random, refs: dict) -> list:
                 expect = OK
             else:
                 expect = BAD_MACHINE
-            cases.append(Case("hardware", "spec spec_field", f"{spec_field} = {_short(value)}", [
+            cases.append(Case("hardware", "spec field", f"{spec_field} = {_short(value)}", [
                 "-g", "mini.json", "-p", "8", "--machine", "m.json"], expect, dict(hf, **{"m.json": _dump(data)})))
     for _ in range(30):  # random combinations of good and bad specification values
         data = dict(base)
-        for field in rng.sample(sorted(SPEC_BAD_VALUES), rng.randint(1, 3)):
-            data[field] = rng.choice(SPEC_BAD_VALUES[field] + [base.get(field, 1)])
+        for spec_field in rng.sample(sorted(SPEC_BAD_VALUES), rng.randint(1, 3)):
+            data[spec_field] = rng.choice(SPEC_BAD_VALUES[spec_field] + [base.get(spec_field, 1)])
         cases.append(Case("hardware", "random spec", _short(data, 60), [
             "-g", "mini.json", "-p", "8", "--machine", "m.json"], ANY, dict(hf, **{"m.json": _dump(data)})))
     for procs, expect in ((64, OK), (72, OK), (128, OK), (144, OK), (6, OK), (70, OK), (130, BAD_VALUE), (74, BAD_VALUE)):
