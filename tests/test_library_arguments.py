@@ -65,6 +65,7 @@ VALID = {
     "training_report": lambda: {"plan": _training_plan(), "network": _GPT},
     "export_shardings": lambda: {"network": _ALEXNET, "configs": _dp(_ALEXNET, 4), "procs": 4},
     "format_training": lambda: {"plan": _training_plan(), "network": _GPT},
+    "html_report": lambda: {"plan": _training_plan(), "network": _GPT},
 }
 
 #: Arguments whose errors name them by what they are, as the function's documentation does

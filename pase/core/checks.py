@@ -136,6 +136,19 @@ def positive_number(value, name: str) -> float:
     return value
 
 
+def a_memory_cap(value, name: str) -> float:
+    """A finite number above zero, or infinity (``NO_CAP``: no cap at all)."""
+    if is_number(value, numpy=True) and value == math.inf:
+        return value
+    return positive_number(value, name)
+
+
+def a_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be true or false, got {_kind(value)} {_shown(value)}")
+    return bool(value)
+
+
 def text(value, name: str) -> str:
     if not isinstance(value, str):
         raise ArgumentTypeError(f"{name} must be a string, got {_kind(value)} {_shown(value)}")
@@ -240,4 +253,5 @@ a_memory_model = instance("a pase.MemoryModel", "vectors", "param_bytes", "act_b
 a_recipe = instance("a pase.Recipe (pase.parse_recipe('dp=8,...'))", "fixed", "check")
 a_training_options = instance("a pase.TrainingOptions", "zero", "recompute", "microbatches")
 a_mesh = instance("a pase.Mesh", "dp", "tp", "cp", "pp", "devices")
+an_engine = instance("an engine profile (pase.load_engine('megatron'))", "base_options", "searched")
 a_training_plan = instance("a pase.TrainingPlan (pase.plan_training)", "best", "mesh_search", "machine")

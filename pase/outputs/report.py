@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from pase.core.checks import a_network, a_training_plan, arguments, optional, text
 from pase.core.units import format_bytes
 from pase.costing.training import FORWARD_SHARE
 
@@ -538,6 +539,7 @@ document.querySelectorAll('table.alts th').forEach(function (th, col) {
 """
 
 
+@arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def html_report(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The page of a training plan (``plan_training``'s result, with ``keep_priced`` for the
     scatter and ``alternatives`` for the table); one string, everything inline. ``model``

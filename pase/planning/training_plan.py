@@ -18,7 +18,8 @@ from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
 from pase.core.checks import (
-    a_callable, a_recipe, a_training_options, arguments, optional, positive_int, positive_number,
+    a_bool, a_callable, a_memory_cap, a_recipe, a_training_options, an_engine, arguments, non_negative_int, optional,
+    positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
 
@@ -103,8 +104,9 @@ class TrainingPlan:
 
 
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
-           memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
-           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number))
+           memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
+           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
+           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool)
 def plan_training(
     build: Callable[[int], object],
     batch: int,
