@@ -47,6 +47,15 @@ SEQUENCE = 2048
 #: config asking for a million (a typo) would take minutes to build before any answer.
 MAX_LAYERS = 1024
 
+#: What this module's letters mean (``pase.model.roles``): every layer of a decoder takes its
+#: dimensions' roles from here (the Embedding and MoE layers declare their own width, vocabulary
+#: and expert dimensions). ``g`` key/value heads and ``r`` query heads per group; ``m`` the keys'
+#: positions in attention's two products. ``graphs/llama.py`` builds with the same letters.
+ROLES = {
+    "b": "batch", "l": "sequence", "m": "key_sequence", "g": "kv_groups", "r": "heads", "k": "head_width",
+    "e": "model", "d": "model", "f": "mlp", "v": "vocab",
+}
+
 NORMS = ("rms", "layer")
 POSITIONS = ("rotary", "learned")
 
@@ -268,7 +277,7 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         raise ValueError(f"the batch size must be a positive integer, got {batch!r}")
     cfg, s = config, config.sequence
     G, R, k = cfg.kv_heads, cfg.group, cfg.head_dim
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, s), "ids", letters="bl")
     rotary = None
     if cfg.positions == "rotary":

@@ -12,7 +12,7 @@ from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
 from pase.model.tensor import Tensor
 
-from .transformer import multi_head
+from .transformer import ROLES, multi_head
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "gpt", "parameter_count"]
 
@@ -78,7 +78,7 @@ def gpt(name: str, batch: int = 128) -> Network:
     if name not in GPT_CONFIGS:
         raise ValueError(f"unknown GPT model {name!r}; choose one of: {', '.join(GPT_CONFIGS)}")
     cfg = GPT_CONFIGS[name]
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, cfg.sequence), "ids", letters="bl")
     position = g.input((batch, cfg.sequence, cfg.width), "position embedding", letters="ble")
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))

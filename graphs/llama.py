@@ -12,6 +12,8 @@ from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
 from pase.model.tensor import Tensor
 
+from .decoder import ROLES
+
 __all__ = ["LlamaConfig", "LLAMA_CONFIGS", "llama", "parameter_count"]
 
 
@@ -101,7 +103,7 @@ def llama(name: str, batch: int = 128, model: int | None = None) -> Network:
         raise ValueError(f"the Llama sequence length (-m) must be a positive integer, got {sequence!r}")
     cfg = LLAMA_CONFIGS[name]
     G, R, k = cfg.kv_heads, cfg.group, cfg.key
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, sequence), "ids", letters="bl")
     rotary_q = g.input((batch, G, R, sequence, k), "rotary table (queries)", letters="bgrlk")
     rotary_k = g.input((batch, G, sequence, k), "rotary table (keys)", letters="bglk")

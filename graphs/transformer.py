@@ -19,6 +19,14 @@ from pase.model.layers import (
 )
 from pase.model.tensor import Tensor
 
+#: What this module's letters mean (``pase.model.roles``), for the Transformer and the GPT
+#: decoders (``graphs/gpt.py``): ``s`` stacks the query, key and value projections, ``h`` is a
+#: head, ``m`` the keys' positions in attention's two products.
+ROLES = {
+    "b": "batch", "l": "sequence", "m": "key_sequence", "s": "stack", "h": "heads", "k": "head_width",
+    "e": "model", "d": "model", "f": "mlp", "v": "vocab",
+}
+
 __all__ = ["transformer", "multi_head", "attention", "feed_forward"]
 
 SEQUENCE = 256
@@ -83,7 +91,7 @@ def transformer(batch: int = 128, model: int | None = None) -> Network:
     if isinstance(width, bool) or not isinstance(width, int) or width < 1 or width % HEADS:
         raise ValueError(f"transformer width (-m) must be a positive multiple of {HEADS}, got {width!r}")
     key, hidden = width // HEADS, 4 * width
-    g = GraphBuilder("transformer", cutoff=1, batch=batch)
+    g = GraphBuilder("transformer", cutoff=1, batch=batch, roles=ROLES)
     enc_ids = g.input((batch, SEQUENCE), "encoder ids", letters="bl")
     dec_ids = g.input((batch, SEQUENCE), "decoder ids", letters="bl")
     position = g.input((batch, SEQUENCE, width), "positional encoding", letters="ble")

@@ -39,6 +39,10 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
+    add("--rules", metavar="FILE.json", default=None,
+        help="parallel rules: which mesh axis (dp, tp, cp, ep, sp) splits which dimension role (batch, heads, "
+             "mlp, vocab, sequence, ...); default pase/planning/data/parallel_rules.json (docs/roles.md). "
+             "Implies --training.")
     add("--export-torchtitan", metavar="FILE", default=None,
         help="write the plan's mesh as torchtitan settings (parallelism, activation checkpointing, batch) in JSON, "
              "with the same as one line of its command-line options.")
@@ -48,6 +52,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
 
 def wants_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
+                or getattr(args, "rules", None) is not None
                 or args.export_torchtitan is not None or args.export_megatron is not None)
 
 
@@ -141,10 +146,18 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                 r.check(opts.procs)
             except ValueError as err:
                 raise error(str(err), 2) from None
+    rules = None
+    if getattr(args, "rules", None) is not None:
+        from pase.planning.rules import load_rules
+
+        try:
+            rules = load_rules(args.rules)
+        except InputError as err:
+            raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget)
+                              rebuild=rebuild, table_budget=opts.table_budget, rules=rules)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:

@@ -19,6 +19,7 @@ from pase.core.checks import checked_device_count, is_positive_int
 from pase.model.configs import count_configs, enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
+from pase.model.roles import check_roles, merge_roles
 from pase.model.readers import READER_RULES, link_matrix, reader_links
 from pase.model.tensor import Tensor
 from pase.core.errors import TooLarge
@@ -287,9 +288,16 @@ class GraphBuilder:
     (2, [[0, 1]])
     """
 
-    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None):
+    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None, roles: dict | None = None):
         if not is_positive_int(cutoff):
             raise ValueError(f"the cut-off must be a positive integer, got {cutoff!r}")
+        if roles is not None:
+            for letter, role in roles.items():
+                check_roles((role,), 1, f"graph {name}: the role of letter {letter!r}")
+        #: The graph's own letters and what they mean (``pase.model.roles``): every layer added
+        #: takes the role of each of its dimension letters found here, where neither its type
+        #: nor the caller of ``add`` said otherwise.
+        self.roles = dict(roles or {})
         self.name = name
         self.cutoff = cutoff
         self.batch = batch
@@ -314,12 +322,20 @@ class GraphBuilder:
         """A trainable parameter: a graph input that the memory model counts."""
         return self.input(shape, name, letters, param=True)
 
-    def add(self, name: str, layer: Layer):
-        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them)."""
+    def add(self, name: str, layer: Layer, roles=None):
+        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them).
+
+        ``roles``: one role (or None) per dimension of its iteration space, in place of those of
+        its type and of the builder's letter map (``pase.model.roles``).
+        """
         if not isinstance(layer, Layer):
             raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
         if not isinstance(name, str) or not name or name in self._names:
             raise ValueError(f"layer names must be unique and non-empty, got {name!r}")
+        if roles is not None:
+            layer.roles = merge_roles(check_roles(roles, len(layer.domain), f"layer {name!r}"), layer.roles)
+        if self.roles and isinstance(layer.dims, str) and len(layer.dims) == len(layer.domain):
+            layer.roles = merge_roles(layer.roles, tuple(self.roles.get(d) for d in layer.dims))
         try:
             layer.check()
         except ValueError as err:

@@ -79,6 +79,7 @@ def plan_training(
     free: bool | None = None,
     rebuild: bool = True,
     table_budget: int | None = None,
+    rules=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -98,13 +99,16 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
+    rules : ParallelRules, optional
+        Mesh axes to dimension roles (``pase.planning.rules``; default the shipped table).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
+    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
+                          rules=rules)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
@@ -142,10 +146,10 @@ def plan_training(
         try:
             # The recipe's fastest fitting configuration; if none fits, its fastest.
             compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                     rebuild=rebuild).best
+                                     rebuild=rebuild, rules=rules).best
             if compared is None:
                 compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild).best
+                                         rebuild=rebuild, rules=rules).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
     return TrainingPlan(

@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
-from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.mesh import Mesh, MeshMapper, Recipe
+from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
@@ -43,9 +44,9 @@ def divisors(n: int) -> list:
 
 
 def tokens_of(network) -> int | None:
-    """Tokens in one pass of ``network``: the elements of its first Embedding's ids."""
+    """Tokens in one pass of ``network``: the elements of its first lookup's ids."""
     for layer in network.layers:
-        if layer.op == "Embedding":
+        if layer.lookup_table:
             return int(math.prod(layer.ids.shape))
     return None
 
@@ -226,6 +227,7 @@ def search_meshes(
     base: TrainingOptions | None = None,
     keep_all: bool = False,
     rebuild: bool = True,
+    rules: ParallelRules | None = None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -233,8 +235,11 @@ def search_meshes(
     (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
-    choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
+    choices. ``rules``: the parallel rules mapping a mesh onto each layer's roles (default
+    :func:`pase.planning.rules.default_rules`). Raises ``ValueError`` when no mesh applies
+    (with why, for the first).
     """
+    rules = rules if rules is not None else default_rules()
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
@@ -254,18 +259,14 @@ def search_meshes(
     if not stage_counts:
         raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
                          "cannot hold two stages")
-    # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
-    # (an imported model's generic letters) gets data, context and pipeline parallelism only.
+    # Tensor parallelism maps onto the roles the rules give it (heads, MLP width, vocabulary):
+    # a graph whose layers have none gets data, context and pipeline parallelism only.
     probe = build(batch)
-    tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
-    # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
-    # elsewhere the letters mean other things (h is an image's height).
-    tensor_parallel = any(layer.op == "Embedding" for layer in probe.layers) and any(
-        set(getattr(layer, "dims", "")) & tp_letters for layer in probe.layers)
+    tensor_parallel = rules.tensor_parallel(probe)
     if not tensor_parallel and recipe.tp not in (None, 1):
-        raise ValueError(f"tp={recipe.tp}: tensor parallelism maps onto a language model's heads, MLP width and "
-                         f"vocabulary (letters {', '.join(sorted(tp_letters))} beside an Embedding), which graph "
-                         f"{probe.name} does not name (the built-in decoders and hf: configs do)")
+        raise ValueError(f"tp={recipe.tp}: tensor parallelism splits the dimension roles "
+                         f"{', '.join(rules.tensor_roles())}, which no layer of graph {probe.name} has "
+                         "(roles are declared by the graph's source: pase.model.roles)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
     expert_counts = expert_counts_of(probe)
@@ -297,7 +298,7 @@ def search_meshes(
         for global_micro in sorted(by_micro):
             if global_micro not in networks:
                 net = build(global_micro)
-                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net))
+                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net, rules))
             network, structure, mapper = networks[global_micro]
             rows, valid = [], []
             for mesh, micro in by_micro[global_micro]:
@@ -404,13 +405,13 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
 
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
-                       microbatch: int | None = None) -> Candidate:
+                       microbatch: int | None = None, rules: ParallelRules | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
     ``options``: the same numbers the searches compute."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
     if mesh is not None:
-        halved = MeshMapper(network).sequence_parallel(mesh)
+        halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
     moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0

@@ -55,7 +55,9 @@ def network_to_json(network: Network) -> dict:
         return producer if len(network.layers[t.producer].output_shapes) == 1 else f"{producer}:{t.index}"
 
     layers = [
-        {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args}
+        {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args,
+         # What each dimension is (``pase.model.roles``), where it was said: older files have none.
+         **({"roles": list(layer.roles)} if layer.roles is not None and any(layer.roles) else {})}
         for name, layer in zip(network.names, network.layers)
     ]
     return {
@@ -92,7 +94,7 @@ def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
 #: a misspelt optional field (``"params"``, ``"arg"``) would otherwise be silently ignored.
 _TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "readers", "inputs", "layers")
 _INPUT_FIELDS = ("name", "shape", "letters", "param")
-_LAYER_FIELDS = ("name", "op", "inputs", "args")
+_LAYER_FIELDS = ("name", "op", "inputs", "args", "roles")
 
 
 def _known_fields(obj: dict, fields: tuple, where: str) -> None:
@@ -188,6 +190,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
         op = _field(spec, "op", str, at)
         refs = _field(spec, "inputs", list, at)
         args = _field(spec, "args", dict, at, optional=True, default={})
+        roles = _field(spec, "roles", list, at, optional=True, default=None)
         operands = []
         for r in refs:
             if not isinstance(r, str) or r not in tensors:
@@ -202,7 +205,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
             _check_size(layer.domain, "iteration space")
             for shape in layer.output_shapes:
                 _check_size(shape, "output shape", dimensions=False)
-            out = g.add(lname, layer)
+            out = g.add(lname, layer, roles=roles)
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({op}): {err}") from None
         if batch is not None and layer.domain[layer.batch_dim] != batch:

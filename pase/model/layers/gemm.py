@@ -20,6 +20,7 @@ class FC(GemmShaped, Layer):
     """
 
     op = "FC"
+    sequence_parallel_reduce = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point."""
@@ -109,6 +110,7 @@ class Einsum(GemmShaped, Layer):
     """
 
     op = "Einsum"
+    sequence_parallel_reduce = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point."""
@@ -201,6 +203,7 @@ class Embedding(Einsum):
     """
 
     op = "Embedding"
+    sequence_parallel_reduce = False
 
     def forward_flops(self) -> float:
         """0: a lookup, not a product (MFU leaves embeddings out)."""
@@ -226,6 +229,8 @@ class Embedding(Einsum):
         self.vocab = vocab
         self.width = width
         self.args = {"vocab": vocab, "width": width, "letters": letters}
+        # The table's width is the model's, its rows the vocabulary, in every graph.
+        self.roles = (None,) * j + ("model", "vocab")
 
     @classmethod
     def from_args(cls, operands, args):
