@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of"]
+__all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of", "weight_only_dims"]
 
 #: The vocabulary. ``batch``: the samples of a (micro-)batch; ``sequence``: a sequence's tokens
 #: (the queries' positions in attention); ``key_sequence``: the keys' positions in attention's
@@ -91,6 +91,17 @@ def _maps(layer) -> tuple:
             maps.append([int(np.argmax(split[:, t])) if split[:, t].sum() == 1 else -1 for t in range(c.shape[1])])
         out.append(maps)
     return tuple(out)
+
+
+def weight_only_dims(layer) -> tuple:
+    """Dimensions a parameter of ``layer`` spans that split none of its activation inputs: a
+    product's own output features (its ``N``), which no tensor it reads names."""
+    if layer.contiguous:
+        return ()
+    spanned = {d for _, dims in layer.parameters() for d in dims}
+    ins, _ = _maps(layer)
+    read = {j for t, mapping in zip(layer.inputs, ins) if not t.is_param for j in mapping if j >= 0}
+    return tuple(sorted(spanned - read))
 
 
 def propagate(layers, seeds=None, fallback=None) -> list:

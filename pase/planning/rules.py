@@ -57,9 +57,10 @@ class ParallelRules:
         return None
 
     def tensor_alternative(self, roles: tuple) -> tuple | None:
-        """The ``tp`` alternative a layer of ``roles`` takes: its dimensions in split order."""
+        """The ``tp`` alternative a layer of ``roles`` takes: its dimensions in split order (the
+        alternative's roles in order, a role on several dimensions in their order)."""
         for alternative in self.tp:
-            dims = [roles.index(role) for role in alternative if role in roles]
+            dims = [j for role in alternative for j, r in enumerate(roles) if r == role]
             if dims:
                 return tuple(dims)
         return None

@@ -10,7 +10,8 @@ from pase.model.builder import GraphBuilder, Network
 
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _norm_dim, _op_name
 from .errors import TorchImportError, Unmappable
-from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
+from .roles import name_roles
+from .protos import Emitter, ProtoEmbedding, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
 from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 from .handlers.common import _expand_view
@@ -584,7 +585,9 @@ class GraphWalk:
             raise TorchImportError(f"{self.model_name}: the model's output cannot take a loss: {why}") from None
         for a in _leaves(view.dims[-1]) if view.dims else []:
             a.frozen = True
-        self._record(ProtoLoss(self._name(None, "loss"), view.base))
+        # A model reading token ids predicts the vocabulary; any other, its classes.
+        classes = "vocab" if any(isinstance(p, ProtoEmbedding) for p in self.protos) else "classes"
+        self._record(ProtoLoss(self._name(None, "loss"), view.base, classes))
 
     def held_parameters(self) -> tuple:
         """``(claimers, held)`` for the Emitter: who holds each parameter as its own, and the
@@ -611,4 +614,6 @@ class GraphWalk:
         em = Emitter(g, *self.held_parameters())
         for proto in self.protos:
             proto.emit(em)
-        return g.build()
+        network = g.build()
+        name_roles(network, any(isinstance(p, ProtoEmbedding) for p in self.protos))
+        return network
