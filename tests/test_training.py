@@ -382,7 +382,7 @@ def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):
 
 def test_tensor_parallelism_only_where_a_language_model_names_it():
     status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "tp=2"])
-    assert status == 2 and out == "" and "tensor parallelism maps onto a language model" in err
+    assert status == 2 and out == "" and "tensor parallelism splits the dimension roles" in err
     status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "dp=8", "--json"])
     assert status == 0, err
     assert json.loads(out)["training"]["mesh"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1}
