@@ -211,7 +211,7 @@ def test_mesh_of_a_llama_block():
     assert mesh_config(layer["block1.attn.norm"], Mesh(dp=2, tp=16, sp=False)) == (2, 1, 1)
     assert mesh_config(layer["head.logits"], mesh) == (2, 1, 16, 1)  # vocabulary
     assert mesh_config(layer["block1.attn.scores"], Mesh(dp=1, tp=4, cp=8)) == (1, 4, 1, 8, 1, 1)
-    with pytest.raises(ValueError, match="heads"):
+    with pytest.raises(ValueError, match="kv_groups"):
         mesh_config(layer["block1.attn.q"], Mesh(dp=1, tp=3))
     assert len(mesh_configs(net, mesh)) == len(net)
 
