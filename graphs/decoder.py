@@ -290,7 +290,8 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         table = g.add("position.embedding", Embedding(positions, cfg.max_positions, cfg.width, letters="bl"))
         x = g.add("position", Elementwise(x, table))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg, rotary, cfg.is_sparse(i - 1))
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg, rotary, cfg.is_sparse(i - 1))
     y = g.add("final.norm", _norm(x, cfg))
     if cfg.tied:
         # The embedding's own table (V, e): the very Tensor the Embedding reads.

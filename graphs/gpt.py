@@ -84,7 +84,8 @@ def gpt(name: str, batch: int = 128) -> Network:
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
     x = g.add("position", Elementwise(x, position))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg)
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg)
     y = g.add("final.norm", Norm(x, axis=-1))
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

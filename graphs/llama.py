@@ -109,7 +109,8 @@ def llama(name: str, batch: int = 128, model: int | None = None) -> Network:
     rotary_k = g.input((batch, G, sequence, k), "rotary table (keys)", letters="bglk")
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg, rotary_q, rotary_k)
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg, rotary_q, rotary_k)
     y = g.add("final.norm", RMSNorm(x, axis=-1))
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

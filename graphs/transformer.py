@@ -98,17 +98,22 @@ def transformer(batch: int = 128, model: int | None = None) -> Network:
 
     x = g.add("enc.embedding", Embedding(enc_ids, VOCAB, width, letters="bl"))
     x = g.add("enc.position", Elementwise(x, position))
+    # The repeated blocks: each encoder layer, each decoder layer (the first with the decoder's
+    # embedding, which the vertex order puts after the encoder).
     for i in range(1, LAYERS + 1):
-        x = attention(g, f"enc{i}.attn", [x], HEADS, key)
-        x = feed_forward(g, f"enc{i}.ff", x, hidden)
+        with g.block():
+            x = attention(g, f"enc{i}.attn", [x], HEADS, key)
+            x = feed_forward(g, f"enc{i}.ff", x, hidden)
     memory = x
 
-    y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
-    y = g.add("dec.position", Elementwise(y, position))
     for i in range(1, LAYERS + 1):
-        y = attention(g, f"dec{i}.attn", [y], HEADS, key)
-        y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
-        y = feed_forward(g, f"dec{i}.ff", y, hidden)
+        with g.block():
+            if i == 1:
+                y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
+                y = g.add("dec.position", Elementwise(y, position))
+            y = attention(g, f"dec{i}.attn", [y], HEADS, key)
+            y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
+            y = feed_forward(g, f"dec{i}.ff", y, hidden)
 
     w = g.weight((width, VOCAB), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

@@ -161,7 +161,7 @@ def _check_tensor_parallel(network, configs, tp):
     tensor_roles = set(default_rules().tensor_roles())
     checked = 0
     for name, layer, config in zip(network.names, network.layers, configs):
-        if not (layer.sequence_parallel_reduce or layer.lookup_table or layer.op == "MoE"):
+        if not (layer.product or layer.lookup_table or layer.op == "MoE"):
             continue
         roles = roles_of(layer)
         weights = [dims for shape, dims, _ in layer.parameter_tensors() if len(shape) >= 2 and dims]  # not held ones

@@ -10,18 +10,18 @@ so one costing serves every ZeRO stage, recomputation policy and overlap setting
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from pase.machines.measured import ELEMENT_TRAFFIC
+from pase.model.roles import output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
 __all__ = [
-    "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "block_of", "TrainingCosting",
+    "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "TrainingCosting",
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
@@ -302,40 +302,43 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
 # ---------------------------------------------------------------------------------------
 # The structure training options need: blocks and attention cores
 
-_BLOCK = re.compile(r"^(.*?[A-Za-z_.])(\d+)\.")
-
-
-def block_of(name: str):
-    """The repeated block a layer belongs to, from its name: ``("block", 3)`` for
-    ``block3.attn.q``, ``("model.layers.", 0)`` for ``model.layers.0.mlp``; None outside.
-
-    >>> block_of("block12.ff.up"), block_of("head.logits")
-    (('block', 12), None)
-    """
-    match = _BLOCK.match(name)
-    return (match.group(1), int(match.group(2))) if match else None
+def _output_roles(layer) -> tuple:
+    """The roles of the dimensions of ``layer``'s first output (``pase.model.roles``)."""
+    return output_roles(layer)[0]
 
 
 def attention_cores(network) -> dict:
-    """``{vertex: role}`` for every scores-softmax-context pattern: an Einsum whose output a
-    Softmax alone reads, whose output an Einsum reads. Roles ``scores``, ``softmax``,
-    ``context``."""
+    """``{vertex: role}`` for every attention core, found by dimension roles: a product
+    without weights whose output holds both the queries' ``sequence`` and the keys'
+    ``key_sequence`` (the scores), the chain of layers that alone read it one after another
+    (the softmax, and any mask, bias or ALiBi layer beside it), and the product without weights
+    that reads the chain's end and sums over ``key_sequence`` (the context). Roles ``scores``,
+    ``softmax`` (every layer of the chain) and ``context``."""
     consumers: dict = {}
-    producers_of: dict = {}
-    for (u, v) in network.edges:
+    for (u, v) in sorted(network.edges):
         consumers.setdefault(u, []).append(v)
-        producers_of.setdefault(v, []).append(u)
+    layers = network.layers
     roles = {}
-    for v, layer in enumerate(network.layers):
-        if layer.op != "Softmax":
+    for u, layer in enumerate(layers):
+        if not layer.product or layer.parameter_tensors():
             continue
-        producers = producers_of.get(v, [])
-        after = consumers.get(v, [])
-        if len(producers) != 1 or len(after) != 1:
+        out = _output_roles(layer)
+        if "sequence" not in out or "key_sequence" not in out:
             continue
-        u, w = producers[0], after[0]
-        if network.layers[u].op == "Einsum" and network.layers[w].op == "Einsum" and consumers.get(u) == [v]:
-            roles[u], roles[v], roles[w] = "scores", "softmax", "context"
+        chain = []
+        v = u
+        while len(consumers.get(v, ())) == 1:
+            w = consumers[v][0]
+            reader = layers[w]
+            if reader.product:
+                if (not reader.parameter_tensors() and chain and "key_sequence" in roles_of(reader)
+                        and "key_sequence" not in _output_roles(reader)):
+                    roles[u] = "scores"
+                    roles.update({x: "softmax" for x in chain})
+                    roles[w] = "context"
+                break
+            chain.append(w)
+            v = w
     return roles
 
 
@@ -389,13 +392,10 @@ class NetworkStructure:
     def of(cls, network) -> "NetworkStructure":
         keys: dict = {}
         kinds = tuple(keys.setdefault(structure_key(layer), len(keys)) for layer in network.layers)
-        blocks = [block_of(name) for name in network.names]
-        # A block counts when its family (the name before the number) has two members or more.
-        members: dict = {}
-        for b in blocks:
-            if b is not None:
-                members.setdefault(b[0], set()).add(b[1])
-        blocks = tuple(b if b is not None and len(members[b[0]]) >= 2 else None for b in blocks)
+        # The repeated blocks its source declared (``Network.blocks``); two at least.
+        blocks = tuple(network.blocks) if network.blocks is not None else (None,) * len(network.layers)
+        if len({b for b in blocks if b is not None}) < 2:
+            blocks = (None,) * len(network.layers)
         consumers: dict = {}
         for (u, v) in sorted(network.edges):
             consumers.setdefault(u, []).append(v)
@@ -487,7 +487,7 @@ class TrainingCosting:
         self.op_saved = self._op_saved()
         # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
         # nor the logits that only it reads are kept as activations besides.
-        loss = {v for v, layer in enumerate(network.layers) if layer.op == "SoftmaxCrossEntropy"}
+        loss = {v for v, layer in enumerate(network.layers) if layer.loss}
         self.loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
                                    for v in range(len(network.layers))])
         # Layers equal in parts and in place (block, attention role, kept output, charged
@@ -496,7 +496,7 @@ class TrainingCosting:
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.op == "SoftmaxCrossEntropy", bool(self.loss_only[v]), bool(self.op_saved[v]))
+                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
@@ -520,7 +520,7 @@ class TrainingCosting:
         saved = np.zeros(len(self.network.layers), dtype=bool)
         for v, layer in enumerate(self.network.layers):
             b = self.blocks[v]
-            if b is None or layer.op not in ("Einsum", "FC") or v in self.cores or not self.parts[v].params:
+            if b is None or not layer.product or v in self.cores or not self.parts[v].params:
                 continue
             count[b] = count.get(b, 0) + 1
             saved[v] = count[b] % 2 == 1
@@ -534,7 +534,7 @@ class TrainingCosting:
         act = float(getattr(self.machine, "act_bytes", 2.0))
         copy_bytes = ELEMENT_TRAFFIC_COPY * act
         for v, layer in enumerate(self.network.layers):
-            if layer.op != "RMSNorm":
+            if not layer.eager_unfused:
                 continue
             e = self.parts[v].activations
             fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
@@ -573,8 +573,13 @@ class TrainingCosting:
         C = self.configs[v].astype(np.float64)
         per_device = np.asarray(layer.domain, dtype=np.float64) / C
         forward = 2.0 * 2.0 * per_device.prod(axis=1)
-        softmax = self.network.layers[self.structure.consumers[v][0]]
-        if _causal(softmax):
+        # Causal when a layer of the core's chain (its softmax, a mask) says so.
+        chain = []
+        w = self.structure.consumers[v][0]
+        while self.cores.get(w) == "softmax":
+            chain.append(self.network.layers[w])
+            w = self.structure.consumers[w][0]
+        if any(_causal(layer) for layer in chain):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
         peak = getattr(self.machine, "peak_flops", None)
@@ -761,7 +766,7 @@ class TrainingCosting:
         acts = act_bytes * self.stored_activations(v, options)
         logits = np.zeros(K)
         layer = self.network.layers[v]
-        if layer.op == "SoftmaxCrossEntropy":
+        if layer.loss:
             logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
         return {"model_state": state, "activations": acts, "logits": logits}
 

@@ -81,6 +81,12 @@ class Network:
         How several readers of one tensor reduce its gradient (``pase.model.readers``):
         ``"each"`` its own (the paper's rule, the default) or ``"summed"`` once where they
         are laid out alike (``--readers summed``).
+    blocks : tuple or None
+        The repeated block (a number, in order) each layer belongs to, or None outside any, as
+        its source declared them (``GraphBuilder.block``: a decoder layer, a bottleneck, an
+        Inception module; the torch importer: each child of a module list); None when the
+        source declared none. Pipelines cut between blocks; full recomputation keeps each
+        block's input.
     """
 
     name: str
@@ -90,6 +96,7 @@ class Network:
     edges: dict = field(hash=False)
     batch: int | None = None
     readers: str = "each"
+    blocks: tuple | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.readers not in READER_RULES:
@@ -306,6 +313,9 @@ class GraphBuilder:
         self._names: list = []
         self._edges: dict = {}
         self._inputs = 0
+        self._blocks: list = []  # per layer: the key of its block, or None
+        self._block = None  # the block being built (``block``)
+        self._opened = 0
 
     def input(self, shape: Sequence[int], name: str = "", letters: str = "", param: bool = False) -> Tensor:
         """A graph input (image, token ids, positional encoding, weight): makes no edge."""
@@ -322,11 +332,38 @@ class GraphBuilder:
         """A trainable parameter: a graph input that the memory model counts."""
         return self.input(shape, name, letters, param=True)
 
-    def add(self, name: str, layer: Layer, roles=None):
+    def block(self):
+        """A context in which every layer added belongs to one new repeated block.
+
+        >>> from pase.model.layers import FC
+        >>> g = GraphBuilder("two")
+        >>> x = g.input((4, 8), "x", letters="bk")
+        >>> for i in range(2):
+        ...     with g.block():
+        ...         x = g.add(f"fc{i}", FC(x, 8))
+        >>> g.build().blocks
+        (0, 1)
+        """
+        builder = self
+
+        class _Block:
+            def __enter__(self):
+                builder._opened += 1
+                builder._block = ("block", builder._opened)
+
+            def __exit__(self, *exc):
+                builder._block = None
+                return False
+
+        return _Block()
+
+    def add(self, name: str, layer: Layer, roles=None, block=None):
         """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them).
 
         ``roles``: one role (or None) per dimension of its iteration space, in place of those of
-        its type and of the builder's letter map (``pase.model.roles``).
+        its type and of the builder's letter map (``pase.model.roles``). ``block``: a key naming
+        the repeated block it belongs to (layers of equal keys are one block), in place of the
+        one being built by ``block()``.
         """
         if not isinstance(layer, Layer):
             raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
@@ -358,6 +395,7 @@ class GraphBuilder:
             )
         self._layers.append(layer)
         self._names.append(name)
+        self._blocks.append(block if block is not None else self._block)
         outputs = tuple(
             Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id, letters)
             for i, (shape, letters) in enumerate(zip(layer.output_shapes, layer.output_letters))
@@ -373,4 +411,7 @@ class GraphBuilder:
         """The network recorded so far."""
         if not self._layers:
             raise ValueError(f"graph {self.name!r} has no layers")
-        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch)
+        numbers: dict = {}
+        blocks = tuple(None if b is None else numbers.setdefault(b, len(numbers)) for b in self._blocks)
+        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch,
+                       blocks=blocks if numbers else None)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of", "weight_only_dims"]
+__all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of", "weight_only_dims",
+           "output_roles"]
 
 #: The vocabulary. ``batch``: the samples of a (micro-)batch; ``sequence``: a sequence's tokens
 #: (the queries' positions in attention); ``key_sequence``: the keys' positions in attention's
@@ -91,6 +92,16 @@ def _maps(layer) -> tuple:
             maps.append([int(np.argmax(split[:, t])) if split[:, t].sum() == 1 else -1 for t in range(c.shape[1])])
         out.append(maps)
     return tuple(out)
+
+
+def output_roles(layer) -> list:
+    """Per output tensor of ``layer``, the roles of its dimensions (None where a dimension
+    maps to no single dimension of the iteration space)."""
+    roles = roles_of(layer)
+    if layer.contiguous:
+        return [(None,) * len(shape) for shape in layer.output_shapes]
+    _, outs = _maps(layer)
+    return [tuple(roles[j] if j >= 0 else None for j in mapping) for mapping in outs]
 
 
 def weight_only_dims(layer) -> tuple:

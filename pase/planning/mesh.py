@@ -159,7 +159,7 @@ class MeshMapper:
     def sequence_parallel(self, mesh: Mesh) -> list:
         """Per layer, whether sequence parallelism halves its activation collectives: a
         tensor-parallel product (a layer type whose output all-reduce becomes a reduce-scatter,
-        ``Layer.sequence_parallel_reduce``, split ``tp`` ways over a role of the rules' ``tp``)
+        ``Layer.product``, split ``tp`` ways over a role of the rules' ``tp``)
         of a mesh with ``sp``. Its all-reduce is a reduce-scatter there (Korthikanti et al. 2022)."""
         if not (mesh.sp and mesh.tp > 1):
             return [False] * len(self.index)
@@ -168,7 +168,7 @@ class MeshMapper:
         for k, v in self.representative.items():
             layer = self.network.layers[v]
             config = mesh_config(layer, mesh, rules=self.rules)
-            flags[k] = layer.sequence_parallel_reduce and any(
+            flags[k] = layer.product and any(
                 role in tensor_roles and c > 1 for role, c in zip(roles_of(layer), config))
         return [flags[k] for k in self.index]
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from pase.model.layers import redistribution_volume
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
+from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
@@ -190,7 +191,8 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
 
 def expert_counts_of(network) -> list:
     """The expert counts of ``network``'s mixture-of-experts layers (empty: none)."""
-    return sorted({layer.experts for layer in network.layers if layer.op == "MoE"})
+    return sorted({layer.domain[roles.index("experts")] for layer in network.layers
+                   for roles in [roles_of(layer)] if "experts" in roles})
 
 
 def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> list:

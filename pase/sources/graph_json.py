@@ -57,8 +57,10 @@ def network_to_json(network: Network) -> dict:
     layers = [
         {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args,
          # What each dimension is (``pase.model.roles``), where it was said: older files have none.
-         **({"roles": list(layer.roles)} if layer.roles is not None and any(layer.roles) else {})}
-        for name, layer in zip(network.names, network.layers)
+         **({"roles": list(layer.roles)} if layer.roles is not None and any(layer.roles) else {}),
+         # The repeated block it belongs to (a number), where the source declared blocks.
+         **({"block": block} if block is not None else {})}
+        for name, layer, block in zip(network.names, network.layers, network.blocks or [None] * len(network.layers))
     ]
     return {
         "format": FORMAT, "version": VERSION, "name": network.name, "cutoff": network.cutoff,
@@ -94,7 +96,7 @@ def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
 #: a misspelt optional field (``"params"``, ``"arg"``) would otherwise be silently ignored.
 _TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "readers", "inputs", "layers")
 _INPUT_FIELDS = ("name", "shape", "letters", "param")
-_LAYER_FIELDS = ("name", "op", "inputs", "args", "roles")
+_LAYER_FIELDS = ("name", "op", "inputs", "args", "roles", "block")
 
 
 def _known_fields(obj: dict, fields: tuple, where: str) -> None:
@@ -191,6 +193,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
         refs = _field(spec, "inputs", list, at)
         args = _field(spec, "args", dict, at, optional=True, default={})
         roles = _field(spec, "roles", list, at, optional=True, default=None)
+        block = _field(spec, "block", int, at, optional=True, default=None)
         operands = []
         for r in refs:
             if not isinstance(r, str) or r not in tensors:
@@ -205,7 +208,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
             _check_size(layer.domain, "iteration space")
             for shape in layer.output_shapes:
                 _check_size(shape, "output shape", dimensions=False)
-            out = g.add(lname, layer, roles=roles)
+            out = g.add(lname, layer, roles=roles, block=None if block is None else ("file", block))
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({op}): {err}") from None
         if batch is not None and layer.domain[layer.batch_dim] != batch:

@@ -225,7 +225,12 @@ class Layer:
     lookup_table: ClassVar[bool] = False
     #: A product whose tensor-parallel output all-reduce becomes a reduce-scatter under
     #: sequence parallelism (Korthikanti et al. 2022): FC and Einsum, not the lookup.
-    sequence_parallel_reduce: ClassVar[bool] = False
+    product: ClassVar[bool] = False
+    #: The training loss: it keeps logit-sized buffers of its own (``pase.costing.training``).
+    loss: ClassVar[bool] = False
+    #: A normalisation PyTorch runs unfused in eager mode, one aten kernel per operation
+    #: (RMSNorm as torchtitan writes it; ``pase.costing.training.EAGER_NORM_BYTES``).
+    eager_unfused: ClassVar[bool] = False
     #: See ``SHARED_ARGS``: the tensor names of ``parameters()`` entries, and held shapes.
     tied: tuple | None = None
     held: tuple = ()

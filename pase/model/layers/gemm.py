@@ -20,7 +20,7 @@ class FC(GemmShaped, Layer):
     """
 
     op = "FC"
-    sequence_parallel_reduce = True
+    product = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point."""
@@ -110,7 +110,7 @@ class Einsum(GemmShaped, Layer):
     """
 
     op = "Einsum"
-    sequence_parallel_reduce = True
+    product = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point."""
@@ -203,7 +203,7 @@ class Embedding(Einsum):
     """
 
     op = "Embedding"
-    sequence_parallel_reduce = False
+    product = False
 
     def forward_flops(self) -> float:
         """0: a lookup, not a product (MFU leaves embeddings out)."""

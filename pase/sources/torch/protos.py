@@ -41,8 +41,9 @@ class Emitter:
     carries for the memory models (``Layer.share``).
     """
 
-    def __init__(self, builder: GraphBuilder, claimers=None, held=None):
+    def __init__(self, builder: GraphBuilder, claimers=None, held=None, blocks=None):
         self.g = builder
+        self.blocks = blocks or {}  # layer name -> its repeated block (a module path), if any
         self.tensors: dict = {}  # id(TracedTensor) -> pase Tensor
         self.claimers = claimers or {}
         self.held = held or {}
@@ -75,7 +76,7 @@ class Emitter:
             tied = (tied + [None] * len(layer.parameters()))[:len(layer.parameters())]
         if tied is not None or held:
             layer.share(tied, held)
-        outs = self.g.add(proto.name, layer, roles=roles)
+        outs = self.g.add(proto.name, layer, roles=roles, block=self.blocks.get(proto.name))
         outs = outs if isinstance(outs, tuple) else (outs,)
         for base, t in zip(proto.outputs, outs):
             self.tensors[id(base)] = t

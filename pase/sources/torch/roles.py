@@ -20,7 +20,7 @@ def name_roles(network, language_model: bool) -> None:
     """Set every layer's ``roles`` of ``network`` (just emitted) from the declared ones."""
 
     def inner_width(v, layer, roles):
-        if not (language_model and layer.sequence_parallel_reduce):
+        if not (language_model and layer.product):
             return None
         own = set(weight_only_dims(layer))
         return tuple("mlp" if j in own and r is None else None for j, r in enumerate(roles))

@@ -28,6 +28,8 @@ class GraphWalk:
         self.values: dict = {}
         self.protos: list = []
         self.names: set = set()
+        self.blocks: dict = {}  # layer name -> the repeated block it belongs to (``_block_of``)
+        self._containers: dict = {}  # module path -> whether it is a repeated block
         self.problems: dict = {}  # display op -> [module path, reason, count]
         self.unstacks: dict = {}  # (id(base), id(atom)) -> ProtoUnstack
         self.batch: int | None = None
@@ -55,13 +57,43 @@ class GraphWalk:
         path, _ = self._where(node)
         if self.module is None:
             return None
-        # torch.export writes "model.layers.0.self_attn" (older versions "L['self'].model.layers[0]...").
-        path = re.sub(r"^L\['self'\]\.?", "", path)
-        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        path = self._path(path)
         try:
             return self.module.get_submodule(path) if path else self.module
         except (AttributeError, TypeError, ValueError):
             return None
+
+    def _path(self, path: str) -> str:
+        # torch.export writes "model.layers.0.self_attn" (older versions "L['self'].model.layers[0]...").
+        path = re.sub(r"^L\['self'\]\.?", "", path)
+        return re.sub(r"\[(\d+)\]", r".\1", path)
+
+    def _repeated(self, path: str) -> bool:
+        """Whether the submodule at ``path`` is one of several alike in a module list (a
+        ``ModuleList`` or ``Sequential`` holding at least two modules of its class, each made of
+        modules of its own): a decoder layer, a bottleneck, a transformer block."""
+        if path not in self._containers:
+            found = False
+            parent_path, _, _ = path.rpartition(".")
+            try:
+                parent = self.module.get_submodule(parent_path) if self.module is not None else None
+                child = self.module.get_submodule(path) if self.module is not None else None
+            except (AttributeError, TypeError, ValueError):
+                parent = child = None
+            nn = self.torch.nn
+            if child is not None and isinstance(parent, (nn.ModuleList, nn.Sequential)) and any(child.children()):
+                found = sum(type(c) is type(child) for c in parent.children()) >= 2
+            self._containers[path] = found
+        return self._containers[path]
+
+    def _block_of(self, node):
+        """The outermost repeated submodule (``_repeated``) whose forward ran ``node``, or None."""
+        stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
+        for path, _ in stack.values():
+            path = self._path(str(path))
+            if path and self._repeated(path):
+                return path
+        return None
 
     def _name(self, node, suffix: str, leaf: bool = False) -> str:
         """A unique layer name: the module path, for the layer a leaf module (a Linear, a
@@ -77,6 +109,7 @@ class GraphWalk:
         while name in self.names:
             name, n = f"{base}_{n}", n + 1
         self.names.add(name)
+        self.blocks[name] = self._block_of(node)
         return name
 
     def _record(self, proto: ProtoLayer) -> ProtoLayer:
@@ -611,7 +644,7 @@ class GraphWalk:
 
     def emit(self, cutoff: int) -> Network:
         g = GraphBuilder(self.model_name, cutoff=cutoff, batch=self.batch)
-        em = Emitter(g, *self.held_parameters())
+        em = Emitter(g, *self.held_parameters(), blocks=self.blocks)
         for proto in self.protos:
             proto.emit(em)
         network = g.build()
