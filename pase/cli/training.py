@@ -154,7 +154,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             rules = load_rules(args.rules)
         except InputError as err:
             raise error(str(err), 2) from None
-    cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
+    cap = opts.memory_cap if opts.memory_cap is not None else machine.memory_bytes
     try:
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
                               rebuild=rebuild, table_budget=opts.table_budget, rules=rules)

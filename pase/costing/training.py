@@ -345,7 +345,7 @@ def attention_cores(network) -> dict:
 def structure_key(layer) -> tuple:
     """Everything a layer's costs and memory read: equal keys, equal parts."""
     return (
-        type(layer).__name__, layer.domain, layer.dims, layer.batch_dim, layer.output_shapes,
+        type(layer).__name__, layer.domain, roles_of(layer), layer.batch_dim, layer.output_shapes,
         repr(sorted(layer.args.items())), tuple((t.shape, bool(t.is_param)) for t in layer.inputs),
     )
 
@@ -531,7 +531,7 @@ class TrainingCosting:
         output element, streamed as copies at the machine's rate), in place of its fused time.
         LayerNorm is one native kernel in eager PyTorch and stays as it is."""
         out = {}
-        act = float(getattr(self.machine, "act_bytes", 2.0))
+        act = float(self.machine.act_bytes or 2.0)  # the reference machine states none: bf16
         copy_bytes = ELEMENT_TRAFFIC_COPY * act
         for v, layer in enumerate(self.network.layers):
             if not layer.eager_unfused:
@@ -582,7 +582,7 @@ class TrainingCosting:
         if any(_causal(layer) for layer in chain):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
-        peak = getattr(self.machine, "peak_flops", None)
+        peak = self.machine.peak_flops
         if peak is None:  # the reference machine counts multiply-adds once, no efficiency
             return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
         return flops / (peak * self._attention_efficiency())
@@ -590,7 +590,7 @@ class TrainingCosting:
     def _attention_efficiency(self, options: TrainingOptions | None = None) -> float:
         if options is not None and options.attention_efficiency is not None:
             return options.attention_efficiency
-        return getattr(self.machine, "attention_efficiency", None) or DEFAULT_ATTENTION_EFFICIENCY
+        return self.machine.attention_efficiency or DEFAULT_ATTENTION_EFFICIENCY
 
     def recomputed(self, v: int, options: TrainingOptions) -> bool:
         """Whether ``v``'s forward runs again in the backward pass (:meth:`recomputed_mask`)."""
@@ -602,7 +602,7 @@ class TrainingCosting:
         role = self.cores.get(v) if options.fused_attention else None
         if role == "scores":
             seconds = self.fused[v]
-            if getattr(self.machine, "peak_flops", None) is not None and options.attention_efficiency is not None:
+            if self.machine.peak_flops is not None and options.attention_efficiency is not None:
                 seconds = seconds * self._attention_efficiency() / options.attention_efficiency
             return seconds
         if role in ("softmax", "context"):
@@ -722,7 +722,7 @@ class TrainingCosting:
 
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
-        hbm = getattr(self.machine, "hbm_bytes_per_s", None)
+        hbm = self.machine.hbm_bytes_per_s
         if not options.optimizer_step or hbm is None:
             return np.zeros(len(self.configs[v]))
         total = np.zeros(len(self.configs[v]))
@@ -865,6 +865,6 @@ class TrainingCosting:
             parameters=parameter_elements_unique(self.network),
             tokens_per_step=tokens_per_step,
             procs=procs,
-            peak_flops=getattr(self.machine, "peak_flops", None),
+            peak_flops=self.machine.peak_flops,
         )
 

@@ -104,6 +104,18 @@ class Machine(Protocol):
     cost_unit: str
     #: Device memory in bytes, the default ``--memory`` cap; ``None`` when the machine has none.
     memory_bytes: float | None
+    # What the training model (``pase.costing.training``, ``pase.planning``) reads besides the
+    # prices; ``None`` where a machine states none (the paper's reference machine).
+    #: Peak dense FLOP/s of one device (MFU, fused attention).
+    peak_flops: float | None
+    #: Device memory bandwidth in bytes/s (the optimizer step).
+    hbm_bytes_per_s: float | None
+    #: Fraction of the peak a fused attention kernel reaches.
+    attention_efficiency: float | None
+    #: Bytes of an activation element (the ``--act-bytes`` default).
+    act_bytes: float | None
+    #: Devices of one node (tensor parallelism stays inside it); ``None``: one flat network.
+    devices_per_node: int | None
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

@@ -54,6 +54,13 @@ class Machine:
     cost_unit = "flop-equivalents"
     #: No default memory cap: the reference machine says nothing about device memory.
     memory_bytes = None
+    #: Nor about peak FLOP/s in the training model's sense, memory bandwidth, attention kernels,
+    #: element sizes or nodes (``pase.machines.base.Machine``): every device on one flat network.
+    peak_flops = None
+    hbm_bytes_per_s = None
+    attention_efficiency = None
+    act_bytes = None
+    devices_per_node = None
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):

@@ -171,7 +171,7 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     """Every mesh of ``procs`` devices the search tries: ``tp`` within a node (all devices
     on a flat machine), ``cp`` any divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
-    node = getattr(machine, "devices_per_node", procs)
+    node = machine.devices_per_node or procs
     meshes = []
     for tp in divisors(procs):
         if tp > node or recipe.tp not in (None, tp):
