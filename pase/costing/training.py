@@ -533,13 +533,17 @@ class TrainingCosting:
         out = {}
         act = float(self.machine.act_bytes or 2.0)  # the reference machine states none: bf16
         copy_bytes = ELEMENT_TRAFFIC_COPY * act
+        by_kind: dict = {}  # layers equal in parts (repeated blocks' norms) share one vector
         for v, layer in enumerate(self.network.layers):
             if not layer.eager_unfused:
                 continue
-            e = self.parts[v].activations
-            fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
-            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes), dtype=np.float64)
-            out[v] = self.parts[v].compute - fused + eager
+            if self.kinds[v] not in by_kind:
+                e = self.parts[v].activations
+                fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
+                eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes),
+                                   dtype=np.float64)
+                by_kind[self.kinds[v]] = self.parts[v].compute - fused + eager
+            out[v] = by_kind[self.kinds[v]]
         return out
 
     def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:

@@ -15,7 +15,9 @@ from typing import Callable
 
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
-from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
+from pase.planning.training_search import (
+    Candidate, MeshSearch, TrainingGraphs, options_grid, search_free, search_meshes,
+)
 
 __all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES"]
 
@@ -132,9 +134,12 @@ def plan_training(
         if free is None and work > FREE_SEARCH_ENTRIES:
             skipped = f"{work:.2g} table entries over {len(settings)} settings, more than {FREE_SEARCH_ENTRIES:.0e}"
         else:
+            # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
+            pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
                 options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
+                                     pieces=pieces,
                                      microbatch=reference.microbatch)
                 free_searches += result.searches
                 free_entries += result.table_entries

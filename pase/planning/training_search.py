@@ -441,43 +441,74 @@ class FreeSearch:
     status: str
 
 
+class TrainingGraphs:
+    """The per-layer search's pieces for one network (built at one micro-batch) on ``procs``
+    devices, built once and priced under any :class:`TrainingOptions`: the enumerated
+    configurations and graph (``Network.graph``, which also refuses tables over ``budget``),
+    the layer parts (:class:`TrainingCosting`) and every distinct edge's redistribution seconds.
+    ZeRO, recomputation and micro-batches then change only the vectors and the factors on the
+    edges (:meth:`graph`). The training model prices each reader's gradient reduction itself
+    (the reader rule ``"each"``, ``docs/training.md``)."""
+
+    def __init__(self, network, procs: int, machine, budget=None):
+        self.network = network
+        self.procs = procs
+        self.machine = machine
+        self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
+        self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
+        self.costing = TrainingCosting(network, self.configs, machine)
+        layers = network.layers
+        outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(layers, self.configs)]
+        #: Per edge, the keys of its tensors' matrices; per key, the matrix (seconds of one
+        #: micro-batch's redistribution, forward and backward).
+        self.edge_keys: dict = {}
+        self.matrices: dict = {}
+        for u, v, data in self.skeleton.edges(data=True):
+            keys = []
+            for t in data["tensors"]:
+                src, dst = outputs[u][t.output_index], inputs[v][t.input_index]
+                key = (t.shape, src.tobytes(), dst.tobytes())
+                if key not in self.matrices:
+                    self.matrices[key] = edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
+                keys.append(key)
+            self.edge_keys[(u, v)] = keys
+
+    def graph(self, options: TrainingOptions, act_bytes: float):
+        """``(graph, memory vectors)``: the costed graph whose layer vectors and edge matrices
+        are the training configuration's (``options``), for the exact search."""
+        costing = self.costing
+        H = self.skeleton.copy()
+        for v in H.nodes:
+            H.nodes[v]["cost"] = costing.cost_vector(v, options)
+        memo: dict = {}
+        for u, v, data in H.edges(data=True):
+            factor = costing.edge_factor(v, options)
+            matrix = 0.0
+            for key in self.edge_keys[(u, v)]:
+                if (key, factor) not in memo:
+                    scaled = factor * self.matrices[key]
+                    scaled.setflags(write=False)
+                    memo[(key, factor)] = scaled
+                matrix = matrix + memo[(key, factor)]
+            if options.tp_overlap:
+                # The redistribution into v hides behind what v's own collectives leave of its compute.
+                matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
+            data["cost"] = matrix
+        memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
+        return H, memory
+
+
 def training_graph(network, procs: int, machine, options: TrainingOptions, act_bytes: float, budget=None):
-    """``(graph, costing, memory vectors)``: the costed graph whose layer vectors and edge
-    matrices are the training configuration's (``options``), for the exact search. The
-    training model prices each reader's gradient reduction itself (the reader rule
-    ``"each"``, ``docs/training.md``)."""
-    G = network.with_readers("each").graph(procs, machine, budget=budget)
-    configs = [G.nodes[v]["configs"] for v in range(len(network.layers))]
-    costing = TrainingCosting(network, configs, machine)
-    H = G.copy()
-    for v in H.nodes:
-        H.nodes[v]["cost"] = costing.cost_vector(v, options)
-    memo: dict = {}
-    layers = network.layers
-    for u, v, data in H.edges(data=True):
-        factor = costing.edge_factor(v, options)
-        outputs = layers[u].output_configs(configs[u])
-        inputs = layers[v].input_configs(configs[v])
-        matrix = 0.0
-        for t in data["tensors"]:
-            src, dst = outputs[t.output_index], inputs[t.input_index]
-            key = (t.shape, src.tobytes(), dst.tobytes(), factor)
-            if key not in memo:
-                scaled = factor * edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
-                scaled.setflags(write=False)
-                memo[key] = scaled
-            matrix = matrix + memo[key]
-        if options.tp_overlap:
-            # The redistribution into v hides behind what v's own collectives leave of its compute.
-            matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
-        data["cost"] = matrix
-    memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
-    return H, costing, memory
+    """``(graph, costing, memory vectors)`` of :class:`TrainingGraphs` under ``options``."""
+    pieces = TrainingGraphs(network, procs, machine, budget)
+    H, memory = pieces.graph(options, act_bytes)
+    return H, pieces.costing, memory
 
 
 def search_free(network, procs: int, machine, options: TrainingOptions, act_bytes: float,
                 memory_cap: float | None = None, ordering: str = "generateseq", budget=None,
-                microbatch: int | None = None) -> FreeSearch:
+                microbatch: int | None = None, pieces: TrainingGraphs | None = None) -> FreeSearch:
     """The exact per-layer search of ``network`` (built at one micro-batch) under ``options``.
 
     Without a cap the result is the exact optimum of the additive step time (every term of
@@ -485,13 +516,16 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
     memory-capped search of ``pase.capped`` runs on the additive memory; the parts of the
     peak that do not add up over layers (ZeRO-3's gathered weights, the recomputed block's
     working set, the reserve) are taken off the cap first, and the cap is tightened by any
-    excess found afterwards (at most three times).
+    excess found afterwards (at most three times). ``pieces``: the network's
+    :class:`TrainingGraphs`, built once for several option sets (default: built here).
     """
     from pase.search.capped import NOTHING_FITS, capped_search
     from pase.search.solver import Search
 
     start = time.perf_counter()
-    H, costing, memory = training_graph(network, procs, machine, options, act_bytes, budget)
+    pieces = pieces if pieces is not None else TrainingGraphs(network, procs, machine, budget)
+    H, memory = pieces.graph(options, act_bytes)
+    costing = pieces.costing
     search = Search(H, ordering)
     search.check_budget(budget)
     entries = 0
