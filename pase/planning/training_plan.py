@@ -54,8 +54,9 @@ class TrainingPlan:
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
         text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within a node, cp up to 16, sequence "
-                "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
-                "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
+                "parallelism on or off; pipelines cut between the source's repeated blocks: for pp = 2 the first stage "
+                "within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of an "
+                "even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
         if self.mesh_search.experts:
             text += "; expert parallelism ep dividing dp and every layer's expert count"
