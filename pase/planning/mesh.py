@@ -147,9 +147,13 @@ class MeshMapper:
         for v, k in enumerate(self.index):
             self.representative.setdefault(k, v)
 
-    def configs(self, mesh: Mesh) -> list:
+    def kind_configs(self, mesh: Mesh) -> dict:
+        """``{kind: configuration}``: each kind of layer (``index``) under ``mesh``."""
         layers, names = self.network.layers, self.network.names
-        mapped = {k: mesh_config(layers[v], mesh, names[v], self.rules) for k, v in self.representative.items()}
+        return {k: mesh_config(layers[v], mesh, names[v], self.rules) for k, v in self.representative.items()}
+
+    def configs(self, mesh: Mesh) -> list:
+        mapped = self.kind_configs(mesh)
         return [mapped[k] for k in self.index]
 
     def tensor_parallel(self) -> bool:

@@ -117,11 +117,18 @@ class _PartsMemo:
         self.procs = procs
         self.edges: dict = {}
 
-    def edge_seconds(self, network, configs: Sequence[np.ndarray]) -> np.ndarray:
-        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``."""
+    def edge_seconds(self, network, configs: Sequence[np.ndarray], kinds=None) -> np.ndarray:
+        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``.
+        ``kinds``: each layer's structure kind (``NetworkStructure.kinds``): layers of one kind
+        given the very same configuration array share their tensors' configurations."""
         layers = network.layers
-        outputs = [layer.output_configs(C) for layer, C in zip(layers, configs)]
-        inputs = [layer.input_configs(C) for layer, C in zip(layers, configs)]
+        kinds = kinds if kinds is not None else range(len(layers))
+        tensors: dict = {}
+        for layer, C, kind in zip(layers, configs, kinds):
+            if (kind, id(C)) not in tensors:
+                tensors[(kind, id(C))] = (layer.output_configs(C), layer.input_configs(C))
+        outputs = [tensors[(kind, id(C))][0] for C, kind in zip(configs, kinds)]
+        inputs = [tensors[(kind, id(C))][1] for C, kind in zip(configs, kinds)]
         rows = []
         targets = []
         for (u, v), tensors in sorted(network.edges.items()):
@@ -305,14 +312,16 @@ def search_meshes(
             rows, valid = [], []
             for mesh, micro in by_micro[global_micro]:
                 try:
-                    rows.append(mapper.configs(mesh))
+                    rows.append(mapper.kind_configs(mesh))
                 except ValueError as err:
                     first_error = first_error or err
                     continue
                 valid.append((mesh, micro))
             if not valid:
                 continue
-            configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
+            # One array per kind of layer (MeshMapper), shared by the layers of that kind.
+            by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
+            configs = [by_kind[k] for k in mapper.index]
             costing = TrainingCosting(network, configs, machine, structure)
             halved = np.array([mapper.sequence_parallel(mesh) for mesh, _ in valid]).T
             costing.activation_scale = np.where(halved, 0.5, 1.0)
@@ -321,7 +330,7 @@ def search_meshes(
                 first_error = first_error or ValueError(
                     f"{pp} pipeline stages need at least {pp} repeated blocks in order")
                 continue
-            edges, targets = memo.edge_seconds(network, configs)
+            edges, targets = memo.edge_seconds(network, configs, structure.kinds)
             tokens = tokens_of(network)
             m = batch // global_micro
             for zero, policy in grid:
