@@ -219,3 +219,29 @@ def test_sequence_parallel_flags_follow_roles_not_ops():
     net = graphs.build("gpt2-small", 4)
     flags = dict(zip(net.names, MeshMapper(net).sequence_parallel(Mesh(1, 4, sp=True))))
     assert flags["block1.attn.qkv"] and flags["block1.ff.up"] and not flags["embedding"]
+
+
+# ---------------------------------------------------------------------------------------
+# Blocks declared by the source
+
+
+def test_builtin_blocks_are_the_models_own():
+    resnet = graphs.build("resnet101", 2)
+    assert len({b for b in resnet.blocks if b is not None}) == 33  # 3 + 4 + 23 + 3 bottlenecks
+    first = resnet.names.index("stage1.block1.conv1")
+    assert resnet.blocks[first - 1] is None and resnet.blocks[resnet.names.index("stage1.block1.add")] == 0
+    transformer = graphs.build("transformer", 2)
+    assert len({b for b in transformer.blocks if b is not None}) == 12  # 6 encoder and 6 decoder layers
+    assert transformer.blocks[transformer.names.index("dec.embedding")] == 6  # the first decoder layer's
+    inception = graphs.build("inception3", 2)
+    assert len({b for b in inception.blocks if b is not None}) == 11  # mixed5b ... mixed7c
+    assert network_from_json(network_to_json(resnet)).blocks == resnet.blocks
+
+
+@pytest.mark.parametrize("spec, blocks", [("examples/hf_llama.py:tiny_llama", 2),
+                                          ("examples/torchvision_cnns.py:resnet18_small", 8)])
+def test_imported_blocks_are_module_list_children(spec, blocks):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers" if "hf_" in spec else "torchvision")
+    net = load(f"torch:{spec}", 2)
+    assert len({b for b in net.blocks if b is not None}) == blocks

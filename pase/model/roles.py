@@ -142,22 +142,21 @@ def propagate(layers, seeds=None, fallback=None) -> list:
                 yield position, tensors[(t.producer, t.index)]
 
     def sweep(order, forward):
+        """Each layer in ``order`` takes the roles of the tensors it reads (forward) or of all
+        it touches (backward), then gives its roles to those tensors; True if anything changed."""
         changed = False
         for v in order:
             if maps[v] is None:
                 continue
             ins, outs = maps[v]
-            sources = [(ins[p], dims) for p, dims in read(v)] + [
-                (outs[i], tensors[(v, i)]) for i in range(len(outs))]
-            if forward:
-                sources = sources[: len(sources) - len(outs)] or sources
-            for mapping, dims in sources:
+            read_dims = [(ins[p], dims) for p, dims in read(v)]
+            written = [(outs[i], tensors[(v, i)]) for i in range(len(outs))]
+            for mapping, dims in (read_dims if forward else read_dims + written):
                 for t, j in enumerate(mapping):
                     if j >= 0 and roles[v][j] is None and dims[t] is not None:
                         roles[v][j] = dims[t]
                         changed = True
-            for mapping, dims in [(ins[p], d) for p, d in read(v)] + [(outs[i], tensors[(v, i)])
-                                                                      for i in range(len(outs))]:
+            for mapping, dims in read_dims + written:
                 for t, j in enumerate(mapping):
                     if j >= 0 and dims[t] is None and roles[v][j] is not None:
                         dims[t] = roles[v][j]
