@@ -416,11 +416,12 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
 
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
-                       microbatch: int | None = None, rules: ParallelRules | None = None) -> Candidate:
+                       microbatch: int | None = None, rules: ParallelRules | None = None,
+                       structure: NetworkStructure | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
-    ``options``: the same numbers the searches compute."""
+    ``options``: the same numbers the searches compute. ``structure``: the network's, if known."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
-    costing = TrainingCosting(network, rows, machine)
+    costing = TrainingCosting(network, rows, machine, structure)
     if mesh is not None:
         halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
@@ -568,5 +569,5 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
         return FreeSearch(None, None, entries, searches, seconds, status)
     configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
     candidate = evaluate_candidate(network, configs, procs, machine, options, act_bytes, memory_cap,
-                                   microbatch=microbatch)
+                                   microbatch=microbatch, structure=costing.structure)
     return FreeSearch(candidate, optimum, entries, searches, seconds, status)
