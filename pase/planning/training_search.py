@@ -25,7 +25,7 @@ from pase.model.layers import redistribution_volume
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
-from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
+from pase.planning.pipeline import SCHEDULES, pipeline_rows_settings, stage_layout
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
@@ -333,15 +333,17 @@ def search_meshes(
             edges, targets = memo.edge_seconds(network, configs, structure.kinds)
             tokens = tokens_of(network)
             m = batch // global_micro
-            for zero, policy in grid:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+            settings = [TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+                        for zero, policy in grid]
+            if pp > 1:  # every setting's pipelines in one pass over the cuts
+                piped = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout, memory_cap,
+                                               schedules, None if recipe.vpp is None else [recipe.vpp])
+            for s, options in enumerate(settings):
                 if pp == 1:
                     time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
                     stage_plans = [None] * len(valid)
                 else:
-                    time_rows, memory_rows, stage_plans = pipeline_rows(
-                        costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
-                        None if recipe.vpp is None else [recipe.vpp])
+                    time_rows, memory_rows, stage_plans = piped[s]
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
                         continue
