@@ -4,9 +4,10 @@ The handlers declare what they know: attention (``handle_sdpa``) its heads, key/
 sequence and head width; the embedding its token ids' batch and sequence; the loss its classes
 (the vocabulary of a model that reads token ids). :func:`name_roles` carries them along the
 tensors to every layer between (a projection into heads takes the heads of the attention that
-reads it, a residual add the width of the stream it adds to), and, in a language model, names
-what is still unnamed of a product's own output features ``mlp``: the inner width of an MLP,
-split by tensor parallelism as Megatron-LM splits it (column-parallel into it, row-parallel out).
+reads it, a residual add the width of the stream it adds to), and, in a transformer (a model
+reading token ids, or with attention), names what is still unnamed of a product's own output
+features ``mlp``: the inner width of an MLP, split by tensor parallelism as Megatron-LM splits it
+(column-parallel into it, row-parallel out).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from pase.model.roles import propagate, weight_only_dims
 __all__ = ["name_roles"]
 
 
-def name_roles(network, language_model: bool) -> None:
+def name_roles(network, transformer: bool) -> None:
     """Set every layer's ``roles`` of ``network`` (just emitted) from the declared ones."""
 
     def inner_width(v, layer, roles):
-        if not (language_model and layer.product):
+        if not (transformer and layer.product):
             return None
         own = set(weight_only_dims(layer))
         return tuple("mlp" if j in own and r is None else None for j, r in enumerate(roles))

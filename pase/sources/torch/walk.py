@@ -648,5 +648,8 @@ class GraphWalk:
         for proto in self.protos:
             proto.emit(em)
         network = g.build()
-        name_roles(network, any(isinstance(p, ProtoEmbedding) for p in self.protos))
+        # A transformer (token ids, or attention whose handler declared its roles) has MLPs
+        # whose inner width tensor parallelism splits; a convolutional network does not.
+        name_roles(network, any(isinstance(p, ProtoEmbedding) or (isinstance(p, ProtoGemm) and p.roles)
+                                for p in self.protos))
         return network
