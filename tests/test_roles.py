@@ -245,3 +245,63 @@ def test_imported_blocks_are_module_list_children(spec, blocks):
     pytest.importorskip("transformers" if "hf_" in spec else "torchvision")
     net = load(f"torch:{spec}", 2)
     assert len({b for b in net.blocks if b is not None}) == blocks
+
+
+VIT = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, n, e = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, e // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, e)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViT(nn.Module):
+    def __init__(self, patches=16, patch=48, width=32, classes=10):
+        super().__init__()
+        self.embed = nn.Linear(patch, width)
+        self.blocks = nn.ModuleList([Block(width) for _ in range(2)])
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(dim=1))
+
+
+def tiny_vit(batch):
+    return ViT(), (torch.zeros(batch, 16, 48),)
+"""
+
+
+def test_an_imported_vit_takes_its_roles_from_attention_and_its_stream(tmp_path):
+    # No token ids: the patch projection makes the residual stream (model), attention declares
+    # its heads, the MLP's inner width is named mlp; tp splits heads and MLP, not the stream.
+    pytest.importorskip("torch")
+    (tmp_path / "vit.py").write_text(VIT)
+    net = load(f"torch:{tmp_path / 'vit.py'}:tiny_vit", 4)
+    roles = {name: roles_of(layer) for name, layer in zip(net.names, net.layers)}
+    assert roles["embed"][:3] == ("batch", "sequence", "model")
+    assert roles["blocks.0.qkv"] == ("batch", "sequence", "stack", "heads", "head_width", "model")
+    assert roles["blocks.0.fc1"] == ("batch", "sequence", "mlp", "model")
+    assert roles["blocks.0.fc2"] == ("batch", "sequence", "model", "mlp")
+    assert roles["head"] == ("batch", "classes", "model")
+    configs = dict(zip(net.names, MeshMapper(net).configs(Mesh(2, 2, sp=False))))
+    assert configs["blocks.0.fc1"] == (2, 1, 2, 1) and configs["blocks.0.add"] == (2, 1, 1)
+    assert len({b for b in net.blocks if b is not None}) == 2

@@ -115,7 +115,7 @@ def weight_only_dims(layer) -> tuple:
     return tuple(sorted(spanned - read))
 
 
-def propagate(layers, seeds=None, fallback=None) -> list:
+def propagate(layers, seeds=None, fallback=None, fallbacks=()) -> list:
     """Roles of every layer, from what was declared, carried along the tensors.
 
     ``layers``: the network's layers in vertex order (their inputs name their producers);
@@ -123,7 +123,8 @@ def propagate(layers, seeds=None, fallback=None) -> list:
     with no role takes the role of the tensor dimension it reads or writes (a forward pass in
     vertex order, then a backward one; declared roles are never replaced). ``fallback(v,
     layer, roles)`` may then name what is still unnamed (the torch importer names a product's
-    own output features ``mlp``), and the passes run again. Contiguous layers (``Ravel``,
+    own output features ``mlp``), and the passes run again; ``fallbacks``: several, in turn,
+    the passes run after each. Contiguous layers (``Ravel``,
     ``Unravel``) merge dimensions and pass nothing. Returns one roles tuple per layer.
     """
     seeds = seeds or {}
@@ -163,13 +164,14 @@ def propagate(layers, seeds=None, fallback=None) -> list:
                         changed = True
         return changed
 
-    for round_ in range(2 if fallback else 1):
+    steps = list(fallbacks) + ([fallback] if fallback else [])
+    for round_ in range(len(steps) + 1):
         for _ in range(4):
             a = sweep(range(n), True)
             b = sweep(range(n - 1, -1, -1), False)
             if not (a or b):
                 break
-        if fallback and round_ == 0:
+        if round_ < len(steps):
             for v, layer in enumerate(layers):
-                roles[v] = list(merge_roles(roles[v], fallback(v, layer, tuple(roles[v]))))
+                roles[v] = list(merge_roles(roles[v], steps[round_](v, layer, tuple(roles[v]))))
     return [tuple(r) for r in roles]

@@ -18,13 +18,24 @@ __all__ = ["name_roles"]
 
 
 def name_roles(network, transformer: bool) -> None:
-    """Set every layer's ``roles`` of ``network`` (just emitted) from the declared ones."""
+    """Set every layer's ``roles`` of ``network`` (just emitted) from the declared ones.
 
-    def inner_width(v, layer, roles):
+    In a transformer, first a product reading the model's input (a patch projection) makes
+    the residual stream: its own output features are ``model``, carried to every layer the
+    stream passes; then every product's own features still unnamed are an MLP's ``mlp``."""
+
+    def own(layer, roles, role):
         if not (transformer and layer.product):
             return None
-        own = set(weight_only_dims(layer))
-        return tuple("mlp" if j in own and r is None else None for j, r in enumerate(roles))
+        mine = set(weight_only_dims(layer))
+        return tuple(role if j in mine and r is None else None for j, r in enumerate(roles))
 
-    for layer, roles in zip(network.layers, propagate(network.layers, fallback=inner_width)):
+    def stream(v, layer, roles):
+        reads_input = any(t.producer is None and not t.is_param for t in layer.inputs)
+        return own(layer, roles, "model") if reads_input else None
+
+    def inner_width(v, layer, roles):
+        return own(layer, roles, "mlp")
+
+    for layer, roles in zip(network.layers, propagate(network.layers, fallbacks=(stream, inner_width))):
         layer.roles = roles if any(roles) else None
