@@ -163,26 +163,23 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     K1 = len(costing.configs[0])
     K = K1 * len(settings)
     m = options.microbatches
-    columns: dict = {name: [] for name in ("micro", "step", "state", "activations", "logits", "sync", "transient")}
-    for o in settings:
+    n_layers = len(costing.configs)
+    # Prefix sums over the layers, each setting's in its own columns: a stage's total is one
+    # difference of two rows.
+    names = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
+             "sync": "sync"}
+    prefix = {name: np.zeros((n_layers + 1, K)) for name in names}
+    transient = np.zeros(K)
+    for j, o in enumerate(settings):
         vec = costing.layer_vectors(o, act_bytes)
-        per_micro = vec["micro"].copy()
+        columns = slice(j * K1, (j + 1) * K1)
         if len(targets):
-            np.add.at(per_micro, np.asarray(targets), costing.edge_rows(edges, targets, o) / m)
-        columns["micro"].append(per_micro)
-        for name in ("step", "state", "activations", "logits", "sync"):
-            columns[name].append(vec[name])
-        columns["transient"].append(costing.transient_rows(vec, o))
-    per_micro, per_step, state, acts, logits, sync = (
-        np.concatenate(columns[name], axis=-1) for name in ("micro", "step", "state", "activations", "logits", "sync"))
-    transient = np.concatenate(columns["transient"], axis=-1)
-
-    # Prefix sums over the layers: a stage's total is one difference of two rows.
-    prefix = {name: np.concatenate([np.zeros((1, K)), np.cumsum(values, axis=0)])
-              for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
-                                   ("logits", logits), ("sync", sync))}
+            vec["micro"] = vec["micro"].copy()
+            np.add.at(vec["micro"], np.asarray(targets), costing.edge_rows(edges, targets, o) / m)
+        for name, key in names.items():
+            np.cumsum(vec[key], axis=0, out=prefix[name][1:, columns])
+        transient[columns] = costing.transient_rows(vec, o)
     block_starts = [b[0] for b in layout.blocks]
-    n_layers = per_micro.shape[0]
     p2p = np.tile(_p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices), len(settings))
     L = len(layout.blocks)
     best_step = np.full(K, np.inf)
