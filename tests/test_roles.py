@@ -305,3 +305,18 @@ def test_an_imported_vit_takes_its_roles_from_attention_and_its_stream(tmp_path)
     configs = dict(zip(net.names, MeshMapper(net).configs(Mesh(2, 2, sp=False))))
     assert configs["blocks.0.fc1"] == (2, 1, 2, 1) and configs["blocks.0.add"] == (2, 1, 1)
     assert len({b for b in net.blocks if b is not None}) == 2
+
+
+def test_an_old_graph_file_gets_its_blocks_from_structure(tmp_path):
+    # A file without "block" fields: each copy of a run of equal, equally wired layers
+    # (pase.search.blocks) is a block; Llama's 2 decoder layers here, as declared.
+    from pase.sources.graph_json import load_graph_file
+
+    net = graphs.build("llama3-8b", 2, 16)
+    data = network_to_json(net)
+    for spec in data["layers"]:
+        spec.pop("block", None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert network_from_json(data).blocks is None  # re-batching keeps what the source said
+    assert load_graph_file(str(path), None, None).blocks == net.blocks

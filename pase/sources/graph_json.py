@@ -7,6 +7,7 @@ rebuilds every layer through the layer registry, so the costs are identical to t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from pase.core.checks import is_int, is_positive_int
@@ -14,6 +15,8 @@ from pase.model.builder import GraphBuilder, Network
 from pase.core.fileio import InputError, read_json
 from pase.model.layers import make_layer
 from pase.model.readers import READER_RULES
+
+from .blocks import structural_blocks
 
 __all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps", "load_graph_file"]
 
@@ -232,4 +235,7 @@ def load_graph_file(path: str, batch: int | None, model: int | None) -> Network:
     if batch is not None and batch != network.batch:
         recorded = f"batch {network.batch}" if network.batch is not None else "no batch size"
         raise ValueError(f"graph file {path} records {recorded}; -b {batch} cannot change it")
+    if network.blocks is None:
+        # A file that declares no blocks (written before they were): its runs of equal layers.
+        network = dataclasses.replace(network, blocks=structural_blocks(network))
     return network
