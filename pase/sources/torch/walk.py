@@ -3,6 +3,7 @@ and proto-layers, its handler called, unmappable operations collected."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 
@@ -10,6 +11,7 @@ from pase.model.builder import GraphBuilder, Network
 
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _norm_dim, _op_name
 from .errors import TorchImportError, Unmappable
+from ..blocks import structural_blocks
 from .roles import name_roles
 from .protos import Emitter, ProtoEmbedding, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
 from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
@@ -652,4 +654,6 @@ class GraphWalk:
         # whose inner width tensor parallelism splits; a convolutional network does not.
         name_roles(network, any(isinstance(p, ProtoEmbedding) or (isinstance(p, ProtoGemm) and p.roles)
                                 for p in self.protos))
+        if network.blocks is None:  # no module list of repeated modules: runs of equal layers
+            network = dataclasses.replace(network, blocks=structural_blocks(network))
         return network
