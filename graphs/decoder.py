@@ -61,6 +61,9 @@ MAX_LAYERS = 1024
 ROLES = {
     "b": "batch", "l": "sequence", "m": "key_sequence", "g": "kv_groups", "r": "heads", "k": "head_width",
     "e": "model", "d": "model", "f": "mlp", "v": "vocab",
+    # Latent attention's compressed widths (query ``c``, key/value ``a``): the down-projections
+    # into them are replicated under tensor parallelism, as Megatron-Core runs them.
+    "c": "latent", "a": "latent",
 }
 
 NORMS = ("rms", "layer")

@@ -60,7 +60,9 @@ def test_attention_by_sequence_and_head_width():
     assert float(attention_shape_factor(4096, 128)) == pytest.approx(4096 / 4608)
     # On a 2 x 2 heads x 8 tokens x width 4 causal core: 2 x 2 x (2 x 2 x 8 x 8 x 4) / 2 x 3.5
     # FLOPs at 0.3 of 1 TFLOPS, over the factor 8/520 x (4/20)/(128/144).
-    g = GraphBuilder("attention", 1, batch=2)
+    # Roles as a decoder declares them: the core is found by its heads and sequences.
+    g = GraphBuilder("attention", 1, batch=2, roles={"b": "batch", "h": "heads", "l": "sequence",
+                                                     "m": "key_sequence", "k": "head_width"})
     q = g.input((2, 2, 8, 4), "q", letters="bhlk")
     k = g.input((2, 2, 8, 4), "k", letters="bhmk")
     v = g.input((2, 2, 8, 4), "v", letters="bhmk")

@@ -150,7 +150,8 @@ def test_built_in_flagship_is_its_config(name):
 
 
 def windowed_attention(s: int, w: int, heads: int = 1, k: int = 128):
-    g = GraphBuilder("swa", batch=1)
+    g = GraphBuilder("swa", batch=1, roles={"b": "batch", "g": "kv_groups", "r": "heads", "l": "sequence",
+                                            "m": "key_sequence", "k": "head_width"})
     q = g.input((1, heads, 1, s, k), "q", letters="bgrlk")
     key = g.input((1, heads, s, k), "k", letters="bglk")
     value = g.input((1, heads, s, k), "v", letters="bglk")

@@ -36,8 +36,9 @@ def _chain(blocks=2):
     g = GraphBuilder("chain", 1, batch=8)
     x = g.input((8, 64), "x", letters="bk")
     for i in range(1, blocks + 1):
-        x = g.add(f"block{i}.a", FC(x, 64))
-        x = g.add(f"block{i}.b", FC(x, 64))
+        with g.block():  # the repeated blocks, declared where the graph is built
+            x = g.add(f"block{i}.a", FC(x, 64))
+            x = g.add(f"block{i}.b", FC(x, 64))
     g.add("loss", SoftmaxCrossEntropy(x))
     return g.build()
 

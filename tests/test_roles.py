@@ -165,12 +165,19 @@ def _check_tensor_parallel(network, configs, tp):
             continue
         roles = roles_of(layer)
         weights = [dims for shape, dims, _ in layer.parameter_tensors() if len(shape) >= 2 and dims]  # not held ones
+        # A down-projection into a latent width (DeepSeek's q_a, kv_a) is replicated, as
+        # Megatron-Core runs it: no tensor-parallel role to split.
+        weights = [dims for dims in weights if not ({roles[d] for d in dims} <= {"model", "latent"}
+                                                     and "latent" in {roles[d] for d in dims})]
         split = [dims for dims in weights if any(roles[d] in tensor_roles for d in dims)]
         if layer.op != "MoE":
             assert len(split) == len(weights), (name, roles)
         for dims in split:
             ways = int(np.prod([config[d] for d in dims if roles[d] in tensor_roles]))
-            assert ways == tp, (name, roles, config)
+            # Fewer key/value groups than tp (DeepSeek's one shared rotary key): replicated over
+            # the rest, as Megatron runs grouped-query attention; else split tp ways.
+            size = int(np.prod([layer.domain[d] for d in dims if roles[d] in tensor_roles]))
+            assert ways == (tp if size >= tp else size), (name, roles, config)
             checked += 1
     return checked
 

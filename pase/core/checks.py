@@ -253,5 +253,7 @@ a_memory_model = instance("a pase.MemoryModel", "vectors", "param_bytes", "act_b
 a_recipe = instance("a pase.Recipe (pase.parse_recipe('dp=8,...'))", "fixed", "check")
 a_training_options = instance("a pase.TrainingOptions", "zero", "recompute", "microbatches")
 a_mesh = instance("a pase.Mesh", "dp", "tp", "cp", "pp", "devices")
+a_rules = instance("parallel rules (pase.planning.rules.ParallelRules)", "tensor_parallel", "tensor_alternative")
+a_structure = instance("a network structure (NetworkStructure.of(network))", "kinds", "cores", "blocks")
 an_engine = instance("an engine profile (pase.load_engine('megatron'))", "base_options", "searched")
 a_training_plan = instance("a pase.TrainingPlan (pase.plan_training)", "best", "mesh_search", "machine")

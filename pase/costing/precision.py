@@ -164,7 +164,6 @@ class PrecisionPricing:
         dtype = options.precision
         if dtype == "bf16" or not self.eligible()[v]:
             return 0.0
-        c = self.costing
         bf16, elements = self._layer(v, "bf16")
         low, _ = self._layer(v, dtype)
         weights = self._weights(v)

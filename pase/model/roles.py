@@ -35,10 +35,11 @@ __all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "prop
 #: ``vocab``: the vocabulary; ``classes``: a classifier's outputs; ``experts``: the experts of a
 #: mixture; ``expert_width``: one expert's inner width; ``channels``, ``spatial``, ``kernel``:
 #: a convolution's features, image positions and filter window; ``stack``: a stacked axis (q,
-#: k and v of one product).
+#: k and v of one product); ``latent``: a low-rank projection's compressed width (DeepSeek's
+#: latent attention), replicated by tensor parallelism.
 ROLES = (
     "batch", "sequence", "key_sequence", "heads", "kv_groups", "head_width", "model", "mlp", "vocab", "classes",
-    "experts", "expert_width", "channels", "spatial", "kernel", "stack",
+    "experts", "expert_width", "channels", "spatial", "kernel", "stack", "latent",
 )
 
 #: Roles a weight product is split over by tensor parallelism in the default rules

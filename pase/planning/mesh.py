@@ -135,7 +135,7 @@ class MeshMapper:
 
     >>> import graphs
     >>> net = graphs.build("gpt2-small", 8)
-    >>> MeshMapper(net).configs(Mesh(2, 2))[2]  # block1.attn.qkv: batch 2 ways, heads 2 ways
+    >>> MeshMapper(net).configs(Mesh(2, 2))[3]  # block1.attn.qkv: batch 2 ways, heads 2 ways
     (1, 2, 2, 1, 1, 1)
     """
 

@@ -32,7 +32,7 @@ from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
 from pase.core.checks import (
-    a_callable, a_mesh, a_network, a_recipe, a_training_options, an_engine, arguments, configurations,
+    a_callable, a_mesh, a_network, a_recipe, a_rules, a_structure, a_training_options, an_engine, arguments, configurations,
     non_negative_int, optional, positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
@@ -309,7 +309,8 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
 
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
-           base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int)
+           base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
+           rules=optional(a_rules))
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -659,7 +660,8 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
 
 @arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
            options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
-           mesh=optional(a_mesh), microbatch=optional(positive_int))
+           mesh=optional(a_mesh), microbatch=optional(positive_int), rules=optional(a_rules),
+           structure=optional(a_structure))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
                        microbatch: int | None = None, rules: ParallelRules | None = None,
