@@ -29,7 +29,7 @@ is what tells a shared tensor; ``shared_parameters`` lists the sharing and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, MoE, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
@@ -290,7 +290,26 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
         logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))
     g.add("loss", SoftmaxCrossEntropy(logits))
-    return g.build()
+    return replace(g.build(), architecture=architecture(cfg))
+
+
+def architecture(config: DecoderConfig) -> dict:
+    """The shape ``config`` declares, in ``Network.architecture``'s words.
+
+    >>> architecture(DecoderConfig(2, 64, 4, 2, 16, 128, 100, sequence=8))["kv_heads"]
+    2
+    """
+    c = config
+    out = {"layers": c.layers, "width": c.width, "heads": c.heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim,
+           "mlp_width": c.mlp_width, "vocab": c.vocab, "sequence": c.sequence,
+           "max_positions": c.max_positions if c.positions == "learned" else c.sequence, "gated": c.gated,
+           "norm": c.norm, "positions": c.positions, "tied": c.tied,
+           "biases": {"qkv": c.qkv_bias, "out": c.out_bias, "mlp": c.mlp_bias}, "qk_norm": c.qk_norm}
+    if c.moe is not None:
+        m = c.moe
+        out["moe"] = {"experts": m.experts, "top_k": m.top_k, "width": m.width, "shared": m.shared,
+                      "shared_width": m.shared_width, "dense": list(m.dense), "capacity": m.capacity}
+    return out
 
 
 def _parameter_tensors(layer) -> list:

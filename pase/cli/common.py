@@ -184,7 +184,22 @@ def _input_files(opts: Options) -> list:
             inputs.append(("-g", path))
     if opts.machine not in MACHINE_NAMES:
         inputs.append(("--machine", opts.machine))
+        inputs += _machine_table(opts.machine)
     return inputs
+
+
+def _machine_table(path: str) -> list:
+    """``[("--machine", table)]``: the measured table a machine file points to (none when the
+    file cannot be read: loading the machine says why)."""
+    from pase.machines.calibrated import load_description
+
+    try:
+        measured = load_description(path).get("measured")
+    except (ValueError, OSError):
+        return []
+    if not isinstance(measured, str):
+        return []
+    return [("--machine", os.path.join(os.path.dirname(os.path.abspath(path)), measured))]
 
 
 def _output_files(opts: Options, extra=()) -> list:
@@ -204,13 +219,13 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_distinct_outputs(opts: Options, extra=()) -> None:
+def check_distinct_outputs(opts: Options, extra=(), inputs=()) -> None:
     """Refuse (usage status) an output path that is an input's or another output's, links
     resolved, before anything is read or written; ``extra``: ``(flag, path)`` of outputs a
-    command writes beside the shared ones."""
+    command writes beside the shared ones, ``inputs``: ``(flag, path)`` of files it reads."""
     outputs = _output_files(opts, extra)
     for i, (flag, path) in enumerate(outputs):
-        for in_flag, in_path in _input_files(opts):
+        for in_flag, in_path in _input_files(opts) + list(inputs):
             if _same_file(path, in_path):
                 raise CliError(f"{flag} {path} would overwrite the input file of {in_flag} ({in_path}): "
                                "choose another output file", ExitStatus.USAGE)
@@ -220,10 +235,11 @@ def check_distinct_outputs(opts: Options, extra=()) -> None:
                                "per output", ExitStatus.USAGE)
 
 
-def check_outputs(opts: Options, extra=()) -> None:
+def check_outputs(opts: Options, extra=(), inputs=()) -> None:
     """Refuse unwritable output paths, and outputs over inputs or over each other, before any
-    work; ``extra``: ``(flag, path, what)`` of a command's own outputs."""
-    check_distinct_outputs(opts, [(flag, path) for flag, path, _ in extra])
+    work; ``extra``: ``(flag, path, what)`` of a command's own outputs, ``inputs``: ``(flag,
+    path)`` of the files it reads beside the shared ones."""
+    check_distinct_outputs(opts, [(flag, path) for flag, path, _ in extra], inputs)
     for _, path, what in extra:
         check_writable(path, what)
     if opts.dot_path is not None:

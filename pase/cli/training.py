@@ -36,23 +36,48 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
-             "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved).")
+             "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved) and stages (blocks per "
+             "pipeline stage, A/B/...).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
-    add("--export-torchtitan", metavar="FILE", default=None,
-        help="write the plan's mesh as torchtitan settings (parallelism, activation checkpointing, batch) in JSON, "
-             "with the same as one line of its command-line options.")
-    add("--export-megatron", metavar="FILE", default=None,
-        help="write the plan's mesh as Megatron-LM arguments (JSON, and one command line).")
+    add("--recipe-from", metavar="FILE", default=None,
+        help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
+             "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config; what the tool "
+             "cannot express is refused naming the field (docs/engines.md).")
+    for flag, engine, what in ENGINE_EXPORTS:
+        add(flag, metavar="FILE", default=None, help=_EXPORT_HELP[engine])
+
+
+#: (flag, engine, what messages call the file), in the order of --help.
+ENGINE_EXPORTS = (("--export-torchtitan", "torchtitan", "torchtitan job config"),
+                  ("--export-megatron", "megatron", "Megatron-LM arguments"),
+                  ("--export-deepspeed", "deepspeed", "DeepSpeed config"))
+_EXPORT_HELP = {
+    "torchtitan": "write the plan as a torchtitan TOML job config (--job.config_file; torchtitan 0.2) that runs it "
+                  "as priced, its command line and launch command in the comments; refused with the reason when "
+                  "torchtitan cannot run the plan (docs/engines.md).",
+    "megatron": "write the plan as Megatron-LM's pretrain_gpt.py arguments, the model's own included (JSON: "
+                "arguments, command_line, launch); refused with the reason when Megatron-LM cannot run it.",
+    "deepspeed": "write the plan as a DeepSpeed ds_config.json (ZeRO stage, micro-batch, accumulation, bf16; the "
+                 "recipe and launch command under the key 'pase'); refused with the reason when DeepSpeed cannot "
+                 "run it.",
+}
+
+
+def _given_exports(args) -> list:
+    return [(flag, getattr(args, flag[2:].replace("-", "_")), engine, what) for flag, engine, what in ENGINE_EXPORTS
+            if getattr(args, flag[2:].replace("-", "_"), None) is not None]
 
 
 def wants_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
-                or args.export_torchtitan is not None or args.export_megatron is not None)
+                or getattr(args, "recipe_from", None) is not None or _given_exports(args))
 
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
     """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
+    if args.recipe is not None and getattr(args, "recipe_from", None) is not None:
+        raise error("--recipe and --recipe-from both fix the configuration: give one")
     for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
@@ -89,35 +114,38 @@ def _differing_layers(network, configs, mesh_configs) -> list:
     return [network.names[v] for v, (a, b) in enumerate(zip(configs, mesh_configs)) if tuple(a) != tuple(b)]
 
 
-def _export_engines(found, network, batch: int, args, write: Callable) -> list:
-    """Write --export-torchtitan / --export-megatron; returns the lines to print about them."""
-    from pase.outputs.engines import megatron_settings, torchtitan_settings
-    from pase.planning.training_search import tokens_of
+def _export_engines(found, network, batch: int, args, write: Callable, devices_per_node: int) -> list:
+    """Write --export-torchtitan / --export-megatron / --export-deepspeed; returns the lines to
+    print about them. Every file is made before any is written: a refusal writes none."""
+    from pase.outputs import engines
+    from pase.planning.engine_runs import engine_plan
 
-    targets = [(args.export_torchtitan, torchtitan_settings, "torchtitan settings"),
-               (args.export_megatron, megatron_settings, "Megatron-LM arguments")]
-    if all(path is None for path, _, _ in targets):
+    targets = _given_exports(args)
+    if not targets:
         return []
     plan = found.best
-    lines = []
     if plan.mesh is None:
         nearest = found.mesh_search.best
-        if nearest is None:
-            raise ValueError("the plan is not a mesh and no mesh fits: nothing to export")
-        differ = _differing_layers(network, plan.configs, nearest.configs) if len(nearest.configs) == len(
-            plan.configs) else list(network.names)
-        lines.append(f"the plan is not a mesh: {len(differ)} layers differ from the nearest mesh "
-                     f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); exported that mesh, "
-                     f"{nearest.recipe()}: step {nearest.summary.step_seconds:.4g} against the plan's "
-                     f"{plan.summary.step_seconds:.4g}")
-        plan = nearest
-    tokens = tokens_of(network)
-    sequence = None if tokens is None or not network.batch else tokens // network.batch
-    for path, writer, what in targets:
-        if path is not None:
-            write(path, json.dumps(writer(plan, batch, sequence), indent=1) + "\n", what)
-            lines.append(f"{what} written to {path}")
-    return lines
+        hint = (f"; the fastest mesh that fits is {nearest.recipe()} (step {nearest.summary.step_seconds:.4g} s "
+                f"against {plan.summary.step_seconds:.4g} s): fix it with --recipe to export it"
+                if nearest is not None else "")
+        raise ValueError("the plan is not a mesh, and engines run meshes" + hint)
+    view = engine_plan(plan, batch, network)
+    per_node = devices_per_node or engines.DEVICES_PER_NODE
+    texts = []
+    for flag, path, engine, what in targets:
+        if engine == "torchtitan":
+            text = engines.torchtitan_settings(view, path, per_node)["toml"]
+        elif engine == "deepspeed":
+            settings = engines.deepspeed_settings(view, path, per_node)
+            text = json.dumps({**settings["config"], "pase": {k: settings[k] for k in
+                                                              ("recipe", "command_line", "launch")}}, indent=1) + "\n"
+        else:
+            text = json.dumps(engines.megatron_settings(view, per_node), indent=1) + "\n"
+        texts.append((path, text, what))
+    for path, text, what in texts:
+        write(path, text, what)
+    return [f"{what} written to {path}" for path, _, what in texts]
 
 
 def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
@@ -159,10 +187,10 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         )
     shown = build(batch // found.best.options.microbatches)
     try:
-        exported = _export_engines(found, shown, batch, args, write)
+        exported = _export_engines(found, shown, batch, args, write, getattr(machine, "devices_per_node", None))
     except InputError as err:  # the file could not be written (a full disk): status 1
         raise error(str(err), 1) from None
-    except ValueError as err:  # a per-layer plan with no mesh beside it that fits
+    except ValueError as err:  # a per-layer plan, or a plan the engine cannot run: nothing written
         raise error(str(err), 2) from None
     if opts.dot_path is not None:
         from pase.outputs.dot import dot_graph
@@ -194,9 +222,16 @@ def run_training_command(opts, args, out: IO) -> int:
                        "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts)
-    engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),
-               ("--export-megatron", args.export_megatron, "Megatron-LM arguments"))
-    check_outputs(opts, [entry for entry in engines if entry[1] is not None])
+    recipe_from = getattr(args, "recipe_from", None)
+    check_outputs(opts, [(flag, path, what) for flag, path, _, what in _given_exports(args)],
+                  [("--recipe-from", recipe_from)] if recipe_from is not None else [])
+    if recipe_from is not None:
+        from pase.outputs.engine_recipes import recipe_from_file
+
+        try:
+            args.recipe = recipe_from_file(recipe_from, opts.procs, network.batch or 1, network)
+        except ValueError as err:
+            raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.USAGE) from None
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.
     source = source_of(opts.graph)

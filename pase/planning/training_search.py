@@ -318,6 +318,9 @@ def search_meshes(
                 first_error = first_error or ValueError(
                     f"{pp} pipeline stages need at least {pp} repeated blocks in order")
                 continue
+            if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
+                raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
+                                 f"blocks; graph {network.name} has {len(layout.blocks)}")
             edges, targets = memo.edge_seconds(network, configs)
             tokens = tokens_of(network)
             m = batch // global_micro
@@ -329,7 +332,7 @@ def search_meshes(
                 else:
                     time_rows, memory_rows, stage_plans = pipeline_rows(
                         costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
-                        None if recipe.vpp is None else [recipe.vpp])
+                        None if recipe.vpp is None else [recipe.vpp], recipe.stages)
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
                         continue
