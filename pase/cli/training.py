@@ -9,6 +9,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import IO, Callable
 
+from pase.planning.engine_runs import ENGINE_NAMES
 from pase.planning.mesh import parse_recipe
 
 __all__ = ["add_training_flags", "wants_training", "check_training_flags", "run_training", "run_training_command"]
@@ -40,6 +41,11 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "pipeline stage, A/B/...).")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
+    add("--engine", choices=ENGINE_NAMES, default=None,
+        help="keep the search to the configurations this engine runs as priced (torchtitan: DDP alone, FSDP as "
+             "ZeRO-2/3, tp with sequence parallelism, cp, pp, ep; megatron: distributed optimizer or Megatron FSDP, "
+             "tp, cp, interleaved pp, ep; deepspeed: ZeRO 1-3 data parallelism); without it the output says which "
+             "engines run the plan.")
     add("--recipe-from", metavar="FILE", default=None,
         help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
              "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config; what the tool "
@@ -71,7 +77,8 @@ def _given_exports(args) -> list:
 
 def wants_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
-                or getattr(args, "recipe_from", None) is not None or _given_exports(args))
+                or getattr(args, "recipe_from", None) is not None or getattr(args, "engine", None) is not None
+                or _given_exports(args))
 
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
@@ -172,7 +179,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget)
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=getattr(args, "engine", None))
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EnginePlan", "engine_plan", "RUNS", "ENGINE_NAMES", "refusal", "engines_running"]
+__all__ = ["EnginePlan", "engine_plan", "RUNS", "ENGINE_NAMES", "refusal", "engines_running", "runs_mesh",
+           "check_engine"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
     micro = candidate.microbatch if candidate.microbatch is not None else batch // mesh.dp // o.microbatches
     arch = getattr(network, "architecture", None)
     sequence = arch["sequence"] if arch else None
+    if sequence is None:
+        from .training_search import tokens_of
+
+        tokens = tokens_of(network)
+        sequence = tokens // network.batch if tokens and network.batch else None
     recipe = candidate.recipe()
     if counts and len(set(counts)) > 1:
         recipe += ",stages=" + "/".join(str(c) for c in counts)
@@ -192,3 +198,22 @@ def refusal(engine: str, plan: EnginePlan) -> str | None:
 def engines_running(plan: EnginePlan) -> list:
     """The engines that run ``plan`` as priced, in :data:`RUNS` order."""
     return [name for name in RUNS if refusal(name, plan) is None]
+
+
+def runs_mesh(engine: str, mesh, options, architecture=None) -> bool:
+    """Whether ``engine`` runs a mesh with these options, whatever the pipeline's cut and
+    schedule (every engine here that pipelines runs both schedules priced): the search's
+    filter under ``--engine``."""
+    plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
+                      sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
+                      microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
+                      overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="")
+    return refusal(engine, plan) is None
+
+
+def check_engine(engine: str, network) -> None:
+    """``ValueError`` when ``engine`` is unknown or cannot run ``network`` at all."""
+    if engine not in RUNS:
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(RUNS)}")
+    if RUNS[engine]["architecture"] and not getattr(network, "architecture", None):
+        raise ValueError(_WHY[(engine, "architecture", None)])

@@ -47,6 +47,8 @@ class TrainingPlan:
     compare: Candidate | None
     compare_recipe: str | None
     seconds: float
+    #: The engine the search kept to (``--engine``), if any.
+    engine: str | None = None
 
     @property
     def optimal_over(self) -> str:
@@ -79,6 +81,7 @@ def plan_training(
     free: bool | None = None,
     rebuild: bool = True,
     table_budget: int | None = None,
+    engine: str | None = None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -98,20 +101,26 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
+    engine : str, optional
+        Keep to the configurations this engine runs (``pase.planning.engine_runs``): meshes
+        only, no per-layer plan.
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or TrainingOptions()
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild)
+    found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
+                          engine=engine)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
-    if free is False:
+    if engine is not None:
+        skipped = f"{engine} runs meshes"
+    elif free is False:
         skipped = "not asked for"
     elif mesh_fixed:
         skipped = "the recipe fixes the mesh"
@@ -153,7 +162,7 @@ def plan_training(
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
         least_memory=found.least_memory, mesh_search=found, free_searches=free_searches, free_entries=free_entries,
         free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, engine=engine,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
+from pase.planning.engine_runs import check_engine, runs_mesh
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
@@ -226,6 +227,7 @@ def search_meshes(
     base: TrainingOptions | None = None,
     keep_all: bool = False,
     rebuild: bool = True,
+    engine: str | None = None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -233,7 +235,9 @@ def search_meshes(
     (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
-    choices. Raises ``ValueError`` when no mesh applies (with why, for the first).
+    choices; with ``engine``, only the configurations that engine runs
+    (:mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
+    for the first).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -257,6 +261,8 @@ def search_meshes(
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
+    if engine is not None:
+        check_engine(engine, probe)
     tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
     # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
     # elsewhere the letters mean other things (h is an image's height).
@@ -335,6 +341,8 @@ def search_meshes(
                         None if recipe.vpp is None else [recipe.vpp], recipe.stages)
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
+                        continue
+                    if engine is not None and not runs_mesh(engine, mesh, options):
                         continue
                     evaluated += 1
                     t, peak = float(time_rows[i]), float(memory_rows[i])
