@@ -28,7 +28,7 @@ import pytest
 
 
 def _need(module: str, package: str):
-    if importlib.util.find_spec(module) is None:
+    if module not in sys.modules and importlib.util.find_spec(module) is None:
         pytest.skip(f"{package} is not installed (pip install '.[engines]')")
 
 
@@ -40,6 +40,7 @@ def titan_modules():
         if "torchtitan" not in sys.modules:
             package = types.ModuleType("torchtitan")  # its modules, without its __init__'s kernel imports
             package.__path__ = list(spec.submodule_search_locations)
+            package.__spec__ = spec
             sys.modules["torchtitan"] = package
     try:
         from torchtitan.config import ConfigManager

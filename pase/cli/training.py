@@ -70,6 +70,12 @@ _EXPORT_HELP = {
 }
 
 
+def _kept_to(args) -> tuple:
+    """The engines the search keeps to: ``--engine`` and every engine a file is exported for."""
+    names = [args.engine] if getattr(args, "engine", None) else []
+    return tuple(dict.fromkeys(names + [engine for _, _, engine, _ in _given_exports(args)]))
+
+
 def _given_exports(args) -> list:
     return [(flag, getattr(args, flag[2:].replace("-", "_")), engine, what) for flag, engine, what in ENGINE_EXPORTS
             if getattr(args, flag[2:].replace("-", "_"), None) is not None]
@@ -179,7 +185,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget, engine=getattr(args, "engine", None))
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=_kept_to(args))
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:

@@ -98,8 +98,8 @@ def _engine_line(plan, network) -> str:
     text = "  engines that run it as priced: " + (", ".join(runs) if runs else "none")
     if others:
         text += f" (not {', '.join(others)}: --export-ENGINE says why)"
-    if plan.engine is not None:
-        text += f"; the search kept to what {plan.engine} runs (--engine)"
+    if plan.engine:
+        text += f"; the search kept to what {' and '.join(plan.engine)} run{'s' if len(plan.engine) == 1 else ''}"
     return text
 
 
@@ -129,7 +129,7 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
     }
     if best is not None:
         data["engines"] = engine_verdicts(plan, network)
-        data["engine"] = plan.engine
+        data["engines_kept_to"] = list(plan.engine or ())
     if plan.compare is not None:
         data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
     return data

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EnginePlan", "engine_plan", "RUNS", "ENGINE_NAMES", "refusal", "engines_running", "runs_mesh",
+__all__ = ["EnginePlan", "engine_plan", "RUNS", "ENGINE_NAMES", "refusal", "engines_running", "runs_mesh", "mesh_refusal",
            "check_engine"]
 
 
@@ -204,11 +204,16 @@ def runs_mesh(engine: str, mesh, options, architecture=None) -> bool:
     """Whether ``engine`` runs a mesh with these options, whatever the pipeline's cut and
     schedule (every engine here that pipelines runs both schedules priced): the search's
     filter under ``--engine``."""
+    return mesh_refusal(engine, mesh, options, architecture) is None
+
+
+def mesh_refusal(engine: str, mesh, options, architecture=None) -> str | None:
+    """:func:`refusal` of a mesh with these options (``None``: the engine runs it)."""
     plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
                       sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
                       microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
                       overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="")
-    return refusal(engine, plan) is None
+    return refusal(engine, plan)
 
 
 def check_engine(engine: str, network) -> None:

@@ -47,8 +47,8 @@ class TrainingPlan:
     compare: Candidate | None
     compare_recipe: str | None
     seconds: float
-    #: The engine the search kept to (``--engine``), if any.
-    engine: str | None = None
+    #: The engines the search kept to (``--engine``, the ``--export-ENGINE`` files), if any.
+    engine: tuple | None = None
 
     @property
     def optimal_over(self) -> str:
@@ -81,7 +81,7 @@ def plan_training(
     free: bool | None = None,
     rebuild: bool = True,
     table_budget: int | None = None,
-    engine: str | None = None,
+    engine=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -101,9 +101,9 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
-    engine : str, optional
-        Keep to the configurations this engine runs (``pase.planning.engine_runs``): meshes
-        only, no per-layer plan.
+    engine : str or tuple of str, optional
+        Keep to the configurations this engine (every one of these engines) runs
+        (``pase.planning.engine_runs``): meshes only, no per-layer plan.
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -118,8 +118,10 @@ def plan_training(
         (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
-    if engine is not None:
-        skipped = f"{engine} runs meshes"
+    if isinstance(engine, str):
+        engine = (engine,)
+    if engine:
+        skipped = "engines run meshes"
     elif free is False:
         skipped = "not asked for"
     elif mesh_fixed:

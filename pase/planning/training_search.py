@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
-from pase.planning.engine_runs import check_engine, runs_mesh
+from pase.planning.engine_runs import check_engine, mesh_refusal
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
 from pase.costing.training import (
@@ -227,7 +227,7 @@ def search_meshes(
     base: TrainingOptions | None = None,
     keep_all: bool = False,
     rebuild: bool = True,
-    engine: str | None = None,
+    engine=None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -235,7 +235,7 @@ def search_meshes(
     (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
-    choices; with ``engine``, only the configurations that engine runs
+    choices; with ``engine`` (a name or several), only the configurations every one runs
     (:mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
     for the first).
     """
@@ -261,8 +261,9 @@ def search_meshes(
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
-    if engine is not None:
-        check_engine(engine, probe)
+    engines = () if engine is None else (engine,) if isinstance(engine, str) else tuple(engine)
+    for name in engines:
+        check_engine(name, probe)
     tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
     # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
     # elsewhere the letters mean other things (h is an image's height).
@@ -282,6 +283,7 @@ def search_meshes(
     best = least = None
     evaluated = 0
     first_error = None
+    engine_refused = None
     kept = []
     meshes_tried = 0
     for pp in stage_counts:
@@ -342,8 +344,12 @@ def search_meshes(
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
                         continue
-                    if engine is not None and not runs_mesh(engine, mesh, options):
-                        continue
+                    if engines:
+                        why = next((f"{name}: {r}" for name in engines
+                                    if (r := mesh_refusal(name, mesh, options)) is not None), None)
+                        if why is not None:
+                            engine_refused = engine_refused or why
+                            continue
                     evaluated += 1
                     t, peak = float(time_rows[i]), float(memory_rows[i])
                     found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q)
@@ -354,6 +360,9 @@ def search_meshes(
                     if keep_all:
                         kept.append((mesh, options, micro, t, peak))
     if best is None and least is None:
+        if engine_refused is not None:
+            raise ValueError(f"no configuration searched runs as priced on {' and '.join(engines)} (the first "
+                             f"refused: {engine_refused})")
         raise ValueError(f"no mesh applies to this graph: {first_error}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
