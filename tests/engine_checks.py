@@ -28,7 +28,11 @@ import pytest
 
 
 def _need(module: str, package: str):
-    if module not in sys.modules and importlib.util.find_spec(module) is None:
+    try:
+        found = module in sys.modules or importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a dotted name whose parent package is missing
+        found = False
+    if not found:
         pytest.skip(f"{package} is not installed (pip install '.[engines]')")
 
 
