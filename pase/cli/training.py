@@ -239,11 +239,13 @@ def run_training_command(opts, args, out: IO) -> int:
     check_outputs(opts, [(flag, path, what) for flag, path, _, what in _given_exports(args)],
                   [("--recipe-from", recipe_from)] if recipe_from is not None else [])
     if recipe_from is not None:
-        from pase.outputs.engine_recipes import recipe_from_file
+        from pase.outputs.engine_recipes import RecipeFileError, recipe_from_file
 
         try:
             args.recipe = recipe_from_file(recipe_from, opts.procs, network.batch or 1, network)
-        except ValueError as err:
+        except RecipeFileError as err:  # unreadable or unparsable: a bad input file
+            raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.INPUT) from None
+        except ValueError as err:  # what the file sets cannot be priced, or is not this run's
             raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.USAGE) from None
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.

@@ -16,11 +16,15 @@ import shlex
 
 from pase.planning.mesh import Recipe
 
-__all__ = ["recipe_from_file", "recipe_from_torchtitan", "recipe_from_megatron", "recipe_from_deepspeed",
+__all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_megatron", "recipe_from_deepspeed",
            "MAX_RECIPE_FILE_BYTES"]
 
 #: The largest engine file read (a torchtitan TOML or a ds_config.json is a few kB).
 MAX_RECIPE_FILE_BYTES = 1 << 20
+
+
+class RecipeFileError(ValueError):
+    """The file cannot be read or parsed at all (not: it sets what cannot be priced)."""
 
 
 def _blocks(network) -> int | None:
@@ -33,9 +37,9 @@ def _read(path: str) -> bytes:
         with open(path, "rb") as f:
             data = f.read(MAX_RECIPE_FILE_BYTES + 1)
     except OSError as err:
-        raise ValueError(f"cannot read it ({err.strerror or err})") from None
+        raise RecipeFileError(f"cannot read it ({err.strerror or err})") from None
     if len(data) > MAX_RECIPE_FILE_BYTES:
-        raise ValueError(f"larger than {MAX_RECIPE_FILE_BYTES} bytes: not an engine configuration")
+        raise RecipeFileError(f"larger than {MAX_RECIPE_FILE_BYTES} bytes: not an engine configuration")
     return data
 
 
@@ -49,22 +53,31 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> Recipe:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text: not an engine configuration") from None
+        raise RecipeFileError("not UTF-8 text: not an engine configuration") from None
     if "\0" in text:
-        raise ValueError("has NUL bytes: not an engine configuration")
+        raise RecipeFileError("has NUL bytes: not an engine configuration")
+    if not text.strip():
+        raise RecipeFileError("empty: not an engine configuration")
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
             doc = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as err:
-            raise ValueError(f"malformed JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
+            raise RecipeFileError(f"malformed JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
         if not isinstance(doc, dict):
-            raise ValueError("the JSON is not an object")
+            raise RecipeFileError("the JSON is not an object")
         if "command_line" in doc and "arguments" in doc:
             if not isinstance(doc["command_line"], str):
                 raise ValueError("command_line must be a string of Megatron-LM arguments")
             return recipe_from_megatron(doc["command_line"], procs, batch, network)
         return recipe_from_deepspeed(doc, procs, batch)
+    if stripped.startswith("["):
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            pass  # a TOML table
+        else:
+            raise RecipeFileError("a JSON list, not an engine configuration")
     if stripped.startswith("--") or "pretrain_gpt" in text:
         return recipe_from_megatron(text, procs, batch, network)
     import tomllib
@@ -72,7 +85,7 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> Recipe:
     try:
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as err:
-        raise ValueError(f"neither Megatron-LM arguments, JSON nor TOML (TOML: {err})") from None
+        raise RecipeFileError(f"neither Megatron-LM arguments, JSON nor TOML (TOML: {err})") from None
     return recipe_from_torchtitan(doc, procs, batch, network)
 
 
@@ -353,7 +366,7 @@ def _megatron_tokens(text: str) -> list:
     try:
         tokens = shlex.split(text, comments=True)
     except ValueError as err:
-        raise ValueError(f"cannot split the arguments ({err})") from None
+        raise RecipeFileError(f"cannot split the arguments ({err})") from None
     for i, token in enumerate(tokens):
         if token.endswith("pretrain_gpt.py"):
             return tokens[i + 1:]
