@@ -9,7 +9,6 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import IO, Callable
 
-from pase.planning.engine_runs import ENGINE_NAMES
 from pase.planning.mesh import parse_recipe
 
 __all__ = ["add_training_flags", "wants_training", "check_training_flags", "run_training", "run_training_command"]
@@ -18,6 +17,15 @@ __all__ = ["add_training_flags", "wants_training", "check_training_flags", "run_
 def _recipe(text: str):
     try:
         return parse_recipe(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _engine(text: str):
+    from pase.planning.engine import load_engine
+
+    try:
+        return load_engine(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -39,17 +47,18 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
              "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved) and stages (blocks per "
              "pipeline stage, A/B/...).")
+    add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
+        help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
+             "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
+             "torchtitan,compile=true (docs/engines.md). Named (or implied by --export-ENGINE or --recipe-from), "
+             "the search keeps to the configurations it runs (its profile's runs section); otherwise the output "
+             "says which engines run the plan's configuration.")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
-    add("--engine", choices=ENGINE_NAMES, default=None,
-        help="keep the search to the configurations this engine runs as priced (torchtitan: DDP alone, FSDP as "
-             "ZeRO-2/3, tp with sequence parallelism, cp, pp, ep; megatron: distributed optimizer or Megatron FSDP, "
-             "tp, cp, interleaved pp, ep; deepspeed: ZeRO 1-3 data parallelism); without it the output says which "
-             "engines run the plan.")
     add("--recipe-from", metavar="FILE", default=None,
         help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
-             "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config; what the tool "
-             "cannot express is refused naming the field (docs/engines.md).")
+             "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config, for that engine; "
+             "what the tool cannot express is refused naming the field (docs/engines.md).")
     for flag, engine, what in ENGINE_EXPORTS:
         add(flag, metavar="FILE", default=None, help=_EXPORT_HELP[engine])
 
@@ -70,10 +79,25 @@ _EXPORT_HELP = {
 }
 
 
-def _kept_to(args) -> tuple:
-    """The engines the search keeps to: ``--engine`` and every engine a file is exported for."""
-    names = [args.engine] if getattr(args, "engine", None) else []
-    return tuple(dict.fromkeys(names + [engine for _, _, engine, _ in _given_exports(args)]))
+def pricing_engine(args, file_engine: str | None = None) -> tuple:
+    """``(profile, keep_to)``: the engine the plan is priced for (``--engine``, else the one
+    engine of the --export-ENGINE files and the --recipe-from file, else the default) and the
+    engines the search keeps to (that engine, where one was named or implied). ``ValueError``
+    when an export is for another engine than the one priced."""
+    from pase.planning.engine import load_engine
+
+    implied = list(dict.fromkeys([engine for _, _, engine, _ in _given_exports(args)]
+                                 + ([file_engine] if file_engine else [])))
+    given = getattr(args, "engine", None)
+    if given is None and len(implied) > 1:
+        raise ValueError(f"the exports and --recipe-from are for {' and '.join(implied)}: a plan is priced for one "
+                         "engine (--engine NAME); export for one at a time")
+    profile = given if given is not None else load_engine(implied[0] if implied else None)
+    for name in implied:
+        if name != profile.name:
+            raise ValueError(f"the plan is priced for {profile.name} (--engine {profile.label()}), which an "
+                             f"{name} file would not run as priced: give --engine {name}")
+    return profile, ((profile,) if given is not None or implied else ())
 
 
 def _given_exports(args) -> list:
@@ -145,16 +169,17 @@ def _export_engines(found, network, batch: int, args, write: Callable, devices_p
         raise ValueError("the plan is not a mesh, and engines run meshes" + hint)
     view = engine_plan(plan, batch, network)
     per_node = devices_per_node or engines.DEVICES_PER_NODE
+    profile = found.engine_profile
     texts = []
     for flag, path, engine, what in targets:
         if engine == "torchtitan":
-            text = engines.torchtitan_settings(view, path, per_node)["toml"]
+            text = engines.torchtitan_settings(view, path, per_node, profile)["toml"]
         elif engine == "deepspeed":
-            settings = engines.deepspeed_settings(view, path, per_node)
+            settings = engines.deepspeed_settings(view, path, per_node, profile)
             text = json.dumps({**settings["config"], "pase": {k: settings[k] for k in
                                                               ("recipe", "command_line", "launch")}}, indent=1) + "\n"
         else:
-            text = json.dumps(engines.megatron_settings(view, per_node), indent=1) + "\n"
+            text = json.dumps(engines.megatron_settings(view, per_node, profile), indent=1) + "\n"
         texts.append((path, text, what))
     for path, text, what in texts:
         write(path, text, what)
@@ -184,8 +209,9 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                 raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
     try:
+        engine, keep_to = getattr(args, "priced", None) or pricing_engine(args)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget, engine=_kept_to(args))
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:
@@ -238,15 +264,20 @@ def run_training_command(opts, args, out: IO) -> int:
     recipe_from = getattr(args, "recipe_from", None)
     check_outputs(opts, [(flag, path, what) for flag, path, _, what in _given_exports(args)],
                   [("--recipe-from", recipe_from)] if recipe_from is not None else [])
+    file_engine = None
     if recipe_from is not None:
         from pase.outputs.engine_recipes import RecipeFileError, recipe_from_file
 
         try:
-            args.recipe = recipe_from_file(recipe_from, opts.procs, network.batch or 1, network)
+            file_engine, args.recipe = recipe_from_file(recipe_from, opts.procs, network.batch or 1, network)
         except RecipeFileError as err:  # unreadable or unparsable: a bad input file
             raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.INPUT) from None
         except ValueError as err:  # what the file sets cannot be priced, or is not this run's
             raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.USAGE) from None
+    try:
+        args.priced = pricing_engine(args, file_engine)
+    except ValueError as err:
+        raise CliError(str(err), ExitStatus.USAGE) from None
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.
     source = source_of(opts.graph)

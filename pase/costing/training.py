@@ -29,6 +29,11 @@ __all__ = [
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
+#: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
+#: ``block`` (a repeated block, as FSDP wraps one: the block being computed, the next one
+#: prefetched and the unsharded gradient of one before its reduce-scatter), ``prefetch``
+#: (DeepSpeed's parameter-wise gathers, priced as ``block``).
+WRAP_UNITS = ("layer", "block", "prefetch")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op")
 
 #: Share of a layer's training-step compute that is its forward pass: one product of the
@@ -131,6 +136,26 @@ class TrainingOptions:
     launch_seconds : float
         Per-kernel launch floor: no layer's step compute is below its kernel count
         (:data:`KERNELS_PER_LAYER`, :data:`EAGER_NORM_KERNELS`) times this; 0 turns it off.
+    engine : str
+        The engine profile these options come from (``pase.planning.engine``), for labels.
+    grad_reduce_bytes, gather_bytes : float or None
+        Element size of the gradient reduction and of the parameter all-gather (None: the
+        machine's ``grad_bytes`` and ``act_bytes``, as priced in the layer's parts).
+    wrap_unit : str
+        What ZeRO-3 gathers at a time (:data:`WRAP_UNITS`).
+    optimizer_temp_bytes : float
+        Bytes per local optimizer-state element the optimizer step allocates besides the state.
+    comm_sm_share : float
+        Share of the SMs that overlapped communication kernels take: compute hiding a
+        collective runs that much slower for as long as the collective runs.
+    comm_buffer_bytes : float
+        The communication library's buffers (NCCL channels, engine workspaces).
+    fragmentation : float
+        The caching allocator's reserved-but-unallocated share of the memory besides the
+        reserve, as the engine reports its peak.
+    activation_grads : bool
+        Count the activation gradients alive during the backward pass (the gradient of the
+        largest layer's output and of its input).
     """
 
     zero: int = 0
@@ -151,6 +176,15 @@ class TrainingOptions:
     loss_buffers: float = 2.0
     launch_seconds: float = 0.0
     bucket_elements: float = 0.0
+    engine: str = ""
+    grad_reduce_bytes: float | None = None
+    gather_bytes: float | None = None
+    wrap_unit: str = "layer"
+    optimizer_temp_bytes: float = 0.0
+    comm_sm_share: float = 0.0
+    comm_buffer_bytes: float = 0.0
+    fragmentation: float = 0.0
+    activation_grads: bool = False
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -160,12 +194,21 @@ class TrainingOptions:
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
-                     "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements"):
+                     "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
+                     "comm_sm_share", "comm_buffer_bytes", "fragmentation"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
         if self.overlap_efficiency > 1:
             raise ValueError(f"overlap_efficiency must be at most 1, got {self.overlap_efficiency!r}")
+        for name in ("grad_reduce_bytes", "gather_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        if self.wrap_unit not in WRAP_UNITS:
+            raise ValueError(f"wrap_unit must be one of {', '.join(WRAP_UNITS)}, got {self.wrap_unit!r}")
+        if self.comm_sm_share >= 1 or self.fragmentation >= 1:
+            raise ValueError("comm_sm_share and fragmentation must be below 1")
         if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency!r}")
 

@@ -43,12 +43,12 @@ def _read(path: str) -> bytes:
     return data
 
 
-def recipe_from_file(path: str, procs: int, batch: int, network) -> Recipe:
-    """The recipe of an engine file, told apart by its contents: a TOML with a
-    ``[parallelism]``/``[training]`` table (torchtitan), JSON with ``train_batch_size`` or
-    ``zero_optimization`` (DeepSpeed) or with ``command_line`` (a Megatron-LM export), else
-    Megatron-LM arguments (``--flag value`` ..., ``pretrain_gpt.py`` and what comes before it
-    skipped). ``ValueError`` (one line) for anything else."""
+def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
+    """``(engine, recipe)`` of an engine file, told apart by its contents: a TOML
+    (torchtitan), JSON with ``command_line`` and ``arguments`` (a Megatron-LM export), other
+    JSON (DeepSpeed), else Megatron-LM arguments (``--flag value`` ..., ``pretrain_gpt.py`` and
+    what comes before it skipped). ``ValueError`` (one line) for anything else:
+    :class:`RecipeFileError` when the file cannot be read or parsed at all."""
     data = _read(path)
     try:
         text = data.decode("utf-8")
@@ -69,8 +69,8 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> Recipe:
         if "command_line" in doc and "arguments" in doc:
             if not isinstance(doc["command_line"], str):
                 raise ValueError("command_line must be a string of Megatron-LM arguments")
-            return recipe_from_megatron(doc["command_line"], procs, batch, network)
-        return recipe_from_deepspeed(doc, procs, batch)
+            return "megatron", recipe_from_megatron(doc["command_line"], procs, batch, network)
+        return "deepspeed", recipe_from_deepspeed(doc, procs, batch)
     if stripped.startswith("["):
         try:
             json.loads(text)
@@ -79,14 +79,15 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> Recipe:
         else:
             raise RecipeFileError("a JSON list, not an engine configuration")
     if stripped.startswith("--") or "pretrain_gpt" in text:
-        return recipe_from_megatron(text, procs, batch, network)
+        return "megatron", recipe_from_megatron(text, procs, batch, network)
     import tomllib
 
     try:
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as err:
         raise RecipeFileError(f"neither Megatron-LM arguments, JSON nor TOML (TOML: {err})") from None
-    return recipe_from_torchtitan(doc, procs, batch, network)
+    compiled = isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True
+    return "torchtitan,compile=true" if compiled else "torchtitan", recipe_from_torchtitan(doc, procs, batch, network)
 
 
 def _int(value, field: str, least: int = 1) -> int:
@@ -141,7 +142,6 @@ _TITAN_PASSIVE = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "c
 #: Values a field may have for the plan to be priced as torchtitan runs it.
 _TITAN_DEFAULTS = {
     ("parallelism", "disable_loss_parallel"): False,
-    ("parallelism", "enable_async_tensor_parallel"): False,
     ("parallelism", "pipeline_parallel_schedule_csv"): "",
     ("training", "enable_cpu_offload"): False,
     ("training", "mixed_precision_param"): "bfloat16",
@@ -222,8 +222,8 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
             if isinstance(values, dict) and values.get("converters"):
                 raise ValueError("cannot express model.converters (Float8/MX training is not priced yet)")
         elif section == "compile":
-            if isinstance(values, dict) and values.get("enable"):
-                raise ValueError("cannot express compile.enable (torch.compile's kernels are not priced)")
+            if not isinstance(values, dict):
+                raise ValueError("[compile] must be a table")
         elif section == "quantize":
             continue
         elif section not in _TITAN_PASSIVE:
@@ -317,9 +317,16 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
         if global_batch % (local * dp):
             raise ValueError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size x dp "
                              f"= {local * dp}")
+    overlap = par.get("enable_async_tensor_parallel", False)
+    if not isinstance(overlap, bool):
+        raise ValueError("parallelism.enable_async_tensor_parallel must be true or false")
+    compiled = isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True
+    if overlap and not compiled:
+        raise ValueError("parallelism.enable_async_tensor_parallel needs compile.enable (torchtitan ignores it "
+                         "without)")
     return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
                    microbatch=micro, schedule=schedule, vpp=vpp, stages=stages, sp=True if tp > 1 else None,
-                   tp_overlap=False)
+                   tp_overlap=bool(overlap and tp > 1))
 
 
 # ---------------------------------------------------------------------------------------

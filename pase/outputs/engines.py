@@ -41,10 +41,19 @@ class EngineRefusal(ValueError):
 _NAMES = {"torchtitan": "torchtitan", "megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}
 
 
-def _check(engine: str, plan: EnginePlan) -> None:
-    reason = refusal(engine, plan)
+def _check(engine: str, plan: EnginePlan, profile=None, extra=()) -> None:
+    """Refuse what the engine (``profile``, else its shipped profile) does not run, then what
+    its file cannot say (``extra``: ``(condition, reason)``)."""
+    reason = refusal(profile if profile is not None else engine, plan)
     if reason is not None:
         raise EngineRefusal(engine, reason)
+    for condition, why in extra:
+        if condition:
+            raise EngineRefusal(engine, why)
+
+
+def _compiled(profile) -> bool:
+    return profile is not None and ("compile", "true") in tuple(profile.settings)
 
 
 def _torchrun(plan: EnginePlan, per_node: int) -> str:
@@ -99,7 +108,7 @@ def toml_text(sections: dict, comments: list = ()) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _titan_sections(plan: EnginePlan) -> dict:
+def _titan_sections(plan: EnginePlan, compiled: bool = False) -> dict:
     sharded = plan.zero in (2, 3) and plan.replicas > 1
     parallelism = {
         "data_parallel_replicate_degree": 1 if sharded else plan.dp,
@@ -114,6 +123,8 @@ def _titan_sections(plan: EnginePlan) -> dict:
         parallelism["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
     if plan.ep > 1:
         parallelism["expert_tensor_parallel_degree"] = plan.tp  # the experts split tp ways, as the priced mesh
+    if plan.tp_overlap and plan.tp > 1:
+        parallelism["enable_async_tensor_parallel"] = True  # with torch.compile (the profile's compile=true)
     training = {"global_batch_size": plan.batch}
     if plan.pp > 1:
         # A step's batch per data-parallel rank, cut into the pipeline's micro-batches.
@@ -129,8 +140,11 @@ def _titan_sections(plan: EnginePlan) -> dict:
     checkpoint = {"mode": {"none": "none", "full": "full", "op": "selective"}[plan.recompute]}
     if plan.recompute == "op":
         checkpoint["selective_ac_option"] = "op"
-    return {"job": {"description": f"pase plan {plan.recipe}"}, "parallelism": parallelism,
-            "activation_checkpoint": checkpoint, "training": training}
+    sections = {"job": {"description": f"pase plan {plan.recipe}"}, "parallelism": parallelism,
+                "activation_checkpoint": checkpoint, "training": training}
+    if compiled:
+        sections["compile"] = {"enable": True}
+    return sections
 
 
 def _titan_arguments(sections: dict) -> list:
@@ -143,7 +157,8 @@ def _titan_arguments(sections: dict) -> list:
     return args
 
 
-def torchtitan_settings(plan: EnginePlan, path: str = "torchtitan.toml", per_node: int = DEVICES_PER_NODE) -> dict:
+def torchtitan_settings(plan: EnginePlan, path: str = "torchtitan.toml", per_node: int = DEVICES_PER_NODE,
+                        profile=None) -> dict:
     """torchtitan's job config for the plan: ``toml`` (the file, for ``--job.config_file``),
     ``sections`` (the same as a dict), ``command_line`` (the same settings as torchtitan's
     command-line options, all but the stage split) and ``launch``.
@@ -154,8 +169,8 @@ def torchtitan_settings(plan: EnginePlan, path: str = "torchtitan.toml", per_nod
     is cut into ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches, without
     them torchtitan accumulates ``global / (local x dp)`` micro-batches.
     """
-    _check("torchtitan", plan)
-    sections = _titan_sections(plan)
+    _check("torchtitan", plan, profile)
+    sections = _titan_sections(plan, _compiled(profile))
     args = _titan_arguments(sections)
     launch = f"{_torchrun(plan, per_node)} -m torchtitan.train --job.config_file {path}"
     comments = [f"torchtitan {TORCHTITAN_VERSION} job config written by pase: runs the plan {plan.recipe}",
@@ -252,11 +267,11 @@ def _parallel_arguments(plan: EnginePlan) -> list:
     return args
 
 
-def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE) -> dict:
+def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profile=None) -> dict:
     """Megatron-LM's ``pretrain_gpt.py`` arguments for the plan, the model's own included:
     ``arguments`` (flag -> value, ``True`` for a switch), ``command_line``, ``launch``,
     ``data_parallel_size`` (what Megatron derives: ``p / (tp pp cp)``)."""
-    _check("megatron", plan)
+    _check("megatron", plan, profile)
     args = _model_arguments(plan) + _parallel_arguments(plan)
     line = " ".join(flag if value is None else f"{flag} {value}" for flag, value in args)
     return {"engine": "megatron-lm", "arguments": {flag: (True if value is None else value) for flag, value in args},
@@ -267,12 +282,17 @@ def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE) -> dic
 # ---------------------------------------------------------------------------------------
 # DeepSpeed
 
-def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node: int = DEVICES_PER_NODE) -> dict:
+def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node: int = DEVICES_PER_NODE,
+                       profile=None) -> dict:
     """DeepSpeed's ``ds_config.json`` for the plan (``config``): the ZeRO stage, the batch
     (``train_batch_size = micro-batch x accumulation x dp``), bf16; ZeRO-3 keeps no parameter
     unsharded (``stage3_param_persistence_threshold`` 0), as priced. ``command_line`` is the
     training script's DeepSpeed arguments; ``launch`` runs it."""
-    _check("deepspeed", plan)
+    _check("deepspeed", plan, profile, (
+        (plan.pp > 1, "DeepSpeed's pipeline engine splits stages in the model code (PipelineModule), not "
+                      "ds_config.json"),
+        (plan.recompute != "none", "DeepSpeed recomputes what the model code wraps in "
+                                   "deepspeed.checkpointing.checkpoint: ds_config.json cannot say it")))
     zero = {"stage": plan.zero, "overlap_comm": plan.overlap}
     if plan.zero == 3:
         zero["stage3_param_persistence_threshold"] = 0

@@ -57,6 +57,7 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "mfu": s.mfu if seconds else None,
         "peak_memory_bytes": s.peak_memory_bytes,
         "parameters": s.parameters,
+        "engine": o.engine or None,
         "zero": o.zero,
         "recompute": o.recompute,
         "microbatches": o.microbatches,
@@ -81,25 +82,26 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
 def engine_verdicts(plan, network) -> dict:
     """Engine name -> ``None`` where it runs the plan as priced, else why not (a per-layer
     plan: every engine's reason is that engines run meshes)."""
-    from pase.planning.engine_runs import RUNS, engine_plan, refusal
+    from pase.planning.engine import ENGINE_NAMES
+    from pase.planning.engine_runs import engine_plan, refusal
 
     if plan.best is None:
         return {}
     if plan.best.mesh is None:
-        return {name: "the plan is not a mesh" for name in RUNS}
+        return {name: "the plan is not a mesh" for name in ENGINE_NAMES}
     view = engine_plan(plan.best, plan.batch, network)
-    return {name: refusal(name, view) for name in RUNS}
+    return {name: refusal(name, view) for name in ENGINE_NAMES}
 
 
 def _engine_line(plan, network) -> str:
     verdicts = engine_verdicts(plan, network)
     runs = [name for name, why in verdicts.items() if why is None]
     others = [name for name, why in verdicts.items() if why is not None]
-    text = "  engines that run it as priced: " + (", ".join(runs) if runs else "none")
+    text = "  engines that run this configuration: " + (", ".join(runs) if runs else "none")
     if others:
         text += f" (not {', '.join(others)}: --export-ENGINE says why)"
-    if plan.engine:
-        text += f"; the search kept to what {' and '.join(plan.engine)} run{'s' if len(plan.engine) == 1 else ''}"
+    if plan.kept_to:
+        text += f"; the search kept to what {' and '.join(plan.kept_to)} run{'s' if len(plan.kept_to) == 1 else ''}"
     return text
 
 
@@ -116,6 +118,7 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         "cost_unit": plan.machine.cost_unit,
         "memory_cap_bytes": plan.memory_cap,
         "status": "fits" if best is not None else "nothing-fits",
+        "engine": _engine_label(plan),
         "training": training_dict(best, network, seconds) if best is not None else None,
         "search": {
             "configurations": plan.mesh_search.evaluated,
@@ -129,10 +132,16 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
     }
     if best is not None:
         data["engines"] = engine_verdicts(plan, network)
-        data["engines_kept_to"] = list(plan.engine or ())
+        data["engines_kept_to"] = list(plan.kept_to)
     if plan.compare is not None:
         data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
     return data
+
+
+def _engine_label(plan) -> str | None:
+    """The engine profile the plan was priced under (``--engine``; the default named)."""
+    c = plan.best or plan.least_memory
+    return (c.options.engine or None) if c is not None else None
 
 
 def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
@@ -158,6 +167,9 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
     size = f", {model_name} {model}" if model is not None else ""
     lines = [f"{plan.network_name} on {plan.procs} devices of {plan.machine.name}, batch {plan.batch}{size}: "
              "training configuration"]
+    engine = _engine_label(plan)
+    if engine:
+        lines.append(f"engine: {engine} (--engine; its kernels, dtypes, overlaps and allocator: docs/engines.md)")
     best = plan.best
     if best is not None:
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"

@@ -1,25 +1,24 @@
-"""What each training engine runs: the configurations torchtitan, Megatron-LM and DeepSpeed
-can be told to run, as data (:data:`RUNS`), and the one check that reads it (:func:`refusal`).
+"""What each training engine runs, and the one check that reads it (:func:`refusal`).
 
-A plan an engine cannot run as priced is refused with the reason (the exporters write
-nothing then; ``--engine`` will keep the search to plans it runs). The facts of each engine
-are from its own code: torchtitan 0.2.2 (``torchtitan/config/job_config.py``,
-``torchtitan/distributed/parallel_dims.py``, ``torchtitan/models/llama3/infra/parallelize.py``:
-"DDP has not supported > 1D parallelism"; FSDP is applied over the data-parallel shard and the
-context-parallel ranks together), megatron-core 0.16 (``TransformerConfig``,
-``DistributedDataParallelConfig``) and Megatron-LM's arguments, DeepSpeed 0.19
-(``deepspeed/runtime/config.py``, ``zero/config.py``).
+The configurations an engine runs are data: the ``runs`` section of its profile
+(``pase/planning/engines/NAME.json``, docs/engines.md): ``zero`` (the ZeRO stages it has, over
+the ``dp x cp`` ranks that hold copies), ``zero_alone`` (stages it runs only with data
+parallelism alone), ``zero_pp`` (stages it runs with pipelines), ``tp``, ``sp`` (``always``:
+its tensor parallelism is always sequence-parallel), ``cp``, ``ep``, ``ep_zero``, ``schedules``
+(of its pipelines; empty: none), ``architecture`` (it builds the model from the graph's
+declared shape), ``why`` (the reason for each refusal, keyed ``KEY`` or ``KEY:VALUE``) and
+``source``; with the profile's ``recompute_policies`` and ``tp_comm_overlap`` facts.
 
-Engines are keyed by the names ``--engine`` takes; the table is to move into the engine
-profile files (``pase/planning/engines/``) once they exist.
+A plan an engine cannot run as priced is refused with the reason: the exporters write nothing,
+``--engine`` keeps the search to what the engine runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-__all__ = ["EnginePlan", "engine_plan", "RUNS", "ENGINE_NAMES", "refusal", "engines_running", "runs_mesh", "mesh_refusal",
-           "check_engine"]
+__all__ = ["EnginePlan", "engine_plan", "refusal", "engines_running", "runs_mesh", "mesh_refusal", "check_engine"]
 
 
 @dataclass(frozen=True)
@@ -88,126 +87,89 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe)
 
 
-#: The configurations each engine runs. ``zero``: the ZeRO stages it has (over the ``dp x
-#: cp`` ranks that hold copies); ``zero_alone``: stages it runs only with data parallelism
-#: alone (no tp, cp, pp or ep), ``zero_pp``: stages it runs with a pipeline; ``tp`` with
-#: ``sp`` (sequence parallelism) always / optional; ``cp``, ``ep``; ``schedules`` of its
-#: pipelines (empty: no pipeline); ``recompute`` policies; ``tp_overlap`` (tensor-parallel
-#: communication hidden behind GEMMs as priced); ``architecture``: it builds the model from
-#: its shape (the graph must declare one).
-RUNS = {
-    "torchtitan": {
-        # DDP (0) only alone; FSDP with reshard_after_forward always (3) or never (2); no ZeRO-1.
-        "zero": (0, 2, 3), "zero_alone": (0,), "zero_pp": (0, 2, 3),
-        "tp": True, "sp": "always", "cp": True, "ep": True, "ep_zero": (2, 3),
-        "schedules": ("1f1b", "interleaved"), "recompute": ("none", "full", "op"),
-        "tp_overlap": False, "architecture": False,
-    },
-    "megatron": {
-        # Plain DDP (0), the distributed optimizer (1), Megatron FSDP optim_grads (2) and
-        # optim_grads_params (3); Megatron FSDP without pipelines.
-        "zero": (0, 1, 2, 3), "zero_alone": (), "zero_pp": (0, 1),
-        "tp": True, "sp": "optional", "cp": True, "ep": True, "ep_zero": (0, 1, 2, 3),
-        "schedules": ("1f1b", "interleaved"), "recompute": ("none", "selective", "full"),
-        "tp_overlap": True, "architecture": True,
-    },
-    "deepspeed": {
-        # ds_config.json holds ZeRO, batch and precision; tensor, context, expert and
-        # pipeline parallelism and recomputation are the model code's.
-        "zero": (1, 2, 3), "zero_alone": (), "zero_pp": (),
-        "tp": False, "sp": "optional", "cp": False, "ep": False, "ep_zero": (),
-        "schedules": (), "recompute": ("none",), "tp_overlap": False, "architecture": False,
-    },
-}
+@lru_cache(maxsize=None)
+def _shipped(name: str):
+    from pase.planning.engine import load_engine
 
-ENGINE_NAMES = tuple(RUNS)
-
-_RECOMPUTE_WORDS = {"none": "no recomputation", "selective": "selective recomputation of attention's core "
-                    "(Megatron's)", "full": "full recomputation of every block",
-                    "op": "torchtitan's per-operator selective policy ('op')"}
-
-#: Why an engine has no such configuration, where the table's word alone would not say.
-_WHY = {
-    ("torchtitan", "zero", 1): "torchtitan has no ZeRO-1 (optimizer state sharded, gradients and weights not): its "
-                               "data parallelism is DDP, FSDP (ZeRO-3) or FSDP without resharding after forward "
-                               "(ZeRO-2)",
-    ("torchtitan", "zero_alone", 0): "torchtitan runs DDP (ZeRO-0) with data parallelism alone (\"DDP has not "
-                                     "supported > 1D parallelism\"), and shards weights over context-parallel "
-                                     "ranks with FSDP: use zero=2 or zero=3",
-    ("torchtitan", "sp", False): "torchtitan's tensor parallelism always splits the norms' sequence (sequence "
-                                 "parallelism): the plan priced tp without it (sp=false)",
-    ("torchtitan", "tp_overlap", True): "torchtitan's async tensor parallelism needs torch.compile, which the plan "
-                                        "did not price (tp_overlap=true)",
-    ("torchtitan", "ep_zero", 0): "torchtitan's expert parallelism borrows the FSDP shard ranks: use zero=2 or zero=3",
-    ("megatron", "zero_pp", 2): "Megatron FSDP (--data-parallel-sharding-strategy optim_grads) runs without "
-                                "pipeline parallelism",
-    ("megatron", "zero_pp", 3): "Megatron FSDP (--data-parallel-sharding-strategy optim_grads_params) runs "
-                                "without pipeline parallelism",
-    ("megatron", "architecture", None): "Megatron-LM builds its GPT model from its arguments (--num-layers, "
-                                        "--hidden-size, ...): this graph declares no decoder shape (an imported "
-                                        "model or a graph file)",
-    ("deepspeed", "zero", 0): "DeepSpeed without ZeRO reduces the gradients after the backward pass; the plan "
-                              "priced them overlapped with it (use zero=1)",
-    ("deepspeed", "tp", True): "ds_config.json has no tensor parallelism: it is the model code's (Megatron-"
-                               "DeepSpeed), not DeepSpeed's configuration",
-    ("deepspeed", "cp", True): "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not the "
-                               "context parallelism priced",
-    ("deepspeed", "ep", True): "DeepSpeed-MoE's expert parallelism is set in the model code (deepspeed.moe), not "
-                               "ds_config.json",
-    ("deepspeed", "pp", True): "DeepSpeed's pipeline engine splits stages in the model code (PipelineModule), not "
-                               "ds_config.json",
-    ("deepspeed", "recompute", None): "DeepSpeed recomputes what the model code wraps in "
-                                      "deepspeed.checkpointing.checkpoint: ds_config.json cannot say it",
-}
+    return load_engine(name)
 
 
-def refusal(engine: str, plan: EnginePlan) -> str | None:
-    """Why ``engine`` cannot run ``plan`` as priced, or ``None`` when it can."""
-    runs = RUNS[engine]
-    if runs["architecture"] and not plan.architecture:
-        return _WHY[(engine, "architecture", None)]
+def _profile(engine):
+    """The :class:`~pase.planning.engine.EngineProfile` of ``engine`` (a profile or a shipped name)."""
+    return _shipped(engine) if isinstance(engine, str) else engine
+
+
+#: Fallback reasons, where a profile's ``runs.why`` says nothing more specific.
+_GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeRO-{value} only with data parallelism "
+            "alone", "zero_pp": "{name} runs no ZeRO-{value} with pipelines", "tp": "{name} has no tensor parallelism",
+            "sp": "{name} has no tensor parallelism without sequence parallelism", "cp": "{name} has no context "
+            "parallelism", "pp": "{name} has no pipeline parallelism", "schedule": "{name} has no {value} pipeline "
+            "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
+            "no ZeRO-{value}", "recompute": "{name} has no recomputation policy '{value}'",
+            "tp_overlap": "{name} does not overlap tensor-parallel communication as priced (tp_overlap=true)",
+            "architecture": "{name} builds the model from its shape, which this graph does not declare"}
+
+
+def _why(profile, key: str, value=None) -> str:
+    why = profile.runs.get("why", {})
+    word = None if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+    text = why.get(f"{key}:{word}") if word is not None else None
+    return text or why.get(key) or _GENERIC[key].format(name=profile.name, value=word)
+
+
+def refusal(engine, plan: EnginePlan) -> str | None:
+    """Why ``engine`` (a profile or a shipped engine's name) cannot run ``plan`` as priced, or
+    ``None`` when it can. The rules are the profile's ``runs`` section (a key it lacks does not
+    restrict) with its ``recompute_policies`` and ``tp_comm_overlap`` facts."""
+    profile = _profile(engine)
+    runs = profile.runs
+    if runs.get("architecture") and not plan.architecture:
+        return _why(profile, "architecture")
     zero = plan.zero if plan.replicas > 1 else None  # one copy of every weight: no stage to choose
-    if zero is not None and zero not in runs["zero"]:
-        return _WHY.get((engine, "zero", zero), f"{engine} has no ZeRO-{zero}")
+    if zero is not None and "zero" in runs and zero not in runs["zero"]:
+        return _why(profile, "zero", zero)
     alone = plan.tp == plan.pp == plan.cp == plan.ep == 1
-    if zero in runs["zero_alone"] and not alone:
-        return _WHY[(engine, "zero_alone", zero)]
-    if plan.tp > 1 and not runs["tp"]:
-        return _WHY[(engine, "tp", True)]
-    if plan.tp > 1 and runs["sp"] == "always" and not plan.sp:
-        return _WHY[(engine, "sp", False)]
-    if plan.cp > 1 and not runs["cp"]:
-        return _WHY[(engine, "cp", True)]
-    if plan.pp > 1 and not runs["schedules"]:
-        return _WHY[(engine, "pp", True)]
-    if plan.pp > 1 and plan.schedule not in runs["schedules"]:
-        return f"{engine} has no {plan.schedule} pipeline schedule"
-    if plan.pp > 1 and zero is not None and zero not in runs["zero_pp"]:
-        return _WHY.get((engine, "zero_pp", zero), f"{engine} runs no ZeRO-{zero} with pipelines")
-    if plan.ep > 1 and not runs["ep"]:
-        return _WHY[(engine, "ep", True)]
-    if plan.ep > 1 and plan.zero not in runs["ep_zero"]:
-        return _WHY[(engine, "ep_zero", plan.zero)]
-    if plan.recompute not in runs["recompute"]:
-        return _WHY.get((engine, "recompute", None), f"{engine} has no {_RECOMPUTE_WORDS[plan.recompute]}")
-    if plan.tp_overlap and plan.tp > 1 and not runs["tp_overlap"]:
-        return _WHY[(engine, "tp_overlap", True)]
+    if zero is not None and zero in runs.get("zero_alone", ()) and not alone:
+        return _why(profile, "zero_alone", zero)
+    if plan.tp > 1 and runs.get("tp") is False:
+        return _why(profile, "tp")
+    if plan.tp > 1 and runs.get("sp") == "always" and not plan.sp:
+        return _why(profile, "sp", False)
+    if plan.cp > 1 and runs.get("cp") is False:
+        return _why(profile, "cp")
+    schedules = runs.get("schedules")
+    if plan.pp > 1 and schedules is not None and not schedules:
+        return _why(profile, "pp")
+    if plan.pp > 1 and schedules and plan.schedule not in schedules:
+        return _why(profile, "schedule", plan.schedule)
+    if plan.pp > 1 and zero is not None and "zero_pp" in runs and zero not in runs["zero_pp"]:
+        return _why(profile, "zero_pp", zero)
+    if plan.ep > 1 and runs.get("ep") is False:
+        return _why(profile, "ep")
+    if plan.ep > 1 and "ep_zero" in runs and plan.zero not in runs["ep_zero"]:
+        return _why(profile, "ep_zero", plan.zero)
+    if plan.recompute not in profile.facts["recompute_policies"]:
+        return _why(profile, "recompute", plan.recompute)
+    if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
+        return _why(profile, "tp_overlap", True)
     return None
 
 
 def engines_running(plan: EnginePlan) -> list:
-    """The engines that run ``plan`` as priced, in :data:`RUNS` order."""
-    return [name for name in RUNS if refusal(name, plan) is None]
+    """The shipped engines that run ``plan`` as priced."""
+    from pase.planning.engine import ENGINE_NAMES
+
+    return [name for name in ENGINE_NAMES if refusal(name, plan) is None]
 
 
-def runs_mesh(engine: str, mesh, options, architecture=None) -> bool:
+def runs_mesh(engine, mesh, options, architecture=None) -> bool:
     """Whether ``engine`` runs a mesh with these options, whatever the pipeline's cut and
     schedule (every engine here that pipelines runs both schedules priced): the search's
     filter under ``--engine``."""
     return mesh_refusal(engine, mesh, options, architecture) is None
 
 
-def mesh_refusal(engine: str, mesh, options, architecture=None) -> str | None:
+def mesh_refusal(engine, mesh, options, architecture=None) -> str | None:
     """:func:`refusal` of a mesh with these options (``None``: the engine runs it)."""
     plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
                       sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
@@ -216,9 +178,8 @@ def mesh_refusal(engine: str, mesh, options, architecture=None) -> str | None:
     return refusal(engine, plan)
 
 
-def check_engine(engine: str, network) -> None:
-    """``ValueError`` when ``engine`` is unknown or cannot run ``network`` at all."""
-    if engine not in RUNS:
-        raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(RUNS)}")
-    if RUNS[engine]["architecture"] and not getattr(network, "architecture", None):
-        raise ValueError(_WHY[(engine, "architecture", None)])
+def check_engine(engine, network) -> None:
+    """``ValueError`` when ``engine`` cannot run ``network`` at all."""
+    profile = _profile(engine)
+    if profile.runs.get("architecture") and not getattr(network, "architecture", None):
+        raise ValueError(_why(profile, "architecture"))

@@ -47,8 +47,10 @@ class TrainingPlan:
     compare: Candidate | None
     compare_recipe: str | None
     seconds: float
-    #: The engines the search kept to (``--engine``, the ``--export-ENGINE`` files), if any.
-    engine: tuple | None = None
+    #: Names of the engines the search kept to (``--engine``, the ``--export-ENGINE`` files).
+    kept_to: tuple = ()
+    #: The engine profile the plan is priced for (``None``: none named).
+    engine_profile: object = None
 
     @property
     def optimal_over(self) -> str:
@@ -82,6 +84,7 @@ def plan_training(
     rebuild: bool = True,
     table_budget: int | None = None,
     engine=None,
+    keep_to: tuple = (),
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -101,26 +104,26 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
-    engine : str or tuple of str, optional
-        Keep to the configurations this engine (every one of these engines) runs
+    engine : EngineProfile, optional
+        The engine the plan is priced for (``pase.planning.engine``).
+    keep_to : tuple of EngineProfile
+        Keep to the configurations every one of these engines runs
         (``pase.planning.engine_runs``): meshes only, no per-layer plan.
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
-    base = base or TrainingOptions()
+    base = base or (engine.base_options() if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          engine=engine)
+                          engine=engine, keep_to=keep_to)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
-    if isinstance(engine, str):
-        engine = (engine,)
-    if engine:
+    if keep_to:
         skipped = "engines run meshes"
     elif free is False:
         skipped = "not asked for"
@@ -130,7 +133,7 @@ def plan_training(
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
-        settings = options_grid(recipe)
+        settings = options_grid(recipe, engine)
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]
@@ -140,7 +143,8 @@ def plan_training(
             skipped = f"{work:.2g} table entries over {len(settings)} settings, more than {FREE_SEARCH_ENTRIES:.0e}"
         else:
             for zero, policy in settings:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                             "tp_overlap": reference.options.tp_overlap})
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
                                      microbatch=reference.microbatch)
                 free_searches += result.searches
@@ -153,10 +157,10 @@ def plan_training(
         try:
             # The recipe's fastest fitting configuration; if none fits, its fastest.
             compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                     rebuild=rebuild).best
+                                     rebuild=rebuild, engine=engine, keep_to=keep_to).best
             if compared is None:
                 compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild).best
+                                         rebuild=rebuild, engine=engine, keep_to=keep_to).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
     return TrainingPlan(
@@ -164,7 +168,8 @@ def plan_training(
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
         least_memory=found.least_memory, mesh_search=found, free_searches=free_searches, free_entries=free_entries,
         free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
-        seconds=time.perf_counter() - start, engine=engine,
+        seconds=time.perf_counter() - start, kept_to=tuple(p.name for p in keep_to),
+        engine_profile=engine,
     )
 
 

@@ -210,10 +210,23 @@ def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> lis
 SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p != "op")
 
 
-def options_grid(recipe: Recipe) -> list:
+def options_grid(recipe: Recipe, engine=None) -> list:
+    """``(zero, recompute)`` pairs the search tries: the recipe's, else every ZeRO stage and the
+    engine's recomputation policies (:data:`SEARCHED_POLICIES` without an engine)."""
     zeros = [recipe.zero] if recipe.zero is not None else list(ZERO_STAGES)
-    policies = [recipe.recompute] if recipe.recompute is not None else list(SEARCHED_POLICIES)
+    searched = SEARCHED_POLICIES if engine is None else engine.searched()["recompute"]
+    policies = [recipe.recompute] if recipe.recompute is not None else list(searched)
     return [(z, r) for z in zeros for r in policies]
+
+
+def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple:
+    """``tp_overlap`` values tried: the recipe's, else both where the engine overlaps
+    tensor-parallel communication (``searched()``), else the base options'."""
+    if recipe.tp_overlap is not None:
+        return (recipe.tp_overlap,)
+    if engine is not None:
+        return tuple(engine.searched()["tp_overlap"])
+    return (base.tp_overlap,)
 
 
 def search_meshes(
@@ -228,6 +241,7 @@ def search_meshes(
     keep_all: bool = False,
     rebuild: bool = True,
     engine=None,
+    keep_to: tuple = (),
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -235,17 +249,16 @@ def search_meshes(
     (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
-    choices; with ``engine`` (a name or several), only the configurations every one runs
-    (:mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
+    choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
+    the configurations every one of them runs (:mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
     for the first).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
-    base = base or TrainingOptions()
+    base = base or (engine.base_options() if engine is not None else TrainingOptions())
     recipe.check(procs)
-    if recipe.tp_overlap is not None:
-        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
-    if base.tp_overlap and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
+    overlaps = overlap_choices(recipe, base, engine)
+    if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
@@ -261,9 +274,8 @@ def search_meshes(
     # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
     # (an imported model's generic letters) gets data, context and pipeline parallelism only.
     probe = build(batch)
-    engines = () if engine is None else (engine,) if isinstance(engine, str) else tuple(engine)
-    for name in engines:
-        check_engine(name, probe)
+    for profile in keep_to:
+        check_engine(profile, probe)
     tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
     # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
     # elsewhere the letters mean other things (h is an image's height).
@@ -278,7 +290,7 @@ def search_meshes(
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
-    grid = options_grid(recipe)
+    grid = [(z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps]
     networks: dict = {}
     best = least = None
     evaluated = 0
@@ -332,8 +344,9 @@ def search_meshes(
             edges, targets = memo.edge_seconds(network, configs)
             tokens = tokens_of(network)
             m = batch // global_micro
-            for zero, policy in grid:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m})
+            for zero, policy, overlap in grid:
+                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                             "tp_overlap": overlap})
                 if pp == 1:
                     time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
                     stage_plans = [None] * len(valid)
@@ -344,9 +357,15 @@ def search_meshes(
                 for i, (mesh, micro) in enumerate(valid):
                     if pp > 1 and stage_plans[i] is None:
                         continue
-                    if engines:
-                        why = next((f"{name}: {r}" for name in engines
-                                    if (r := mesh_refusal(name, mesh, options)) is not None), None)
+                    # Overlapping tensor-parallel communication needs tensor parallelism with
+                    # sequence parallelism; searched (not fixed), it is tried only there.
+                    if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
+                        continue
+                    if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
+                        continue
+                    if keep_to:
+                        why = next((f"{p.name}: {r}" for p in keep_to
+                                    if (r := mesh_refusal(p, mesh, options)) is not None), None)
                         if why is not None:
                             engine_refused = engine_refused or why
                             continue
@@ -361,7 +380,7 @@ def search_meshes(
                         kept.append((mesh, options, micro, t, peak))
     if best is None and least is None:
         if engine_refused is not None:
-            raise ValueError(f"no configuration searched runs as priced on {' and '.join(engines)} (the first "
+            raise ValueError(f"no configuration searched runs on {' and '.join(p.name for p in keep_to)} (the first "
                              f"refused: {engine_refused})")
         raise ValueError(f"no mesh applies to this graph: {first_error}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "

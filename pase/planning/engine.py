@@ -1,0 +1,293 @@
+"""Engine profiles: what a training engine runs that is not a plan choice (docs/engines.md).
+
+A profile is data, one JSON file per engine (``pase/planning/engines/NAME.json``), read by
+:func:`load_engine` alone: which kernels are fused or eager (norms, rotary, activation, the
+loss and its fp32 buffers), the gradient's and the reduction's element types, bucket and wrap
+units, which overlaps exist, the names of its recomputation policies, the optimizer's
+temporaries, the allocator's behaviour. Every fact carries its source (a file of the engine's
+repository or its docs). ``--engine NAME[,KEY=VALUE...]`` picks one and switches keys (a
+switch the profile names, such as ``torchtitan,compile=true``, or any scalar fact), ``--engine
+FILE.json`` reads a profile of one's own in the same format.
+
+:meth:`EngineProfile.training_options` gives the :class:`TrainingOptions` fields it implies;
+:meth:`EngineProfile.searched` the choices the search may try where the engine has them
+(``tp_overlap`` where the engine overlaps tensor-parallel communication). The ``runs`` section
+(what configurations the engine runs) is kept as read, for the engine-shaped search.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from pase.costing.training import TrainingOptions
+
+__all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir"]
+
+#: The engine a plan assumes when none is named (docs/engines.md).
+DEFAULT_ENGINE = "megatron"
+#: Bytes of the element types a profile names.
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+
+_KERNEL = ("fused", "eager")
+#: Every fact a profile states, with the values it may take: a tuple of words, ``bool``, or
+#: ``float`` (a non-negative number), ``list`` (of recomputation policy names), ``str``.
+FACTS = {
+    "norm_kernel": _KERNEL,
+    "rotary_kernel": _KERNEL,
+    "activation_kernel": _KERNEL,
+    "cross_entropy": _KERNEL,
+    "loss_buffers": float,
+    "grad_dtype": tuple(DTYPE_BYTES),
+    "grad_reduce_dtype": tuple(DTYPE_BYTES),
+    "param_gather_dtype": tuple(DTYPE_BYTES),
+    "bucket_elements": float,
+    "wrap_unit": ("layer", "block", "prefetch"),
+    "prefetch_units": float,
+    "overlap_grad_reduce": bool,
+    "overlap_param_gather": bool,
+    "tp_comm_overlap": bool,
+    "pp_p2p_overlap": bool,
+    "recompute_policies": list,
+    "optimizer": str,
+    "optimizer_temp_bytes": float,
+    "comm_sm_share": float,
+    "comm_buffer_bytes": float,
+    "allocator_fragmentation": float,
+    "memory_reported": ("allocated", "reserved"),
+    "launch_seconds": float,
+    "activation_grads": bool,
+}
+_POLICIES = ("none", "selective", "full", "op")
+
+
+def engine_dir() -> str:
+    """The folder of the shipped profiles."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "engines")
+
+
+def _shipped() -> tuple:
+    return tuple(sorted(f[:-5] for f in os.listdir(engine_dir()) if f.endswith(".json")))
+
+
+ENGINE_NAMES = _shipped()
+
+
+def _check_value(name: str, value, where: str):
+    kind = FACTS[name]
+    if isinstance(kind, tuple):
+        if value not in kind:
+            raise ValueError(f"{where}: {name} must be one of {', '.join(kind)}, got {value!r}")
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{where}: {name} must be a non-negative number, got {value!r}")
+        if name in ("comm_sm_share", "allocator_fragmentation") and value >= 1:
+            raise ValueError(f"{where}: {name} must be below 1, got {value!r}")
+        return float(value)
+    if kind is list:
+        if not isinstance(value, list) or not value or any(p not in _POLICIES for p in value):
+            raise ValueError(f"{where}: {name} must be a non-empty list of {', '.join(_POLICIES)}, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {name} must be a string, got {value!r}")
+    return value
+
+
+def _parse_word(name: str, text: str):
+    """A ``KEY=VALUE`` value in the type of fact ``name``."""
+    kind = FACTS[name]
+    if kind is bool:
+        if text not in ("true", "false", "on", "off", "1", "0"):
+            raise ValueError(f"engine key {name} must be true or false, got {text!r}")
+        return text in ("true", "on", "1")
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"engine key {name} must be a number, got {text!r}") from None
+    if kind is list:
+        return text.split("+")
+    return text
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine's facts (``facts``: name to value; ``sources``: name to where it is stated),
+    its switches as set (``settings``), its ``runs`` section as read."""
+
+    name: str
+    title: str
+    facts: MappingProxyType
+    sources: MappingProxyType
+    settings: tuple = ()
+    path: str | None = None
+    runs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def __getitem__(self, key: str):
+        return self.facts[key]
+
+    def label(self) -> str:
+        """``name`` and its switches as given, e.g. ``torchtitan,compile=true``."""
+        return ",".join([self.name] + [f"{k}={v}" for k, v in self.settings])
+
+    def training_options(self) -> dict:
+        """The :class:`TrainingOptions` fields this engine implies."""
+        f = self.facts
+        return {
+            "engine": self.label(),
+            "eager": f["norm_kernel"] == "eager",
+            "loss_buffers": f["loss_buffers"],
+            "grad_bytes": DTYPE_BYTES[f["grad_dtype"]],
+            "grad_reduce_bytes": DTYPE_BYTES[f["grad_reduce_dtype"]],
+            "gather_bytes": DTYPE_BYTES[f["param_gather_dtype"]],
+            "bucket_elements": f["bucket_elements"],
+            "wrap_unit": f["wrap_unit"],
+            "overlap": bool(f["overlap_grad_reduce"]),
+            "launch_seconds": f["launch_seconds"],
+            "optimizer_temp_bytes": f["optimizer_temp_bytes"],
+            "comm_sm_share": f["comm_sm_share"],
+            "comm_buffer_bytes": f["comm_buffer_bytes"],
+            "fragmentation": f["allocator_fragmentation"],
+            "activation_grads": bool(f["activation_grads"]),
+        }
+
+    def base_options(self, **changes) -> TrainingOptions:
+        """:class:`TrainingOptions` of this engine (``changes`` on top)."""
+        return TrainingOptions(**{**self.training_options(), **changes})
+
+    def searched(self) -> dict:
+        """Choices the search tries where the engine has them: ``tp_overlap`` (both ways when
+        the engine overlaps tensor-parallel communication, else off) and the recomputation
+        policies it names."""
+        return {
+            "tp_overlap": (False, True) if self.facts["tp_comm_overlap"] else (False,),
+            "recompute": tuple(self.facts["recompute_policies"]),
+        }
+
+    def as_dict(self) -> dict:
+        """The profile as JSON data: name, label, facts with sources."""
+        return {"name": self.name, "label": self.label(), "title": self.title,
+                "facts": {k: {"value": list(v) if isinstance(v, tuple) else v, "source": self.sources[k]}
+                          for k, v in self.facts.items()}}
+
+
+def _read(path: str, where: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read it ({err.strerror or err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: an engine profile is a JSON object")
+    return data
+
+
+def _profile(data: dict, where: str, path: str | None) -> EngineProfile:
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: 'name' must be a non-empty string")
+    facts_in = data.get("facts")
+    if not isinstance(facts_in, dict):
+        raise ValueError(f"{where}: 'facts' must be an object of {{'value': ..., 'source': ...}}")
+    unknown = sorted(set(facts_in) - set(FACTS))
+    if unknown:
+        raise ValueError(f"{where}: unknown fact {unknown[0]!r} (facts: {', '.join(FACTS)})")
+    missing = [k for k in FACTS if k not in facts_in]
+    if missing:
+        raise ValueError(f"{where}: fact {missing[0]!r} missing")
+    facts, sources = {}, {}
+    for key in FACTS:
+        entry = facts_in[key]
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise ValueError(f"{where}: fact {key!r} must be {{'value': ..., 'source': ...}}")
+        source = entry.get("source")
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{where}: fact {key!r} has no source")
+        facts[key] = _check_value(key, entry["value"], where)
+        sources[key] = source
+    switches = data.get("switches", {})
+    if not isinstance(switches, dict):
+        raise ValueError(f"{where}: 'switches' must be an object")
+    for key, table in switches.items():
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for k, v in table.items() if k != "source"):
+            raise ValueError(f"{where}: switch {key!r} must map each value to an object of facts")
+        for value, changes in table.items():
+            if value == "source":
+                continue
+            for fact, v in changes.items():
+                if fact not in FACTS:
+                    raise ValueError(f"{where}: switch {key}={value} sets unknown fact {fact!r}")
+                _check_value(fact, v, where)
+    runs = data.get("runs", {})
+    if not isinstance(runs, dict):
+        raise ValueError(f"{where}: 'runs' must be an object")
+    title = data.get("title", name)
+    return EngineProfile(name, str(title), MappingProxyType(facts), MappingProxyType(sources), (), path,
+                         MappingProxyType(runs), MappingProxyType(switches))
+
+
+def _switch(profile: EngineProfile, key: str, value: str) -> EngineProfile:
+    switches = profile.switches
+    facts, sources = dict(profile.facts), dict(profile.sources)
+    if key in switches:
+        table = switches[key]
+        values = [v for v in table if v != "source"]
+        if value not in values:
+            raise ValueError(f"engine {profile.name}: {key} must be one of {', '.join(values)}, got {value!r}")
+        for fact, v in table[value].items():
+            facts[fact] = _check_value(fact, v, f"engine {profile.name}")
+            sources[fact] = f"switch {key}={value}: {table.get('source', '')}"
+    elif key in FACTS:
+        facts[key] = _check_value(key, _parse_word(key, value), f"engine {profile.name}")
+        sources[key] = f"set on the command line ({key}={value})"
+    else:
+        names = sorted(switches) + list(FACTS)
+        raise ValueError(f"engine {profile.name} has no key {key!r} (keys: {', '.join(names)})")
+    return EngineProfile(profile.name, profile.title, MappingProxyType(facts), MappingProxyType(sources),
+                         profile.settings + ((key, value),), profile.path, profile.runs, switches)
+
+
+def load_engine(spec: str | None = None) -> EngineProfile:
+    """The profile ``spec`` names: ``NAME[,KEY=VALUE...]`` (a shipped engine, :data:`ENGINE_NAMES`)
+    or ``FILE.json[,KEY=VALUE...]``; ``None``: :data:`DEFAULT_ENGINE`. ``ValueError`` with one
+    line on anything else.
+
+    >>> load_engine("torchtitan,compile=true").label()
+    'torchtitan,compile=true'
+    >>> load_engine("megatron")["grad_reduce_dtype"]
+    'fp32'
+    """
+    if spec is None:
+        spec = DEFAULT_ENGINE
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"an engine is NAME[,KEY=VALUE...] or FILE.json (names: {', '.join(ENGINE_NAMES)})")
+    head, *items = [part.strip() for part in spec.split(",")]
+    if head.endswith(".json") or os.sep in head:
+        profile = _profile(_read(head, f"engine profile {head}"), f"engine profile {head}", head)
+    elif head in ENGINE_NAMES:
+        path = os.path.join(engine_dir(), head + ".json")
+        profile = _profile(_read(path, f"engine {head}"), f"engine {head}", None)
+    else:
+        raise ValueError(f"unknown engine {head!r} (engines: {', '.join(ENGINE_NAMES)}; or a profile FILE.json)")
+    seen = set()
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise ValueError(f"engine item {item!r} is not KEY=VALUE")
+        if key in seen:
+            raise ValueError(f"engine key {key!r} is given twice")
+        seen.add(key)
+        profile = _switch(profile, key, value)
+    return profile
