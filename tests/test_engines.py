@@ -134,7 +134,7 @@ def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("recipe,reason", [
     ("dp=4,tp=1,pp=4,zero=1,microbatch=1", "DeepSpeed's pipeline engine splits stages in the model code"),
-    ("dp=2,tp=4,cp=2,zero=1", "ds_config.json has no tensor parallelism"),
+    ("dp=2,tp=4,cp=2,zero=1", "DeepSpeed has no tensor parallelism of its own"),
     ("dp=16,tp=1,zero=1,recompute=full,microbatch=1", "deepspeed.checkpointing.checkpoint"),
 ])
 def test_deepspeed_refuses_what_its_config_cannot_say(tmp_path, recipe, reason):
@@ -206,7 +206,7 @@ def test_megatron_moe_export_names_the_experts(tmp_path):
 def test_megatron_refuses_op_recompute_and_a_model_without_a_shape(tmp_path):
     path = tmp_path / "m.json"
     status, out, err = run(*LLAMA, "--recipe", "dp=16,tp=1,zero=1,recompute=op", "--export-megatron", path)
-    assert status == 2 and "megatron: megatron has no torchtitan's per-operator" in err and not path.exists()
+    assert status == 2 and "megatron has no recomputation policy 'op'" in err and not path.exists()
     graph = tmp_path / "g.json"
     status, out, err = run("-g", "gpt2-small", "-b", "4", "-p", "4", "--export-graph", graph)
     assert status == 0, err
@@ -232,25 +232,25 @@ def test_refusal_table_by_hand():
 
 
 def test_engine_search_never_returns_what_the_engine_cannot_run():
-    # Brute force on a small case: every configuration the search kept under --engine is run
-    # by the engine, and the best of the engine-kept set is the best the unconstrained search
-    # evaluated among those the engine runs.
-    from pase.costing.training import TrainingOptions
-    from pase.planning.engine_runs import runs_mesh
-    from pase.planning.training_search import search_meshes
+    # Brute force on a small case: every configuration the search kept under an engine is one
+    # the engine runs, none it runs is dropped, and the best kept is the fastest of those the
+    # unconstrained search (priced for the same engine) evaluated that the engine runs.
     import graphs
     from pase.machines.registry import load_machine
+    from pase.planning.engine import ENGINE_NAMES, load_engine
+    from pase.planning.engine_runs import runs_mesh
+    from pase.planning.training_search import search_meshes
 
     machine = load_machine("h100-sxm")
 
     def build(b):
         return graphs.build("gpt2-small", b)
 
-    for engine in ("torchtitan", "megatron", "deepspeed"):
-        kept = search_meshes(build, 16, 8, machine, None, 2.0, engine=engine, keep_all=True)
-        every = search_meshes(build, 16, 8, machine, None, 2.0, keep_all=True)
-        assert kept.candidates and all(runs_mesh(engine, mesh, o) for mesh, o, _, _, _ in kept.candidates)
-        allowed = [c for c in every.candidates if runs_mesh(engine, c[0], c[1])]
-        assert len(allowed) == len(kept.candidates)
+    for name in ENGINE_NAMES:
+        profile = load_engine(name)
+        kept = search_meshes(build, 16, 8, machine, None, 2.0, engine=profile, keep_to=(profile,), keep_all=True)
+        every = search_meshes(build, 16, 8, machine, None, 2.0, engine=profile, keep_all=True)
+        allowed = [c for c in every.candidates if runs_mesh(profile, c[0], c[1])]
+        assert kept.candidates and all(runs_mesh(profile, mesh, o) for mesh, o, _, _, _ in kept.candidates)
+        assert len(allowed) == len(kept.candidates) < len(every.candidates)
         assert math.isclose(kept.best.summary.step_seconds, min(c[3] for c in allowed), rel_tol=1e-12)
-        assert isinstance(kept.best.options, TrainingOptions)

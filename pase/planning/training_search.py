@@ -250,8 +250,8 @@ def search_meshes(
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
-    the configurations every one of them runs (:mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
-    for the first).
+    the configurations every one of them runs (:mod:`pase.planning.engine_runs`). Raises
+    ``ValueError`` when no mesh applies (with why, for the first).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -276,6 +276,9 @@ def search_meshes(
     probe = build(batch)
     for profile in keep_to:
         check_engine(profile, probe)
+        kept = profile.runs.get("schedules")
+        if kept is not None:  # the pipeline schedules the engine has
+            schedules = [x for x in schedules if x in kept]
     tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
     # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
     # elsewhere the letters mean other things (h is an image's height).
@@ -355,6 +358,12 @@ def search_meshes(
                         costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
                         None if recipe.vpp is None else [recipe.vpp], recipe.stages)
                 for i, (mesh, micro) in enumerate(valid):
+                    if keep_to:
+                        why = next((f"{p.name}: {r}" for p in keep_to
+                                    if (r := mesh_refusal(p, mesh, options)) is not None), None)
+                        if why is not None:
+                            engine_refused = engine_refused or why
+                            continue
                     if pp > 1 and stage_plans[i] is None:
                         continue
                     # Overlapping tensor-parallel communication needs tensor parallelism with
@@ -363,12 +372,6 @@ def search_meshes(
                         continue
                     if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
                         continue
-                    if keep_to:
-                        why = next((f"{p.name}: {r}" for p in keep_to
-                                    if (r := mesh_refusal(p, mesh, options)) is not None), None)
-                        if why is not None:
-                            engine_refused = engine_refused or why
-                            continue
                     evaluated += 1
                     t, peak = float(time_rows[i]), float(memory_rows[i])
                     found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q)
