@@ -186,4 +186,4 @@ def test_engine_exports_of_op_and_tp_overlap(tmp_path):
     # Neither engine runs the other's policy: refused, not substituted with a note.
     status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
                            "--recipe", "dp=2,tp=4,zero=1,recompute=op,microbatch=1", "--export-megatron", str(megatron))
-    assert status == 2 and "per-operator" in err
+    assert status == 2 and "megatron has no recomputation policy 'op'" in err
