@@ -41,8 +41,16 @@ ENGINES = {"torchtitan": ("--export-torchtitan", "torchtitan.toml"),
 
 
 def run(argv: list) -> tuple:
+    """The command in the results folder (the exports' launch lines name the file as written),
+    the example files by absolute paths."""
+    argv = [a.replace("examples/", os.path.join(ROOT, "examples") + "/") for a in argv]
     out, err = io.StringIO(), io.StringIO()
-    status = main(["--machine", "h100-sxm", *argv], stdout=out, stderr=err)
+    old = os.getcwd()
+    os.chdir(OUT)
+    try:
+        status = main(["--machine", "h100-sxm", *argv], stdout=out, stderr=err)
+    finally:
+        os.chdir(old)
     return int(status), out.getvalue(), err.getvalue().strip()
 
 
@@ -68,11 +76,11 @@ def case(name: str, argv: list) -> list:
     lines += ["", "| engine | plan searched for it | export | read back (`--recipe-from`) | default plan's "
               "configuration priced for it |", "|---|---|---|---|---|"]
     for engine, (flag, suffix) in ENGINES.items():
-        path = os.path.join(OUT, f"{name}.{suffix}")
+        path = f"{name}.{suffix}"
         status, out, err = run([*argv, "--engine", engine, flag, path, "--json"])
         if status != 0:
-            if os.path.exists(path):
-                os.remove(path)
+            if os.path.exists(os.path.join(OUT, path)):
+                os.remove(os.path.join(OUT, path))
             lines.append(f"| {engine} | refused: {err.removeprefix('pase: error: ')} | none | | |")
             continue
         plan = json.loads(out)
@@ -87,7 +95,7 @@ def case(name: str, argv: list) -> list:
             read = f"exit {status}: {back_err}"
         status, c_out, c_err = run([*argv, "--engine", engine, "--recipe", default["training"]["recipe"], "--json"])
         priced = _short(json.loads(c_out)) if status == 0 else f"refused: {c_err.removeprefix('pase: error: ')}"
-        lines.append(f"| {engine} | {_short(plan)} | `{os.path.basename(path)}` | {read} | {priced} |")
+        lines.append(f"| {engine} | {_short(plan)} | `{path}` | {read} | {priced} |")
     return lines + [""]
 
 

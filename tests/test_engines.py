@@ -254,3 +254,22 @@ def test_engine_search_never_returns_what_the_engine_cannot_run():
         assert kept.candidates and all(runs_mesh(profile, mesh, o) for mesh, o, _, _, _ in kept.candidates)
         assert len(allowed) == len(kept.candidates) < len(every.candidates)
         assert math.isclose(kept.best.summary.step_seconds, min(c[3] for c in allowed), rel_tol=1e-12)
+
+
+def test_profile_switches_reach_the_exports(tmp_path):
+    # torchtitan,compile=true prices async tensor parallelism (tp_overlap) and fused kernels: the
+    # job config turns compile and async TP on; read back, the same engine and the same step.
+    graph = [*LLAMA, "--engine", "torchtitan,compile=true"]
+    path, report = _export(tmp_path, graph, "dp=4,tp=4,zero=3,tp_overlap=true,recompute=none",
+                           "--export-torchtitan", "c.toml")
+    import tomllib
+
+    doc = tomllib.loads(path.read_text())
+    assert doc["compile"] == {"enable": True} and doc["parallelism"]["enable_async_tensor_parallel"] is True
+    _round_trip(LLAMA, path, report)  # no --engine: the file's own (compile=true)
+    check.titan_accepts(path, _toml_comment(path, "command line"), 16)
+    # Megatron with its gradients reduced in bf16: --grad-reduce-in-bf16.
+    path, report = _export(tmp_path, [*LLAMA, "--engine", "megatron,grad_reduce=bf16"], "dp=16,tp=1,zero=1",
+                           "--export-megatron", "g.json")
+    assert json.loads(path.read_text())["arguments"]["--grad-reduce-in-bf16"] is True
+    _round_trip(LLAMA, path, report)

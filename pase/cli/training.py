@@ -93,10 +93,11 @@ def pricing_engine(args, file_engine: str | None = None) -> tuple:
         raise ValueError(f"the exports and --recipe-from are for {' and '.join(implied)}: a plan is priced for one "
                          "engine (--engine NAME); export for one at a time")
     profile = given if given is not None else load_engine(implied[0] if implied else None)
-    for name in implied:
+    for spec in implied:
+        name = spec.split(",")[0]
         if name != profile.name:
-            raise ValueError(f"the plan is priced for {profile.name} (--engine {profile.label()}), which an "
-                             f"{name} file would not run as priced: give --engine {name}")
+            raise ValueError(f"the plan is priced for {profile.name} (--engine {profile.label()}), which a "
+                             f"{name} file would not run as priced: give --engine {spec}")
     return profile, ((profile,) if given is not None or implied else ())
 
 

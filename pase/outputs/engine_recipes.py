@@ -69,8 +69,11 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
         if "command_line" in doc and "arguments" in doc:
             if not isinstance(doc["command_line"], str):
                 raise ValueError("command_line must be a string of Megatron-LM arguments")
-            return "megatron", recipe_from_megatron(doc["command_line"], procs, batch, network)
-        return "deepspeed", recipe_from_deepspeed(doc, procs, batch)
+            return _megatron_engine(doc["command_line"]), recipe_from_megatron(doc["command_line"], procs, batch,
+                                                                               network)
+        recipe = recipe_from_deepspeed(doc, procs, batch)
+        fp32 = doc.get("communication_data_type") == "fp32"
+        return "deepspeed,communication_data_type=fp32" if fp32 else "deepspeed", recipe
     if stripped.startswith("["):
         try:
             json.loads(text)
@@ -79,7 +82,7 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
         else:
             raise RecipeFileError("a JSON list, not an engine configuration")
     if stripped.startswith("--") or "pretrain_gpt" in text:
-        return "megatron", recipe_from_megatron(text, procs, batch, network)
+        return _megatron_engine(text), recipe_from_megatron(text, procs, batch, network)
     import tomllib
 
     try:
@@ -88,6 +91,11 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
         raise RecipeFileError(f"neither Megatron-LM arguments, JSON nor TOML (TOML: {err})") from None
     compiled = isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True
     return "torchtitan,compile=true" if compiled else "torchtitan", recipe_from_torchtitan(doc, procs, batch, network)
+
+
+def _megatron_engine(text: str) -> str:
+    """The engine profile a Megatron-LM command line runs: its gradient reduction type."""
+    return "megatron,grad_reduce=bf16" if "--grad-reduce-in-bf16" in _megatron_tokens(text) else "megatron"
 
 
 def _int(value, field: str, least: int = 1) -> int:
@@ -352,7 +360,7 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--no-async-tensor-model-parallel-allreduce", "--use-megatron-fsdp", "--overlap-grad-reduce",
     "--overlap-param-gather", "--no-load-optim", "--no-load-rng", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--group-query-attention", "--sequence-parallel",
-    "--use-distributed-optimizer", "--tp-comm-overlap",
+    "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16",
 }
 _MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -530,7 +538,7 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
 # DeepSpeed
 
 _DS_PASSIVE = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-               "zero_allow_untested_optimizer", "bf16", "fp16", "communication_data_type", "prescale_gradients",
+               "zero_allow_untested_optimizer", "bf16", "fp16", "prescale_gradients",
                "gradient_predivide_factor", "dump_state", "tensorboard", "wandb", "csv_monitor", "flops_profiler",
                "comms_logger", "memory_breakdown", "pase"}
 _DS_ZERO_READ = {"stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
@@ -544,7 +552,10 @@ def recipe_from_deepspeed(doc: dict, procs: int, batch: int) -> Recipe:
     """The recipe of a DeepSpeed ``ds_config.json`` (a dict): data parallelism over every
     device, its ZeRO stage and batch (``train_batch_size = micro x accumulation x dp``)."""
     read = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-            "zero_optimization"}
+            "zero_optimization", "communication_data_type"}
+    if doc.get("communication_data_type", "bf16") not in ("bf16", "fp32"):
+        raise ValueError(f"cannot express communication_data_type {doc['communication_data_type']!r} (priced: bf16, "
+                         "fp32)")
     for key in doc:
         if key not in read and key not in _DS_PASSIVE:
             if key in ("activation_checkpointing", "pipeline", "sequence_parallel_size", "tensor_parallel"):

@@ -52,8 +52,13 @@ def _check(engine: str, plan: EnginePlan, profile=None, extra=()) -> None:
             raise EngineRefusal(engine, why)
 
 
+def _setting(profile, key: str):
+    """The value a switch of the profile is set to (``None``: not set)."""
+    return dict(profile.settings).get(key) if profile is not None else None
+
+
 def _compiled(profile) -> bool:
-    return profile is not None and ("compile", "true") in tuple(profile.settings)
+    return _setting(profile, "compile") == "true"
 
 
 def _torchrun(plan: EnginePlan, per_node: int) -> str:
@@ -153,7 +158,10 @@ def _titan_arguments(sections: dict) -> list:
         for key, value in values.items():
             if section == "job" or key == "module_fqns_per_model_part":
                 continue  # the description is prose; the stage split is the TOML's (a list of lists)
-            args += [f"--{section}.{key}", str(value)]
+            if isinstance(value, bool):
+                args += [f"--{section}.{key}"] if value else []  # a switch (its default is off)
+            else:
+                args += [f"--{section}.{key}", str(value)]
     return args
 
 
@@ -273,6 +281,8 @@ def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profil
     ``data_parallel_size`` (what Megatron derives: ``p / (tp pp cp)``)."""
     _check("megatron", plan, profile)
     args = _model_arguments(plan) + _parallel_arguments(plan)
+    if _setting(profile, "grad_reduce") == "bf16":
+        args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced
     line = " ".join(flag if value is None else f"{flag} {value}" for flag, value in args)
     return {"engine": "megatron-lm", "arguments": {flag: (True if value is None else value) for flag, value in args},
             "command_line": line, "launch": f"{_torchrun(plan, per_node)} pretrain_gpt.py {line} --data-path DATA",
@@ -299,6 +309,8 @@ def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node:
     config = {"train_batch_size": plan.batch, "train_micro_batch_size_per_gpu": plan.microbatch,
               "gradient_accumulation_steps": plan.microbatches, "zero_optimization": zero,
               "bf16": {"enabled": True}}
+    if _setting(profile, "communication_data_type") == "fp32":
+        config["communication_data_type"] = "fp32"  # the profile's switch, priced
     line = f"--deepspeed --deepspeed_config {path}"
     per_node = min(plan.procs, per_node)
     launch = (f"deepspeed --num_nodes {-(-plan.procs // per_node)} --num_gpus {per_node} TRAIN_SCRIPT.py {line}")
