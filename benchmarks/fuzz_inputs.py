@@ -1255,9 +1255,15 @@ def engine_cases(rng: random.Random, refs: dict) -> list:
                       {"c.json": hf}))
     cases.append(Case("engine", "several", "an export over --dot-path",
                       [*base, "--export-torchtitan", "same", "--dot-path", "same"], frozenset({1, 2}), {"c.json": hf}))
-    cases.append(Case("engine", "several", "both exports, and the DOT graph",
-                      [*base, "--export-torchtitan", "t.json", "--export-megatron", "m.json", "--dot-path", "g.dot"],
-                      OK, {"c.json": hf}, outputs=(("t.json", "toml"), ("m.json", "json"), ("g.dot", "dot"))))
+    # A plan is priced for one engine: exports for two are refused before the search.
+    cases.append(Case("engine", "several", "exports for two engines (refused: one engine per plan)",
+                      [*base, "--export-torchtitan", "t.json", "--export-megatron", "m.json"], BAD_VALUE,
+                      {"c.json": hf}))
+    cases.append(Case("engine", "several", "an export and the DOT graph",
+                      [*base, "--export-torchtitan", "t.json", "--dot-path", "g.dot"],
+                      OK, {"c.json": hf}, outputs=(("t.json", "toml"), ("g.dot", "dot"))))
+    cases.append(Case("engine", "several", "an export for another engine than --engine (refused)",
+                      [*base, "--engine", "megatron", "--export-deepspeed", "d.json"], BAD_VALUE, {"c.json": hf}))
     cases.append(Case("engine", "models", "a model that is not a decoder (alexnet)",
                       ["-g", "alexnet", "-p", "4", "-b", "8", "--training", "--export-megatron", "m.json"],
                       frozenset({0, 2})))
