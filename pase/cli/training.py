@@ -212,7 +212,8 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     try:
         engine, keep_to = getattr(args, "priced", None) or pricing_engine(args)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to)
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to,
+                              exporting=bool(_given_exports(args)))
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:

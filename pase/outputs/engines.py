@@ -41,15 +41,12 @@ class EngineRefusal(ValueError):
 _NAMES = {"torchtitan": "torchtitan", "megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}
 
 
-def _check(engine: str, plan: EnginePlan, profile=None, extra=()) -> None:
-    """Refuse what the engine (``profile``, else its shipped profile) does not run, then what
-    its file cannot say (``extra``: ``(condition, reason)``)."""
-    reason = refusal(profile if profile is not None else engine, plan)
+def _check(engine: str, plan: EnginePlan, profile=None) -> None:
+    """Refuse what the engine (``profile``, else its shipped profile) does not run or its file
+    cannot say (the profile's ``runs`` and ``runs.export``)."""
+    reason = refusal(profile if profile is not None else engine, plan, export=True)
     if reason is not None:
         raise EngineRefusal(engine, reason)
-    for condition, why in extra:
-        if condition:
-            raise EngineRefusal(engine, why)
 
 
 def _setting(profile, key: str):
@@ -298,11 +295,7 @@ def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node:
     (``train_batch_size = micro-batch x accumulation x dp``), bf16; ZeRO-3 keeps no parameter
     unsharded (``stage3_param_persistence_threshold`` 0), as priced. ``command_line`` is the
     training script's DeepSpeed arguments; ``launch`` runs it."""
-    _check("deepspeed", plan, profile, (
-        (plan.pp > 1, "DeepSpeed's pipeline engine splits stages in the model code (PipelineModule), not "
-                      "ds_config.json"),
-        (plan.recompute != "none", "DeepSpeed recomputes what the model code wraps in "
-                                   "deepspeed.checkpointing.checkpoint: ds_config.json cannot say it")))
+    _check("deepspeed", plan, profile)
     zero = {"stage": plan.zero, "overlap_comm": plan.overlap}
     if plan.zero == 3:
         zero["stage3_param_persistence_threshold"] = 0

@@ -114,15 +114,24 @@ def _why(profile, key: str, value=None) -> str:
     why = profile.runs.get("why", {})
     word = None if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
     text = why.get(f"{key}:{word}") if word is not None else None
-    return text or why.get(key) or _GENERIC[key].format(name=profile.name, value=word)
+    return text or why.get(key) or _GENERIC.get(key, "{name} cannot run it ({key})").format(
+        name=profile.name, value=word, key=key)
 
 
-def refusal(engine, plan: EnginePlan) -> str | None:
+def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     """Why ``engine`` (a profile or a shipped engine's name) cannot run ``plan`` as priced, or
     ``None`` when it can. The rules are the profile's ``runs`` section (a key it lacks does not
-    restrict) with its ``recompute_policies`` and ``tp_comm_overlap`` facts."""
+    restrict) with its ``recompute_policies`` and ``tp_comm_overlap`` facts; with ``export``,
+    also ``runs.export``: what the engine's file can say (``recompute``, ``schedules``: empty
+    for a file that cannot hold a pipeline)."""
     profile = _profile(engine)
     runs = profile.runs
+    if export:
+        limits = runs.get("export", {})
+        if "recompute" in limits and plan.recompute not in limits["recompute"]:
+            return _why(profile, "export:recompute")
+        if plan.pp > 1 and limits.get("schedules") == []:
+            return _why(profile, "export:pp")
     if runs.get("architecture") and not plan.architecture:
         return _why(profile, "architecture")
     zero = plan.zero if plan.replicas > 1 else None  # one copy of every weight: no stage to choose
@@ -162,20 +171,20 @@ def engines_running(plan: EnginePlan) -> list:
     return [name for name in ENGINE_NAMES if refusal(name, plan) is None]
 
 
-def runs_mesh(engine, mesh, options, architecture=None) -> bool:
+def runs_mesh(engine, mesh, options, architecture=None, export: bool = False) -> bool:
     """Whether ``engine`` runs a mesh with these options, whatever the pipeline's cut and
     schedule (every engine here that pipelines runs both schedules priced): the search's
     filter under ``--engine``."""
-    return mesh_refusal(engine, mesh, options, architecture) is None
+    return mesh_refusal(engine, mesh, options, architecture, export) is None
 
 
-def mesh_refusal(engine, mesh, options, architecture=None) -> str | None:
+def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False) -> str | None:
     """:func:`refusal` of a mesh with these options (``None``: the engine runs it)."""
     plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
                       sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
                       microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
                       overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="")
-    return refusal(engine, plan)
+    return refusal(engine, plan, export)
 
 
 def check_engine(engine, network) -> None:

@@ -85,6 +85,7 @@ def plan_training(
     table_budget: int | None = None,
     engine=None,
     keep_to: tuple = (),
+    exporting: bool = False,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -108,7 +109,8 @@ def plan_training(
         The engine the plan is priced for (``pase.planning.engine``).
     keep_to : tuple of EngineProfile
         Keep to the configurations every one of these engines runs
-        (``pase.planning.engine_runs``): meshes only, no per-layer plan.
+        (``pase.planning.engine_runs``): meshes only, no per-layer plan; ``exporting``: and
+        that their files can say (``runs.export``).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
@@ -116,7 +118,7 @@ def plan_training(
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          engine=engine, keep_to=keep_to)
+                          engine=engine, keep_to=keep_to, exporting=exporting)
     best = found.best
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \

@@ -242,6 +242,7 @@ def search_meshes(
     rebuild: bool = True,
     engine=None,
     keep_to: tuple = (),
+    exporting: bool = False,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -250,7 +251,8 @@ def search_meshes(
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
-    the configurations every one of them runs (:mod:`pase.planning.engine_runs`). Raises
+    the configurations every one of them runs (and, ``exporting``, its file can say:
+    :mod:`pase.planning.engine_runs`). Raises
     ``ValueError`` when no mesh applies (with why, for the first).
     """
     start = time.perf_counter()
@@ -277,7 +279,9 @@ def search_meshes(
     for profile in keep_to:
         check_engine(profile, probe)
         kept = profile.runs.get("schedules")
-        if kept is not None:  # the pipeline schedules the engine has
+        if exporting and "schedules" in profile.runs.get("export", {}):
+            kept = profile.runs["export"]["schedules"]
+        if kept is not None:  # the pipeline schedules the engine has (its file can say)
             schedules = [x for x in schedules if x in kept]
     tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
     # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
@@ -360,7 +364,7 @@ def search_meshes(
                 for i, (mesh, micro) in enumerate(valid):
                     if keep_to:
                         why = next((f"{p.name}: {r}" for p in keep_to
-                                    if (r := mesh_refusal(p, mesh, options)) is not None), None)
+                                    if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
                         if why is not None:
                             engine_refused = engine_refused or why
                             continue
