@@ -26,13 +26,13 @@ def _procs_and_batch(name: str) -> tuple:
     procs = int(re.search(r"-p(\d+)\.", name).group(1))
     with open(os.path.join(EXPORTS, "README.md")) as f:
         text = f.read()
-    case = name.split(".")[0]
+    case = name.rsplit(".", 2)[0]
     line = next(x for x in text.splitlines() if x.startswith(f"## {case}:"))
     return procs, int(re.search(r"-b (\d+)", line).group(1))
 
 
 def test_every_case_is_exported():
-    names = {f.split(".")[0] for f in _files((".toml", ".json"))}
+    names = {f.rsplit(".", 2)[0] for f in _files((".toml", ".json"))}
     assert {"llama-3.1-70b-p256", "gpt3-175b-p1024", "mixtral-8x7b-p64", "llama-3.1-8b-p8",
             "tiny-llama-imported-p8"} <= names
 

@@ -387,8 +387,8 @@ def search_meshes(
                         kept.append((mesh, options, micro, t, peak))
     if best is None and least is None:
         if engine_refused is not None:
-            raise ValueError(f"no configuration searched runs on {' and '.join(p.name for p in keep_to)} (the first "
-                             f"refused: {engine_refused})")
+            raise ValueError(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
+                             f"(for one: {engine_refused})")
         raise ValueError(f"no mesh applies to this graph: {first_error}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
