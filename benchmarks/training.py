@@ -57,7 +57,7 @@ def run_case(title, spec, procs, batch, sequence, recipe, machine_name) -> list:
                                   recipe=pase.parse_recipe(recipe), free=False).best
     fits = compared is not None
     if not fits:  # the recipe's fastest variant, though it does not fit
-        compared = pase.plan_training(build, batch, procs, machine, None, 2.0,
+        compared = pase.plan_training(build, batch, procs, machine, pase.NO_CAP, 2.0,
                                       recipe=pase.parse_recipe(recipe), free=False).best
     no_pipeline = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
                                      recipe=pase.parse_recipe("pp=1"), free=False).best

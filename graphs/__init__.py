@@ -15,6 +15,7 @@ from pase.model.builder import Network
 from functools import partial
 
 from .alexnet import alexnet
+from .flagships import FLAGSHIP_CONFIGS, flagship
 from .gpt import GPT_CONFIGS, gpt
 from .inception import inception3
 from .llama import LLAMA_CONFIGS, llama
@@ -25,7 +26,7 @@ from .transformer import transformer
 
 __all__ = [
     "GraphEntry", "GRAPHS", "build", "DEFAULT_BATCH", "alexnet", "resnet101", "inception3", "rnnlm", "transformer", "gpt",
-    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS", "mixtral", "MIXTRAL_CONFIGS",
+    "GPT_CONFIGS", "llama", "LLAMA_CONFIGS", "mixtral", "MIXTRAL_CONFIGS", "flagship", "FLAGSHIP_CONFIGS",
 ]
 
 
@@ -57,6 +58,7 @@ for _name, _cfg in GPT_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(
         _name, partial(gpt, _name),
         f"GPT decoder, {_cfg.layers} layers, width {_cfg.width}, {12 * _cfg.layers + 5} vertices",
+        "sequence length", _cfg.sequence, "sequence length",
     )
 for _name, _cfg in LLAMA_CONFIGS.items():
     GRAPHS[_name] = GraphEntry(
@@ -72,7 +74,14 @@ for _name, _cfg in MIXTRAL_CONFIGS.items():
         f"{_cfg.moe.top_k}) of width {_cfg.moe.width}, {14 * _cfg.layers + 4} vertices",
         "sequence length", 4096, "sequence length",
     )
-del _name, _cfg
+for _name, _cfg in FLAGSHIP_CONFIGS.items():
+    _kind = "MLA, " if _cfg.mla is not None else ""
+    GRAPHS[_name] = GraphEntry(
+        _name, partial(flagship, _name),
+        f"{_name} decoder (its config.json), {_cfg.layers} layers, width {_cfg.width}, {_kind}{_cfg.moe.experts} experts "
+        f"(top {_cfg.moe.top_k})", "sequence length", 2048, "sequence length",
+    )
+del _name, _cfg, _kind
 
 
 #: The batch size of a built-in graph when none is given.

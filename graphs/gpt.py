@@ -68,8 +68,9 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: GPTConfig) -> Tensor:
     return g.add(f"{name}.ff.residual", Elementwise(r, down))
 
 
-def gpt(name: str, batch: int = 128) -> Network:
-    """The GPT graph ``name`` (a key of ``GPT_CONFIGS``) for mini-batch ``batch``.
+def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
+    """The GPT graph ``name`` (a key of ``GPT_CONFIGS``) for mini-batch ``batch``; ``model``
+    is the sequence length (default: the model's context, ``GPTConfig.sequence``).
 
     >>> net = gpt("gpt2-small", 8)
     >>> len(net), net.names[3]
@@ -78,6 +79,11 @@ def gpt(name: str, batch: int = 128) -> Network:
     if name not in GPT_CONFIGS:
         raise ValueError(f"unknown GPT model {name!r}; choose one of: {', '.join(GPT_CONFIGS)}")
     cfg = GPT_CONFIGS[name]
+    if model is not None:
+        if isinstance(model, bool) or not isinstance(model, int) or model < 1:
+            raise ValueError(f"the GPT sequence length (-m) must be a positive integer, got {model!r}")
+        # The position embedding is a graph input (b, l, e): any length prices alike.
+        cfg = replace(cfg, sequence=model)
     g = GraphBuilder(name, cutoff=1, batch=batch)
     ids = g.input((batch, cfg.sequence), "ids", letters="bl")
     position = g.input((batch, cfg.sequence, cfg.width), "position embedding", letters="ble")

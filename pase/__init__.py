@@ -39,10 +39,12 @@ _EXPORTS = {
     "MemoryModel": "costing.memory", "MemorySummary": "costing.memory",
     "expert_strategies": "planning.experts",
     "plan_training": "planning.training_plan", "TrainingPlan": "planning.training_plan",
+    "NO_CAP": "planning.training_plan",
     "TrainingOptions": "costing.training", "TrainingCosting": "costing.training",
     "Mesh": "planning.mesh", "Recipe": "planning.mesh", "parse_recipe": "planning.mesh",
     "search_meshes": "planning.training_search", "evaluate_candidate": "planning.training_search",
     "training_report": "outputs.training", "format_training": "outputs.training",
+    "html_report": "outputs.report",
 }
 
 __all__ = sorted(_EXPORTS)

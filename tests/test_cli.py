@@ -625,7 +625,8 @@ def test_evaluate_with_sweep_or_measure_is_a_usage_error(tmp_path):
 def test_the_cost_tables_of_a_huge_device_count_are_refused_before_allocating():
     # 1e6 devices: up to 27545 configurations per Transformer layer, so the edge matrices
     # alone would need tens of GB (K_u x K_v float64 entries per edge).
-    status, out, err = run("-g", "transformer", "-p", "1000000", "--table-budget", "1")
+    # (No layer uses all 10^6 devices: --allow-replication reaches the tables' refusal.)
+    status, out, err = run("-g", "transformer", "-p", "1000000", "--table-budget", "1", "--allow-replication")
     assert status == ExitStatus.TOO_LARGE and out == ""
     assert "cost tables of transformer on 1000000 devices are too large" in err and err.count("\n") == 1
 

@@ -208,6 +208,7 @@ def test_pyproject_and_setup_agree():
     assert project["build-system"]["build-backend"] == "setuptools.build_meta"
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    quick = readme[readme.index("## Quick start"):readme.index("## What it prints")]
+    start = readme.index("## Quick start")
+    quick = readme[start:readme.index("\n## ", start + 1)]
     assert quick.index("venv") < quick.index("pip install")  # the environment comes first
     assert "pip install -e ." in readme

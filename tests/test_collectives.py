@@ -18,6 +18,7 @@ import pytest
 from pase.cli.calibrate import main
 from pase.machines.base import Group as _Group
 from pase.machines.calibrated import PRESETS, CalibratedMachine, validate_description
+from pase.machines.specs import SPEC_FIELDS
 from pase.machines.collective_calibration import (
     _measure_with_torch,
     calibrate_collectives,
@@ -30,7 +31,7 @@ from pase.machines.collective_calibration import (
 from pase.machines.collectives import COLLECTIVE_KINDS, CollectiveTables, bus_factor, published_all_reduce
 from pase.machines.registry import load_machine
 
-BARE = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured"}  # 450 / 50 GB/s, 3 / 10 us
+BARE = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured" and k not in SPEC_FIELDS}  # 450 / 50 GB/s, 3 / 10 us
 
 
 def Group(sizes, strides):

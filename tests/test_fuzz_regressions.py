@@ -255,7 +255,7 @@ def test_machine_values_at_the_ends_of_the_range_give_finite_costs(tmp_path, min
                                          "intra_node.latency_us": 1e9, "inter_node.latency_us": 1e9})
     path = tmp_path / "m.json"
     path.write_text(json.dumps(description))
-    status, out, err = run("-g", mini, "-p", "16", "--machine", path, "--json")
+    status, out, err = run("-g", mini, "-p", "16", "--machine", path, "--json", "--per-layer")
     assert status == 0, err
     report = json.loads(out)
     assert 0 < report["total_cost"] < 1e300 and 0 < report["data_parallel_cost"] < 1e300
@@ -373,7 +373,7 @@ def test_a_plan_priced_on_a_machine_file_needs_that_file_again(tmp_path):
     # preset (its measured table): exit 0, another machine's costs, no word about it.
     for name in ("box", "h100-sxm"):
         (tmp_path / f"{name}.json").write_text(json.dumps(machine_description(name=name)))
-        found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", f"{name}.json", cwd=tmp_path)
+        found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", f"{name}.json", "--per-layer", cwd=tmp_path)
         (tmp_path / "plan.json").write_text(json.dumps(found))
         status, out, err = run("--evaluate", "plan.json", cwd=tmp_path)
         assert status == 2 and out == "" and one_error(err)
@@ -383,7 +383,7 @@ def test_a_plan_priced_on_a_machine_file_needs_that_file_again(tmp_path):
 
 
 def test_a_plan_priced_on_a_preset_still_evaluates_on_it():
-    found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", "h100-sxm")
+    found = plan_of("-g", "alexnet", "-b", "8", "-p", "8", "--machine", "h100-sxm", "--per-layer")
     status, out, err = run("--evaluate", "-", "--json", stdin=json.dumps(found))
     assert status == 0, err
     assert json.loads(out)["total_cost"] == pytest.approx(found["total_cost"], rel=1e-12)

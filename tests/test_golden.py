@@ -103,6 +103,7 @@ _MASKS = [
     (re.compile(r'"(mean|stdev|min|max)_seconds": [-0-9.e+]+'), r'"\1_seconds": <t>'),
     (re.compile(r"[0-9.]+(e[-+]?[0-9]+)? s \([0-9.]+ [nµum]?s per entry\)"), "<t> s (<t> per entry)"),
     (re.compile(r"(?m)^( +[0-9]+ .* )[0-9]+\.[0-9]{4}$"), r"\1<t>"),  # a sweep row's search seconds
+    (re.compile(r"configurations in [0-9.]+ s"), "configurations in <t> s"),  # a training plan's search
 ]
 
 

@@ -147,7 +147,7 @@ def test_unknown_model_is_rejected():
     with pytest.raises(ValueError):
         graphs.gpt("gpt4", 1)
     with pytest.raises(ValueError):
-        graphs.build("gpt2-small", batch=1, model=512)  # GPT graphs take no -m
+        graphs.build("gpt2-small", batch=1, model=0)  # -m is a sequence length (issue 35): positive
 
 
 # ---------------------------------------------------------------------------------------

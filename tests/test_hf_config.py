@@ -66,7 +66,9 @@ PUBLISHED = {
 
 
 def test_every_example_is_checked():
-    assert sorted(f[:-5] for f in os.listdir(EXAMPLES) if f.endswith(".json")) == sorted(PUBLISHED)
+    from test_hf_models import REFERENCE  # today's models: tests/test_hf_models.py
+
+    assert sorted(f[:-5] for f in os.listdir(EXAMPLES) if f.endswith(".json")) == sorted({**PUBLISHED, **REFERENCE})
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -266,7 +268,8 @@ def test_model_type_missing_and_not_an_object():
         decoder_config_from_hf({"hidden_size": 8}, 16, "x.json")
     with pytest.raises(ValueError, match="^hf config x.json: expected a JSON object, got list$"):
         decoder_config_from_hf([], 16, "x.json")
-    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe")
+    assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3", "phi3",
+                         "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "deepseek_v2", "mpt")
 
 
 def test_sequence_limits():
@@ -363,8 +366,10 @@ def test_export_graph_round_trips(tmp_path, name):
 def test_decoder_config_checks_itself():
     good = dict(layers=1, width=8, heads=2, kv_heads=1, head_dim=4, mlp_width=16, vocab=10, sequence=4)
     DecoderConfig(**good)
-    for change, message in (({"kv_heads": 3}, "kv_heads"), ({"norm": "batch"}, "norm"), ({"positions": "alibi"}, "positions"),
+    for change, message in (({"kv_heads": 3}, "kv_heads"), ({"norm": "batch"}, "norm"), ({"positions": "sinusoid"}, "positions"),
                             ({"positions": "learned"}, "max_positions"), ({"tied": 1}, "tied"), ({"layers": 0}, "layers"),
-                            ({"positions": "learned", "max_positions": 2}, "longer")):
+                            ({"positions": "learned", "max_positions": 2}, "longer"), ({"window": -1}, "window"),
+                            ({"softcap": float("inf")}, "softcap"), ({"window_blocks": [1]}, "window_blocks"),
+                            ({"mla": 3}, "mla"), ({"mtp": True}, "mtp"), ({"sinks": 1}, "sinks")):
         with pytest.raises(ValueError, match=message):
             DecoderConfig(**dict(good, **change))

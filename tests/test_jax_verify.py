@@ -374,10 +374,14 @@ def jax_available():
 
 @pytest.mark.parametrize("build", [_cnn, _attention, _lstm], ids=["cnn", "attention", "lstm"])
 def test_plans_run_and_match_the_unsharded_numbers(jax_available, build):
+    from concurrent.futures import ThreadPoolExecutor
+
     net = build()
     flags = os.environ.get("XLA_FLAGS")
-    for configs in (plan(net, 4).configs, _random_plan(net, 4, 1)):
-        result = verify(net, configs, 4, seed=3)
+    plans = (plan(net, 4).configs, _random_plan(net, 4, 1))
+    with ThreadPoolExecutor(len(plans)) as pool:  # each verify is a child process: run both at once
+        results = list(pool.map(lambda configs: verify(net, configs, 4, seed=3), plans))
+    for result in results:
         assert result.ok, result.table()
         assert result.max_error <= 1e-4
         assert len(result.gradients) == sum(len(layer.parameters()) for layer in net.layers)

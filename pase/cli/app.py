@@ -11,6 +11,7 @@ import sys
 from typing import IO, Sequence
 
 from pase.core.errors import InputError, MissingDependency, TooLarge
+from pase.core.fileio import recording_reads
 from pase.search.solver import SearchTooLarge
 
 from .errors import CliError, ParserExit
@@ -40,8 +41,13 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
         from .calibrate import main as calibrate
 
         return calibrate(argv[1:], out, err, prog=f"{prog} calibrate")
+    if argv[:1] == ["machines"]:
+        from .machines import main as machines
+
+        return machines(argv[1:], out, err, prog=f"{prog} machines")
     try:
-        return _run_command(argv, out, err, prog)
+        with recording_reads():  # no output may land on a file the run reads (pase.core.fileio)
+            return _run_command(argv, out, err, prog)
     except (Exception, KeyboardInterrupt) as error:
         return _report(error, err, prog)
 
@@ -54,7 +60,7 @@ def _run_command(argv: list, out: IO, err: IO, prog: str) -> int:
         check_training_flags(args, lambda message: CliError(message, ExitStatus.USAGE))
     opts = options_from_args(args)
     if wants_training(args):
-        return run_training_command(opts, args, out)
+        return run_training_command(opts, args, out, err)
     if opts.sweep is not None:
         return run_sweep(opts, out, err)
     return run_search(opts, out, err)

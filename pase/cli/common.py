@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import cProfile
 from dataclasses import replace
-import os
 from typing import IO
 
-from pase.core.fileio import InputError, check_writable, write_atomic
+from pase.core.fileio import InputError, check_writable, current_reads, same_file, write_atomic
 from pase.costing.memory import ASSUMPTIONS
 from pase.machines.registry import MACHINE_NAMES, load_machine
 from pase.core.units import format_bytes
@@ -16,6 +15,7 @@ from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
 from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
+from pase.planning.occupancy import useful_devices
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load, source_of
@@ -28,16 +28,25 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status", "check_distinct_outputs", "machine_defaults",
+    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy",
 ]
 
 
-def load_network(opts: Options, model_from_file: bool = False):
+def load_network(opts: Options, model_from_file: bool = False, err: IO | None = None):
+    """The network ``-g`` names; ``err``: where its source's notes go (fields left out)."""
     options = {} if opts.loss is None else {"loss": None if opts.loss == "none" else opts.loss}
     if options and not opts.graph.startswith("torch:"):
         raise CliError(f"--loss applies only to imported models (-g torch:...), not to {opts.graph!r}", ExitStatus.USAGE)
+    if opts.mtp:
+        if not opts.graph.startswith("hf:"):
+            raise CliError(f"--mtp applies only to Hugging Face configs (-g hf:...), not to {opts.graph!r}",
+                           ExitStatus.USAGE)
+        options["mtp"] = True
     try:
         network = load(opts.graph, opts.batch, opts.model, **options)
+        if err is not None:
+            for note in network.notes:
+                err.write(f"pase: note: {note}\n")
         return network if opts.readers is None else network.with_readers(opts.readers)
     except InputError as err:
         raise CliError(str(err), ExitStatus.INPUT) from None
@@ -116,6 +125,21 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
             progress.close()
 
 
+def check_occupancy(network, procs: int, opts: Options) -> None:
+    """Refuse (usage status) a search on more devices than any configuration of any layer can
+    use (``pase.planning.occupancy``), unless ``--allow-replication``: every strategy would
+    replicate work on the rest, and the search would take as long as one that uses them."""
+    if opts.allow_replication:
+        return
+    useful = useful_devices(network, procs)
+    if useful < procs:
+        raise CliError(
+            f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'} cannot occupy {procs:,} devices: no configuration of any layer "
+            f"uses more than {useful:,} (each dimension splits by its divisors), so every strategy would replicate "
+            f"work on the other {procs - useful:,}; search -p {useful} instead, or pass --allow-replication",
+            ExitStatus.USAGE)
+
+
 def nothing_fits_message(planned: Plan, opts: Options) -> str:
     m = planned.memory
     return (
@@ -170,8 +194,9 @@ def print_plan(planned: Plan, opts: Options, out: IO, measure=None, verified=Non
         out.write(f"\nDOT graph written to {opts.dot_path}\n")
 
 
-def _input_files(opts: Options) -> list:
-    """``(flag, path)`` of every file the run reads: the strategy, graph and machine files."""
+def _flag_inputs(opts: Options) -> list:
+    """``(flag, path)`` of the files the flags name as inputs: the strategy, graph and machine
+    files (known before they are read)."""
     inputs = []
     if opts.evaluate is not None and opts.evaluate != "-":
         inputs.append(("--evaluate", opts.evaluate))
@@ -184,22 +209,24 @@ def _input_files(opts: Options) -> list:
             inputs.append(("-g", path))
     if opts.machine not in MACHINE_NAMES:
         inputs.append(("--machine", opts.machine))
-        inputs += _machine_table(opts.machine)
     return inputs
 
 
-def _machine_table(path: str) -> list:
-    """``[("--machine", table)]``: the measured table a machine file points to (none when the
-    file cannot be read: loading the machine says why)."""
-    from pase.machines.calibrated import load_description
+#: The inputs every output is checked against: ``inputs(opts) -> [(label, path)]``, where
+#: ``label`` says what the file is in the refusal. The files a flag names, and every file read
+#: so far in this run (``pase.core.fileio.recording_reads``, which ``main`` opens around every
+#: command: a machine file's measured table, an hf: config, a recipe file read with
+#: ``read_json``). A new input read through ``read_json`` (or reported with ``note_read``) needs
+#: nothing here; one that must be refused before it is read adds a function.
+INPUTS = [
+    lambda opts: [(f"input file of {flag}", path) for flag, path in _flag_inputs(opts)],
+    lambda opts: [(f"{what}", path) for what, path in current_reads()],
+]
 
-    try:
-        measured = load_description(path).get("measured")
-    except (ValueError, OSError):
-        return []
-    if not isinstance(measured, str):
-        return []
-    return [("--machine", os.path.join(os.path.dirname(os.path.abspath(path)), measured))]
+
+def _input_files(opts: Options) -> list:
+    """``(label, path)`` of every input of the run known now (``INPUTS``)."""
+    return [entry for inputs in INPUTS for entry in inputs(opts)]
 
 
 def _output_files(opts: Options, extra=()) -> list:
@@ -208,38 +235,29 @@ def _output_files(opts: Options, extra=()) -> list:
     return outputs + [(exporter.flag, path) for exporter, path in opts.exports] + list(extra)
 
 
-def _same_file(a: str, b: str) -> bool:
-    if "\0" in a or "\0" in b:
-        return False  # no file has such a name: reading or writing it is refused on its own
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)  # hard links, or names differing in case on such a file system
-    except OSError:
-        return False
-
-
-def check_distinct_outputs(opts: Options, extra=(), inputs=()) -> None:
+def check_distinct_outputs(opts: Options, extra=()) -> None:
     """Refuse (usage status) an output path that is an input's or another output's, links
-    resolved, before anything is read or written; ``extra``: ``(flag, path)`` of outputs a
-    command writes beside the shared ones, ``inputs``: ``(flag, path)`` of files it reads."""
+    resolved, before anything is written; ``extra``: ``(flag, path)`` of outputs a command
+    writes beside the shared ones (``--export-megatron``, a report). Called before the inputs
+    are loaded (the files the flags name) and again by ``check_outputs`` after (every file
+    they read, too)."""
     outputs = _output_files(opts, extra)
+    inputs = _input_files(opts)
     for i, (flag, path) in enumerate(outputs):
-        for in_flag, in_path in _input_files(opts) + list(inputs):
-            if _same_file(path, in_path):
-                raise CliError(f"{flag} {path} would overwrite the input file of {in_flag} ({in_path}): "
+        for label, in_path in inputs:
+            if same_file(path, in_path):
+                raise CliError(f"{flag} {path} would overwrite the {label} ({in_path}), an input of this run: "
                                "choose another output file", ExitStatus.USAGE)
         for other_flag, other in outputs[:i]:
-            if _same_file(path, other):
+            if same_file(path, other):
                 raise CliError(f"{other_flag} {other} and {flag} {path} name the same file: choose one file "
                                "per output", ExitStatus.USAGE)
 
 
-def check_outputs(opts: Options, extra=(), inputs=()) -> None:
+def check_outputs(opts: Options, extra=()) -> None:
     """Refuse unwritable output paths, and outputs over inputs or over each other, before any
-    work; ``extra``: ``(flag, path, what)`` of a command's own outputs, ``inputs``: ``(flag,
-    path)`` of the files it reads beside the shared ones."""
-    check_distinct_outputs(opts, [(flag, path) for flag, path, _ in extra], inputs)
+    work; ``extra``: ``(flag, path, what)`` of a command's own outputs."""
+    check_distinct_outputs(opts, [(flag, path) for flag, path, _ in extra])
     for _, path, what in extra:
         check_writable(path, what)
     if opts.dot_path is not None:

@@ -150,7 +150,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
     check_distinct_outputs(opts)
     machine = load_checked_machine(opts, [opts.procs])
     opts = machine_defaults(opts, machine)
-    network = load_network(opts, model_from_file=args.model is None and "model" in settings)
+    network = load_network(opts, model_from_file=args.model is None and "model" in settings, err=err)
     if args.batch is None and recorded_batch is not None and network.batch != recorded_batch:
         err.write(f"pase: note: {where} records batch {recorded_batch}, which {opts.graph} fixes at "
                   f"{network.batch}: the plan is priced at batch {network.batch}\n")

@@ -74,6 +74,7 @@ class Options:
     evaluate: str | None = None  # --evaluate: a strategy file to cost instead of searching
     dot_path: str | None = None  # -d / --dot-path: where to write the DOT graph
     loss: str | None = None  # --loss: the loss appended to an imported model (None: its default)
+    mtp: bool = False  # --mtp: an hf: config's multi-token-prediction modules (DeepSeek-V3)
     blocks: bool = True  # --no-blocks: the plain dynamic programme on the whole graph
     exports: tuple = ()  # (Exporter, path) of every --export-* flag given
     verify: str | None = None  # --verify: run the plan on an engine and check it ("jax", "jax64")
@@ -88,6 +89,7 @@ class Options:
     act_bytes_given: bool = False  # --act-bytes given (or recorded): a machine file's act_bytes does not apply
     approx: int | None = None  # --approx: the approximate search with tables of at most this many entries
     readers: str | None = None  # --readers: the reader rule (None: the source's own)
+    allow_replication: bool = False  # --allow-replication: search when no layer can use all p devices
 
     @property
     def memory_model(self) -> MemoryModel:
@@ -153,6 +155,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         evaluate=args.evaluate,
         dot_path=dot_path,
         loss=args.loss,
+        mtp=bool(getattr(args, "mtp", False)),
         blocks=not args.no_blocks,
         exports=exports,
         verify=args.verify,
@@ -168,4 +171,5 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         act_bytes_given=args.act_bytes is not None or "act_bytes" in recorded,
         approx=args.approx,
         readers=pick("readers", None),
+        allow_replication=bool(getattr(args, "allow_replication", False)),
     )

@@ -80,7 +80,7 @@ def _epilog() -> str:
 
 
 def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase") -> argparse.ArgumentParser:
-    """The argument parser; flags of the PaSE README plus the ones of ``docs/cli.md``.
+    """The argument parser; the flags of ``docs/cli.md`` (the original PaSE's among them).
 
     Flags whose value may also come from an ``--evaluate`` file default to ``None`` here;
     ``options_from_args`` fills in the defaults stated in the help.
@@ -156,6 +156,9 @@ def _add_imports_and_exports(add) -> None:
     add("--loss", choices=LOSSES, default=None,
         help="for an imported model (-g torch:...): append a softmax cross-entropy over the last axis of its "
              "output, as the built-in graphs have, or none. (Default: cross-entropy)")
+    add("--mtp", action="store_true",
+        help="for a Hugging Face config (-g hf:...) with multi-token-prediction modules (DeepSeek-V3's "
+             "num_nextn_predict_layers): build them too, each a block, the shared head and a loss of its own.")
     add("--readers", choices=READER_RULES, default=None,
         help="how several layers reading one tensor reduce its gradient: each its own (the paper's rule), or "
              "summed, once where they are split alike, as frameworks run separate q/k/v and gate/up projections; "
@@ -185,6 +188,10 @@ def _add_search_and_memory(add) -> None:
              "of at most ENTRIES entries. Prints a strategy, its cost, a lower bound on the optimum (mini-bucket "
              "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
              "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
+    add("--allow-replication", action="store_true",
+        help="search even when no configuration of any layer can use all p devices (each dimension splits by "
+             "its divisors): every strategy then replicates work on the rest. (Default: refused at once, with the "
+             "largest device count a configuration uses)")
     add("--table-budget", type=positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")

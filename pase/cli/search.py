@@ -8,7 +8,7 @@ from pase.planning.planner import measure_search
 from pase.search.capped import NOTHING_FITS
 
 from .common import (
-    machine_defaults, Profiler, check_distinct_outputs, check_outputs, write_exports, load_checked_machine, load_network, nothing_fits_message,
+    machine_defaults, Profiler, check_distinct_outputs, check_occupancy, check_outputs, write_exports, load_checked_machine, load_network, nothing_fits_message,
     plan_with_options, print_plan, run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -22,7 +22,8 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     check_distinct_outputs(opts)
     machine = load_checked_machine(opts, [opts.procs])
     opts = machine_defaults(opts, machine)
-    network = load_network(opts)
+    network = load_network(opts, err=err)
+    check_occupancy(network, opts.procs, opts)
     check_outputs(opts)
     write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)

@@ -20,7 +20,7 @@ class ExitStatus(IntEnum):
     BROKEN_PIPE = 141
 
 
-#: The statuses documented in --help and the README, with their meaning.
+#: The statuses documented in --help and docs/cli.md, with their meaning.
 EXIT_CODES = {
     int(ExitStatus.OK): "success",
     int(ExitStatus.INPUT): "a file could not be read or written, or a graph or strategy file is invalid",

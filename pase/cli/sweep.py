@@ -29,7 +29,7 @@ __all__ = ["run_sweep"]
 def run_sweep(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, opts.sweep)
     opts = machine_defaults(opts, machine)
-    network = load_network(opts)
+    network = load_network(opts, err=err)
     check_outputs(opts)
     write_exports(opts, "network", network)
     model = effective_model(opts)

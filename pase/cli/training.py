@@ -45,8 +45,13 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
-             "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved) and stages (blocks per "
-             "pipeline stage, A/B/...).")
+             "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved), stages (blocks per pipeline "
+             "stage, A/B/...); precision (bf16, fp8, "
+             "mxfp8, nvfp4: the blocks' weight products; search: --search-precision), scaling (fp8: delayed, "
+             "current, rowwise, blockwise) and fp8_gather (ZeRO all-gathers in FP8, true/false).")
+    add("--search-precision", action="store_true",
+        help="let the search choose the number format among those the machine runs (bf16 unless asked: a "
+             "format changes the numerics); the same as --recipe precision=search.")
     add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
         help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
              "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
@@ -61,6 +66,46 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "what the tool cannot express is refused naming the field (docs/engines.md).")
     for flag, engine, what in ENGINE_EXPORTS:
         add(flag, metavar="FILE", default=None, help=_EXPORT_HELP[engine])
+
+    _add_front_door_flags(add)
+
+
+# --- the front door (issue 34): --report, --top, --per-layer; the training plan by default on
+# --- a real machine (a preset other than paper, or a machine file).
+
+#: Flags that only the per-layer (paper-style) search takes: given on a real machine, they ask
+#: for it as --per-layer does.
+PER_LAYER_ONLY = ("sweep", "evaluate", "export_jax", "verify", "measure", "no_blocks", "approx", "param_bytes", "algo")
+
+
+def _top(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"--top takes a whole number from 1 to {MAX_TOP}, got {text!r}")
+    return int(text)
+
+
+#: Largest --top: the search keeps that many candidates (and their costings) as it runs.
+MAX_TOP = 50
+#: Alternatives the report lists when --top is not given.
+REPORT_TOP = 5
+
+
+def _add_front_door_flags(add) -> None:
+    add("--per-layer", action="store_true",
+        help="on a real machine, run the paper's per-layer search instead of the training plan (the default there; "
+             "on --machine paper the per-layer search is the default).")
+    add("--top", type=_top, default=None, metavar="K",
+        help="list the K fastest distinct configurations that fit, each with its step, memory and how it differs "
+             "from the plan and why it is slower (JSON: training.alternatives).")
+    add("--report", metavar="FILE.html", default=None,
+        help="write one self-contained HTML page of the plan: step time by cause, memory against the device, "
+             "the pipeline schedule, the alternatives and every configuration priced (step against memory).")
+
+
+def real_machine(args) -> bool:
+    """A calibrated preset or a machine file: anything but the paper's model."""
+    return args.machine is not None and args.machine != "paper"
+# --- end of the front door flags
 
 
 #: (flag, engine, what messages call the file), in the order of --help.
@@ -106,16 +151,33 @@ def _given_exports(args) -> list:
             if getattr(args, flag[2:].replace("-", "_"), None) is not None]
 
 
-def wants_training(args) -> bool:
+def asks_training(args) -> bool:
+    """Flags that only a training plan takes (--training itself among them)."""
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
-                or getattr(args, "recipe_from", None) is not None or getattr(args, "engine", None) is not None
-                or _given_exports(args))
+                or getattr(args, "recipe_from", None) is not None or bool(_given_exports(args))
+                or getattr(args, "top", None) is not None or getattr(args, "report", None) is not None
+                or getattr(args, "engine", None) is not None or getattr(args, "search_precision", False))
+
+
+def wants_training(args) -> bool:
+    """The training plan: asked for, or by default on a real machine unless --per-layer or a
+    flag of the per-layer search (--sweep, --evaluate, ...) is given."""
+    if asks_training(args):
+        return True
+    if getattr(args, "per_layer", False) or not real_machine(args):
+        return False
+    if getattr(args, "readers", None) == "summed":  # a rule of the per-layer search
+        return False
+    return not any(getattr(args, name, None) not in (None, False) for name in PER_LAYER_ONLY)
 
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
     """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
     if args.recipe is not None and getattr(args, "recipe_from", None) is not None:
         raise error("--recipe and --recipe-from both fix the configuration: give one")
+    if getattr(args, "per_layer", False):
+        raise error("--per-layer asks for the per-layer search; --training, --recipe, --compare, --top, --report and "
+                    "the engine exports ask for a training plan: choose one")
     for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
@@ -123,7 +185,8 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                         ("--approx", getattr(args, "approx", None) is not None),
                         ("--param-bytes", args.param_bytes is not None), ("-a/--algo", args.algo is not None)):
         if given:
-            raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare)")
+            raise error(f"{flag} does not apply to a training configuration search (--training, --recipe, --compare, "
+                        "--top, --report; the default on a real machine: add --per-layer for the per-layer search)")
 
 
 def stage_of_layers(candidate, network) -> list | None:
@@ -150,6 +213,12 @@ def stage_of_layers(candidate, network) -> list | None:
 
 def _differing_layers(network, configs, mesh_configs) -> list:
     return [network.names[v] for v, (a, b) in enumerate(zip(configs, mesh_configs)) if tuple(a) != tuple(b)]
+
+
+def _unit(machine) -> str:
+    """How a figure of ``machine``'s costs is labelled: ``s``, or its own unit."""
+    unit = getattr(machine, "cost_unit", "seconds")
+    return "s" if unit == "seconds" else unit
 
 
 def _export_engines(found, network, batch: int, args, write: Callable, devices_per_node: int) -> list:
@@ -202,6 +271,14 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         return load_network(sequences)
 
     network = build(batch)
+    if getattr(args, "search_precision", False):
+        from pase.planning.mesh import Recipe
+
+        if args.recipe is not None and args.recipe.precision not in (None, "search"):
+            raise error(f"--search-precision searches the number format, and --recipe fixes "
+                        f"precision={args.recipe.precision}: give one of them", 2)
+        args = argparse.Namespace(**{**vars(args), "recipe": Recipe(**{**(args.recipe or Recipe()).fixed(),
+                                                                          "precision": "search"})})
     for r in (args.recipe, args.compare):
         if r is not None:
             try:
@@ -209,11 +286,15 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             except ValueError as err:
                 raise error(str(err), 2) from None
     cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
+    report = getattr(args, "report", None)
+    top = getattr(args, "top", None)
     try:
         engine, keep_to = getattr(args, "priced", None) or pricing_engine(args)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
                               rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to,
-                              exporting=bool(_given_exports(args)))
+                              exporting=bool(_given_exports(args)),
+                              alternatives=top or (REPORT_TOP if report is not None else 0),
+                              keep_priced=report is not None)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
         raise error(str(err), 2) from None
     if found.best is None:
@@ -239,6 +320,13 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         write(opts.dot_path, dot_graph(shown, found.best.configs, stage_of_layers(found.best, shown)).to_string(),
               "DOT graph")
         exported.append(f"DOT graph written to {opts.dot_path}")
+    if report is not None:
+        from pase.outputs.report import html_report
+
+        write(report, html_report(found, shown, model, model_name), "HTML report")
+        exported.append(f"HTML report written to {report}")
+    if top is None:  # the report's alternatives are its own; the text and JSON show them for --top only
+        found = replace(found, alternatives=[])
 
     if opts.json:
         out.write(format_json(training_report(found, shown, model, model_name)))
@@ -249,7 +337,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     return 0
 
 
-def run_training_command(opts, args, out: IO) -> int:
+def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     """The command: load the machine and network, check the output paths, plan and print."""
     from pase.core.fileio import write_atomic
     from pase.sources.registry import source_of
@@ -262,10 +350,16 @@ def run_training_command(opts, args, out: IO) -> int:
         raise CliError("--readers summed applies to the per-layer search; the training model prices each reader's "
                        "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
-    network = load_network(opts)
+    network = load_network(opts, err=err)
     recipe_from = getattr(args, "recipe_from", None)
-    check_outputs(opts, [(flag, path, what) for flag, path, _, what in _given_exports(args)],
-                  [("--recipe-from", recipe_from)] if recipe_from is not None else [])
+    if recipe_from is not None:
+        from pase.core.fileio import note_read
+
+        note_read(recipe_from, "--recipe-from file")
+    outputs = [(flag, path, what) for flag, path, _, what in _given_exports(args)]
+    if getattr(args, "report", None) is not None:
+        outputs.append(("--report", args.report, "HTML report"))
+    check_outputs(opts, outputs)
     file_engine = None
     if recipe_from is not None:
         from pase.outputs.engine_recipes import RecipeFileError, recipe_from_file

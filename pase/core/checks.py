@@ -1,4 +1,5 @@
-"""Argument checks shared by every stage: integers and numbers that are not ``bool``.
+"""Argument checks shared by every stage: integers and numbers that are not ``bool``, and the
+``arguments`` decorator that checks a public function's arguments by name.
 
 ``True`` is an ``int`` to Python; a size, a device count or a rate given as ``True`` is
 always a mistake, so these refuse it.
@@ -6,9 +7,20 @@ always a mistake, so these refuse it.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
-__all__ = ["is_int", "is_positive_int", "is_number", "checked_device_count"]
+__all__ = [
+    "ArgumentTypeError", "is_int", "is_positive_int", "is_number", "checked_device_count", "arguments", "positive_int", "non_negative_int",
+    "positive_number", "text", "a_callable", "optional", "int_sequence", "configurations", "instance", "a_sequence",
+    "bool_sequence",
+    "config_array", "a_mapping", "tensor_sequence", "a_network", "a_costed_graph", "a_memory_model", "a_recipe",
+    "a_training_options", "a_mesh", "a_training_plan",
+]
 
 
 def is_int(value, *, numpy: bool = False) -> bool:
@@ -45,3 +57,201 @@ def checked_device_count(procs) -> int:
     if not is_positive_int(procs, numpy=True):
         raise ValueError(f"the number of devices must be a positive integer, got {procs!r}")
     return int(procs)
+
+
+# ---------------------------------------------------------------------------------------
+# The arguments of public functions: each wrong one named in its error (issue 35)
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError``, and a ``ValueError`` as the library
+    raised for every bad argument before the checks named them (callers catching either see it)."""
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(value) -> str:
+    return type(value).__name__
+
+
+def arguments(**checks):
+    """Decorator: check (and convert) the named arguments of a public function before its
+    body runs. ``checks``: argument name -> ``check(value, name) -> value``, raising
+    ``TypeError`` (wrong type) or ``ValueError`` (wrong value) with a message that starts with
+    the argument's name (``ArgumentTypeError`` is both). Arguments left at their defaults are
+    not checked.
+
+    >>> @arguments(procs=positive_int)
+    ... def f(procs=1):
+    ...     return procs
+    >>> f(procs=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: procs must be a positive integer, got 0
+    """
+    def wrap(function):
+        signature = inspect.signature(function)
+        unknown = set(checks) - set(signature.parameters)
+        if unknown:
+            raise AssertionError(f"{function.__name__} has no argument {', '.join(sorted(unknown))}")
+
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)  # missing or unknown arguments: Python names them
+            for name, check in checks.items():
+                if name in bound.arguments:
+                    bound.arguments[name] = check(bound.arguments[name], name)
+            return function(*bound.args, **bound.kwargs)
+
+        return call
+
+    return wrap
+
+
+def positive_int(value, name: str) -> int:
+    """A positive integer (NumPy integers too), never a ``bool``."""
+    if not is_int(value, numpy=True):
+        raise ArgumentTypeError(f"{name} must be a positive integer, got {_kind(value)} {_shown(value)}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
+    return int(value)
+
+
+def non_negative_int(value, name: str) -> int:
+    if not is_int(value, numpy=True):
+        raise ArgumentTypeError(f"{name} must be a non-negative integer, got {_kind(value)} {_shown(value)}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {_shown(value)}")
+    return int(value)
+
+
+def positive_number(value, name: str) -> float:
+    """A finite number above zero."""
+    if not is_number(value, numpy=True):
+        raise ArgumentTypeError(f"{name} must be a positive number, got {_kind(value)} {_shown(value)}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {_shown(value)}")
+    return value
+
+
+def a_memory_cap(value, name: str) -> float:
+    """A finite number above zero, or infinity (``NO_CAP``: no cap at all)."""
+    if is_number(value, numpy=True) and value == math.inf:
+        return value
+    return positive_number(value, name)
+
+
+def a_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be true or false, got {_kind(value)} {_shown(value)}")
+    return bool(value)
+
+
+def text(value, name: str) -> str:
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name} must be a string, got {_kind(value)} {_shown(value)}")
+    return value
+
+
+def a_callable(value, name: str):
+    if not callable(value):
+        raise ArgumentTypeError(f"{name} must be callable, got {_kind(value)} {_shown(value)}")
+    return value
+
+
+def optional(check):
+    """``check``, letting ``None`` through."""
+    def checked(value, name: str):
+        return None if value is None else check(value, name)
+
+    return checked
+
+
+def int_sequence(value, name: str) -> tuple:
+    """A non-empty sequence of positive integers (a domain, a shape): a tuple of ``int``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise ArgumentTypeError(f"{name} must be a sequence of positive integers, got {_kind(value)} {_shown(value)}")
+    if not len(value) or not all(is_positive_int(x, numpy=True) for x in value):
+        raise ValueError(f"{name} must be a non-empty sequence of positive integers, got {_shown(value)}")
+    return tuple(int(x) for x in value)
+
+
+def configurations(value, name: str) -> list:
+    """Configurations, one per layer: a sequence of sequences of positive integers (or a
+    2-d integer array)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise ArgumentTypeError(f"{name} must be one configuration per layer (sequences of positive integers), got "
+                        f"{_kind(value)} {_shown(value)}")
+    for i, config in enumerate(value):
+        if isinstance(config, (str, bytes)) or not isinstance(config, (Sequence, np.ndarray)) or not all(
+                is_positive_int(x, numpy=True) for x in config):
+            raise ValueError(f"{name}[{i}] must be a sequence of positive integers, got {_shown(config)}")
+    return value
+
+
+def instance(what: str, *attributes: str):
+    """An object with ``attributes`` (duck-typed: ``what`` names the expected kind)."""
+    def checked(value, name: str):
+        if not all(hasattr(value, a) for a in attributes):
+            raise ArgumentTypeError(f"{name} must be {what}, got {_kind(value)} {_shown(value)}")
+        return value
+
+    return checked
+
+
+def a_sequence(value, name: str):
+    """A sequence or set of items (not a string)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, set, frozenset)):
+        raise ArgumentTypeError(f"{name} must be a sequence, got {_kind(value)} {_shown(value)}")
+    return value
+
+
+def bool_sequence(value, name: str) -> list:
+    """A sequence of ``bool`` (one flag per dimension)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise ArgumentTypeError(f"{name} must be a sequence of booleans, got {_kind(value)} {_shown(value)}")
+    if not all(isinstance(x, (bool, np.bool_)) for x in value):
+        raise ValueError(f"{name} must be a sequence of booleans, got {_shown(value)}")
+    return [bool(x) for x in value]
+
+
+def config_array(value, name: str) -> np.ndarray:
+    """Configurations as a 2-d array of positive integers, one row each."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+        raise ArgumentTypeError(f"{name} must be a 2-d integer array (one configuration per row), got {_kind(value)} "
+                        f"{_shown(value)}")
+    if array.size and array.min() < 1:
+        raise ValueError(f"{name} must hold positive split counts, got {array.min()}")
+    return array
+
+
+def a_mapping(value, name: str):
+    if not isinstance(value, Mapping):
+        raise ArgumentTypeError(f"{name} must be a mapping (a dict), got {_kind(value)} {_shown(value)}")
+    return value
+
+
+def tensor_sequence(value, name: str) -> list:
+    """A sequence of ``pase.Tensor`` (a layer's operands)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
+            hasattr(t, "shape") and hasattr(t, "letters") for t in value):
+        raise ArgumentTypeError(f"{name} must be a sequence of pase.Tensor, got {_kind(value)} {_shown(value)}")
+    return list(value)
+
+
+#: The kinds of the library's own objects, duck-typed (the checks are below the stages that
+#: define them): what each public function takes.
+a_network = instance("a pase.Network", "layers", "names", "edges", "graph", "configs")
+a_costed_graph = instance("a costed graph (Network.graph(procs))", "nodes", "edges", "graph")
+a_memory_model = instance("a pase.MemoryModel", "vectors", "param_bytes", "act_bytes")
+a_recipe = instance("a pase.Recipe (pase.parse_recipe('dp=8,...'))", "fixed", "check")
+a_training_options = instance("a pase.TrainingOptions", "zero", "recompute", "microbatches")
+a_mesh = instance("a pase.Mesh", "dp", "tp", "cp", "pp", "devices")
+an_engine = instance("an engine profile (pase.load_engine('megatron'))", "base_options", "searched")
+a_training_plan = instance("a pase.TrainingPlan (pase.plan_training)", "best", "mesh_search", "machine")

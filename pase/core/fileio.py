@@ -3,6 +3,11 @@
 Input files are untrusted: anything malformed or hostile (deep nesting, huge numbers, NaN)
 becomes an ``InputError`` with one clear line. Output files are written to a temporary file
 in the same directory and renamed into place, so a failed write never destroys the old file.
+
+Inputs are never outputs: inside ``recording_reads()`` (the command line runs every command
+in one) every file read here is recorded, and ``write_atomic`` / ``check_writable`` refuse a
+path that is one of them, links resolved. A reader that does not go through ``read_json``
+(a Python module, a binary table) reports its file with ``note_read``.
 """
 
 from __future__ import annotations
@@ -12,13 +17,91 @@ import os
 import stat
 import sys
 import tempfile
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from .errors import InputError
 
-__all__ = ["InputError", "read_json", "parse_json", "write_atomic"]
+__all__ = [
+    "InputError", "read_json", "parse_json", "write_atomic", "check_writable", "Reads", "recording_reads",
+    "note_read", "same_file", "current_reads",
+]
 
 #: Largest JSON input accepted, bytes: far above any real graph, plan or machine file.
 MAX_JSON_BYTES = 256 * 1024 * 1024
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether the paths ``a`` and ``b`` name one file: symlinks resolved, hard links and
+    names differing only in case (on such a file system) included."""
+    if "\0" in a or "\0" in b:
+        return False  # no file has such a name: reading or writing it is refused on its own
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+class Reads:
+    """The files one run read: ``(what, path)`` in the order first read (``what`` names the
+    file in messages: ``"machine file"``, ``"measured table"``)."""
+
+    def __init__(self):
+        self._files: dict = {}
+
+    def add(self, path: str, what: str) -> None:
+        if path and path != "-" and "\0" not in path:
+            self._files.setdefault(os.path.realpath(path), (what, path))
+
+    def items(self) -> list:
+        return list(self._files.values())
+
+    def find(self, path: str):
+        """``(what, path)`` of the file read that ``path`` names, or ``None``."""
+        if "\0" in path:
+            return None
+        hit = self._files.get(os.path.realpath(path))
+        if hit is not None:
+            return hit
+        return next((entry for entry in self._files.values() if same_file(path, entry[1])), None)
+
+
+_READS: ContextVar = ContextVar("pase_reads", default=None)
+
+
+@contextmanager
+def recording_reads():
+    """Record every file read (``read_json``, ``note_read``) until the block ends; yields the
+    ``Reads``. Writes through this module inside the block refuse any of those files."""
+    reads = Reads()
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+def current_reads() -> list:
+    """``(what, path)`` of every file read so far in the recording block (empty outside one)."""
+    reads = _READS.get()
+    return [] if reads is None else reads.items()
+
+
+def note_read(path: str, what: str) -> None:
+    """Record that the run reads ``path`` (``what`` names it), when reads are recorded."""
+    reads = _READS.get()
+    if reads is not None:
+        reads.add(path, what)
+
+
+def _refuse_an_input(path: str, what: str) -> None:
+    reads = _READS.get()
+    hit = reads.find(path) if reads is not None else None
+    if hit is not None:
+        raise InputError(f"cannot write the {what} to {path}: it is the {hit[0]} {hit[1]} that this run reads "
+                         "(choose another output file)")
 
 
 def _reject_constant(name: str):
@@ -66,6 +149,8 @@ def read_json(path: str, what: str, stdin: bool = True):
     where = f"{what} {path}" if not stdin else f"{what} on standard input"
     if "\0" in path:
         raise InputError(f"cannot read {what} {path!r}: the name contains a NUL byte")
+    if not stdin:
+        note_read(path, what)
     try:
         if stdin:
             if sys.stdin is None:  # started with standard input closed (pase --evaluate - <&-)
@@ -111,6 +196,8 @@ def write_atomic(path: str, text: str, what: str = "file") -> None:
     existing = _existing(path, what)
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if existing is not None and stat.S_ISREG(existing.st_mode):
+        _refuse_an_input(path, what)  # (a device or pipe is written in place: no input is lost)
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         try:
             with open(path, "w", encoding="utf-8") as f:
@@ -157,6 +244,8 @@ def check_writable(path: str, what: str) -> None:
     existing = _existing(path, what)
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise InputError(f"cannot write the {what} to {path}: it is a directory")
+    if existing is not None and stat.S_ISREG(existing.st_mode):
+        _refuse_an_input(path, what)  # (a device or pipe is written in place: no input is lost)
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         if not os.access(path, os.W_OK):
             raise InputError(f"cannot write the {what} to {path}: permission denied")

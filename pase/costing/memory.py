@@ -75,7 +75,7 @@ def activation_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
     total = np.zeros(len(C))
     for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
         total += math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
-    return total
+    return total * layer.output_density
 
 
 def parameter_count(network: Network) -> int:

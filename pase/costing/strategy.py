@@ -18,6 +18,8 @@ from pase.model.layers import redistribution_volume
 from pase.model.configs import check_config
 from pase.model.readers import shared_reductions
 from pase.machines.paper import Machine
+from pase.core.checks import a_network, arguments, configurations, optional, positive_int
+from pase.machines.registry import as_machine
 
 __all__ = ["Evaluation", "evaluate", "check_strategy"]
 
@@ -84,6 +86,7 @@ def check_strategy(network: Network, configs: Sequence[Sequence[int]], procs: in
     return checked
 
 
+@arguments(network=a_network, configs=configurations, machine=as_machine, procs=optional(positive_int))
 def evaluate(
     network: Network,
     configs: Sequence[Sequence[int]],

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
@@ -25,7 +26,7 @@ __all__ = [
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
-    "EAGER_NORM_SAVED",
+    "EAGER_NORM_SAVED", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -47,10 +48,21 @@ FORWARD_COMM_SHARE = 0.5
 #: FlashAttention's backward pass runs 2.5 times the forward's products (it recomputes the
 #: scores: five products against two; Dao 2023, FlashAttention-2, section 3.1.2).
 FLASH_BACKWARD_FACTOR = 2.5
-#: Fraction of the device's peak a fused attention kernel reaches when the machine states
-#: none: FlashAttention-2 on an H100 SXM runs its forward and backward at about 330-400
-#: TFLOP/s of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6, head dimension 128).
-DEFAULT_ATTENTION_EFFICIENCY = 0.4
+#: Fraction of the device's peak a fused attention kernel reaches, forward and backward, at
+#: long sequences and head width 128, when the machine states none: FlashAttention-2 on an
+#: H100 SXM runs its forward at about 330-350 TFLOP/s and its backward (2.5 times the
+#: forward's products) at about 270-300 of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6):
+#: 3.5 / (1/340 + 2.5/285) = about 300 TFLOP/s, 0.3.
+DEFAULT_ATTENTION_EFFICIENCY = 0.3
+#: Sequence length at which a causal fused attention kernel runs at half its long-sequence
+#: efficiency: FlashAttention-2's forward and backward on H100 (Shah et al. 2024,
+#: FlashAttention-3, Fig. 5-6, causal, head dimension 128) reach about half their 16k rate at
+#: 512 (tiles of the diagonal are half empty and the grid is small); ``s / (s + S)``.
+ATTENTION_HALF_SEQUENCE = 512.0
+#: Head width at which the kernel runs at half its rate, by the same form ``d / (d + D)``
+#: normalised at 128: FlashAttention-2 (Dao 2023, Fig. 4-5) runs head width 64 at about 0.9
+#: of 128's rate forward and backward.
+ATTENTION_HALF_HEAD = 16.0
 #: Bytes an Adam step reads and writes per local parameter element: reads the fp32 master
 #: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
 #: the moments and the bf16 weight (4 + 4 + 4 + 2).
@@ -77,6 +89,20 @@ EAGER_NORM_KERNELS = 19
 #: Kernels of any other layer in one training step: forward, gradient of the input, gradient
 #: of the weight (a layer without weights launches two; three is the floor's count).
 KERNELS_PER_LAYER = 3
+
+
+def attention_shape_factor(sequence, head):
+    """A fused attention kernel's efficiency at key length ``sequence`` and head width ``head``
+    relative to its long-sequence, width-128 figure: ``s / (s + S)`` times ``(d / (d + D)) /
+    (128 / (128 + D))`` (:data:`ATTENTION_HALF_SEQUENCE`, :data:`ATTENTION_HALF_HEAD`).
+
+    >>> round(float(attention_shape_factor(512, 128)), 3), round(float(attention_shape_factor(8192, 64)), 3)
+    (0.5, 0.847)
+    """
+    s = np.asarray(sequence, dtype=np.float64)
+    d = np.asarray(head, dtype=np.float64)
+    width = (d / (d + ATTENTION_HALF_HEAD)) / (128.0 / (128.0 + ATTENTION_HALF_HEAD))
+    return s / (s + ATTENTION_HALF_SEQUENCE) * width
 
 
 @dataclass(frozen=True)
@@ -156,6 +182,22 @@ class TrainingOptions:
     activation_grads : bool
         Count the activation gradients alive during the backward pass (the gradient of the
         largest layer's output and of its input).
+    compute_efficiency : float
+        What an in-step kernel reaches of the same kernel measured alone, beyond the clock
+        (``clock_ratio`` of the machine): every layer's compute, on a machine that prices in
+        seconds, is divided by it (the command line's engines set the fitted
+        ``pase.planning.engine.STEP_COMPUTE_EFFICIENCY``; docs/calibration.md).
+    attention_shape : bool
+        The fused attention kernel's efficiency follows the sequence and head width
+        (:func:`attention_shape_factor`).
+    precision : str
+        Number format of the repeated blocks' weight products: ``bf16``, ``fp8``, ``mxfp8`` or
+        ``nvfp4`` (:mod:`pase.costing.precision`; the machine must run it).
+    fp8_scaling : str
+        With ``fp8``: ``delayed``, ``current``, ``rowwise`` or ``blockwise`` scaling.
+    fp8_gather : bool
+        ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
+        Megatron's ``--fp8-param-gather``).
     """
 
     zero: int = 0
@@ -185,6 +227,11 @@ class TrainingOptions:
     comm_buffer_bytes: float = 0.0
     fragmentation: float = 0.0
     activation_grads: bool = False
+    compute_efficiency: float = 1.0
+    attention_shape: bool = False
+    precision: str = "bf16"
+    fp8_scaling: str = "current"
+    fp8_gather: bool = False
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -207,10 +254,18 @@ class TrainingOptions:
                 raise ValueError(f"{name} must be a positive number or None, got {value!r}")
         if self.wrap_unit not in WRAP_UNITS:
             raise ValueError(f"wrap_unit must be one of {', '.join(WRAP_UNITS)}, got {self.wrap_unit!r}")
+        if not (isinstance(self.compute_efficiency, (int, float)) and 0 < self.compute_efficiency <= 1):
+            raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
         if self.comm_sm_share >= 1 or self.fragmentation >= 1:
             raise ValueError("comm_sm_share and fragmentation must be below 1")
         if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
+        if not isinstance(self.fp8_gather, bool):
+            raise ValueError(f"fp8_gather must be true or false, got {self.fp8_gather!r}")
 
     def bytes_per_parameter(self, r):
         """Bytes per parameter element on a device for a replication group of ``r`` devices.
@@ -235,7 +290,11 @@ class TrainingOptions:
 
     def label(self) -> str:
         return f"ZeRO-{self.zero}, recompute {self.recompute}, {self.microbatches} micro-batch" + (
-            "es" if self.microbatches != 1 else "")
+            "es" if self.microbatches != 1 else "") + (f", {self.precision_label()}" if self.precision != "bf16" else "")
+
+    def precision_label(self) -> str:
+        """``bf16``, ``fp8 (current scaling)``, ``mxfp8``, ``nvfp4``."""
+        return f"fp8 ({self.fp8_scaling} scaling)" if self.precision == "fp8" else self.precision
 
 
 # ---------------------------------------------------------------------------------------
@@ -338,6 +397,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     activations = np.zeros(len(C))
     for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
         activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
+    activations = activations * layer.output_density
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
                       activations, parts["latency"])
 
@@ -550,6 +610,12 @@ class TrainingCosting:
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
         self.eager_compute = self._eager_norms()
+        #: Elements a layer keeps inside itself besides its output (a mixture of experts'
+        #: dispatched tokens, expert products and router probabilities), per row.
+        self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
+                         for v, layer in enumerate(network.layers) if hasattr(layer, "internal_activations")}
+        #: FP8 / MXFP8 / NVFP4 (``TrainingOptions.precision``), priced in ``pase.costing.precision``.
+        self.precision = PrecisionPricing(self)
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
 
@@ -580,8 +646,12 @@ class TrainingCosting:
             if layer.op != "RMSNorm":
                 continue
             e = self.parts[v].activations
-            fused = np.asarray(self.machine.memory_bound("layer_norm", e), dtype=np.float64)
-            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes), dtype=np.float64)
+            # flops: what the reference machine counts (the norm's own, fused or not); a
+            # calibrated machine ignores it.
+            flops = self.parts[v].compute
+            fused = np.asarray(self.machine.memory_bound("layer_norm", e, flops), dtype=np.float64)
+            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes, flops),
+                               dtype=np.float64)
             out[v] = self.parts[v].compute - fused + eager
         return out
 
@@ -617,13 +687,21 @@ class TrainingCosting:
         per_device = np.asarray(layer.domain, dtype=np.float64) / C
         forward = 2.0 * 2.0 * per_device.prod(axis=1)
         softmax = self.network.layers[self.structure.consumers[v][0]]
-        if _causal(softmax):
+        if layer.banded:  # a sliding window: the kernel visits its band only
+            forward = forward * layer.density
+        elif _causal(softmax):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
         peak = getattr(self.machine, "peak_flops", None)
         if peak is None:  # the reference machine counts multiply-adds once, no efficiency
             return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
         return flops / (peak * self._attention_efficiency())
+
+    def _attention_shape(self, v: int) -> float:
+        """:func:`attention_shape_factor` of the scores layer ``v``: its keys are the last
+        dimension of its output, its head width the last of its first input."""
+        layer = self.network.layers[v]
+        return float(attention_shape_factor(layer.output_shapes[0][-1], layer.inputs[0].shape[-1]))
 
     def _attention_efficiency(self, options: TrainingOptions | None = None) -> float:
         if options is not None and options.attention_efficiency is not None:
@@ -642,14 +720,28 @@ class TrainingCosting:
             seconds = self.fused[v]
             if getattr(self.machine, "peak_flops", None) is not None and options.attention_efficiency is not None:
                 seconds = seconds * self._attention_efficiency() / options.attention_efficiency
-            return seconds
+            if options.attention_shape and getattr(self.machine, "peak_flops", None) is not None:
+                seconds = seconds / self._attention_shape(v)
+            return self._in_step(seconds, options)
         if role in ("softmax", "context"):
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
+        seconds = seconds + self.precision.compute_delta(v, options)
+        seconds = self._in_step(seconds, options)
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
+
+    def _in_step(self, seconds: np.ndarray, options: TrainingOptions) -> np.ndarray:
+        """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a
+        machine that prices in seconds (``clock_ratio``: the clock the machine sustains through
+        a step at its power limit over the clock its kernels were measured at, 1 if it states
+        none)."""
+        if getattr(self.machine, "peak_flops", None) is None:
+            return seconds
+        factor = float(getattr(self.machine, "clock_ratio", 1.0)) * options.compute_efficiency
+        return seconds if factor == 1.0 else seconds / factor
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Activation elements ``v`` keeps for the backward pass, per micro-batch (none for the
@@ -669,6 +761,8 @@ class TrainingCosting:
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
         if options.eager and v in self.eager_compute:
             return EAGER_NORM_SAVED * self.parts[v].activations
+        if v in self.internal:
+            return self.parts[v].activations + self.internal[v]
         return self.parts[v].activations
 
     def working_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -693,13 +787,19 @@ class TrainingCosting:
         """
         p = self.parts[v]
         m = options.microbatches
-        gradient, gather = p.gradient, p.gather
-        if p.latency is not None and options.bucket_elements > 0:
-            # Gradients reduce in buckets of ``bucket_elements``: a layer pays its share of
-            # one bucket's fixed cost, not a collective of its own.
-            local = sum((elements for elements, _ in p.params), np.zeros(len(self.configs[v])))
-            spare = p.latency * (1.0 - np.minimum(1.0, local / options.bucket_elements))
+        gradient, gather = self.wire_parts(v, options)
+        bucket = options.bucket_elements
+        if options.wrap_unit != "layer":
+            # FSDP reduces and gathers a unit's flattened parameters in one collective.
+            bucket = self._unit_elements()[v]
+        if p.latency is not None and np.any(bucket > 0):
+            # Gradients reduce in buckets of ``bucket_elements`` (or the unit): a layer pays
+            # its share of one bucket's fixed cost, not a collective of its own.
+            local = self._local_elements(v)
+            share = np.where(bucket > 0, np.minimum(1.0, local / np.where(bucket > 0, bucket, 1.0)), 1.0)
+            spare = p.latency * (1.0 - share)
             gradient, gather = np.maximum(gradient - spare, 0.0), np.maximum(gather - spare, 0.0)
+        gather = gather * self.precision.gather_scale(v, options)
         rs, ag = 0.5 * gradient, 0.5 * gather
         if options.zero == 0:
             return gradient
@@ -708,6 +808,44 @@ class TrainingCosting:
         if options.zero == 2:
             return m * rs + ag
         return m * (rs + 2.0 * ag)
+
+    def _local_elements(self, v: int) -> np.ndarray:
+        """Weight elements ``v`` holds per device (its tensor-parallel shard), per row."""
+        return sum((elements for elements, _ in self.parts[v].params), np.zeros(len(self.configs[v])))
+
+    def _unit_elements(self) -> list:
+        """Per layer, the weight elements per device of its FSDP unit (:meth:`_units`), per row."""
+        if getattr(self, "_unit_cache", None) is None:
+            index, count = self._units()
+            K = len(self.configs[0])
+            if any(len(C) != K for C in self.configs):
+                # Per-layer rows (the free search): rows of different layers are unrelated, so a
+                # unit's total has no row; each layer counts as its unit times its unit's size.
+                sizes = np.bincount(index, minlength=count)
+                self._unit_cache = [self._local_elements(v) * sizes[index[v]] for v in range(len(index))]
+                return self._unit_cache
+            totals = np.zeros((count, K))
+            for v in range(len(self.network.layers)):
+                totals[index[v]] += self._local_elements(v)
+            self._unit_cache = [totals[index[v]] for v in range(len(self.network.layers))]
+        return self._unit_cache
+
+    def wire_parts(self, v: int, options: TrainingOptions) -> tuple:
+        """``(gradient, gather)`` collectives of ``v`` at the options' element sizes: the parts
+        are priced at the machine's ``grad_bytes`` and ``act_bytes``; ``grad_reduce_bytes`` and
+        ``gather_bytes`` rescale the part that moves bytes (the fixed latency stays)."""
+        p = self.parts[v]
+        latency = p.latency if p.latency is not None else 0.0
+        out = []
+        for seconds, wanted, priced in ((p.gradient, options.grad_reduce_bytes, "grad_bytes"),
+                                        (p.gather, options.gather_bytes, "act_bytes")):
+            at = getattr(self.machine, priced, None)
+            if wanted is None or at is None or wanted == at:
+                out.append(seconds)
+                continue
+            fixed = np.minimum(latency, seconds)
+            out.append(fixed + (seconds - fixed) * (wanted / float(at)))
+        return tuple(out)
 
     def hiding(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute that ``v``'s synchronisation may hide behind (one layer as one bucket).
@@ -727,7 +865,9 @@ class TrainingCosting:
         s = self.sync(v, options)
         if not options.overlap:
             return s
-        return np.maximum(s - options.overlap_efficiency * self.hiding(v, options), 0.0)
+        hidden = np.minimum(s, options.overlap_efficiency * self.hiding(v, options))
+        # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).
+        return s - hidden + options.comm_sm_share * hidden
 
     def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``v``'s activation collectives of one micro-batch left exposed: all of them, or
@@ -737,7 +877,8 @@ class TrainingCosting:
         a = self.parts[v].activation * self.activation_scale[v]
         if not options.tp_overlap:
             return a
-        return np.maximum(a - options.overlap_efficiency * self.compute(v, options), 0.0)
+        hidden = np.minimum(a, options.overlap_efficiency * self.compute(v, options))
+        return a - hidden + options.comm_sm_share * hidden
 
     def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
@@ -767,7 +908,8 @@ class TrainingCosting:
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
             if charged:
                 total = total + elements / (r if options.zero >= 1 else 1.0)
-        return OPTIMIZER_STEP_BYTES * total / hbm
+        # The optimizer's temporaries are written and read again (``optimizer_temp_bytes``).
+        return (OPTIMIZER_STEP_BYTES + 2.0 * options.optimizer_temp_bytes) * total / hbm
 
     def layer_time(self, v: int, options: TrainingOptions) -> dict:
         """The parts of ``v``'s step time: compute, recomputation, activation collectives,
@@ -801,61 +943,118 @@ class TrainingCosting:
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
             if charged:
                 state = state + elements * options.bytes_per_parameter(r)
-        acts = act_bytes * self.stored_activations(v, options)
+        state = state + self.precision.cache_bytes(v, options)
+        acts = act_bytes * self.stored_activations(v, options) * self.precision.stored_scale(v, options, act_bytes)
         logits = np.zeros(K)
         layer = self.network.layers[v]
         if layer.op == "SoftmaxCrossEntropy":
             logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
-        return {"model_state": state, "activations": acts, "logits": logits}
+        out = {"model_state": state, "activations": acts, "logits": logits}
+        if options.fragmentation:
+            # Short-lived allocations fragment the caching allocator; the long-lived model
+            # state is allocated once.
+            out["fragmentation"] = options.fragmentation * (acts + logits)
+        return out
 
     def memory_vector(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         return sum(self.layer_memory(v, options, act_bytes).values())
 
     def gathered_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """Bytes of ``v``'s weights once ZeRO-3 has gathered them (its tensor-parallel shard)."""
+        """Bytes of ``v``'s weights once ZeRO-3 has gathered them (its tensor-parallel shard), at
+        ``gather_bytes`` (else ``weight_bytes``)."""
         total = np.zeros(len(self.configs[v]))
         for elements, _ in self.parts[v].params:
             total = total + elements
-        return options.weight_bytes * total
+        return (options.gather_bytes or options.weight_bytes) * total
+
+    def _units(self) -> tuple:
+        """``(unit of every layer, unit count)``: each repeated block one unit (as FSDP wraps a
+        decoder block), every layer outside the blocks one root unit (unit 0)."""
+        ids: dict = {}
+        index = np.array([0 if b is None else ids.setdefault(b, len(ids) + 1) for b in self.blocks], dtype=np.int64)
+        return index, len(ids) + 1
+
+    def transient_parts(self, gathered: np.ndarray, working: np.ndarray, grads: np.ndarray,
+                        options: TrainingOptions, recomputed=None) -> dict:
+        """The non-additive memory of every row from per-layer ``(n, K)`` bytes (the weights
+        once gathered, the recomputation working set, the output gradient), as ``(K,)`` arrays:
+
+        - ``gathered_weights`` (ZeRO-3): ``wrap_unit`` ``layer``: the two largest layers'
+          weights (the one computed and the next, prefetched); ``block`` / ``prefetch``: the
+          two largest units (a block each, the layers outside the blocks one root unit: the
+          unit computed and the one prefetched, ``prefetch_units`` of them) at the gather's
+          element size, plus ``unsharded_gradients``: the largest unit's full gradient at the
+          reduction's element size, alive until its reduce-scatter;
+        - ``recompute_working_set`` (full, op): the largest block's working activations;
+        - ``activation_gradients``: the gradient a layer's backward reads and the one it
+          writes, twice the largest output (``activation_grads``);
+        - ``comm_buffers`` and ``reserve``: constants of the engine and the options.
+        """
+        K = gathered.shape[1]
+        out = {}
+        if options.zero == 3 and len(gathered):
+            if options.wrap_unit == "layer":
+                top = np.sort(gathered, axis=0)[-2:]
+                out["gathered_weights"] = top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
+            else:
+                index, count = self._units()
+                units = np.zeros((count, K))
+                np.add.at(units, index[: len(gathered)], gathered)
+                gather = options.gather_bytes or options.weight_bytes
+                top = np.sort(units, axis=0)[::-1]
+                out["gathered_weights"] = top[:2].sum(axis=0)  # the unit computed and the one prefetched
+                # A block's full gradient, at the reduction's element size, until its
+                # reduce-scatter (the root unit's reduces at the end, when the activations are gone).
+                reduce = options.grad_reduce_bytes or options.grad_bytes
+                blocks = units[1:] if count > 1 else units
+                out["unsharded_gradients"] = blocks.max(axis=0) * (reduce / gather)
+        if options.recompute in ("full", "op"):
+            members: dict = {}
+            for v, b in enumerate(self.blocks[: len(working)]):
+                if b is not None and (recomputed is None or recomputed[v]):
+                    members.setdefault(b, []).append(v)
+            if members:
+                out["recompute_working_set"] = np.max(
+                    np.array([working[m].sum(axis=0) for m in members.values()]), axis=0)
+        if options.activation_grads and len(grads):
+            out["activation_gradients"] = 2.0 * grads.max(axis=0)
+        if options.comm_buffer_bytes:
+            out["comm_buffers"] = np.full(K, float(options.comm_buffer_bytes))
+        return out
 
     def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         """The non-additive memory of every row (all layers at that row) from
-        :meth:`layer_vectors`: ZeRO-3's two largest gathered layers, the largest block's working
-        set under full recomputation (under ``op``: its recomputed layers' outputs), and the reserve. ``layers`` restricts the gathered weights
-        to some layers (default all)."""
+        :meth:`layer_vectors` (:meth:`transient_parts`) plus the reserve. ``layers`` restricts
+        the gathered weights to some layers (default all)."""
         K = vectors["gathered"].shape[1]
-        total = np.full(K, float(options.reserve_bytes))
-        if options.zero == 3:
-            gathered = vectors["gathered"] if layers is None else vectors["gathered"][list(layers)]
-            top = np.sort(gathered, axis=0)[-2:]
-            total += top.sum(axis=0) if len(top) > 1 else 2.0 * top[0]
-        if options.recompute in ("full", "op"):
-            again = self.recomputed_mask(options) if options.recompute == "op" else None
-            members: dict = {}
-            for v, b in enumerate(self.blocks):
-                if b is not None and (again is None or again[v]):
-                    members.setdefault(b, []).append(v)
-            if members:
-                total += np.max(np.array([vectors["working"][m].sum(axis=0) for m in members.values()]), axis=0)
-        return total
+        gathered = vectors["gathered"]
+        if layers is not None:
+            keep = np.zeros(len(gathered), dtype=bool)
+            keep[list(layers)] = True
+            gathered = np.where(keep[:, None], gathered, 0.0)
+        again = self.recomputed_mask(options) if options.recompute == "op" else None
+        parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again)
+        return sum(parts.values(), np.full(K, float(options.reserve_bytes)))
 
     def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
-        """Memory alive only part of the time, for one choice of row per layer: the weights
-        ZeRO-3 gathers (the layer being computed and the next one, prefetched) and, under
-        full recomputation, the activations of the largest block while it runs again."""
+        """Memory alive only part of the time, for one choice of row per layer
+        (:meth:`transient_parts`), by part."""
+        pick = lambda f: np.array([[float(f(v)[i])] for v, i in enumerate(choice)]).reshape(len(choice), 1)  # noqa: E731
+        gathered = pick(lambda v: self.gathered_bytes(v, options))
+        working = pick(lambda v: act_bytes * self.working_activations(v, options))
+        grads = pick(lambda v: self.output_gradient_bytes(v, options, act_bytes))
+        again = self.recomputed_mask(options)
+        parts = self.transient_parts(gathered, working, grads, options, again)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
-        if options.zero == 3:
-            sizes = sorted((self.gathered_bytes(v, options)[i] for v, i in enumerate(choice)), reverse=True)
-            out["gathered_weights"] = float(sum(sizes[:2]))
-        if options.recompute in ("full", "op"):
-            again = self.recomputed_mask(options)
-            per_block: dict = {}
-            for v, i in enumerate(choice):
-                b = self.blocks[v]
-                if b is not None and again[v]:
-                    per_block[b] = per_block.get(b, 0.0) + act_bytes * float(self.working_activations(v, options)[i])
-            out["recompute_working_set"] = max(per_block.values(), default=0.0)
+        out.update({k: float(v[0]) for k, v in parts.items()})
         return out
+
+    def output_gradient_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
+        """Bytes of the gradient of ``v``'s output (none for the loss and the logits only it
+        reads: the loss's buffers count those; none inside fused attention)."""
+        if self.loss_only[v] or (options.fused_attention and self.attention_inner[v]):
+            return np.zeros(len(self.configs[v]))
+        return act_bytes * self.parts[v].activations
 
     def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
         """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
@@ -863,16 +1062,19 @@ class TrainingCosting:
         synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
         ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation."""
         n, K = len(self.network.layers), len(self.configs[0])
-        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync")
+        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw",
+                 "grads")
         out = {name: np.zeros((n, K)) for name in names}
         m = options.microbatches
+        grow = 1.0 + options.fragmentation  # the allocator's share of the short-lived allocations
         for v, members in self.vector_groups:
             t = self.layer_time(v, options)
             mem = self.layer_memory(v, options, act_bytes)
             values = (
                 (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
-                mem["model_state"], mem["activations"], mem["logits"], self.gathered_bytes(v, options),
-                act_bytes * self.working_activations(v, options), t["weight_sync"],
+                mem["model_state"], grow * mem["activations"], grow * mem["logits"], self.gathered_bytes(v, options),
+                act_bytes * self.working_activations(v, options), t["weight_sync"], self.sync(v, options),
+                self.output_gradient_bytes(v, options, act_bytes),
             )
             for name, value in zip(names, values):
                 out[name][members] = value

@@ -65,18 +65,22 @@ class Group:
 
     sizes: np.ndarray
     strides: np.ndarray
+    #: ``(K,)``: devices each configuration uses, where known (a machine whose NVLink domain
+    #: holds several nodes places them on domains by it: ``pase.machines.specs.Domain``).
+    devices: np.ndarray | None = None
 
     @classmethod
     def of(cls, C: np.ndarray, strides: np.ndarray, dims) -> "Group":
         """The group of the dimensions ``dims`` of the configurations ``C``."""
         dims = list(dims)
-        return cls(np.asarray(C, dtype=np.int64)[:, dims], np.asarray(strides, dtype=np.int64)[:, dims])
+        C = np.asarray(C, dtype=np.int64)
+        return cls(C[:, dims], np.asarray(strides, dtype=np.int64)[:, dims], C.prod(axis=1))
 
     @classmethod
     def flat(cls, q) -> "Group":
         """``q`` devices (scalar or one per configuration) along one dimension of stride 1."""
         q = np.atleast_1d(np.asarray(q, dtype=np.int64))
-        return cls(q[:, None], np.ones_like(q)[:, None])
+        return cls(q[:, None], np.ones_like(q)[:, None], q)
 
     @property
     def size(self) -> np.ndarray:
@@ -109,7 +113,10 @@ class Machine(Protocol):
         """Raise ``ValueError`` for a device count this machine cannot hold."""
 
     def gemm(self, B, M, N, K):
-        """One training step (forward and two backward products) of ``B`` GEMMs ``M x K x N``."""
+        """One training step (forward and two backward products) of ``B`` GEMMs ``M x K x N``.
+
+        A machine with per-format peaks (``precisions`` beyond ``("bf16",)``) also takes
+        ``dtype=`` one of them (``pase.machines.specs.DTYPES``)."""
 
     def memory_bound(self, kind: str, elements, flops):
         """Memory-bound work of ``kind`` (one of ``MEMORY_BOUND_KINDS``) over ``elements``."""

@@ -20,6 +20,7 @@ from pase.machines.collectives import CollectiveTables, published_all_reduce, va
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
+from pase.machines.specs import DTYPES, SPEC_FIELDS, Domain, GemmTransfer, validate_spec_fields
 
 __all__ = [
     "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
@@ -41,8 +42,17 @@ PRESETS = {
         "act_bytes": 2,
         "grad_bytes": 4,
         "measured": "h100-sxm-measured.json",
+        # Through a training step at its 700 W limit an H100 SXM holds about its base clock,
+        # 1590 MHz; the measured table's isolated GEMMs (CUDA-graph replay, best of 3) ran at
+        # its maximum boost, 1980 MHz (NVIDIA H100 SXM5 base and boost clocks): 1590 / 1980.
+        "clock_ratio": 0.803,
     },
 }
+# The presets from public specifications (``data/presets.json``: every figure with its source;
+# ``h100-sxm`` gains its per-dtype peaks, domain and sources there and keeps its measured table).
+for _name, _spec in read_json(os.path.join(DATA_DIR, "presets.json"), "machine presets")["presets"].items():
+    PRESETS[_name] = {**PRESETS.get(_name, {}), **_spec}
+del _name, _spec
 #: ``h100-sxm`` with all-reduces priced from published NCCL bus bandwidths (NVLink 4 inside a
 #: node, a 400 Gb/s NIC per GPU across nodes; ``collectives.published_all_reduce`` names the
 #: figures and their sources) instead of its links. Opt-in: ``h100-sxm`` stays as documented.
@@ -62,7 +72,7 @@ _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps",
 #: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
 #: to the file), measured NCCL bus bandwidths (``pase.machines.collectives``), and free text that
 #: ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("attention_efficiency", "measured", "collectives", "device", "notes")
+_OPTIONAL = ("attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes") + SPEC_FIELDS
 #: The optional fields that are text.
 _TEXT_FIELDS = ("measured", "device", "notes")
 
@@ -171,8 +181,18 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: attention_efficiency must be a number in (0, 1] (the fraction of "
                              f"peak_tflops a fused attention kernel reaches), got {_shown(v)}")
         out["attention_efficiency"] = v
+    if "clock_ratio" in data:
+        v = data["clock_ratio"]
+        if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
+            raise ValueError(f"{source}: clock_ratio must be a number in (0, 1] (the clock sustained through a "
+                             f"training step over the clock the measured table ran at), got {_shown(v)}")
+        out["clock_ratio"] = v
     if "collectives" in data:
         out["collectives"] = validate_collectives(data["collectives"], g, source)
+    out.update(validate_spec_fields(data, source, set(PRESET_TABLES)))
+    if "gemm_reference" in out and "measured" in data:
+        raise ValueError(f"{source}: gemm_reference carries another machine's table over; this machine has its own "
+                         f"(measured): give one of them")
     for field in _TEXT_FIELDS:
         if field in data:
             v = data[field]
@@ -223,7 +243,8 @@ def load_calibrated(name_or_path: str) -> "CalibratedMachine":
     """
     kind, label = _source_of(name_or_path)
     if kind == "preset":
-        return CalibratedMachine(PRESETS[label], MeasuredTables.load(PRESET_TABLES[label]), f"machine {label}")
+        tables = MeasuredTables.load(PRESET_TABLES[label]) if label in PRESET_TABLES else None
+        return CalibratedMachine(PRESETS[label], tables, f"machine {label}")
     description = _read_file(label)
     tables = None
     if "measured" in description:
@@ -281,8 +302,34 @@ class CalibratedMachine:
         self.grad_bytes = float(d["grad_bytes"])
         #: Fraction of peak the fused attention kernel reaches (``None``: the costing's default).
         self.attention_efficiency = (float(d["attention_efficiency"]) if "attention_efficiency" in d else None)
+        #: The clock a training step sustains at the power limit over the clock of the measured
+        #: table (1: as measured); the training model slows a step's kernels by it
+        #: (``pase.costing.training``), kernels measured alone keep the table's times.
+        self.clock_ratio = float(d.get("clock_ratio", 1.0))
         #: Measured NCCL bus bandwidths (``None``: every collective from the links).
         self.collectives = CollectiveTables(d["collectives"]) if "collectives" in d else None
+        #: Dense peak FLOP/s per number format (``bf16`` is ``peak_tflops``) and the formats
+        #: the device runs GEMMs in, in ``DTYPES`` order.
+        self.dtype_flops = {"bf16": self.peak_flops,
+                            **{k: float(v) * 1e12 for k, v in d.get("dtype_tflops", {}).items()}}
+        self.precisions = tuple(k for k in DTYPES if k in self.dtype_flops)
+        #: GPUs of one NVLink domain (the node unless the description says more) and the levels.
+        self.nvlink_domain = int(d.get("nvlink_domain", self.devices_per_node))
+        self.levels = Domain(self.nvlink_domain, self.devices_per_node)
+        #: The rule that prices GEMMs from a measured table at another rate or format
+        #: (``specs.GemmTransfer``): the reference preset's table for a machine without one
+        #: (``gemm_reference``), the machine's own for its other formats.
+        self.reference = None
+        self.transfer = None
+        if "gemm_reference" in d and tables is None:
+            ref = validate_description(PRESETS[d["gemm_reference"]], f"machine {d['gemm_reference']}")
+            self.reference = d["gemm_reference"]
+            self.transfer = GemmTransfer(MeasuredTables.load(PRESET_TABLES[self.reference]),
+                                         float(ref["peak_tflops"]) * 1e12, float(ref["hbm_gbps"]) * 1e9,
+                                         ref["sms"], self.dtype_flops, self.hbm_bytes_per_s, d["sms"])
+        elif tables is not None:
+            self.transfer = GemmTransfer(tables, self.peak_flops, self.hbm_bytes_per_s, 1, self.dtype_flops,
+                                         self.hbm_bytes_per_s, 1)
 
     def __repr__(self) -> str:
         table = "measured" if self.tables is not None else "peak only"
@@ -300,15 +347,25 @@ class CalibratedMachine:
 
     def header_line(self) -> str:
         d = self._description
+        if self.nvlink_domain > self.devices_per_node:
+            where = (f"{d['devices_per_node']} devices per node, NVLink domains of {self.nvlink_domain}, "
+                     f"{d['memory_gb']:g} GB each; {d['intra_node']['gbps']:g} GB/s inside a domain, "
+                     f"{d['inter_node']['gbps']:g} GB/s between domains; ")
+        else:
+            where = (f"{d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+                     f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; ")
         return (
-            f"machine {d['name']}: {d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
-            f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; "
-            + ("measured compute" if d.get("measured") else f"compute at {d['peak_tflops']:g} TFLOPS peak")
+            f"machine {d['name']}: " + where
+            + ("measured compute" if d.get("measured") else
+               f"GEMMs at {d['peak_tflops']:g} TFLOPS peak, carried over from {self.reference}'s measured table"
+               if self.reference else f"compute at {d['peak_tflops']:g} TFLOPS peak")
             + (f"; NCCL bus bandwidths for {', '.join(self.collectives.kinds)}" if self.collectives else "")
         )
 
     def unit_line(self) -> str:
-        compute = "measured compute" if self._description.get("measured") else "compute at peak FLOP/s"
+        compute = ("measured compute" if self._description.get("measured") else
+                   f"compute carried over from {self.reference}'s measured table" if self.reference else
+                   "compute at peak FLOP/s")
         return f"costs in seconds per training step (shown in ms): {compute}, collectives over the devices' nodes"
 
     def cost_cell(self, cost: float) -> str:
@@ -321,27 +378,35 @@ class CalibratedMachine:
         return {}
 
     def check_procs(self, procs) -> None:
-        """``ValueError`` unless ``procs`` fits the nodes: at most one node, or whole nodes."""
+        """``ValueError`` unless ``procs`` fits the nodes: at most one NVLink domain (one node
+        where the domain is the node), or whole nodes."""
         g = self.devices_per_node
         if not is_positive_int(procs, numpy=True):
             raise ValueError(f"the device count must be a positive integer, got {procs!r}")
-        if procs > g and procs % g:
+        if procs > self.nvlink_domain and procs % g:
             raise ValueError(
                 f"{procs} devices do not fill whole nodes of {g} on machine {self.name}: "
-                f"use at most {g} or a multiple of {g}"
+                f"use at most {self.nvlink_domain} or a multiple of {g}"
             )
 
     # -- compute ------------------------------------------------------------------------
 
-    def gemm_seconds(self, B, M, N, K) -> np.ndarray:
+    def gemm_seconds(self, B, M, N, K, dtype: str = "bf16") -> np.ndarray:
         """Seconds of one training step (forward and two backward products) of ``B`` GEMMs.
 
         Each GEMM multiplies ``M x K`` by ``K x N`` on one device. From the measured table
         where there is one (interpolated, ``pase.machines.measured``), never below the
-        ``6 BMNK / peak`` a device cannot beat; that bound alone without a table.
+        ``6 BMNK / peak`` a device cannot beat; that bound alone without a table. ``dtype``
+        (one of :attr:`precisions`): the operands' number format; another than ``bf16``, or a
+        machine with a ``gemm_reference``, is priced by the transfer rule
+        (:class:`pase.machines.specs.GemmTransfer`) at that format's peak.
         """
+        if dtype not in self.dtype_flops:
+            raise ValueError(f"machine {self.name} has no {dtype} GEMMs (it runs {', '.join(self.precisions)})")
         B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
-        peak_time = 6.0 * B * M * N * K / self.peak_flops
+        peak_time = 6.0 * B * M * N * K / self.dtype_flops[dtype]
+        if self.transfer is not None and (dtype != "bf16" or self.tables is None):
+            return np.maximum(self.transfer.gemm_seconds(B, M, N, K, dtype), peak_time)
         if self.tables is None:
             for name, a in zip("BMNK", (B, M, N, K)):
                 bad = ~np.isfinite(a) | (a <= 0)
@@ -367,6 +432,11 @@ class CalibratedMachine:
             return self.tables.memory_bound_seconds(kind, elements)
         if self.tables is not None and self.tables.kinds:
             return self.tables.streaming_seconds(ELEMENT_TRAFFIC[kind], elements)
+        if self.reference is not None:  # the reference's measured time at this machine's bandwidth
+            ref = self.transfer.tables
+            seconds = (ref.memory_bound_seconds(kind, elements) if kind in ref.kinds
+                       else ref.streaming_seconds(ELEMENT_TRAFFIC[kind], elements))
+            return self.transfer.memory_seconds(seconds)
         e = np.asarray(elements, dtype=np.float64)
         bad = ~np.isfinite(e) | (e < 0)
         if bad.any():
@@ -378,7 +448,7 @@ class CalibratedMachine:
     def _split(self, group) -> tuple:
         """``(q, q_in, q_out)`` per configuration: group size, members per node, nodes."""
         q = np.asarray(group.size, dtype=np.float64)
-        q_in = np.minimum(np.asarray(group.members_per_node(self.devices_per_node), dtype=np.float64), q)
+        q_in = np.minimum(np.asarray(self.levels.members(group), dtype=np.float64), q)
         q_in = np.maximum(q_in, 1.0)
         return q, q_in, q / q_in
 
@@ -452,7 +522,7 @@ class CalibratedMachine:
         of that link (one message forward, one backward); zero where nothing moves.
         """
         e = np.asarray(elements, dtype=np.float64)
-        one_node = np.asarray(procs) <= self.devices_per_node
+        one_node = self.levels.holds(procs)
         if one_node.ndim == 0:  # the usual call: one p for a whole edge matrix, fewer passes
             bw, latency = (self.b_in, self.a_in) if one_node else (self.b_out, self.a_out)
             return np.where(e > 0, e * (self.act_bytes / bw) + 2.0 * latency, 0.0)

@@ -312,6 +312,13 @@ class MeasuredTables:
     # -- queries -------------------------------------------------------------------------
 
     @property
+    def floors(self) -> tuple:
+        """``(gemm, memory-bound)``: the least time of any row of each table (its launch floor;
+        ``0.0`` for a table without memory-bound rows)."""
+        memory = min((seconds for _, _, seconds in self._memory_rows), default=0.0)
+        return float(self._gemm_rows[:, 4].min()), float(memory)
+
+    @property
     def kinds(self) -> tuple:
         """The memory-bound op kinds the table measured."""
         return tuple(self._memory)

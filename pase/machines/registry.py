@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pase.core.checks import ArgumentTypeError, arguments, optional, positive_number, text
+
 from .base import Machine
 from .calibrated import PRESETS as CALIBRATED_PRESETS, load_calibrated, load_description
 from .paper import Machine as PaperMachine
 
-__all__ = ["PRESETS", "MACHINE_NAMES", "load_machine", "preset_of"]
+__all__ = ["PRESETS", "MACHINE_NAMES", "load_machine", "preset_of", "as_machine"]
 
 
 def _paper(name: str, flops: float | None, bw: float | None) -> PaperMachine:
@@ -49,6 +51,7 @@ FROM_FILE = _calibrated
 MACHINE_NAMES = tuple(PRESETS)
 
 
+@arguments(spec=text, flops=optional(positive_number), bw=optional(positive_number))
 def load_machine(spec: str = "paper", flops: float | None = None, bw: float | None = None) -> Machine:
     """The machine ``spec`` names: ``"paper"`` (the reference model, tuned by ``flops`` and
     ``bw``), a calibrated preset such as ``"h100-sxm"``, or a machine description file.
@@ -63,3 +66,21 @@ def preset_of(recorded: dict) -> str | None:
     machine from a file."""
     name = recorded.get("name")
     return name if name in RECORDED and RECORDED[name](recorded) else None
+
+
+def as_machine(value, name: str = "machine") -> Machine:
+    """A machine argument of a public function: a machine object as it is, a preset name or a
+    machine file's path loaded (``load_machine``), ``None`` the paper machine; ``TypeError``
+    naming the argument for anything else.
+
+    >>> as_machine("h100-sxm").name, as_machine(None).name
+    ('h100-sxm', 'paper')
+    """
+    if value is None:
+        return PaperMachine()
+    if isinstance(value, str):
+        return load_machine(value)
+    if not all(hasattr(value, a) for a in ("check_procs", "cost_unit")):
+        raise ArgumentTypeError(f"{name} must be a machine (pase.Machine, pase.CalibratedMachine, a preset name such as "
+                        f"{MACHINE_NAMES[-1]!r} or a machine file), got {type(value).__name__}")
+    return value

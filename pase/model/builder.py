@@ -99,6 +99,9 @@ class Network:
     batch: int | None = None
     readers: str = "each"
     architecture: dict | None = field(default=None, hash=False, compare=False)
+    #: What its source left out of the network, one line each (an ``hf:`` config field not
+    #: modelled); the CLI prints them as notes.
+    notes: tuple = field(default=(), compare=False)
 
     def __post_init__(self):
         if self.readers not in READER_RULES:

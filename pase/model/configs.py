@@ -10,6 +10,7 @@ import math
 from typing import Sequence
 
 import numpy as np
+from pase.core.checks import arguments, bool_sequence, config_array, int_sequence, optional, positive_int
 
 __all__ = [
     "count_configs",
@@ -75,6 +76,7 @@ def allowed_splits(size: int, procs: int, cutoff: int) -> list[int]:
     return small + large
 
 
+@arguments(domain=int_sequence, procs=positive_int, cutoff=positive_int, unsplit=optional(bool_sequence))
 def enumerate_configs(
     domain: Sequence[int],
     procs: int,
@@ -152,6 +154,7 @@ def count_configs(domain: Sequence[int], procs: int, cutoff: int = 1, unsplit: S
     return int(sum(counts))
 
 
+@arguments(configs=config_array, domain=int_sequence)
 def is_contiguous(configs: np.ndarray, domain: Sequence[int]) -> np.ndarray:
     """Which rows are contiguous: fully split dims, then one free dim, then unsplit dims.
 

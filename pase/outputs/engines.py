@@ -192,6 +192,15 @@ def torchtitan_settings(plan: EnginePlan, path: str = "torchtitan.toml", per_nod
 
 def _model_arguments(plan: EnginePlan) -> list:
     a = plan.architecture
+    # What this writer has no Megatron-LM arguments for: refused by name, never dropped.
+    plain = {"norm_bias": a["norm"] == "layer", "post_norms": False, "window": 0, "sinks": False, "softcap": 0.0,
+             "final_softcap": 0.0, "mla": False, "mtp": 0}
+    odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
+    moe = a.get("moe") or {}
+    odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
+        (["moe groups"] if moe.get("groups", 1) > 1 else [])
+    if odd:
+        raise EngineRefusal("megatron", f"the model's {', '.join(odd)}: no Megatron-LM argument written for it yet")
     args = [("--num-layers", a["layers"]), ("--hidden-size", a["width"]), ("--num-attention-heads", a["heads"]),
             ("--kv-channels", a["head_dim"])]
     if a["kv_heads"] < a["heads"]:

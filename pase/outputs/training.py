@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from pase.core.units import format_bytes
+from functools import lru_cache
 
-__all__ = ["training_dict", "training_report", "format_training", "split_summary"]
+from pase.core.units import format_bytes
+from pase.core.checks import a_network, a_training_plan, arguments, optional, text
+
+__all__ = ["training_dict", "training_report", "format_training", "split_summary", "CAUSE_NAMES", "difference",
+           "step_band", "explain_difference"]
 
 _TIME_NAMES = {
     "compute": "compute",
@@ -16,16 +20,81 @@ _TIME_NAMES = {
     "pipeline": "micro-batches on the slowest stage",
     "bubble": "pipeline bubble",
     "sync_and_optimizer": "slowest stage's exposed sync and optimizer",
+    "p2p": "pipeline sends",
 }
+#: The causes of a step (``Candidate.causes``) in words.
+CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
+               ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync",
+                "optimizer")}
+#: Recipe keys as the difference between two plans names them, and their values when a
+#: recipe leaves them out (a degree of 1, no pipeline schedule).
+_RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": None, "schedule": None, "vpp": None,
+                    "zero": None, "recompute": None, "microbatch": None}
 _MEMORY_NAMES = {
     "model_state": "weights, gradients, optimizer",
     "activations": "stored activations",
     "logits": "fp32 logits and gradient",
     "gathered_weights": "gathered weights",
     "recompute_working_set": "recomputed block",
+    "fragmentation": "allocator fragmentation",
+    "unsharded_gradients": "unsharded gradients before reduce-scatter",
+    "activation_gradients": "activation gradients",
+    "comm_buffers": "communication buffers",
     "reserve": "reserve",
     "largest_stage": "largest stage",
 }
+
+
+@lru_cache(maxsize=None)
+def _engine_bands(label: str):
+    """``(step, memory)`` band multipliers of the engine ``label`` (None: no engine)."""
+    from pase.planning.engine import band_of, load_engine
+
+    try:
+        profile = load_engine(label)
+    except ValueError:
+        return None
+    return band_of(profile, "step"), band_of(profile, "memory")
+
+
+def bands(candidate, seconds: bool = True):
+    """``(step_seconds_band, peak_memory_bytes_band)`` of a candidate as ``[low, high]`` lists:
+    its modelled figures times the spread of published / modelled over the visible published
+    runs of its engine (docs/calibration.md); ``(None, None)`` without an engine."""
+    label = candidate.options.engine
+    found = _engine_bands(label) if label and seconds else None
+    if found is None:
+        return None, None
+    (s_lo, s_hi), (m_lo, m_hi) = found
+    s = candidate.summary
+    return [s.step_seconds * s_lo, s.step_seconds * s_hi], [s.peak_memory_bytes * m_lo, s.peak_memory_bytes * m_hi]
+
+
+def fit_word(candidate, memory_cap, seconds: bool = True) -> str | None:
+    """``fits`` (the memory band's high end fits), ``tight`` (only the modelled peak fits) or
+    ``does-not-fit``; None without a cap."""
+    if memory_cap is None:
+        return None
+    peak = candidate.summary.peak_memory_bytes
+    if peak > memory_cap:
+        return "does-not-fit"
+    _, memory = bands(candidate, seconds)
+    return "tight" if memory is not None and memory[1] > memory_cap else "fits"
+
+
+def band_overlap(a, b) -> float:
+    """Overlap of two ``[low, high]`` bands as a share of the narrower one (0 to 1)."""
+    width = min(a[1] - a[0], b[1] - b[0])
+    if width <= 0:
+        return 0.0
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) / width
+
+
+def is_tie(a, b, seconds: bool = True) -> bool:
+    """Two plans whose step bands overlap by more than half: a tie, not a win."""
+    band_a, _ = bands(a, seconds)
+    band_b, _ = bands(b, seconds)
+    return band_a is not None and band_b is not None and band_overlap(band_a, band_b) > 0.5
 
 
 def split_summary(network, configs, machine=None) -> list:
@@ -67,7 +136,15 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
         "time": dict(s.time),
         "memory": dict(s.memory),
         "recipe": candidate.recipe(),
+        "causes": candidate.causes(),
     }
+    step_band, memory_band = bands(candidate, seconds)
+    data["step_seconds_band"] = step_band
+    data["peak_memory_bytes_band"] = memory_band
+    data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
+    if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
+        data["precision"] = {"format": o.precision, "fp8_scaling": o.fp8_scaling if o.precision == "fp8" else None,
+                             "fp8_gather": o.fp8_gather}
     if "pipeline" in s.extra:
         data["pipeline"] = s.extra["pipeline"]
         data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]
@@ -105,6 +182,7 @@ def _engine_line(plan, network) -> str:
     return text
 
 
+@arguments(plan=a_training_plan, network=a_network, model_name=text)
 def training_report(plan, network, model=None, model_name="sequence length") -> dict:
     """The whole JSON object of a training plan."""
     best = plan.best
@@ -134,7 +212,18 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         data["engines"] = engine_verdicts(plan, network)
         data["engines_kept_to"] = list(plan.kept_to)
     if plan.compare is not None:
-        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds)}
+        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds),
+                           "tie": bool(best is not None and is_tie(best, plan.compare, seconds))}
+        if best is not None:
+            data["compare"]["difference"] = [{"cause": k, "seconds": v} for k, v in explain_difference(best, plan.compare)]
+    if plan.alternatives:
+        data["training"]["alternatives"] = [
+            {"recipe": c.recipe(), "step_seconds": c.summary.step_seconds if seconds else None,
+             "step_cost": c.summary.step_seconds, "peak_memory_bytes": c.summary.peak_memory_bytes,
+             "tie": i > 0 and is_tie(best, c, seconds), "differs": None if i == 0 else difference(best, c),
+             "slower_by": None if i == 0 else [{"cause": k, "seconds": v} for k, v in explain_difference(best, c)[:2]],
+             "causes": c.causes()}
+            for i, c in enumerate(plan.alternatives)]
     return data
 
 
@@ -144,14 +233,77 @@ def _engine_label(plan) -> str | None:
     return (c.options.engine or None) if c is not None else None
 
 
+def step_band(candidate) -> tuple | None:
+    """The plan's step-time band ``(low, high)`` in seconds when the machine gives one
+    (``training.step_seconds_band``), else ``None``."""
+    if candidate is None:
+        return None
+    band, _ = bands(candidate)
+    return None if band is None else (float(band[0]), float(band[1]))
+
+
+def _recipe_values(candidate) -> dict:
+    if candidate.mesh is None:
+        return {}
+    values = dict(_RECIPE_DEFAULTS)
+    values.update(candidate.as_recipe().fixed())
+    if values["tp"] == 1:
+        values["sp"] = None
+    return values
+
+
+def difference(best, other) -> str:
+    """How ``other`` differs from ``best`` in recipe words: ``tp 8 instead of 4, zero 3
+    instead of 1`` (``same recipe`` when the recipes agree)."""
+    if best.mesh is None or other.mesh is None:
+        return f"{'a mesh' if other.mesh is not None else 'per-layer splits'} instead of " \
+               f"{'a mesh' if best.mesh is not None else 'per-layer splits'}"
+    a, b = _recipe_values(best), _recipe_values(other)
+    words = []
+    for key in _RECIPE_DEFAULTS:
+        if key == "sp" and 1 in (a["tp"], b["tp"]):  # sequence parallelism needs tp > 1 on both sides
+            continue
+        if a.get(key) != b.get(key):
+            new = "off" if b.get(key) is None else str(b[key]).lower()
+            old = "off" if a.get(key) is None else str(a[key]).lower()
+            words.append(f"{key} {new} instead of {old}")
+    return ", ".join(words) or "same recipe"
+
+
+def explain_difference(best, other) -> list:
+    """``[(cause, seconds)]``: how much more (or less) time ``other`` spends on each cause than
+    ``best``, the largest change first (causes that do not change left out)."""
+    a, b = best.causes(), other.causes()
+    deltas = [(k, b.get(k, 0.0) - a.get(k, 0.0)) for k in CAUSE_NAMES]
+    # Changes under a thousandth of the plan's step are left out (noise beside the others).
+    scale = max(best.summary.step_seconds, other.summary.step_seconds, 1e-300)
+    deltas = [(k, d) for k, d in deltas if abs(d) >= 1e-3 * scale]
+    return sorted(deltas, key=lambda kd: (-abs(kd[1]), kd[0]))
+
+
+def _signed(seconds: float, unit: str) -> str:
+    return f"{'+' if seconds >= 0 else '-'}{abs(seconds):.3g}{unit}"
+
+
 def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
     s = candidate.summary
     unit = "s" if seconds else "flop-equivalents"
-    fits = "" if memory_cap is None else (" (fits)" if s.peak_memory_bytes <= memory_cap else " (does NOT fit)")
-    time_parts = ", ".join(f"{_TIME_NAMES[k]} {v:.4g}" for k, v in s.time.items() if v)
-    memory_parts = ", ".join(f"{_MEMORY_NAMES[k]} {format_bytes(v)}" for k, v in s.memory.items() if v)
+    step_band, memory_band = bands(candidate, seconds)
+    word = fit_word(candidate, memory_cap, seconds)
+    if word is None:
+        fits = ""
+    elif word == "fits":
+        fits = (f" (fits, {format_bytes(memory_cap - s.peak_memory_bytes)} to spare"
+                + (f", band up to {format_bytes(memory_band[1])}" if memory_band else "") + ")")
+    elif word == "tight":
+        fits = (f" (tight: fits at the modelled peak, not at its band's high end {format_bytes(memory_band[1])})")
+    else:
+        fits = " (does NOT fit)"
+    time_parts = ", ".join(f"{CAUSE_NAMES[k]} {v:.4g}" for k, v in candidate.causes().items() if v)
+    memory_parts = ", ".join(f"{_MEMORY_NAMES[k]} {format_bytes(v)}" for k, v in candidate.memory_kinds().items() if v)
+    band_text = "" if step_band is None else f", band {step_band[0]:.4g}-{step_band[1]:.4g} {unit}"
     lines = [
-        f"{indent}step: {s.step_seconds:.4g} {unit} ({time_parts})",
+        f"{indent}step: {s.step_seconds:.4g} {unit}{band_text} ({time_parts})",
         f"{indent}peak memory per device: {format_bytes(s.peak_memory_bytes)}"
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
     ]
@@ -161,8 +313,13 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     return lines
 
 
-def format_training(plan, network, model=None, model_name: str = "sequence length") -> str:
-    """The table of a training plan."""
+@arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
+def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
+    """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
+    memory, its pipeline, the alternatives and the compared recipe. ``network`` is the one
+    the plan's layers name (default: ``plan.network``); ``model`` and ``model_name`` only
+    label the first line (such as ``sequence length 8192``)."""
+    network = network if network is not None else plan.network
     seconds = plan.machine.cost_unit == "seconds"
     size = f", {model_name} {model}" if model is not None else ""
     lines = [f"{plan.network_name} on {plan.procs} devices of {plan.machine.name}, batch {plan.batch}{size}: "
@@ -184,18 +341,52 @@ def format_training(plan, network, model=None, model_name: str = "sequence lengt
                          + f", {pipe['microbatches']} micro-batches, bubble {100 * pipe['bubble_fraction']:.1f} %")
             for st in pipe["stages"]:
                 lines.append(f"    stage {st['stage']}: {st['blocks']} blocks, devices {st['devices'][0]}-"
-                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} s per micro-batch, "
+                             f"{st['devices'][1]}, {st['microbatch_seconds']:.4g} "
+                             f"{'s' if seconds else 'flop-equivalents'} per micro-batch, "
                              f"{format_bytes(st['memory_bytes'])}")
-        if best.mesh is None:
+        if plan.exceeds_device:
+            lines.append(f"  WARNING: needs more than the device's {format_bytes(plan.device_memory_bytes)}")
+        if best.mesh is None and network is not None:
             lines.append("  splits of the first block:")
             lines += ["    " + x for x in split_summary(network, best.configs)]
+    if plan.alternatives:
+        lines += _alternative_lines(plan, seconds)
     if plan.compare is not None:
         c = plan.compare
         lines.append(f"compare: {plan.compare_recipe}  (best: {c.recipe()})")
         lines += _candidate_lines(c, plan.memory_cap, seconds)
         if best is not None and best.summary.step_seconds > 0:
             ratio = c.summary.step_seconds / best.summary.step_seconds
-            lines.append(f"  {ratio:.3f}x the plan's step")
+            unit = " s" if seconds else ""
+            tie = "; a tie: their bands overlap by more than half" if is_tie(best, c, seconds) else ""
+            lines.append(f"  {ratio:.3f}x the plan's step ({_signed(c.summary.step_seconds - best.summary.step_seconds, unit)}"
+                         f"){tie}; {difference(best, c)}")
+            why = explain_difference(best, c)
+            if why:
+                lines.append("  by cause, largest first: " + ", ".join(
+                    f"{CAUSE_NAMES[k]} {_signed(v, unit)}" for k, v in why))
     lines.append(f"search: {plan.mesh_search.evaluated} configurations in {plan.seconds:.2f} s; {plan.optimal_over}")
     lines.append("model: docs/training.md (fused attention, ZeRO, recomputation, overlap, reserve)")
     return "\n".join(lines) + "\n"
+
+
+def _alternative_lines(plan, seconds: bool) -> list:
+    """``--top K``: the fastest distinct fitting configurations, how each differs from the plan
+    and what makes it slower (its two largest causes of the difference)."""
+    best = plan.best
+    band = step_band(best)
+    unit = " s" if seconds else ""
+    lines = [f"top {len(plan.alternatives)}: the fastest distinct configurations that fit (one of each step and "
+             "memory); = marks a tie with the plan" + (" within its band" if band is not None else " to the figures shown")]
+    width = max(len(c.recipe()) for c in plan.alternatives)
+    for i, c in enumerate(plan.alternatives):
+        s = c.summary
+        mark = "=" if i > 0 and is_tie(best, c, seconds) else " "
+        head = f"  {i + 1:>2}{mark} {c.recipe():<{width}}  step {s.step_seconds:.4g}{unit}  {format_bytes(s.peak_memory_bytes)}"
+        if i == 0:
+            lines.append(head + "  the plan")
+            continue
+        why = [(k, v) for k, v in explain_difference(best, c) if v > 0][:2]
+        reason = ", ".join(f"{CAUSE_NAMES[k]} {_signed(v, unit)}" for k, v in why)
+        lines.append(f"{head}  {difference(best, c)}" + (f": {reason}" if reason else ""))
+    return lines

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from pase.model.builder import Network
 from pase.model.configs import allowed_splits
+from pase.core.checks import a_network, arguments, positive_int
 
 __all__ = ["data_parallel", "largest_divisor"]
 
 
+@arguments(size=positive_int, limit=positive_int)
 def largest_divisor(size: int, limit: int) -> int:
     """The largest divisor of ``size`` that is at most ``limit`` (the split data parallelism uses).
 
@@ -23,6 +25,7 @@ def largest_divisor(size: int, limit: int) -> int:
     return max(allowed_splits(size, limit, 1))
 
 
+@arguments(network=a_network, procs=positive_int)
 def data_parallel(network: Network, procs: int) -> list:
     """Data parallelism: every layer's batch dimension split ``largest_divisor(b, procs)`` ways.
 

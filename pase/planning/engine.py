@@ -25,10 +25,15 @@ from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
 
-__all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir"]
+__all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
+           "STEP_COMPUTE_EFFICIENCY", "band_of", "BAND_FLOOR"]
 
 #: The engine a plan assumes when none is named (docs/engines.md).
 DEFAULT_ENGINE = "megatron"
+#: What a kernel inside a training step reaches of the same kernel measured alone, beyond the
+#: clock the machine sustains (``clock_ratio``): one global constant, the same for every engine,
+#: fitted by ``benchmarks/fit_constants.py`` on the visible published rows (docs/calibration.md).
+STEP_COMPUTE_EFFICIENCY = 0.86
 #: Bytes of the element types a profile names.
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -41,6 +46,7 @@ FACTS = {
     "activation_kernel": _KERNEL,
     "cross_entropy": _KERNEL,
     "loss_buffers": float,
+    "param_dtype": tuple(DTYPE_BYTES),
     "grad_dtype": tuple(DTYPE_BYTES),
     "grad_reduce_dtype": tuple(DTYPE_BYTES),
     "param_gather_dtype": tuple(DTYPE_BYTES),
@@ -131,6 +137,9 @@ class EngineProfile:
     path: str | None = None
     runs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    #: ``{"step": (low, high), "memory": (low, high)}``: published over modelled, the spread
+    #: over the visible published rows (:func:`band_of`); empty when the profile states none.
+    band: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def __getitem__(self, key: str):
         return self.facts[key]
@@ -146,6 +155,10 @@ class EngineProfile:
             "engine": self.label(),
             "eager": f["norm_kernel"] == "eager",
             "loss_buffers": f["loss_buffers"],
+            # The stored parameter, and the optimizer's state: the two fp32 moments, and an
+            # fp32 master copy where the parameter is kept in lower precision.
+            "weight_bytes": DTYPE_BYTES[f["param_dtype"]],
+            "optimizer_bytes": 8.0 + (4.0 if f["param_dtype"] != "fp32" else 0.0),
             "grad_bytes": DTYPE_BYTES[f["grad_dtype"]],
             "grad_reduce_bytes": DTYPE_BYTES[f["grad_reduce_dtype"]],
             "gather_bytes": DTYPE_BYTES[f["param_gather_dtype"]],
@@ -158,6 +171,8 @@ class EngineProfile:
             "comm_buffer_bytes": f["comm_buffer_bytes"],
             "fragmentation": f["allocator_fragmentation"],
             "activation_grads": bool(f["activation_grads"]),
+            "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
+            "attention_shape": True,
         }
 
     def base_options(self, **changes) -> TrainingOptions:
@@ -178,6 +193,25 @@ class EngineProfile:
         return {"name": self.name, "label": self.label(), "title": self.title,
                 "facts": {k: {"value": list(v) if isinstance(v, tuple) else v, "source": self.sources[k]}
                           for k, v in self.facts.items()}}
+
+
+#: The narrowest band stated, as a fraction either side of the modelled value: the step's and
+#: the memory's (published rows of memory are few; the issue's target for memory is 10 %).
+BAND_FLOOR = {"step": 0.05, "memory": 0.10}
+
+
+def band_of(profile: "EngineProfile", what: str) -> tuple:
+    """``(low, high)`` multipliers of the modelled step (``what`` ``step``) or peak memory
+    (``memory``): the profile's ``band`` (the spread of published / modelled over the visible
+    rows, ``benchmarks/published.py --write-bands``), never narrower than :data:`BAND_FLOOR`
+    either side; a profile without one gets the widest band of the shipped engines."""
+    stated = profile.band.get(what)
+    if stated is None:
+        shipped = [load_engine(name).band.get(what) for name in ENGINE_NAMES]
+        shipped = [b for b in shipped if b is not None]
+        stated = (min(b[0] for b in shipped), max(b[1] for b in shipped)) if shipped else (1.0, 1.0)
+    floor = BAND_FLOOR[what]
+    return (min(float(stated[0]), 1.0 - floor), max(float(stated[1]), 1.0 + floor))
 
 
 def _read(path: str, where: str) -> dict:
@@ -233,8 +267,19 @@ def _profile(data: dict, where: str, path: str | None) -> EngineProfile:
     if not isinstance(runs, dict):
         raise ValueError(f"{where}: 'runs' must be an object")
     title = data.get("title", name)
+    band = data.get("band", {})
+    if not isinstance(band, dict):
+        raise ValueError(f"{where}: 'band' must be an object")
+    bands = {}
+    for key in ("step", "memory"):
+        if key in band:
+            v = band[key]
+            if (not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                   and 0 < x < 10 for x in v) or v[0] > v[1]):
+                raise ValueError(f"{where}: band {key} must be [low, high] with 0 < low <= high < 10")
+            bands[key] = (float(v[0]), float(v[1]))
     return EngineProfile(name, str(title), MappingProxyType(facts), MappingProxyType(sources), (), path,
-                         MappingProxyType(runs), MappingProxyType(switches))
+                         MappingProxyType(runs), MappingProxyType(switches), MappingProxyType(bands))
 
 
 def _switch(profile: EngineProfile, key: str, value: str) -> EngineProfile:
@@ -255,7 +300,7 @@ def _switch(profile: EngineProfile, key: str, value: str) -> EngineProfile:
         names = sorted(switches) + list(FACTS)
         raise ValueError(f"engine {profile.name} has no key {key!r} (keys: {', '.join(names)})")
     return EngineProfile(profile.name, profile.title, MappingProxyType(facts), MappingProxyType(sources),
-                         profile.settings + ((key, value),), profile.path, profile.runs, switches)
+                         profile.settings + ((key, value),), profile.path, profile.runs, switches, profile.band)
 
 
 def load_engine(spec: str | None = None) -> EngineProfile:

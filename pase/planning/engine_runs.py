@@ -52,6 +52,8 @@ class EnginePlan:
     sequence: int | None
     architecture: dict | None
     recipe: str
+    #: The number format of the blocks' weight products (``bf16``; ``fp8``, ``mxfp8``, ``nvfp4``).
+    precision: str = "bf16"
 
     @property
     def replicas(self) -> int:
@@ -84,7 +86,8 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         procs=mesh.devices, batch=batch, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
         sp=bool(mesh.sp and mesh.tp > 1), zero=o.zero, recompute=o.recompute, microbatch=micro,
         microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
-        overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe)
+        overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
+        precision=getattr(o, "precision", "bf16"))
 
 
 @lru_cache(maxsize=None)
@@ -127,6 +130,8 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     profile = _profile(engine)
     runs = profile.runs
     if export:
+        if plan.precision != "bf16":  # TODO: the engines' FP8 settings (Float8/MX converters, --fp8-*)
+            return f"{plan.precision} training is not written into {profile.name}'s files yet (bf16 only)"
         limits = runs.get("export", {})
         if "recompute" in limits and plan.recompute not in limits["recompute"]:
             return _why(profile, "export:recompute")
@@ -183,7 +188,8 @@ def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False)
     plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
                       sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
                       microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
-                      overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="")
+                      overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="",
+                      precision=getattr(options, "precision", "bf16"))
     return refusal(engine, plan, export)
 
 

@@ -23,6 +23,8 @@ from pase.planning.baselines import largest_divisor
 from pase.model.builder import Network
 from pase.machines.paper import Machine
 from pase.costing.strategy import evaluate
+from pase.core.checks import a_network, arguments, positive_int
+from pase.machines.registry import as_machine
 
 __all__ = [
     "owt",
@@ -362,6 +364,7 @@ PAPER_EXPERTS = MappingProxyType({
 })
 
 
+@arguments(network=a_network, procs=positive_int, machine=as_machine)
 def expert_strategies(network: Network, procs: int, machine: Machine | None = None) -> dict:
     """All expert strategies that apply to ``network`` on ``procs`` devices.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pase.model.layers.moe import EXPERT_LETTER
+from pase.core.checks import arguments, text
 
 __all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
 
@@ -182,7 +183,12 @@ class MeshMapper:
 # Recipes
 
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
+               "precision", "scaling", "fp8_gather",
                "stages")
+#: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
+#: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
+PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
+SCALING_WORDS = ("delayed", "current", "rowwise", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,11 @@ class Recipe:
     #: it needs sequence parallelism, so ``tp_overlap=true`` fixes ``sp`` on where ``tp > 1``.
     tp_overlap: bool | None = None
     ep: int | None = None
+    #: Number format of the blocks' weight products (``None``: bf16, not searched; ``search``:
+    #: chosen among the machine's), FP8 scaling, FP8 parameter all-gathers.
+    precision: str | None = None
+    scaling: str | None = None
+    fp8_gather: bool | None = None
     #: Blocks per pipeline stage, first to last (``stages=19/21/21/19``): fixes ``pp`` and the cut.
     stages: tuple | None = None
 
@@ -236,9 +247,11 @@ def _positive(key: str, value: str) -> int:
     return int(value)
 
 
+@arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
-    tp_overlap ep stages`` (``stages``: blocks per pipeline stage, ``A/B/...``).
+    tp_overlap ep precision scaling fp8_gather stages`` (``stages``: blocks per pipeline stage,
+    ``A/B/...``).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -274,7 +287,15 @@ def parse_recipe(text: str) -> Recipe:
             if len(parts) < 2 or len(parts) > 4096:
                 raise ValueError(f"recipe stages must be two or more block counts A/B/..., got {value!r}")
             values[key] = tuple(_positive(key, part) for part in parts)
-        elif key in ("sp", "tp_overlap"):
+        elif key == "precision":
+            if value not in PRECISION_WORDS:
+                raise ValueError(f"recipe precision must be {', '.join(PRECISION_WORDS[:-1])} or search, got {value!r}")
+            values[key] = value
+        elif key == "scaling":
+            if value not in SCALING_WORDS:
+                raise ValueError(f"recipe scaling must be {', '.join(SCALING_WORDS[:-1])} or blockwise, got {value!r}")
+            values[key] = value
+        elif key in ("sp", "tp_overlap", "fp8_gather"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "on", "1")
@@ -282,6 +303,8 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("1f1b", "interleaved"):
                 raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
             values[key] = value
+    if "scaling" in values and values.get("precision") not in ("fp8", "search"):
+        raise ValueError("recipe scaling applies to precision=fp8 (MXFP8 and NVFP4 scale per block): add precision=fp8")
     if values.get("tp_overlap") and values.get("sp") is False:
         raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
                          "drop sp=false")

@@ -115,7 +115,8 @@ def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
 
 
-def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: float) -> np.ndarray:
+def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: float,
+               exposed: np.ndarray | None = None) -> np.ndarray:
     """A stage's exposed weight synchronisation when its ``vpp`` chunks reduce in turn.
 
     In the interleaved schedule a device runs the backward passes of its chunks in rounds
@@ -127,13 +128,22 @@ def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: f
     (the queue's finish over every starting chunk; ``e`` the overlap efficiency, 0 without
     overlap). One chunk (1F1B) leaves ``S``.
 
+    ``exposed``: the stage's synchronisation left after each layer hid behind its own backward
+    pass (``E``; default ``S``). That hiding happens inside the last chunk's own backward
+    pass, the other chunks' queue behind the others' passes: ``max(E / vpp, S - (vpp - 1) e g
+    - (S - E) / vpp)``; each chunk's own hiding counted once (not ``E`` hidden again).
+
     >>> float(chunk_sync(np.array(8.0), np.array(3.0), 2, 4, 1.0))  # g = 2 x 2/3 x 3 / 4 = 1
     5.0
+    >>> float(chunk_sync(np.array(8.0), np.array(3.0), 2, 4, 1.0, np.array(4.0)))  # 8 - 3 - 1
+    4.0
     """
+    if exposed is None:
+        exposed = sync
     if vpp <= 1:
-        return sync
+        return exposed
     g = efficiency * pp * (1.0 - FORWARD_SHARE) * t / vpp
-    return np.maximum(sync / vpp, sync - (vpp - 1) * g)
+    return np.maximum(exposed / vpp, sync - (vpp - 1) * g - (sync - exposed) / vpp)
 
 
 def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
@@ -157,7 +167,7 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     # Prefix sums over the layers: a stage's total is one difference of two rows.
     prefix = {name: np.concatenate([np.zeros((1, K)), np.cumsum(values, axis=0)])
               for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
-                                   ("logits", logits), ("sync", sync))}
+                                   ("logits", logits), ("sync", sync), ("sync_raw", vec["sync_raw"]))}
     block_starts = [b[0] for b in layout.blocks]
     n_layers = per_micro.shape[0]
     p2p = _p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices)
@@ -193,7 +203,8 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
                 # Stage s finishes its last backward pass pp - 1 - s backward slots before the
                 # first stage does: its weight synchronisation may run in that drain.
                 drain = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE) * t
-                exposed = chunk_sync(stage["sync"], t, pp, vpp, options.overlap_efficiency if options.overlap else 0.0)
+                exposed = chunk_sync(stage["sync_raw"], t, pp, vpp,
+                                     options.overlap_efficiency if options.overlap else 0.0, stage["sync"])
                 step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=0)
                 in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
                 if vpp > 1:

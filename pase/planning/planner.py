@@ -29,6 +29,11 @@ from pase.search.approx import ApproxResult, approximate
 from pase.core.budget import default_table_budget
 from pase.search.solver import Search, SearchStats, WorkEstimate, indexed_cost
 from pase.costing.strategy import Evaluation, evaluate
+from pase.core.checks import (
+    a_callable, a_costed_graph, a_memory_model, a_network, arguments, configurations, optional, positive_int,
+    positive_number, text,
+)
+from pase.machines.registry import as_machine
 
 __all__ = ["Plan", "plan", "evaluate_plan", "Measurement", "measure_search", "strategy_from_json"]
 
@@ -137,6 +142,10 @@ def _summary(network, procs, memory_model, configs, cap_bytes=None, **capped) ->
     )
 
 
+@arguments(network=a_network, procs=positive_int, machine=as_machine, memory_cap=optional(positive_number),
+           ordering=text, progress=optional(a_callable), memory_model=optional(a_memory_model),
+           table_budget=optional(positive_number), graph=optional(a_costed_graph), notice=optional(a_callable),
+           approx=optional(positive_int))
 def plan(
     network: Network,
     procs: int,
@@ -330,6 +339,8 @@ def _capped(graph, search: Search, ordering: str, memory: dict, memory_cap: floa
     return found.choice, found.cost, SearchStats(e, found.seconds), capped
 
 
+@arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
+           memory_model=optional(a_memory_model), memory_cap=optional(positive_number))
 def evaluate_plan(
     network: Network,
     configs: Sequence[Sequence[int]],

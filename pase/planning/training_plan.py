@@ -10,19 +10,29 @@ recipe's best configuration next to the optimum.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
+from pase.core.checks import (
+    a_bool, a_callable, a_memory_cap, a_recipe, a_training_options, an_engine, arguments, non_negative_int, optional,
+    positive_int, positive_number,
+)
+from pase.machines.registry import as_machine
 
-__all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES"]
+__all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES", "NO_CAP"]
 
 #: Largest dynamic-programme work (a lower bound in table entries, summed over the ZeRO and
 #: recomputation settings) for which the per-layer search runs beside the mesh search by default: about a second of
 #: work on one core.
 FREE_SEARCH_ENTRIES = 50_000_000
+
+#: ``memory_cap=NO_CAP``: search without any memory cap, even on a machine with a device
+#: memory (the plan then says whether it exceeds the device: ``TrainingPlan.exceeds_device``).
+NO_CAP = float("inf")
 
 
 @dataclass
@@ -51,11 +61,38 @@ class TrainingPlan:
     kept_to: tuple = ()
     #: The engine profile the plan is priced for (``None``: none named).
     engine_profile: object = None
+    #: The network the best plan runs (at its micro-batch): what the tables name.
+    network: object = None
+    #: The device's memory in bytes (``machine.memory_bytes``), ``None`` where the machine has none.
+    device_memory_bytes: float | None = None
+    #: Every configuration the mesh search priced (``Priced``), when asked for (``keep_priced``).
+    priced: list = field(default_factory=list)
+    #: The fastest distinct fitting configurations, fastest first (the plan first), when asked for.
+    alternatives: list = field(default_factory=list)
+
+    @property
+    def exceeds_device(self) -> bool:
+        """Whether the plan needs more memory per device than the device has (possible only
+        when the caller raised the cap above the device's memory, or removed it)."""
+        return (self.best is not None and self.device_memory_bytes is not None
+                and self.best.summary.peak_memory_bytes > self.device_memory_bytes)
+
+    @property
+    def margin_bytes(self) -> float | None:
+        """Bytes per device the plan leaves free under the cap (the device's memory when
+        there is no cap); ``None`` without either."""
+        limit = self.memory_cap if self.memory_cap not in (None, NO_CAP) else self.device_memory_bytes
+        if self.best is None or limit is None:
+            return None
+        return limit - self.best.summary.peak_memory_bytes
 
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within a node, cp up to 16, sequence "
+        domain = getattr(self.machine, "nvlink_domain", None)
+        within = ("a node" if domain is None or domain == getattr(self.machine, "devices_per_node", None)
+                  else f"an NVLink domain of {domain}")
+        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within {within}, cp up to 16, sequence "
                 "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
                 "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
@@ -70,6 +107,10 @@ class TrainingPlan:
         return text
 
 
+@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
+           memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
+           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
+           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool)
 def plan_training(
     build: Callable[[int], object],
     batch: int,
@@ -86,6 +127,8 @@ def plan_training(
     engine=None,
     keep_to: tuple = (),
     exporting: bool = False,
+    alternatives: int = 0,
+    keep_priced: bool = False,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -95,9 +138,13 @@ def plan_training(
         ``build(sequences)``: the network at a global micro-batch of that many sequences.
     batch : int
         Sequences per step.
+    machine : Machine
+        What prices the work (``pase.machines.registry.load_machine("h100-sxm")``).
     memory_cap : float, optional
-        Bytes per device the peak must fit (a calibrated machine's memory by default in
-        the CLI).
+        Bytes per device the peak must fit. Default: the machine's device memory
+        (``machine.memory_bytes``), as in the CLI; none on a machine without one.
+        :data:`NO_CAP` searches without a cap: the result then says whether the plan
+        exceeds the device (``TrainingPlan.exceeds_device``).
     recipe, compare : Recipe, optional
         Fixed choices of the plan, and a recipe to price beside it.
     free : bool, optional
@@ -111,15 +158,34 @@ def plan_training(
         Keep to the configurations every one of these engines runs
         (``pase.planning.engine_runs``): meshes only, no per-layer plan; ``exporting``: and
         that their files can say (``runs.export``).
+    alternatives : int
+        How many of the fastest distinct fitting configurations to keep, in full
+        (``TrainingPlan.alternatives``, fastest first, the plan first).
+    keep_priced : bool
+        Keep every configuration the mesh search priced (``TrainingPlan.priced``).
+
+    A plan returned never needs more than the cap; with the cap above the device's memory
+    (or :data:`NO_CAP`) ``exceeds_device`` says when it needs more than the device has.
     """
     start = time.perf_counter()
+    build = lru_cache(maxsize=None)(build)
+    device = getattr(machine, "memory_bytes", None)
+    if memory_cap is None:
+        memory_cap = device
+    elif memory_cap == NO_CAP:
+        memory_cap = None
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          engine=engine, keep_to=keep_to, exporting=exporting)
+                          engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
+                          exporting=exporting)
     best = found.best
+    if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
+        chosen = (best or found.least_memory).options
+        base = TrainingOptions(**{**base.__dict__, "precision": chosen.precision, "fp8_scaling": chosen.fp8_scaling,
+                                  "fp8_gather": chosen.fp8_gather})
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1
@@ -165,6 +231,10 @@ def plan_training(
                                          rebuild=rebuild, engine=engine, keep_to=keep_to).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
+    priced = found.candidates
+    found.candidates = []
+    chosen = _alternatives(best, found.fastest, alternatives)
+    found.fastest = []
     return TrainingPlan(
         network_name=found_name(build, batch, rebuild),
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
@@ -172,7 +242,35 @@ def plan_training(
         free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
         seconds=time.perf_counter() - start, kept_to=tuple(p.name for p in keep_to),
         engine_profile=engine,
+        network=None if best is None else build(batch // best.options.microbatches),
+        device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
     )
+
+
+def _alternatives(best, fastest: list, k: int) -> list:
+    """The ``k`` fastest distinct fitting configurations, fastest first: the plan, then the
+    mesh search's fastest (``MeshSearch.fastest``: distinct in step and memory) other than
+    it. A configuration equal in step and memory to one already shown (selective
+    recomputation where it recomputes nothing) is left out."""
+    if best is None or k <= 0:
+        return []
+    shown = [best]
+    seen = {best.recipe()}
+    figures = {_figures(best)}
+    for candidate in fastest:
+        if len(shown) >= k:
+            break
+        if candidate.recipe() in seen or _figures(candidate) in figures:
+            continue
+        seen.add(candidate.recipe())
+        figures.add(_figures(candidate))
+        shown.append(candidate)
+    return shown
+
+
+def _figures(candidate) -> tuple:
+    """Step (to the nanosecond) and peak (to the byte): what tells two plans apart."""
+    return round(candidate.summary.step_seconds, 9), round(candidate.summary.peak_memory_bytes)
 
 
 def found_name(build, batch: int, rebuild: bool) -> str:

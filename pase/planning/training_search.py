@@ -3,7 +3,7 @@ the per-layer splits, every candidate priced by :class:`pase.training.TrainingCo
 
 Two searches, each exact over what it says:
 
-- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside a node),
+- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside an NVLink domain),
   sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
   micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
   fastest that fits is kept. Layer parts are computed once per distinct layer and mesh and
@@ -24,13 +24,25 @@ import numpy as np
 from pase.model.layers import redistribution_volume
 from pase.planning.engine_runs import check_engine, mesh_refusal
 from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
+from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
+from pase.core.checks import (
+    a_callable, a_mesh, a_network, a_recipe, a_training_options, an_engine, arguments, configurations,
+    non_negative_int, optional, positive_int, positive_number,
+)
+from pase.machines.registry import as_machine
 
-__all__ = ["Candidate", "MeshSearch", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
-           "divisors"]
+__all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
+           "divisors", "CAUSES"]
+
+#: The causes a step's time is told by, in the order they are shown: per-device compute,
+#: recomputation, exposed activation collectives, redistribution between layers, pipeline
+#: sends, the pipeline bubble, exposed weight synchronisation, the optimizer step.
+CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync", "optimizer")
 
 
 def divisors(n: int) -> list:
@@ -89,7 +101,61 @@ class Candidate:
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
+        if o.precision != "bf16":  # the plan's number format, in the words engines' exports read
+            parts.append(f"precision={o.precision}")
+            if o.precision == "fp8":
+                parts.append(f"scaling={o.fp8_scaling}")
+            if o.fp8_gather:
+                parts.append("fp8_gather=true")
         return ",".join(parts)
+
+    def causes(self) -> dict:
+        """The step time by cause (keys of :data:`CAUSES`, those that apply), summing to the
+        step: a pipelined plan's is its slowest stage's work over all micro-batches, the
+        bubble and the exposed synchronisation and optimizer step after it."""
+        told = self.summary.extra.get("causes")
+        if told is not None:
+            return dict(told)
+        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES if k in self.summary.time}
+
+    def memory_kinds(self) -> dict:
+        """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
+        return dict(self.summary.extra.get("memory_kinds", self.summary.memory))
+
+    def as_recipe(self) -> Recipe:
+        """Every choice of the candidate fixed (a mesh candidate's; ``ValueError`` for a
+        per-layer plan, which no recipe describes)."""
+        if self.mesh is None:
+            raise ValueError("a per-layer plan has no recipe that fixes it")
+        pipe = self.summary.extra.get("pipeline", {})
+        mesh = self.mesh
+        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
+                      recompute=self.options.recompute, microbatch=self.microbatch,
+                      schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
+                      else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One configuration the mesh search priced: its mesh and options, the per-rank
+    micro-batch, the pipeline schedule and chunks (pipelined meshes), step and peak."""
+
+    mesh: Mesh
+    zero: int
+    recompute: str
+    microbatch: int
+    schedule: str | None
+    vpp: int
+    step_seconds: float
+    peak_memory_bytes: float
+
+    def recipe(self) -> Recipe:
+        """The configuration as a recipe fixing every choice."""
+        mesh = self.mesh
+        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.zero, recompute=self.recompute,
+                      microbatch=self.microbatch, schedule=self.schedule,
+                      vpp=self.vpp if self.schedule == "interleaved" else None,
+                      sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
 
 
 @dataclass
@@ -106,6 +172,8 @@ class MeshSearch:
     candidates: list = field(default_factory=list)
     #: Whether expert-parallel degrees were searched (the network has MoE layers).
     experts: bool = False
+    #: With ``keep_best``: the fastest fitting candidates distinct in step and memory.
+    fastest: list = field(default_factory=list)
 
 
 class _PartsMemo:
@@ -167,10 +235,11 @@ def edge_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: 
 
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
-    """Every mesh of ``procs`` devices the search tries: ``tp`` within a node (all devices
-    on a flat machine), ``cp`` any divisor, sequence parallelism both ways when ``tp > 1``."""
+    """Every mesh of ``procs`` devices the search tries: ``tp`` within an NVLink domain (a node
+    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine), ``cp`` any
+    divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
-    node = getattr(machine, "devices_per_node", procs)
+    node = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", procs))
     meshes = []
     for tp in divisors(procs):
         if tp > node or recipe.tp not in (None, tp):
@@ -229,6 +298,9 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
     return (base.tp_overlap,)
 
 
+@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
+           memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
+           base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int)
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -241,6 +313,7 @@ def search_meshes(
     keep_all: bool = False,
     rebuild: bool = True,
     engine=None,
+    keep_best: int = 0,
     keep_to: tuple = (),
     exporting: bool = False,
 ) -> MeshSearch:
@@ -252,13 +325,25 @@ def search_meshes(
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
     the configurations every one of them runs (and, ``exporting``, its file can say:
-    :mod:`pase.planning.engine_runs`). Raises
-    ``ValueError`` when no mesh applies (with why, for the first).
+    :mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
+    for the first).
+
+    ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
+    the fastest fitting configurations distinct in step and memory, at most that many, in
+    ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
     """
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     recipe.check(procs)
+    domain = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", None))
+    if recipe.tp is not None and domain is not None and recipe.tp > domain:
+        raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
+                         f"{getattr(machine, 'name', '')}: tensor parallelism stays within a domain")
+    if recipe.precision == "search":
+        return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
+                                  engine, keep_best, keep_to, exporting)
+    base = with_precision(base, recipe, machine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
@@ -294,6 +379,11 @@ def search_meshes(
                          f"{probe.name} does not name (the built-in decoders and hf: configs do)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
+    probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
+    blocks = None if probe_layout is None else len(probe_layout.blocks)
+    refusal = recipe_refusal(recipe, batch, blocks)
+    if refusal is not None:
+        raise ValueError(f"no mesh applies to this graph: {refusal}")
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
@@ -304,10 +394,14 @@ def search_meshes(
     first_error = None
     engine_refused = None
     kept = []
+    fastest: list = []
     meshes_tried = 0
+    dps_tried: set = set()
     for pp in stage_counts:
         q = procs // pp
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in mesh_candidates(q, machine, recipe)
+        candidates = mesh_candidates(q, machine, recipe)
+        dps_tried.update(m.dp for m in candidates)
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in candidates
                   if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
@@ -383,13 +477,25 @@ def search_meshes(
                         best = found
                     if least is None or peak < least[1]:
                         least = found
-                    if keep_all:
-                        kept.append((mesh, options, micro, t, peak))
+                    if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
+                        plan = stage_plans[i]
+                        priced = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
+                                        1 if plan is None else plan.vpp, t, peak)
+                        if keep_all:
+                            kept.append(priced)
+                        if keep_best and (memory_cap is None or peak <= memory_cap):
+                            _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
         if engine_refused is not None:
             raise ValueError(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
                              f"(for one: {engine_refused})")
-        raise ValueError(f"no mesh applies to this graph: {first_error}")
+        tokens = tokens_of(probe)
+        reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
+                                    tokens // batch if tokens and batch else None, MAX_CP)
+                  or microbatch_refusal(recipe, batch, dps_tried) or first_error
+                  or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
+                      if dps_tried else "no mesh of these degrees"))
+        raise ValueError(f"no mesh applies to this graph: {reason}")
     space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
              f"{evaluated} configurations")
     result = MeshSearch(
@@ -401,8 +507,65 @@ def search_meshes(
         space=space,
         candidates=kept,
         experts=bool(expert_counts),
+        fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
     )
     return result
+
+
+def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
+    """Keep ``fastest`` the ``k`` fastest configurations distinct in step (to the nanosecond)
+    and peak (to the byte), as ``(step, peak, recipe text, found)`` in order; of two equal in
+    both, the first recipe in text order."""
+    if len(fastest) >= k and (priced.step_seconds, priced.peak_memory_bytes) > fastest[-1][:2]:
+        return
+    figures = (round(priced.step_seconds, 9), round(priced.peak_memory_bytes))
+    entry = (priced.step_seconds, priced.peak_memory_bytes, priced.recipe().text(), found)
+    for j, (t, peak, text, _) in enumerate(fastest):
+        if (round(t, 9), round(peak)) == figures:
+            if entry[2] < text:
+                fastest[j] = entry
+                fastest.sort(key=lambda e: e[:3])
+            return
+    fastest.append(entry)
+    fastest.sort(key=lambda e: e[:3])
+    del fastest[k:]
+
+
+def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOptions:
+    """``base`` with the recipe's number format, FP8 scaling and FP8 gathers; ``ValueError``
+    when the machine does not run that format."""
+    fields = {"precision": recipe.precision, "fp8_scaling": recipe.scaling, "fp8_gather": recipe.fp8_gather}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    options = TrainingOptions(**{**base.__dict__, **fields}) if fields else base
+    check_precision(machine, options.precision)
+    return options
+
+
+def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
+                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False):
+    """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
+    recipe's scaling, else the options'), the fastest fitting plan of all."""
+    runs = []
+    for precision in machine_precisions(machine):
+        fixed = {**recipe.fixed(), "precision": precision}
+        if precision != "fp8":
+            fixed.pop("scaling", None)
+        runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
+                                  keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
+                                  exporting=exporting))
+    fitting = [r.best for r in runs if r.best is not None]
+    least = [r.least_memory for r in runs if r.least_memory is not None]
+    return MeshSearch(
+        best=min(fitting, key=lambda c: c.summary.step_seconds) if fitting else None,
+        least_memory=min(least, key=lambda c: c.summary.peak_memory_bytes) if least else None,
+        evaluated=sum(r.evaluated for r in runs),
+        seconds=sum(r.seconds for r in runs),
+        networks=max(r.networks for r in runs),
+        space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(machine_precisions(machine))})",
+        candidates=[c for r in runs for c in r.candidates],
+        experts=runs[0].experts,
+        fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
+    )
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
@@ -436,6 +599,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
         summary.memory = {"largest_stage": float(peak)}
         summary.step_seconds = float(step)
         summary.peak_memory_bytes = float(peak)
+        summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step))
+        summary.extra["memory_kinds"] = _stage_memory(costing, options, i, act_bytes, stages)
         summary.extra["pipeline"] = {
             "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
             "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
@@ -448,11 +613,75 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
 
 
+def _stage_range(costing, stages, s: int) -> tuple:
+    """The layers ``[start, end)`` of pipeline stage ``s`` (as ``pipeline_rows`` cuts them)."""
+    layout = stage_layout(costing.blocks)
+    bounds = np.cumsum((0,) + tuple(stages.counts))
+    block_starts = [b[0] for b in layout.blocks]
+    start = 0 if s == 0 else block_starts[bounds[s]]
+    end = len(costing.network.layers) if s == stages.pp - 1 else block_starts[bounds[s + 1]]
+    return start, end
+
+
+def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages) -> dict:
+    """The largest stage's peak by kind (as ``pipeline_rows`` adds it up): its model state,
+    its activations times the micro-batches in flight on it, its logits, and the memory alive
+    part of the time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
+    s = int(np.argmax(stages.memory_bytes))
+    start, end = _stage_range(costing, stages, s)
+    pp, m = stages.pp, options.microbatches
+    in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
+    kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
+    for v in range(start, end):
+        for key, value in costing.layer_memory(v, options, act_bytes).items():
+            kinds[key] = kinds.get(key, 0.0) + float(value[i])
+    kinds["activations"] *= in_flight
+    if "fragmentation" in kinds:  # the allocator's share of the short-lived bytes in flight
+        kinds["fragmentation"] = options.fragmentation * (kinds["activations"] + kinds["logits"])
+    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes))
+    kinds["reserve"] = float(options.reserve_bytes)
+    return kinds
+
+
+def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float) -> dict:
+    """A pipelined row's step by cause: the slowest stage's compute, recomputation, activation
+    collectives, redistribution and sends over the ``m`` micro-batches; the bubble
+    ``(pp - 1) / vpp`` slots of it; the rest of the step (the exposed synchronisation and
+    optimizer step after the drain), the slowest stage's optimizer step first."""
+    m = options.microbatches
+    s = int(np.argmax(stages.microbatch_seconds))
+    slowest = stages.microbatch_seconds[s]
+    start, end = _stage_range(costing, stages, s)
+    causes = dict.fromkeys(CAUSES, 0.0)
+    optimizer = 0.0
+    for v in range(start, end):
+        part = costing.layer_time(v, options)
+        for key in ("compute", "recompute", "activation_comm"):
+            causes[key] += float(part[key][i])
+        optimizer += float(part["optimizer"][i])
+    targets = [v for (_, v) in sorted(costing.network.edges)]
+    if targets:
+        rows = costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0]
+        causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
+    causes["p2p"] = m * stages.p2p_seconds
+    causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
+    rest = max(step - (m + (stages.pp - 1) / stages.vpp) * slowest, 0.0)
+    causes["optimizer"] = min(optimizer, rest)
+    causes["weight_sync"] = rest - causes["optimizer"]
+    return causes
+
+
+@arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
+           options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
+           mesh=optional(a_mesh), microbatch=optional(positive_int))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
                        microbatch: int | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
     ``options``: the same numbers the searches compute."""
+    if len(configs) != len(network.layers):
+        raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
+                         f"{len(network.layers)} layers")
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine)
     if mesh is not None:

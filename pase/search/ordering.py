@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import networkx as nx
+from pase.core.checks import a_costed_graph, a_sequence, arguments
 
 __all__ = [
     "Ordering",
@@ -111,6 +112,7 @@ def _eliminate(G, name: str, choose: Callable) -> Ordering:
     return _ordering(name, sequence, dependent)
 
 
+@arguments(G=a_costed_graph, last=a_sequence)
 def generate_seq(G, last=()) -> Ordering:
     """GenerateSeq (paper Fig. 3): repeatedly sequence the vertex with the smallest ``|d(v)|``.
 
@@ -171,6 +173,7 @@ def fixed_order(G, sequence, name: str = "fixed") -> Ordering:
     return _eliminate(G, name, lambda unsequenced, d, rank: next(queue))
 
 
+@arguments(G=a_costed_graph)
 def breadth_first(G) -> Ordering:
     """Breadth-first ordering from vertex 0 (paper III-A), the paper's baseline.
 

@@ -29,6 +29,7 @@ from pase.core.units import format_bytes
 from pase.search.blocks import describe_blocks, find_block_runs, is_periodic
 from pase.search.ordering import Ordering, vertex_order, generate_seq, get_ordering
 from pase.search.tables import edge_matrices, vertex_costs
+from pase.core.checks import a_callable, a_costed_graph, arguments, optional, positive_int, positive_number
 
 __all__ = [
     "Search",
@@ -770,6 +771,8 @@ class _BlockedProgramme:
         return choice, optimum
 
 
+@arguments(G=a_costed_graph, memory_budget=optional(positive_number), progress=optional(a_callable),
+           chunk_entries=positive_int)
 def solve(
     G,
     ordering="generateseq",

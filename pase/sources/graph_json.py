@@ -14,6 +14,7 @@ from pase.model.builder import GraphBuilder, Network
 from pase.core.fileio import InputError, read_json
 from pase.model.layers import make_layer
 from pase.model.readers import READER_RULES
+from pase.core.checks import a_network, arguments, text
 
 __all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps", "load_graph_file"]
 
@@ -27,6 +28,7 @@ MAX_SIZE = 2**53
 MAX_ELEMENTS = 2**200
 
 
+@arguments(network=a_network)
 def network_to_json(network: Network) -> dict:
     """The graph file of ``network`` as a JSON-able dict.
 
@@ -136,6 +138,7 @@ def _check_arguments(value, what: str) -> None:
         raise ValueError(f"{what} {_sizes([value])[1:-1]} is larger than the largest supported, 2**53")
 
 
+@arguments(where=text)
 def network_from_json(data, where: str = "graph file") -> Network:
     """Rebuild the network of a graph file's parsed JSON; ``InputError`` names the layer and field."""
     if not isinstance(data, dict):

@@ -2,12 +2,17 @@
 
 ``decoder_config_from_hf`` reads the fields of a ``model_type`` it supports (``llama``,
 ``mistral``, ``qwen2``, ``gpt2``; the mixtures of experts ``mixtral``, ``qwen2_moe`` and
-``qwen3_moe`` through ``pase.sources.hf_moe``) into a ``graphs.decoder.DecoderConfig``; ``load_hf``
-builds the network. Anything missing, malformed or unsupported is a ``ValueError`` of one
+``qwen3_moe`` through ``pase.sources.hf_moe``; ``qwen3``, ``phi3``, ``nemotron``, ``gemma2``,
+``gemma3_text``, ``gpt_oss``, ``mpt`` and ``deepseek_v3`` through ``pase.sources.hf_types``)
+into a ``graphs.decoder.DecoderConfig``; ``load_hf`` builds the network (``docs/models.md``). Anything missing, malformed or unsupported is a ``ValueError`` of one
 line naming the file and the field: an ``InputError`` (a ``ValueError``; exit status 1 on the
 command line, as for an invalid graph file), like a file that cannot be read, is not JSON or
 repeats a key; a sequence length (``-m``) the config cannot take is a plain ``ValueError``
 (exit status 2, a bad command-line value).
+
+Any other ``model_type`` is built by ``transformers`` from the config on the ``meta`` device
+and imported through the ``torch:`` path (``pase.sources.torch.hf``); without PyTorch and
+transformers, one line names the model type and the extra to install.
 
 The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)`` (GPT-2:
 ``n_positions``), or 2048 when the config gives no maximum. Learned position tables cap
@@ -22,18 +27,23 @@ import os
 
 from pase.core.fileio import InputError, read_json
 from pase.sources.hf_moe import MOE_TYPES, REFUSED, moe_fields
+from pase.sources.hf_types import LLAMA_LIKE as _MORE_LLAMA_LIKE, TYPES as MORE_TYPES, read_type, windows
 
-__all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "load_hf", "network_name"]
+__all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "read_decoder_config", "load_hf",
+           "network_name"]
 
 #: The ``model_type`` values read, and how.
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES + MORE_TYPES
 #: Sequence length when ``-m`` is not given (capped by the config's maximum position).
 DEFAULT_SEQUENCE = 2048
 
 #: Activations of the MLP (``hidden_act`` / ``activation_function``); each is one point-wise
 #: operation of the projection it follows, whatever its formula.
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
-               "quick_gelu", "relu", "tanh", "sigmoid")
+               "quick_gelu", "relu", "relu2", "tanh", "sigmoid")
+
+#: ``head_dim`` when a config of these types does not give it (transformers' defaults).
+HEAD_DIM_DEFAULTS = {"gemma2": 256, "gemma3_text": 256}
 
 _LLAMA_LIKE = ("llama", "mistral", "qwen2") + MOE_TYPES
 
@@ -60,6 +70,8 @@ class _Fields:
     def __init__(self, data: dict, source: str):
         self.data = data
         self.source = source
+        #: Fields that change the network and are not modelled, one line each.
+        self.notes: list = []
 
     def fail(self, message: str):
         raise InputError(f"hf config {self.source}: {message}")
@@ -99,6 +111,17 @@ class _Fields:
         return value
 
 
+def _layers(fields: _Fields, key: str) -> int:
+    """The block count, at most the decoder's ``MAX_LAYERS`` (checked before any per-block field is read)."""
+    from graphs.decoder import MAX_LAYERS
+
+    layers = fields.positive(key)
+    if layers > MAX_LAYERS:
+        fields.fail(f"{key} must be at most {MAX_LAYERS} (the largest published decoders have about 128), "
+                    f"got {layers}")
+    return layers
+
+
 def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int:
     maximum = fields.positive(maximum_key, required=learned)
     if sequence is None:
@@ -112,10 +135,12 @@ def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int
     return sequence
 
 
-def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str = "config.json"):
+def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str = "config.json", mtp: bool = False):
     """The ``DecoderConfig`` of a Hugging Face config (a parsed ``config.json``).
 
-    ``sequence`` is the sequence length (``-m``); ``source`` names the file in messages.
+    ``sequence`` is the sequence length (``-m``); ``source`` names the file in messages;
+    ``mtp``: with DeepSeek-V3's multi-token-prediction modules. ``read_decoder_config`` also
+    returns the fields left out.
 
     >>> cfg = decoder_config_from_hf({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
     ...     "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
@@ -125,8 +150,15 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe
+    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, qwen3, phi3, nemotron, gemma2, gemma3_text, gpt_oss, deepseek_v3, deepseek_v2, mpt
     """
+    return read_decoder_config(data, sequence, source, mtp)[0]
+
+
+def read_decoder_config(data: dict, sequence: int | None = None, source: str = "config.json", mtp: bool = False):
+    """``(DecoderConfig, notes)``: ``decoder_config_from_hf``'s config and, one line each, the
+    fields that change the network but are not modelled (the CLI prints them; never dropped
+    silently)."""
     from graphs.decoder import DecoderConfig
 
     fields = _Fields(data, source)
@@ -139,7 +171,9 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
         fields.fail(f"model_type {_shown(model_type)} is not supported: {REFUSED[model_type]}")
     if model_type not in SUPPORTED:
         fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
-    if model_type == "gpt2":
+    if model_type == "mpt":
+        config = read_type(fields, model_type, None, sequence)
+    elif model_type == "gpt2":
         width = fields.positive("n_embd")
         layers = fields.positive("n_layer")
         heads = fields.positive("n_head", condition=" dividing n_embd")
@@ -158,8 +192,10 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
         )
     else:
         width = fields.positive("hidden_size")
-        layers = fields.positive("num_hidden_layers")
-        head_dim = fields.positive("head_dim", required=False)
+        layers = _layers(fields, "num_hidden_layers")
+        head_dim = fields.positive("head_dim", HEAD_DIM_DEFAULTS.get(model_type), required=False)
+        if model_type in ("deepseek_v3", "deepseek_v2"):
+            head_dim = 1  # latent attention: its head widths are its own fields
         heads = fields.positive("num_attention_heads", condition="" if head_dim else " dividing hidden_size")
         if head_dim is None:
             if width % heads:
@@ -189,8 +225,12 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
         )
         if model_type in MOE_TYPES:
             config.update(moe_fields(fields, model_type, layers))
+        if model_type in _MORE_LLAMA_LIKE:
+            config = read_type(fields, model_type, config, sequence, mtp)
+        else:
+            config.update(windows(fields, model_type, layers))
     try:
-        return DecoderConfig(**config)
+        return DecoderConfig(**config), tuple(fields.notes)
     except ValueError as err:  # anything the reading above let through
         fields.fail(str(err))
 
@@ -204,20 +244,37 @@ def network_name(path: str) -> str:
     return f"hf:{stem}"
 
 
-def load_hf(path: str, batch: int, sequence: int | None = None):
+def load_hf(path: str, batch: int, sequence: int | None = None, mtp: bool = False):
     """The decoder network of the Hugging Face config ``path`` for ``batch`` sequences.
 
-    ``sequence`` is the sequence length (``-m``); see ``decoder_config_from_hf``.
+    ``sequence`` is the sequence length (``-m``); see ``decoder_config_from_hf``. The
+    network's ``notes`` name the fields left out.
     """
+    import dataclasses
+
     from graphs.decoder import decoder
 
-    config = decoder_config_from_hf(read_hf_config(path), sequence, path)
-    return decoder(config, batch, network_name(path))
+    data = read_hf_config(path)
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if isinstance(model_type, str) and model_type not in SUPPORTED:
+        # Any other model type: transformers builds it on the meta device, the torch: importer reads it.
+        from pase.sources.torch.hf import from_hf_config
+
+        if mtp:
+            raise ValueError(f"hf config {path}: --mtp applies to deepseek_v3 configs, not to model_type {model_type!r}")
+        maximum = data.get("max_position_embeddings")
+        if sequence is None:
+            sequence = min(maximum, DEFAULT_SEQUENCE) if isinstance(maximum, int) and maximum > 0 else DEFAULT_SEQUENCE
+        elif isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
+            raise ValueError(f"the sequence length (-m) must be a positive integer, got {sequence!r}")
+        return from_hf_config(data, path, batch, sequence, network_name(path))
+    config, notes = read_decoder_config(data, sequence, path, mtp)
+    network = decoder(config, batch, network_name(path))
+    return dataclasses.replace(network, notes=tuple(f"hf config {path}: {note}" for note in notes))
 
 
-
-def load_hf_source(path: str, batch: int | None, model: int | None) -> object:
+def load_hf_source(path: str, batch: int | None, model: int | None, mtp: bool = False) -> object:
     """The ``hf:`` source of ``pase.sources``: ``-b`` sequences of ``-m`` tokens."""
     from graphs import DEFAULT_BATCH  # sequences per step when -b is not given, as for the built-in graphs
 
-    return load_hf(path, DEFAULT_BATCH if batch is None else batch, model)
+    return load_hf(path, DEFAULT_BATCH if batch is None else batch, model, mtp)

@@ -2,7 +2,8 @@
 ``qwen3_moe``) for ``pase.sources.hf``: which blocks are sparse, how many experts, how wide.
 
 Each reader returns the ``DecoderConfig`` fields that differ from a Llama-like decoder;
-``REFUSED`` names the MoE model types whose attention the decoder graph cannot express.
+``REFUSED`` names MoE model types refused, and why (none now: DeepSeek's latent attention is
+read by ``pase.sources.hf_types``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,7 @@ __all__ = ["MOE_TYPES", "REFUSED", "moe_fields"]
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 #: MoE model types refused, and why (one line each).
-REFUSED = {
-    "deepseek_v3": "its multi-head latent attention (queries, keys and values through low-rank "
-                   "compressions with a separate rotary part) is not the grouped-query attention of the decoder graph",
-    "deepseek_v2": "its multi-head latent attention (low-rank compressed keys and values) is not the grouped-query "
-                   "attention of the decoder graph",
-}
+REFUSED: dict = {}
 
 
 def _experts(fields) -> int:

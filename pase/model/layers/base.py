@@ -14,6 +14,7 @@ import numpy as np
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import Group, layout_strides
 from pase.model.tensor import Tensor
+from pase.core.checks import a_mapping, arguments, tensor_sequence, text
 
 __all__ = [
     "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
@@ -333,6 +334,9 @@ class Layer:
         only (``2 x`` the iteration space of a GEMM-like layer); 0 for every other layer."""
         return 0.0
 
+    #: Share of its outputs a layer stores (a sliding-window attention's scores: their band).
+    output_density: float = 1.0
+
     def parameters(self) -> list:
         """Parameter tensors as ``(shape, spanned iteration-space dims)`` pairs.
 
@@ -407,6 +411,7 @@ def layer_type(op: str) -> type:
         raise ValueError(f"unknown layer type {op!r}; known: {', '.join(sorted(LAYER_TYPES))}") from None
 
 
+@arguments(op=text, operands=tensor_sequence, args=a_mapping)
 def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
     """Build a layer of type ``op`` from its operand tensors and JSON-able ``args``.
 
@@ -424,7 +429,7 @@ def make_layer(op: str, operands: Sequence[Tensor], args: dict) -> Layer:
     except TypeError as err:
         # A wrong argument name or count: say which, without the Python signature noise.
         message = str(err).split(") ", 1)[-1] if ") " in str(err) else str(err)
-        raise ValueError(f"{op}: {message}") from None
+        raise ValueError(f"{op}: {message} ({len(operands)} operands given)") from None
 
 
 class GemmShaped:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
 from pase.model.tensor import Tensor
 from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, GemmShaped
+from .masks import band_density, halo_rows
 
 __all__ = ["FC", "Einsum", "Embedding"]
 
@@ -106,16 +109,23 @@ class Einsum(GemmShaped, Layer):
     and the output only; ``N`` dims in ``B`` and the output only; ``K`` dims in ``A`` and
     ``B`` only. ``bias``: a learnt tensor over the output dimensions of the weight operand
     (``N`` when ``B`` is the weight), a parameter split like them, its add not priced.
+
+    ``window`` and ``band`` (two letters, the query and the key positions, of one length
+    ``s``): a sliding-window causal attention product (``pase.model.layers.masks``). It does
+    the work of its band only (``band_density``: compute, FLOPs and, when its output spans
+    both letters, stored scores), and a split of the queries splits the keys alike: each
+    device takes the ``w - 1`` keys before its own from its neighbour (a halo exchange,
+    forward and backward), not the whole sequence.
     """
 
     op = "Einsum"
 
     def forward_flops(self) -> float:
-        """``2 x`` the iteration space: a multiply and an add per point."""
-        return 2.0 * math.prod(self.domain)
+        """``2 x`` the iteration space: a multiply and an add per point (of the band, banded)."""
+        return 2.0 * math.prod(self.domain) * self.density
 
     def __init__(self, equation: str, a: Tensor, b: Tensor, pw: int = 0, batch: str | None = None,
-                 bias: bool = False):
+                 bias: bool = False, window: int = 0, band: str | None = None):
         a = check_tensor(a, "Einsum operand A")
         b = check_tensor(b, "Einsum operand B")
         eq, in_a, in_b, out, sizes = _parse_equation(equation, a, b)
@@ -140,11 +150,72 @@ class Einsum(GemmShaped, Layer):
         if self.bias and not (a.is_param or b.is_param):
             raise ValueError(f"Einsum {equation!r}: a bias needs a weight operand")
         self._cols = {letter: i for i, letter in enumerate(space)}
+        self.window = check_count(window, "Einsum window")
+        if (band is None) != (self.window == 0):
+            raise ValueError(f"Einsum {equation!r}: window and band go together (got window={window!r}, band={band!r})")
+        self.band = band
+        #: Share of the iteration space done: the window's band, or all of it.
+        self.density = 1.0
+        masked = {}
+        if band is not None:
+            if not isinstance(band, str) or len(band) != 2 or any(x not in sizes for x in band) or band[0] == band[1]:
+                raise ValueError(f"Einsum {equation!r}: band must be two of its letters (queries, keys), got {band!r}")
+            if sizes[band[0]] != sizes[band[1]]:
+                raise ValueError(f"Einsum {equation!r}: band letters {band!r} differ in length "
+                                 f"({sizes[band[0]]} and {sizes[band[1]]})")
+            self.density = band_density(sizes[band[0]], self.window)
+            masked = {"window": self.window, "band": band}
         super().__init__(
             (a, b), tuple(sizes[x] for x in space), "".join(space), (tuple(sizes[x] for x in out),), (out,),
             batch_dim=space.index(batch),
-            args={"equation": eq, "pw": self.pw, "batch": batch, **({"bias": True} if self.bias else {})},
+            args={"equation": eq, "pw": self.pw, "batch": batch, **({"bias": True} if self.bias else {}), **masked},
         )
+
+    @property
+    def banded(self) -> bool:
+        """Whether the window is shorter than the sequence (a band, not the whole square)."""
+        return self.density < 1.0
+
+    @property
+    def output_density(self) -> float:
+        """Share of the output stored: the band when the output spans queries and keys."""
+        return self.density if self.banded and all(x in self.terms[2] for x in self.band) else 1.0
+
+    def _key_operands(self) -> list:
+        """Operands with the key letter and not the query letter (keys, values)."""
+        q, k = self.band
+        return [i for i, term in enumerate(self.terms[:2]) if k in term and q not in term]
+
+    def _gemm_terms(self, C) -> tuple:
+        """As a GEMM's, but a key operand's gradient is not reduced over the query split: each
+        device holds its own keys (the halo's gradient goes back by the exchange)."""
+        sizes, groups = super()._gemm_terms(C)
+        if not self.banded:
+            return sizes, groups
+        query = self._cols[self.band[0]]
+        dims = [list(d) for d in self.gemm_dims()]
+        groups = list(groups)
+        for i in self._key_operands():
+            side = 1 if i == 1 else 2  # B's gradient is reduced over M's devices, A's over N's
+            groups[side - 1] = self._groups(C, [d for d in dims[side] if d != query])[0]
+        return sizes, tuple(groups)
+
+    def costs(self, C, machine):
+        cost = super().costs(C, machine)
+        if not self.banded:
+            return cost
+        q, k = (self._cols[x] for x in self.band)
+        Cf = as_float(C)
+        s = self.domain[q]
+        splits = Cf[:, q] * Cf[:, k]
+        exchanged = np.zeros(len(Cf))
+        for i in self._key_operands():
+            others = [self._cols[x] for x in self.terms[i] if x != self.band[1]]
+            rows = np.asarray(self.domain, dtype=np.float64)[others].prod() / Cf[:, others].prod(axis=1)
+            exchanged = exchanged + halo_rows(s, splits, self.window) * rows
+        (group,) = self._groups(C, (q, k))
+        # The halo forward and its gradient backward.
+        return LayerCost(cost.compute * self.density, cost.communication + machine.exchange(2.0 * exchanged, group))
 
     @classmethod
     def from_args(cls, operands, args):
@@ -157,7 +228,14 @@ class Einsum(GemmShaped, Layer):
         return [self._cols[x] for x in letters]
 
     def input_configs(self, C):
-        return [C[:, self._columns(self.terms[0])], C[:, self._columns(self.terms[1])]]
+        configs = [C[:, self._columns(self.terms[0])], C[:, self._columns(self.terms[1])]]
+        if self.banded:
+            # Keys split like the queries: a device holds its own keys and trades the halo.
+            q, k = (self._cols[x] for x in self.band)
+            for i in self._key_operands():
+                configs[i] = configs[i].copy()
+                configs[i][:, self.terms[i].index(self.band[1])] = C[:, k] * C[:, q]
+        return configs
 
     def output_configs(self, C):
         return [C[:, : len(self.terms[2])]]

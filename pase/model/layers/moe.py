@@ -52,13 +52,21 @@ class MoE(Layer):
     device's load over the balanced share. The expert work and the all-to-all volume of the
     busiest device, which set the step time, are ``min(imbalance, capacity)`` times the
     balanced ones.
+
+    ``router_bias`` and ``expert_bias``: learnt biases on the router's logits and on every
+    expert projection's outputs (GPT-OSS; parameters, their adds fused). ``groups`` and
+    ``group_top``: group-limited routing (DeepSeek-V3): the experts fall in ``groups`` equal
+    groups and a token's ``top_k`` lie in ``group_top`` of them, so the dispatch sends each
+    token once per device it reaches (as DeepEP does), at most ``min(k, c_x, group_top
+    max(1, c_x / groups))`` copies instead of ``k``.
     """
 
     op = "MoE"
 
     def __init__(self, x: Tensor, experts: int, top_k: int, hidden: int, gated: bool = True,
                  capacity: float | None = None, imbalance: float = 1.0, shared: int = 0, shared_hidden: int = 0,
-                 shared_gate: bool = False):
+                 shared_gate: bool = False, router_bias: bool = False, expert_bias: bool = False, groups: int = 1,
+                 group_top: int = 1):
         x = check_tensor(x, "MoE input")
         if x.rank < 2:
             raise ValueError(f"MoE needs an input of rank >= 2 (tokens, width), got shape {list(x.shape)}")
@@ -67,7 +75,8 @@ class MoE(Layer):
         if k > E:
             raise ValueError(f"MoE top_k ({k}) is more than its {E} experts")
         H = check_positive(hidden, "MoE expert width")
-        for name, flag in (("gated", gated), ("shared_gate", shared_gate)):
+        for name, flag in (("gated", gated), ("shared_gate", shared_gate), ("router_bias", router_bias),
+                           ("expert_bias", expert_bias)):
             if not isinstance(flag, bool):
                 raise ValueError(f"MoE {name} must be true or false, got {flag!r}")
         self.shared = check_count(shared, "MoE shared expert count")
@@ -80,6 +89,17 @@ class MoE(Layer):
         self.capacity = _factor(capacity, "capacity", allow_none=True)
         self.imbalance = _factor(imbalance, "imbalance")
         self.experts, self.top_k, self.hidden, self.gated, self.shared_gate = E, k, H, gated, shared_gate
+        self.router_bias, self.expert_bias = router_bias, expert_bias
+        self.groups = check_positive(groups, "MoE groups")
+        self.group_top = check_positive(group_top, "MoE group_top")
+        if E % self.groups or self.group_top > self.groups:
+            raise ValueError(f"MoE groups ({self.groups}) must divide its {E} experts and group_top "
+                             f"({self.group_top}) be at most the groups")
+        extra = {}
+        if router_bias or expert_bias:
+            extra.update(router_bias=router_bias, expert_bias=expert_bias)
+        if self.groups > 1:
+            extra.update(groups=self.groups, group_top=self.group_top)
         token_letters = letters_of(x)[:-1]
         width_letter = letters_of(x)[-1]
         dims = token_letters + EXPERT_LETTER + EXPERT_WIDTH_LETTER + width_letter
@@ -93,13 +113,17 @@ class MoE(Layer):
             batch_dim=0, unsplit=unsplit,
             args={"experts": E, "top_k": k, "hidden": H, "gated": gated, "capacity": self.capacity,
                   "imbalance": self.imbalance, "shared": self.shared, "shared_hidden": self.shared_hidden,
-                  "shared_gate": shared_gate},
+                  "shared_gate": shared_gate, **extra},
         )
         names = ["router"] + (["gate", "up", "down"] if gated else ["up", "down"])
         if self.shared:
             names += ["shared_gate_proj", "shared_up", "shared_down"] if gated else ["shared_up", "shared_down"]
             if shared_gate:
                 names.append("shared_expert_gate")
+        if router_bias:
+            names.append("router_bias")
+        if expert_bias:
+            names += ["gate_bias", "up_bias", "down_bias"] if gated else ["up_bias", "down_bias"]
         #: Weight names for the exporters, in ``parameters()`` order.
         self.weight_names = tuple(names)
 
@@ -146,10 +170,37 @@ class MoE(Layer):
         j = self.tokens
         return self.load * self.top_k * math.prod(self.domain[:j]) / (Cf[:, :j].prod(axis=1) * self.experts)
 
+    def copies(self, C) -> np.ndarray:
+        """Copies of each token the dispatch sends: ``k``; group-limited, one per device
+        reached, ``min(k, c_x, group_top max(1, c_x / groups))``."""
+        k = np.full(len(C), float(self.top_k))
+        if self.groups == 1:
+            return k
+        cx = as_float(C)[:, self.tokens]
+        return np.minimum(np.minimum(k, cx), self.group_top * np.maximum(1.0, cx / self.groups))
+
     def dispatched(self, C) -> np.ndarray:
-        """Elements one all-to-all moves per device: ``load k (T / (c_t c_x)) D / c_e``."""
+        """Elements one all-to-all moves per device: ``load copies (T / (c_t c_x)) D / c_e``."""
         j = self.tokens
-        return self.load * self.top_k * self.per_device_tokens(C) * self.domain[-1] / as_float(C)[:, j + 2]
+        return self.load * self.copies(C) * self.per_device_tokens(C) * self.domain[-1] / as_float(C)[:, j + 2]
+
+    def internal_activations(self, C) -> np.ndarray:
+        """Elements per device the layer keeps inside itself for its backward pass, besides its
+        output (``docs/training.md``, *Mixture of experts*): per routed token copy (``load k
+        t_loc`` rows on the busiest device) the permuted input and the expert output before the
+        weighted sum (``D / c_e`` each), the gate and up products and the activation (``3 H /
+        c_f``; plain experts ``2 H / c_f``); per token the router's ``E`` probabilities; the
+        shared experts' products and activation (``3 W / c_f``, plain ``2 W / c_f``) per token."""
+        Cf = as_float(C)
+        j = self.tokens
+        D, H, E = self.domain[-1], self.hidden, self.experts
+        cf, ce = Cf[:, j + 1], Cf[:, j + 2]
+        t_loc = self.per_device_tokens(C)
+        rows = self.load * self.top_k * t_loc
+        out = rows * (2.0 * D / ce + self.matrices * H / cf) + t_loc * E
+        if self.shared:
+            out = out + t_loc * self.matrices * self.shared * self.shared_hidden / cf
+        return out
 
     # -- costs ------------------------------------------------------------------------------
 
@@ -217,4 +268,8 @@ class MoE(Layer):
             out += [((D, width), (e, f))] * self.matrices
             if self.shared_gate:
                 out.append(((D, 1), (e,)))
+        if self.router_bias:
+            out.append(((E,), ()))
+        if self.expert_bias:
+            out += [((E, H), (x, f))] * (self.matrices - 1) + [((E, D), (x, e))]
         return out

@@ -6,6 +6,7 @@ import numpy as np
 
 from pase.model.tensor import Tensor
 from .base import BroadcastOperands, Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
+from .masks import band_density
 
 __all__ = ["Elementwise", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy"]
 
@@ -200,11 +201,20 @@ class Softmax(_ShapeOfInput):
     ``axis`` may be a list of axes: a softmax over their elements together (Swin's attention
     over the 7 x 7 tokens of a window, two dimensions of its scores); ``dom[axis]`` is then
     their product and the all-reduces run over the devices splitting any of them.
+
+    An attention softmax declares what a fused kernel does to the scores before it, so that
+    the scores -> softmax -> context pattern stays three layers: ``causal`` (the mask),
+    ``window`` (a sliding window of that many keys, causal: the work and the stored
+    probabilities of its band only, ``pase.model.layers.masks``), ``alibi`` (a linear bias
+    per head added, MPT), ``softcap`` (``c tanh(x / c)``, Gemma 2) and ``sinks`` (the axes
+    of the heads: one learnt logit per head joins the normalisation, GPT-OSS; a parameter
+    of the layer). ALiBi and soft-capping are one point-wise pass each over the scores.
     """
 
     op = "Softmax"
 
-    def __init__(self, x: Tensor, axis=-1, causal: bool = False):
+    def __init__(self, x: Tensor, axis=-1, causal: bool = False, window: int = 0, alibi: bool = False,
+                 softcap: float = 0.0, sinks=None):
         x = check_tensor(x, "Softmax input")
         axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis) if isinstance(axis, (list, tuple)) else None
         if not axes:
@@ -214,12 +224,39 @@ class Softmax(_ShapeOfInput):
         if len(set(self.axes)) != len(self.axes):
             raise ValueError(f"Softmax axes {list(axes)} repeat")
         self.axis = self.axes[-1]
-        if not isinstance(causal, bool):
-            raise ValueError(f"Softmax causal must be true or false, got {causal!r}")
+        for name, flag in (("causal", causal), ("alibi", alibi)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"Softmax {name} must be true or false, got {flag!r}")
+        self.window = check_count(window, "Softmax window")
+        if self.window and (not causal or len(self.axes) != 1):
+            raise ValueError("Softmax window needs a causal softmax over one axis")
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0 \
+                or softcap == float("inf"):
+            raise ValueError(f"Softmax softcap must be a non-negative number, got {softcap!r}")
+        self.softcap = float(softcap)
+        self.alibi = alibi
+        self.sinks = None if sinks is None else tuple(check_axis(a, x.rank, self.op) for a in sinks)
+        if self.sinks is not None and (not self.sinks or set(self.sinks) & set(self.axes)):
+            raise ValueError(f"Softmax sinks must be head axes other than the softmax's, got {sinks!r}")
+        #: Share of the scores inside the window (1 without a band).
+        self.density = band_density(x.shape[self.axis], self.window) if self.window else 1.0
         # ``causal``: a masked attention softmax (half its scores are masked); only the
         # fused attention pricing of a training configuration reads it.
         arg = self.axes[0] if len(self.axes) == 1 else list(self.axes)
-        super().__init__(x, {"axis": arg, **({"causal": True} if causal else {})})
+        extra = {"causal": True} if causal else {}
+        if self.window:
+            extra["window"] = self.window
+        if alibi:
+            extra["alibi"] = True
+        if self.softcap:
+            extra["softcap"] = self.softcap
+        if self.sinks is not None:
+            extra["sinks"] = list(self.sinks)
+        super().__init__(x, {"axis": arg, **extra})
+
+    @property
+    def output_density(self) -> float:
+        return self.density
 
     def costs(self, C, machine):
         dpp = self._per_device(C)
@@ -228,11 +265,21 @@ class Softmax(_ShapeOfInput):
         e = E / dpp[:, ax].prod(axis=1)
         full = float(np.prod([self.domain[a] for a in ax]))
         (group,) = self._groups(C, tuple(ax))
-        compute = machine.memory_bound("softmax", E, 4.0 * E + E * full)
+        band = E * self.density
+        compute = machine.memory_bound("softmax", band, 4.0 * band + band * full)
+        passes = int(self.alibi) + int(self.softcap > 0)
+        if passes:
+            compute = compute + passes * machine.memory_bound("gelu", band, band)
         communication = (
             machine.all_reduce(e, group) + machine.all_reduce(e * full, group) + machine.all_reduce(e, group)
         )
         return LayerCost(compute, communication)
+
+    def parameters(self):
+        """One sink logit per head (``sinks``), split like the heads."""
+        if self.sinks is None:
+            return []
+        return [(tuple(self.domain[a] for a in self.sinks), self.sinks)]
 
 
 class SoftmaxCrossEntropy(_ShapeOfInput):

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pase.core.checks import is_positive_int
+from pase.core.checks import arguments, configurations, is_positive_int, optional, positive_int
 from pase.model.builder import Network
 from pase.model.layers import Layer
 from pase.costing.strategy import check_strategy
@@ -189,9 +189,11 @@ def unpack_plan(network, configs=None, procs=None) -> tuple:
         return network, configs, procs
     if all(hasattr(network, a) for a in ("network", "configs", "procs")):
         return network.network, network.configs if configs is None else configs, network.procs if procs is None else procs
-    raise TypeError(f"expected a pase.Plan or a Network, got {type(network).__name__}")
+    raise TypeError(f"network must be a pase.Plan or a Network: expected a pase.Plan or a Network, got "
+                    f"{type(network).__name__}")
 
 
+@arguments(configs=optional(configurations), procs=optional(positive_int))
 def export_shardings(network, configs: Sequence[Sequence[int]] | None = None, procs: int | None = None) -> dict:
     """The plan ``configs`` for ``network`` on ``procs`` devices as a JAX mesh and shardings.
 

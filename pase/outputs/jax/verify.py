@@ -41,6 +41,7 @@ from typing import Sequence
 import numpy as np
 
 import pase
+from pase.core.checks import arguments, configurations, optional, positive_int
 from pase.model.builder import Network
 from pase.outputs.jax.export import export_shardings, unpack_plan
 from pase.outputs.verified import numerics_dict
@@ -396,6 +397,7 @@ def _child_env(procs: int) -> dict:
     return env
 
 
+@arguments(configs=optional(configurations), procs=optional(positive_int))
 def verify(
     network,
     configs: Sequence[Sequence[int]] | None = None,

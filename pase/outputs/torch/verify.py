@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from pase.core.checks import arguments, configurations, optional, positive_int
 from pase.core.budget import available_memory
 from pase.core.units import format_bytes
 from pase.costing.strategy import check_strategy
@@ -328,6 +329,7 @@ def _child_env(procs: int, rank: int, port: int) -> dict:
     return env
 
 
+@arguments(configs=optional(configurations), procs=optional(positive_int))
 def verify_torch(
     network,
     configs: Sequence[Sequence[int]] | None = None,

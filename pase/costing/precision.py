@@ -1,0 +1,213 @@
+"""Low-precision training (FP8, MXFP8, NVFP4) priced in one place (``docs/precision.md``).
+
+``TrainingOptions.precision`` names the number format of the weight products of the repeated
+blocks (the GEMMs Transformer Engine's ``fp8_autocast`` and torchao's Float8/MX converters
+convert); everything else stays BF16: attention (its fused kernel), the embedding, the output
+layer (Megatron keeps it out of Transformer Engine, torchtitan's converters skip ``output``),
+norms and point-wise work. For each such layer :class:`PrecisionPricing` charges, per
+micro-batch:
+
+- its GEMMs at the machine's rate for the format (``Machine.gemm(..., dtype=)``, the transfer
+  rule of ``pase.machines.specs.GemmTransfer``) in place of their BF16 time;
+- the quantisation kernels, memory-bound at the machine's streaming rate: every operand of the
+  GEMMs is cast (the input and the output gradient every micro-batch, the weight once per step:
+  its low-precision copy is cached across micro-batches, except under ZeRO-3, which gathers and
+  casts it again every micro-batch) at :data:`QUANT_BYTES` bytes read and written per element;
+
+and in memory: the input a layer keeps for its weight gradient in the format (a tensor that only
+converted layers read is stored at :data:`~pase.machines.specs.DTYPE_BYTES` per element instead
+of BF16's), the cached low-precision weights (both orientations, :data:`WEIGHT_CACHE_ORIENTATIONS`;
+under ZeRO-3 they are gathered per layer and transient), and with ``fp8_gather`` the ZeRO-3
+all-gathers of the converted weights at the format's size (torchtitan's
+``enable_fsdp_float8_all_gather``, Megatron's ``--fp8-param-gather``).
+
+Not priced: the per-tensor amax all-reduces (delayed scaling: one small collective per step;
+current scaling with tensor parallelism: one per sharded tensor, latency only), NVFP4's random
+Hadamard transforms and stochastic rounding, and any loss of accuracy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pase.machines.measured import ELEMENT_TRAFFIC
+from pase.machines.specs import DTYPE_BYTES, DTYPES
+
+__all__ = ["PRECISIONS", "FP8_SCALINGS", "QUANT_BYTES", "WEIGHT_CACHE_ORIENTATIONS", "PrecisionPricing",
+           "machine_precisions", "check_precision", "quant_key"]
+
+#: Number formats a plan's weight products may run in (``--recipe precision=``).
+PRECISIONS = DTYPES
+#: FP8 scaling recipes (``--recipe scaling=``, with ``precision=fp8``): per-tensor scales from
+#: the amax history (``delayed``: Transformer Engine's ``DelayedScaling``, Megatron
+#: ``--fp8-recipe delayed``) or of the tensor itself (``current``: ``Float8CurrentScaling``,
+#: torchao's tensorwise), per row (``rowwise``: torchao), per block of 1 x 128 activations and
+#: 128 x 128 weights (``blockwise``: DeepSeek-V3's recipe, ``Float8BlockScaling``).
+FP8_SCALINGS = ("delayed", "current", "rowwise", "blockwise")
+
+#: Bytes read plus written per element of a tensor to quantise it for the forward and backward
+#: products (two orientations: Hopper's FP8 GEMMs take K-major operands, so the transposed
+#: copy is written too; Blackwell's block scales run along one axis, so both are written):
+#:
+#: - ``fp8/delayed``: one fused cast-transpose, read 2 bytes, write 1 + 1: 4 (the amax is taken in
+#:   the same pass, for the next step's scale);
+#: - ``fp8/current``: an amax pass first (read 2), then the cast-transpose (4): 6;
+#: - ``fp8/rowwise``: per orientation its own scales, amax and cast fused per row: (2 + 1) x 2 = 6;
+#: - ``fp8/blockwise``: one pass writing both orientations with local scales, 2 + 2 x (1 + 4/128)
+#:   (an fp32 scale per 128 elements): 4.0625;
+#: - ``mxfp8``: one pass, 2 + 2 x (1 + 1/32) (an 8-bit scale per 32 elements): 4.0625;
+#: - ``nvfp4``: a global amax pass (2), then one pass writing both orientations at 4 bits with an
+#:   FP8 scale per 16: 2 + 2 + 2 x (0.5 + 1/16) = 5.125.
+QUANT_BYTES = {
+    ("fp8", "delayed"): 4.0, ("fp8", "current"): 6.0, ("fp8", "rowwise"): 6.0, ("fp8", "blockwise"): 4.0625,
+    ("mxfp8", None): 4.0625, ("nvfp4", None): 5.125,
+}
+#: Low-precision copies of each converted weight kept for the step: row- and column-wise.
+WEIGHT_CACHE_ORIENTATIONS = 2.0
+
+
+def quant_key(options) -> tuple:
+    """``(format, scaling)`` of ``options`` (the scaling only for FP8)."""
+    return (options.precision, options.fp8_scaling if options.precision == "fp8" else None)
+
+
+def machine_precisions(machine) -> tuple:
+    """The formats ``machine`` runs GEMMs in (``("bf16",)`` for a machine that states none)."""
+    return tuple(getattr(machine, "precisions", ("bf16",)))
+
+
+def check_precision(machine, precision: str) -> None:
+    """``ValueError`` (one line) unless ``machine`` runs GEMMs in ``precision``."""
+    have = machine_precisions(machine)
+    if precision not in have:
+        raise ValueError(f"precision={precision}: machine {getattr(machine, 'name', machine)} runs GEMMs in "
+                         f"{', '.join(have)} only (pase machines lists each preset's formats)")
+
+
+class _GemmProbe:
+    """A machine that prices only GEMMs, in one format, and counts their operands' elements
+    (``B (M K + K N + M N)`` per call: input, weight and output or their gradients)."""
+
+    def __init__(self, machine, dtype: str):
+        self._machine = machine
+        self._dtype = dtype
+        self.elements = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._machine, name)
+
+    def gemm(self, B, M, N, K):
+        B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
+        self.elements = self.elements + B * (M * K + K * N + M * N)
+        if self._dtype == "bf16":
+            return self._machine.gemm(B, M, N, K)
+        return self._machine.gemm(B, M, N, K, dtype=self._dtype)
+
+    gemm_seconds = gemm
+
+    def memory_bound(self, kind, elements, flops=None):
+        return np.zeros(np.shape(elements))
+
+    def all_reduce(self, elements, group, grad: bool = False):
+        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
+
+    def exchange(self, elements, group):
+        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
+
+    def all_to_all(self, elements, group):
+        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
+
+
+class PrecisionPricing:
+    """The low-precision parts of a :class:`~pase.costing.training.TrainingCosting` (module
+    doc). Nothing is computed for BF16; each format's GEMM times are taken once per kind of
+    layer, when first asked for."""
+
+    def __init__(self, costing):
+        self.costing = costing
+        self._gemms: dict = {}
+        self._eligible = None
+
+    def _layer(self, v: int, dtype: str) -> tuple:
+        """``(seconds, elements)`` of ``v``'s GEMMs in ``dtype``, per configuration row."""
+        c = self.costing
+        key = (c.kinds[v], dtype)
+        if key not in self._gemms:
+            probe = _GemmProbe(c.machine, dtype)
+            cost = c.network.layers[v].costs(c.configs[v], probe)
+            rows = len(c.configs[v])
+            self._gemms[key] = (np.asarray(cost.compute, dtype=np.float64) * np.ones(rows),
+                                np.asarray(probe.elements, dtype=np.float64) * np.ones(rows))
+        return self._gemms[key]
+
+    def eligible(self) -> np.ndarray:
+        """Per layer: a weight product of a repeated block (it holds parameters, runs GEMMs, is in
+        a block and is not attention's core), the layers a format converts."""
+        if self._eligible is None:
+            c = self.costing
+            flags = []
+            for v in range(len(c.network.layers)):
+                ok = c.blocks[v] is not None and v not in c.cores and bool(c.parts[v].params)
+                flags.append(ok and bool((self._layer(v, "bf16")[1] > 0).any()))
+            self._eligible = np.array(flags, dtype=bool)
+        return self._eligible
+
+    def _weights(self, v: int) -> np.ndarray:
+        total = np.zeros(len(self.costing.configs[v]))
+        for elements, _ in self.costing.parts[v].params:
+            total = total + elements
+        return total
+
+    def compute_delta(self, v: int, options) -> np.ndarray | float:
+        """Seconds ``v``'s compute of one micro-batch changes by in ``options.precision``: its
+        GEMMs in the format less in BF16, plus the casts (the weight's once per step)."""
+        dtype = options.precision
+        if dtype == "bf16" or not self.eligible()[v]:
+            return 0.0
+        c = self.costing
+        bf16, elements = self._layer(v, "bf16")
+        low, _ = self._layer(v, dtype)
+        weights = self._weights(v)
+        # The weight's low-precision copy is kept across micro-batches, but ZeRO-3 gathers the
+        # weight again for every micro-batch and casts it again.
+        per_step = 1.0 if options.zero == 3 else 1.0 / options.microbatches
+        cast_elements = np.maximum(elements - weights, 0.0) + weights * per_step
+        return low - bf16 + self.cast_seconds(cast_elements, options)
+
+    def cast_seconds(self, elements, options) -> np.ndarray:
+        """Quantisation kernels over ``elements`` elements: :data:`QUANT_BYTES` each, streamed
+        at the machine's rate for a copy (its ``memory_bound("copy", ...)``, whose traffic is
+        ``ELEMENT_TRAFFIC["copy"]`` elements of ``act_bytes``)."""
+        machine = self.costing.machine
+        per_copy = ELEMENT_TRAFFIC["copy"] * float(getattr(machine, "act_bytes", 2.0))
+        traffic = np.asarray(elements, dtype=np.float64) * QUANT_BYTES[quant_key(options)]
+        return np.asarray(machine.memory_bound("copy", traffic / per_copy), dtype=np.float64)
+
+    def stored_scale(self, v: int, options, act_bytes: float) -> float:
+        """Share of ``v``'s stored output kept: ``DTYPE_BYTES[format] / act_bytes`` when every
+        reader of it is a converted layer (which keeps its input in the format for the weight
+        gradient), else 1. Not for attention's core (its backward reads its BF16 output) nor a
+        converted layer's own output (a point-wise function fused into it needs its BF16 input
+        for the backward pass)."""
+        if options.precision == "bf16":
+            return 1.0
+        c = self.costing
+        readers = c.structure.consumers.get(v, [])
+        if (not readers or v in c.cores or self.eligible()[v]
+                or not all(self.eligible()[w] for w in readers)):
+            return 1.0
+        return DTYPE_BYTES[options.precision] / act_bytes
+
+    def cache_bytes(self, v: int, options) -> np.ndarray | float:
+        """Bytes of ``v``'s cached low-precision weights (ZeRO 0-2; under ZeRO-3 they are
+        gathered per layer, transient)."""
+        if options.precision == "bf16" or options.zero == 3 or not self.eligible()[v]:
+            return 0.0
+        return WEIGHT_CACHE_ORIENTATIONS * DTYPE_BYTES[options.precision] * self._weights(v)
+
+    def gather_scale(self, v: int, options) -> float:
+        """Share of ``v``'s ZeRO all-gathers kept: the format's bytes over the weight's with
+        ``fp8_gather`` on a converted layer, else 1."""
+        if not options.fp8_gather or options.precision == "bf16" or not self.eligible()[v]:
+            return 1.0
+        return DTYPE_BYTES[options.precision] / options.weight_bytes

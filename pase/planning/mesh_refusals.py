@@ -1,0 +1,124 @@
+"""Why no mesh applies: the reasons ``search_meshes`` gives when a recipe or a device count
+leaves it nothing to price (``docs/training.md``).
+
+Each reason is the arithmetic that fails, in the user's numbers: ``batch 15 is not divisible
+by dp 8``, ``micro-batch 3 does not divide the per-rank batch 2``, ``pp 8 x vpp 5 = 40 chunks >
+12 blocks``, and for a device count no mesh occupies, the largest count one does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pase.model.configs import divisors
+from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.pipeline import cuts
+
+__all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal"]
+
+
+def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None:
+    """The reason no mesh can meet ``recipe``'s fixed numbers (``None``: they may), known
+    before any mesh is built: ``blocks`` is the network's repeated blocks (``None``: none).
+
+    >>> recipe_refusal(Recipe(dp=8), 15, 12)
+    'batch 15 is not divisible by dp 8'
+    >>> recipe_refusal(Recipe(dp=8, microbatch=3), 16, 12)
+    'micro-batch 3 does not divide the per-rank batch 2 (batch 16 / dp 8)'
+    >>> recipe_refusal(Recipe(pp=8, vpp=5), 16, 12)
+    'pp 8 x vpp 5 = 40 chunks > 12 blocks'
+    """
+    if recipe.dp is not None and batch % recipe.dp:
+        return f"batch {batch} is not divisible by dp {recipe.dp}"
+    if recipe.dp is not None and recipe.microbatch is not None and (batch // recipe.dp) % recipe.microbatch:
+        return (f"micro-batch {recipe.microbatch} does not divide the per-rank batch {batch // recipe.dp} "
+                f"(batch {batch} / dp {recipe.dp})")
+    if recipe.pp is not None and recipe.pp > 1:
+        chunks = recipe.pp * (recipe.vpp or 1)
+        if blocks is None or chunks > blocks:
+            what = "pipeline stages" if recipe.vpp is None else "chunks"
+            shown = f"pp {recipe.pp}" if recipe.vpp is None else f"pp {recipe.pp} x vpp {recipe.vpp} = {chunks}"
+            return f"{shown} {what} > {blocks or 0} blocks"
+        if recipe.vpp is not None and blocks % chunks:
+            return (f"interleaving needs equal chunks: {blocks} blocks are not pp {recipe.pp} x vpp {recipe.vpp} = "
+                    f"{chunks} chunks of equal size")
+    return None
+
+
+def microbatch_refusal(recipe: Recipe, batch: int, dps) -> str | None:
+    """With a fixed micro-batch, the reason none of the data-parallel degrees ``dps`` tried
+    leaves a per-rank batch it divides (``None``: one does)."""
+    micro = recipe.microbatch
+    dps = sorted(set(int(d) for d in dps if batch % d == 0))
+    if micro is None or not dps or any((batch // d) % micro == 0 for d in dps):
+        return None
+    if len(dps) == 1:
+        return f"micro-batch {micro} does not divide the per-rank batch {batch // dps[0]} (batch {batch} / dp {dps[0]})"
+    listed = ", ".join(f"{batch // d} (dp {d})" for d in dps)
+    return f"micro-batch {micro} does not divide the per-rank batch of any mesh: {listed}"
+
+
+def _mapped(mapper: MeshMapper, mesh: Mesh) -> bool:
+    try:
+        mapper.configs(mesh)
+    except ValueError:
+        return False
+    return True
+
+
+def _tp_degrees(network, mapper: MeshMapper, node: int, recipe: Recipe) -> list:
+    """Tensor-parallel degrees within a node that map onto every layer (dp 1, no cp)."""
+    if recipe.tp is not None:
+        return [recipe.tp]
+    # A degree that maps divides a layer's MLP width or vocabulary, or the product of its heads.
+    sizes = set()
+    for layer in network.layers:
+        dims = getattr(layer, "dims", "") or ""
+        heads = [size for d, size in zip(dims, layer.domain) if d in HEAD_LETTERS]
+        if heads:
+            sizes.add(int(np.prod(heads)))
+        sizes |= {int(size) for d, size in zip(dims, layer.domain) if d in (MLP_LETTER, VOCAB_LETTER)}
+    candidates = {1} | {t for size in sizes for t in divisors(size) if t <= node}
+    # A degree maps only if it divides every such dimension's split: try each once.
+    return sorted(t for t in candidates if t == 1 or _mapped(mapper, Mesh(1, t)))
+
+
+def occupancy_refusal(network, batch: int, procs: int, machine, recipe: Recipe, blocks: int | None,
+                      sequence: int | None, max_cp: int) -> str | None:
+    """The reason no mesh of ``procs`` devices exists at all, with the largest device count
+    that one occupies (``None`` when the degrees can multiply to ``procs``).
+
+    A mesh is ``dp x tp x cp x pp`` devices: ``dp`` dividing the batch, ``tp`` within a node
+    mapping onto the heads, MLP width or vocabulary, ``cp`` dividing the sequence (at most
+    ``max_cp``), ``pp`` stages of the ``blocks`` repeated blocks. The products are an upper
+    bound on the meshes the search builds, so a count outside them has none.
+    """
+    mapper = MeshMapper(network)
+    node = int(min(getattr(machine, "devices_per_node", procs), procs))
+    dps = [recipe.dp] if recipe.dp is not None else [d for d in divisors(batch) if d <= procs]
+    tps = _tp_degrees(network, mapper, node, recipe)
+    if recipe.cp is not None:
+        cps = [recipe.cp]
+    elif sequence:
+        cps = [c for c in divisors(sequence) if c <= max_cp and (c == 1 or _mapped(mapper, Mesh(1, 1, c)))]
+    else:
+        cps = [1]
+    if recipe.pp is not None:
+        pps = [recipe.pp]
+    else:
+        pps = [1] + [pp for pp in range(2, min(blocks or 1, procs) + 1) if cuts(blocks, pp)]
+    products = np.multiply.outer(np.multiply.outer(np.array(dps, dtype=np.int64), np.array(tps, dtype=np.int64)),
+                                 np.multiply.outer(np.array(cps, dtype=np.int64), np.array(pps, dtype=np.int64)))
+    if (products == procs).any():
+        return None
+    usable = products[products <= procs]
+    where = f"batch {batch}" + (f" and sequence {sequence}" if sequence else "")
+    rule = (f"dp dividing the batch, tp up to {node} within a node, "
+            + ("cp dividing the sequence up to " + str(max_cp) if sequence else "no cp") + ", "
+            + (f"pp up to {blocks} blocks" if blocks else "no pipeline"))
+    if not usable.size:
+        return f"{where} cannot occupy {procs:,} devices with a mesh dp x tp x cp x pp ({rule})"
+    best = int(usable.max())
+    i, j, k, m = (int(x[0]) for x in np.nonzero(products == best))
+    return (f"{where} cannot occupy {procs:,} devices with a mesh dp x tp x cp x pp ({rule}); the largest usable "
+            f"count is {best:,} (dp {dps[i]} x tp {tps[j]} x cp {cps[k]} x pp {pps[m]})")
