@@ -254,4 +254,12 @@ a_recipe = instance("a pase.Recipe (pase.parse_recipe('dp=8,...'))", "fixed", "c
 a_training_options = instance("a pase.TrainingOptions", "zero", "recompute", "microbatches")
 a_mesh = instance("a pase.Mesh", "dp", "tp", "cp", "pp", "devices")
 an_engine = instance("an engine profile (pase.load_engine('megatron'))", "base_options", "searched")
+
+
+def engine_sequence(value, name: str) -> tuple:
+    """A sequence of engine profiles (the engines a search keeps to)."""
+    a_sequence(value, name)
+    for i, item in enumerate(value):
+        an_engine(item, f"{name}[{i}]")
+    return tuple(value)
 a_training_plan = instance("a pase.TrainingPlan (pase.plan_training)", "best", "mesh_search", "machine")

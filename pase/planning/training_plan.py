@@ -18,8 +18,8 @@ from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
 from pase.core.checks import (
-    a_bool, a_callable, a_memory_cap, a_recipe, a_training_options, an_engine, arguments, non_negative_int, optional,
-    positive_int, positive_number,
+    a_bool, a_callable, a_memory_cap, a_recipe, a_training_options, an_engine, arguments, engine_sequence,
+    non_negative_int, optional, positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
 
@@ -110,7 +110,8 @@ class TrainingPlan:
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
            compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
-           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool)
+           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool,
+           keep_to=engine_sequence, exporting=a_bool)
 def plan_training(
     build: Callable[[int], object],
     batch: int,

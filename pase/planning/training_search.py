@@ -31,8 +31,8 @@ from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
 from pase.core.checks import (
-    a_callable, a_mesh, a_network, a_recipe, a_training_options, an_engine, arguments, configurations,
-    non_negative_int, optional, positive_int, positive_number,
+    a_bool, a_callable, a_mesh, a_network, a_recipe, a_training_options, an_engine, arguments, configurations,
+    engine_sequence, non_negative_int, optional, positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
 
@@ -300,7 +300,8 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
 
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
-           base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int)
+           base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
+           keep_to=engine_sequence, exporting=a_bool)
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
