@@ -26,9 +26,9 @@ setup(
         "pase.sources.torch",
         "pase.sources.torch.handlers",
     ],
-    # The measured tables of the calibrated machine presets (pase/machines/data) and the
-    # engine profiles (pase/planning/engines).
-    package_data={"pase.machines": ["data/*.json"], "pase.planning": ["engines/*.json"]},
+    # The measured tables of the calibrated machine presets (pase/machines/data), the engine
+    # profiles (pase/planning/engines) and the parallel rules (pase/planning/data).
+    package_data={"pase.machines": ["data/*.json"], "pase.planning": ["engines/*.json", "data/*.json"]},
     py_modules=["scheduler"],
     python_requires=">=3.9",
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],

@@ -54,6 +54,15 @@ SEQUENCE = 2048
 #: config asking for a million (a typo) would take minutes to build before any answer.
 MAX_LAYERS = 1024
 
+#: What this module's letters mean (``pase.model.roles``): every layer of a decoder takes its
+#: dimensions' roles from here (the Embedding and MoE layers declare their own width, vocabulary
+#: and expert dimensions). ``g`` key/value heads and ``r`` query heads per group; ``m`` the keys'
+#: positions in attention's two products. ``graphs/llama.py`` builds with the same letters.
+ROLES = {
+    "b": "batch", "l": "sequence", "m": "key_sequence", "g": "kv_groups", "r": "heads", "k": "head_width",
+    "e": "model", "d": "model", "f": "mlp", "v": "vocab",
+}
+
 NORMS = ("rms", "layer")
 POSITIONS = ("rotary", "learned", "alibi")
 
@@ -427,7 +436,7 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         raise ValueError(f"the batch size must be a positive integer, got {batch!r}")
     cfg, s = config, config.sequence
     G, R, k = cfg.kv_heads, cfg.group, cfg.head_dim
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, s), "ids", letters="bl")
     rotary = None
     if cfg.positions == "rotary" and cfg.mla is not None:
@@ -445,7 +454,8 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
         x = g.add("position", Elementwise(x, table))
     embedded = x
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg, rotary, cfg.is_sparse(i - 1), cfg.window_of(i - 1))
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg, rotary, cfg.is_sparse(i - 1), cfg.window_of(i - 1))
     y = g.add("final.norm", _norm(x, cfg))
     # The embedding's own table (V, e) when tied: the very Tensor the Embedding reads.
     head = embedding.inputs[1] if cfg.tied else g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")

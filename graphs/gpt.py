@@ -12,7 +12,7 @@ from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, Norm, SoftmaxCrossEntropy
 from pase.model.tensor import Tensor
 
-from .transformer import multi_head
+from .transformer import ROLES, multi_head
 
 __all__ = ["GPTConfig", "GPT_CONFIGS", "gpt", "parameter_count"]
 
@@ -84,13 +84,14 @@ def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
             raise ValueError(f"the GPT sequence length (-m) must be a positive integer, got {model!r}")
         # The position embedding is a graph input (b, l, e): any length prices alike.
         cfg = replace(cfg, sequence=model)
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, cfg.sequence), "ids", letters="bl")
     position = g.input((batch, cfg.sequence, cfg.width), "position embedding", letters="ble")
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
     x = g.add("position", Elementwise(x, position))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg)
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg)
     y = g.add("final.norm", Norm(x, axis=-1))
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

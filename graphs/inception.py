@@ -97,17 +97,13 @@ def inception3(batch: int = 128) -> Network:
     x = _bc(g, "stem.4", x, 80, 1)
     x = _bc(g, "stem.5", x, 192, 3)
     x = g.add("stem.pool2", Pooling(x, 3, stride=2))
-    x = _module_a(g, "mixed5b", x, 32)
-    x = _module_a(g, "mixed5c", x, 64)
-    x = _module_a(g, "mixed5d", x, 64)
-    x = _module_b(g, "mixed6a", x)
-    x = _module_c(g, "mixed6b", x, 128)
-    x = _module_c(g, "mixed6c", x, 160)
-    x = _module_c(g, "mixed6d", x, 160)
-    x = _module_c(g, "mixed6e", x, 192)
-    x = _module_d(g, "mixed7a", x)
-    x = _module_e(g, "mixed7b", x)
-    x = _module_e(g, "mixed7c", x)
+    modules = [(_module_a, "mixed5b", (32,)), (_module_a, "mixed5c", (64,)), (_module_a, "mixed5d", (64,)),
+               (_module_b, "mixed6a", ()), (_module_c, "mixed6b", (128,)), (_module_c, "mixed6c", (160,)),
+               (_module_c, "mixed6d", (160,)), (_module_c, "mixed6e", (192,)), (_module_d, "mixed7a", ()),
+               (_module_e, "mixed7b", ()), (_module_e, "mixed7c", ())]
+    for module, name, args in modules:
+        with g.block():  # each Inception module is a repeated block
+            x = module(g, name, x, *args)
     x = g.add("head.mean", ReduceMean(x, (2, 3)))
     x = g.add("head.fc", FC(x, 1000))
     g.add("loss", SoftmaxCrossEntropy(x))

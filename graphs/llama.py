@@ -12,6 +12,8 @@ from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
 from pase.model.tensor import Tensor
 
+from .decoder import ROLES
+
 __all__ = ["LlamaConfig", "LLAMA_CONFIGS", "llama", "parameter_count"]
 
 
@@ -101,13 +103,14 @@ def llama(name: str, batch: int = 128, model: int | None = None) -> Network:
         raise ValueError(f"the Llama sequence length (-m) must be a positive integer, got {sequence!r}")
     cfg = LLAMA_CONFIGS[name]
     G, R, k = cfg.kv_heads, cfg.group, cfg.key
-    g = GraphBuilder(name, cutoff=1, batch=batch)
+    g = GraphBuilder(name, cutoff=1, batch=batch, roles=ROLES)
     ids = g.input((batch, sequence), "ids", letters="bl")
     rotary_q = g.input((batch, G, R, sequence, k), "rotary table (queries)", letters="bgrlk")
     rotary_k = g.input((batch, G, sequence, k), "rotary table (keys)", letters="bglk")
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
     for i in range(1, cfg.layers + 1):
-        x = _block(g, f"block{i}", x, cfg, rotary_q, rotary_k)
+        with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
+            x = _block(g, f"block{i}", x, cfg, rotary_q, rotary_k)
     y = g.add("final.norm", RMSNorm(x, axis=-1))
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

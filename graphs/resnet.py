@@ -43,9 +43,10 @@ def resnet101(batch: int = 128) -> Network:
     x = g.add("stem.pool", Pooling(x, 3, stride=2, pad=1))
     for stage, (planes, blocks, stride) in enumerate(STAGES, start=1):
         for block in range(blocks):
-            x = _bottleneck(
-                g, f"stage{stage}.block{block + 1}", x, planes, stride if block == 0 else 1, block == 0
-            )
+            with g.block():  # each bottleneck is a repeated block
+                x = _bottleneck(
+                    g, f"stage{stage}.block{block + 1}", x, planes, stride if block == 0 else 1, block == 0
+                )
     x = g.add("head.mean", ReduceMean(x, (2, 3)))
     x = g.add("head.fc", FC(x, 1000))
     g.add("loss", SoftmaxCrossEntropy(x))

@@ -22,7 +22,7 @@ def rnnlm(batch: int = 128, model: int | None = None) -> Network:
     units = UNITS if model is None else model
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise ValueError(f"rnnlm width (-m) must be a positive integer, got {units!r}")
-    g = GraphBuilder("rnnlm", cutoff=1, batch=batch)
+    g = GraphBuilder("rnnlm", cutoff=1, batch=batch, roles={"b": "batch", "s": "sequence"})
     ids = g.input((batch, SEQUENCE), "ids", letters="bs")
     x = g.add("embedding", Embedding(ids, VOCAB, units))
     x = g.add("lstm", LSTM(x, 2))

@@ -19,6 +19,14 @@ from pase.model.layers import (
 )
 from pase.model.tensor import Tensor
 
+#: What this module's letters mean (``pase.model.roles``), for the Transformer and the GPT
+#: decoders (``graphs/gpt.py``): ``s`` stacks the query, key and value projections, ``h`` is a
+#: head, ``m`` the keys' positions in attention's two products.
+ROLES = {
+    "b": "batch", "l": "sequence", "m": "key_sequence", "s": "stack", "h": "heads", "k": "head_width",
+    "e": "model", "d": "model", "f": "mlp", "v": "vocab",
+}
+
 __all__ = ["transformer", "multi_head", "attention", "feed_forward"]
 
 SEQUENCE = 256
@@ -83,24 +91,29 @@ def transformer(batch: int = 128, model: int | None = None) -> Network:
     if isinstance(width, bool) or not isinstance(width, int) or width < 1 or width % HEADS:
         raise ValueError(f"transformer width (-m) must be a positive multiple of {HEADS}, got {width!r}")
     key, hidden = width // HEADS, 4 * width
-    g = GraphBuilder("transformer", cutoff=1, batch=batch)
+    g = GraphBuilder("transformer", cutoff=1, batch=batch, roles=ROLES)
     enc_ids = g.input((batch, SEQUENCE), "encoder ids", letters="bl")
     dec_ids = g.input((batch, SEQUENCE), "decoder ids", letters="bl")
     position = g.input((batch, SEQUENCE, width), "positional encoding", letters="ble")
 
     x = g.add("enc.embedding", Embedding(enc_ids, VOCAB, width, letters="bl"))
     x = g.add("enc.position", Elementwise(x, position))
+    # The repeated blocks: each encoder layer, each decoder layer (the first with the decoder's
+    # embedding, which the vertex order puts after the encoder).
     for i in range(1, LAYERS + 1):
-        x = attention(g, f"enc{i}.attn", [x], HEADS, key)
-        x = feed_forward(g, f"enc{i}.ff", x, hidden)
+        with g.block():
+            x = attention(g, f"enc{i}.attn", [x], HEADS, key)
+            x = feed_forward(g, f"enc{i}.ff", x, hidden)
     memory = x
 
-    y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
-    y = g.add("dec.position", Elementwise(y, position))
     for i in range(1, LAYERS + 1):
-        y = attention(g, f"dec{i}.attn", [y], HEADS, key)
-        y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
-        y = feed_forward(g, f"dec{i}.ff", y, hidden)
+        with g.block():
+            if i == 1:
+                y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
+                y = g.add("dec.position", Elementwise(y, position))
+            y = attention(g, f"dec{i}.attn", [y], HEADS, key)
+            y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
+            y = feed_forward(g, f"dec{i}.ff", y, hidden)
 
     w = g.weight((width, VOCAB), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))

@@ -338,6 +338,11 @@ def test_fuzz_hf_invalid_field_is_an_invalid_file(tmp_path):
     assert status == 1 and "vocab_size must be a positive integer" in err
 
 
+def _plan_line(out: str) -> str:
+    """The ``plan:`` line of a training table (after its title and engine lines)."""
+    return next(line for line in out.splitlines() if line.startswith("plan:"))
+
+
 @pytest.mark.parametrize("recipe", ["vpp=2", "schedule=1f1b", "schedule=interleaved"])
 def test_fuzz_recipe_schedule_asks_for_a_pipeline(tmp_path, recipe):
     # Two blocks on 4 devices: pp=2 exists (1F1B), so a schedule or vpp gives a pipelined plan
@@ -346,7 +351,7 @@ def test_fuzz_recipe_schedule_asks_for_a_pipeline(tmp_path, recipe):
     status, out, err = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
                            "--recipe", recipe)
     if status == 0:
-        assert "pp=2" in next(x for x in out.splitlines() if x.startswith("plan:")), out
+        assert "pp=2" in _plan_line(out), out
     else:
         assert status == 2 and len(err.strip().splitlines()) == 1
 
@@ -354,7 +359,7 @@ def test_fuzz_recipe_schedule_asks_for_a_pipeline(tmp_path, recipe):
 def test_fuzz_recipe_pp_is_never_answered_without_stages(tmp_path):
     status, out, _ = run("-g", _tiny(tmp_path), "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training",
                          "--recipe", "pp=2")
-    assert status == 0 and "pp=2" in next(x for x in out.splitlines() if x.startswith("plan:")) and "not a mesh" not in out
+    assert status == 0 and "pp=2" in _plan_line(out) and "not a mesh" not in out
 
 
 def test_fuzz_recipe_schedule_with_pp_1_refused(tmp_path):

@@ -67,8 +67,9 @@ def test_test_requirements_add_pytest_to_the_runtime_ones():
 def test_measured_tables_ship_as_package_data():
     kw = setup_keywords()
     assert ast.literal_eval(kw["package_data"]) == {"pase.machines": ["data/*.json"],
-                                                    "pase.planning": ["engines/*.json"]}
+                                                    "pase.planning": ["engines/*.json", "data/*.json"]}
     assert os.path.exists(os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json"))
+    assert os.path.exists(os.path.join(ROOT, "pase", "planning", "data", "parallel_rules.json"))
 
 
 def test_optional_extras_are_declared():

@@ -23,8 +23,9 @@ def _net(batch=2, blocks=4):
     x = g.input((batch, WIDTH), "x", letters="bk")
     x = g.add("embed", FC(x, WIDTH))
     for i in range(1, blocks + 1):
-        x = g.add(f"block{i}.a", FC(x, WIDTH))
-        x = g.add(f"block{i}.b", FC(x, WIDTH))
+        with g.block():
+            x = g.add(f"block{i}.a", FC(x, WIDTH))
+            x = g.add(f"block{i}.b", FC(x, WIDTH))
     x = g.add("head", FC(x, WIDTH))
     g.add("loss", SoftmaxCrossEntropy(x))
     return g.build()

@@ -15,11 +15,11 @@ import graphs
 from graphs.decoder import DecoderConfig, decoder
 from pase.model.builder import GraphBuilder
 from pase.machines.calibrated import CalibratedMachine
-from pase.model.layers import FC, Einsum, Softmax, SoftmaxCrossEntropy
+from pase.model.layers import FC, Einsum, Elementwise, Softmax, SoftmaxCrossEntropy
 from pase.planning.mesh import Mesh, Recipe, mesh_config, mesh_configs, parse_recipe
 from pase.costing.training import (
     DEFAULT_ATTENTION_EFFICIENCY, FLASH_BACKWARD_FACTOR, OPTIMIZER_STEP_BYTES, TrainingCosting, TrainingOptions,
-    attention_cores, block_of, layer_parts, model_flops, parameter_elements_unique,
+    attention_cores, layer_parts, model_flops, parameter_elements_unique,
 )
 from pase.planning.training_search import evaluate_candidate, search_free, search_meshes
 
@@ -102,15 +102,41 @@ def test_optimizer_step_reads_the_local_state(toy):
     assert costing.optimizer_seconds(0, TrainingOptions(zero=1))[0] == pytest.approx(OPTIMIZER_STEP_BYTES * 5e5 / 4 / 1e9)
 
 
-def _attention_net(causal=True):
-    g = GraphBuilder("attention", 1, batch=2)
+ATTENTION_ROLES = {"b": "batch", "h": "heads", "l": "sequence", "m": "key_sequence", "k": "head_width"}
+
+
+def _attention_net(causal=True, mask=False):
+    g = GraphBuilder("attention", 1, batch=2, roles=ATTENTION_ROLES)
     q = g.input((2, 2, 8, 4), "q", letters="bhlk")
     k = g.input((2, 2, 8, 4), "k", letters="bhmk")
     v = g.input((2, 2, 8, 4), "v", letters="bhmk")
     scores = g.add("block1.scores", Einsum("bhlk,bhmk->bhlm", q, k))
+    if mask:  # an additive bias (ALiBi) between the scores and the softmax
+        bias = g.input((2, 2, 8, 8), "bias", letters="bhlm")
+        scores = g.add("block1.bias", Elementwise(scores, bias))
     weights = g.add("block1.softmax", Softmax(scores, axis=3, causal=causal))
     g.add("block1.context", Einsum("bhlm,bhmk->bhlk", weights, v))
     return g.build()
+
+
+def test_attention_core_with_a_bias_between_the_products(toy):
+    net = _attention_net(mask=True)
+    assert attention_cores(net) == {0: "scores", 1: "softmax", 2: "softmax", 3: "context"}
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    fused = TrainingOptions()
+    # Fused, the bias's s^2 output is not a stored activation either (2 x 2 x 8 x 8 unfused).
+    assert costing.stored_activations(1, fused)[0] == 0.0
+    assert costing.stored_activations(1, TrainingOptions(fused_attention=False))[0] == 2 * 2 * 8 * 8
+    # Causal, declared by the softmax after the bias: half the products (as without the bias).
+    assert costing.compute(0, fused)[0] == pytest.approx(TrainingCosting(
+        _attention_net(), ones[:1] + ones[2:], toy).compute(0, fused)[0])
+    # Without roles there is no core: nothing is guessed from op names.
+    plain = GraphBuilder("attention", 1, batch=2)
+    q = plain.input((2, 2, 8, 4), "q", letters="bhlk")
+    s = plain.add("scores", Einsum("bhlk,bhmk->bhlm", q, q))
+    plain.add("context", Einsum("bhlm,bhmk->bhlk", plain.add("softmax", Softmax(s, axis=3)), q))
+    assert attention_cores(plain.build()) == {}
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -142,8 +168,9 @@ def _chain(blocks=2):
     g = GraphBuilder("chain", 1, batch=8)
     x = g.input((8, 64), "x", letters="bk")
     for i in range(1, blocks + 1):
-        x = g.add(f"block{i}.a", FC(x, 64))
-        x = g.add(f"block{i}.b", FC(x, 64))
+        with g.block():
+            x = g.add(f"block{i}.a", FC(x, 64))
+            x = g.add(f"block{i}.b", FC(x, 64))
     g.add("loss", SoftmaxCrossEntropy(x))
     return g.build()
 
@@ -153,7 +180,7 @@ def test_full_recomputation_by_hand(toy):
     ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
     costing = TrainingCosting(net, ones, toy)
     full = TrainingOptions(recompute="full", microbatches=2)
-    assert [block_of(n) for n in net.names] == [("block", 1), ("block", 1), ("block", 2), ("block", 2), None]
+    assert net.blocks == (0, 0, 1, 1, None)
     # Only outputs that leave their block are kept: block1.b (read by block2.a); block2.b is
     # read by the loss alone, whose own logit buffers stand for it, and the loss keeps none.
     kept = [costing.stored_activations(v, full)[0] for v in range(5)]
@@ -211,7 +238,7 @@ def test_mesh_of_a_llama_block():
     assert mesh_config(layer["block1.attn.norm"], Mesh(dp=2, tp=16, sp=False)) == (2, 1, 1)
     assert mesh_config(layer["head.logits"], mesh) == (2, 1, 16, 1)  # vocabulary
     assert mesh_config(layer["block1.attn.scores"], Mesh(dp=1, tp=4, cp=8)) == (1, 4, 1, 8, 1, 1)
-    with pytest.raises(ValueError, match="heads"):
+    with pytest.raises(ValueError, match="kv_groups"):
         mesh_config(layer["block1.attn.q"], Mesh(dp=1, tp=3))
     assert len(mesh_configs(net, mesh)) == len(net)
 
@@ -389,7 +416,7 @@ def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):
 
 def test_tensor_parallelism_only_where_a_language_model_names_it():
     status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "tp=2"])
-    assert status == 2 and out == "" and "tensor parallelism maps onto a language model" in err
+    assert status == 2 and out == "" and "tensor parallelism splits the dimension roles" in err
     status, out, err = run_cli(["-g", "alexnet", "-p", "8", "--machine", "h100-sxm", "--recipe", "dp=8", "--json"])
     assert status == 0, err
     assert json.loads(out)["training"]["mesh"] == {"dp": 8, "tp": 1, "pp": 1, "cp": 1}

@@ -34,8 +34,9 @@ def _blocks_of_four():
     g = GraphBuilder("four", 1, batch=8)
     x = g.input((8, 64), "x", letters="bk")
     for i in (1, 2):
-        for name in "abcd":
-            x = g.add(f"block{i}.{name}", FC(x, 64))
+        with g.block():
+            for name in "abcd":
+                x = g.add(f"block{i}.{name}", FC(x, 64))
     g.add("loss", SoftmaxCrossEntropy(x))
     return g.build()
 

@@ -61,7 +61,7 @@ def load_network(opts: Options, model_from_file: bool = False, err: IO | None = 
 def machine_defaults(opts: Options, machine) -> Options:
     """``opts`` with the memory model's bytes per activation taken from a machine that states
     them (a machine file's ``act_bytes``) when ``--act-bytes`` was not given."""
-    act_bytes = getattr(machine, "act_bytes", None)
+    act_bytes = machine.act_bytes
     if opts.act_bytes_given or act_bytes is None:
         return opts
     return replace(opts, act_bytes=float(act_bytes))

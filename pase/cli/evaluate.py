@@ -56,7 +56,60 @@ def _recorded_machine(recorded: dict):
     return (name, None) if name is not None else (None, recorded.get("name"))
 
 
-def _read_strategy_file(path: str) -> tuple:
+def _training_recipe(data, where: str):
+    """The fully fixed recipe of a training plan's ``--json`` output (its ``training.recipe``
+    with the degrees it leaves at 1 and the schedule said), or None for any other file."""
+    from pase.planning.mesh import parse_recipe
+
+    training = data.get("training") if isinstance(data, dict) else None
+    if not isinstance(training, dict):
+        return None
+    text, mesh = training.get("recipe"), training.get("mesh")
+    if not isinstance(text, str) or not isinstance(mesh, dict):
+        raise CliError(f"{where}: a training plan without a mesh (per-layer splits) cannot be read back; "
+                       "price its nearest mesh plan (--recipe)")
+    try:
+        recipe = parse_recipe(text)
+        fixed = recipe.fixed()
+        for key in ("pp", "cp", "ep"):
+            fixed.setdefault(key, 1)
+        if fixed["tp"] > 1:
+            fixed.setdefault("sp", True)
+        if fixed["pp"] > 1:
+            fixed.setdefault("schedule", "1f1b")
+        fixed.setdefault("tp_overlap", False)
+        return parse_recipe(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in fixed.items()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CliError(f"{where}: invalid training recipe {json.dumps(text)[:80]}: {err}") from None
+
+
+def _run_training_plan(args: argparse.Namespace, data: dict, recipe, where: str, out: IO) -> int:
+    """Price a training plan read back: the recorded graph, devices, batch, sequence and
+    machine (each overridden by its flag) under its recipe, every choice fixed."""
+    from .training import run_training_command
+
+    graph = data.get("graph")
+    if args.graph is None:
+        if not (isinstance(graph, str) and graph in GRAPHS):
+            raise CliError(f"{where} records graph {str(graph)[:80]!r}, which is not a built-in graph: name its "
+                           "source again with -g", ExitStatus.USAGE)
+        args.graph = graph
+    for key in ("procs", "batch", "model"):
+        if getattr(args, key) is None and is_int(data.get(key)):
+            setattr(args, key, data[key])
+    if args.machine is None and isinstance(data.get("machine"), dict):
+        name, file_name = _recorded_machine(data["machine"])
+        if name is None:
+            raise CliError(f"{where} was priced on machine {str(file_name)[:80]!r} from a machine file: name it "
+                           "again with --machine FILE.json (or choose another machine)", ExitStatus.USAGE)
+        args.machine = name
+    if args.memory is None and isinstance(data.get("memory_cap_bytes"), (int, float)):
+        args.memory = data["memory_cap_bytes"] / 1e9
+    args.recipe, args.training, args.evaluate = recipe, True, None
+    return run_training_command(options_from_args(args), args, out)
+
+
+def _read_strategy_file(path: str, data=None) -> tuple:
     """``(configs, settings, where, extra)`` from a strategy file; ``CliError`` for anything malformed.
 
     ``where`` names the file in messages. ``extra`` may hold ``"file graph"`` and ``"file
@@ -67,7 +120,7 @@ def _read_strategy_file(path: str) -> tuple:
     """
     where = f"strategy file {path}" if path != "-" else "strategy file on standard input"
     try:
-        configs, settings = strategy_from_json(read_json(path, "strategy file"), where)
+        configs, settings = strategy_from_json(read_json(path, "strategy file") if data is None else data, where)
     except InputError as err:
         raise CliError(str(err)) from None
     extra = {}
@@ -112,7 +165,15 @@ def _overrides(args: argparse.Namespace, settings: dict) -> list:
 
 
 def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
-    configs, settings, where, extra = _read_strategy_file(args.evaluate)
+    where = f"strategy file {args.evaluate}" if args.evaluate != "-" else "strategy file on standard input"
+    try:
+        data = read_json(args.evaluate, "strategy file")
+    except InputError as error:
+        raise CliError(str(error)) from None
+    recipe = _training_recipe(data, where)
+    if recipe is not None:
+        return _run_training_plan(args, data, recipe, where, out)
+    configs, settings, where, extra = _read_strategy_file(args.evaluate, data)
     if "file graph" in extra and args.graph is None:
         raise CliError(f"{where} records graph {extra['file graph'][:80]!r}, which is not a built-in graph: name its "
                        "graph file (or torch:...) with -g", ExitStatus.USAGE)

@@ -60,6 +60,10 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "says which engines run the plan's configuration.")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
+    add("--rules", metavar="FILE.json", default=None,
+        help="parallel rules: which mesh axis (dp, tp, cp, ep, sp) splits which dimension role (batch, heads, "
+             "mlp, vocab, sequence, ...); default pase/planning/data/parallel_rules.json (docs/roles.md). "
+             "Implies --training.")
     add("--recipe-from", metavar="FILE", default=None,
         help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
              "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config, for that engine; "
@@ -156,7 +160,8 @@ def asks_training(args) -> bool:
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
                 or getattr(args, "recipe_from", None) is not None or bool(_given_exports(args))
                 or getattr(args, "top", None) is not None or getattr(args, "report", None) is not None
-                or getattr(args, "engine", None) is not None or getattr(args, "search_precision", False))
+                or getattr(args, "engine", None) is not None or getattr(args, "search_precision", False)
+                or getattr(args, "rules", None) is not None)
 
 
 def wants_training(args) -> bool:
@@ -285,7 +290,15 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                 r.check(opts.procs)
             except ValueError as err:
                 raise error(str(err), 2) from None
-    cap = opts.memory_cap if opts.memory_cap is not None else getattr(machine, "memory_bytes", None)
+    rules = None
+    if getattr(args, "rules", None) is not None:
+        from pase.planning.rules import load_rules
+
+        try:
+            rules = load_rules(args.rules)
+        except InputError as err:
+            raise error(str(err), 2) from None
+    cap = opts.memory_cap if opts.memory_cap is not None else machine.memory_bytes
     report = getattr(args, "report", None)
     top = getattr(args, "top", None)
     try:
@@ -293,6 +306,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
                               rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to,
                               exporting=bool(_given_exports(args)),
+                              rules=rules,
                               alternatives=top or (REPORT_TOP if report is not None else 0),
                               keep_priced=report is not None)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets

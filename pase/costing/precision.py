@@ -73,14 +73,14 @@ def quant_key(options) -> tuple:
 
 def machine_precisions(machine) -> tuple:
     """The formats ``machine`` runs GEMMs in (``("bf16",)`` for a machine that states none)."""
-    return tuple(getattr(machine, "precisions", ("bf16",)))
+    return tuple(machine.precisions)
 
 
 def check_precision(machine, precision: str) -> None:
     """``ValueError`` (one line) unless ``machine`` runs GEMMs in ``precision``."""
     have = machine_precisions(machine)
     if precision not in have:
-        raise ValueError(f"precision={precision}: machine {getattr(machine, 'name', machine)} runs GEMMs in "
+        raise ValueError(f"precision={precision}: machine {machine.name} runs GEMMs in "
                          f"{', '.join(have)} only (pase machines lists each preset's formats)")
 
 
@@ -179,7 +179,7 @@ class PrecisionPricing:
         at the machine's rate for a copy (its ``memory_bound("copy", ...)``, whose traffic is
         ``ELEMENT_TRAFFIC["copy"]`` elements of ``act_bytes``)."""
         machine = self.costing.machine
-        per_copy = ELEMENT_TRAFFIC["copy"] * float(getattr(machine, "act_bytes", 2.0))
+        per_copy = ELEMENT_TRAFFIC["copy"] * float(machine.act_bytes or 2.0)
         traffic = np.asarray(elements, dtype=np.float64) * QUANT_BYTES[quant_key(options)]
         return np.asarray(machine.memory_bound("copy", traffic / per_copy), dtype=np.float64)
 

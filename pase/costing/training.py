@@ -10,7 +10,6 @@ so one costing serves every ZeRO stage, recomputation policy and overlap setting
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -18,11 +17,12 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
+from pase.model.roles import output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
 __all__ = [
-    "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "block_of", "TrainingCosting",
+    "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "TrainingCosting",
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
@@ -405,47 +405,50 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
 # ---------------------------------------------------------------------------------------
 # The structure training options need: blocks and attention cores
 
-_BLOCK = re.compile(r"^(.*?[A-Za-z_.])(\d+)\.")
-
-
-def block_of(name: str):
-    """The repeated block a layer belongs to, from its name: ``("block", 3)`` for
-    ``block3.attn.q``, ``("model.layers.", 0)`` for ``model.layers.0.mlp``; None outside.
-
-    >>> block_of("block12.ff.up"), block_of("head.logits")
-    (('block', 12), None)
-    """
-    match = _BLOCK.match(name)
-    return (match.group(1), int(match.group(2))) if match else None
+def _output_roles(layer) -> tuple:
+    """The roles of the dimensions of ``layer``'s first output (``pase.model.roles``)."""
+    return output_roles(layer)[0]
 
 
 def attention_cores(network) -> dict:
-    """``{vertex: role}`` for every scores-softmax-context pattern: an Einsum whose output a
-    Softmax alone reads, whose output an Einsum reads. Roles ``scores``, ``softmax``,
-    ``context``."""
+    """``{vertex: role}`` for every attention core, found by dimension roles: a product
+    without weights whose output holds both the queries' ``sequence`` and the keys'
+    ``key_sequence`` (the scores), the chain of layers that alone read it one after another
+    (the softmax, and any mask, bias or ALiBi layer beside it), and the product without weights
+    that reads the chain's end and sums over ``key_sequence`` (the context). Roles ``scores``,
+    ``softmax`` (every layer of the chain) and ``context``."""
     consumers: dict = {}
-    producers_of: dict = {}
-    for (u, v) in network.edges:
+    for (u, v) in sorted(network.edges):
         consumers.setdefault(u, []).append(v)
-        producers_of.setdefault(v, []).append(u)
+    layers = network.layers
     roles = {}
-    for v, layer in enumerate(network.layers):
-        if layer.op != "Softmax":
+    for u, layer in enumerate(layers):
+        if not layer.product or layer.parameter_tensors():
             continue
-        producers = producers_of.get(v, [])
-        after = consumers.get(v, [])
-        if len(producers) != 1 or len(after) != 1:
+        out = _output_roles(layer)
+        if "sequence" not in out or "key_sequence" not in out:
             continue
-        u, w = producers[0], after[0]
-        if network.layers[u].op == "Einsum" and network.layers[w].op == "Einsum" and consumers.get(u) == [v]:
-            roles[u], roles[v], roles[w] = "scores", "softmax", "context"
+        chain = []
+        v = u
+        while len(consumers.get(v, ())) == 1:
+            w = consumers[v][0]
+            reader = layers[w]
+            if reader.product:
+                if (not reader.parameter_tensors() and chain and "key_sequence" in roles_of(reader)
+                        and "key_sequence" not in _output_roles(reader)):
+                    roles[u] = "scores"
+                    roles.update({x: "softmax" for x in chain})
+                    roles[w] = "context"
+                break
+            chain.append(w)
+            v = w
     return roles
 
 
 def structure_key(layer) -> tuple:
     """Everything a layer's costs and memory read: equal keys, equal parts."""
     return (
-        type(layer).__name__, layer.domain, layer.dims, layer.batch_dim, layer.output_shapes,
+        type(layer).__name__, layer.domain, roles_of(layer), layer.batch_dim, layer.output_shapes,
         repr(sorted(layer.args.items())), tuple((t.shape, bool(t.is_param)) for t in layer.inputs),
     )
 
@@ -492,13 +495,10 @@ class NetworkStructure:
     def of(cls, network) -> "NetworkStructure":
         keys: dict = {}
         kinds = tuple(keys.setdefault(structure_key(layer), len(keys)) for layer in network.layers)
-        blocks = [block_of(name) for name in network.names]
-        # A block counts when its family (the name before the number) has two members or more.
-        members: dict = {}
-        for b in blocks:
-            if b is not None:
-                members.setdefault(b[0], set()).add(b[1])
-        blocks = tuple(b if b is not None and len(members[b[0]]) >= 2 else None for b in blocks)
+        # The repeated blocks its source declared (``Network.blocks``); two at least.
+        blocks = tuple(network.blocks) if network.blocks is not None else (None,) * len(network.layers)
+        if len({b for b in blocks if b is not None}) < 2:
+            blocks = (None,) * len(network.layers)
         consumers: dict = {}
         for (u, v) in sorted(network.edges):
             consumers.setdefault(u, []).append(v)
@@ -590,7 +590,7 @@ class TrainingCosting:
         self.op_saved = self._op_saved()
         # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
         # nor the logits that only it reads are kept as activations besides.
-        loss = {v for v, layer in enumerate(network.layers) if layer.op == "SoftmaxCrossEntropy"}
+        loss = {v for v, layer in enumerate(network.layers) if layer.loss}
         self.loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
                                    for v in range(len(network.layers))])
         # Layers equal in parts and in place (block, attention role, kept output, charged
@@ -599,7 +599,7 @@ class TrainingCosting:
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.op == "SoftmaxCrossEntropy", bool(self.loss_only[v]), bool(self.op_saved[v]))
+                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
@@ -629,7 +629,7 @@ class TrainingCosting:
         saved = np.zeros(len(self.network.layers), dtype=bool)
         for v, layer in enumerate(self.network.layers):
             b = self.blocks[v]
-            if b is None or layer.op not in ("Einsum", "FC") or v in self.cores or not self.parts[v].params:
+            if b is None or not layer.product or v in self.cores or not self.parts[v].params:
                 continue
             count[b] = count.get(b, 0) + 1
             saved[v] = count[b] % 2 == 1
@@ -640,19 +640,22 @@ class TrainingCosting:
         output element, streamed as copies at the machine's rate), in place of its fused time.
         LayerNorm is one native kernel in eager PyTorch and stays as it is."""
         out = {}
-        act = float(getattr(self.machine, "act_bytes", 2.0))
+        act = float(self.machine.act_bytes or 2.0)  # the reference machine states none: bf16
         copy_bytes = ELEMENT_TRAFFIC_COPY * act
+        by_kind: dict = {}  # layers equal in parts (repeated blocks' norms) share one vector
         for v, layer in enumerate(self.network.layers):
-            if layer.op != "RMSNorm":
+            if not layer.eager_unfused:
                 continue
-            e = self.parts[v].activations
-            # flops: what the reference machine counts (the norm's own, fused or not); a
-            # calibrated machine ignores it.
-            flops = self.parts[v].compute
-            fused = np.asarray(self.machine.memory_bound("layer_norm", e, flops), dtype=np.float64)
-            eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes, flops),
-                               dtype=np.float64)
-            out[v] = self.parts[v].compute - fused + eager
+            if self.kinds[v] not in by_kind:
+                e = self.parts[v].activations
+                # flops: what the reference machine counts (the norm's own, fused or not); a
+                # calibrated machine ignores it.
+                flops = self.parts[v].compute
+                fused = np.asarray(self.machine.memory_bound("layer_norm", e, flops), dtype=np.float64)
+                eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes, flops),
+                                   dtype=np.float64)
+                by_kind[self.kinds[v]] = self.parts[v].compute - fused + eager
+            out[v] = by_kind[self.kinds[v]]
         return out
 
     def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
@@ -686,13 +689,18 @@ class TrainingCosting:
         C = self.configs[v].astype(np.float64)
         per_device = np.asarray(layer.domain, dtype=np.float64) / C
         forward = 2.0 * 2.0 * per_device.prod(axis=1)
-        softmax = self.network.layers[self.structure.consumers[v][0]]
+        # Causal when a layer of the core's chain (its softmax, a mask) says so.
+        chain = []
+        w = self.structure.consumers[v][0]
+        while self.cores.get(w) == "softmax":
+            chain.append(self.network.layers[w])
+            w = self.structure.consumers[w][0]
         if layer.banded:  # a sliding window: the kernel visits its band only
             forward = forward * layer.density
-        elif _causal(softmax):
+        elif any(_causal(link) for link in chain):
             forward = forward / 2.0
         flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
-        peak = getattr(self.machine, "peak_flops", None)
+        peak = self.machine.peak_flops
         if peak is None:  # the reference machine counts multiply-adds once, no efficiency
             return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
         return flops / (peak * self._attention_efficiency())
@@ -706,7 +714,7 @@ class TrainingCosting:
     def _attention_efficiency(self, options: TrainingOptions | None = None) -> float:
         if options is not None and options.attention_efficiency is not None:
             return options.attention_efficiency
-        return getattr(self.machine, "attention_efficiency", None) or DEFAULT_ATTENTION_EFFICIENCY
+        return self.machine.attention_efficiency or DEFAULT_ATTENTION_EFFICIENCY
 
     def recomputed(self, v: int, options: TrainingOptions) -> bool:
         """Whether ``v``'s forward runs again in the backward pass (:meth:`recomputed_mask`)."""
@@ -718,9 +726,9 @@ class TrainingCosting:
         role = self.cores.get(v) if options.fused_attention else None
         if role == "scores":
             seconds = self.fused[v]
-            if getattr(self.machine, "peak_flops", None) is not None and options.attention_efficiency is not None:
+            if self.machine.peak_flops is not None and options.attention_efficiency is not None:
                 seconds = seconds * self._attention_efficiency() / options.attention_efficiency
-            if options.attention_shape and getattr(self.machine, "peak_flops", None) is not None:
+            if options.attention_shape and self.machine.peak_flops is not None:
                 seconds = seconds / self._attention_shape(v)
             return self._in_step(seconds, options)
         if role in ("softmax", "context"):
@@ -738,9 +746,9 @@ class TrainingCosting:
         machine that prices in seconds (``clock_ratio``: the clock the machine sustains through
         a step at its power limit over the clock its kernels were measured at, 1 if it states
         none)."""
-        if getattr(self.machine, "peak_flops", None) is None:
+        if self.machine.peak_flops is None:
             return seconds
-        factor = float(getattr(self.machine, "clock_ratio", 1.0)) * options.compute_efficiency
+        factor = float(self.machine.clock_ratio) * options.compute_efficiency
         return seconds if factor == 1.0 else seconds / factor
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -837,9 +845,8 @@ class TrainingCosting:
         p = self.parts[v]
         latency = p.latency if p.latency is not None else 0.0
         out = []
-        for seconds, wanted, priced in ((p.gradient, options.grad_reduce_bytes, "grad_bytes"),
-                                        (p.gather, options.gather_bytes, "act_bytes")):
-            at = getattr(self.machine, priced, None)
+        for seconds, wanted, at in ((p.gradient, options.grad_reduce_bytes, self.machine.grad_bytes),
+                                    (p.gather, options.gather_bytes, self.machine.act_bytes)):
             if wanted is None or at is None or wanted == at:
                 out.append(seconds)
                 continue
@@ -901,7 +908,7 @@ class TrainingCosting:
 
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
-        hbm = getattr(self.machine, "hbm_bytes_per_s", None)
+        hbm = self.machine.hbm_bytes_per_s
         if not options.optimizer_step or hbm is None:
             return np.zeros(len(self.configs[v]))
         total = np.zeros(len(self.configs[v]))
@@ -947,7 +954,7 @@ class TrainingCosting:
         acts = act_bytes * self.stored_activations(v, options) * self.precision.stored_scale(v, options, act_bytes)
         logits = np.zeros(K)
         layer = self.network.layers[v]
-        if layer.op == "SoftmaxCrossEntropy":
+        if layer.loss:
             logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
         out = {"model_state": state, "activations": acts, "logits": logits}
         if options.fragmentation:
@@ -1105,6 +1112,6 @@ class TrainingCosting:
             parameters=parameter_elements_unique(self.network),
             tokens_per_step=tokens_per_step,
             procs=procs,
-            peak_flops=getattr(self.machine, "peak_flops", None),
+            peak_flops=self.machine.peak_flops,
         )
 

@@ -108,6 +108,28 @@ class Machine(Protocol):
     cost_unit: str
     #: Device memory in bytes, the default ``--memory`` cap; ``None`` when the machine has none.
     memory_bytes: float | None
+    # What the training model (``pase.costing.training``, ``pase.planning``) reads besides the
+    # prices; ``None`` where a machine states none (the paper's reference machine).
+    #: Peak dense FLOP/s of one device (MFU, fused attention).
+    peak_flops: float | None
+    #: Device memory bandwidth in bytes/s (the optimizer step).
+    hbm_bytes_per_s: float | None
+    #: Fraction of the peak a fused attention kernel reaches.
+    attention_efficiency: float | None
+    #: Bytes of an activation element (the ``--act-bytes`` default).
+    act_bytes: float | None
+    #: Devices of one node; ``None``: one flat network.
+    devices_per_node: int | None
+    #: Devices of one NVLink domain (tensor, expert and context parallelism at NVLink speed
+    #: inside it; the node on HGX machines, 72 on an NVL72 rack); ``None``: one flat network.
+    nvlink_domain: int | None
+    #: Bytes of a weight-gradient element as the machine's collectives are priced.
+    grad_bytes: float | None
+    #: The clock a device sustains through a training step over the clock its measured
+    #: kernels ran at (1 where none is stated).
+    clock_ratio: float
+    #: Number formats the device runs GEMMs in (``pase.machines.specs.DTYPES`` order).
+    precisions: tuple
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

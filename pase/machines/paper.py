@@ -54,6 +54,18 @@ class Machine:
     cost_unit = "flop-equivalents"
     #: No default memory cap: the reference machine says nothing about device memory.
     memory_bytes = None
+    #: Nor about peak FLOP/s in the training model's sense, memory bandwidth, attention kernels,
+    #: element sizes or nodes (``pase.machines.base.Machine``): every device on one flat network.
+    peak_flops = None
+    hbm_bytes_per_s = None
+    attention_efficiency = None
+    act_bytes = None
+    devices_per_node = None
+    nvlink_domain = None
+    grad_bytes = None
+    clock_ratio = 1.0
+    #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans.
+    precisions = ("bf16",)
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):

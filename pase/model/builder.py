@@ -19,6 +19,7 @@ from pase.core.checks import checked_device_count, is_positive_int
 from pase.model.configs import count_configs, enumerate_configs
 from pase.model.layers import Layer, Ravel, Unravel, redistribution_volume
 from pase.machines.paper import Machine
+from pase.model.roles import check_roles, merge_roles
 from pase.model.readers import READER_RULES, link_matrix, reader_links
 from pase.model.tensor import Tensor
 from pase.core.errors import TooLarge
@@ -89,6 +90,12 @@ class Network:
         ``qk_norm`` and, with experts, ``moe`` (``experts``, ``top_k``, ``width``,
         ``shared``, ``shared_width``, ``dense``, ``capacity``). ``None`` where nothing
         declares it (an imported model, a graph file).
+    blocks : tuple or None
+        The repeated block (a number, in order) each layer belongs to, or None outside any, as
+        its source declared them (``GraphBuilder.block``: a decoder layer, a bottleneck, an
+        Inception module; the torch importer: each child of a module list); None when the
+        source declared none. Pipelines cut between blocks; full recomputation keeps each
+        block's input.
     """
 
     name: str
@@ -102,6 +109,7 @@ class Network:
     #: What its source left out of the network, one line each (an ``hf:`` config field not
     #: modelled); the CLI prints them as notes.
     notes: tuple = field(default=(), compare=False)
+    blocks: tuple | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.readers not in READER_RULES:
@@ -300,9 +308,16 @@ class GraphBuilder:
     (2, [[0, 1]])
     """
 
-    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None):
+    def __init__(self, name: str, cutoff: int = 1, batch: int | None = None, roles: dict | None = None):
         if not is_positive_int(cutoff):
             raise ValueError(f"the cut-off must be a positive integer, got {cutoff!r}")
+        if roles is not None:
+            for letter, role in roles.items():
+                check_roles((role,), 1, f"graph {name}: the role of letter {letter!r}")
+        #: The graph's own letters and what they mean (``pase.model.roles``): every layer added
+        #: takes the role of each of its dimension letters found here, where neither its type
+        #: nor the caller of ``add`` said otherwise.
+        self.roles = dict(roles or {})
         self.name = name
         self.cutoff = cutoff
         self.batch = batch
@@ -311,6 +326,9 @@ class GraphBuilder:
         self._names: list = []
         self._edges: dict = {}
         self._inputs = 0
+        self._blocks: list = []  # per layer: the key of its block, or None
+        self._block = None  # the block being built (``block``)
+        self._opened = 0
 
     def input(self, shape: Sequence[int], name: str = "", letters: str = "", param: bool = False) -> Tensor:
         """A graph input (image, token ids, positional encoding, weight): makes no edge."""
@@ -327,12 +345,47 @@ class GraphBuilder:
         """A trainable parameter: a graph input that the memory model counts."""
         return self.input(shape, name, letters, param=True)
 
-    def add(self, name: str, layer: Layer):
-        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them)."""
+    def block(self):
+        """A context in which every layer added belongs to one new repeated block.
+
+        >>> from pase.model.layers import FC
+        >>> g = GraphBuilder("two")
+        >>> x = g.input((4, 8), "x", letters="bk")
+        >>> for i in range(2):
+        ...     with g.block():
+        ...         x = g.add(f"fc{i}", FC(x, 8))
+        >>> g.build().blocks
+        (0, 1)
+        """
+        builder = self
+
+        class _Block:
+            def __enter__(self):
+                builder._opened += 1
+                builder._block = ("block", builder._opened)
+
+            def __exit__(self, *exc):
+                builder._block = None
+                return False
+
+        return _Block()
+
+    def add(self, name: str, layer: Layer, roles=None, block=None):
+        """Add ``layer`` as the next vertex; returns its output tensor (or a tuple of them).
+
+        ``roles``: one role (or None) per dimension of its iteration space, in place of those of
+        its type and of the builder's letter map (``pase.model.roles``). ``block``: a key naming
+        the repeated block it belongs to (layers of equal keys are one block), in place of the
+        one being built by ``block()``.
+        """
         if not isinstance(layer, Layer):
             raise TypeError(f"layer {name!r} must be a Layer, got {type(layer).__name__}")
         if not isinstance(name, str) or not name or name in self._names:
             raise ValueError(f"layer names must be unique and non-empty, got {name!r}")
+        if roles is not None:
+            layer.roles = merge_roles(check_roles(roles, len(layer.domain), f"layer {name!r}"), layer.roles)
+        if self.roles and isinstance(layer.dims, str) and len(layer.dims) == len(layer.domain):
+            layer.roles = merge_roles(layer.roles, tuple(self.roles.get(d) for d in layer.dims))
         try:
             layer.check()
         except ValueError as err:
@@ -355,6 +408,7 @@ class GraphBuilder:
             )
         self._layers.append(layer)
         self._names.append(name)
+        self._blocks.append(block if block is not None else self._block)
         outputs = tuple(
             Tensor(shape, v, i, False, f"{name}:{i}" if len(layer.output_shapes) > 1 else name, self._id, letters)
             for i, (shape, letters) in enumerate(zip(layer.output_shapes, layer.output_letters))
@@ -370,4 +424,7 @@ class GraphBuilder:
         """The network recorded so far."""
         if not self._layers:
             raise ValueError(f"graph {self.name!r} has no layers")
-        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch)
+        numbers: dict = {}
+        blocks = tuple(None if b is None else numbers.setdefault(b, len(numbers)) for b in self._blocks)
+        return Network(self.name, self.cutoff, tuple(self._layers), tuple(self._names), dict(self._edges), self.batch,
+                       blocks=blocks if numbers else None)

@@ -3,7 +3,8 @@
 A mesh plan is what Megatron-LM and torchtitan run: the batch split ``dp`` ways, attention
 heads, MLP columns and the vocabulary ``tp`` ways inside a node (with sequence parallelism for
 the point-wise layers between them), the sequence ``cp`` ways. :func:`mesh_configs` maps a
-mesh onto every layer of a decoder from its dimension letters; :func:`parse_recipe` reads
+mesh onto every layer from its dimension roles through the parallel rules
+(:mod:`pase.planning.rules`); :func:`parse_recipe` reads
 ``--recipe KEY=VALUE,...``.
 """
 
@@ -13,19 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pase.model.layers.moe import EXPERT_LETTER
+from pase.model.roles import roles_of
+from pase.planning.rules import ParallelRules, default_rules
 from pase.core.checks import arguments, text
 
-__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "HEAD_LETTERS", "RECIPE_KEYS"]
-
-#: Letters of a decoder's iteration spaces (graphs/llama.py, graphs/gpt.py, hf: configs):
-#: heads (``h``; ``g`` key/value groups then ``r`` queries per group), MLP width ``f``,
-#: vocabulary ``v``, tokens of the sequence ``l``.
-HEAD_LETTERS = ("h", "g", "r")
-MLP_LETTER = "f"
-VOCAB_LETTER = "v"
-SEQUENCE_LETTER = "l"
-
+__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS"]
 
 @dataclass(frozen=True)
 class Mesh:
@@ -71,111 +64,117 @@ def _split(size: int, ways: int, what: str) -> int:
     return ways
 
 
-def mesh_config(layer, mesh: Mesh, name: str = "") -> tuple:
+def mesh_config(layer, mesh: Mesh, name: str = "", rules: ParallelRules | None = None) -> tuple:
     """The configuration of ``layer`` under ``mesh`` (``ValueError`` when it cannot be split so).
 
-    The batch dimension takes ``dp``; ``l`` (tokens) takes ``cp``; ``tp`` goes to the heads
-    (key/value groups first, then queries per group; a layer of key/value heads only keeps
-    the rest replicated), else the MLP width, else the vocabulary, else (sequence
-    parallelism) the tokens; a layer with none of these is replicated ``tp`` ways.
+    Through ``rules`` (default :func:`pase.planning.rules.default_rules`) keyed by the layer's
+    roles: ``dp`` to the batch; ``ep`` to the experts (taken out of the batch's split); ``cp``
+    to the sequence; ``tp`` to the first alternative the layer has (key/value groups first,
+    then queries per group; a layer of key/value heads only keeps the rest replicated), else
+    with sequence parallelism to the sequence; a layer with none of these is replicated ``tp``
+    ways.
     """
-    where = f"layer {name}" if name else f"{layer.op} layer"
-    dims = layer.dims
-    c = [1] * len(layer.domain)
-    dom = layer.domain
-    c[layer.batch_dim] = _split(dom[layer.batch_dim], mesh.dp, f"{where}: the batch")
-    if mesh.ep > 1 and EXPERT_LETTER in dims:
+    rules = rules if rules is not None else default_rules()
+    return _config(roles_of(layer), layer.domain, mesh, rules, f"layer {name}" if name else f"{layer.op} layer")
+
+
+def _config(roles: tuple, dom: tuple, mesh: Mesh, rules: ParallelRules, where: str) -> tuple:
+    c = [1] * len(dom)
+    b = rules.first(roles, rules.dp)
+    if b is None:
+        if mesh.dp > 1 or mesh.ep > 1:
+            raise ValueError(f"{where}: no dimension has a role data parallelism splits ({', '.join(rules.dp)})")
+    else:
+        c[b] = _split(dom[b], mesh.dp, f"{where}: the batch")
+    x = rules.first(roles, rules.ep)
+    if mesh.ep > 1 and x is not None:
         if mesh.dp % mesh.ep:
             raise ValueError(f"{where}: expert parallelism {mesh.ep} does not divide data parallelism {mesh.dp}")
-        i = dims.index(EXPERT_LETTER)
-        c[i] = _split(dom[i], mesh.ep, f"{where}: the experts")
-        c[layer.batch_dim] //= mesh.ep
-    if mesh.cp > 1 and SEQUENCE_LETTER in dims:
-        i = dims.index(SEQUENCE_LETTER)
-        c[i] *= _split(dom[i] // c[i], mesh.cp, f"{where}: the sequence")
-    heads = [dims.index(x) for x in HEAD_LETTERS if x in dims]
+        c[x] = _split(dom[x], mesh.ep, f"{where}: the experts")
+        c[b] //= mesh.ep
+    s = rules.first(roles, rules.cp)
+    if mesh.cp > 1 and s is not None:
+        c[s] *= _split(dom[s] // c[s], mesh.cp, f"{where}: the sequence")
     t = mesh.tp
     if t > 1:
-        if heads:
+        dims = rules.tensor_alternative(roles)
+        if dims is not None:
             rest = t
-            for i in heads:  # key/value groups first, then queries per group
+            for i in dims:  # in the rule's order: key/value groups first, then queries per group
                 ways = rest if dom[i] >= rest else dom[i]
                 if dom[i] % ways or rest % ways:
-                    raise ValueError(f"{where}: {dom[i]} heads ({dims[i]}) do not split {rest} ways")
+                    raise ValueError(f"{where}: its {roles[i]} ({dom[i]}) do not split {rest} ways")
                 c[i] *= ways
                 rest //= ways
                 if rest == 1:
                     break
             # A layer of key/value heads only, fewer than tp: each is replicated over the
             # devices of its queries (as Megatron does); anything else must split whole.
-            if rest > 1 and not ("g" in dims and "r" not in dims):
-                raise ValueError(f"{where}: its heads do not split {t} ways")
-        elif MLP_LETTER in dims:
-            i = dims.index(MLP_LETTER)
-            c[i] *= _split(dom[i], t, f"{where}: the MLP width")
-        elif VOCAB_LETTER in dims:
-            i = dims.index(VOCAB_LETTER)
-            c[i] *= _split(dom[i], t, f"{where}: the vocabulary")
-        elif mesh.sp and SEQUENCE_LETTER in dims:
-            i = dims.index(SEQUENCE_LETTER)
-            c[i] *= _split(dom[i] // c[i], t, f"{where}: the sequence (sequence parallelism)")
+            if rest > 1 and not all(roles[i] in rules.tp_partial for i in dims):
+                raise ValueError(f"{where}: its {', '.join(roles[i] for i in dims)} do not split {t} ways")
+        elif mesh.sp:
+            s = rules.first(roles, rules.sp)
+            if s is not None:
+                c[s] *= _split(dom[s] // c[s], t, f"{where}: the sequence (sequence parallelism)")
     return tuple(c)
 
 
-def mesh_configs(network, mesh: Mesh) -> list:
+def _key(layer) -> tuple:
+    """What the mapping reads of a layer: equal keys, equal configurations."""
+    return (roles_of(layer), layer.domain)
+
+
+def mesh_configs(network, mesh: Mesh, rules: ParallelRules | None = None) -> list:
     """One configuration per layer of ``network`` under ``mesh``."""
-    if not all(getattr(layer, "dims", None) for layer in network.layers):
-        raise ValueError(f"graph {network.name} has layers without dimension letters: a mesh cannot be mapped")
-    # Layers of repeated blocks are equal in what the mapping reads: map each kind once.
-    memo: dict = {}
-    out = []
-    for layer, name in zip(network.layers, network.names):
-        key = (layer.dims, layer.domain, layer.batch_dim)
-        if key not in memo:
-            memo[key] = mesh_config(layer, mesh, name)
-        out.append(memo[key])
-    return out
+    return MeshMapper(network, rules).configs(mesh)
 
 
 class MeshMapper:
-    """:func:`mesh_configs` for one network and many meshes: each kind of layer (dimension
-    letters, sizes, batch dimension) is mapped once per mesh.
+    """:func:`mesh_configs` for one network and many meshes: each kind of layer (roles and
+    sizes) is mapped once per mesh.
 
     >>> import graphs
     >>> net = graphs.build("gpt2-small", 8)
-    >>> MeshMapper(net).configs(Mesh(2, 2)) == mesh_configs(net, Mesh(2, 2))
-    True
+    >>> MeshMapper(net).configs(Mesh(2, 2))[2]  # block1.attn.qkv: batch 2 ways, heads 2 ways
+    (1, 2, 2, 1, 1, 1)
     """
 
-    def __init__(self, network):
-        if not all(getattr(layer, "dims", None) for layer in network.layers):
-            raise ValueError(f"graph {network.name} has layers without dimension letters: a mesh cannot be mapped")
+    def __init__(self, network, rules: ParallelRules | None = None):
+        self.rules = rules if rules is not None else default_rules()
         keys: dict = {}
         self.network = network
-        self.index = [keys.setdefault((layer.dims, layer.domain, layer.batch_dim), len(keys))
-                      for layer in network.layers]
+        self.index = [keys.setdefault(_key(layer), len(keys)) for layer in network.layers]
         self.representative = {}
         for v, k in enumerate(self.index):
             self.representative.setdefault(k, v)
 
-    def configs(self, mesh: Mesh) -> list:
+    def kind_configs(self, mesh: Mesh) -> dict:
+        """``{kind: configuration}``: each kind of layer (``index``) under ``mesh``."""
         layers, names = self.network.layers, self.network.names
-        mapped = {k: mesh_config(layers[v], mesh, names[v]) for k, v in self.representative.items()}
+        return {k: mesh_config(layers[v], mesh, names[v], self.rules) for k, v in self.representative.items()}
+
+    def configs(self, mesh: Mesh) -> list:
+        mapped = self.kind_configs(mesh)
         return [mapped[k] for k in self.index]
+
+    def tensor_parallel(self) -> bool:
+        """Whether the rules give ``tp`` any dimension of this network."""
+        return self.rules.tensor_parallel(self.network)
 
     def sequence_parallel(self, mesh: Mesh) -> list:
         """Per layer, whether sequence parallelism halves its activation collectives: a
-        tensor-parallel product (heads, MLP width or vocabulary split ``tp`` ways) of a mesh
-        with ``sp``. Its all-reduce is a reduce-scatter there (Korthikanti et al. 2022)."""
+        tensor-parallel product (a layer type whose output all-reduce becomes a reduce-scatter,
+        ``Layer.product``, split ``tp`` ways over a role of the rules' ``tp``)
+        of a mesh with ``sp``. Its all-reduce is a reduce-scatter there (Korthikanti et al. 2022)."""
         if not (mesh.sp and mesh.tp > 1):
             return [False] * len(self.index)
-        letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
+        tensor_roles = set(self.rules.tensor_roles())
         flags = {}
         for k, v in self.representative.items():
             layer = self.network.layers[v]
-            config = mesh_config(layer, mesh)
-            flags[k] = layer.op in ("Einsum", "FC") and any(
-                letter in letters and c > 1 for letter, c in zip(layer.dims, config))
+            config = mesh_config(layer, mesh, rules=self.rules)
+            flags[k] = layer.product and any(
+                role in tensor_roles and c > 1 for role, c in zip(roles_of(layer), config))
         return [flags[k] for k in self.index]
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from pase.model.configs import divisors
-from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.model.roles import roles_of
+from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import cuts
 
 __all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal"]
@@ -70,21 +71,20 @@ def _tp_degrees(network, mapper: MeshMapper, node: int, recipe: Recipe) -> list:
     """Tensor-parallel degrees within a node that map onto every layer (dp 1, no cp)."""
     if recipe.tp is not None:
         return [recipe.tp]
-    # A degree that maps divides a layer's MLP width or vocabulary, or the product of its heads.
+    # A degree that maps divides the product of the dimensions a layer's tensor-parallel rule
+    # splits (its heads, MLP width, expert width or vocabulary).
     sizes = set()
     for layer in network.layers:
-        dims = getattr(layer, "dims", "") or ""
-        heads = [size for d, size in zip(dims, layer.domain) if d in HEAD_LETTERS]
-        if heads:
-            sizes.add(int(np.prod(heads)))
-        sizes |= {int(size) for d, size in zip(dims, layer.domain) if d in (MLP_LETTER, VOCAB_LETTER)}
+        dims = mapper.rules.tensor_alternative(roles_of(layer))
+        if dims:
+            sizes.add(int(np.prod([layer.domain[j] for j in dims])))
     candidates = {1} | {t for size in sizes for t in divisors(size) if t <= node}
     # A degree maps only if it divides every such dimension's split: try each once.
     return sorted(t for t in candidates if t == 1 or _mapped(mapper, Mesh(1, t)))
 
 
 def occupancy_refusal(network, batch: int, procs: int, machine, recipe: Recipe, blocks: int | None,
-                      sequence: int | None, max_cp: int) -> str | None:
+                      sequence: int | None, max_cp: int, rules=None) -> str | None:
     """The reason no mesh of ``procs`` devices exists at all, with the largest device count
     that one occupies (``None`` when the degrees can multiply to ``procs``).
 
@@ -93,8 +93,8 @@ def occupancy_refusal(network, batch: int, procs: int, machine, recipe: Recipe, 
     ``max_cp``), ``pp`` stages of the ``blocks`` repeated blocks. The products are an upper
     bound on the meshes the search builds, so a count outside them has none.
     """
-    mapper = MeshMapper(network)
-    node = int(min(getattr(machine, "devices_per_node", procs), procs))
+    mapper = MeshMapper(network, rules)
+    node = int(min(machine.nvlink_domain or machine.devices_per_node or procs, procs))
     dps = [recipe.dp] if recipe.dp is not None else [d for d in divisors(batch) if d <= procs]
     tps = _tp_degrees(network, mapper, node, recipe)
     if recipe.cp is not None:

@@ -21,7 +21,8 @@ import numpy as np
 from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "chunk_sync", "SCHEDULES"]
+__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync",
+           "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
 
@@ -154,23 +155,42 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` dividing each
     stage's blocks (interleaved needs equal stages and ``m`` a multiple of ``pp``).
     """
-    K = len(costing.configs[0])
-    m = options.microbatches
-    vec = costing.layer_vectors(options, act_bytes)
-    per_micro = vec["micro"].copy()
-    if len(targets):
-        np.add.at(per_micro, np.asarray(targets), costing.edge_rows(edges, targets, options) / m)
-    transient = costing.transient_rows(vec, options)
-    per_step, state, acts, logits = vec["step"], vec["state"], vec["activations"], vec["logits"]
-    sync = vec["sync"]
+    return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
+                                  memory_cap, schedules, vpps, fixed_counts)[0]
 
-    # Prefix sums over the layers: a stage's total is one difference of two rows.
-    prefix = {name: np.concatenate([np.zeros((1, K)), np.cumsum(values, axis=0)])
-              for name, values in (("micro", per_micro), ("step", per_step), ("state", state), ("acts", acts),
-                                   ("logits", logits), ("sync", sync), ("sync_raw", vec["sync_raw"]))}
+
+def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
+                           stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
+                           fixed_counts=None) -> list:
+    """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
+    overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
+    settings' rows side by side, every operation column by column, so each column's result is
+    the one :func:`pipeline_rows` gives alone."""
+    options = settings[0]
+    if any((o.microbatches, o.overlap, o.overlap_efficiency) != (options.microbatches, options.overlap,
+                                                                  options.overlap_efficiency) for o in settings):
+        raise ValueError("pipeline settings priced together must share micro-batches and overlap")
+    K1 = len(costing.configs[0])
+    K = K1 * len(settings)
+    m = options.microbatches
+    n_layers = len(costing.configs)
+    # Prefix sums over the layers, each setting's in its own columns: a stage's total is one
+    # difference of two rows.
+    names = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
+             "sync": "sync", "sync_raw": "sync_raw"}
+    prefix = {name: np.zeros((n_layers + 1, K)) for name in names}
+    transient = np.zeros(K)
+    for j, o in enumerate(settings):
+        vec = costing.layer_vectors(o, act_bytes)
+        columns = slice(j * K1, (j + 1) * K1)
+        if len(targets):
+            vec["micro"] = vec["micro"].copy()
+            np.add.at(vec["micro"], np.asarray(targets), costing.edge_rows(edges, targets, o) / m)
+        for name, key in names.items():
+            np.cumsum(vec[key], axis=0, out=prefix[name][1:, columns])
+        transient[columns] = costing.transient_rows(vec, o)
     block_starts = [b[0] for b in layout.blocks]
-    n_layers = per_micro.shape[0]
-    p2p = _p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices)
+    p2p = np.tile(_p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices), len(settings))
     L = len(layout.blocks)
     best_step = np.full(K, np.inf)
     best_peak = np.full(K, np.inf)
@@ -229,4 +249,5 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(c) for c in counts), tuple(float(x) for x in t[:, i]),
                                tuple(float(x) for x in memory[:, i]), float(vpp * p2p[i]), fill / (m + fill),
                                float(step[i])))
-    return best_step, best_peak, plans
+    return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
+            for j in range(len(settings))]

@@ -16,7 +16,9 @@ from typing import Callable
 
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
-from pase.planning.training_search import Candidate, MeshSearch, options_grid, search_free, search_meshes
+from pase.planning.training_search import (
+    Candidate, MeshSearch, TrainingGraphs, options_grid, search_free, search_meshes,
+)
 from pase.core.checks import (
     a_bool, a_callable, a_memory_cap, a_recipe, a_training_options, an_engine, arguments, engine_sequence,
     non_negative_int, optional, positive_int, positive_number,
@@ -89,12 +91,13 @@ class TrainingPlan:
     @property
     def optimal_over(self) -> str:
         """What the result is optimal over, in one sentence."""
-        domain = getattr(self.machine, "nvlink_domain", None)
-        within = ("a node" if domain is None or domain == getattr(self.machine, "devices_per_node", None)
+        domain = self.machine.nvlink_domain
+        within = ("a node" if domain is None or domain == self.machine.devices_per_node
                   else f"an NVLink domain of {domain}")
         text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within {within}, cp up to 16, sequence "
-                "parallelism on or off; pipelines cut at block boundaries, first and last stages within 8 blocks of "
-                "the others, 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
+                "parallelism on or off; pipelines cut between the source's repeated blocks: for pp = 2 the first "
+                "stage within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of "
+                "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
         if self.mesh_search.experts:
             text += "; expert parallelism ep dividing dp and every layer's expert count"
@@ -130,6 +133,7 @@ def plan_training(
     exporting: bool = False,
     alternatives: int = 0,
     keep_priced: bool = False,
+    rules=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -167,10 +171,12 @@ def plan_training(
 
     A plan returned never needs more than the cap; with the cap above the device's memory
     (or :data:`NO_CAP`) ``exceeds_device`` says when it needs more than the device has.
+    rules : ParallelRules, optional
+        Mesh axes to dimension roles (``pase.planning.rules``; default the shipped table).
     """
     start = time.perf_counter()
     build = lru_cache(maxsize=None)(build)
-    device = getattr(machine, "memory_bytes", None)
+    device = machine.memory_bytes
     if memory_cap is None:
         memory_cap = device
     elif memory_cap == NO_CAP:
@@ -181,7 +187,7 @@ def plan_training(
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                           engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
-                          exporting=exporting)
+                          exporting=exporting, rules=rules)
     best = found.best
     if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
         chosen = (best or found.least_memory).options
@@ -211,10 +217,13 @@ def plan_training(
         if free is None and work > FREE_SEARCH_ENTRIES:
             skipped = f"{work:.2g} table entries over {len(settings)} settings, more than {FREE_SEARCH_ENTRIES:.0e}"
         else:
+            # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
+            pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
                 options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
                                              "tp_overlap": reference.options.tp_overlap})
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
+                                     pieces=pieces,
                                      microbatch=reference.microbatch)
                 free_searches += result.searches
                 free_entries += result.table_entries
@@ -226,10 +235,10 @@ def plan_training(
         try:
             # The recipe's fastest fitting configuration; if none fits, its fastest.
             compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                     rebuild=rebuild, engine=engine, keep_to=keep_to).best
+                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
             if compared is None:
                 compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild, engine=engine, keep_to=keep_to).best
+                                         rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
     priced = found.candidates

@@ -23,9 +23,11 @@ import numpy as np
 
 from pase.model.layers import redistribution_volume
 from pase.planning.engine_runs import check_engine, mesh_refusal
-from pase.planning.mesh import HEAD_LETTERS, MLP_LETTER, VOCAB_LETTER, Mesh, MeshMapper, Recipe
+from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
-from pase.planning.pipeline import SCHEDULES, pipeline_rows, stage_layout
+from pase.model.roles import roles_of
+from pase.planning.rules import ParallelRules, default_rules
+from pase.planning.pipeline import SCHEDULES, pipeline_rows_settings, stage_layout
 from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
@@ -56,9 +58,9 @@ def divisors(n: int) -> list:
 
 
 def tokens_of(network) -> int | None:
-    """Tokens in one pass of ``network``: the elements of its first Embedding's ids."""
+    """Tokens in one pass of ``network``: the elements of its first lookup's ids."""
     for layer in network.layers:
-        if layer.op == "Embedding":
+        if layer.lookup_table:
             return int(math.prod(layer.ids.shape))
     return None
 
@@ -184,11 +186,18 @@ class _PartsMemo:
         self.procs = procs
         self.edges: dict = {}
 
-    def edge_seconds(self, network, configs: Sequence[np.ndarray]) -> np.ndarray:
-        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``."""
+    def edge_seconds(self, network, configs: Sequence[np.ndarray], kinds=None) -> np.ndarray:
+        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``.
+        ``kinds``: each layer's structure kind (``NetworkStructure.kinds``): layers of one kind
+        given the very same configuration array share their tensors' configurations."""
         layers = network.layers
-        outputs = [layer.output_configs(C) for layer, C in zip(layers, configs)]
-        inputs = [layer.input_configs(C) for layer, C in zip(layers, configs)]
+        kinds = kinds if kinds is not None else range(len(layers))
+        tensors: dict = {}
+        for layer, C, kind in zip(layers, configs, kinds):
+            if (kind, id(C)) not in tensors:
+                tensors[(kind, id(C))] = (layer.output_configs(C), layer.input_configs(C))
+        outputs = [tensors[(kind, id(C))][0] for C, kind in zip(configs, kinds)]
+        inputs = [tensors[(kind, id(C))][1] for C, kind in zip(configs, kinds)]
         rows = []
         targets = []
         for (u, v), tensors in sorted(network.edges.items()):
@@ -239,7 +248,7 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine), ``cp`` any
     divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
-    node = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", procs))
+    node = machine.nvlink_domain or machine.devices_per_node or procs
     meshes = []
     for tp in divisors(procs):
         if tp > node or recipe.tp not in (None, tp):
@@ -259,7 +268,8 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
 
 def expert_counts_of(network) -> list:
     """The expert counts of ``network``'s mixture-of-experts layers (empty: none)."""
-    return sorted({layer.experts for layer in network.layers if layer.op == "MoE"})
+    return sorted({layer.domain[roles.index("experts")] for layer in network.layers
+                   for roles in [roles_of(layer)] if "experts" in roles})
 
 
 def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> list:
@@ -317,6 +327,7 @@ def search_meshes(
     keep_best: int = 0,
     keep_to: tuple = (),
     exporting: bool = False,
+    rules: ParallelRules | None = None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -326,24 +337,26 @@ def search_meshes(
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
     choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
     the configurations every one of them runs (and, ``exporting``, its file can say:
-    :mod:`pase.planning.engine_runs`). Raises ``ValueError`` when no mesh applies (with why,
-    for the first).
+    :mod:`pase.planning.engine_runs`). ``rules``: the parallel rules mapping a mesh onto each
+    layer's roles (default :func:`pase.planning.rules.default_rules`). Raises ``ValueError``
+    when no mesh applies (with why, for the first).
 
     ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
     the fastest fitting configurations distinct in step and memory, at most that many, in
     ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
     """
+    rules = rules if rules is not None else default_rules()
     start = time.perf_counter()
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     recipe.check(procs)
-    domain = getattr(machine, "nvlink_domain", getattr(machine, "devices_per_node", None))
+    domain = machine.nvlink_domain or machine.devices_per_node
     if recipe.tp is not None and domain is not None and recipe.tp > domain:
         raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
-                         f"{getattr(machine, 'name', '')}: tensor parallelism stays within a domain")
+                         f"{machine.name}: tensor parallelism stays within a domain")
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                                  engine, keep_best, keep_to, exporting)
+                                  engine, keep_best, keep_to, exporting, rules)
     base = with_precision(base, recipe, machine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
@@ -359,8 +372,8 @@ def search_meshes(
     if not stage_counts:
         raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
                          "cannot hold two stages")
-    # Tensor parallelism maps onto heads, MLP width or vocabulary letters: a graph with none
-    # (an imported model's generic letters) gets data, context and pipeline parallelism only.
+    # Tensor parallelism maps onto the roles the rules give it (heads, MLP width, vocabulary):
+    # a graph whose layers have none gets data, context and pipeline parallelism only.
     probe = build(batch)
     for profile in keep_to:
         check_engine(profile, probe)
@@ -369,15 +382,11 @@ def search_meshes(
             kept = profile.runs["export"]["schedules"]
         if kept is not None:  # the pipeline schedules the engine has (its file can say)
             schedules = [x for x in schedules if x in kept]
-    tp_letters = set(HEAD_LETTERS) | {MLP_LETTER, VOCAB_LETTER}
-    # A language model (an Embedding) names heads, MLP width and vocabulary by these letters;
-    # elsewhere the letters mean other things (h is an image's height).
-    tensor_parallel = any(layer.op == "Embedding" for layer in probe.layers) and any(
-        set(getattr(layer, "dims", "")) & tp_letters for layer in probe.layers)
+    tensor_parallel = rules.tensor_parallel(probe)
     if not tensor_parallel and recipe.tp not in (None, 1):
-        raise ValueError(f"tp={recipe.tp}: tensor parallelism maps onto a language model's heads, MLP width and "
-                         f"vocabulary (letters {', '.join(sorted(tp_letters))} beside an Embedding), which graph "
-                         f"{probe.name} does not name (the built-in decoders and hf: configs do)")
+        raise ValueError(f"tp={recipe.tp}: tensor parallelism splits the dimension roles "
+                         f"{', '.join(rules.tensor_roles())}, which no layer of graph {probe.name} has "
+                         "(roles are declared by the graph's source: pase.model.roles)")
     if not tensor_parallel:
         recipe = Recipe(**{**recipe.fixed(), "tp": 1})
     probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
@@ -419,19 +428,21 @@ def search_meshes(
         for global_micro in sorted(by_micro):
             if global_micro not in networks:
                 net = build(global_micro)
-                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net))
+                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net, rules))
             network, structure, mapper = networks[global_micro]
             rows, valid = [], []
             for mesh, micro in by_micro[global_micro]:
                 try:
-                    rows.append(mapper.configs(mesh))
+                    rows.append(mapper.kind_configs(mesh))
                 except ValueError as err:
                     first_error = first_error or err
                     continue
                 valid.append((mesh, micro))
             if not valid:
                 continue
-            configs = [np.array([r[v] for r in rows], dtype=np.int64) for v in range(len(network.layers))]
+            # One array per kind of layer (MeshMapper), shared by the layers of that kind.
+            by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
+            configs = [by_kind[k] for k in mapper.index]
             costing = TrainingCosting(network, configs, machine, structure)
             halved = np.array([mapper.sequence_parallel(mesh) for mesh, _ in valid]).T
             costing.activation_scale = np.where(halved, 0.5, 1.0)
@@ -443,19 +454,20 @@ def search_meshes(
             if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
                 raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
                                  f"blocks; graph {network.name} has {len(layout.blocks)}")
-            edges, targets = memo.edge_seconds(network, configs)
+            edges, targets = memo.edge_seconds(network, configs, structure.kinds)
             tokens = tokens_of(network)
             m = batch // global_micro
-            for zero, policy, overlap in grid:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
-                                             "tp_overlap": overlap})
+            settings = [TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                           "tp_overlap": overlap}) for zero, policy, overlap in grid]
+            if pp > 1:  # every setting's pipelines in one pass over the cuts
+                piped = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout, memory_cap,
+                                               schedules, None if recipe.vpp is None else [recipe.vpp], recipe.stages)
+            for s, ((zero, policy, overlap), options) in enumerate(zip(grid, settings)):
                 if pp == 1:
                     time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
                     stage_plans = [None] * len(valid)
                 else:
-                    time_rows, memory_rows, stage_plans = pipeline_rows(
-                        costing, options, act_bytes, edges, targets, pp, q, layout, memory_cap, schedules,
-                        None if recipe.vpp is None else [recipe.vpp], recipe.stages)
+                    time_rows, memory_rows, stage_plans = piped[s]
                 for i, (mesh, micro) in enumerate(valid):
                     if keep_to:
                         why = next((f"{p.name}: {r}" for p in keep_to
@@ -492,7 +504,7 @@ def search_meshes(
                              f"(for one: {engine_refused})")
         tokens = tokens_of(probe)
         reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
-                                    tokens // batch if tokens and batch else None, MAX_CP)
+                                    tokens // batch if tokens and batch else None, MAX_CP, rules)
                   or microbatch_refusal(recipe, batch, dps_tried) or first_error
                   or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
                       if dps_tried else "no mesh of these degrees"))
@@ -543,7 +555,7 @@ def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOp
 
 
 def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False):
+                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False, rules=None):
     """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
     recipe's scaling, else the options'), the fastest fitting plan of all."""
     runs = []
@@ -553,7 +565,7 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
             fixed.pop("scaling", None)
         runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
                                   keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
-                                  exporting=exporting))
+                                  exporting=exporting, rules=rules))
     fitting = [r.best for r in runs if r.best is not None]
     least = [r.least_memory for r in runs if r.least_memory is not None]
     return MeshSearch(
@@ -677,16 +689,17 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
            mesh=optional(a_mesh), microbatch=optional(positive_int))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
-                       microbatch: int | None = None) -> Candidate:
+                       microbatch: int | None = None, rules: ParallelRules | None = None,
+                       structure: NetworkStructure | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
-    ``options``: the same numbers the searches compute."""
+    ``options``: the same numbers the searches compute. ``structure``: the network's, if known."""
     if len(configs) != len(network.layers):
         raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
                          f"{len(network.layers)} layers")
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
-    costing = TrainingCosting(network, rows, machine)
+    costing = TrainingCosting(network, rows, machine, structure)
     if mesh is not None:
-        halved = MeshMapper(network).sequence_parallel(mesh)
+        halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
     moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
@@ -714,43 +727,74 @@ class FreeSearch:
     status: str
 
 
+class TrainingGraphs:
+    """The per-layer search's pieces for one network (built at one micro-batch) on ``procs``
+    devices, built once and priced under any :class:`TrainingOptions`: the enumerated
+    configurations and graph (``Network.graph``, which also refuses tables over ``budget``),
+    the layer parts (:class:`TrainingCosting`) and every distinct edge's redistribution seconds.
+    ZeRO, recomputation and micro-batches then change only the vectors and the factors on the
+    edges (:meth:`graph`). The training model prices each reader's gradient reduction itself
+    (the reader rule ``"each"``, ``docs/training.md``)."""
+
+    def __init__(self, network, procs: int, machine, budget=None):
+        self.network = network
+        self.procs = procs
+        self.machine = machine
+        self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
+        self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
+        self.costing = TrainingCosting(network, self.configs, machine)
+        layers = network.layers
+        outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
+        inputs = [layer.input_configs(C) for layer, C in zip(layers, self.configs)]
+        #: Per edge, the keys of its tensors' matrices; per key, the matrix (seconds of one
+        #: micro-batch's redistribution, forward and backward).
+        self.edge_keys: dict = {}
+        self.matrices: dict = {}
+        for u, v, data in self.skeleton.edges(data=True):
+            keys = []
+            for t in data["tensors"]:
+                src, dst = outputs[u][t.output_index], inputs[v][t.input_index]
+                key = (t.shape, src.tobytes(), dst.tobytes())
+                if key not in self.matrices:
+                    self.matrices[key] = edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
+                keys.append(key)
+            self.edge_keys[(u, v)] = keys
+
+    def graph(self, options: TrainingOptions, act_bytes: float):
+        """``(graph, memory vectors)``: the costed graph whose layer vectors and edge matrices
+        are the training configuration's (``options``), for the exact search."""
+        costing = self.costing
+        H = self.skeleton.copy()
+        for v in H.nodes:
+            H.nodes[v]["cost"] = costing.cost_vector(v, options)
+        memo: dict = {}
+        for u, v, data in H.edges(data=True):
+            factor = costing.edge_factor(v, options)
+            matrix = 0.0
+            for key in self.edge_keys[(u, v)]:
+                if (key, factor) not in memo:
+                    scaled = factor * self.matrices[key]
+                    scaled.setflags(write=False)
+                    memo[(key, factor)] = scaled
+                matrix = matrix + memo[(key, factor)]
+            if options.tp_overlap:
+                # The redistribution into v hides behind what v's own collectives leave of its compute.
+                matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
+            data["cost"] = matrix
+        memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
+        return H, memory
+
+
 def training_graph(network, procs: int, machine, options: TrainingOptions, act_bytes: float, budget=None):
-    """``(graph, costing, memory vectors)``: the costed graph whose layer vectors and edge
-    matrices are the training configuration's (``options``), for the exact search. The
-    training model prices each reader's gradient reduction itself (the reader rule
-    ``"each"``, ``docs/training.md``)."""
-    G = network.with_readers("each").graph(procs, machine, budget=budget)
-    configs = [G.nodes[v]["configs"] for v in range(len(network.layers))]
-    costing = TrainingCosting(network, configs, machine)
-    H = G.copy()
-    for v in H.nodes:
-        H.nodes[v]["cost"] = costing.cost_vector(v, options)
-    memo: dict = {}
-    layers = network.layers
-    for u, v, data in H.edges(data=True):
-        factor = costing.edge_factor(v, options)
-        outputs = layers[u].output_configs(configs[u])
-        inputs = layers[v].input_configs(configs[v])
-        matrix = 0.0
-        for t in data["tensors"]:
-            src, dst = outputs[t.output_index], inputs[t.input_index]
-            key = (t.shape, src.tobytes(), dst.tobytes(), factor)
-            if key not in memo:
-                scaled = factor * edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
-                scaled.setflags(write=False)
-                memo[key] = scaled
-            matrix = matrix + memo[key]
-        if options.tp_overlap:
-            # The redistribution into v hides behind what v's own collectives leave of its compute.
-            matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
-        data["cost"] = matrix
-    memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
-    return H, costing, memory
+    """``(graph, costing, memory vectors)`` of :class:`TrainingGraphs` under ``options``."""
+    pieces = TrainingGraphs(network, procs, machine, budget)
+    H, memory = pieces.graph(options, act_bytes)
+    return H, pieces.costing, memory
 
 
 def search_free(network, procs: int, machine, options: TrainingOptions, act_bytes: float,
                 memory_cap: float | None = None, ordering: str = "generateseq", budget=None,
-                microbatch: int | None = None) -> FreeSearch:
+                microbatch: int | None = None, pieces: TrainingGraphs | None = None) -> FreeSearch:
     """The exact per-layer search of ``network`` (built at one micro-batch) under ``options``.
 
     Without a cap the result is the exact optimum of the additive step time (every term of
@@ -758,13 +802,16 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
     memory-capped search of ``pase.capped`` runs on the additive memory; the parts of the
     peak that do not add up over layers (ZeRO-3's gathered weights, the recomputed block's
     working set, the reserve) are taken off the cap first, and the cap is tightened by any
-    excess found afterwards (at most three times).
+    excess found afterwards (at most three times). ``pieces``: the network's
+    :class:`TrainingGraphs`, built once for several option sets (default: built here).
     """
     from pase.search.capped import NOTHING_FITS, capped_search
     from pase.search.solver import Search
 
     start = time.perf_counter()
-    H, costing, memory = training_graph(network, procs, machine, options, act_bytes, budget)
+    pieces = pieces if pieces is not None else TrainingGraphs(network, procs, machine, budget)
+    H, memory = pieces.graph(options, act_bytes)
+    costing = pieces.costing
     search = Search(H, ordering)
     search.check_budget(budget)
     entries = 0
@@ -798,5 +845,5 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
         return FreeSearch(None, None, entries, searches, seconds, status)
     configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
     candidate = evaluate_candidate(network, configs, procs, machine, options, act_bytes, memory_cap,
-                                   microbatch=microbatch)
+                                   microbatch=microbatch, structure=costing.structure)
     return FreeSearch(candidate, optimum, entries, searches, seconds, status)

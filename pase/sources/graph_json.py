@@ -7,6 +7,7 @@ rebuilds every layer through the layer registry, so the costs are identical to t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from pase.core.checks import is_int, is_positive_int
@@ -15,6 +16,8 @@ from pase.core.fileio import InputError, read_json
 from pase.model.layers import make_layer
 from pase.model.readers import READER_RULES
 from pase.core.checks import a_network, arguments, text
+
+from .blocks import structural_blocks
 
 __all__ = ["FORMAT", "VERSION", "network_to_json", "network_from_json", "dumps", "load_graph_file"]
 
@@ -57,8 +60,12 @@ def network_to_json(network: Network) -> dict:
         return producer if len(network.layers[t.producer].output_shapes) == 1 else f"{producer}:{t.index}"
 
     layers = [
-        {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args}
-        for name, layer in zip(network.names, network.layers)
+        {"name": name, "op": layer.op, "inputs": [ref(t) for t in layer.operands], "args": layer.args,
+         # What each dimension is (``pase.model.roles``), where it was said: older files have none.
+         **({"roles": list(layer.roles)} if layer.roles is not None and any(layer.roles) else {}),
+         # The repeated block it belongs to (a number), where the source declared blocks.
+         **({"block": block} if block is not None else {})}
+        for name, layer, block in zip(network.names, network.layers, network.blocks or [None] * len(network.layers))
     ]
     return {
         "format": FORMAT, "version": VERSION, "name": network.name, "cutoff": network.cutoff,
@@ -94,7 +101,7 @@ def _field(obj: dict, key: str, kind, where: str, optional=False, default=None):
 #: a misspelt optional field (``"params"``, ``"arg"``) would otherwise be silently ignored.
 _TOP_FIELDS = ("format", "version", "name", "cutoff", "batch", "readers", "inputs", "layers")
 _INPUT_FIELDS = ("name", "shape", "letters", "param")
-_LAYER_FIELDS = ("name", "op", "inputs", "args")
+_LAYER_FIELDS = ("name", "op", "inputs", "args", "roles", "block")
 
 
 def _known_fields(obj: dict, fields: tuple, where: str) -> None:
@@ -191,6 +198,8 @@ def network_from_json(data, where: str = "graph file") -> Network:
         op = _field(spec, "op", str, at)
         refs = _field(spec, "inputs", list, at)
         args = _field(spec, "args", dict, at, optional=True, default={})
+        roles = _field(spec, "roles", list, at, optional=True, default=None)
+        block = _field(spec, "block", int, at, optional=True, default=None)
         operands = []
         for r in refs:
             if not isinstance(r, str) or r not in tensors:
@@ -205,7 +214,7 @@ def network_from_json(data, where: str = "graph file") -> Network:
             _check_size(layer.domain, "iteration space")
             for shape in layer.output_shapes:
                 _check_size(shape, "output shape", dimensions=False)
-            out = g.add(lname, layer)
+            out = g.add(lname, layer, roles=roles, block=None if block is None else ("file", block))
         except (ValueError, TypeError) as err:
             raise InputError(f"{at} ({op}): {err}") from None
         if batch is not None and layer.domain[layer.batch_dim] != batch:
@@ -229,4 +238,7 @@ def load_graph_file(path: str, batch: int | None, model: int | None) -> Network:
     if batch is not None and batch != network.batch:
         recorded = f"batch {network.batch}" if network.batch is not None else "no batch size"
         raise ValueError(f"graph file {path} records {recorded}; -b {batch} cannot change it")
+    if network.blocks is None:
+        # A file that declares no blocks (written before they were): its runs of equal layers.
+        network = dataclasses.replace(network, blocks=structural_blocks(network))
     return network

@@ -13,6 +13,7 @@ import numpy as np
 
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import Group, layout_strides
+from pase.model.roles import check_roles
 from pase.model.tensor import Tensor
 from pase.core.checks import a_mapping, arguments, tensor_sequence, text
 
@@ -223,9 +224,21 @@ class Layer:
     #: A table lookup (Embedding): its first input is a one-hot of token ids over its last
     #: axis, which runners feed as the ids, and its weight input is its own table.
     lookup_table: ClassVar[bool] = False
+    #: A product whose tensor-parallel output all-reduce becomes a reduce-scatter under
+    #: sequence parallelism (Korthikanti et al. 2022): FC and Einsum, not the lookup.
+    product: ClassVar[bool] = False
+    #: The training loss: it keeps logit-sized buffers of its own (``pase.costing.training``).
+    loss: ClassVar[bool] = False
+    #: A normalisation PyTorch runs unfused in eager mode, one aten kernel per operation
+    #: (RMSNorm as torchtitan writes it; ``pase.costing.training.EAGER_NORM_BYTES``).
+    eager_unfused: ClassVar[bool] = False
     #: See ``SHARED_ARGS``: the tensor names of ``parameters()`` entries, and held shapes.
     tied: tuple | None = None
     held: tuple = ()
+    #: One role per dimension of the iteration space (``pase.model.roles``), or None where
+    #: nobody declared them: set by the layer type where its dimensions mean the same in every
+    #: graph, else by whoever builds the layer (``GraphBuilder.add``).
+    roles: tuple | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -267,6 +280,8 @@ class Layer:
             raise ValueError(f"{self.op}: unsplit must have one flag per dimension")
         if not 0 <= self.batch_dim < rank:
             raise ValueError(f"{self.op}: batch_dim {self.batch_dim} is outside the iteration space")
+        if self.roles is not None:
+            check_roles(self.roles, rank, self.op)
         if not self.output_shapes or len(self.output_letters) != len(self.output_shapes):
             raise ValueError(f"{self.op}: every output needs a shape and letters")
         for t in self.inputs:

@@ -23,6 +23,7 @@ class FC(GemmShaped, Layer):
     """
 
     op = "FC"
+    product = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point."""
@@ -119,6 +120,7 @@ class Einsum(GemmShaped, Layer):
     """
 
     op = "Einsum"
+    product = True
 
     def forward_flops(self) -> float:
         """``2 x`` the iteration space: a multiply and an add per point (of the band, banded)."""
@@ -279,6 +281,7 @@ class Embedding(Einsum):
     """
 
     op = "Embedding"
+    product = False
 
     def forward_flops(self) -> float:
         """0: a lookup, not a product (MFU leaves embeddings out)."""
@@ -304,6 +307,8 @@ class Embedding(Einsum):
         self.vocab = vocab
         self.width = width
         self.args = {"vocab": vocab, "width": width, "letters": letters}
+        # The table's width is the model's, its rows the vocabulary, in every graph.
+        self.roles = (None,) * j + ("model", "vocab")
 
     @classmethod
     def from_args(cls, operands, args):

@@ -115,6 +115,8 @@ class MoE(Layer):
                   "imbalance": self.imbalance, "shared": self.shared, "shared_hidden": self.shared_hidden,
                   "shared_gate": shared_gate, **extra},
         )
+        # Experts, each expert's width and the model width mean the same in every graph.
+        self.roles = (None,) * self.tokens + ("experts", "expert_width", "model")
         names = ["router"] + (["gate", "up", "down"] if gated else ["up", "down"])
         if self.shared:
             names += ["shared_gate_proj", "shared_up", "shared_down"] if gated else ["shared_up", "shared_down"]

@@ -221,6 +221,8 @@ class Unstack(_DataMovement):
             (x,), tuple(1 if i == self.axis else d for i, d in enumerate(x.shape)), dims, shapes, letters,
             batch_dim=batch_dim, args=args,
         )
+        if self.sizes is None:  # one tensor per slice: the axis stacks them (q, k and v)
+            self.roles = tuple("stack" if i == self.axis else None for i in range(x.rank))
 
     def input_configs(self, C):
         return [C]

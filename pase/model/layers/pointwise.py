@@ -144,6 +144,7 @@ class RMSNorm(Norm):
     """Root-mean-square normalisation over one axis (Llama): Norm's cost, one scale parameter."""
 
     op = "RMSNorm"
+    eager_unfused = True
     n_params = 1
 
 
@@ -289,6 +290,7 @@ class SoftmaxCrossEntropy(_ShapeOfInput):
     """
 
     op = "SoftmaxCrossEntropy"
+    loss = True
 
     def costs(self, C, machine):
         dpp = self._per_device(C)

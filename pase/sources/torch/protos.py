@@ -41,8 +41,9 @@ class Emitter:
     carries for the memory models (``Layer.share``).
     """
 
-    def __init__(self, builder: GraphBuilder, claimers=None, held=None):
+    def __init__(self, builder: GraphBuilder, claimers=None, held=None, blocks=None):
         self.g = builder
+        self.blocks = blocks or {}  # layer name -> its repeated block (a module path), if any
         self.tensors: dict = {}  # id(TracedTensor) -> pase Tensor
         self.claimers = claimers or {}
         self.held = held or {}
@@ -69,13 +70,13 @@ class Emitter:
         """A replicated operand of a data-movement layer (a Concat): a graph input."""
         return self.g.input(tuple(shape), name)
 
-    def add(self, proto: ProtoLayer, layer) -> None:
+    def add(self, proto: ProtoLayer, layer, roles=None) -> None:
         tied, held = self.shared(proto)
         if tied is not None:
             tied = (tied + [None] * len(layer.parameters()))[:len(layer.parameters())]
         if tied is not None or held:
             layer.share(tied, held)
-        outs = self.g.add(proto.name, layer)
+        outs = self.g.add(proto.name, layer, roles=roles, block=self.blocks.get(proto.name))
         outs = outs if isinstance(outs, tuple) else (outs,)
         for base, t in zip(proto.outputs, outs):
             self.tensors[id(base)] = t
@@ -138,6 +139,7 @@ class ProtoGemm(ProtoLayer):
         self.sources = sources
         self.atoms: dict = {}  # key -> atom, for sizes and hints
         self.hints: dict = {}  # key -> display letter wanted for it
+        self.roles: dict = {}  # key -> dimension role its handler declared (pase.model.roles)
         self.bias = False  # a learnt bias is added to its output
 
     def _key(self, side, atom):
@@ -184,7 +186,8 @@ class ProtoGemm(ProtoLayer):
         if [op[0] for op in self.operands] == ["view", "weight"] and self._is_fc(ta, tb, to):
             x = em.tensor(self.operands[0][1].base)
             em.add(self, L.FC(x, atom(to[-1]).size, pw=self.pw, bias=self.bias,
-                              letters=_letters([self._hinted(k) for k in ta[:-1]], avoid="nk", keys=ta[:-1])))
+                              letters=_letters([self._hinted(k) for k in ta[:-1]], avoid="nk", keys=ta[:-1])),
+                   roles=self._roles(list(ta[:-1]) + [to[-1], ta[-1]]))
             return
         order = list(dict.fromkeys(to + ta + tb))
         letters = dict(zip(order, _letters([self._hinted(k) for k in order], keys=order)))
@@ -200,8 +203,15 @@ class ProtoGemm(ProtoLayer):
         words = ["".join(letters[k] for k in term) for term in (ta, tb, to)]
         position = _batch_position([atom(k) for k in to])
         batch = words[2][position] if position is not None else None
-        em.add(self, L.Einsum(f"{words[0]},{words[1]}->{words[2]}", tensors[0], tensors[1], pw=self.pw,
-                              batch=batch, bias=self.bias))
+        layer = L.Einsum(f"{words[0]},{words[1]}->{words[2]}", tensors[0], tensors[1], pw=self.pw, batch=batch,
+                         bias=self.bias)
+        key_of = {letter: key for key, letter in letters.items()}
+        em.add(self, layer, roles=self._roles([key_of[d] for d in layer.dims]))
+
+    def _roles(self, keys) -> tuple | None:
+        """The declared role of every key in ``keys`` (None where none was), or None if none was."""
+        roles = tuple(self.roles.get(k) for k in keys)
+        return roles if any(roles) else None
 
     def _hinted(self, key):
         """The atom of ``key``, or a stand-in with the hint the product asked for."""
@@ -250,7 +260,11 @@ class ProtoEmbedding(ProtoLayer):
     def emit(self, em):
         ids = em.tensor(self.ids)
         letters = _letters(self.ids.leaves(), avoid="dv")
-        em.add(self, L.Embedding(ids, self.vocab, self.width, letters=letters))
+        layer = L.Embedding(ids, self.vocab, self.width, letters=letters)
+        # Token ids of shape (batch, tokens), as language models take them: their second
+        # dimension is the sequence (the layer type names its width and vocabulary).
+        roles = ("batch", "sequence", None, None) if len(self.ids.leaves()) == 2 else None
+        em.add(self, layer, roles=roles)
 
 
 class ProtoElementwise(ProtoLayer):
@@ -314,12 +328,17 @@ class ProtoReduceMean(ProtoLayer):
 
 
 class ProtoLoss(ProtoLayer):
-    def __init__(self, name, x):
+    """The loss over the model's output; ``classes``: the role of its last dimension (the
+    vocabulary of a language model, else ``classes``)."""
+
+    def __init__(self, name, x, classes: str = "classes"):
         super().__init__(name)
         self.x = x
+        self.classes = classes
 
     def emit(self, em):
-        em.add(self, L.SoftmaxCrossEntropy(em.tensor(self.x)))
+        layer = L.SoftmaxCrossEntropy(em.tensor(self.x))
+        em.add(self, layer, roles=(None,) * (len(layer.domain) - 1) + (self.classes,))
 
 
 class ProtoConcat(ProtoLayer):

@@ -3,6 +3,7 @@ and proto-layers, its handler called, unmappable operations collected."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 
@@ -10,7 +11,9 @@ from pase.model.builder import GraphBuilder, Network
 
 from .aten import _EXPANDS, _IDENTITY, _LEAF_MODULE, _PERMUTES, _RESHAPES, _display_op, _flat, _norm_dim, _op_name
 from .errors import TorchImportError, Unmappable
-from .protos import Emitter, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
+from ..blocks import structural_blocks
+from .roles import name_roles
+from .protos import Emitter, ProtoEmbedding, ProtoGemm, ProtoLoss, ProtoLayer, ProtoReduceMean, ProtoReshape, ProtoUnstack
 from .values import Atom, SideOutput, TracedTensor, Replicated, LazyComplex, LazyPairs, LazySlice, LazyStatistic, LazyStrided, UNMAPPED, UnmappedValue, View, _big, _dependent, _freeze, _leaves, _regroup
 from .handlers import HANDLED as _HANDLED, HANDLERS as _HANDLERS
 from .handlers.common import _expand_view
@@ -27,6 +30,8 @@ class GraphWalk:
         self.values: dict = {}
         self.protos: list = []
         self.names: set = set()
+        self.blocks: dict = {}  # layer name -> the repeated block it belongs to (``_block_of``)
+        self._containers: dict = {}  # module path -> whether it is a repeated block
         self.problems: dict = {}  # display op -> [module path, reason, count]
         self.unstacks: dict = {}  # (id(base), id(atom)) -> ProtoUnstack
         self.batch: int | None = None
@@ -54,13 +59,43 @@ class GraphWalk:
         path, _ = self._where(node)
         if self.module is None:
             return None
-        # torch.export writes "model.layers.0.self_attn" (older versions "L['self'].model.layers[0]...").
-        path = re.sub(r"^L\['self'\]\.?", "", path)
-        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        path = self._path(path)
         try:
             return self.module.get_submodule(path) if path else self.module
         except (AttributeError, TypeError, ValueError):
             return None
+
+    def _path(self, path: str) -> str:
+        # torch.export writes "model.layers.0.self_attn" (older versions "L['self'].model.layers[0]...").
+        path = re.sub(r"^L\['self'\]\.?", "", path)
+        return re.sub(r"\[(\d+)\]", r".\1", path)
+
+    def _repeated(self, path: str) -> bool:
+        """Whether the submodule at ``path`` is one of several alike in a module list (a
+        ``ModuleList`` or ``Sequential`` holding at least two modules of its class, each made of
+        modules of its own): a decoder layer, a bottleneck, a transformer block."""
+        if path not in self._containers:
+            found = False
+            parent_path, _, _ = path.rpartition(".")
+            try:
+                parent = self.module.get_submodule(parent_path) if self.module is not None else None
+                child = self.module.get_submodule(path) if self.module is not None else None
+            except (AttributeError, TypeError, ValueError):
+                parent = child = None
+            nn = self.torch.nn
+            if child is not None and isinstance(parent, (nn.ModuleList, nn.Sequential)) and any(child.children()):
+                found = sum(type(c) is type(child) for c in parent.children()) >= 2
+            self._containers[path] = found
+        return self._containers[path]
+
+    def _block_of(self, node):
+        """The outermost repeated submodule (``_repeated``) whose forward ran ``node``, or None."""
+        stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
+        for path, _ in stack.values():
+            path = self._path(str(path))
+            if path and self._repeated(path):
+                return path
+        return None
 
     def _name(self, node, suffix: str, leaf: bool = False) -> str:
         """A unique layer name: the module path, for the layer a leaf module (a Linear, a
@@ -76,6 +111,7 @@ class GraphWalk:
         while name in self.names:
             name, n = f"{base}_{n}", n + 1
         self.names.add(name)
+        self.blocks[name] = self._block_of(node)
         return name
 
     def _record(self, proto: ProtoLayer) -> ProtoLayer:
@@ -584,7 +620,9 @@ class GraphWalk:
             raise TorchImportError(f"{self.model_name}: the model's output cannot take a loss: {why}") from None
         for a in _leaves(view.dims[-1]) if view.dims else []:
             a.frozen = True
-        self._record(ProtoLoss(self._name(None, "loss"), view.base))
+        # A model reading token ids predicts the vocabulary; any other, its classes.
+        classes = "vocab" if any(isinstance(p, ProtoEmbedding) for p in self.protos) else "classes"
+        self._record(ProtoLoss(self._name(None, "loss"), view.base, classes))
 
     def held_parameters(self) -> tuple:
         """``(claimers, held)`` for the Emitter: who holds each parameter as its own, and the
@@ -608,7 +646,14 @@ class GraphWalk:
 
     def emit(self, cutoff: int) -> Network:
         g = GraphBuilder(self.model_name, cutoff=cutoff, batch=self.batch)
-        em = Emitter(g, *self.held_parameters())
+        em = Emitter(g, *self.held_parameters(), blocks=self.blocks)
         for proto in self.protos:
             proto.emit(em)
-        return g.build()
+        network = g.build()
+        # A transformer (token ids, or attention whose handler declared its roles) has MLPs
+        # whose inner width tensor parallelism splits; a convolutional network does not.
+        name_roles(network, any(isinstance(p, ProtoEmbedding) or (isinstance(p, ProtoGemm) and p.roles)
+                                for p in self.protos))
+        if network.blocks is None:  # no module list of repeated modules: runs of equal layers
+            network = dataclasses.replace(network, blocks=structural_blocks(network))
+        return network

@@ -59,7 +59,7 @@ def _align(imp, node, operands, views) -> list:
     return views
 
 
-def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
+def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None, roles=None):
     """Record the product of two operands given as ``(value, [(letter, dim)])``.
 
     ``dim`` is a dimension index of the operand or, for a view, an explicit tuple of its
@@ -67,9 +67,12 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
     its atoms (the same letter in both operands pairs their atoms, refining them where the
     sizes differ); a replicated operand (a weight) takes the other operand's atoms, or fresh
     ones for its own dimensions. The output has fresh atoms. Returns the output view, its
-    dimensions in ``out_letters`` order.
+    dimensions in ``out_letters`` order. ``roles``: the dimension role (``pase.model.roles``)
+    of a letter, declared by the handler.
     """
     hints = hints or {}
+    roles = roles or {}
+    key_roles: dict = {}
     views = []
     for value, _ in operands:
         if _dependent(value):
@@ -132,6 +135,11 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
                     if not a.broadcast:
                         a.frozen = True
             atoms_of[letter] = chosen
+    for letter, role in roles.items():
+        # A tuple names the letter's atoms one by one (grouped heads: groups, then heads).
+        pairs = [(a, side) for a, side in atoms_of.get(letter, []) if a.size > 1]
+        for i, (a, side) in enumerate(pairs):
+            key_roles[(side, id(a))] = role if isinstance(role, str) else role[min(i, len(role) - 1)]
     weight_side = next((i for i, v in enumerate(views) if v is None), None)
     for letter, size in sizes.items():
         if letter not in atoms_of:
@@ -163,6 +171,7 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None):
         out_dims.append(dim)
     proto = ProtoGemm(None, specs, alias, sources)
     proto.hints = key_hints
+    proto.roles = key_roles
     base = proto.output([a for dim in out_dims for a in dim])
     # Size-1 dimensions of the operands that no letter names stay in the output.
     terms = proto.terms()
@@ -322,9 +331,17 @@ def handle_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_caus
             gqa = True
     pw = 1 + (1 if attn_mask is not None or is_causal else 0)
     hints = {"B0": "b", "H": "g" if gqa else "h", "R": "r", "L": "l", "S": "m", "E": "k", "V": "k"}
+    # What attention's dimensions are (pase.model.roles): grouped heads are key/value groups
+    # and query heads per group; the projections around take these roles along the tensors.
+    # Key/value heads repeated to the query heads (``repeat_kv``): the key's head dimension is
+    # its groups then a broadcast of the heads per group.
+    repeated = [a.broadcast for a in _big(k.dims[rank - 3]) if a.size > 1] == [False, True]
+    heads = "heads" if not repeated else ("kv_groups", "heads")
+    roles = {"B0": "batch", "H": "kv_groups" if gqa else heads, "R": "heads", "L": "sequence",
+             "S": "key_sequence", "E": "head_width", "V": "head_width"}
     scores = _contract(imp, node, "scores", [(q, q_spec + [("L", rank - 2), ("E", rank - 1)]),
                                               (k, k_spec + [("S", rank - 2), ("E", rank - 1)])],
-                       out_batch + ["L", "S"], pw=pw, hints=hints)
+                       out_batch + ["L", "S"], pw=pw, hints=hints, roles=roles)
     # Causal: asked for (is_causal), or a mask over square scores that an attention module
     # declaring itself causal built (Hugging Face attentions carry ``is_causal``; under
     # torch.export they pass the causal mask as a tensor).
@@ -335,7 +352,7 @@ def handle_sdpa(imp, node, name, q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     w_spec = [(x, tuple(weights.dims[i])) for i, x in enumerate(out_batch + ["L", "S"])]
     context = _contract(imp, node, "context", [(weights, w_spec),
                                                (v, v_spec + [("S", rank - 2), ("V", rank - 1)])],
-                        out_batch + ["L", "V"], hints=hints)
+                        out_batch + ["L", "V"], hints=hints, roles=roles)
     if not gqa:
         return context
     # Grouped heads: (..., g, r, l, v) back to the (..., h, l, v) of the torch output.
