@@ -1312,7 +1312,7 @@ def engine_profile_cases(rng: random.Random, hf: dict) -> list:
 
 
 #: The engine exports and the format of what they write.
-ENGINE_FLAGS = {"--export-torchtitan": "json", "--export-megatron": "json"}
+ENGINE_FLAGS = {"--export-torchtitan": "toml", "--export-megatron": "json", "--export-deepspeed": "json"}
 
 
 def engine_cases(rng: random.Random, refs: dict) -> list:
@@ -1327,8 +1327,10 @@ def engine_cases(rng: random.Random, refs: dict) -> list:
 
         add("a new file", "out.x", {}, OK, (("out.x", check),))
         add("an existing file (replaced)", "out.x", {"out.x": keep}, OK, (("out.x", check),))
-        add("a fixed recipe", "out.x", {}, OK, (("out.x", check),), ("--recipe", "dp=2,tp=2"))
-        add("a pipeline recipe", "out.x", {}, OK, (("out.x", check),), ("--recipe", "pp=2,dp=2"))
+        # DeepSpeed's config has no tensor or pipeline parallelism: refused with the reason.
+        runs = BAD_VALUE if flag == "--export-deepspeed" else OK
+        add("a fixed recipe", "out.x", {}, runs, (("out.x", check),), ("--recipe", "dp=2,tp=2"))
+        add("a pipeline recipe", "out.x", {}, runs, (("out.x", check),), ("--recipe", "pp=2,dp=2"))
         add("a directory", "d", {"d": ("dir",)}, BAD_FILE)
         add("a missing directory", "no/such/out.x", {}, BAD_FILE)
         add("a path through a file", "f/out.x", {"f": keep}, BAD_FILE)
@@ -1348,12 +1350,125 @@ def engine_cases(rng: random.Random, refs: dict) -> list:
                       {"c.json": hf}))
     cases.append(Case("engine", "several", "an export over --dot-path",
                       [*base, "--export-torchtitan", "same", "--dot-path", "same"], frozenset({1, 2}), {"c.json": hf}))
-    cases.append(Case("engine", "several", "both exports, and the DOT graph",
-                      [*base, "--export-torchtitan", "t.json", "--export-megatron", "m.json", "--dot-path", "g.dot"],
-                      OK, {"c.json": hf}, outputs=(("t.json", "json"), ("m.json", "json"), ("g.dot", "dot"))))
+    # A plan is priced for one engine: exports for two are refused before the search.
+    cases.append(Case("engine", "several", "exports for two engines (refused: one engine per plan)",
+                      [*base, "--export-torchtitan", "t.json", "--export-megatron", "m.json"], BAD_VALUE,
+                      {"c.json": hf}))
+    cases.append(Case("engine", "several", "an export and the DOT graph",
+                      [*base, "--export-torchtitan", "t.json", "--dot-path", "g.dot"],
+                      OK, {"c.json": hf}, outputs=(("t.json", "toml"), ("g.dot", "dot"))))
+    cases.append(Case("engine", "several", "an export for another engine than --engine (refused)",
+                      [*base, "--engine", "megatron", "--export-deepspeed", "d.json"], BAD_VALUE, {"c.json": hf}))
     cases.append(Case("engine", "models", "a model that is not a decoder (alexnet)",
                       ["-g", "alexnet", "-p", "4", "-b", "8", "--training", "--export-megatron", "m.json"],
                       frozenset({0, 2})))
+    # An export over a file the run reads: --recipe-from's file, a machine file's measured table.
+    from pase.machines.calibrated import PRESETS
+
+    bare = {k: v for k, v in PRESETS["h100-sxm"].items() if k != "measured"}
+    small = {"gemm": [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 64)] for b in (1, 8) for m in (1, 64)
+                      for n in (1, 64) for k in (1, 64)],
+             "memory_bound": [["add", 1024, 2e-6], ["add", 1 << 20, 5e-5]]}
+    for flag in ENGINE_FLAGS:
+        cases.append(Case("engine", "over an input", f"{flag} over the machine file's measured table",
+                          ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "m.json", flag, "t.json"], BAD_VALUE,
+                          {"c.json": hf, "m.json": _dump(dict(bare, name="box", measured="t.json")),
+                           "t.json": _dump(small)}, outputs=(("t.json", "same:t.orig"),)))
+        cases[-1].files["t.orig"] = _dump(small)
+        cases.append(Case("engine", "over an input", f"{flag} over the --recipe-from file",
+                          [*base, "--recipe-from", "r.toml", flag, "r.toml"], BAD_VALUE,
+                          {"c.json": hf, "r.toml": refs["engine_files"]["torchtitan"],
+                           "r.orig": refs["engine_files"]["torchtitan"]}, outputs=(("r.toml", "same:r.orig"),)))
+    return cases
+
+
+def recipe_from_cases(rng: random.Random, refs: dict) -> list:
+    """``--recipe-from FILE``: the exports read back, hand-written files, malformed files,
+    unknown keys and random mutations of good ones."""
+    cases = []
+    hf = _dump(TINY_HF)
+    base = ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm"]
+    files = refs["engine_files"]
+
+    def add(kind, what, body, expect, name="r.cfg", extra=()):
+        cases.append(Case("recipe-from", kind, what, [*base, "--recipe-from", name, *extra], expect,
+                          {"c.json": hf, name: body} if body is not None else {"c.json": hf}))
+
+    for engine, body in files.items():
+        add("good", f"the {engine} export read back", body, OK)
+        add("good", f"the {engine} export read back, --json", body, OK, extra=("--json",))
+    add("good", "Megatron-LM arguments as a command line", b"torchrun --nproc-per-node 4 pretrain_gpt.py "
+        b"--tensor-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 8 --use-distributed-optimizer "
+        b"--overlap-grad-reduce --overlap-param-gather --seq-length 128\n", OK)
+    add("good", "a torchtitan TOML by hand", b"[parallelism]\ndata_parallel_shard_degree = 4\n[training]\n"
+        b"local_batch_size = 2\nseq_len = 128\n[activation_checkpoint]\nmode = \"full\"\n", OK)
+    add("good", "a DeepSpeed config by hand", _dump({"train_batch_size": 8, "gradient_accumulation_steps": 2,
+                                                     "zero_optimization": {"stage": 2, "overlap_comm": True}}), OK)
+    for what, body in [("an empty file", b""), ("truncated JSON", b'{"train_batch_size": 8'), ("a JSON list", b"[1]"),
+                       ("binary", bytes(range(256))), ("a NUL byte", b"[parallelism]\0\n"),
+                       ("broken TOML", b"[parallelism\n"), ("deep JSON", b"{" + b'"a":{' * 5000 + b"}" * 5001),
+                       ("an unbalanced quote", b"--micro-batch-size '1\n"),
+                       ("enormous", b"#" * (2 << 20))]:
+        add("malformed", what, body, BAD_FILE)
+    add("file system", "a missing file", None, BAD_FILE, name="missing.toml")
+    cases.append(Case("recipe-from", "file system", "a directory", [*base, "--recipe-from", "d"], BAD_FILE,
+                      {"c.json": hf, "d": ("dir",)}))
+    for what, body in [
+        ("an unknown torchtitan section", b"[parallelisms]\ntensor_parallel_degree = 1\n"),
+        ("an unknown torchtitan field", b"[parallelism]\ntensor_parallel_degre = 1\n"),
+        ("HSDP", b"[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2\n"),
+        ("a float8 converter", b'[model]\nconverters = ["float8"]\n'),
+        ("a schedule the tool does not price", b'[parallelism]\npipeline_parallel_degree = 2\n'
+                                               b'pipeline_parallel_schedule = "ZBVZeroBubble"\n'),
+        ("degrees over -p", b"[parallelism]\ndata_parallel_shard_degree = 8\n"),
+        ("a degree of the wrong type", b'[parallelism]\ntensor_parallel_degree = "2"\n'),
+        ("a batch other than -b", b"[training]\nglobal_batch_size = 16\nlocal_batch_size = 4\n"),
+        ("an unknown Megatron-LM argument", b"--tensor-model-parallel-size 1 --frobnicate 3\n"),
+        ("a Megatron-LM argument twice", b"--micro-batch-size 1 --micro-batch-size 2\n"),
+        ("a Megatron-LM argument without its value", b"--micro-batch-size\n"),
+        ("another model's --num-layers", b"--num-layers 80 --global-batch-size 8\n"),
+        ("an unknown DeepSpeed field", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 1},
+                                              "frobnicate": 1})),
+        ("an unknown ZeRO field", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 1, "frob": 1}})),
+        ("DeepSpeed offload", _dump({"train_batch_size": 8, "zero_optimization": {
+            "stage": 3, "offload_param": {"device": "cpu"}}})),
+        ("a ZeRO stage 7", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 7}})),
+    ]:
+        add("refused", what, body, BAD_VALUE)
+    cases.append(Case("recipe-from", "flags", "--recipe-from with --recipe",
+                      [*base, "--recipe-from", "r.toml", "--recipe", "dp=4"], BAD_VALUE,
+                      {"c.json": hf, "r.toml": files["torchtitan"]}))
+    cases.append(Case("recipe-from", "flags", "--recipe-from on a graph file of another model",
+                      ["-g", "alexnet", "-p", "4", "-b", "8", "--recipe-from", "r.toml"], frozenset({0, 2}),
+                      {"r.toml": files["torchtitan"]}))
+    # Random mutations of the good files: one value each replaced.
+    import tomllib
+
+    values = [-1, 0, 1, 3, 4, 1 << 40, "x", True, 2.5, [], {}]
+    for engine, body in files.items():
+        doc = tomllib.loads(body.decode()) if engine == "torchtitan" else json.loads(body)
+        tables = doc if engine != "megatron" else {"arguments": doc["arguments"]}
+        for _ in range(12):
+            mutated = copy.deepcopy(doc)
+            section = rng.choice(sorted(k for k, v in tables.items() if isinstance(v, dict)))
+            if not mutated[section]:
+                continue
+            key = rng.choice(sorted(mutated[section]))
+            value = rng.choice(values)
+            mutated[section][key] = value
+            if engine == "torchtitan":
+                text = "".join(f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items()
+                                                    if not isinstance(v, dict))
+                               for sec, vals in mutated.items() if isinstance(vals, dict))
+                body_m = text.encode()
+            elif engine == "megatron":
+                args = mutated["arguments"]
+                line = " ".join(k if v is True else f"{k} {json.dumps(v) if not isinstance(v, str) else v}"
+                                for k, v in args.items() if v is not False)
+                body_m = _dump({"arguments": args, "command_line": line})
+            else:
+                body_m = _dump(mutated)
+            add("random", f"{engine}: {section}.{key} = {_short(value, 20)}", body_m, frozenset({0, 1, 2, 4}))
     return cases
 
 
@@ -1551,7 +1666,8 @@ OUTPUT_PATHS = {
     "--dot-path": OutputPath((*SEARCH, "--dot-path", "{}"), "dot"),
     "--export-graph": OutputPath((*SEARCH, "--export-graph", "{}")),
     "--export-megatron": OutputPath((*TRAIN, "--export-megatron", "{}")),
-    "--export-torchtitan": OutputPath((*TRAIN, "--export-torchtitan", "{}")),
+    "--export-torchtitan": OutputPath((*TRAIN, "--export-torchtitan", "{}"), "toml"),
+    "--export-deepspeed": OutputPath((*TRAIN, "--export-deepspeed", "{}")),
     "--dot-path of a training plan": OutputPath((*TRAIN, "--dot-path", "{}"), "dot"),
 }
 
@@ -1672,7 +1788,8 @@ CATEGORIES = {
                              "`pase calibrate --out`)"),
     "hf": (hf_cases, "Hugging Face configs (`-g hf:FILE.json`)"),
     "recipe": (recipe_cases, "training recipes (`--training --recipe ...`)"),
-    "engine": (engine_cases, "engine exports (`--export-torchtitan`, `--export-megatron`)"),
+    "engine": (engine_cases, "engine exports (`--export-torchtitan`, `--export-megatron`, `--export-deepspeed`)"),
+    "recipe-from": (recipe_from_cases, "engine files read back (`--recipe-from FILE`)"),
     "hardware": (hardware_cases, "machine presets, specification fields, NVLink domains and number formats "
                                  "(issue 31)"),
     "process": (process_cases, "real processes (`python3 scheduler.py`): exit status, streams, hash seeds"),
@@ -1724,6 +1841,17 @@ def references() -> dict:
                                                        "--json"], cwd=tmp))
         refs["h100_plan"] = json.loads(run_json(["-g", "alexnet", "-p", "8", "-b", "8", "--machine", "h100-sxm",
                                                  "--json"]))
+        # One export per engine of a tiny decoder, read back by the --recipe-from cases.
+        with open(os.path.join(tmp, "c.json"), "wb") as f:
+            f.write(_dump(TINY_HF))
+        refs["engine_files"] = {}
+        for engine, flag, recipe in (("torchtitan", "--export-torchtitan", "dp=4,zero=3"),
+                                     ("megatron", "--export-megatron", "dp=2,tp=2,zero=1"),
+                                     ("deepspeed", "--export-deepspeed", "dp=4,zero=1")):
+            run_json(["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm", "--recipe", recipe, flag,
+                      f"{engine}.out"], cwd=tmp)
+            with open(os.path.join(tmp, f"{engine}.out"), "rb") as f:
+                refs["engine_files"][engine] = f.read()
     return refs
 
 
@@ -2054,6 +2182,13 @@ def _check_outputs(case: Case, result: dict, before: dict) -> list:
                 json.loads(body)
             except ValueError:
                 problems.append(f"{rel} is not complete JSON")
+        elif kind == "toml":
+            import tomllib
+
+            try:
+                tomllib.loads(body.decode())
+            except (ValueError, UnicodeDecodeError):
+                problems.append(f"{rel} is not complete TOML")
         elif kind == "dot":
             import pydot
 

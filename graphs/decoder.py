@@ -36,7 +36,7 @@ is what tells a shared tensor; ``shared_parameters`` lists the sharing and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Concat, Einsum, Elementwise, Embedding, MoE, Norm, RMSNorm, Softmax, SoftmaxCrossEntropy
@@ -465,7 +465,32 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
     _head(g, "head.logits", "loss", y, head, cfg)
     for depth in range(1, cfg.mtp + 1):
         x = _mtp_module(g, f"mtp{depth}", x, embedded, cfg, rotary, cfg.layers + depth - 1, head)
-    return g.build()
+    return replace(g.build(), architecture=architecture(cfg))
+
+
+def architecture(config: DecoderConfig) -> dict:
+    """The shape ``config`` declares, in ``Network.architecture``'s words.
+
+    >>> architecture(DecoderConfig(2, 64, 4, 2, 16, 128, 100, sequence=8))["kv_heads"]
+    2
+    """
+    c = config
+    out = {"layers": c.layers, "width": c.width, "heads": c.heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim,
+           "mlp_width": c.mlp_width, "vocab": c.vocab, "sequence": c.sequence,
+           "max_positions": c.max_positions if c.positions == "learned" else c.sequence, "gated": c.gated,
+           "norm": c.norm, "positions": c.positions, "tied": c.tied,
+           "biases": {"qkv": c.qkv_bias, "out": c.out_bias, "mlp": c.mlp_bias}, "qk_norm": c.qk_norm,
+           # Features beyond a Llama/GPT decoder, at their plain values when unused.
+           "features": {"norm_bias": c.norm_bias if c.norm == "layer" else False, "post_norms": c.post_norms,
+                        "window": c.window, "sinks": c.sinks, "softcap": c.softcap, "final_softcap": c.final_softcap,
+                        "mla": c.mla is not None, "mtp": c.mtp}}
+    if c.moe is not None:
+        m = c.moe
+        out["moe"] = {"experts": m.experts, "top_k": m.top_k, "width": m.width, "shared": m.shared,
+                      "shared_width": m.shared_width, "shared_gate": m.shared_gate, "dense": list(m.dense),
+                      "capacity": m.capacity, "router_bias": m.router_bias, "expert_bias": m.expert_bias,
+                      "groups": m.groups}
+    return out
 
 
 def _head(g: GraphBuilder, name: str, loss: str, y: Tensor, weight: Tensor, cfg: DecoderConfig) -> None:

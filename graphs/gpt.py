@@ -96,4 +96,9 @@ def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))
     g.add("loss", SoftmaxCrossEntropy(logits))
-    return g.build()
+    # Positions are a graph input here (no table priced); an engine builds its learned table.
+    shape = {"layers": cfg.layers, "width": cfg.width, "heads": cfg.heads, "kv_heads": cfg.heads,
+             "head_dim": cfg.key, "mlp_width": cfg.hidden, "vocab": cfg.vocab, "sequence": cfg.sequence,
+             "max_positions": cfg.sequence, "gated": False, "norm": "layer", "positions": "learned", "tied": False,
+             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False}
+    return replace(g.build(), architecture=shape)

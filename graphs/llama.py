@@ -6,7 +6,7 @@ all weights are graph inputs; the weights are parameters, ids and rotary tables 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pase.model.builder import GraphBuilder, Network
 from pase.model.layers import Einsum, Elementwise, Embedding, RMSNorm, Softmax, SoftmaxCrossEntropy
@@ -115,4 +115,8 @@ def llama(name: str, batch: int = 128, model: int | None = None) -> Network:
     w = g.weight((cfg.width, cfg.vocab), "output weight", letters="ev")
     logits = g.add("head.logits", Einsum("ble,ev->blv", y, w))
     g.add("loss", SoftmaxCrossEntropy(logits))
-    return g.build()
+    shape = {"layers": cfg.layers, "width": cfg.width, "heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": k,
+             "mlp_width": cfg.hidden, "vocab": cfg.vocab, "sequence": sequence, "max_positions": sequence,
+             "gated": True, "norm": "rms", "positions": "rotary", "tied": False,
+             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False}
+    return replace(g.build(), architecture=shape)

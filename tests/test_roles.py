@@ -206,9 +206,8 @@ def test_imported_language_models_split_every_weight_product(spec, tmp_path):
 
 
 def _priced_equals_exported(graph, extra, tmp_path, tp):
-    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
     argv = ["-g", graph, "-p", "4", "-b", "8", "--machine", "h100-sxm", "--recipe", f"dp=2,tp={tp}", "--json",
-            "--export-torchtitan", str(titan), "--export-megatron", str(megatron), "--memory", "100000"] + extra
+            "--memory", "100000"] + extra
     status, out, err = run_cli(argv)
     assert status == 0, err
     plan = json.loads(out)
@@ -217,9 +216,8 @@ def _priced_equals_exported(graph, extra, tmp_path, tp):
     configs = [tuple(l["config"]) for l in plan["layers"]]
     assert [l["name"] for l in plan["layers"]] == list(network.names)
     assert _check_tensor_parallel(network, configs, tp) >= 4
-    # What the exporters write is the degree that was priced.
-    assert json.loads(titan.read_text())["parallelism"]["tensor_parallel_degree"] == tp
-    assert json.loads(megatron.read_text())["arguments"]["--tensor-model-parallel-size"] == tp
+    # What the exporters write is the degree that was priced: tests/test_engines.py (an export
+    # keeps the search to what its engine runs, so it is checked there, engine by engine).
 
 
 def test_sequence_parallel_flags_follow_roles_not_ops():

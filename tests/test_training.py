@@ -362,28 +362,35 @@ def test_training_json_is_deterministic_under_hash_seeds():
 
 
 def test_engine_exports_read_back(tmp_path):
-    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
-    status, out, err = run_cli(["-g", "gpt3-2.7b", "-p", "32", "-b", "64", "--machine", "h100-sxm",
-                                "--recipe", "dp=4,tp=4,pp=2,zero=1,recompute=full,microbatch=1",
-                                "--export-torchtitan", str(titan), "--export-megatron", str(megatron)])
+    import tomllib
+
+    titan, megatron = tmp_path / "titan.toml", tmp_path / "megatron.json"
+    base = ["-g", "gpt3-2.7b", "-p", "32", "-b", "64", "--machine", "h100-sxm"]
+    status, out, err = run_cli(base + ["--recipe", "dp=4,tp=4,pp=2,zero=3,recompute=full,microbatch=1",
+                                       "--export-torchtitan", str(titan)])
     assert status == 0, err
-    t = json.loads(titan.read_text())
+    t = tomllib.loads(titan.read_text())
     par = t["parallelism"]
     degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
                * par["pipeline_parallel_degree"] * par["context_parallel_degree"])
     assert degrees == 32
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (4, 2)
-    assert par["data_parallel_replicate_degree"] == 4  # ZeRO-1 is not torchtitan's FSDP: replicated
-    assert t["activation_checkpoint"]["mode"] == "full" and t["training"]["local_batch_size"] == 1
+    assert par["data_parallel_shard_degree"] == 4 and par["fsdp_reshard_after_forward"] == "always"  # ZeRO-3: FSDP
+    # The batch of a data-parallel rank (64 / 4), cut into pipeline micro-batches of 1.
+    assert t["activation_checkpoint"]["mode"] == "full" and t["training"]["local_batch_size"] == 16
+    assert par["pipeline_parallel_microbatch_size"] == 1
     assert t["training"]["global_batch_size"] == 64 and t["training"]["seq_len"] == 2048
-    assert "--parallelism.tensor_parallel_degree 4" in t["command_line"]
+    assert "--parallelism.tensor_parallel_degree 4" in titan.read_text()
+    status, out, err = run_cli(base + ["--recipe", "dp=4,tp=4,pp=2,zero=1,recompute=full,microbatch=1",
+                                       "--export-megatron", str(megatron)])
+    assert status == 0, err
     m = json.loads(megatron.read_text())
     a = m["arguments"]
     assert a["--tensor-model-parallel-size"] * a["--pipeline-model-parallel-size"] * a["--context-parallel-size"] \
         * m["data_parallel_size"] == 32
     assert a["--use-distributed-optimizer"] is True and a["--recompute-granularity"] == "full"
     assert a["--micro-batch-size"] == 1 and a["--global-batch-size"] == 64
-    assert "torchtitan settings written to" in out
+    assert "Megatron-LM arguments written to" in out
 
 
 def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):

@@ -168,16 +168,23 @@ def test_recipe_keys():
 
 def test_engine_exports_of_op_and_tp_overlap(tmp_path):
     import json
+    import tomllib
     from cli_runner import run
-    titan, megatron = tmp_path / "titan.json", tmp_path / "megatron.json"
+    titan, megatron = tmp_path / "titan.toml", tmp_path / "megatron.json"
     status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
-                           "--recipe", "dp=2,tp=4,zero=1,recompute=op,tp_overlap=true,microbatch=1",
-                           "--export-torchtitan", str(titan), "--export-megatron", str(megatron))
+                           "--recipe", "dp=2,tp=4,zero=3,recompute=op,microbatch=1", "--export-torchtitan", str(titan))
     assert status == 0, err
-    t = json.loads(titan.read_text())
+    t = tomllib.loads(titan.read_text())
     assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert "recompute=op" in t["recipe"] and "tp_overlap=true" in t["recipe"]
+    assert "recompute=op" in t["job"]["description"]
+    status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
+                           "--recipe", "dp=2,tp=4,zero=1,recompute=selective,tp_overlap=true,microbatch=1",
+                           "--export-megatron", str(megatron))
+    assert status == 0, err
     m = json.loads(megatron.read_text())
     assert m["arguments"]["--tp-comm-overlap"] is True and m["arguments"]["--sequence-parallel"] is True
-    assert m["arguments"]["--recompute-granularity"] == "selective"
-    assert any("operator-level" in note for note in m["notes"])
+    assert m["arguments"]["--recompute-granularity"] == "selective" and "tp_overlap=true" in m["recipe"]
+    # Neither engine runs the other's policy: refused, not substituted with a note.
+    status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
+                           "--recipe", "dp=2,tp=4,zero=1,recompute=op,microbatch=1", "--export-megatron", str(megatron))
+    assert status == 2 and "megatron has no recomputation policy 'op'" in err

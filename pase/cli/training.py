@@ -45,7 +45,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
-             "schedule (1f1b, interleaved) and vpp (model chunks per device, interleaved); precision (bf16, fp8, "
+             "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved), stages (blocks per pipeline "
+             "stage, A/B/...); precision (bf16, fp8, "
              "mxfp8, nvfp4: the blocks' weight products; search: --search-precision), scaling (fp8: delayed, "
              "current, rowwise, blockwise) and fp8_gather (ZeRO all-gathers in FP8, true/false).")
     add("--search-precision", action="store_true",
@@ -54,18 +55,22 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
         help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
              "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
-             "torchtitan,compile=true (docs/engines.md).")
+             "torchtitan,compile=true (docs/engines.md). Named (or implied by --export-ENGINE or --recipe-from), "
+             "the search keeps to the configurations it runs (its profile's runs section); otherwise the output "
+             "says which engines run the plan's configuration.")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
     add("--rules", metavar="FILE.json", default=None,
         help="parallel rules: which mesh axis (dp, tp, cp, ep, sp) splits which dimension role (batch, heads, "
              "mlp, vocab, sequence, ...); default pase/planning/data/parallel_rules.json (docs/roles.md). "
              "Implies --training.")
-    add("--export-torchtitan", metavar="FILE", default=None,
-        help="write the plan's mesh as torchtitan settings (parallelism, activation checkpointing, batch) in JSON, "
-             "with the same as one line of its command-line options.")
-    add("--export-megatron", metavar="FILE", default=None,
-        help="write the plan's mesh as Megatron-LM arguments (JSON, and one command line).")
+    add("--recipe-from", metavar="FILE", default=None,
+        help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
+             "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config, for that engine; "
+             "what the tool cannot express is refused naming the field (docs/engines.md).")
+    for flag, engine, what in ENGINE_EXPORTS:
+        add(flag, metavar="FILE", default=None, help=_EXPORT_HELP[engine])
+
     _add_front_door_flags(add)
 
 
@@ -107,10 +112,53 @@ def real_machine(args) -> bool:
 # --- end of the front door flags
 
 
+#: (flag, engine, what messages call the file), in the order of --help.
+ENGINE_EXPORTS = (("--export-torchtitan", "torchtitan", "torchtitan job config"),
+                  ("--export-megatron", "megatron", "Megatron-LM arguments"),
+                  ("--export-deepspeed", "deepspeed", "DeepSpeed config"))
+_EXPORT_HELP = {
+    "torchtitan": "write the plan as a torchtitan TOML job config (--job.config_file; torchtitan 0.2) that runs it "
+                  "as priced, its command line and launch command in the comments; refused with the reason when "
+                  "torchtitan cannot run the plan (docs/engines.md).",
+    "megatron": "write the plan as Megatron-LM's pretrain_gpt.py arguments, the model's own included (JSON: "
+                "arguments, command_line, launch); refused with the reason when Megatron-LM cannot run it.",
+    "deepspeed": "write the plan as a DeepSpeed ds_config.json (ZeRO stage, micro-batch, accumulation, bf16; the "
+                 "recipe and launch command under the key 'pase'); refused with the reason when DeepSpeed cannot "
+                 "run it.",
+}
+
+
+def pricing_engine(args, file_engine: str | None = None) -> tuple:
+    """``(profile, keep_to)``: the engine the plan is priced for (``--engine``, else the one
+    engine of the --export-ENGINE files and the --recipe-from file, else the default) and the
+    engines the search keeps to (that engine, where one was named or implied). ``ValueError``
+    when an export is for another engine than the one priced."""
+    from pase.planning.engine import load_engine
+
+    implied = list(dict.fromkeys([engine for _, _, engine, _ in _given_exports(args)]
+                                 + ([file_engine] if file_engine else [])))
+    given = getattr(args, "engine", None)
+    if given is None and len(implied) > 1:
+        raise ValueError(f"the exports and --recipe-from are for {' and '.join(implied)}: a plan is priced for one "
+                         "engine (--engine NAME); export for one at a time")
+    profile = given if given is not None else load_engine(implied[0] if implied else None)
+    for spec in implied:
+        name = spec.split(",")[0]
+        if name != profile.name:
+            raise ValueError(f"the plan is priced for {profile.name} (--engine {profile.label()}), which a "
+                             f"{name} file would not run as priced: give --engine {spec}")
+    return profile, ((profile,) if given is not None or implied else ())
+
+
+def _given_exports(args) -> list:
+    return [(flag, getattr(args, flag[2:].replace("-", "_")), engine, what) for flag, engine, what in ENGINE_EXPORTS
+            if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+
+
 def asks_training(args) -> bool:
     """Flags that only a training plan takes (--training itself among them)."""
     return bool(getattr(args, "training", False) or args.recipe is not None or args.compare is not None
-                or args.export_torchtitan is not None or args.export_megatron is not None
+                or getattr(args, "recipe_from", None) is not None or bool(_given_exports(args))
                 or getattr(args, "top", None) is not None or getattr(args, "report", None) is not None
                 or getattr(args, "engine", None) is not None or getattr(args, "search_precision", False)
                 or getattr(args, "rules", None) is not None)
@@ -130,6 +178,8 @@ def wants_training(args) -> bool:
 
 def check_training_flags(args, error: Callable[[str], Exception]) -> None:
     """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
+    if args.recipe is not None and getattr(args, "recipe_from", None) is not None:
+        raise error("--recipe and --recipe-from both fix the configuration: give one")
     if getattr(args, "per_layer", False):
         raise error("--per-layer asks for the per-layer search; --training, --recipe, --compare, --top, --report and "
                     "the engine exports ask for a training plan: choose one")
@@ -176,35 +226,39 @@ def _unit(machine) -> str:
     return "s" if unit == "seconds" else unit
 
 
-def _export_engines(found, network, batch: int, args, write: Callable) -> list:
-    """Write --export-torchtitan / --export-megatron; returns the lines to print about them."""
-    from pase.outputs.engines import megatron_settings, torchtitan_settings
-    from pase.planning.training_search import tokens_of
+def _export_engines(found, network, batch: int, args, write: Callable, devices_per_node: int) -> list:
+    """Write --export-torchtitan / --export-megatron / --export-deepspeed; returns the lines to
+    print about them. Every file is made before any is written: a refusal writes none."""
+    from pase.outputs import engines
+    from pase.planning.engine_runs import engine_plan
 
-    targets = [(args.export_torchtitan, torchtitan_settings, "torchtitan settings"),
-               (args.export_megatron, megatron_settings, "Megatron-LM arguments")]
-    if all(path is None for path, _, _ in targets):
+    targets = _given_exports(args)
+    if not targets:
         return []
     plan = found.best
-    lines = []
     if plan.mesh is None:
         nearest = found.mesh_search.best
-        if nearest is None:
-            raise ValueError("the plan is not a mesh and no mesh fits: nothing to export")
-        differ = _differing_layers(network, plan.configs, nearest.configs) if len(nearest.configs) == len(
-            plan.configs) else list(network.names)
-        lines.append(f"the plan is not a mesh: {len(differ)} layers differ from the nearest mesh "
-                     f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); exported that mesh, "
-                     f"{nearest.recipe()}: step {nearest.summary.step_seconds:.4g} against the plan's "
-                     f"{plan.summary.step_seconds:.4g} {_unit(found.machine)}")
-        plan = nearest
-    tokens = tokens_of(network)
-    sequence = None if tokens is None or not network.batch else tokens // network.batch
-    for path, writer, what in targets:
-        if path is not None:
-            write(path, json.dumps(writer(plan, batch, sequence), indent=1) + "\n", what)
-            lines.append(f"{what} written to {path}")
-    return lines
+        hint = (f"; the fastest mesh that fits is {nearest.recipe()} (step {nearest.summary.step_seconds:.4g} s "
+                f"against {plan.summary.step_seconds:.4g} s): fix it with --recipe to export it"
+                if nearest is not None else "")
+        raise ValueError("the plan is not a mesh, and engines run meshes" + hint)
+    view = engine_plan(plan, batch, network)
+    per_node = devices_per_node or engines.DEVICES_PER_NODE
+    profile = found.engine_profile
+    texts = []
+    for flag, path, engine, what in targets:
+        if engine == "torchtitan":
+            text = engines.torchtitan_settings(view, path, per_node, profile)["toml"]
+        elif engine == "deepspeed":
+            settings = engines.deepspeed_settings(view, path, per_node, profile)
+            text = json.dumps({**settings["config"], "pase": {k: settings[k] for k in
+                                                              ("recipe", "command_line", "launch")}}, indent=1) + "\n"
+        else:
+            text = json.dumps(engines.megatron_settings(view, per_node, profile), indent=1) + "\n"
+        texts.append((path, text, what))
+    for path, text, what in texts:
+        write(path, text, what)
+    return [f"{what} written to {path}" for path, _, what in texts]
 
 
 def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
@@ -215,7 +269,6 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     from pase.core.errors import InputError
     from pase.outputs.plan_json import format_json
     from pase.outputs.training import format_training, training_report
-    from pase.planning.engine import load_engine
     from pase.planning.training_plan import plan_training
 
     @lru_cache(maxsize=None)
@@ -249,9 +302,11 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     report = getattr(args, "report", None)
     top = getattr(args, "top", None)
     try:
-        engine = getattr(args, "engine", None) or load_engine(None)
+        engine, keep_to = getattr(args, "priced", None) or pricing_engine(args)
         found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
-                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine, rules=rules,
+                              rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to,
+                              exporting=bool(_given_exports(args)),
+                              rules=rules,
                               alternatives=top or (REPORT_TOP if report is not None else 0),
                               keep_priced=report is not None)
     except ValueError as err:  # no mesh applies, a recipe no mesh meets
@@ -268,10 +323,10 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
         )
     shown = build(batch // found.best.options.microbatches)
     try:
-        exported = _export_engines(found, shown, batch, args, write)
+        exported = _export_engines(found, shown, batch, args, write, getattr(machine, "devices_per_node", None))
     except InputError as err:  # the file could not be written (a full disk): status 1
         raise error(str(err), 1) from None
-    except ValueError as err:  # a per-layer plan with no mesh beside it that fits
+    except ValueError as err:  # a per-layer plan, or a plan the engine cannot run: nothing written
         raise error(str(err), 2) from None
     if opts.dot_path is not None:
         from pase.outputs.dot import dot_graph
@@ -310,10 +365,29 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
                        "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts, err=err)
-    engines = (("--export-torchtitan", args.export_torchtitan, "torchtitan settings"),
-               ("--export-megatron", args.export_megatron, "Megatron-LM arguments"),
-               ("--report", getattr(args, "report", None), "HTML report"))
-    check_outputs(opts, [entry for entry in engines if entry[1] is not None])
+    recipe_from = getattr(args, "recipe_from", None)
+    if recipe_from is not None:
+        from pase.core.fileio import note_read
+
+        note_read(recipe_from, "--recipe-from file")
+    outputs = [(flag, path, what) for flag, path, _, what in _given_exports(args)]
+    if getattr(args, "report", None) is not None:
+        outputs.append(("--report", args.report, "HTML report"))
+    check_outputs(opts, outputs)
+    file_engine = None
+    if recipe_from is not None:
+        from pase.outputs.engine_recipes import RecipeFileError, recipe_from_file
+
+        try:
+            file_engine, args.recipe = recipe_from_file(recipe_from, opts.procs, network.batch or 1, network)
+        except RecipeFileError as err:  # unreadable or unparsable: a bad input file
+            raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.INPUT) from None
+        except ValueError as err:  # what the file sets cannot be priced, or is not this run's
+            raise CliError(f"--recipe-from {recipe_from}: {err}", ExitStatus.USAGE) from None
+    try:
+        args.priced = pricing_engine(args, file_engine)
+    except ValueError as err:
+        raise CliError(str(err), ExitStatus.USAGE) from None
     write_exports(opts, "network", network)
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.
     source = source_of(opts.graph)

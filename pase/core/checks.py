@@ -256,4 +256,12 @@ a_mesh = instance("a pase.Mesh", "dp", "tp", "cp", "pp", "devices")
 a_rules = instance("parallel rules (pase.planning.rules.ParallelRules)", "tensor_parallel", "tensor_alternative")
 a_structure = instance("a network structure (NetworkStructure.of(network))", "kinds", "cores", "blocks")
 an_engine = instance("an engine profile (pase.load_engine('megatron'))", "base_options", "searched")
+
+
+def engine_sequence(value, name: str) -> tuple:
+    """A sequence of engine profiles (the engines a search keeps to)."""
+    a_sequence(value, name)
+    for i, item in enumerate(value):
+        an_engine(item, f"{name}[{i}]")
+    return tuple(value)
 a_training_plan = instance("a pase.TrainingPlan (pase.plan_training)", "best", "mesh_search", "machine")

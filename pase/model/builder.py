@@ -81,6 +81,15 @@ class Network:
         How several readers of one tensor reduce its gradient (``pase.model.readers``):
         ``"each"`` its own (the paper's rule, the default) or ``"summed"`` once where they
         are laid out alike (``--readers summed``).
+    architecture : dict or None
+        What the builder declares the network to be, for the engines that build the model
+        from its shape (Megatron-LM's arguments): a decoder's ``layers``, ``width``, ``heads``,
+        ``kv_heads``, ``head_dim``, ``mlp_width``, ``vocab``, ``sequence``, ``max_positions``,
+        ``gated``, ``norm`` (``rms``/``layer``), ``positions`` (``rotary``/``learned``),
+        ``tied``, ``biases`` (``qkv``, ``out``, ``mlp``: which projections have them),
+        ``qk_norm`` and, with experts, ``moe`` (``experts``, ``top_k``, ``width``,
+        ``shared``, ``shared_width``, ``dense``, ``capacity``). ``None`` where nothing
+        declares it (an imported model, a graph file).
     blocks : tuple or None
         The repeated block (a number, in order) each layer belongs to, or None outside any, as
         its source declared them (``GraphBuilder.block``: a decoder layer, a bottleneck, an
@@ -96,6 +105,7 @@ class Network:
     edges: dict = field(hash=False)
     batch: int | None = None
     readers: str = "each"
+    architecture: dict | None = field(default=None, hash=False, compare=False)
     #: What its source left out of the network, one line each (an ``hf:`` config field not
     #: modelled); the CLI prints them as notes.
     notes: tuple = field(default=(), compare=False)

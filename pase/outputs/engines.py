@@ -1,146 +1,323 @@
-"""Mesh plans as the settings of the engines people run: torchtitan and Megatron-LM.
+"""Mesh plans as the settings of the engines people run: torchtitan, Megatron-LM, DeepSpeed.
 
-A training plan that is a mesh (``dp x tp x pp x cp``, a ZeRO stage, a recomputation policy,
-micro-batches, a pipeline schedule) is a handful of degrees and flags. These functions
-write them in each engine's own names; what an engine cannot express is said in ``notes``.
+Each writer takes an :class:`~pase.planning.engine_runs.EnginePlan` and returns the engine's
+settings that run exactly that plan, or raises :class:`EngineRefusal` with the reason when the
+engine cannot (:func:`pase.planning.engine_runs.refusal`, or a model shape it has no argument
+for): nothing is substituted. Every result keeps ``recipe`` (the plan in ``--recipe`` words,
+with ``stages=`` where the pipeline stages differ), ``command_line`` (the engine's own
+arguments) and ``launch`` (the command that runs it).
+
+Field and argument names are the engines' own: torchtitan 0.2.2's job config (the last
+release that reads TOML job files; 0.3 moved to Python config registries), Megatron-LM's
+``pretrain_gpt.py`` arguments (megatron-core 0.16 configuration classes), DeepSpeed 0.19's
+``ds_config.json``.
 """
 
 from __future__ import annotations
 
-__all__ = ["torchtitan_settings", "megatron_settings", "ENGINES"]
+import json
+
+from pase.planning.engine_runs import EnginePlan, refusal
+
+__all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
+           "toml_text", "torchtitan_fqns", "TORCHTITAN_VERSION", "DEVICES_PER_NODE"]
+
+#: The torchtitan release whose job-config field names the export uses.
+TORCHTITAN_VERSION = "0.2.2"
+#: Devices per node in the launch commands (torchrun's --nproc-per-node): the H100/H200/A100
+#: servers of the machine presets have 8.
+DEVICES_PER_NODE = 8
 
 
-def _pipeline(candidate) -> dict:
-    return candidate.summary.extra.get("pipeline") or {}
+class EngineRefusal(ValueError):
+    """The engine cannot run the plan as priced; the message says why."""
+
+    def __init__(self, engine: str, reason: str):
+        self.engine = engine
+        self.reason = reason
+        super().__init__(f"{_NAMES[engine]} cannot run this plan as priced: {reason}")
 
 
-def _common(candidate, batch: int, sequence: int | None) -> tuple:
-    mesh = candidate.mesh
-    if mesh is None:
-        raise ValueError("the plan is not a mesh: export the nearest mesh plan")
-    return mesh, candidate.options, _pipeline(candidate)
+_NAMES = {"torchtitan": "torchtitan", "megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}
 
 
-def torchtitan_settings(candidate, batch: int, sequence: int | None = None) -> dict:
-    """torchtitan's ``parallelism``, ``activation_checkpoint`` and ``training`` settings
-    (field names of its ``ParallelismConfig`` and job config) and the same as one line of
-    its command-line options."""
-    mesh, options, pipe = _common(candidate, batch, sequence)
-    notes = []
-    if options.zero == 3:
-        replicate, shard = 1, mesh.dp
+def _check(engine: str, plan: EnginePlan, profile=None) -> None:
+    """Refuse what the engine (``profile``, else its shipped profile) does not run or its file
+    cannot say (the profile's ``runs`` and ``runs.export``)."""
+    reason = refusal(profile if profile is not None else engine, plan, export=True)
+    if reason is not None:
+        raise EngineRefusal(engine, reason)
+
+
+def _setting(profile, key: str):
+    """The value a switch of the profile is set to (``None``: not set)."""
+    return dict(profile.settings).get(key) if profile is not None else None
+
+
+def _compiled(profile) -> bool:
+    return _setting(profile, "compile") == "true"
+
+
+def _torchrun(plan: EnginePlan, per_node: int) -> str:
+    per_node = min(plan.procs, per_node)
+    nodes = -(-plan.procs // per_node)
+    return f"torchrun --nnodes {nodes} --nproc-per-node {per_node}"
+
+
+# ---------------------------------------------------------------------------------------
+# torchtitan
+
+def torchtitan_fqns(plan: EnginePlan) -> list:
+    """torchtitan's ``module_fqns_per_model_part``: the modules of every model part (virtual
+    stage) in order, its decoders' names (``tok_embeddings``, ``layers.N``, ``norm``,
+    ``output``). Part ``j`` runs on pipeline rank ``j mod pp`` (its looped schedules), as the
+    plan's chunks; the embedding is on the first part, the norm and output on the last.
+
+    >>> from dataclasses import replace
+    >>> p = EnginePlan(8, 8, 1, 1, 1, 2, 1, False, 0, "none", 1, 4, "1f1b", 1, (1, 2), False, True, 16, None, "")
+    >>> torchtitan_fqns(p)
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
+    """
+    if plan.vpp > 1:
+        chunk = plan.counts[0] // plan.vpp
+        sizes = [chunk] * (plan.pp * plan.vpp)
     else:
-        replicate, shard = mesh.dp, 1
-        if options.zero in (1, 2):
-            notes.append(f"torchtitan has no ZeRO-{options.zero}: data parallelism is replicated (DDP), "
-                         "optimizer state not sharded; FSDP (zero=3) is its sharded mode")
+        sizes = list(plan.counts)
+    parts, start = [], 0
+    for size in sizes:
+        parts.append([f"layers.{i}" for i in range(start, start + size)])
+        start += size
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+
+
+def toml_text(sections: dict, comments: list = ()) -> str:
+    """A TOML document of ``{section: {key: value}}`` (values: bool, int, str, lists)."""
+    lines = [f"# {c}" for c in comments]
+    for section, values in sections.items():
+        lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _titan_sections(plan: EnginePlan, compiled: bool = False) -> dict:
+    sharded = plan.zero in (2, 3) and plan.replicas > 1
     parallelism = {
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": mesh.tp,
-        "enable_sequence_parallel": bool(mesh.sp and mesh.tp > 1),
-        "pipeline_parallel_degree": mesh.pp,
-        "context_parallel_degree": mesh.cp,
-        "expert_parallel_degree": mesh.ep,
+        "data_parallel_replicate_degree": 1 if sharded else plan.dp,
+        "data_parallel_shard_degree": plan.dp if sharded else 1,
+        "tensor_parallel_degree": plan.tp,
+        "pipeline_parallel_degree": plan.pp,
+        "context_parallel_degree": plan.cp,
+        "expert_parallel_degree": plan.ep,
     }
-    if mesh.ep > 1 and options.zero != 3:
-        notes.append("torchtitan borrows expert parallelism from the sharded data-parallel degree: run it with "
-                     "FSDP (zero=3) for ep > 1")
-    if mesh.pp > 1:
-        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if pipe.get("schedule") == "interleaved" else "1F1B"
-        counts = [st["blocks"] for st in pipe.get("stages", [])]
-        vpp = pipe.get("vpp", 1)
-        parallelism["pipeline_parallel_layers_per_stage"] = counts[0] // vpp if counts and len(set(counts)) == 1 \
-            else None
-        if counts and len(set(counts)) > 1:
-            parallelism["pipeline_parallel_first_stage_layers"] = counts[0]
-            parallelism["pipeline_parallel_last_stage_layers"] = counts[-1]
-        parallelism["pipeline_parallel_microbatch_size"] = candidate.microbatch
-    mode = {"none": "none", "selective": "selective", "full": "full", "op": "selective"}[options.recompute]
-    checkpoint = {"mode": mode}
-    if mode == "selective":
+    if sharded:
+        # "default" would not reshard with pipelines: say it.
+        parallelism["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
+    if plan.ep > 1:
+        parallelism["expert_tensor_parallel_degree"] = plan.tp  # the experts split tp ways, as the priced mesh
+    if plan.tp_overlap and plan.tp > 1:
+        parallelism["enable_async_tensor_parallel"] = True  # with torch.compile (the profile's compile=true)
+    training = {"global_batch_size": plan.batch}
+    if plan.pp > 1:
+        # A step's batch per data-parallel rank, cut into the pipeline's micro-batches.
+        training["local_batch_size"] = plan.batch // plan.dp
+        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.schedule == "interleaved" else "1F1B"
+        parallelism["pipeline_parallel_microbatch_size"] = plan.microbatch
+        parallelism["module_fqns_per_model_part"] = torchtitan_fqns(plan)
+    else:
+        # One micro-batch per forward; torchtitan accumulates global / (local x dp) of them.
+        training["local_batch_size"] = plan.microbatch
+    if plan.sequence is not None:
+        training["seq_len"] = plan.sequence
+    checkpoint = {"mode": {"none": "none", "full": "full", "op": "selective"}[plan.recompute]}
+    if plan.recompute == "op":
         checkpoint["selective_ac_option"] = "op"
-        if options.recompute == "selective":
-            notes.append("torchtitan's selective checkpointing ('op') saves matmul outputs; the plan priced "
-                         "Megatron's selective recomputation of attention (docs/training.md)")
-    training = {"global_batch_size": batch, "local_batch_size": candidate.microbatch}
-    if sequence is not None:
-        training["seq_len"] = sequence
+    sections = {"job": {"description": f"pase plan {plan.recipe}"}, "parallelism": parallelism,
+                "activation_checkpoint": checkpoint, "training": training}
+    if compiled:
+        sections["compile"] = {"enable": True}
+    return sections
+
+
+def _titan_arguments(sections: dict) -> list:
     args = []
-    for section, values in (("parallelism", parallelism), ("activation_checkpoint", checkpoint),
-                            ("training", training)):
+    for section, values in sections.items():
         for key, value in values.items():
-            if value is None:
-                continue
+            if section == "job" or key == "module_fqns_per_model_part":
+                continue  # the description is prose; the stage split is the TOML's (a list of lists)
             if isinstance(value, bool):
-                args.append(f"--{section}.{key}" if value else f"--{section}.no-{key}")
+                args += [f"--{section}.{key}"] if value else []  # a switch (its default is off)
             else:
-                args.append(f"--{section}.{key} {value}")
-    return {
-        "engine": "torchtitan",
-        "parallelism": {k: v for k, v in parallelism.items() if v is not None},
-        "activation_checkpoint": checkpoint,
-        "training": training,
-        "command_line": " ".join(args),
-        "recipe": candidate.recipe(),
-        "notes": notes,
-    }
+                args += [f"--{section}.{key}", str(value)]
+    return args
 
 
-def megatron_settings(candidate, batch: int, sequence: int | None = None) -> dict:
-    """Megatron-LM's command-line arguments for the plan."""
-    mesh, options, pipe = _common(candidate, batch, sequence)
-    notes = []
-    args = [
-        ("--tensor-model-parallel-size", mesh.tp),
-        ("--pipeline-model-parallel-size", mesh.pp),
-        ("--context-parallel-size", mesh.cp),
-        ("--micro-batch-size", candidate.microbatch),
-        ("--global-batch-size", batch),
-    ]
-    if sequence is not None:
-        args.append(("--seq-length", sequence))
-    if mesh.ep > 1:  # carved out of the data-parallel group, as the plan's mesh (docs/training.md)
-        args.append(("--expert-model-parallel-size", mesh.ep))
-    if mesh.tp > 1 and mesh.sp:
+def torchtitan_settings(plan: EnginePlan, path: str = "torchtitan.toml", per_node: int = DEVICES_PER_NODE,
+                        profile=None) -> dict:
+    """torchtitan's job config for the plan: ``toml`` (the file, for ``--job.config_file``),
+    ``sections`` (the same as a dict), ``command_line`` (the same settings as torchtitan's
+    command-line options, all but the stage split) and ``launch``.
+
+    Degrees: FSDP over the ``dp`` (and ``cp``) ranks for ZeRO-3 (``fsdp_reshard_after_forward
+    = "always"``) and ZeRO-2 (``"never"``), DDP for ZeRO-0 with data parallelism alone.
+    Batch: ``training.local_batch_size`` is the batch per data-parallel rank; with pipelines it
+    is cut into ``local_batch_size / pipeline_parallel_microbatch_size`` micro-batches, without
+    them torchtitan accumulates ``global / (local x dp)`` micro-batches.
+    """
+    _check("torchtitan", plan, profile)
+    sections = _titan_sections(plan, _compiled(profile))
+    args = _titan_arguments(sections)
+    launch = f"{_torchrun(plan, per_node)} -m torchtitan.train --job.config_file {path}"
+    comments = [f"torchtitan {TORCHTITAN_VERSION} job config written by pase: runs the plan {plan.recipe}",
+                "model: give --model.name and --model.flavor (torchtitan defines its models in code)",
+                f"launch: {launch}",
+                f"command line (the same settings but the stage split): {' '.join(args)}"]
+    return {"engine": "torchtitan", "version": TORCHTITAN_VERSION, "sections": sections,
+            "toml": toml_text(sections, comments), "command_line": " ".join(args), "launch": launch,
+            "recipe": plan.recipe}
+
+
+# ---------------------------------------------------------------------------------------
+# Megatron-LM
+
+def _model_arguments(plan: EnginePlan) -> list:
+    a = plan.architecture
+    # What this writer has no Megatron-LM arguments for: refused by name, never dropped.
+    plain = {"norm_bias": a["norm"] == "layer", "post_norms": False, "window": 0, "sinks": False, "softcap": 0.0,
+             "final_softcap": 0.0, "mla": False, "mtp": 0}
+    odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
+    moe = a.get("moe") or {}
+    odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
+        (["moe groups"] if moe.get("groups", 1) > 1 else [])
+    if odd:
+        raise EngineRefusal("megatron", f"the model's {', '.join(odd)}: no Megatron-LM argument written for it yet")
+    args = [("--num-layers", a["layers"]), ("--hidden-size", a["width"]), ("--num-attention-heads", a["heads"]),
+            ("--kv-channels", a["head_dim"])]
+    if a["kv_heads"] < a["heads"]:
+        args += [("--group-query-attention", None), ("--num-query-groups", a["kv_heads"])]
+    args.append(("--ffn-hidden-size", a["mlp_width"]))
+    if a["gated"]:
+        args.append(("--swiglu", None))
+    args.append(("--normalization", "RMSNorm" if a["norm"] == "rms" else "LayerNorm"))
+    args.append(("--position-embedding-type", "rope" if a["positions"] == "rotary" else "learned_absolute"))
+    args += [("--seq-length", a["sequence"]), ("--max-position-embeddings", a["max_positions"])]
+    if not a["tied"]:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    biases = a["biases"]
+    if not any(biases.values()):
+        args.append(("--disable-bias-linear", None))
+    elif not biases["out"] and not biases["mlp"]:
+        args += [("--disable-bias-linear", None), ("--add-qkv-bias", None)]
+    elif not all(biases.values()):
+        raise EngineRefusal("megatron", "Megatron-LM has biases on every linear layer or on none (or on the query, "
+                                        "key and value projections alone): not on " +
+                                        ", ".join(k for k, v in biases.items() if v) + " alone")
+    if a["qk_norm"]:
+        args.append(("--qk-layernorm", None))
+    moe = a.get("moe")
+    if moe:
+        if moe["shared"] and moe.get("shared_gate"):
+            raise EngineRefusal("megatron", "a gated shared expert has no Megatron-LM argument")
+        args += [("--num-experts", moe["experts"]), ("--moe-router-topk", moe["top_k"]),
+                 ("--moe-ffn-hidden-size", moe["width"])]
+        if moe["shared"]:
+            args.append(("--moe-shared-expert-intermediate-size", moe["shared"] * moe["shared_width"]))
+        if moe["dense"]:
+            dense = set(moe["dense"])
+            args.append(("--moe-layer-freq", "[" + ",".join("0" if i in dense else "1"
+                                                            for i in range(a["layers"])) + "]"))
+        if moe["capacity"] is not None:
+            args.append(("--moe-expert-capacity-factor", moe["capacity"]))
+    # The vocabulary as priced: Megatron's null tokenizer has vocab-size + 1 entries (its
+    # end-of-document token) and no padding beyond a multiple of tp (the plan's tp divides it).
+    args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", a["vocab"] - 1),
+             ("--make-vocab-size-divisible-by", 1), ("--bf16", None)]
+    return args
+
+
+def _parallel_arguments(plan: EnginePlan) -> list:
+    args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp),
+            ("--context-parallel-size", plan.cp)]
+    if plan.ep > 1:  # carved out of the data-parallel ranks, the experts split tp ways as priced
+        args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.tp)]
+    if plan.sp:
         args.append(("--sequence-parallel", None))
-    if options.zero >= 1:
+    args += [("--micro-batch-size", plan.microbatch), ("--global-batch-size", plan.batch)]
+    if plan.zero == 1:
         args.append(("--use-distributed-optimizer", None))
-        if options.zero >= 2:
-            notes.append(f"Megatron's distributed optimizer shards the optimizer state (ZeRO-1); ZeRO-{options.zero} "
-                         "sharding of gradients" + (" and weights" if options.zero == 3 else "")
-                         + " needs its FSDP (--data-parallel-sharding-strategy)")
-    if options.recompute == "full":
+    elif plan.zero >= 2:
+        strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+                 ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
+                 ("--ckpt-format", "fsdp_dtensor")]
+    if plan.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
-    elif options.recompute in ("selective", "op"):
+    elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
-        if options.recompute == "op":
-            notes.append("Megatron has no operator-level policy like torchtitan's 'op': its selective "
-                         "recomputation (attention's core) is the nearest")
-    if options.tp_overlap and mesh.tp > 1:
+    if plan.tp_overlap and plan.tp > 1:
         args.append(("--tp-comm-overlap", None))
-    if options.overlap:
+    if plan.overlap:
         args.append(("--overlap-grad-reduce", None))
-        if options.zero >= 1:
+        if plan.zero >= 1:
             args.append(("--overlap-param-gather", None))
-    if mesh.pp > 1:
-        counts = [st["blocks"] for st in pipe.get("stages", [])]
-        if pipe.get("schedule") == "interleaved":
-            args.append(("--num-layers-per-virtual-pipeline-stage", counts[0] // pipe["vpp"]))
-        if counts and len(set(counts)) > 1:
-            args += [("--decoder-first-pipeline-num-layers", counts[0]),
-                     ("--decoder-last-pipeline-num-layers", counts[-1])]
+    if plan.pp > 1:
+        if plan.vpp > 1:
+            args.append(("--num-layers-per-virtual-pipeline-stage", plan.counts[0] // plan.vpp))
+        elif len(set(plan.counts)) > 1:
+            args.append(("--decoder-first-pipeline-num-layers", plan.counts[0]))
+            if plan.pp > 2:
+                args.append(("--decoder-last-pipeline-num-layers", plan.counts[-1]))
+    return args
+
+
+def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profile=None) -> dict:
+    """Megatron-LM's ``pretrain_gpt.py`` arguments for the plan, the model's own included:
+    ``arguments`` (flag -> value, ``True`` for a switch), ``command_line``, ``launch``,
+    ``data_parallel_size`` (what Megatron derives: ``p / (tp pp cp)``)."""
+    _check("megatron", plan, profile)
+    args = _model_arguments(plan) + _parallel_arguments(plan)
+    if _setting(profile, "grad_reduce") == "bf16":
+        args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced
     line = " ".join(flag if value is None else f"{flag} {value}" for flag, value in args)
-    return {
-        "engine": "megatron-lm",
-        "arguments": {flag: (True if value is None else value) for flag, value in args},
-        "command_line": line,
-        "data_parallel_size": mesh.dp,
-        "recipe": candidate.recipe(),
-        "notes": notes,
-    }
+    return {"engine": "megatron-lm", "arguments": {flag: (True if value is None else value) for flag, value in args},
+            "command_line": line, "launch": f"{_torchrun(plan, per_node)} pretrain_gpt.py {line} --data-path DATA",
+            "data_parallel_size": plan.dp, "recipe": plan.recipe}
 
 
-#: Flag name -> (engine, writer).
-ENGINES = {"torchtitan": torchtitan_settings, "megatron": megatron_settings}
+# ---------------------------------------------------------------------------------------
+# DeepSpeed
+
+def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node: int = DEVICES_PER_NODE,
+                       profile=None) -> dict:
+    """DeepSpeed's ``ds_config.json`` for the plan (``config``): the ZeRO stage, the batch
+    (``train_batch_size = micro-batch x accumulation x dp``), bf16; ZeRO-3 keeps no parameter
+    unsharded (``stage3_param_persistence_threshold`` 0), as priced. ``command_line`` is the
+    training script's DeepSpeed arguments; ``launch`` runs it."""
+    _check("deepspeed", plan, profile)
+    zero = {"stage": plan.zero, "overlap_comm": plan.overlap}
+    if plan.zero == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+    config = {"train_batch_size": plan.batch, "train_micro_batch_size_per_gpu": plan.microbatch,
+              "gradient_accumulation_steps": plan.microbatches, "zero_optimization": zero,
+              "bf16": {"enabled": True}}
+    if _setting(profile, "communication_data_type") == "fp32":
+        config["communication_data_type"] = "fp32"  # the profile's switch, priced
+    line = f"--deepspeed --deepspeed_config {path}"
+    per_node = min(plan.procs, per_node)
+    launch = (f"deepspeed --num_nodes {-(-plan.procs // per_node)} --num_gpus {per_node} TRAIN_SCRIPT.py {line}")
+    return {"engine": "deepspeed", "config": config, "command_line": line, "launch": launch, "recipe": plan.recipe}
+
+
+#: Engine name -> writer.
+WRITERS = {"torchtitan": torchtitan_settings, "megatron": megatron_settings, "deepspeed": deepspeed_settings}

@@ -156,6 +156,32 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     return data
 
 
+def engine_verdicts(plan, network) -> dict:
+    """Engine name -> ``None`` where it runs the plan as priced, else why not (a per-layer
+    plan: every engine's reason is that engines run meshes)."""
+    from pase.planning.engine import ENGINE_NAMES
+    from pase.planning.engine_runs import engine_plan, refusal
+
+    if plan.best is None:
+        return {}
+    if plan.best.mesh is None:
+        return {name: "the plan is not a mesh" for name in ENGINE_NAMES}
+    view = engine_plan(plan.best, plan.batch, network)
+    return {name: refusal(name, view) for name in ENGINE_NAMES}
+
+
+def _engine_line(plan, network) -> str:
+    verdicts = engine_verdicts(plan, network)
+    runs = [name for name, why in verdicts.items() if why is None]
+    others = [name for name, why in verdicts.items() if why is not None]
+    text = "  engines that run this configuration: " + (", ".join(runs) if runs else "none")
+    if others:
+        text += f" (not {', '.join(others)}: --export-ENGINE says why)"
+    if plan.kept_to:
+        text += f"; the search kept to what {' and '.join(plan.kept_to)} run{'s' if len(plan.kept_to) == 1 else ''}"
+    return text
+
+
 @arguments(plan=a_training_plan, network=a_network, model_name=text)
 def training_report(plan, network, model=None, model_name="sequence length") -> dict:
     """The whole JSON object of a training plan."""
@@ -182,6 +208,9 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         "layers": ([{"id": v, "name": n, "op": network.layers[v].op, "config": list(best.configs[v])}
                     for v, n in enumerate(network.names)] if best is not None else []),
     }
+    if best is not None:
+        data["engines"] = engine_verdicts(plan, network)
+        data["engines_kept_to"] = list(plan.kept_to)
     if plan.compare is not None:
         data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds),
                            "tie": bool(best is not None and is_tie(best, plan.compare, seconds))}
@@ -304,6 +333,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         lines.append(f"plan: {best.recipe()}  [{where}]")
         lines += _candidate_lines(best, plan.memory_cap, seconds)
         lines.append(f"  parameters: {best.summary.parameters:,}")
+        lines.append(_engine_line(plan, network))
         pipe = best.summary.extra.get("pipeline")
         if pipe:
             lines.append(f"  pipeline: {pipe['pp']} stages, {pipe['schedule']}"

@@ -182,7 +182,8 @@ class MeshMapper:
 # Recipes
 
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
-               "precision", "scaling", "fp8_gather")
+               "precision", "scaling", "fp8_gather",
+               "stages")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
 #: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
 PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
@@ -212,12 +213,17 @@ class Recipe:
     precision: str | None = None
     scaling: str | None = None
     fp8_gather: bool | None = None
+    #: Blocks per pipeline stage, first to last (``stages=19/21/21/19``): fixes ``pp`` and the cut.
+    stages: tuple | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
 
     def text(self) -> str:
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.fixed().items())
+        def word(v):
+            return str(v).lower() if isinstance(v, bool) else "/".join(map(str, v)) if isinstance(v, tuple) else v
+
+        return ",".join(f"{k}={word(v)}" for k, v in self.fixed().items())
 
     def check(self, procs: int) -> None:
         """``ValueError`` when the fixed degrees cannot multiply to ``procs``."""
@@ -227,6 +233,8 @@ class Recipe:
             raise ValueError(f"recipe dp x tp x pp x cp = {product}, not the {procs} devices of -p")
         if procs % product:
             raise ValueError(f"recipe degrees multiply to {product}, which does not divide the {procs} devices of -p")
+        if self.stages is not None and self.pp is not None and len(self.stages) != self.pp:
+            raise ValueError(f"recipe stages has {len(self.stages)} stages, and pp={self.pp}")
         if self.ep is not None and self.dp is not None and self.dp % self.ep:
             raise ValueError(f"recipe ep={self.ep} must divide dp={self.dp}: expert parallelism is carved out of "
                              "data parallelism")
@@ -241,7 +249,8 @@ def _positive(key: str, value: str) -> int:
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
-    tp_overlap ep precision scaling fp8_gather``.
+    tp_overlap ep precision scaling fp8_gather stages`` (``stages``: blocks per pipeline stage,
+    ``A/B/...``).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -272,6 +281,11 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("none", "selective", "full", "op"):
                 raise ValueError(f"recipe recompute must be none, selective, full or op, got {value!r}")
             values[key] = value
+        elif key == "stages":
+            parts = value.split("/")
+            if len(parts) < 2 or len(parts) > 4096:
+                raise ValueError(f"recipe stages must be two or more block counts A/B/..., got {value!r}")
+            values[key] = tuple(_positive(key, part) for part in parts)
         elif key == "precision":
             if value not in PRECISION_WORDS:
                 raise ValueError(f"recipe precision must be {', '.join(PRECISION_WORDS[:-1])} or search, got {value!r}")
@@ -293,4 +307,8 @@ def parse_recipe(text: str) -> Recipe:
     if values.get("tp_overlap") and values.get("sp") is False:
         raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
                          "drop sp=false")
+    if "stages" in values:
+        pp = values.setdefault("pp", len(values["stages"]))
+        if pp != len(values["stages"]):
+            raise ValueError(f"recipe stages has {len(values['stages'])} stages, and pp={pp}")
     return Recipe(**values)

@@ -20,8 +20,8 @@ from pase.planning.training_search import (
     Candidate, MeshSearch, TrainingGraphs, options_grid, search_free, search_meshes,
 )
 from pase.core.checks import (
-    a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments, non_negative_int, optional,
-    positive_int, positive_number,
+    a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
+    non_negative_int, optional, positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
 
@@ -59,6 +59,10 @@ class TrainingPlan:
     compare: Candidate | None
     compare_recipe: str | None
     seconds: float
+    #: Names of the engines the search kept to (``--engine``, the ``--export-ENGINE`` files).
+    kept_to: tuple = ()
+    #: The engine profile the plan is priced for (``None``: none named).
+    engine_profile: object = None
     #: The network the best plan runs (at its micro-batch): what the tables name.
     network: object = None
     #: The device's memory in bytes (``machine.memory_bytes``), ``None`` where the machine has none.
@@ -109,7 +113,8 @@ class TrainingPlan:
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
            compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
-           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules))
+           engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules),
+           keep_to=engine_sequence, exporting=a_bool)
 def plan_training(
     build: Callable[[int], object],
     batch: int,
@@ -124,6 +129,8 @@ def plan_training(
     rebuild: bool = True,
     table_budget: int | None = None,
     engine=None,
+    keep_to: tuple = (),
+    exporting: bool = False,
     alternatives: int = 0,
     keep_priced: bool = False,
     rules=None,
@@ -150,6 +157,12 @@ def plan_training(
         :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
+    engine : EngineProfile, optional
+        The engine the plan is priced for (``pase.planning.engine``).
+    keep_to : tuple of EngineProfile
+        Keep to the configurations every one of these engines runs
+        (``pase.planning.engine_runs``): meshes only, no per-layer plan; ``exporting``: and
+        that their files can say (``runs.export``).
     alternatives : int
         How many of the fastest distinct fitting configurations to keep, in full
         (``TrainingPlan.alternatives``, fastest first, the plan first).
@@ -173,7 +186,8 @@ def plan_training(
     if recipe.tp_overlap is not None:
         base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
-                          engine=engine, keep_all=keep_priced, keep_best=alternatives, rules=rules)
+                          engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
+                          exporting=exporting, rules=rules)
     best = found.best
     if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
         chosen = (best or found.least_memory).options
@@ -184,7 +198,9 @@ def plan_training(
         (recipe.pp or 1) > 1
     free_searches = free_entries = 0
     skipped = None
-    if free is False:
+    if keep_to:
+        skipped = "engines run meshes"
+    elif free is False:
         skipped = "not asked for"
     elif mesh_fixed:
         skipped = "the recipe fixes the mesh"
@@ -219,10 +235,10 @@ def plan_training(
         try:
             # The recipe's fastest fitting configuration; if none fits, its fastest.
             compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                     rebuild=rebuild, engine=engine, rules=rules).best
+                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
             if compared is None:
                 compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild, engine=engine, rules=rules).best
+                                         rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
         except ValueError as err:
             raise ValueError(f"--compare: {err}") from None
     priced = found.candidates
@@ -234,7 +250,8 @@ def plan_training(
         procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
         least_memory=found.least_memory, mesh_search=found, free_searches=free_searches, free_entries=free_entries,
         free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, kept_to=tuple(p.name for p in keep_to),
+        engine_profile=engine,
         network=None if best is None else build(batch // best.options.microbatches),
         device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
     )

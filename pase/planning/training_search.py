@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.layers import redistribution_volume
+from pase.planning.engine_runs import check_engine, mesh_refusal
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.model.roles import roles_of
@@ -32,8 +33,8 @@ from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
 from pase.core.checks import (
-    a_callable, a_mesh, a_network, a_recipe, a_rules, a_structure, a_training_options, an_engine, arguments, configurations,
-    non_negative_int, optional, positive_int, positive_number,
+    a_bool, a_callable, a_mesh, a_network, a_recipe, a_rules, a_structure, a_training_options, an_engine, arguments,
+    configurations, engine_sequence, non_negative_int, optional, positive_int, positive_number,
 )
 from pase.machines.registry import as_machine
 
@@ -310,7 +311,7 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
            base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
-           rules=optional(a_rules))
+           rules=optional(a_rules), keep_to=engine_sequence, exporting=a_bool)
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -324,6 +325,8 @@ def search_meshes(
     rebuild: bool = True,
     engine=None,
     keep_best: int = 0,
+    keep_to: tuple = (),
+    exporting: bool = False,
     rules: ParallelRules | None = None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
@@ -332,9 +335,11 @@ def search_meshes(
     (with ``rebuild`` false, only ``build(batch)``: one micro-batch per step).
     Exact over: every mesh of :func:`mesh_candidates`, every ZeRO stage and recomputation
     policy, every per-rank micro-batch dividing ``batch / dp``, under the recipe's fixed
-    choices. ``rules``: the parallel rules mapping a mesh onto each layer's roles (default
-    :func:`pase.planning.rules.default_rules`). Raises ``ValueError`` when no mesh applies
-    (with why, for the first).
+    choices, priced for ``engine`` (an engine profile); with ``keep_to`` (engine profiles), only
+    the configurations every one of them runs (and, ``exporting``, its file can say:
+    :mod:`pase.planning.engine_runs`). ``rules``: the parallel rules mapping a mesh onto each
+    layer's roles (default :func:`pase.planning.rules.default_rules`). Raises ``ValueError``
+    when no mesh applies (with why, for the first).
 
     ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
     the fastest fitting configurations distinct in step and memory, at most that many, in
@@ -351,7 +356,7 @@ def search_meshes(
                          f"{machine.name}: tensor parallelism stays within a domain")
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                                  engine, keep_best)
+                                  engine, keep_best, keep_to, exporting, rules)
     base = with_precision(base, recipe, machine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
@@ -370,6 +375,13 @@ def search_meshes(
     # Tensor parallelism maps onto the roles the rules give it (heads, MLP width, vocabulary):
     # a graph whose layers have none gets data, context and pipeline parallelism only.
     probe = build(batch)
+    for profile in keep_to:
+        check_engine(profile, probe)
+        kept = profile.runs.get("schedules")
+        if exporting and "schedules" in profile.runs.get("export", {}):
+            kept = profile.runs["export"]["schedules"]
+        if kept is not None:  # the pipeline schedules the engine has (its file can say)
+            schedules = [x for x in schedules if x in kept]
     tensor_parallel = rules.tensor_parallel(probe)
     if not tensor_parallel and recipe.tp not in (None, 1):
         raise ValueError(f"tp={recipe.tp}: tensor parallelism splits the dimension roles "
@@ -390,6 +402,7 @@ def search_meshes(
     best = least = None
     evaluated = 0
     first_error = None
+    engine_refused = None
     kept = []
     fastest: list = []
     meshes_tried = 0
@@ -438,6 +451,9 @@ def search_meshes(
                 first_error = first_error or ValueError(
                     f"{pp} pipeline stages need at least {pp} repeated blocks in order")
                 continue
+            if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
+                raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
+                                 f"blocks; graph {network.name} has {len(layout.blocks)}")
             edges, targets = memo.edge_seconds(network, configs, structure.kinds)
             tokens = tokens_of(network)
             m = batch // global_micro
@@ -445,7 +461,7 @@ def search_meshes(
                                            "tp_overlap": overlap}) for zero, policy, overlap in grid]
             if pp > 1:  # every setting's pipelines in one pass over the cuts
                 piped = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout, memory_cap,
-                                               schedules, None if recipe.vpp is None else [recipe.vpp])
+                                               schedules, None if recipe.vpp is None else [recipe.vpp], recipe.stages)
             for s, ((zero, policy, overlap), options) in enumerate(zip(grid, settings)):
                 if pp == 1:
                     time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
@@ -453,6 +469,12 @@ def search_meshes(
                 else:
                     time_rows, memory_rows, stage_plans = piped[s]
                 for i, (mesh, micro) in enumerate(valid):
+                    if keep_to:
+                        why = next((f"{p.name}: {r}" for p in keep_to
+                                    if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
+                        if why is not None:
+                            engine_refused = engine_refused or why
+                            continue
                     if pp > 1 and stage_plans[i] is None:
                         continue
                     # Overlapping tensor-parallel communication needs tensor parallelism with
@@ -477,6 +499,9 @@ def search_meshes(
                         if keep_best and (memory_cap is None or peak <= memory_cap):
                             _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
+        if engine_refused is not None:
+            raise ValueError(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
+                             f"(for one: {engine_refused})")
         tokens = tokens_of(probe)
         reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
                                     tokens // batch if tokens and batch else None, MAX_CP, rules)
@@ -530,7 +555,7 @@ def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOp
 
 
 def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                       engine=None, keep_best: int = 0):
+                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False, rules=None):
     """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
     recipe's scaling, else the options'), the fastest fitting plan of all."""
     runs = []
@@ -539,7 +564,8 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         if precision != "fp8":
             fixed.pop("scaling", None)
         runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
-                                  keep_all, rebuild, engine=engine, keep_best=keep_best))
+                                  keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
+                                  exporting=exporting, rules=rules))
     fitting = [r.best for r in runs if r.best is not None]
     least = [r.least_memory for r in runs if r.least_memory is not None]
     return MeshSearch(

@@ -1,0 +1,123 @@
+"""The engine exports of the issue-33 cases, regenerated: benchmarks/results/exports/.
+
+For each case: the plan the default search finds (priced for Megatron-LM, the default engine)
+and which engines run its configuration; then, per engine, the plan searched for that engine
+(``--engine E``, the search kept to what E runs), its export (``--export-E``), and the export
+read back (``--recipe-from``) with its step and peak memory against the plan's; the default
+plan's configuration priced for each engine where the engine runs it.
+
+    python benchmarks/engine_exports.py            # a few minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from pase.cli import main  # noqa: E402
+
+OUT = os.path.join(ROOT, "benchmarks", "results", "exports")
+
+#: (name, arguments) of the cases of issue 33.
+CASES = [
+    ("llama-3.1-70b-p256", ["-g", "hf:examples/hf/llama-3.1-70b.json", "-p", "256", "-b", "512", "-m", "8192"]),
+    ("gpt3-175b-p1024", ["-g", "gpt3-175b", "-p", "1024", "-b", "1536"]),
+    ("mixtral-8x7b-p64", ["-g", "mixtral-8x7b", "-p", "64", "-b", "256", "-m", "4096"]),
+    ("llama-3.1-8b-p8", ["-g", "hf:examples/hf/llama-3.1-8b.json", "-p", "8", "-b", "16", "-m", "8192"]),
+    ("tiny-llama-imported-p8", ["-g", "torch:examples/hf_llama.py:tiny_llama", "-p", "8", "-b", "16"]),
+]
+#: engine -> (export flag, file suffix)
+ENGINES = {"torchtitan": ("--export-torchtitan", "torchtitan.toml"),
+           "megatron": ("--export-megatron", "megatron.json"),
+           "deepspeed": ("--export-deepspeed", "deepspeed.json")}
+
+
+def run(argv: list) -> tuple:
+    """The command in the results folder (the exports' launch lines name the file as written),
+    the example files by absolute paths."""
+    argv = [a.replace("examples/", os.path.join(ROOT, "examples") + "/") for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(OUT)
+    try:
+        status = main(["--machine", "h100-sxm", *argv], stdout=out, stderr=err)
+    finally:
+        os.chdir(old)
+    return int(status), out.getvalue(), err.getvalue().strip()
+
+
+def _short(report: dict) -> str:
+    t = report["training"]
+    return f"`{t['recipe']}`: step {t['step_seconds']:.4g} s, peak {t['peak_memory_bytes'] / 1e9:.1f} GB"
+
+
+def case(name: str, argv: list) -> list:
+    lines = [f"## {name}: `pase {' '.join(argv)}`", ""]
+    status, out, err = run([*argv, "--training", "--json"])
+    if status != 0:
+        return lines + [f"default search: exit {status}: {err}", ""]
+    default = json.loads(out)
+    with open(os.path.join(OUT, f"{name}.txt"), "w") as f:
+        f.write(run([*argv, "--training"])[1])
+    running = [e for e, why in default["engines"].items() if why is None]
+    lines += [f"- default plan (priced for {default['engine']}): {_short(default)}; its configuration runs on: "
+              f"{', '.join(running) or 'none'}"]
+    for engine, why in default["engines"].items():
+        if why is not None:
+            lines.append(f"  - not {engine}: {why}")
+    lines += ["", "| engine | plan searched for it | export | read back (`--recipe-from`) | default plan's "
+              "configuration priced for it |", "|---|---|---|---|---|"]
+    for engine, (flag, suffix) in ENGINES.items():
+        path = f"{name}.{suffix}"
+        status, out, err = run([*argv, "--engine", engine, flag, path, "--json"])
+        if status != 0:
+            if os.path.exists(os.path.join(OUT, path)):
+                os.remove(os.path.join(OUT, path))
+            lines.append(f"| {engine} | refused: {err.removeprefix('pase: error: ')} | none | | |")
+            continue
+        plan = json.loads(out)
+        status, back_out, back_err = run([*argv, "--recipe-from", path, "--json"])
+        if status == 0:
+            back = json.loads(back_out)["training"]
+            same = all(math.isclose(back[k], plan["training"][k], rel_tol=1e-9)
+                       for k in ("step_seconds", "peak_memory_bytes"))
+            read = f"{'same' if same else 'DIFFERS'}: step {back['step_seconds']:.6g} s, peak " \
+                   f"{back['peak_memory_bytes'] / 1e9:.3f} GB"
+        else:
+            read = f"exit {status}: {back_err}"
+        status, c_out, c_err = run([*argv, "--engine", engine, "--recipe", default["training"]["recipe"], "--json"])
+        priced = _short(json.loads(c_out)) if status == 0 else f"refused: {c_err.removeprefix('pase: error: ')}"
+        lines.append(f"| {engine} | {_short(plan)} | `{path}` | {read} | {priced} |")
+    return lines + [""]
+
+
+def main_(argv=None) -> int:
+    os.makedirs(OUT, exist_ok=True)
+    for old in os.listdir(OUT):
+        if old.endswith((".json", ".toml", ".txt")):
+            os.remove(os.path.join(OUT, old))
+    lines = ["# Engine exports (issue 33)", "",
+             "Regenerated by `python benchmarks/engine_exports.py` (machine h100-sxm). Each export runs the plan "
+             "as priced or is refused with the reason; each is accepted by its engine's own configuration code "
+             "in tests/test_engine_exports_committed.py. torchtitan 0.2.2 job configs (TOML), Megatron-LM "
+             "`pretrain_gpt.py` arguments (megatron-core 0.16 configuration classes), DeepSpeed 0.19 "
+             "`ds_config.json`.", ""]
+    for name, argv in CASES:
+        print(f"{name} ...", flush=True)
+        lines += case(name, argv)
+    with open(os.path.join(OUT, "README.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())

@@ -1,0 +1,200 @@
+"""What each training engine runs, and the one check that reads it (:func:`refusal`).
+
+The configurations an engine runs are data: the ``runs`` section of its profile
+(``pase/planning/engines/NAME.json``, docs/engines.md): ``zero`` (the ZeRO stages it has, over
+the ``dp x cp`` ranks that hold copies), ``zero_alone`` (stages it runs only with data
+parallelism alone), ``zero_pp`` (stages it runs with pipelines), ``tp``, ``sp`` (``always``:
+its tensor parallelism is always sequence-parallel), ``cp``, ``ep``, ``ep_zero``, ``schedules``
+(of its pipelines; empty: none), ``architecture`` (it builds the model from the graph's
+declared shape), ``why`` (the reason for each refusal, keyed ``KEY`` or ``KEY:VALUE``) and
+``source``; with the profile's ``recompute_policies`` and ``tp_comm_overlap`` facts.
+
+A plan an engine cannot run as priced is refused with the reason: the exporters write nothing,
+``--engine`` keeps the search to what the engine runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["EnginePlan", "engine_plan", "refusal", "engines_running", "runs_mesh", "mesh_refusal", "check_engine"]
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """A mesh plan in the terms every engine's settings are written from.
+
+    ``microbatch``: sequences per micro-batch per data-parallel rank; ``microbatches``: micro-
+    batches per step (pipeline micro-batches, or gradient accumulation without a pipeline);
+    ``counts``: blocks per pipeline stage (``()`` without a pipeline); ``sequence``: tokens
+    per sequence (``None`` when the graph has no sequence); ``architecture``: what the graph
+    builder declares (``Network.architecture``), ``None`` for an imported model.
+    """
+
+    procs: int
+    batch: int
+    dp: int
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+    sp: bool
+    zero: int
+    recompute: str
+    microbatch: int
+    microbatches: int
+    schedule: str
+    vpp: int
+    counts: tuple
+    tp_overlap: bool
+    overlap: bool
+    sequence: int | None
+    architecture: dict | None
+    recipe: str
+    #: The number format of the blocks' weight products (``bf16``; ``fp8``, ``mxfp8``, ``nvfp4``).
+    precision: str = "bf16"
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding a copy of a weight in data and context parallelism (``dp x cp``):
+        the group ZeRO shards over, as torchtitan's FSDP and Megatron's optimizer do."""
+        return self.dp * self.cp
+
+
+def engine_plan(candidate, batch: int, network) -> EnginePlan:
+    """The :class:`EnginePlan` of a mesh candidate (``ValueError`` for a per-layer plan)."""
+    mesh, o = candidate.mesh, candidate.options
+    if mesh is None:
+        raise ValueError("the plan is not a mesh: an engine runs a mesh")
+    pipe = candidate.summary.extra.get("pipeline") or {}
+    counts = tuple(int(st["blocks"]) for st in pipe.get("stages", ())) if mesh.pp > 1 else ()
+    schedule = pipe.get("schedule", "1f1b") if mesh.pp > 1 else "1f1b"
+    vpp = int(pipe.get("vpp", 1)) if mesh.pp > 1 else 1
+    micro = candidate.microbatch if candidate.microbatch is not None else batch // mesh.dp // o.microbatches
+    arch = getattr(network, "architecture", None)
+    sequence = arch["sequence"] if arch else None
+    if sequence is None:
+        from .training_search import tokens_of
+
+        tokens = tokens_of(network)
+        sequence = tokens // network.batch if tokens and network.batch else None
+    recipe = candidate.recipe()
+    if counts and len(set(counts)) > 1:
+        recipe += ",stages=" + "/".join(str(c) for c in counts)
+    return EnginePlan(
+        procs=mesh.devices, batch=batch, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
+        sp=bool(mesh.sp and mesh.tp > 1), zero=o.zero, recompute=o.recompute, microbatch=micro,
+        microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
+        overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
+        precision=getattr(o, "precision", "bf16"))
+
+
+@lru_cache(maxsize=None)
+def _shipped(name: str):
+    from pase.planning.engine import load_engine
+
+    return load_engine(name)
+
+
+def _profile(engine):
+    """The :class:`~pase.planning.engine.EngineProfile` of ``engine`` (a profile or a shipped name)."""
+    return _shipped(engine) if isinstance(engine, str) else engine
+
+
+#: Fallback reasons, where a profile's ``runs.why`` says nothing more specific.
+_GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeRO-{value} only with data parallelism "
+            "alone", "zero_pp": "{name} runs no ZeRO-{value} with pipelines", "tp": "{name} has no tensor parallelism",
+            "sp": "{name} has no tensor parallelism without sequence parallelism", "cp": "{name} has no context "
+            "parallelism", "pp": "{name} has no pipeline parallelism", "schedule": "{name} has no {value} pipeline "
+            "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
+            "no ZeRO-{value}", "recompute": "{name} has no recomputation policy '{value}'",
+            "tp_overlap": "{name} does not overlap tensor-parallel communication as priced (tp_overlap=true)",
+            "architecture": "{name} builds the model from its shape, which this graph does not declare"}
+
+
+def _why(profile, key: str, value=None) -> str:
+    why = profile.runs.get("why", {})
+    word = None if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+    text = why.get(f"{key}:{word}") if word is not None else None
+    return text or why.get(key) or _GENERIC.get(key, "{name} cannot run it ({key})").format(
+        name=profile.name, value=word, key=key)
+
+
+def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
+    """Why ``engine`` (a profile or a shipped engine's name) cannot run ``plan`` as priced, or
+    ``None`` when it can. The rules are the profile's ``runs`` section (a key it lacks does not
+    restrict) with its ``recompute_policies`` and ``tp_comm_overlap`` facts; with ``export``,
+    also ``runs.export``: what the engine's file can say (``recompute``, ``schedules``: empty
+    for a file that cannot hold a pipeline)."""
+    profile = _profile(engine)
+    runs = profile.runs
+    if export:
+        if plan.precision != "bf16":  # TODO: the engines' FP8 settings (Float8/MX converters, --fp8-*)
+            return f"{plan.precision} training is not written into {profile.name}'s files yet (bf16 only)"
+        limits = runs.get("export", {})
+        if "recompute" in limits and plan.recompute not in limits["recompute"]:
+            return _why(profile, "export:recompute")
+        if plan.pp > 1 and limits.get("schedules") == []:
+            return _why(profile, "export:pp")
+    if runs.get("architecture") and not plan.architecture:
+        return _why(profile, "architecture")
+    zero = plan.zero if plan.replicas > 1 else None  # one copy of every weight: no stage to choose
+    if zero is not None and "zero" in runs and zero not in runs["zero"]:
+        return _why(profile, "zero", zero)
+    alone = plan.tp == plan.pp == plan.cp == plan.ep == 1
+    if zero is not None and zero in runs.get("zero_alone", ()) and not alone:
+        return _why(profile, "zero_alone", zero)
+    if plan.tp > 1 and runs.get("tp") is False:
+        return _why(profile, "tp")
+    if plan.tp > 1 and runs.get("sp") == "always" and not plan.sp:
+        return _why(profile, "sp", False)
+    if plan.cp > 1 and runs.get("cp") is False:
+        return _why(profile, "cp")
+    schedules = runs.get("schedules")
+    if plan.pp > 1 and schedules is not None and not schedules:
+        return _why(profile, "pp")
+    if plan.pp > 1 and schedules and plan.schedule not in schedules:
+        return _why(profile, "schedule", plan.schedule)
+    if plan.pp > 1 and zero is not None and "zero_pp" in runs and zero not in runs["zero_pp"]:
+        return _why(profile, "zero_pp", zero)
+    if plan.ep > 1 and runs.get("ep") is False:
+        return _why(profile, "ep")
+    if plan.ep > 1 and "ep_zero" in runs and plan.zero not in runs["ep_zero"]:
+        return _why(profile, "ep_zero", plan.zero)
+    if plan.recompute not in profile.facts["recompute_policies"]:
+        return _why(profile, "recompute", plan.recompute)
+    if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
+        return _why(profile, "tp_overlap", True)
+    return None
+
+
+def engines_running(plan: EnginePlan) -> list:
+    """The shipped engines that run ``plan`` as priced."""
+    from pase.planning.engine import ENGINE_NAMES
+
+    return [name for name in ENGINE_NAMES if refusal(name, plan) is None]
+
+
+def runs_mesh(engine, mesh, options, architecture=None, export: bool = False) -> bool:
+    """Whether ``engine`` runs a mesh with these options, whatever the pipeline's cut and
+    schedule (every engine here that pipelines runs both schedules priced): the search's
+    filter under ``--engine``."""
+    return mesh_refusal(engine, mesh, options, architecture, export) is None
+
+
+def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False) -> str | None:
+    """:func:`refusal` of a mesh with these options (``None``: the engine runs it)."""
+    plan = EnginePlan(procs=mesh.devices, batch=1, dp=mesh.dp, tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep,
+                      sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
+                      microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
+                      overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="",
+                      precision=getattr(options, "precision", "bf16"))
+    return refusal(engine, plan, export)
+
+
+def check_engine(engine, network) -> None:
+    """``ValueError`` when ``engine`` cannot run ``network`` at all."""
+    profile = _profile(engine)
+    if profile.runs.get("architecture") and not getattr(network, "architecture", None):
+        raise ValueError(_why(profile, "architecture"))

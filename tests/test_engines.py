@@ -1,0 +1,265 @@
+"""Engine exports (issue 33): each runs exactly the priced plan, accepted by the engine's own
+configuration code (tests/engine_checks.py; skipped where the engine is not installed), or is
+refused with the reason; ``--recipe-from`` reads each back to the same step and memory."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from types import SimpleNamespace
+
+import pytest
+
+import engine_checks as check
+from cli_runner import run
+
+from pase.planning.engine_runs import EnginePlan, refusal
+
+LLAMA = ["-g", "llama3-8b", "-p", "16", "-b", "32", "-m", "1024", "--machine", "h100-sxm"]
+MIXTRAL = ["-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "256", "--machine", "h100-sxm"]
+
+#: (name, graph arguments, recipe) per kind of plan: a dense pipeline (1F1B with the stages
+#: searched, and interleaved), an FSDP plan, a TP+CP plan, an MoE plan.
+TITAN_CASES = [
+    ("pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=3,recompute=full,microbatch=1"),
+    ("interleaved", LLAMA, "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,zero=2,recompute=none,microbatch=2"),
+    ("fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=op,microbatch=1"),
+    ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=3,recompute=full"),
+    ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=3,recompute=full"),
+]
+MEGATRON_CASES = [
+    ("pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=1,recompute=full,microbatch=1,stages=7/9/9/7"),
+    ("interleaved", LLAMA, "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,zero=1,recompute=selective,microbatch=1"),
+    ("fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=full,microbatch=1"),
+    ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,tp_overlap=true"),
+    ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=full"),
+]
+
+
+def _export(tmp_path, graph, recipe, flag, name, *more):
+    path = tmp_path / name
+    status, out, err = run(*graph, "--recipe", recipe, flag, path, "--json", *more)
+    assert status == 0, err
+    return path, json.loads(out)
+
+
+def _round_trip(graph, path, report):
+    """--recipe-from the export: the same step seconds and peak memory (1e-9 relative)."""
+    status, out, err = run(*graph, "--recipe-from", path, "--json")
+    assert status == 0, err
+    again = json.loads(out)["training"]
+    first = report["training"]
+    assert math.isclose(again["step_seconds"], first["step_seconds"], rel_tol=1e-9)
+    assert math.isclose(again["peak_memory_bytes"], first["peak_memory_bytes"], rel_tol=1e-9)
+    assert again["mesh"] == first["mesh"] and again.get("pipeline", {}).get("stages") == \
+        first.get("pipeline", {}).get("stages")
+
+
+def _toml_comment(path, prefix):
+    return next(line.split(": ", 1)[1] for line in path.read_text().splitlines() if line.startswith(f"# {prefix}"))
+
+
+@pytest.mark.parametrize("name,graph,recipe", TITAN_CASES, ids=[c[0] for c in TITAN_CASES])
+def test_torchtitan_export_runs_the_plan(tmp_path, name, graph, recipe):
+    path, report = _export(tmp_path, graph, recipe, "--export-torchtitan", f"{name}.toml")
+    import tomllib
+
+    doc = tomllib.loads(path.read_text())
+    par, train = doc["parallelism"], doc["training"]
+    mesh = report["training"]["mesh"]
+    # Degrees multiply to p = 16.
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["context_parallel_degree"] \
+        * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == 16
+    # ZeRO-3 and ZeRO-2 are FSDP over the dp ranks, resharding after forward or not.
+    zero = report["training"]["zero"]
+    assert par["data_parallel_shard_degree"] == mesh["dp"] and par["data_parallel_replicate_degree"] == 1
+    assert par["fsdp_reshard_after_forward"] == {3: "always", 2: "never"}[zero]
+    # Batch: local_batch_size is the batch of a data-parallel rank; a pipeline cuts it into
+    # micro-batches of pipeline_parallel_microbatch_size, else torchtitan accumulates.
+    m = report["training"]["microbatches"]
+    micro = report["training"]["microbatch_sequences"]
+    assert train["global_batch_size"] == 32 and train["seq_len"] == int(graph[graph.index("-m") + 1])
+    if mesh["pp"] > 1:
+        assert train["local_batch_size"] == 32 // mesh["dp"]
+        assert train["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == m
+        pipe = report["training"]["pipeline"]
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == mesh["pp"] * pipe["vpp"]  # model parts divide over the ranks
+        per_rank = [sum(sum(n.startswith("layers.") for n in parts[j]) for j in range(r, len(parts), mesh["pp"]))
+                    for r in range(mesh["pp"])]
+        assert per_rank == [st["blocks"] for st in pipe["stages"]]
+    else:
+        assert train["local_batch_size"] == micro and 32 // (micro * mesh["dp"]) == m
+    _round_trip(graph, path, report)
+    check.titan_accepts(path, _toml_comment(path, "command line"), 16)
+
+
+@pytest.mark.parametrize("name,graph,recipe", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
+def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
+    path, report = _export(tmp_path, graph, recipe, "--export-megatron", f"{name}.json")
+    exported = json.loads(path.read_text())
+    a = exported["arguments"]
+    mesh = report["training"]["mesh"]
+    assert a["--tensor-model-parallel-size"] * a["--pipeline-model-parallel-size"] * a["--context-parallel-size"] \
+        * exported["data_parallel_size"] == 16
+    # Megatron's number of micro-batches: global / (micro x dp).
+    assert a["--global-batch-size"] // (a["--micro-batch-size"] * mesh["dp"]) == report["training"]["microbatches"]
+    assert shlex.split(exported["launch"])[6:-2] == shlex.split(exported["command_line"])
+    _round_trip(graph, path, report)
+    config, ddp, _ = check.megatron_accepts(a, 16)
+    zero = report["training"]["zero"]
+    assert ddp.use_distributed_optimizer == (zero >= 1)
+    assert ddp.data_parallel_sharding_strategy == {0: "no_shard", 1: "no_shard", 2: "optim_grads",
+                                                   3: "optim_grads_params"}[zero]
+    if name == "moe":
+        assert config.num_moe_experts == 8 and config.moe_router_topk == 2
+        assert config.expert_model_parallel_size == 4
+    if name == "pipeline":
+        assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (7, 7)
+
+
+def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):
+    for recipe, stage in (("dp=16,tp=1,zero=3,recompute=none,microbatch=1", 3),
+                          ("dp=16,tp=1,zero=1,recompute=none,microbatch=2", 1)):
+        path, report = _export(tmp_path, LLAMA, recipe, "--export-deepspeed", f"ds{stage}.json")
+        doc = json.loads(path.read_text())
+        assert doc["zero_optimization"]["stage"] == stage
+        # 32 sequences = micro-batch x accumulation x 16 data-parallel ranks.
+        assert doc["train_micro_batch_size_per_gpu"] * doc["gradient_accumulation_steps"] * 16 == 32
+        _round_trip(LLAMA, path, report)
+        ds = check.deepspeed_accepts(doc, 16, monkeypatch)
+        assert (ds.zero_optimization_stage, ds.train_batch_size) == (stage, 32)
+        assert ds.gradient_accumulation_steps == report["training"]["microbatches"]
+
+
+@pytest.mark.parametrize("recipe,reason", [
+    ("dp=4,tp=1,pp=4,zero=1,microbatch=1", "DeepSpeed's pipeline engine splits stages in the model code"),
+    ("dp=2,tp=4,cp=2,zero=1", "DeepSpeed has no tensor parallelism of its own"),
+    ("dp=16,tp=1,zero=1,recompute=full,microbatch=1", "deepspeed.checkpointing.checkpoint"),
+])
+def test_deepspeed_refuses_what_its_config_cannot_say(tmp_path, recipe, reason):
+    path = tmp_path / "ds.json"
+    status, out, err = run(*LLAMA, "--recipe", recipe, "--export-deepspeed", path)
+    assert status == 2 and reason in err and not path.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# The exports that were wrong (issue 33), each with a test that failed before.
+
+def test_torchtitan_refuses_ddp_with_other_dims_and_zero1(tmp_path):
+    # The 70B / 256 plan's shape: dp=8,tp=2,cp=4,pp=4, ZeRO-1. It was written as DDP (replicate 8)
+    # with TP, CP and PP, which torchtitan refuses, and ZeRO-1's memory is not DDP's.
+    titan = tmp_path / "t.toml"
+    status, out, err = run("-g", "llama3-8b", "-p", "64", "-b", "64", "-m", "1024", "--machine", "h100-sxm",
+                           "--recipe", "dp=4,tp=2,cp=2,pp=4,zero=1,microbatch=1", "--export-torchtitan", titan)
+    assert status == 2 and "torchtitan has no ZeRO-1" in err and not titan.exists()
+    status, out, err = run(*LLAMA, "--recipe", "dp=2,tp=8,zero=0", "--export-torchtitan", titan)
+    assert status == 2 and "DDP has not supported > 1D parallelism" in err and not titan.exists()
+
+
+def test_torchtitan_pipeline_batch_is_per_rank_not_the_micro_batch(tmp_path):
+    # Before: local_batch_size = the micro-batch (1), so torchtitan ran 16 accumulation steps of
+    # a one-micro-batch pipeline instead of the 16-micro-batch pipeline priced.
+    path, report = _export(tmp_path, LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=3,microbatch=1",
+                           "--export-torchtitan", "p.toml")
+    import tomllib
+
+    doc = tomllib.loads(path.read_text())
+    assert doc["training"]["local_batch_size"] == 16  # 32 sequences / dp 2
+    assert doc["parallelism"]["pipeline_parallel_microbatch_size"] == 1
+    assert report["training"]["microbatches"] == 16
+    # No pipeline_parallel_first_stage_layers (torchtitan has no such field); the split is explicit.
+    assert not any(k.endswith(("first_stage_layers", "last_stage_layers")) for k in doc["parallelism"])
+
+
+def test_torchtitan_interleaved_parts_divide_the_ranks():
+    # Before: layers_per_stage = 5 on 80 layers (pp 4, vpp 4) gave torchtitan ceil(82 / 5) = 17
+    # virtual stages, which pp = 4 does not divide. Now 16 explicit parts of 5 layers.
+    from pase.outputs.engines import torchtitan_fqns
+
+    plan = EnginePlan(256, 512, 8, 2, 4, 4, 1, True, 3, "none", 1, 64, "interleaved", 4, (20, 20, 20, 20), False,
+                      True, 8192, None, "")
+    parts = torchtitan_fqns(plan)
+    assert len(parts) == 16 and [sum(n.startswith("layers.") for n in p) for p in parts] == [5] * 16
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[-1][-3:] == ["layers.79", "norm", "output"]
+    assert parts[1][0] == "layers.5"  # part 1 (rank 1) follows part 0: torchtitan's looped order
+
+
+def test_megatron_zero3_is_megatron_fsdp_not_the_distributed_optimizer(tmp_path):
+    # Before: a ZeRO-3 plan was written as --use-distributed-optimizer (ZeRO-1) with a note.
+    path, _ = _export(tmp_path, MIXTRAL, "dp=16,tp=1,ep=4,zero=3", "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--use-megatron-fsdp"] is True and a["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert "notes" not in json.loads(path.read_text())
+
+
+def test_megatron_moe_export_names_the_experts(tmp_path):
+    # Before: an ep=2 Mixtral export had no --num-experts, which Megatron-Core's own
+    # TransformerConfig refuses ("num_moe_experts must be non None to use expert-parallel").
+    path, _ = _export(tmp_path, MIXTRAL, "dp=4,tp=4,ep=2,zero=1", "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert (a["--num-experts"], a["--moe-router-topk"], a["--moe-ffn-hidden-size"]) == (8, 2, 14336)
+    assert (a["--num-layers"], a["--hidden-size"], a["--num-query-groups"], a["--seq-length"]) == (32, 4096, 8, 256)
+    check.megatron_accepts(a, 16)
+
+
+def test_megatron_refuses_op_recompute_and_a_model_without_a_shape(tmp_path):
+    path = tmp_path / "m.json"
+    status, out, err = run(*LLAMA, "--recipe", "dp=16,tp=1,zero=1,recompute=op", "--export-megatron", path)
+    assert status == 2 and "megatron has no recomputation policy 'op'" in err and not path.exists()
+    graph = tmp_path / "g.json"
+    status, out, err = run("-g", "gpt2-small", "-b", "4", "-p", "4", "--export-graph", graph)
+    assert status == 0, err
+    status, out, err = run("-g", graph, "-p", "4", "--machine", "h100-sxm", "--export-megatron", path)
+    assert status == 2 and "Megatron-LM builds its GPT model from its arguments" in err and not path.exists()
+
+
+def test_refusal_table_by_hand():
+    def plan(**kw):
+        base = dict(procs=8, batch=8, dp=8, tp=1, cp=1, pp=1, ep=1, sp=False, zero=0, recompute="none",
+                    microbatch=1, microbatches=1, schedule="1f1b", vpp=1, counts=(), tp_overlap=False, overlap=True,
+                    sequence=16, architecture={"layers": 2}, recipe="")
+        return EnginePlan(**{**base, **kw})
+
+    assert refusal("torchtitan", plan()) is None  # DDP alone
+    assert refusal("torchtitan", plan(zero=1)).startswith("torchtitan has no ZeRO-1")
+    assert refusal("torchtitan", plan(dp=1, tp=8, sp=True, zero=1)) is None  # one copy of each weight: no stage to choose
+    assert refusal("torchtitan", plan(dp=4, cp=2, zero=0)).startswith("torchtitan runs DDP")
+    assert refusal("megatron", plan(dp=4, pp=2, zero=3)).startswith("Megatron FSDP")
+    assert refusal("megatron", plan(architecture=None)).startswith("Megatron-LM builds")
+    assert refusal("deepspeed", plan(zero=0)).startswith("DeepSpeed without ZeRO")
+    assert refusal("deepspeed", plan(zero=3)) is None
+
+
+def test_engine_search_never_returns_what_the_engine_cannot_run():
+    # Brute force on a small case: every configuration the search kept under an engine is one
+    # the engine runs, none it runs is dropped, and the best kept is the fastest of those the
+    # unconstrained search (priced for the same engine) evaluated that the engine runs.
+    import graphs
+    from pase.machines.registry import load_machine
+    from pase.planning.engine import ENGINE_NAMES, load_engine
+    from pase.planning.engine_runs import runs_mesh
+    from pase.planning.training_search import search_meshes
+
+    machine = load_machine("h100-sxm")
+
+    def build(b):
+        return graphs.build("gpt2-small", b)
+
+    def options(p):
+        return SimpleNamespace(zero=p.zero, recompute=p.recompute, microbatches=1, tp_overlap=False, overlap=True,
+                               precision="bf16")
+
+    def runs(profile, p):
+        schedules = profile.runs.get("schedules", ("1f1b", "interleaved"))
+        return runs_mesh(profile, p.mesh, options(p)) and (p.mesh.pp == 1 or p.schedule in schedules)
+
+    for name in ENGINE_NAMES:
+        profile = load_engine(name)
+        kept = search_meshes(build, 16, 8, machine, None, 2.0, engine=profile, keep_to=(profile,), keep_all=True)
+        every = search_meshes(build, 16, 8, machine, None, 2.0, engine=profile, keep_all=True)
+        allowed = [p for p in every.candidates if runs(profile, p)]
+        assert kept.candidates and all(runs(profile, p) for p in kept.candidates)
+        assert len(kept.candidates) < len(every.candidates)
+        assert math.isclose(kept.best.summary.step_seconds, min(p.step_seconds for p in allowed), rel_tol=1e-12)
