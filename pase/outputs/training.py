@@ -101,7 +101,10 @@ def split_summary(network, configs, machine=None) -> list:
     """Per-layer splits of the first repeated block (or every layer) in dimension letters,
     such as ``block1.attn.q: b 4, g 2`` — a plan that is not a mesh, in readable terms."""
     names = network.names
-    first = [i for i, n in enumerate(names) if n.startswith("block1.")] or list(range(len(names)))
+    blocks = network.blocks or ()
+    declared = [b for b in blocks if b is not None]
+    # The source's first repeated block (``Network.blocks``), else every layer.
+    first = [i for i, b in enumerate(blocks) if declared and b == declared[0]] or list(range(len(names)))
     lines = []
     for v in first:
         layer = network.layers[v]
