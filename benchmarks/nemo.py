@@ -1,285 +1,207 @@
-"""Modelled step time of published low-precision runs (issue 31): NVIDIA NeMo / Megatron-Bridge
-FP8 rows on H100 and B200, and llm-foundry's FP8/BF16 pairs on H100.
+"""Modelled step time of published low-precision runs (issue 31), priced by the command line.
 
-Each run is priced with its published configuration as a recipe (``pase.parse_recipe``: TP, PP,
-CP, VP, EP, MBS, GBS and ``precision=fp8``) by ``pase.plan_training`` on a shipped preset
-(``h100-sxm``, ``b200``), under two sets of constants:
+Every visible NVIDIA NeMo / Megatron-Bridge FP8 row (``reference/published/nemo-megatron-bridge.json``
+of the shared folder beside the checkout, found as ``benchmarks/published.py`` finds it) is priced
+exactly as a user would type it, with the CLI's defaults and no other constants::
 
-1. the tool's defaults (nothing tuned);
-2. the three global constants ``benchmarks/published.py`` fits on the BF16 Megatron-Core and
-   torchtitan rows (:data:`PUBLISHED_FIT`; the GEMM ceiling applies to every format's peak).
+    pase -g hf:CONFIG -p GPUS -b GBS -m SEQ --machine h100-sxm|b200 --engine megatron
+         --recipe dp=..,tp=..,pp=..,cp=..,zero=1|3,[schedule=interleaved,vpp=VP,]ep=..,
+                  microbatch=MBS,precision=fp8,scaling=current|delayed --json
 
-Signed errors are model / published - 1 (negative: the model is faster). The llm-foundry
-pairs compare speed-ups: published FP8 tokens/s over BF16 tokens/s against the modelled
-BF16 step over the FP8 step. Written to ``benchmarks/results/nemo.md``.
+- configs: ``examples/hf/llama-3.1-70b.json`` / ``llama-3.1-8b.json`` (Llama 3 70B / 8B: the same
+  shapes), ``examples/hf/qwen3-30b-a3b.json``, ``benchmarks/configs/gpt3-175b.json`` (GPT-3 175B);
+- ``zero`` from the published FSDP column (0: Megatron's distributed optimizer, ZeRO-1; >0: FSDP,
+  ZeRO-3); ``vpp`` and the interleaved schedule where VP > 1; ``ep`` as published;
+- scaling: ``current`` where the row says FP8-CS and for Megatron-Bridge's (26.x) H100 "FP8" rows
+  (per-tensor current scaling, the file's note); ``delayed`` for NeMo 24.07 (Transformer Engine's
+  DelayedScaling, NeMo's default then);
+- recomputation, TP communication overlap and everything else: the CLI's defaults / search.
 
-Dependency: the Megatron engine profile (``--engine megatron``) and the recalibrated defaults
-come from the ``calib`` branch; this script uses what is on its branch (the framework options
-of ``benchmarks/published.py``), so its errors move when those land.
+Rows whose published layout does not fit the modelled memory are priced again with
+``--memory 100000`` (no cap) and marked so. Recomputation is not published: each row is priced
+as the search picks it and again with ``recompute=none`` (uncapped where it does not fit).
 
-Run from the repository root: ``python3 benchmarks/nemo.py`` (a few minutes on two cores).
+llm-foundry's FP8/BF16 pairs (``llm-foundry-mpt-h100.json``): both precisions priced as
+``benchmarks/published.py`` prices the BF16 rows (``--engine fsdp``, ``benchmarks/configs/mpt-*.json``
+with ``n_positions`` = the sequence), the FP8 one with ``precision=fp8,scaling=delayed`` added
+(Transformer Engine's default recipe under Composer's amp_fp8); compared as speed-ups, published FP8
+tokens/s over BF16 tokens/s against the modelled BF16 step over the FP8 step.
+
+Signed errors: model / published - 1 on the step time (negative: the model is faster); on the
+speed-up for the pairs. Written to ``benchmarks/results/nemo.md``.
+
+Run from the repository root: ``python3 benchmarks/nemo.py`` (seconds).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import pase  # noqa: E402
-from pase.machines.calibrated import PRESET_TABLES, load_description  # noqa: E402
-from pase.sources.registry import load as load_source  # noqa: E402
+from published import GiB, price, published_dir  # noqa: E402
 
-PUBLISHED = "/work/shared/reference/published"
-HF = os.path.join(ROOT, "examples", "hf")
-SHARED_HF = "/work/shared/reference/hf-configs"
-GiB = 2.0 ** 30
-
-#: ``benchmarks/published.py``'s fitted constants (its results/published.md, table 2).
-PUBLISHED_FIT = {"gemm_ceiling": 0.5, "attention_efficiency": 0.3, "overlap_efficiency": 0.75}
-DEFAULTS = {"gemm_ceiling": None, "attention_efficiency": None, "overlap_efficiency": None}
-#: Megatron-Core as ``benchmarks/published.py`` prices it (Transformer Engine's fused kernels,
-#: the fused vocabulary-parallel loss, --tp-comm-overlap), a 4 us launch floor per kernel.
-MEGATRON = {"eager": False, "loss_buffers": 2.0, "tp_overlap": True, "launch_seconds": 4e-6}
-#: Composer + PyTorch FSDP with Transformer Engine layers for FP8 (llm-foundry): PyTorch's
-#: cross entropy on fp32 logits (3 buffers), fused norms and flash attention.
-FOUNDRY = {"eager": False, "loss_buffers": 3.0, "launch_seconds": 4e-6}
-
-#: Model configs: the published architecture as a Hugging Face config.
-GPT3_175B = {"model_type": "gpt2", "n_embd": 12288, "n_head": 96, "n_inner": 49152, "n_layer": 96,
-             "n_positions": 2048, "vocab_size": 51200, "activation_function": "gelu", "tie_word_embeddings": True}
+CONFIGS = {"LLAMA3_70B": os.path.join("examples", "hf", "llama-3.1-70b.json"),
+           "LLAMA3_8B": os.path.join("examples", "hf", "llama-3.1-8b.json"),
+           "Qwen3_30B_a3B": os.path.join("examples", "hf", "qwen3-30b-a3b.json"),
+           "GPT3-175B": os.path.join("benchmarks", "configs", "gpt3-175b.json")}
+MACHINES = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}
+#: Targets of issue 31 (absolute signed error).
+TARGETS = {"dense": 0.15, "moe": 0.20, "speedup": 0.10}
 
 
-def mpt(d_model, heads, layers, seq):
-    """An MPT (llm-foundry's mpt-<size>.yaml: GELU MLP 4x, LayerNorm, tied embeddings) as a GPT-2
-    config of its shape (the hf: source on this branch reads no ``mpt``; ALiBi against learned
-    positions changes no product)."""
-    return {"model_type": "gpt2", "n_embd": d_model, "n_head": heads, "n_inner": 4 * d_model, "n_layer": layers,
-            "n_positions": seq, "vocab_size": 50368, "activation_function": "gelu", "tie_word_embeddings": True}
+def scaling(row: dict) -> str:
+    return "delayed" if row["container"].startswith("NeMo 24.") else "current"
 
 
-def config_for(model: str, tmp: str, seq: int) -> str:
-    files = {"LLAMA3_70B": os.path.join(HF, "llama-3.1-70b.json"), "LLAMA3_8B": os.path.join(HF, "llama-3.1-8b.json"),
-             "Qwen3_30B_a3B": os.path.join(SHARED_HF, "qwen3-30b-a3b.json")}
-    if model in files:
-        return files[model]
-    data = GPT3_175B if model == "GPT3-175B" else mpt(2560, 20, 32, seq) if model == "mpt-3b" else None
-    if data is None:
-        raise SystemExit(f"no architecture for {model}")
-    path = os.path.join(tmp, f"{model}-{seq}.json")
-    with open(path, "w") as f:
-        json.dump(data, f)
-    return path
-
-
-def nemo_rows() -> list:
-    with open(os.path.join(PUBLISHED, "nemo-megatron-bridge.json")) as f:
-        return json.load(f)["rows"]
-
-
-def nemo_recipe(row: dict) -> str:
-    """The published configuration in recipe words: dp from the GPUs, Megatron's distributed
-    optimizer (ZeRO-1) or FSDP (ZeRO-3) where the ``fsdp`` column says so, VP as interleaved
-    virtual stages, EP, MBS, no recomputation (the 8B H100 recipe recomputes 5 of 32 layers,
-    not priced), FP8 current scaling (the file: H100 rows are per-tensor, 'FP8-CS')."""
+def nemo_recipe(row: dict, precision: bool = True) -> str:
     tp, pp, cp = row["tp"], row["pp"], row["cp"]
-    dp = row["gpus"] // (tp * pp * cp)
-    parts = [f"dp={dp}", f"tp={tp}", f"pp={pp}", f"cp={cp}"]
-    if row.get("vp"):
+    parts = [f"dp={row['gpus'] // (tp * pp * cp)}", f"tp={tp}", f"pp={pp}", f"cp={cp}",
+             f"zero={3 if row.get('fsdp') else 1}"]
+    if row.get("vp") and row["vp"] > 1:
         parts += ["schedule=interleaved", f"vpp={row['vp']}"]
-    if row.get("ep") and row["ep"] > 1:
-        parts.append(f"ep={row['ep']}")
-    parts += [f"zero={3 if row.get('fsdp') else 1}", "recompute=none", f"microbatch={row['mbs']}",
-              "precision=fp8", "scaling=current"]
-    if tp > 1:
-        parts.append("tp_overlap=true")
+    parts += [f"ep={row.get('ep') or 1}", f"microbatch={row['mbs']}"]
+    if precision:
+        parts += ["precision=fp8", f"scaling={scaling(row)}"]
     return ",".join(parts)
 
 
-def foundry_rows() -> list:
-    with open(os.path.join(PUBLISHED, "llm-foundry-mpt-h100.json")) as f:
+def nemo_rows(folder: str) -> list:
+    with open(os.path.join(folder, "nemo-megatron-bridge.json")) as f:
+        data = json.load(f)
+    out = []
+    for r in data["rows"]:
+        if r["model"] not in CONFIGS or r["system"] not in MACHINES:
+            raise SystemExit(f"nemo.py: no config or machine for {r['model']} on {r['system']}")
+        base = dict(name=f"{r['model']} {r['system']} {r['gpus']} GPUs ({r['container']})", engine="megatron",
+                    machine=MACHINES[r["system"]], config=CONFIGS[r["model"]], gpus=r["gpus"], batch=r["gbs"],
+                    seq=r["seq"], published=r, moe=bool(r.get("ep") and r["ep"] > 1),
+                    step_pub=r["gbs"] * r["seq"] / (r["tokens_per_s_per_gpu"] * r["gpus"]))
+        out.append(base)
+    return out
+
+
+def foundry_pairs(folder: str) -> list:
+    with open(os.path.join(folder, "llm-foundry-mpt-h100.json")) as f:
         rows = json.load(f)["rows"]
-    fp8 = [r for r in rows if r["precision"] == "amp_fp8"]
     pairs = []
-    for r in fp8:
+    for r in rows:
+        if r["precision"] != "amp_fp8":
+            continue
         twin = next(b for b in rows if b["precision"] == "amp_bf16" and b["model"] == r["model"]
-                    and b["seq"] == r["seq"] and b["gpus"] == r["gpus"])
+                    and b["seq"] == r["seq"] and b["gpus"] == r["gpus"] and b["gpu"] == r["gpu"])
         pairs.append((r, twin))
     return pairs
 
 
-def foundry_recipe(row: dict, precision: str) -> str:
-    text = (f"dp={row['gpus']},tp=1,pp=1,zero={3 if row['sharding'] == 'FULL_SHARD' else 2},"
-            f"recompute={'full' if row['activation_checkpointing'] else 'none'},microbatch={row['micro_batch']}")
-    # amp_fp8: Transformer Engine's te.Linear under fp8_autocast with its default DelayedScaling.
-    return text + (",precision=fp8,scaling=delayed" if precision == "fp8" else "")
-
-
-_MACHINES: dict = {}
-
-
-def machine(name: str, ceiling, tmp: str):
-    key = (name, ceiling)
-    if key not in _MACHINES:
-        if ceiling is None:
-            _MACHINES[key] = pase.load_machine(name)
-        else:
-            d = load_description(name)
-            d["name"] = f"{name}-ceiling-{ceiling:g}"
-            d["peak_tflops"] = d["peak_tflops"] * ceiling
-            d["dtype_tflops"] = {k: v * ceiling for k, v in d.get("dtype_tflops", {}).items()}
-            if "measured" in d:
-                d["measured"] = PRESET_TABLES[name]
-            path = os.path.join(tmp, d["name"] + ".json")
-            with open(path, "w") as f:
-                json.dump(d, f)
-            _MACHINES[key] = pase.load_machine(path)
-    return _MACHINES[key]
-
-
-def price(config: str, seq: int, batch: int, gpus: int, machine_name: str, recipe: str, framework: dict,
-          constants: dict, tmp: str, bucket: float) -> dict:
-    ceiling = constants.get("gemm_ceiling")
-    m = machine(machine_name, ceiling, tmp)
-    opts = dict(framework, bucket_elements=bucket)
-    if constants.get("overlap_efficiency") is not None:
-        opts["overlap_efficiency"] = constants["overlap_efficiency"]
-    if constants.get("attention_efficiency") is not None:
-        opts["attention_efficiency"] = min(1.0, constants["attention_efficiency"] / (ceiling or 1.0))
-    base = pase.TrainingOptions(**opts)
-    spec = f"hf:{config}"
-    build = lambda n: load_source(spec, n, seq)  # noqa: E731
-    rec = pase.parse_recipe(recipe)
-    plan = pase.plan_training(build, batch, gpus, m, m.memory_bytes, 2.0, rec, base=base, free=False)
-    fits = plan.best is not None
-    if not fits:
-        plan = pase.plan_training(build, batch, gpus, m, None, 2.0, rec, base=base, free=False)
-    c = plan.best
-    return dict(step=c.summary.step_seconds, memory=c.summary.peak_memory_bytes, recipe=c.recipe(), fits=fits,
-                time=dict(c.summary.time), flops=c.summary.model_flops_per_step)
+def foundry_row(r: dict, fp8: bool) -> dict:
+    zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
+    recipe = (f"dp={r['gpus']},tp=1,pp=1,zero={zero},recompute={'full' if r['activation_checkpointing'] else 'none'}"
+              f",microbatch={r['micro_batch']}") + (",precision=fp8,scaling=delayed" if fp8 else "")
+    return dict(name=f"llm-foundry {r['model']} seq {r['seq']} {'FP8' if fp8 else 'BF16'}", engine="fsdp",
+                machine="h100-sxm", config=os.path.join("benchmarks", "configs", f"{r['model']}.json"),
+                positions=r["seq"], gpus=r["gpus"], batch=r["global_batch"], seq=r["seq"], recipe=recipe)
 
 
 def pct(x) -> str:
     return "" if x is None else f"{x:+.1%}"
 
 
-def share(result: dict) -> str:
-    t = result["time"]
-    return ", ".join(f"{k} {v / result['step']:.0%}" for k, v in t.items() if v > 0.005 * result["step"])
+def share(m: dict) -> str:
+    return ", ".join(f"{k} {v / m['step']:.0%}" for k, v in m["time"].items() if v > 0.005 * m["step"])
 
 
-def run_nemo(constants: dict, tmp: str) -> list:
-    out = []
-    for row in nemo_rows():
-        machine_name = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}[row["system"]]
-        config = config_for(row["model"], tmp, row["seq"])
-        recipe = nemo_recipe(row)
-        dp = row["gpus"] // (row["tp"] * row["pp"] * row["cp"])
-        bucket = max(40e6, 1e6 * dp)
-        fp8 = price(config, row["seq"], row["gbs"], row["gpus"], machine_name, recipe, MEGATRON, constants, tmp,
-                    bucket)
-        bf16 = price(config, row["seq"], row["gbs"], row["gpus"], machine_name,
-                     recipe.replace(",precision=fp8,scaling=current", ""), MEGATRON, constants, tmp, bucket)
-        published = row["gbs"] * row["seq"] / (row["tokens_per_s_per_gpu"] * row["gpus"])
-        out.append(dict(row=row, machine=machine_name, fp8=fp8, bf16=bf16, published=published,
-                        err=fp8["step"] / published - 1.0))
-    return out
+def command(m: dict) -> str:
+    return "pase " + " ".join(m["argv"])
 
 
-def run_foundry(constants: dict, tmp: str) -> list:
-    out = []
-    for fp8_row, bf16_row in foundry_rows():
-        config = config_for(fp8_row["model"], tmp, fp8_row["seq"])
-        args = (config, fp8_row["seq"], fp8_row["global_batch"], fp8_row["gpus"], "h100-sxm")
-        fp8 = price(*args, foundry_recipe(fp8_row, "fp8"), FOUNDRY, constants, tmp, 0.0)
-        bf16 = price(*args, foundry_recipe(bf16_row, "bf16"), FOUNDRY, constants, tmp, 0.0)
-        published_speedup = fp8_row["tokens_per_s"] / bf16_row["tokens_per_s"]
-        modelled_speedup = bf16["step"] / fp8["step"]
-        steps = [r["global_batch_tokens"] / r["tokens_per_s"] for r in (fp8_row, bf16_row)]
-        # Diagnostic: the speed-up if the BF16 time the model misses (published - modelled) were work
-        # that FP8 leaves as it is (attention, data loading, communication): the modelled saving alone.
-        saving = bf16["step"] - fp8["step"]
-        anchored = steps[1] / (steps[1] - saving)
-        out.append(dict(anchored=anchored, anchored_err=anchored / published_speedup - 1.0))
-        out[-1].update(dict(fp8_row=fp8_row, bf16_row=bf16_row, fp8=fp8, bf16=bf16, published_speedup=published_speedup,
-                        modelled_speedup=modelled_speedup, err=modelled_speedup / published_speedup - 1.0,
-                        published_steps=steps, err_fp8=fp8["step"] / steps[0] - 1.0,
-                        err_bf16=bf16["step"] / steps[1] - 1.0))
-    return out
-
-
-def nemo_table(results: list, title: str, constants: dict) -> list:
-    lines = [f"### {title}", "", "Constants: " + ", ".join(
-        f"`{k}` = {'default' if v is None else v}" for k, v in constants.items()) + ".", "",
-        "| run | system | GPUs | recipe priced | step s pub | step s model (FP8) | err | step s model (BF16) "
-        "| modelled FP8 speed-up | memory GiB model |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        row = r["row"]
-        lines.append(
-            f"| {row['model']} ({row['precision']}, {row['container']}) | {row['system']} | {row['gpus']} "
-            f"| `{r['fp8']['recipe']}`{'' if r['fp8']['fits'] else ' (does not fit)'} | {r['published']:.3f} "
-            f"| {r['fp8']['step']:.3f} | {pct(r['err'])} | {r['bf16']['step']:.3f} "
-            f"| {r['bf16']['step'] / r['fp8']['step']:.2f}x | {r['fp8']['memory'] / GiB:.1f} |")
-    errs = sorted(abs(r["err"]) for r in results)
-    lines += ["", f"Absolute step-time error: median **{errs[len(errs) // 2]:.1%}**, worst **{errs[-1]:.1%}**; "
-              f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15 %.", "", "Where the modelled FP8 step goes:", ""]
-    lines += [f"- **{r['row']['model']} on {r['row']['system']}**: {share(r['fp8'])}." for r in results]
-    return lines + [""]
-
-
-def foundry_table(results: list, title: str) -> list:
-    lines = [f"### {title}", "",
-             "| model | seq | GPUs | recipe (BF16; FP8 adds precision=fp8,scaling=delayed) | FP8/BF16 pub "
-             "| FP8/BF16 model | err | step s pub FP8 / BF16 | step s model FP8 / BF16 | err FP8 / BF16 "
-             "| FP8/BF16, modelled saving on the published BF16 step | err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        f = r["fp8_row"]
-        lines.append(
-            f"| {f['model']} | {f['seq']} | {f['gpus']} | `{r['bf16']['recipe']}` | {r['published_speedup']:.3f} "
-            f"| {r['modelled_speedup']:.3f} | {pct(r['err'])} | {r['published_steps'][0]:.2f} / "
-            f"{r['published_steps'][1]:.2f} | {r['fp8']['step']:.2f} / {r['bf16']['step']:.2f} "
-            f"| {pct(r['err_fp8'])} / {pct(r['err_bf16'])} | {r['anchored']:.3f} | {pct(r['anchored_err'])} |")
-    lines += ["", "Last two columns, a diagnostic: the published BF16 step less the modelled FP8 saving (the model's "
-              "BF16 - FP8 step), i.e. the speed-up if the time the model misses in BF16 were work FP8 leaves as it "
-              "is (attention with ALiBi, data loading, communication)."]
-    return lines + [""]
-
-
-def main() -> None:
+def main() -> int:
     start = time.perf_counter()
+    folder = published_dir()
+    nemo, foundry = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        md = ["# Published low-precision runs, modelled (issue 31)", "",
-              "Written by `benchmarks/nemo.py`. NeMo / Megatron-Bridge rows from "
-              "`../shared/reference/published/nemo-megatron-bridge.json`, llm-foundry pairs from "
-              "`llm-foundry-mpt-h100.json`, as published. Published step = GBS x sequence / (tokens/s per GPU x "
-              "GPUs). Signed errors are model / published - 1 (negative: the model is faster). Machines: the "
-              "`h100-sxm` preset (measured table) and the `b200` preset (public specifications, GEMMs carried over "
-              "from the H100 table, docs/machines.md). Precision: docs/precision.md. The Megatron engine profile "
-              "and recalibrated defaults of the `calib` branch are not on this branch: the framework options are "
-              "`benchmarks/published.py`'s.", ""]
-        summary = []
-        for title, constants in (("1. Defaults", DEFAULTS), ("2. With published.py's fitted constants",
-                                                            PUBLISHED_FIT)):
-            nemo = run_nemo(constants, tmp)
-            md += nemo_table(nemo, f"NeMo {title}", constants)
-            foundry = run_foundry(constants, tmp)
-            md += foundry_table(foundry, f"llm-foundry FP8/BF16 pairs, {title[3:].lower()}")
-            errs = [abs(r["err"]) for r in nemo]
-            summary.append(f"{title}: NeMo median |err| {sorted(errs)[len(errs) // 2]:.1%}, worst {max(errs):.1%}; "
-                           "llm-foundry speed-up errors " + ", ".join(pct(r["err"]) for r in foundry))
-            print(summary[-1], flush=True)
-    md += ["### Summary", ""] + [f"- {s}" for s in summary] + ["", f"({time.perf_counter() - start:.0f} s)", ""]
+        for row in nemo_rows(folder):
+            row["recipe"] = nemo_recipe(row["published"])
+            fp8 = price(row, tmp)
+            bf16 = price(dict(row, recipe=nemo_recipe(row["published"], precision=False)), tmp)
+            bare = price(dict(row, recipe=row["recipe"] + ",recompute=none"), tmp)
+            err = fp8["step"] / row["step_pub"] - 1.0
+            nemo.append(dict(row=row, fp8=fp8, bf16=bf16, bare=bare, err=err, err_bare=bare["step"] / row["step_pub"] - 1.0))
+            print(f"  {row['name']:<58} step pub {row['step_pub']:.3f} s model {fp8['step']:.3f} s ({err:+.1%})"
+                  + ("" if fp8["fits"] else " (does not fit: no cap)"), flush=True)
+        for f8, b16 in foundry_pairs(folder):
+            m8, m16 = price(foundry_row(f8, True), tmp), price(foundry_row(b16, False), tmp)
+            pub = f8["tokens_per_s"] / b16["tokens_per_s"]
+            mod = m16["step"] / m8["step"]
+            steps = [r["global_batch_tokens"] / r["tokens_per_s"] for r in (f8, b16)]
+            foundry.append(dict(fp8_row=f8, fp8=m8, bf16=m16, pub=pub, mod=mod, err=mod / pub - 1.0, steps=steps))
+            print(f"  llm-foundry {f8['model']} seq {f8['seq']}: FP8/BF16 pub {pub:.3f} model {mod:.3f} "
+                  f"({mod / pub - 1:+.1%})", flush=True)
+    md = ["# Published low-precision runs, modelled (issue 31)", "",
+          "Written by `benchmarks/nemo.py`. Every row is priced by the command line with its defaults and nothing "
+          "else (the commands are listed below): NeMo / Megatron-Bridge rows from "
+          "`../shared/reference/published/nemo-megatron-bridge.json`, llm-foundry pairs from "
+          "`llm-foundry-mpt-h100.json`, as published. Published step = GBS x sequence / (tokens/s per GPU x GPUs). "
+          "Signed errors: model / published - 1 (negative: the model is faster). Machines: the `h100-sxm` preset "
+          "and the `b200` preset. Scaling: `current` for FP8-CS and Megatron-Bridge 26.x rows, `delayed` for "
+          "NeMo 24.07. Targets: dense NeMo rows within 15 %, Qwen3-30B-A3B within 20 %, llm-foundry speed-up "
+          "within 10 %.", "", "## NeMo / Megatron-Bridge (FP8)", "",
+          "| run | GPUs | recipe priced | step s pub | step s model | err | target | band (step s) "
+          "| BF16 step s model | modelled FP8 speed-up | memory GiB model | MFU model |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in nemo:
+        row, m = r["row"], r["fp8"]
+        target = TARGETS["moe" if row["moe"] else "dense"]
+        band = "" if not m["band"] else f"{m['band'][0]:.3g}-{m['band'][1]:.3g}"
+        md.append(f"| {row['name']} | {row['gpus']} | `{m['recipe']}`{'' if m['fits'] else ' (does not fit; priced with --memory 100000)'} "
+                  f"| {row['step_pub']:.3f} | {m['step']:.3f} | {pct(r['err'])} "
+                  f"| {'met' if abs(r['err']) <= target else 'MISSED'} ({target:.0%}) | {band} "
+                  f"| {r['bf16']['step']:.3f} | {r['bf16']['step'] / m['step']:.2f}x | {m['memory'] / GiB:.1f} "
+                  f"| {m['mfu']:.1%} |")
+    errs = [abs(r["err"]) for r in nemo]
+    md += ["", f"Absolute step-time error: median **{statistics.median(errs):.1%}**, worst **{max(errs):.1%}**.", "",
+           "Where the modelled FP8 step goes:", ""]
+    md += [f"- **{r['row']['name']}**: {share(r['fp8'])}." for r in nemo]
+    md += ["", "### Without recomputation", "",
+           "The tables publish no recomputation; the search above picks the fastest that fits the modelled memory. "
+           "the published file's notes name it only for the Llama 3 8B H100 recipe (5 of 32 layers, not a recipe "
+           "word); the same rows with `recompute=none` added, priced with `--memory 100000` (no cap) where "
+           "the modelled peak exceeds the device:", "",
+           "| run | step s pub | step s model, recompute=none | err | memory GiB model | fits the device |",
+           "|---|---|---|---|---|---|"]
+    for r in nemo:
+        b = r["bare"]
+        md.append(f"| {r['row']['name']} | {r['row']['step_pub']:.3f} | {b['step']:.3f} | {pct(r['err_bare'])} "
+                  f"| {b['memory'] / GiB:.1f} | {'yes' if b['fits'] else 'no: priced without the cap'} |")
+    md += ["", "## llm-foundry FP8/BF16 pairs (H100)", "",
+           "| model | seq | GPUs | recipe (BF16; FP8 adds precision=fp8,scaling=delayed) | FP8/BF16 pub | FP8/BF16 model "
+           "| err | target | step s pub FP8 / BF16 | step s model FP8 / BF16 | err FP8 / BF16 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in foundry:
+        f = r["fp8_row"]
+        md.append(f"| {f['model']} | {f['seq']} | {f['gpus']} | `{r['bf16']['recipe']}` | {r['pub']:.3f} | {r['mod']:.3f} "
+                  f"| {pct(r['err'])} | {'met' if abs(r['err']) <= TARGETS['speedup'] else 'MISSED'} (10%) "
+                  f"| {r['steps'][0]:.2f} / {r['steps'][1]:.2f} | {r['fp8']['step']:.2f} / {r['bf16']['step']:.2f} "
+                  f"| {pct(r['fp8']['step'] / r['steps'][0] - 1)} / {pct(r['bf16']['step'] / r['steps'][1] - 1)} |")
+    md += ["", "## Commands", "", "Each with `--json`; the BF16 companions drop `precision` and `scaling`.", ""]
+    md += [f"- `{command(r['fp8'])}`" for r in nemo]
+    md += [f"- `{command(r['bare'])}`" + ("" if r["bare"]["fits"] else " `--memory 100000`") for r in nemo]
+    md += [f"- `{command(r[k])}`" for r in foundry for k in ("fp8", "bf16")]
+    md += ["", f"Run time {time.perf_counter() - start:.0f} s.", ""]
     path = os.path.join(ROOT, "benchmarks", "results", "nemo.md")
-    with open(path, "w") as f:
-        f.write("\n".join(md))
-    print(f"written {path}")
+    with open(path, "w") as fh:
+        fh.write("\n".join(md))
+    print(f"NeMo median |err| {statistics.median(errs):.1%}, worst {max(errs):.1%}; llm-foundry speed-up errors "
+          + ", ".join(pct(r["err"]) for r in foundry))
+    print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
