@@ -598,7 +598,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     n = len(costing.network.layers)
     choice = [i] * n
     targets = [v for (_, v) in sorted(costing.network.edges)]
-    moved = float(costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0].sum()) if len(targets) else 0.0
+    # Every row priced, then row i taken: the overlap a row's target layers leave is that row's.
+    moved = float(costing.edge_rows(edges, targets, options)[:, i].sum()) if len(targets) else 0.0
     summary = costing.summarize(choice, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
@@ -674,7 +675,7 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
         optimizer += float(part["optimizer"][i])
     targets = [v for (_, v) in sorted(costing.network.edges)]
     if targets:
-        rows = costing.edge_rows(edges[:, i:i + 1], targets, options)[:, 0]
+        rows = costing.edge_rows(edges, targets, options)[:, i]
         causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
     causes["p2p"] = m * stages.p2p_seconds
     causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
