@@ -8,28 +8,11 @@ import numpy as np
 import pytest
 
 from pase.costing.training import OPTIMIZER_STEP_BYTES, TrainingCosting, TrainingOptions
-from pase.machines.calibrated import CalibratedMachine
 from pase.model.builder import GraphBuilder
 from pase.model.layers import FC, MoE, SoftmaxCrossEntropy
 from pase.planning.pipeline import chunk_sync
 
-TOY = {
-    "name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
-    "intra_node": {"gbps": 100, "latency_us": 0}, "inter_node": {"gbps": 10, "latency_us": 0},
-    "act_bytes": 2, "grad_bytes": 4,
-}
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return CalibratedMachine(TOY)
-
-
-def _fc_net():
-    g = GraphBuilder("fc", 1, batch=8)
-    x = g.input((8, 1000), "x", letters="bk")
-    g.add("fc", FC(x, 500))
-    return g.build()
+from test_training import _fc_net, toy  # noqa: F401 (the toy machine of round numbers: its fixture, by name)
 
 
 def _chain(blocks=2):

@@ -175,18 +175,14 @@ def validate_description(data, source: str = "machine description") -> dict:
             raise ValueError(f"{source}: {field} must be a positive number of bytes per element, got {v!r}")
         _in_range(source, field, v, None, MAX_ELEMENT_BYTES)
         out[field] = v
-    if "attention_efficiency" in data:
-        v = data["attention_efficiency"]
-        if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
-            raise ValueError(f"{source}: attention_efficiency must be a number in (0, 1] (the fraction of "
-                             f"peak_tflops a fused attention kernel reaches), got {_shown(v)}")
-        out["attention_efficiency"] = v
-    if "clock_ratio" in data:
-        v = data["clock_ratio"]
-        if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
-            raise ValueError(f"{source}: clock_ratio must be a number in (0, 1] (the clock sustained through a "
-                             f"training step over the clock the measured table ran at), got {_shown(v)}")
-        out["clock_ratio"] = v
+    for field, meaning in (("attention_efficiency", "the fraction of peak_tflops a fused attention kernel reaches"),
+                           ("clock_ratio", "the clock sustained through a training step over the clock the measured "
+                                           "table ran at")):
+        if field in data:
+            v = data[field]
+            if isinstance(v, bool) or not _number(v) or not 0 < v <= 1:
+                raise ValueError(f"{source}: {field} must be a number in (0, 1] ({meaning}), got {_shown(v)}")
+            out[field] = v
     if "collectives" in data:
         out["collectives"] = validate_collectives(data["collectives"], g, source)
     out.update(validate_spec_fields(data, source, set(PRESET_TABLES)))
