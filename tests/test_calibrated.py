@@ -394,3 +394,13 @@ def test_a_machine_file_prices_fused_attention_at_its_efficiency(tmp_path, effic
     expected = efficiency if efficiency is not None else DEFAULT_ATTENTION_EFFICIENCY
     assert costing.compute(0, TrainingOptions())[0] == pytest.approx(flops / (989e12 * expected * 0.803),
                                                                       rel=1e-12)
+
+
+@pytest.mark.parametrize("field", ["act_bytes", "grad_bytes"])
+def test_element_sizes_below_a_sixteenth_of_a_byte_are_refused(field):
+    # 5e-324 bytes once passed, and the gradient's bytes over the machine's (2 / 5e-324) made
+    # a time of inf x 0 = NaN with a RuntimeWarning on stderr.
+    data = dict(load_description("h100-sxm"), **{field: 5e-324})
+    with pytest.raises(ValueError, match=f"{field} must be at least 0.0625"):
+        validate_description(data, "box.json")
+    assert validate_description(dict(load_description("h100-sxm"), **{field: 0.5}), "box.json")[field] == 0.5

@@ -83,6 +83,9 @@ _TEXT_FIELDS = ("measured", "device", "notes")
 RATE_RANGE = (1e-6, 1e9)
 MAX_LATENCY_US = 1e9
 MAX_ELEMENT_BYTES = 1e6
+#: Smallest element size: a sixteenth of a byte, below any number format (4-bit formats are
+#: half a byte); a size near zero made the gradient's bytes over the machine's a division by it.
+MIN_ELEMENT_BYTES = 1.0 / 16
 #: Most devices per node (the command line's largest device count).
 MAX_DEVICES_PER_NODE = 2**20
 
@@ -173,7 +176,7 @@ def validate_description(data, source: str = "machine description") -> dict:
         v = data[field]
         if not _number(v) or v <= 0:
             raise ValueError(f"{source}: {field} must be a positive number of bytes per element, got {v!r}")
-        _in_range(source, field, v, None, MAX_ELEMENT_BYTES)
+        _in_range(source, field, v, MIN_ELEMENT_BYTES, MAX_ELEMENT_BYTES)
         out[field] = v
     for field, meaning in (("attention_efficiency", "the fraction of peak_tflops a fused attention kernel reaches"),
                            ("clock_ratio", "the clock sustained through a training step over the clock the measured "
