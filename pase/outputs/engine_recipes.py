@@ -627,9 +627,6 @@ def _megatron_precision(args: dict, zero: int) -> dict:
         raise ValueError(f"cannot express {flag} {name} (priced: {', '.join(words)})")
     word, gather_flag = words[name]
     gather = gather_flag in args
-    other = {"--fp8-param-gather", "--fp4-param-gather"} - {gather_flag}
-    if other & set(args):
-        raise ValueError(f"{' '.join(other & set(args))} with {flag} {name}: give {gather_flag}")
     if gather and zero == 0:
         raise ValueError(f"{gather_flag} without the distributed optimizer or Megatron FSDP: no gathers to run in "
                          "the format")
