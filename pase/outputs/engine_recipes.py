@@ -231,6 +231,7 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
         elif section == "model":
             if not isinstance(values, dict):
                 raise ValueError("[model] must be a table")
+            _titan_converters(values)
         elif section == "compile":
             if not isinstance(values, dict):
                 raise ValueError("[compile] must be a table")
@@ -348,18 +349,24 @@ _TITAN_QUANT_READ = {"float8": {"enable_fsdp_float8_all_gather", "precompute_flo
 _TITAN_QUANT_FILTERS = {"float8": [], "mx": ["output"]}
 
 
+def _titan_converters(model: dict) -> list:
+    """``model.converters``, refused unless none or one linear converter the tool prices."""
+    converters = model.get("converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise ValueError("model.converters must be a list of names")
+    if len(converters) > 1 or converters[:1] not in ([], ["quantize.linear.float8"], ["quantize.linear.mx"]):
+        raise ValueError(f"cannot express model.converters = {json.dumps(converters)} (priced: "
+                         "[\"quantize.linear.float8\"] or [\"quantize.linear.mx\"])")
+    return converters
+
+
 def _titan_precision(doc: dict, tp: int, compiled: bool, network) -> dict:
     """``precision``, ``scaling`` and ``fp8_gather`` of torchtitan's ``model.converters`` (none:
     BF16): ``quantize.linear.float8`` (``recipe_name`` tensorwise or rowwise, or none with
     ``enable_fsdp_float8_all_gather``) or ``quantize.linear.mx`` (MXFP8), ``output`` kept in BF16."""
-    converters = doc.get("model", {}).get("converters", [])
-    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
-        raise ValueError("model.converters must be a list of names")
+    converters = _titan_converters(doc.get("model", {}))
     if not converters:
         return {}
-    if len(converters) > 1 or converters[0] not in ("quantize.linear.float8", "quantize.linear.mx"):
-        raise ValueError(f"cannot express model.converters = {json.dumps(converters)} (priced: "
-                         "[\"quantize.linear.float8\"] or [\"quantize.linear.mx\"])")
     kind = converters[0].rsplit(".", 1)[1]
     where = converters[0]
     section = doc.get("quantize", {})
