@@ -433,3 +433,15 @@ def test_precision_refusals_by_hand():
         "Megatron-LM's --fp8-param-gather")
     assert refusal("deepspeed", plan(precision="mxfp8"), export=True).startswith("DeepSpeed 0.19's ds_config.json")
     assert refusal("deepspeed", plan(), export=True) is None
+
+
+def test_precision_search_keeps_to_the_formats_the_export_writes(tmp_path):
+    # b200 runs bf16, fp8, mxfp8 and nvfp4 (pase machines b200). ds_config.json writes bf16 alone,
+    # torchtitan's TOML no NVFP4: --search-precision searches only what the file can say.
+    b200 = LLAMA[:-1] + ["b200"]
+    for flag, name, formats in (("--export-deepspeed", "ds.json", {None}),
+                                ("--export-torchtitan", "t.toml", {"fp8", "mxfp8", None})):
+        status, out, err = run(*b200, "--search-precision", flag, tmp_path / name, "--json")
+        assert status == 0, err
+        precision = json.loads(out)["training"].get("precision")
+        assert (precision or {}).get("format") in formats
