@@ -1638,6 +1638,7 @@ MACHINE_FILE = "m/h100-96gb-500w.json"
 MEASURED_TABLE = "m/h100-96gb-500w-derived.json"
 SEARCH = ("-g", "mini.json", "-p", "4")
 TRAIN = ("-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training")
+TRAIN_B200 = TRAIN[:-2] + ("b200", "--training")  # MXFP8 and NVFP4 run on Blackwell
 
 #: Values every ``VALUES`` flag is given beside its own: one line and a documented status either way.
 HOSTILE = ("", " ", "-1", "0", "1e999", "nan", "9" * 400, "\u0664", "x" * 5000, "--help", "1,2", "\n")
@@ -1651,6 +1652,10 @@ VALUES = {
                                       good=(), bad=("8", "2", "4"), reason="is not divisible by dp"),
     "--recipe, interleaved vpp": Value(("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe",
                                         "pp=8,vpp={},schedule=interleaved"), bad=("5", "2"), reason="chunks"),
+    "--recipe, FP8 scaling into Megatron-LM": Value((*TRAIN, "--recipe", "precision=fp8,zero=1,scaling={}", "--export-megatron",
+                                                     "out.json"), good=("delayed", "current", "blockwise"), bad=("rowwise",)),
+    "--recipe, FP8 scaling into torchtitan": Value((*TRAIN, "--recipe", "precision=fp8,zero=3,scaling={}", "--export-torchtitan",
+                                                    "out.toml"), good=("current", "rowwise"), bad=("delayed", "blockwise")),
 }
 
 INPUT_FILES = {
@@ -1671,6 +1676,10 @@ OUTPUT_PATHS = {
     "--export-torchtitan": OutputPath((*TRAIN, "--export-torchtitan", "{}"), "toml"),
     "--export-deepspeed": OutputPath((*TRAIN, "--export-deepspeed", "{}")),
     "--dot-path of a training plan": OutputPath((*TRAIN, "--dot-path", "{}"), "dot"),
+    "--export-megatron, an FP8 plan": OutputPath((*TRAIN, "--recipe", "precision=fp8,scaling=delayed,zero=1,fp8_gather=true", "--export-megatron", "{}")),
+    "--export-megatron, an NVFP4 plan": OutputPath((*TRAIN_B200, "--recipe", "precision=nvfp4", "--export-megatron", "{}")),
+    "--export-torchtitan, an FP8 plan": OutputPath((*TRAIN, "--recipe", "precision=fp8,zero=3,fp8_gather=true", "--export-torchtitan", "{}"), "toml"),
+    "--export-torchtitan, an MXFP8 plan": OutputPath((*TRAIN_B200, "--recipe", "precision=mxfp8,zero=3", "--export-torchtitan", "{}"), "toml"),
 }
 
 REFUSALS = {
@@ -1690,6 +1699,10 @@ REFUSALS = {
     "an export onto the machine's measured table": Refusal(
         ("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", MACHINE_FILE, "--recipe", "dp=8",
          "--export-megatron", MEASURED_TABLE), "would overwrite the measured table", files=(MACHINE_FILE, MEASURED_TABLE)),
+    "an FP8 plan into ds_config.json": Refusal((*TRAIN, "--recipe", "precision=fp8", "--export-deepspeed", "ds.json"), "no FP8 training section"),
+    "NVFP4 into torchtitan": Refusal((*TRAIN_B200, "--recipe", "precision=nvfp4", "--export-torchtitan", "t.toml"), "no NVFP4 training converter"),
+    "FP8 gathers with rowwise scaling into torchtitan": Refusal((*TRAIN, "--recipe", "precision=fp8,scaling=rowwise,fp8_gather=true", "--export-torchtitan", "t.toml"), "tensorwise scaling only"),
+    "FP8 gathers without ZeRO into Megatron-LM": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=0,fp8_gather=true", "--export-megatron", "m.json"), "needs the distributed optimizer"),
 }
 
 ACCEPTED = {

@@ -22,6 +22,7 @@ import importlib.util
 import shlex
 import sys
 import types
+import typing
 import warnings
 
 import pytest
@@ -63,8 +64,12 @@ def titan_accepts(toml_path: str, command_line: str, procs: int):
     ConfigManager, ParallelDims = titan_modules()
     config = ConfigManager().parse_args(["--job.config_file", str(toml_path)])
     from_line = ConfigManager().parse_args(shlex.split(command_line))
-    for section in ("parallelism", "training", "activation_checkpoint"):
-        a, b = vars(getattr(config, section)), vars(getattr(from_line, section))
+    for section in ("parallelism", "training", "activation_checkpoint", "model", "quantize.linear.float8",
+                    "quantize.linear.mx"):
+        a, b = config, from_line
+        for name in section.split("."):
+            a, b = getattr(a, name), getattr(b, name)
+        a, b = vars(a), vars(b)
         differ = {k for k in a if a[k] != b[k] and k != "module_fqns_per_model_part"}
         assert not differ, f"{section}: the command line differs from the TOML in {differ}"
     p = config.parallelism
@@ -122,7 +127,16 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         num_layers_in_first_pipeline_stage=_int(a, "--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=_int(a, "--decoder-last-pipeline-num-layers"),
         bf16=bool(a.get("--bf16")), params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        # Megatron-LM's --fp8-format / --fp4-format and their recipes; --fp8-param-gather is fp8_param.
+        fp8=a.get("--fp8-format"), fp8_recipe=a.get("--fp8-recipe"), fp8_param=bool(a.get("--fp8-param-gather")),
+        fp4=a.get("--fp4-format"), fp4_recipe=a.get("--fp4-recipe"), fp4_param=bool(a.get("--fp4-param-gather")),
     )
+    # TransformerConfig declares its formats and recipes as Literal choices but does not check them.
+    hints = typing.get_type_hints(TransformerConfig)
+    for name in ("fp8", "fp8_recipe", "fp4", "fp4_recipe"):
+        if fields[name] is not None:
+            choices = [c for arg in typing.get_args(hints[name]) for c in typing.get_args(arg)]
+            assert fields[name] in choices, f"{name} {fields[name]!r} is not one of Megatron-Core's {choices}"
     if fields["gated_linear_unit"]:
         fields["activation_func"] = torch.nn.functional.silu
     if "--moe-expert-capacity-factor" in a:

@@ -263,3 +263,185 @@ def test_engine_search_never_returns_what_the_engine_cannot_run():
         assert kept.candidates and all(runs(profile, p) for p in kept.candidates)
         assert len(kept.candidates) < len(every.candidates)
         assert math.isclose(kept.best.summary.step_seconds, min(p.step_seconds for p in allowed), rel_tol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------
+# Low-precision plans (issues 31 and 33): each engine's FP8 settings as priced, or a refusal.
+
+B200 = LLAMA[:-1] + ["b200"]  # MXFP8 and NVFP4 run on Blackwell (pase machines)
+
+#: (name, graph, recipe, the Megatron-Core TransformerConfig fields the arguments must give:
+#: fp8, fp8_recipe, fp8_param, fp4, fp4_recipe, fp4_param), written out from
+#: megatron-core 0.16's field docs: current scaling is its "tensorwise" recipe, fp8_gather
+#: is --fp8-param-gather (fp8_param), NVFP4 is fp4 "e2m1" with the "nvfp4" recipe.
+MEGATRON_FP8_CASES = [
+    ("fp8_delayed_gather", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,precision=fp8,scaling=delayed,"
+     "fp8_gather=true", ("hybrid", "delayed", True, None, None, False)),
+    ("fp8_current_pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=1,recompute=full,microbatch=1,"
+     "precision=fp8,scaling=current", ("hybrid", "tensorwise", False, None, None, False)),
+    ("fp8_blockwise_fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=full,microbatch=1,precision=fp8,scaling=blockwise,"
+     "fp8_gather=true", ("hybrid", "blockwise", True, None, None, False)),
+    ("mxfp8", B200, "dp=4,tp=4,zero=1,recompute=selective,precision=mxfp8", ("hybrid", "mxfp8", False, None, None,
+                                                                             False)),
+    ("nvfp4", B200, "dp=4,tp=4,zero=1,recompute=full,precision=nvfp4,fp8_gather=true",
+     (None, None, False, "e2m1", "nvfp4", True)),
+]
+
+
+@pytest.mark.parametrize("name,graph,recipe,fields", MEGATRON_FP8_CASES, ids=[c[0] for c in MEGATRON_FP8_CASES])
+def test_megatron_exports_low_precision_plans(tmp_path, name, graph, recipe, fields):
+    path, report = _export(tmp_path, graph, recipe, "--export-megatron", f"{name}.json")
+    a = json.loads(path.read_text())["arguments"]
+    fp8, fp8_recipe, fp8_param, fp4, fp4_recipe, fp4_param = fields
+    assert (a.get("--fp8-format"), a.get("--fp8-recipe"), a.get("--fp8-param-gather", False)) == \
+        (fp8, fp8_recipe, fp8_param)
+    assert (a.get("--fp4-format"), a.get("--fp4-recipe"), a.get("--fp4-param-gather", False)) == \
+        (fp4, fp4_recipe, fp4_param)
+    assert a["--bf16"] is True  # everything not converted stays BF16
+    _round_trip(graph, path, report)
+    config, _, _ = check.megatron_accepts(a, 16)
+    assert (config.fp8, config.fp8_param, config.fp4, config.fp4_param) == (fp8, fp8_param, fp4, fp4_param)
+    if fp8 is not None:
+        assert config.fp8_recipe == fp8_recipe
+    else:
+        assert config.fp4_recipe == fp4_recipe
+
+
+#: (name, graph, recipe, converter, its section's fields): torchtitan 0.2.2's converters, the
+#: output layer kept in BF16 (filter_fqns) as priced; FP8 all-gathers only without a
+#: recipe_name (its Float8 converter asserts it), on its default tensorwise scaling.
+TITAN_FP8_CASES = [
+    ("fp8_tensorwise", LLAMA, "dp=16,tp=1,zero=3,recompute=op,microbatch=1,precision=fp8,scaling=current",
+     "quantize.linear.float8", {"recipe_name": "tensorwise", "filter_fqns": ["output"],
+                                "enable_fsdp_float8_all_gather": False}),
+    ("fp8_gather", LLAMA, "dp=16,tp=1,zero=3,recompute=full,microbatch=1,precision=fp8,fp8_gather=true",
+     "quantize.linear.float8", {"recipe_name": None, "filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}),
+    ("fp8_rowwise_pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=3,recompute=full,microbatch=1,precision=fp8,"
+     "scaling=rowwise", "quantize.linear.float8", {"recipe_name": "rowwise", "filter_fqns": ["output"],
+                                                   "enable_fsdp_float8_all_gather": False}),
+    ("mxfp8", B200, "dp=2,tp=4,cp=2,zero=3,recompute=full,precision=mxfp8", "quantize.linear.mx",
+     {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}),
+]
+
+
+@pytest.mark.parametrize("name,graph,recipe,converter,fields", TITAN_FP8_CASES, ids=[c[0] for c in TITAN_FP8_CASES])
+def test_torchtitan_exports_low_precision_plans(tmp_path, name, graph, recipe, converter, fields):
+    path, report = _export(tmp_path, graph, recipe, "--export-torchtitan", f"{name}.toml")
+    import tomllib
+
+    doc = tomllib.loads(path.read_text())
+    assert doc["model"]["converters"] == [converter]
+    section = doc["quantize"]["linear"][converter.rsplit(".", 1)[1]]
+    for key, value in fields.items():
+        assert section.get(key, False if isinstance(value, bool) else None) == value, key
+    _round_trip(graph, path, report)
+    config = check.titan_accepts(path, _toml_comment(path, "command line"), 16)
+    assert config.model.converters == [converter]
+    parsed = getattr(config.quantize.linear, converter.rsplit(".", 1)[1])
+    for key, value in fields.items():
+        assert getattr(parsed, key) == value, key
+
+
+TORCHTITAN_PROFILE = ["--engine", "torchtitan,compile=true"]
+
+
+@pytest.mark.parametrize("flag,graph,recipe,reason", [
+    ("--export-torchtitan", LLAMA, "dp=16,tp=1,zero=3,precision=fp8,scaling=delayed", "no delayed scaling"),
+    ("--export-torchtitan", LLAMA, "dp=16,tp=1,zero=3,precision=fp8,scaling=blockwise", "no blockwise"),
+    ("--export-torchtitan", B200, "dp=16,tp=1,zero=3,precision=nvfp4", "no NVFP4 training converter"),
+    ("--export-torchtitan", LLAMA, "dp=16,tp=1,zero=3,precision=fp8,scaling=rowwise,fp8_gather=true",
+     "tensorwise scaling only"),
+    ("--export-torchtitan", MIXTRAL, "dp=8,tp=2,ep=4,zero=3,recompute=full,precision=fp8",
+     "quantize.grouped_mm"),
+    ("--export-torchtitan", B200 + TORCHTITAN_PROFILE, "dp=4,tp=4,zero=3,precision=mxfp8",
+     "TP not yet supported with torch.compile for mxfp8"),
+    ("--export-megatron", LLAMA, "dp=16,tp=1,zero=1,precision=fp8,scaling=rowwise", "no rowwise"),
+    ("--export-megatron", LLAMA, "dp=16,tp=1,zero=0,precision=fp8,fp8_gather=true", "needs the distributed optimizer"),
+    ("--export-deepspeed", LLAMA, "dp=16,tp=1,zero=3,recompute=none,precision=fp8",
+     "ds_config.json has no FP8 training section"),
+])
+def test_low_precision_exports_refuse_what_the_file_cannot_say(tmp_path, flag, graph, recipe, reason):
+    path = tmp_path / "out"
+    status, out, err = run(*graph, "--recipe", recipe, flag, path)
+    assert status == 2 and reason in err and not path.exists(), err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("--fp8-format hybrid --fp8-recipe custom", "cannot express --fp8-recipe custom"),
+    ("--fp8-recipe tensorwise", "--fp8-recipe needs --fp8-format"),
+    ("--fp8-format e5m2", "--fp8-format must be hybrid or e4m3"),
+    ("--fp8-format hybrid --fp4-format e2m1", "Megatron-LM runs one of them"),
+    ("--fp4-format e2m1 --fp8-param-gather --use-distributed-optimizer --overlap-param-gather",
+     "--fp8-param-gather needs --fp8-format"),
+    ("--fp8-format hybrid --fp8-param-gather", "without the distributed optimizer"),
+])
+def test_megatron_recipe_from_refuses_low_precision_it_cannot_price(tmp_path, text, reason):
+    path = tmp_path / "args.txt"
+    path.write_text(f"--micro-batch-size 1 --global-batch-size 32 --overlap-grad-reduce {text}\n")
+    status, out, err = run(*LLAMA, "--recipe-from", path)
+    assert status == 2 and reason in err, err
+
+
+def test_megatron_recipe_from_reads_the_default_recipe_as_delayed(tmp_path):
+    # Megatron-LM's --fp8-recipe defaults to delayed (TransformerConfig.fp8_recipe = "delayed").
+    path = tmp_path / "args.txt"
+    path.write_text("--micro-batch-size 1 --global-batch-size 32 --fp8-format e4m3 --use-distributed-optimizer "
+                    "--overlap-grad-reduce --overlap-param-gather\n")
+    status, out, err = run(*LLAMA, "--recipe-from", path, "--json")
+    assert status == 0, err
+    assert json.loads(out)["training"]["precision"] == {"format": "fp8", "fp8_scaling": "delayed", "fp8_gather": False}
+
+
+@pytest.mark.parametrize("quant,reason", [
+    ('[model]\nconverters = ["quantize.linear.float8"]\n', "filter_fqns = [] (priced: [\"output\"]"),
+    ('[model]\nconverters = ["float8"]\n', "cannot express model.converters"),
+    ('[model]\nconverters = ["quantize.linear.float8", "quantize.grouped_mm.float8"]\n', "cannot express model.converters"),
+    ('[model]\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n'
+     'recipe_name = "rowwise_with_gw_hp"\n', "cannot express quantize.linear.float8.recipe_name"),
+    ('[model]\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n'
+     'emulate = true\n', "emulated FP8 GEMMs are not priced"),
+    ('[model]\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n'
+     'recipe_name = "rowwise"\nenable_fsdp_float8_all_gather = true\n', "torchtitan refuses it"),
+    ('[model]\nconverters = ["quantize.linear.mx"]\n[quantize.linear.mx]\nrecipe_name = "mxfp4_cutlass"\n',
+     "cannot express quantize.linear.mx.recipe_name"),
+])
+def test_torchtitan_recipe_from_refuses_converters_it_cannot_price(tmp_path, quant, reason):
+    path = tmp_path / "t.toml"
+    path.write_text("[parallelism]\ndata_parallel_shard_degree = 16\n[training]\nlocal_batch_size = 2\n"
+                    "global_batch_size = 32\nseq_len = 1024\n[activation_checkpoint]\nmode = \"none\"\n" + quant)
+    status, out, err = run(*B200, "--recipe-from", path)
+    assert status == 2 and reason in err, err
+
+
+def test_precision_refusals_by_hand():
+    def plan(**kw):
+        base = dict(procs=8, batch=8, dp=8, tp=1, cp=1, pp=1, ep=1, sp=False, zero=3, recompute="none",
+                    microbatch=1, microbatches=1, schedule="1f1b", vpp=1, counts=(), tp_overlap=False, overlap=True,
+                    sequence=16, architecture={"layers": 2}, recipe="")
+        return EnginePlan(**{**base, **kw})
+
+    # Running is not exporting: the profiles' runs say nothing of formats.
+    assert refusal("torchtitan", plan(precision="fp8", fp8_scaling="delayed")) is None
+    assert refusal("torchtitan", plan(precision="fp8", fp8_scaling="delayed"), export=True).startswith(
+        "torchtitan 0.2.2's Float8 converter")
+    assert refusal("torchtitan", plan(precision="fp8", fp8_scaling="current", fp8_gather=True), export=True) is None
+    assert refusal("torchtitan", plan(precision="mxfp8", fp8_gather=True), export=True).startswith(
+        "torchtitan's FP8 all-gathers")
+    assert refusal("megatron", plan(precision="nvfp4", fp8_gather=True), export=True) is None
+    assert refusal("megatron", plan(precision="fp8", fp8_gather=True, zero=0), export=True).startswith(
+        "Megatron-LM's --fp8-param-gather")
+    assert refusal("deepspeed", plan(precision="mxfp8"), export=True).startswith("DeepSpeed 0.19's ds_config.json")
+    assert refusal("deepspeed", plan(), export=True) is None
+
+
+def test_precision_search_keeps_to_the_formats_the_export_writes(tmp_path):
+    # b200 runs bf16, fp8, mxfp8 and nvfp4 (pase machines b200). ds_config.json writes bf16 alone,
+    # torchtitan's TOML no NVFP4: --search-precision searches only what the file can say.
+    b200 = LLAMA[:-1] + ["b200"]
+    for flag, name, formats in (("--export-deepspeed", "ds.json", {None}),
+                                ("--export-torchtitan", "t.toml", {"fp8", "mxfp8", None})):
+        status, out, err = run(*b200, "--search-precision", flag, tmp_path / name, "--json")
+        assert status == 0, err
+        precision = json.loads(out)["training"].get("precision")
+        assert (precision or {}).get("format") in formats

@@ -14,6 +14,8 @@ import json
 import math
 import shlex
 
+from pase.outputs.engines import (MEGATRON_PRECISION, TITAN_FLOAT8_RECIPES, TITAN_MX_RECIPE,
+                                  titan_precision_refusal)
 from pase.planning.mesh import Recipe
 
 __all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_megatron", "recipe_from_deepspeed",
@@ -227,8 +229,9 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
                 if key not in _TITAN_READ[section]:
                     raise ValueError(f"unknown torchtitan field {section}.{key}")
         elif section == "model":
-            if isinstance(values, dict) and values.get("converters"):
-                raise ValueError("cannot express model.converters (Float8/MX training is not priced yet)")
+            if not isinstance(values, dict):
+                raise ValueError("[model] must be a table")
+            _titan_converters(values)
         elif section == "compile":
             if not isinstance(values, dict):
                 raise ValueError("[compile] must be a table")
@@ -332,9 +335,75 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
     if overlap and not compiled:
         raise ValueError("parallelism.enable_async_tensor_parallel needs compile.enable (torchtitan ignores it "
                          "without)")
+    precision = _titan_precision(doc, tp, compiled, network)
     return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
                    microbatch=micro, schedule=schedule, vpp=vpp, stages=stages, sp=True if tp > 1 else None,
-                   tp_overlap=bool(overlap and tp > 1))
+                   tp_overlap=bool(overlap and tp > 1), **precision)
+
+
+#: torchtitan 0.2.2's converter fields (``quantize.linear.float8``, ``quantize.linear.mx``).
+_TITAN_QUANT_READ = {"float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                                "recipe_name", "filter_fqns", "emulate"},
+                     "mx": {"recipe_name", "filter_fqns", "mxfp8_dim1_cast_kernel_choice"}}
+#: Their ``filter_fqns`` defaults (torchtitan's job config).
+_TITAN_QUANT_FILTERS = {"float8": [], "mx": ["output"]}
+
+
+def _titan_converters(model: dict) -> list:
+    """``model.converters``, refused unless none or one linear converter the tool prices."""
+    converters = model.get("converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise ValueError("model.converters must be a list of names")
+    if len(converters) > 1 or converters[:1] not in ([], ["quantize.linear.float8"], ["quantize.linear.mx"]):
+        raise ValueError(f"cannot express model.converters = {json.dumps(converters)} (priced: "
+                         "[\"quantize.linear.float8\"] or [\"quantize.linear.mx\"])")
+    return converters
+
+
+def _titan_precision(doc: dict, tp: int, compiled: bool, network) -> dict:
+    """``precision``, ``scaling`` and ``fp8_gather`` of torchtitan's ``model.converters`` (none:
+    BF16): ``quantize.linear.float8`` (``recipe_name`` tensorwise or rowwise, or none with
+    ``enable_fsdp_float8_all_gather``) or ``quantize.linear.mx`` (MXFP8), ``output`` kept in BF16."""
+    converters = _titan_converters(doc.get("model", {}))
+    if not converters:
+        return {}
+    kind = converters[0].rsplit(".", 1)[1]
+    where = converters[0]
+    section = doc.get("quantize", {})
+    for key in ("linear", kind):
+        section = section.get(key, {}) if isinstance(section, dict) else None
+    if not isinstance(section, dict):
+        raise ValueError(f"[{where}] must be a table")
+    for key in section:
+        if key not in _TITAN_QUANT_READ[kind]:
+            raise ValueError(f"unknown torchtitan field {where}.{key}")
+    filters = section.get("filter_fqns", _TITAN_QUANT_FILTERS[kind])
+    if filters != ["output"]:
+        raise ValueError(f"cannot express {where}.filter_fqns = {json.dumps(filters)} (priced: [\"output\"]: every "
+                         "linear layer of the blocks converted, the output layer in BF16)")
+    precision = "mxfp8" if kind == "mx" else "fp8"
+    reason = titan_precision_refusal(getattr(network, "architecture", None), precision, tp, compiled)
+    if reason is not None:
+        raise ValueError(f"{where}: {reason}")
+    if kind == "mx":
+        name = section.get("recipe_name", TITAN_MX_RECIPE)
+        if name != TITAN_MX_RECIPE:
+            raise ValueError(f"cannot express {where}.recipe_name = {json.dumps(name)} (priced: {TITAN_MX_RECIPE})")
+        return {"precision": "mxfp8"}
+    if section.get("emulate", False) is not False:
+        raise ValueError(f"cannot express {where}.emulate = {json.dumps(section['emulate'])} (emulated FP8 GEMMs are "
+                         "not priced)")
+    gather = section.get("enable_fsdp_float8_all_gather", False)
+    if not isinstance(gather, bool):
+        raise ValueError(f"{where}.enable_fsdp_float8_all_gather must be true or false")
+    name = section.get("recipe_name")
+    scalings = {v: k for k, v in TITAN_FLOAT8_RECIPES.items()}
+    if name is not None and name not in scalings:
+        raise ValueError(f"cannot express {where}.recipe_name = {json.dumps(name)} (priced: "
+                         f"{', '.join(scalings)})")
+    if name is not None and gather:
+        raise ValueError(f"{where}.enable_fsdp_float8_all_gather with a recipe_name: torchtitan refuses it")
+    return {"precision": "fp8", "scaling": scalings[name] if name else "current", "fp8_gather": gather or None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -360,9 +429,11 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--no-async-tensor-model-parallel-allreduce", "--use-megatron-fsdp", "--overlap-grad-reduce",
     "--overlap-param-gather", "--no-load-optim", "--no-load-rng", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--group-query-attention", "--sequence-parallel",
-    "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16",
+    "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16", "--fp8-param-gather",
+    "--fp4-param-gather",
 }
 _MEGATRON_VALUED = {
+    "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
     "--data-parallel-sharding-strategy", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
@@ -531,7 +602,43 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
             stages = (blocks // pp,) * pp  # Megatron's even split, fixed (not searched)
     return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
                    microbatch=micro, schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
-                   sp=sp if tp > 1 else None, tp_overlap=overlap_tp)
+                   sp=sp if tp > 1 else None, tp_overlap=overlap_tp, **_megatron_precision(args, zero))
+
+
+#: Megatron-LM's FP8 formats priced alike (E4M3 throughout or E5M2 gradients: one byte each).
+_MEGATRON_FP8_FORMATS = ("hybrid", "e4m3")
+
+
+def _megatron_precision(args: dict, zero: int) -> dict:
+    """``precision``, ``scaling`` and ``fp8_gather`` of Megatron-LM's ``--fp8-*`` / ``--fp4-*``
+    arguments (:data:`~pase.outputs.engines.MEGATRON_PRECISION`; none: BF16)."""
+    fp8, fp4 = args.get("--fp8-format"), args.get("--fp4-format")
+    if fp8 is not None and fp4 is not None:
+        raise ValueError("--fp8-format with --fp4-format: Megatron-LM runs one of them")
+    for low, flag in ((fp8, "--fp8-"), (fp4, "--fp4-")):
+        if low is None:
+            for name in ("recipe", "param-gather"):
+                if flag + name in args:
+                    raise ValueError(f"{flag}{name} needs {flag}format")
+    if fp8 is None and fp4 is None:
+        return {}
+    if fp8 is not None and fp8 not in _MEGATRON_FP8_FORMATS:
+        raise ValueError(f"--fp8-format must be {' or '.join(_MEGATRON_FP8_FORMATS)}, got {fp8!r}")
+    if fp4 is not None and fp4 != "e2m1":
+        raise ValueError(f"--fp4-format must be e2m1, got {fp4!r}")
+    flag = "--fp8-recipe" if fp8 is not None else "--fp4-recipe"
+    name = args.get(flag, "delayed" if fp8 is not None else "nvfp4")  # Megatron-LM's defaults
+    words = {recipe[1][1]: (word, gather) for word, (recipe, gather) in MEGATRON_PRECISION.items()
+             if recipe[1][0] == flag}
+    if name not in words:
+        raise ValueError(f"cannot express {flag} {name} (priced: {', '.join(words)})")
+    word, gather_flag = words[name]
+    gather = gather_flag in args
+    if gather and zero == 0:
+        raise ValueError(f"{gather_flag} without the distributed optimizer or Megatron FSDP: no gathers to run in "
+                         "the format")
+    precision, _, scaling = word.partition("/")
+    return {"precision": precision, "scaling": scaling or None, "fp8_gather": gather or None}
 
 
 # ---------------------------------------------------------------------------------------

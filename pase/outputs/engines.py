@@ -11,6 +11,13 @@ Field and argument names are the engines' own: torchtitan 0.2.2's job config (th
 release that reads TOML job files; 0.3 moved to Python config registries), Megatron-LM's
 ``pretrain_gpt.py`` arguments (megatron-core 0.16 configuration classes), DeepSpeed 0.19's
 ``ds_config.json``.
+
+Low precision (``docs/precision.md``): Megatron-LM's Transformer Engine recipes
+(``--fp8-format hybrid --fp8-recipe delayed|tensorwise|blockwise|mxfp8``, ``--fp4-format e2m1
+--fp4-recipe nvfp4``, ``--fp8-param-gather``/``--fp4-param-gather`` for ``fp8_gather``);
+torchtitan's converters (``quantize.linear.float8`` tensorwise or rowwise, with
+``enable_fsdp_float8_all_gather``; ``quantize.linear.mx`` for MXFP8), the output layer kept in
+BF16 as priced. What an engine's file cannot say (its profile's ``runs.export``) is refused.
 """
 
 from __future__ import annotations
@@ -20,13 +27,32 @@ import json
 from pase.planning.engine_runs import EnginePlan, refusal
 
 __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
-           "toml_text", "torchtitan_fqns", "TORCHTITAN_VERSION", "DEVICES_PER_NODE"]
+           "toml_text", "torchtitan_fqns", "TORCHTITAN_VERSION", "DEVICES_PER_NODE", "MEGATRON_PRECISION",
+           "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal"]
 
 #: The torchtitan release whose job-config field names the export uses.
 TORCHTITAN_VERSION = "0.2.2"
 #: Devices per node in the launch commands (torchrun's --nproc-per-node): the H100/H200/A100
 #: servers of the machine presets have 8.
 DEVICES_PER_NODE = 8
+
+#: Megatron-LM's arguments per format (``EnginePlan.precision_word``): Transformer Engine's
+#: recipes, FP8 in its ``hybrid`` format (E4M3 forward, E5M2 gradients); then the switch that
+#: keeps the converted weights (and so ZeRO's gathers of them) in the format.
+MEGATRON_PRECISION = {
+    "fp8/delayed": ((("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")), "--fp8-param-gather"),
+    "fp8/current": ((("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")), "--fp8-param-gather"),
+    "fp8/blockwise": ((("--fp8-format", "hybrid"), ("--fp8-recipe", "blockwise")), "--fp8-param-gather"),
+    "mxfp8": ((("--fp8-format", "hybrid"), ("--fp8-recipe", "mxfp8")), "--fp8-param-gather"),
+    "nvfp4": ((("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")), "--fp4-param-gather"),
+}
+#: torchtitan 0.2.2's Float8 ``recipe_name`` per FP8 scaling (``quantize.linear.float8``).
+TITAN_FLOAT8_RECIPES = {"current": "tensorwise", "rowwise": "rowwise"}
+#: torchtitan 0.2.2's MX ``recipe_name`` for MXFP8 (``quantize.linear.mx``, its default).
+TITAN_MX_RECIPE = "mxfp8_cublas"
+#: torchtitan's converters skip a linear layer with a dimension not a multiple of this
+#: (``components/quantization/utils.py``, the FP8 tensor cores' alignment).
+TITAN_MIN_DIM = 16
 
 
 class EngineRefusal(ValueError):
@@ -146,7 +172,49 @@ def _titan_sections(plan: EnginePlan, compiled: bool = False) -> dict:
                 "activation_checkpoint": checkpoint, "training": training}
     if compiled:
         sections["compile"] = {"enable": True}
+    sections.update(_titan_precision(plan, compiled))
     return sections
+
+
+def titan_precision_refusal(architecture, precision: str, tp: int, compiled: bool) -> str | None:
+    """Why torchtitan's converters would not convert what a ``precision`` plan prices (the
+    blocks' linear layers, experts included), or ``None``: the same for the export and for a
+    TOML read back."""
+    a = architecture or {}
+    if a.get("moe"):
+        return ("torchtitan converts the experts' grouped GEMMs only with its prototype quantize.grouped_mm "
+                "converters (rowwise or MXFP8 scaling, no pipeline or context parallelism): an MoE plan in "
+                f"{precision} is not written")
+    dims = {"width": a.get("width"), "attention width": (a.get("heads") or 0) * (a.get("head_dim") or 0),
+            "key/value width": (a.get("kv_heads") or 0) * (a.get("head_dim") or 0), "mlp width": a.get("mlp_width")}
+    odd = [f"{k} {v}" for k, v in dims.items() if v and v % TITAN_MIN_DIM]
+    if odd:
+        return (f"its converters keep a linear layer in BF16 unless every dimension is a multiple of {TITAN_MIN_DIM}, "
+                f"and the plan prices the model's {', '.join(odd)} in {precision}")
+    if precision == "mxfp8" and compiled and tp > 1:
+        return "torchtitan's MX converter refuses tensor parallelism under torch.compile (\"TP not yet supported " \
+               "with torch.compile for mxfp8\")"
+    return None
+
+
+def _titan_precision(plan: EnginePlan, compiled: bool) -> dict:
+    """torchtitan's converter sections for the plan's format (none for BF16): the blocks'
+    linear layers converted, ``output`` kept in BF16 (``filter_fqns``), as priced."""
+    if plan.precision == "bf16":
+        return {}
+    reason = titan_precision_refusal(plan.architecture, plan.precision, plan.tp, compiled)
+    if reason is not None:
+        raise EngineRefusal("torchtitan", reason)
+    if plan.precision == "mxfp8":
+        return {"model": {"converters": ["quantize.linear.mx"]},
+                "quantize.linear.mx": {"recipe_name": TITAN_MX_RECIPE, "filter_fqns": ["output"]}}
+    float8 = {"filter_fqns": ["output"]}
+    if plan.fp8_gather:
+        # No recipe_name: torchtitan refuses it with FP8 all-gathers; its default is tensorwise.
+        float8["enable_fsdp_float8_all_gather"] = True
+    else:
+        float8["recipe_name"] = TITAN_FLOAT8_RECIPES[plan.fp8_scaling]
+    return {"model": {"converters": ["quantize.linear.float8"]}, "quantize.linear.float8": float8}
 
 
 def _titan_arguments(sections: dict) -> list:
@@ -157,6 +225,8 @@ def _titan_arguments(sections: dict) -> list:
                 continue  # the description is prose; the stage split is the TOML's (a list of lists)
             if isinstance(value, bool):
                 args += [f"--{section}.{key}"] if value else []  # a switch (its default is off)
+            elif isinstance(value, list):
+                args += [f"--{section}.{key}", ",".join(value)]  # torchtitan's lists: comma-separated
             else:
                 args += [f"--{section}.{key}", str(value)]
     return args
@@ -245,6 +315,15 @@ def _model_arguments(plan: EnginePlan) -> list:
     return args
 
 
+def _precision_arguments(plan: EnginePlan) -> list:
+    """Transformer Engine's recipe for the plan's format (:data:`MEGATRON_PRECISION`; none for
+    BF16): Megatron keeps the embedding and output layer out of it, as priced."""
+    if plan.precision == "bf16":
+        return []
+    recipe, gather = MEGATRON_PRECISION[plan.precision_word]
+    return list(recipe) + ([(gather, None)] if plan.fp8_gather else [])
+
+
 def _parallel_arguments(plan: EnginePlan) -> list:
     args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp),
             ("--context-parallel-size", plan.cp)]
@@ -286,7 +365,7 @@ def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profil
     ``arguments`` (flag -> value, ``True`` for a switch), ``command_line``, ``launch``,
     ``data_parallel_size`` (what Megatron derives: ``p / (tp pp cp)``)."""
     _check("megatron", plan, profile)
-    args = _model_arguments(plan) + _parallel_arguments(plan)
+    args = _model_arguments(plan) + _precision_arguments(plan) + _parallel_arguments(plan)
     if _setting(profile, "grad_reduce") == "bf16":
         args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced
     line = " ".join(flag if value is None else f"{flag} {value}" for flag, value in args)

@@ -54,6 +54,15 @@ class EnginePlan:
     recipe: str
     #: The number format of the blocks' weight products (``bf16``; ``fp8``, ``mxfp8``, ``nvfp4``).
     precision: str = "bf16"
+    #: FP8's scaling recipe (``delayed``, ``current``, ``rowwise``, ``blockwise``; FP8 only).
+    fp8_scaling: str = "current"
+    #: ZeRO's all-gathers of the converted weights in the format.
+    fp8_gather: bool = False
+
+    @property
+    def precision_word(self) -> str:
+        """The format in ``runs.export.precisions`` words: ``fp8/SCALING`` for FP8, else its name."""
+        return f"fp8/{self.fp8_scaling}" if self.precision == "fp8" else self.precision
 
     @property
     def replicas(self) -> int:
@@ -87,7 +96,8 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         sp=bool(mesh.sp and mesh.tp > 1), zero=o.zero, recompute=o.recompute, microbatch=micro,
         microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
-        precision=getattr(o, "precision", "bf16"))
+        precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
+        fp8_gather=bool(getattr(o, "fp8_gather", False)))
 
 
 @lru_cache(maxsize=None)
@@ -110,7 +120,10 @@ _GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeR
             "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
             "no ZeRO-{value}", "recompute": "{name} has no recomputation policy '{value}'",
             "tp_overlap": "{name} does not overlap tensor-parallel communication as priced (tp_overlap=true)",
-            "architecture": "{name} builds the model from its shape, which this graph does not declare"}
+            "architecture": "{name} builds the model from its shape, which this graph does not declare",
+            "export:precision": "{name}'s file cannot say {value} training (bf16 only)",
+            "export:fp8_gather": "{name}'s file cannot say ZeRO all-gathers in {value} (fp8_gather=true)",
+            "export:fp8_gather_zero": "{name}'s file cannot say fp8_gather=true with ZeRO-{value}"}
 
 
 def _why(profile, key: str, value=None) -> str:
@@ -126,13 +139,21 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     ``None`` when it can. The rules are the profile's ``runs`` section (a key it lacks does not
     restrict) with its ``recompute_policies`` and ``tp_comm_overlap`` facts; with ``export``,
     also ``runs.export``: what the engine's file can say (``recompute``, ``schedules``: empty
-    for a file that cannot hold a pipeline)."""
+    for a file that cannot hold a pipeline; ``precisions``: the formats it writes, in
+    :attr:`EnginePlan.precision_word` words, bf16 alone where absent; ``fp8_gather``: the formats
+    it gathers weights in, ``fp8_gather_zero``: the ZeRO stages it does so with)."""
     profile = _profile(engine)
     runs = profile.runs
     if export:
-        if plan.precision != "bf16":  # TODO: the engines' FP8 settings (Float8/MX converters, --fp8-*)
-            return f"{plan.precision} training is not written into {profile.name}'s files yet (bf16 only)"
         limits = runs.get("export", {})
+        word = plan.precision_word
+        if word not in limits.get("precisions", ("bf16",)):
+            return _why(profile, "export:precision", word)
+        if plan.fp8_gather and plan.precision != "bf16":
+            if word not in limits.get("fp8_gather", ()):
+                return _why(profile, "export:fp8_gather", word)
+            if "fp8_gather_zero" in limits and plan.zero not in limits["fp8_gather_zero"]:
+                return _why(profile, "export:fp8_gather_zero", plan.zero)
         if "recompute" in limits and plan.recompute not in limits["recompute"]:
             return _why(profile, "export:recompute")
         if plan.pp > 1 and limits.get("schedules") == []:
@@ -189,7 +210,9 @@ def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False)
                       sp=bool(mesh.sp and mesh.tp > 1), zero=options.zero, recompute=options.recompute, microbatch=1,
                       microbatches=options.microbatches, schedule="1f1b", vpp=1, counts=(), tp_overlap=options.tp_overlap,
                       overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="",
-                      precision=getattr(options, "precision", "bf16"))
+                      precision=getattr(options, "precision", "bf16"),
+                      fp8_scaling=getattr(options, "fp8_scaling", "current"),
+                      fp8_gather=bool(getattr(options, "fp8_gather", False)))
     return refusal(engine, plan, export)
 
 

@@ -39,7 +39,7 @@ from pase.core.checks import (
 from pase.machines.registry import as_machine
 
 __all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
-           "divisors", "CAUSES"]
+           "divisors", "CAUSES", "EngineRunsNone"]
 
 #: The causes a step's time is told by, in the order they are shown: per-device compute,
 #: recomputation, exposed activation collectives, redistribution between layers, pipeline
@@ -63,6 +63,10 @@ def tokens_of(network) -> int | None:
         if layer.lookup_table:
             return int(math.prod(layer.ids.shape))
     return None
+
+
+class EngineRunsNone(ValueError):
+    """None of the configurations searched runs on the engines kept to (``keep_to``)."""
 
 
 @dataclass(frozen=True)
@@ -500,7 +504,7 @@ def search_meshes(
                             _offer(fastest, keep_best, priced, found)
     if best is None and least is None:
         if engine_refused is not None:
-            raise ValueError(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
+            raise EngineRunsNone(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
                              f"(for one: {engine_refused})")
         tokens = tokens_of(probe)
         reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
@@ -558,14 +562,20 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
                        engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False, rules=None):
     """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
     recipe's scaling, else the options'), the fastest fitting plan of all."""
-    runs = []
+    runs, refused, formats = [], [], []
     for precision in machine_precisions(machine):
         fixed = {**recipe.fixed(), "precision": precision}
         if precision != "fp8":
             fixed.pop("scaling", None)
-        runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
-                                  keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
-                                  exporting=exporting, rules=rules))
+        try:
+            runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
+                                      keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
+                                      exporting=exporting, rules=rules))
+            formats.append(precision)
+        except EngineRunsNone as err:  # a format the engine (or its file) has no setting for: the others
+            refused.append(err)
+    if not runs:
+        raise refused[0]
     fitting = [r.best for r in runs if r.best is not None]
     least = [r.least_memory for r in runs if r.least_memory is not None]
     return MeshSearch(
@@ -574,7 +584,7 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         evaluated=sum(r.evaluated for r in runs),
         seconds=sum(r.seconds for r in runs),
         networks=max(r.networks for r in runs),
-        space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(machine_precisions(machine))})",
+        space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(formats)})",
         candidates=[c for r in runs for c in r.candidates],
         experts=runs[0].experts,
         fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
