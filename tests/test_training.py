@@ -150,6 +150,9 @@ def test_fused_attention_time(toy, causal):
     # 2.5 times that; causal halves it; at 40 % of 1 TFLOPS.
     flops = 2 * 2 * (2 * 2 * 8 * 8 * 4) * (0.5 if causal else 1.0) * (1 + FLASH_BACKWARD_FACTOR)
     assert costing.compute(0, fused)[0] == pytest.approx(flops / (1e12 * DEFAULT_ATTENTION_EFFICIENCY))
+    # An engine's kernel at its own efficiency (Megatron's cuDNN fused attention, 0.5):
+    # the same FLOPs at 50 % of 1 TFLOPS, 0.3 / 0.5 = 0.6 of the default's time.
+    assert costing.compute(0, TrainingOptions(attention_efficiency=0.5))[0] == pytest.approx(flops / 0.5e12)
     assert costing.compute(1, fused)[0] == 0.0 and costing.compute(2, fused)[0] == 0.0
     # Fused: neither the scores nor the softmax output is stored; unfused, both are.
     assert costing.stored_activations(0, fused)[0] == 0.0 and costing.stored_activations(1, fused)[0] == 0.0
