@@ -386,7 +386,7 @@ def _mlp_half(g: GraphBuilder, name: str, x: Tensor, out: Tensor, cfg: DecoderCo
     e, f = cfg.width, cfg.mlp_width
     if cfg.post_norms:
         out = g.add(f"{name}.attn.post_norm", _norm(out, cfg))
-    r = g.add(f"{name}.attn.residual", Elementwise(x, out))
+    r = g.add(f"{name}.attn.residual", Elementwise(x, out, combine="add"))
     y = g.add(f"{name}.ff.norm", _norm(r, cfg))
     if sparse:
         m = cfg.moe
@@ -395,7 +395,7 @@ def _mlp_half(g: GraphBuilder, name: str, x: Tensor, out: Tensor, cfg: DecoderCo
                                           shared_gate=m.shared_gate, **_moe_extras(m)))
         if cfg.post_norms:
             out = g.add(f"{name}.ff.post_norm", _norm(out, cfg))
-        return g.add(f"{name}.ff.residual", Elementwise(r, out))
+        return g.add(f"{name}.ff.residual", Elementwise(r, out, combine="add"))
     if cfg.gated:
         w_gate = g.weight((e, f), f"{name}.ff.w_gate", letters="ef")
         w_up = g.weight((e, f), f"{name}.ff.w_up", letters="ef")
@@ -410,7 +410,7 @@ def _mlp_half(g: GraphBuilder, name: str, x: Tensor, out: Tensor, cfg: DecoderCo
     down = _project(g, f"{name}.ff.down", "blf,fe->ble", h, w_down, cfg.mlp_bias)
     if cfg.post_norms:
         down = g.add(f"{name}.ff.post_norm", _norm(down, cfg))
-    return g.add(f"{name}.ff.residual", Elementwise(r, down))
+    return g.add(f"{name}.ff.residual", Elementwise(r, down, combine="add"))
 
 
 def _moe_extras(m: MoEConfig) -> dict:
@@ -454,7 +454,7 @@ def decoder(config: DecoderConfig, batch: int, name: str = "decoder") -> Network
     if cfg.positions == "learned":
         positions = g.input((batch, s), "position ids", letters="bl")
         table = g.add("position.embedding", Embedding(positions, cfg.max_positions, cfg.width, letters="bl"))
-        x = g.add("position", Elementwise(x, table))
+        x = g.add("position", Elementwise(x, table, combine="add"))
     embedded = x
     for i in range(1, cfg.layers + 1):
         with g.block():  # one decoder layer: the repeated block pipelines and recomputation read

@@ -59,13 +59,13 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: GPTConfig) -> Tensor:
     e, f = cfg.width, cfg.hidden
     y = g.add(f"{name}.attn.norm", Norm(x, axis=-1))
     out = multi_head(g, f"{name}.attn", [y], cfg.heads, cfg.key, causal=True)
-    r = g.add(f"{name}.attn.residual", Elementwise(x, out))
+    r = g.add(f"{name}.attn.residual", Elementwise(x, out, combine="add"))
     y = g.add(f"{name}.ff.norm", Norm(r, axis=-1))
     w1 = g.weight((e, f), f"{name}.ff.w1", letters="ef")
     w2 = g.weight((f, e), f"{name}.ff.w2", letters="fe")
     up = g.add(f"{name}.ff.up", Einsum("ble,ef->blf", y, w1, pw=1))
     down = g.add(f"{name}.ff.down", Einsum("blf,fe->ble", up, w2))
-    return g.add(f"{name}.ff.residual", Elementwise(r, down))
+    return g.add(f"{name}.ff.residual", Elementwise(r, down, combine="add"))
 
 
 def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
@@ -88,7 +88,7 @@ def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
     ids = g.input((batch, cfg.sequence), "ids", letters="bl")
     position = g.input((batch, cfg.sequence, cfg.width), "position embedding", letters="ble")
     x = g.add("embedding", Embedding(ids, cfg.vocab, cfg.width, letters="bl"))
-    x = g.add("position", Elementwise(x, position))
+    x = g.add("position", Elementwise(x, position, combine="add"))
     for i in range(1, cfg.layers + 1):
         with g.block():  # one decoder layer: the repeated block pipelines and recomputation read
             x = _block(g, f"block{i}", x, cfg)

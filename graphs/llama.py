@@ -77,7 +77,7 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: LlamaConfig, rotary_q: Te
     context = g.add(f"{name}.attn.context", Einsum("bgrlm,bgmk->bgrlk", weights, value))
     wo = g.weight((G, R, e, k), f"{name}.attn.wo", letters="grek")
     out = g.add(f"{name}.attn.out", Einsum("bgrlk,grek->ble", context, wo))
-    r = g.add(f"{name}.attn.residual", Elementwise(x, out))
+    r = g.add(f"{name}.attn.residual", Elementwise(x, out, combine="add"))
     y = g.add(f"{name}.ff.norm", RMSNorm(r, axis=-1))
     w_gate = g.weight((e, f), f"{name}.ff.w_gate", letters="ef")
     w_up = g.weight((e, f), f"{name}.ff.w_up", letters="ef")
@@ -86,7 +86,7 @@ def _block(g: GraphBuilder, name: str, x: Tensor, cfg: LlamaConfig, rotary_q: Te
     up = g.add(f"{name}.ff.up", Einsum("ble,ef->blf", y, w_up))
     h = g.add(f"{name}.ff.multiply", Elementwise(gate, up))
     down = g.add(f"{name}.ff.down", Einsum("blf,fe->ble", h, w_down))
-    return g.add(f"{name}.ff.residual", Elementwise(r, down))
+    return g.add(f"{name}.ff.residual", Elementwise(r, down, combine="add"))
 
 
 def llama(name: str, batch: int = 128, model: int | None = None) -> Network:

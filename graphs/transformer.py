@@ -63,7 +63,7 @@ def attention(g: GraphBuilder, name: str, xs: list, heads: int, key: int) -> Ten
     """Multi-head attention on ``[x]`` (self) or ``[x, mem, mem]`` (encoder-decoder),
     then the residual with ``x`` and a layer norm (post-norm, as in the paper's model)."""
     out = multi_head(g, name, xs, heads, key)
-    res = g.add(f"{name}.residual", Elementwise(xs[0], out))
+    res = g.add(f"{name}.residual", Elementwise(xs[0], out, combine="add"))
     return g.add(f"{name}.norm", Norm(res, axis=-1))
 
 
@@ -74,7 +74,7 @@ def feed_forward(g: GraphBuilder, name: str, x: Tensor, hidden: int) -> Tensor:
     w2 = g.weight((hidden, width), f"{name}.w2", letters="fe")
     h = g.add(f"{name}.up", Einsum("ble,ef->blf", x, w1, pw=2))
     y = g.add(f"{name}.down", Einsum("blf,fe->ble", h, w2))
-    res = g.add(f"{name}.residual", Elementwise(x, y))
+    res = g.add(f"{name}.residual", Elementwise(x, y, combine="add"))
     return g.add(f"{name}.norm", Norm(res, axis=-1))
 
 
@@ -97,7 +97,7 @@ def transformer(batch: int = 128, model: int | None = None) -> Network:
     position = g.input((batch, SEQUENCE, width), "positional encoding", letters="ble")
 
     x = g.add("enc.embedding", Embedding(enc_ids, VOCAB, width, letters="bl"))
-    x = g.add("enc.position", Elementwise(x, position))
+    x = g.add("enc.position", Elementwise(x, position, combine="add"))
     # The repeated blocks: each encoder layer, each decoder layer (the first with the decoder's
     # embedding, which the vertex order puts after the encoder).
     for i in range(1, LAYERS + 1):
@@ -110,7 +110,7 @@ def transformer(batch: int = 128, model: int | None = None) -> Network:
         with g.block():
             if i == 1:
                 y = g.add("dec.embedding", Embedding(dec_ids, VOCAB, width, letters="bl"))
-                y = g.add("dec.position", Elementwise(y, position))
+                y = g.add("dec.position", Elementwise(y, position, combine="add"))
             y = attention(g, f"dec{i}.attn", [y], HEADS, key)
             y = attention(g, f"dec{i}.cross", [y, memory, memory], HEADS, key)
             y = feed_forward(g, f"dec{i}.ff", y, hidden)

@@ -35,7 +35,7 @@ def Group(sizes, strides):
     return _Group(np.atleast_2d(np.asarray(sizes, dtype=np.int64)), np.atleast_2d(np.asarray(strides, dtype=np.int64)))
 
 
-SPEC_EXAMPLE = {  # docs/machines.md, "The description" (and clock_ratio, its section)
+SPEC_EXAMPLE = {  # docs/machines.md, "The description" (its clock_ratio comes from clock_mhz, a spec field)
     "name": "h100-sxm",
     "devices_per_node": 8,
     "memory_gb": 80,
@@ -46,7 +46,6 @@ SPEC_EXAMPLE = {  # docs/machines.md, "The description" (and clock_ratio, its se
     "act_bytes": 2,
     "grad_bytes": 4,
     "measured": "h100-sxm-measured.json",
-    "clock_ratio": 0.803,
 }
 
 
@@ -381,6 +380,7 @@ def test_a_machine_file_prices_fused_attention_at_its_efficiency(tmp_path, effic
     from pase.costing.training import DEFAULT_ATTENTION_EFFICIENCY, TrainingCosting, TrainingOptions
 
     desc = {k: v for k, v in SPEC_EXAMPLE.items() if k != "measured"}
+    desc["clock_mhz"] = {"boost": 1980, "base": 1590}  # a machine file's clocks: the same rule as a preset's
     if efficiency is not None:
         desc["attention_efficiency"] = efficiency
     m = load_machine(write(tmp_path / "m.json", desc))
@@ -390,9 +390,10 @@ def test_a_machine_file_prices_fused_attention_at_its_efficiency(tmp_path, effic
     # Scores b h l m k = 2 2 8 8 4: forward 2 products of 2 FLOPs per multiply-add, halved
     # when causal; the backward runs 2.5 times the forward.
     flops = 2 * 2 * (2 * 2 * 8 * 8 * 4) / 2 * (1 + 2.5)
-    # The description's clock_ratio (0.803, a step's sustained clock) slows every kernel of a step.
+    # The description's clock (base 1590 over boost 1980 MHz = 0.803, a step's sustained clock)
+    # slows every kernel of a step.
     expected = efficiency if efficiency is not None else DEFAULT_ATTENTION_EFFICIENCY
-    assert costing.compute(0, TrainingOptions())[0] == pytest.approx(flops / (989e12 * expected * 0.803),
+    assert costing.compute(0, TrainingOptions())[0] == pytest.approx(flops / (989e12 * expected * 1590 / 1980),
                                                                       rel=1e-12)
 
 

@@ -42,6 +42,20 @@ def test_megatron_options_by_hand():
     assert (b.grad_bytes, b.grad_reduce_bytes) == (2.0, 2.0) and b.engine == "megatron,grad_reduce=bf16"
 
 
+def test_attention_kernel_efficiency_is_the_engines():
+    # Megatron runs Transformer Engine's cuDNN fused attention, FlashAttention-3's class on
+    # Hopper: 3.5 / (1/620 + 2.5/450) = 3.5 / (0.0016129 + 0.0055556) = 488 TFLOP/s of 989,
+    # stated as 0.5; the others PyTorch SDPA's or flash_attn's FlashAttention-2:
+    # 3.5 / (1/340 + 2.5/285) = 3.5 / (0.0029412 + 0.0087719) = 299 of 989, 0.3.
+    assert 3.5 / (1 / 620 + 2.5 / 450) / 989 == pytest.approx(0.5, abs=0.01)
+    assert 3.5 / (1 / 340 + 2.5 / 285) / 989 == pytest.approx(0.3, abs=0.01)
+    assert load_engine("megatron").base_options().attention_efficiency == 0.5
+    for name in ("torchtitan", "fsdp", "deepspeed"):
+        assert load_engine(name).base_options().attention_efficiency == 0.3
+    # A key sets it (cuDNN off: NVTE_FUSED_ATTN=0 falls back to flash-attn 2).
+    assert load_engine("megatron,attention_efficiency=0.3").base_options().attention_efficiency == 0.3
+
+
 def test_torchtitan_eager_and_compiled():
     t = load_engine("torchtitan")
     o = t.base_options()
@@ -73,6 +87,8 @@ def test_a_fact_set_by_key():
     ("megatron,grad_reduce=fp8", "grad_reduce must be one of fp32, bf16"),
     ("torchtitan,compile", "is not KEY=VALUE"),
     ("megatron,comm_sm_share=2", "must be below 1"),
+    ("megatron,attention_efficiency=0", "attention_efficiency must be in"),
+    ("megatron,attention_efficiency=1.5", "attention_efficiency must be in"),
     ("megatron,comm_sm_share=x", "must be a number"),
     ("megatron,tp_overlap=true,tp_overlap=false", "given twice"),
     ("", "an engine is NAME"),

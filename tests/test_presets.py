@@ -9,7 +9,7 @@ import pytest
 
 from pase.cli.app import main
 from pase.machines.base import Group
-from pase.machines.calibrated import PRESETS, load_description
+from pase.machines.calibrated import PRESETS, CalibratedMachine, load_calibrated, load_description
 from pase.machines.measured import MeasuredTables
 from pase.machines.registry import load_machine
 from pase.machines.specs import DTYPES, GemmTransfer, domain_sizes
@@ -178,6 +178,7 @@ def test_check_procs_on_nvl72_takes_whole_trays():
     ("rail_optimized", "yes", "rail_optimized must be true or false"),
     ("clock_mhz", {"turbo": 1}, "clock_mhz must be an object"),
     ("clock_mhz", {"boost": -5}, "clock_mhz.boost must be a positive number or null"),
+    ("clock_mhz", {"boost": 1000, "base": 1200}, "must not exceed the boost clock"),
     ("gemm_reference", "b200", "gemm_reference must name a preset with a measured table"),
     ("sources", {"sms": ""}, "sources must be an object"),
 ])
@@ -244,3 +245,21 @@ def test_a_layers_groups_know_their_job():
     # + 2 * 1 * 10 us = 1.6667 ms + 18 us + 5 ms + 20 us = 6.7047 ms.
     assert float(m.all_reduce(5e8, outer)[0]) == pytest.approx(
         2 * 0.75 * 1e9 / 900e9 + 18e-6 + 1e9 / 4 / 50e9 + 20e-6, rel=1e-12)
+
+
+def test_one_rule_for_the_sustained_clock():
+    # clock_ratio = sustained / boost, else base / boost, where the boost clock and one of them
+    # are stated; else 1. H100 SXM5 and H200 (the same GH100 die at 700 W): 1590 / 1980 =
+    # 0.80303; the A100 (boost 1410, no base stated), Blackwell and MI300X state no pair: 1.
+    from pase.machines.specs import clock_ratio_of
+    assert clock_ratio_of({"boost": 1980, "base": 1590, "sustained": None}) == pytest.approx(0.80303, abs=1e-5)
+    assert clock_ratio_of({"boost": 2000, "base": 1500, "sustained": 1800}) == pytest.approx(0.9)  # sustained first
+    assert clock_ratio_of({"boost": None, "sustained": None}) is None
+    assert clock_ratio_of({"boost": 1410, "sustained": None}) is None
+    for name in ("h100-sxm", "h100-sxm-nccl", "h200-sxm"):
+        assert load_calibrated(name).clock_ratio == pytest.approx(1590 / 1980)
+    for name in ("a100-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x"):
+        assert load_calibrated(name).clock_ratio == 1.0
+    # A stated clock_ratio wins over the rule (a machine file measured at another clock).
+    d = dict(load_description("h200-sxm"), clock_ratio=0.9)
+    assert CalibratedMachine(d).clock_ratio == 0.9

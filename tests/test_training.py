@@ -150,6 +150,9 @@ def test_fused_attention_time(toy, causal):
     # 2.5 times that; causal halves it; at 40 % of 1 TFLOPS.
     flops = 2 * 2 * (2 * 2 * 8 * 8 * 4) * (0.5 if causal else 1.0) * (1 + FLASH_BACKWARD_FACTOR)
     assert costing.compute(0, fused)[0] == pytest.approx(flops / (1e12 * DEFAULT_ATTENTION_EFFICIENCY))
+    # An engine's kernel at its own efficiency (Megatron's cuDNN fused attention, 0.5):
+    # the same FLOPs at 50 % of 1 TFLOPS, 0.3 / 0.5 = 0.6 of the default's time.
+    assert costing.compute(0, TrainingOptions(attention_efficiency=0.5))[0] == pytest.approx(flops / 0.5e12)
     assert costing.compute(1, fused)[0] == 0.0 and costing.compute(2, fused)[0] == 0.0
     # Fused: neither the scores nor the softmax output is stored; unfused, both are.
     assert costing.stored_activations(0, fused)[0] == 0.0 and costing.stored_activations(1, fused)[0] == 0.0
@@ -432,3 +435,67 @@ def test_engine_exports_never_overwrite_an_input_or_each_other(tmp_path):
     same = str(tmp_path / "x.json")
     status, out, err = run_cli(base + ["--export-megatron", same, "--export-torchtitan", same])
     assert status == 2 and "name the same file" in err and not os.path.exists(same)
+
+
+def test_outputs_no_backward_reads_are_not_kept(toy):
+    # x (8 x 64) -> a = x W (a product) -> r = x + a (a residual sum) -> q = r * table (a rotary
+    # embedding: times a constant graph input) -> s = q * q2 (a product of two layer outputs,
+    # q2 = r V) -> loss. Backward passes read: the products their input (x, r: kept), the sum
+    # nothing (a not kept), the rotary its table only (q kept only because s reads it: s's
+    # other operand q2 needs a gradient), s its two operands.
+    g = GraphBuilder("reads", 1, batch=8)
+    x = g.input((8, 64), "x", letters="bk")
+    table = g.input((8, 64), "table", letters="bk")
+    with g.block():
+        a = g.add("block1.a", FC(x, 64))
+        r = g.add("block1.r", Elementwise(x, a, combine="add"))
+        q = g.add("block1.q", Elementwise(r, table))
+        q2 = g.add("block1.q2", FC(r, 64))
+        s = g.add("block1.s", Elementwise(q, q2))
+    with g.block():
+        t = g.add("block2.t", FC(s, 64))
+    g.add("loss", SoftmaxCrossEntropy(t))
+    net = g.build()
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    o = TrainingOptions()
+    kept = [float(costing.stored_activations(v, o)[0]) for v in range(5)]
+    # a: 0 (read by the sum only); r: 8 x 64 = 512 (the product q2 = r V needs r for V's
+    # gradient); q: 512 (s reads it); q2: 512; s: 512 (block output, read by block2.t).
+    assert kept == [0.0, 512.0, 512.0, 512.0, 512.0]
+    assert costing.read_back.tolist()[:5] == [False, True, True, True, True]
+    # The rotary alone reads nothing of r: r read only by a product with a constant table is
+    # not kept (and a product's operands are kept when the other operand needs a gradient).
+    h = GraphBuilder("rotary", 1, batch=8)
+    x = h.input((8, 64), "x", letters="bk")
+    table = h.input((8, 64), "table", letters="bk")
+    with h.block():
+        p = h.add("block1.p", FC(x, 64))
+        rot = h.add("block1.rot", Elementwise(p, table))
+    with h.block():
+        h.add("block2.u", FC(rot, 64))
+    net = h.build()
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    c = TrainingCosting(net, ones, toy)
+    assert float(c.stored_activations(0, o)[0]) == 0.0 and float(c.stored_activations(1, o)[0]) == 512.0
+    with pytest.raises(ValueError, match="combine must be one of multiply, add"):
+        Elementwise(x, table, combine="max")
+
+
+def test_a_llama_block_keeps_by_hand(toy):
+    # TINY's block on one device, batch 1, 32 tokens, width 64, 4 query heads and 2 key-value
+    # heads of 16, MLP 128; fused attention, no recomputation. Kept, elements per token:
+    # attn.norm 64 (the products' input), v 2 x 16 = 32, q_rotary 64 and k_rotary 32 (the
+    # kernel's inputs), context 64 (the kernel's output, the projection's input), attn.residual
+    # 64 (the next norm's input), ff.norm 64, gate 128 and up 128 (SwiGLU reads both),
+    # multiply 128 (down's input), ff.residual 64 (the block's output):
+    # 64+32+64+32+64+64+64+128+128+128+64 = 832. Not kept: q, k (read by their rotary
+    # embeddings only, times a constant table), out and down (read by the residual sums
+    # only), scores and softmax (fused). 832 x 32 tokens = 26,624 elements; before, q 64, k 32,
+    # out 64 and down 64 more per token: 1,056 x 32 = 33,792.
+    net = decoder(TINY, 1, "tiny")
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, toy)
+    o = TrainingOptions()
+    block = [v for v in range(len(net.layers)) if costing.blocks[v] == costing.blocks[1]]
+    assert sum(float(costing.stored_activations(v, o)[0]) for v in block) == 832 * 32

@@ -588,6 +588,7 @@ class TrainingCosting:
         self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
         self.op_saved = self._op_saved()
+        self.read_back = self._read_back()
         # The loss keeps its own logit-sized buffers (``loss_buffers``): neither its output
         # nor the logits that only it reads are kept as activations besides.
         loss = {v for v, layer in enumerate(network.layers) if layer.loss}
@@ -599,7 +600,7 @@ class TrainingCosting:
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]))
+                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]), bool(self.read_back[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
@@ -618,6 +619,21 @@ class TrainingCosting:
         self.precision = PrecisionPricing(self)
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
+
+    def _read_back(self) -> np.ndarray:
+        """Per layer, whether a backward pass reads its output (``Layer.backward_reads`` of a
+        reader, given which of the reader's inputs need a gradient: a layer's output or a
+        weight, not a graph input). A layer no backward pass reads (a projection read only by a
+        residual sum, a query read only by its rotary embedding) keeps nothing for it; one
+        without readers keeps its output as before."""
+        layers = self.network.layers
+        read = np.array([not self.structure.consumers.get(v) for v in range(len(layers))])
+        for w, layer in enumerate(layers):
+            needs = tuple(t.producer is not None or t.is_param for t in layer.inputs)
+            for i, t in enumerate(layer.inputs):
+                if t.producer is not None and layer.backward_reads(i, needs):
+                    read[t.producer] = True
+        return read
 
     def _op_saved(self) -> np.ndarray:
         """Per layer, whether torchtitan's operator-level policy keeps its output: in each
@@ -764,7 +780,16 @@ class TrainingCosting:
         if options.recompute == "op" and self.blocks[v] is not None and not (
                 self.block_outputs[v] or self.op_saved[v] or role == "context"):
             return np.zeros(len(self.configs[v]))
+        # No backward pass reads its output: nothing kept for it (an operator-level policy
+        # keeps what it saves, read or not: PyTorch's selective checkpointing caches those
+        # operators' outputs for the recomputation).
+        if not (self.read_back[v] or self.block_outputs[v] or (options.recompute == "op" and self.op_saved[v])):
+            return self._internal(v)
         return self._kept(v, options)
+
+    def _internal(self, v: int) -> np.ndarray:
+        """What ``v`` keeps inside itself besides its output (a mixture of experts')."""
+        return self.internal[v] * np.ones(len(self.configs[v])) if v in self.internal else np.zeros(len(self.configs[v]))
 
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
         if options.eager and v in self.eager_compute:
@@ -778,6 +803,8 @@ class TrainingCosting:
         role = self.cores.get(v)
         if role in ("scores", "softmax") and options.fused_attention:
             return np.zeros(len(self.configs[v]))
+        if not (self.read_back[v] or self.block_outputs[v]):
+            return self._internal(v)
         return self._kept(v, options)
 
     # -- time ----------------------------------------------------------------------------

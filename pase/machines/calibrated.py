@@ -20,7 +20,7 @@ from pase.machines.collectives import CollectiveTables, published_all_reduce, va
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
-from pase.machines.specs import DTYPES, SPEC_FIELDS, Domain, GemmTransfer, validate_spec_fields
+from pase.machines.specs import DTYPES, SPEC_FIELDS, Domain, GemmTransfer, clock_ratio_of, validate_spec_fields
 
 __all__ = [
     "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
@@ -42,10 +42,9 @@ PRESETS = {
         "act_bytes": 2,
         "grad_bytes": 4,
         "measured": "h100-sxm-measured.json",
-        # Through a training step at its 700 W limit an H100 SXM holds about its base clock,
-        # 1590 MHz; the measured table's isolated GEMMs (CUDA-graph replay, best of 3) ran at
-        # its maximum boost, 1980 MHz (NVIDIA H100 SXM5 base and boost clocks): 1590 / 1980.
-        "clock_ratio": 0.803,
+        # Its clock_ratio comes from data/presets.json's clock_mhz by specs.clock_ratio_of: a step
+        # at its 700 W limit holds about the base clock, 1590 MHz; the measured table's isolated
+        # GEMMs (CUDA-graph replay, best of 3) ran at its maximum boost, 1980 MHz: 1590 / 1980.
     },
 }
 # The presets from public specifications (``data/presets.json``: every figure with its source;
@@ -304,7 +303,8 @@ class CalibratedMachine:
         #: The clock a training step sustains at the power limit over the clock of the measured
         #: table (1: as measured); the training model slows a step's kernels by it
         #: (``pase.costing.training``), kernels measured alone keep the table's times.
-        self.clock_ratio = float(d.get("clock_ratio", 1.0))
+        #: Stated, or by the one rule from ``clock_mhz`` (:func:`pase.machines.specs.clock_ratio_of`).
+        self.clock_ratio = float(d["clock_ratio"]) if "clock_ratio" in d else (clock_ratio_of(d.get("clock_mhz")) or 1.0)
         #: Measured NCCL bus bandwidths (``None``: every collective from the links).
         self.collectives = CollectiveTables(d["collectives"]) if "collectives" in d else None
         #: Dense peak FLOP/s per number format (``bf16`` is ``peak_tflops``) and the formats

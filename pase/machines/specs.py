@@ -13,9 +13,11 @@ each with its source):
   of its rail). Recorded; priced as any network: NCCL routes a cross-rail transfer through
   NVLink first (PXN), so each GPU's NIC bandwidth is the bound either way.
 - ``sms``: streaming multiprocessors (compute units on AMD) of the device.
-- ``clock_mhz``: ``{"boost": MHz or null, "sustained": MHz or null}`` as published (null: none
-  published). Recorded, not priced: no vendor publishes the clock a GEMM sustains under the power
-  limit, and the measured table already holds the H100's.
+- ``clock_mhz``: ``{"boost": MHz or null, "base": MHz or null, "sustained": MHz or null}`` as
+  published (null or absent: none published). Priced by one rule (:func:`clock_ratio_of`): where
+  the boost clock and a sustained or base clock are both stated, a training step runs at the
+  sustained clock (the base clock where no sustained one is published) over the boost clock, at
+  which the datasheet's peaks and the measured table's isolated GEMMs run; else at the boost clock.
 - ``gemm_reference``: the preset whose measured table prices this machine's GEMMs and
   memory-bound work (:class:`GemmTransfer`).
 - ``sources``: ``{field: text}``, where each figure comes from.
@@ -31,7 +33,7 @@ import numpy as np
 from pase.core.checks import is_int, is_positive_int
 
 __all__ = ["SPEC_FIELDS", "DTYPES", "DTYPE_BYTES", "validate_spec_fields", "Domain", "GemmTransfer",
-           "domain_sizes"]
+           "domain_sizes", "clock_ratio_of"]
 
 SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources")
 #: Number formats a GEMM may run in; ``bf16`` is ``peak_tflops``.
@@ -92,12 +94,15 @@ def validate_spec_fields(data: Mapping, source: str, references) -> dict:
         out["sms"] = v
     if "clock_mhz" in data:
         v = data["clock_mhz"]
-        if not isinstance(v, Mapping) or set(v) - {"boost", "sustained"}:
-            raise ValueError(f"{source}: clock_mhz must be an object {{\"boost\": MHz or null, \"sustained\": MHz "
-                             f"or null}}, got {v!r}"[:200])
+        if not isinstance(v, Mapping) or set(v) - {"boost", "base", "sustained"}:
+            raise ValueError(f"{source}: clock_mhz must be an object {{\"boost\": MHz or null, \"base\": MHz or "
+                             f"null, \"sustained\": MHz or null}}, got {v!r}"[:200])
         for key, mhz in v.items():
             if mhz is not None and not _positive_number(mhz):
                 raise ValueError(f"{source}: clock_mhz.{key} must be a positive number or null, got {mhz!r}"[:200])
+        if clock_ratio_of(v) is not None and clock_ratio_of(v) > 1:
+            raise ValueError(f"{source}: clock_mhz: the sustained (or base) clock must not exceed the boost clock, "
+                             f"got {dict(v)!r}"[:200])
         out["clock_mhz"] = dict(v)
     if "gemm_reference" in data:
         v = data["gemm_reference"]
@@ -131,6 +136,19 @@ def domain_sizes(span, domain: int, node: int) -> np.ndarray:
     ok = (span[:, None] % d[None, :] == 0) & (d[None, :] % node == 0)
     best = np.where(ok, d[None, :], node).max(axis=1)
     return np.where(span <= domain, span, best)
+
+
+def clock_ratio_of(clock_mhz) -> float | None:
+    """The clock a training step sustains over the boost clock, from a ``clock_mhz`` object:
+    ``sustained / boost`` where both are stated, else ``base / boost`` where both are stated,
+    else ``None`` (no rule applies: the caller takes the boost clock, a ratio of 1). One rule for
+    every machine: its datasheet peaks, and the measured table a preset carries or is carried
+    from, run at the boost clock; a step at the power limit holds about the base clock
+    (``docs/machines.md``, "Sustained clock")."""
+    if not isinstance(clock_mhz, Mapping) or not clock_mhz.get("boost"):
+        return None
+    held = clock_mhz.get("sustained") or clock_mhz.get("base")
+    return None if not held else float(held) / float(clock_mhz["boost"])
 
 
 class Domain:

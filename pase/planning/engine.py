@@ -33,7 +33,7 @@ DEFAULT_ENGINE = "megatron"
 #: What a kernel inside a training step reaches of the same kernel measured alone, beyond the
 #: clock the machine sustains (``clock_ratio``): one global constant, the same for every engine,
 #: fitted by ``benchmarks/fit_constants.py`` on the visible published rows (docs/calibration.md).
-STEP_COMPUTE_EFFICIENCY = 0.86
+STEP_COMPUTE_EFFICIENCY = 0.85
 #: Bytes of the element types a profile names.
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -66,6 +66,7 @@ FACTS = {
     "memory_reported": ("allocated", "reserved"),
     "launch_seconds": float,
     "activation_grads": bool,
+    "attention_efficiency": float,
 }
 _POLICIES = ("none", "selective", "full", "op")
 
@@ -97,6 +98,8 @@ def _check_value(name: str, value, where: str):
             raise ValueError(f"{where}: {name} must be a non-negative number, got {value!r}")
         if name in ("comm_sm_share", "allocator_fragmentation") and value >= 1:
             raise ValueError(f"{where}: {name} must be below 1, got {value!r}")
+        if name == "attention_efficiency" and not 0 < value <= 1:
+            raise ValueError(f"{where}: {name} must be in (0, 1] (a fraction of the device's peak), got {value!r}")
         return float(value)
     if kind is list:
         if not isinstance(value, list) or not value or any(p not in _POLICIES for p in value):
@@ -172,6 +175,7 @@ class EngineProfile:
             "fragmentation": f["allocator_fragmentation"],
             "activation_grads": bool(f["activation_grads"]),
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
+            "attention_efficiency": f["attention_efficiency"],
             "attention_shape": True,
         }
 

@@ -305,6 +305,13 @@ class Layer:
         """The tensors its constructor takes (usually ``inputs``)."""
         return self.inputs
 
+    def backward_reads(self, i: int, needs_grad: Sequence[bool]) -> bool:
+        """Whether its backward pass reads input ``i`` (so that input must be kept from the
+        forward pass), given which inputs need a gradient (``needs_grad``, one flag per input).
+        By default every input is read (a product reads each operand for the other's gradient,
+        a normalisation or activation function its input)."""
+        return True
+
     def input_configs(self, C: np.ndarray) -> list:
         """Tensor configuration of every input, one ``(K, rank)`` array each."""
         raise NotImplementedError

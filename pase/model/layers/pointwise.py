@@ -8,11 +8,20 @@ from pase.model.tensor import Tensor
 from .base import BroadcastOperands, Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
 from .masks import band_density
 
+#: What an :class:`Elementwise` layer computes of its two operands.
+COMBINES = ("multiply", "add")
+
 __all__ = ["Elementwise", "Norm", "BatchNorm", "RMSNorm", "ReduceMean", "Softmax", "SoftmaxCrossEntropy"]
 
 
 class Elementwise(BroadcastOperands, Layer):
     """Element-wise combination of two tensors, ``pw`` fused operations.
+
+    ``combine`` declares what the combination is, for what the backward pass reads:
+    ``multiply`` (the default: the gradient of each operand is the output's gradient times the
+    other, so an operand is kept where the other needs a gradient; a rotary embedding times its
+    constant table keeps nothing) or ``add`` (a residual connection: the gradient passes
+    through, no operand is kept, unless ``pw`` fused operations follow the sum).
 
     The operands have one shape, or broadcast against each other (same rank, each dimension
     equal or 1 in one of them: a squeeze-excitation gate ``(b, c, 1, 1)`` times ``(b, c, h, w)``,
@@ -23,9 +32,12 @@ class Elementwise(BroadcastOperands, Layer):
 
     op = "Elementwise"
 
-    def __init__(self, a: Tensor, b: Tensor, pw: int = 0):
+    def __init__(self, a: Tensor, b: Tensor, pw: int = 0, combine: str = "multiply"):
         a = check_tensor(a, "Elementwise operand A")
         b = check_tensor(b, "Elementwise operand B")
+        if combine not in COMBINES:
+            raise ValueError(f"Elementwise combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+        self.combine = combine
         if a.rank != b.rank or any(x != y and 1 not in (x, y) for x, y in zip(a.shape, b.shape)):
             raise ValueError(f"Elementwise operands differ in shape: {list(a.shape)} and {list(b.shape)}")
         self.pw = check_count(pw, "Elementwise pw")
@@ -34,7 +46,15 @@ class Elementwise(BroadcastOperands, Layer):
         dims = letters_of(full) if full.letters else letters_of(a if a.letters else b)
         #: Per operand, the dimensions it broadcasts along (size 1 where the output is not).
         self.broadcast = tuple(tuple(i for i, (d, e) in enumerate(zip(t.shape, shape)) if d != e) for t in (a, b))
-        super().__init__((a, b), shape, dims, (shape,), (dims,), batch_dim=0, args={"pw": self.pw})
+        super().__init__((a, b), shape, dims, (shape,), (dims,), batch_dim=0,
+                         args={"pw": self.pw, **({"combine": combine} if combine != "multiply" else {})})
+
+    def backward_reads(self, i: int, needs_grad) -> bool:
+        """A sum's backward reads no operand (without fused operations after it); a product's
+        reads operand ``i`` where the other operand needs a gradient."""
+        if self.pw:
+            return True
+        return False if self.combine == "add" else bool(needs_grad[1 - i])
 
     def input_configs(self, C):
         return [self._operand(C, 0), self._operand(C, 1)]
