@@ -94,11 +94,10 @@ def main() -> None:
     free, h100_recipe, fsdp = rows[0], rows[1], rows[2]
     if all("error" not in x for x in free[1:]):
         md += ["", "### Why the plans differ", "",
-               f"- **Memory first.** 186 GB per GPU hold a 70B model's stage without tensor parallelism: the NVL72 "
-               f"plan keeps 8 data-parallel replicas of a 4-stage pipeline ({free[1]['memory'] / 1e9:.0f} GB per GPU). "
-               f"On 80 GB the H100 plan needs every GPU for the model: 8 stages of 8-way context parallelism and no data "
-               f"parallelism ({free[3]['memory'] / 1e9:.0f} GB), whose point-to-point transfers and context "
-               "all-gathers stay in the node.",
+               f"- **Memory first.** 186 GB per GPU hold a 70B model in fewer model-parallel parts: the NVL72 plan "
+               f"(`{free[1]['recipe']}`, {free[1]['memory'] / 1e9:.0f} GB per GPU) keeps more data-parallel "
+               f"replicas than the H100 plan (`{free[3]['recipe']}`, {free[3]['memory'] / 1e9:.0f} GB), which "
+               "must spread the model's state over more tensor, context and pipeline parts to fit 80 GB.",
                f"- **Compute second.** Each GB200 GPU has 2.5x the H100's BF16 peak: {free[1]['step']:.2f} s against "
                f"{free[3]['step']:.2f} s per step ({free[3]['step'] / free[1]['step']:.2f}x).",
                f"- **The domain third.** With NVLink cut to a tray of 4 the same machine's best plan changes "
