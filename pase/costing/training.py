@@ -603,6 +603,10 @@ class TrainingCosting:
                    layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]), bool(self.read_back[v]))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
+        #: Per layer, the representative of its group (equal vectors under any options).
+        self.representative = np.empty(len(network.layers), dtype=np.int64)
+        for rep, members in self.vector_groups:
+            self.representative[members] = rep
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
         #: Per layer and row, the share of its activation collectives charged: 1, or 1/2 where
         #: sequence parallelism turns an all-reduce into a reduce-scatter (the all-gather it
@@ -929,8 +933,16 @@ class TrainingCosting:
         rows = self.edge_factors(targets, options)[:, None] * edges
         if not options.tp_overlap or not len(targets):
             return rows
+        # A layer's leftover is its group representative's where their activation shares agree
+        # (layers of one group have equal compute and collectives): one computation each.
         left: dict = {}
-        hide = np.array([left.setdefault(v, self.overlap_leftover(v, options)) for v in targets])
+        hide = []
+        for v in targets:
+            key = (int(self.representative[v]), self.activation_scale[v].tobytes())
+            if key not in left:
+                left[key] = self.overlap_leftover(v, options)
+            hide.append(left[key])
+        hide = np.array(hide)
         return np.maximum(rows - options.microbatches * hide, 0.0)
 
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
