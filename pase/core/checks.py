@@ -110,21 +110,22 @@ def arguments(**checks):
     return wrap
 
 
+def _int_at_least(value, name: str, low: int, words: str) -> int:
+    if not is_int(value, numpy=True):
+        raise ArgumentTypeError(f"{name} must be a {words} integer, got {_kind(value)} {_shown(value)}")
+    if value < low:
+        raise ValueError(f"{name} must be a {words} integer, got {_shown(value)}")
+    return int(value)
+
+
 def positive_int(value, name: str) -> int:
     """A positive integer (NumPy integers too), never a ``bool``."""
-    if not is_int(value, numpy=True):
-        raise ArgumentTypeError(f"{name} must be a positive integer, got {_kind(value)} {_shown(value)}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
-    return int(value)
+    return _int_at_least(value, name, 1, "positive")
 
 
 def non_negative_int(value, name: str) -> int:
-    if not is_int(value, numpy=True):
-        raise ArgumentTypeError(f"{name} must be a non-negative integer, got {_kind(value)} {_shown(value)}")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {_shown(value)}")
-    return int(value)
+    """Zero or a positive integer (NumPy integers too), never a ``bool``."""
+    return _int_at_least(value, name, 0, "non-negative")
 
 
 def positive_number(value, name: str) -> float:
