@@ -38,7 +38,7 @@ def Group(sizes, strides):
 SPEC_EXAMPLE = {  # docs/machines.md, "The description" (its clock_ratio comes from clock_mhz, a spec field)
     "name": "h100-sxm",
     "devices_per_node": 8,
-    "memory_gb": 80,
+    "memory_gib": 79.65,
     "peak_tflops": 989,
     "hbm_gbps": 3350,
     "intra_node": {"gbps": 450, "latency_us": 3},
@@ -216,7 +216,8 @@ def test_h100_preset_is_the_spec_example(h100):
     assert h100.describe() == load_description("h100-sxm")
     json.dumps(h100.describe())  # JSON-able
     assert h100.name == "h100-sxm" and h100.cost_unit == "seconds"
-    assert h100.devices_per_node == 8 and h100.memory_bytes == 80e9
+    # 81,559 MiB as the driver reports an H100 80GB HBM3: 79.65 x 2**30 = 85,523,536,281.6 bytes
+    assert h100.devices_per_node == 8 and h100.memory_bytes == 79.65 * 1073741824
     assert MACHINE_NAMES[:2] == ("paper", "h100-sxm")
 
 
@@ -273,7 +274,8 @@ def test_a_file_without_a_table(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"name": None}, "missing field 'name'"),
     ({"devices_per_node": None}, "missing field 'devices_per_node'"),
-    ({"memory_gb": None}, "missing field 'memory_gb'"),
+    ({"memory_gib": None}, "missing field 'memory_gb' (or 'memory_gib'"),
+    ({"memory_gb": 80}, "give memory_gb (1e9 bytes) or memory_gib (2**30 bytes), not both"),
     ({"peak_tflops": None}, "missing field 'peak_tflops'"),
     ({"hbm_gbps": None}, "missing field 'hbm_gbps'"),
     ({"intra_node": None}, "missing field 'intra_node'"),
@@ -290,7 +292,8 @@ def test_a_file_without_a_table(tmp_path):
     ({"devices_per_node": 0}, "devices_per_node must be a positive integer, got 0"),
     ({"devices_per_node": 7.5}, "devices_per_node must be a positive integer, got 7.5"),
     ({"devices_per_node": True}, "devices_per_node must be a positive integer"),
-    ({"memory_gb": -80}, "memory_gb must be a positive number, got -80"),
+    ({"memory_gib": -80}, "memory_gib must be a positive number, got -80"),
+    ({"memory_gib": None, "memory_gb": -80}, "memory_gb must be a positive number, got -80"),
     ({"peak_tflops": "989"}, "peak_tflops must be a positive number, got '989'"),
     ({"hbm_gbps": float("inf")}, "hbm_gbps must be a positive number"),
     ({"act_bytes": 0}, "act_bytes must be a positive number"),
@@ -308,7 +311,7 @@ def test_every_bad_field_is_named(change, message):
     desc = {k: v for k, v in SPEC_EXAMPLE.items()}
     for key, value in change.items():
         if value is None:
-            del desc[key]
+            desc.pop(key)
         else:
             desc[key] = value
     with pytest.raises(ValueError) as info:

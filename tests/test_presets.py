@@ -15,7 +15,7 @@ from pase.machines.registry import load_machine
 from pase.machines.specs import DTYPES, GemmTransfer, domain_sizes
 
 SPEC_PRESETS = ("h100-sxm", "a100-sxm", "h200-sxm", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi300x")
-SOURCED = ("memory_gb", "peak_tflops", "dtype_tflops", "hbm_gbps", "intra_node", "inter_node", "nvlink_domain",
+SOURCED = ("memory_gib", "peak_tflops", "dtype_tflops", "hbm_gbps", "intra_node", "inter_node", "nvlink_domain",
            "rail_optimized", "sms", "clock_mhz")
 
 
@@ -208,7 +208,7 @@ def test_pase_machines_lists_every_preset():
     for name in PRESETS:
         assert any(line.split()[:1] == [name] for line in lines)
     b200 = next(line for line in lines if line.startswith("b200 "))
-    assert b200.split() == ["b200", "8", "8", "180", "8", "2250", "4500", "4500", "9000", "900", "50", "from",
+    assert b200.split() == ["b200", "8", "8", "179.06", "8", "2250", "4500", "4500", "9000", "900", "50", "from",
                             "h100-sxm"]
     status, out, _ = run("machines", "--json")
     assert status == 0 and {r["machine"] for r in json.loads(out)} == set(PRESETS)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import IO, Sequence
 
-from pase.machines.calibrated import PRESETS, load_calibrated, load_description
+from pase.machines.calibrated import GIB, PRESETS, load_calibrated, load_description, memory_bytes_of
 from pase.machines.specs import DTYPES
 
 from .errors import CliError, ParserExit
@@ -15,7 +15,7 @@ from .parser import StreamParser
 
 __all__ = ["build_parser", "main", "machines_table"]
 
-_COLUMNS = ("machine", "GPUs/node", "NVLink domain", "memory GB", "HBM TB/s") + tuple(
+_COLUMNS = ("machine", "GPUs/node", "NVLink domain", "memory GiB", "HBM TB/s") + tuple(
     f"{d.upper()} TFLOPS" for d in DTYPES) + ("NVLink GB/s", "NIC GB/s", "GEMMs")
 
 
@@ -35,7 +35,7 @@ def _row(name: str) -> dict:
     gemms = "measured" if "measured" in d else (f"from {d['gemm_reference']}" if "gemm_reference" in d else "peak")
     return {
         "machine": name, "GPUs/node": d["devices_per_node"], "NVLink domain": d.get("nvlink_domain", d["devices_per_node"]),
-        "memory GB": d["memory_gb"], "HBM TB/s": d["hbm_gbps"] / 1000,
+        "memory GiB": round(memory_bytes_of(d) / GIB, 2), "HBM TB/s": d["hbm_gbps"] / 1000,
         **{f"{k.upper()} TFLOPS": rates.get(k) for k in DTYPES},
         "NVLink GB/s": d["intra_node"]["gbps"], "NIC GB/s": d["inter_node"]["gbps"], "GEMMs": gemms,
     }

@@ -23,7 +23,7 @@ from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 from pase.machines.specs import DTYPES, SPEC_FIELDS, Domain, GemmTransfer, clock_ratio_of, validate_spec_fields
 
 __all__ = [
-    "CalibratedMachine", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
+    "CalibratedMachine", "GIB", "MEMORY_FIELDS", "memory_bytes_of", "memory_label", "PRESETS", "PRESET_TABLES", "MACHINE_NAMES", "load_description", "load_calibrated",
     "validate_description",
 ]
 
@@ -34,7 +34,7 @@ PRESETS = {
     "h100-sxm": {
         "name": "h100-sxm",
         "devices_per_node": 8,
-        "memory_gb": 80,
+        "memory_gib": 79.65,
         "peak_tflops": 989,
         "hbm_gbps": 3350,
         "intra_node": {"gbps": 450, "latency_us": 3},
@@ -67,11 +67,17 @@ MACHINE_NAMES = ("paper",) + tuple(PRESETS)
 _LINK_FIELDS = ("gbps", "latency_us")
 _REQUIRED = ("name", "devices_per_node", "memory_gb", "peak_tflops", "hbm_gbps", "intra_node", "inter_node",
              "act_bytes", "grad_bytes")
+#: The device's memory: ``memory_gb`` in GB of 1e9 bytes, or ``memory_gib`` in GiB of 2**30 bytes,
+#: as the driver reports it (``nvidia-smi``'s total, ``torch.cuda.get_device_properties(0).total_memory``):
+#: a datasheet's "80 GB" counts HBM stacks sized in GiB (the H100's driver shows 79.65 GiB). A
+#: description gives exactly one of the two.
+MEMORY_FIELDS = ("memory_gb", "memory_gib")
+GIB = float(2**30)
 #: Optional fields: the fraction of peak a fused attention kernel reaches (a number; absent:
 #: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
 #: to the file), measured NCCL bus bandwidths (``pase.machines.collectives``), and free text that
 #: ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes") + SPEC_FIELDS
+_OPTIONAL = ("memory_gib", "attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes") + SPEC_FIELDS
 #: The optional fields that are text.
 _TEXT_FIELDS = ("measured", "device", "notes")
 
@@ -135,9 +141,13 @@ def validate_description(data, source: str = "machine description") -> dict:
     unknown = [k for k in data if k not in _REQUIRED + _OPTIONAL]
     if unknown:
         raise ValueError(f"{source}: unknown field {unknown[0]!r} (fields: {', '.join(_REQUIRED + _OPTIONAL)})")
+    given = [f for f in MEMORY_FIELDS if f in data]
+    if len(given) > 1:
+        raise ValueError(f"{source}: give memory_gb (1e9 bytes) or memory_gib (2**30 bytes), not both")
     for field in _REQUIRED:
-        if field not in data:
-            raise ValueError(f"{source}: missing field {field!r}")
+        if field not in data and not (field == "memory_gb" and given):
+            raise ValueError(f"{source}: missing field {field!r}"
+                             + (" (or 'memory_gib', GiB as the driver reports)" if field == "memory_gb" else ""))
     out = {}
     name = data["name"]
     if not isinstance(name, str) or not name.strip():
@@ -148,7 +158,7 @@ def validate_description(data, source: str = "machine description") -> dict:
         raise ValueError(f"{source}: devices_per_node must be a positive integer, got {g!r}")
     _in_range(source, "devices_per_node", g, None, MAX_DEVICES_PER_NODE)
     out["devices_per_node"] = g
-    for field in ("memory_gb", "peak_tflops", "hbm_gbps"):
+    for field in (given[0] if given else "memory_gb", "peak_tflops", "hbm_gbps"):
         v = data[field]
         if not _number(v) or v <= 0:
             raise ValueError(f"{source}: {field} must be a positive number, got {v!r}")
@@ -198,6 +208,25 @@ def validate_description(data, source: str = "machine description") -> dict:
                 raise ValueError(f"{source}: {field} must be a non-empty string, got {v!r}")
             out[field] = v
     return out
+
+
+def memory_bytes_of(description: Mapping) -> float:
+    """The device memory of a validated description in bytes (``memory_gib`` x 2**30 or
+    ``memory_gb`` x 1e9).
+
+    >>> memory_bytes_of({"memory_gib": 79.65}), memory_bytes_of({"memory_gb": 80})
+    (85523536281.6, 80000000000.0)
+    """
+    if "memory_gib" in description:
+        return float(description["memory_gib"]) * GIB
+    return float(description["memory_gb"]) * 1e9
+
+
+def memory_label(description: Mapping) -> str:
+    """The device memory as the description states it: ``79.65 GiB`` or ``80 GB``."""
+    if "memory_gib" in description:
+        return f"{description['memory_gib']:g} GiB"
+    return f"{description['memory_gb']:g} GB"
 
 
 def _source_of(name_or_path: str) -> tuple:
@@ -289,7 +318,7 @@ class CalibratedMachine:
         self.source = source
         self.name = d["name"]
         self.devices_per_node = d["devices_per_node"]
-        self.memory_bytes = float(d["memory_gb"]) * 1e9
+        self.memory_bytes = memory_bytes_of(d)
         self.peak_flops = float(d["peak_tflops"]) * 1e12
         self.hbm_bytes_per_s = float(d["hbm_gbps"]) * 1e9
         self.b_in = float(d["intra_node"]["gbps"]) * 1e9
@@ -348,10 +377,10 @@ class CalibratedMachine:
         d = self._description
         if self.nvlink_domain > self.devices_per_node:
             where = (f"{d['devices_per_node']} devices per node, NVLink domains of {self.nvlink_domain}, "
-                     f"{d['memory_gb']:g} GB each; {d['intra_node']['gbps']:g} GB/s inside a domain, "
+                     f"{memory_label(d)} each; {d['intra_node']['gbps']:g} GB/s inside a domain, "
                      f"{d['inter_node']['gbps']:g} GB/s between domains; ")
         else:
-            where = (f"{d['devices_per_node']} devices per node, {d['memory_gb']:g} GB each; "
+            where = (f"{d['devices_per_node']} devices per node, {memory_label(d)} each; "
                      f"{d['intra_node']['gbps']:g} GB/s inside a node, {d['inter_node']['gbps']:g} GB/s between nodes; ")
         return (
             f"machine {d['name']}: " + where
