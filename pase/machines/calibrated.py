@@ -266,7 +266,7 @@ def load_calibrated(name_or_path: str) -> "CalibratedMachine":
 
     >>> m = load_calibrated("h100-sxm")
     >>> m.cost_unit, m.devices_per_node, m.memory_bytes
-    ('seconds', 8, 80000000000.0)
+    ('seconds', 8, 85523536281.6)
     """
     kind, label = _source_of(name_or_path)
     if kind == "preset":
