@@ -612,8 +612,9 @@ def machine_cases(rng: random.Random, refs: dict) -> list:
 
     cases = []
     preset = dict(PRESETS["h100-sxm"])
-    bare = {k: v for k, v in preset.items() if k != "measured"}
+    bare = {k: v for k, v in preset.items() if k not in ("measured", "memory_gib")}
     bare["name"] = "box"
+    bare["memory_gb"] = 80  # the decimal field; memory_gib's cases below
     with open(PRESET_TABLES["h100-sxm"], "rb") as f:
         shipped_table = f.read()
     small = {"gemm": [[b, m, n, k, 1e-6 * b * (1 + m * n * k / 64)] for b in (1, 8) for m in (1, 64)
@@ -673,7 +674,14 @@ def machine_cases(rng: random.Random, refs: dict) -> list:
             zero_ok = name.endswith("latency_us") and value == 0
             bad = (value <= 0 and not zero_ok) or value == math.inf
             add("values", f"field {name} = {value!r}", data, "--json", expect=BAD_MACHINE if bad else ANY)
-    for what, data in [("an unknown field", dict(bare, gpus=8)),
+    in_gib = {k: v for k, v in bare.items() if k != "memory_gb"}
+    for value in (79.65, 0, -1, 1e300, "80", True, None):
+        bad = not (isinstance(value, float) and 0 < value < 1e9)
+        add("values", f"field memory_gib = {value!r}", dict(in_gib, memory_gib=value), "--json",
+            expect=BAD_MACHINE if bad else ANY)
+    for what, data in [("memory_gb and memory_gib both", dict(bare, memory_gib=79.65)),
+                       ("neither memory_gb nor memory_gib", {k: v for k, v in in_gib.items()}),
+                       ("an unknown field", dict(bare, gpus=8)),
                        ("an unknown field in a link", dict(bare, inter_node={"gbps": 50, "latency_us": 1, "hops": 2})),
                        ("a name of spaces", dict(bare, name="   ")),
                        ("an empty device text", dict(bare, device="")),
