@@ -132,6 +132,27 @@ def test_residual_add_is_an_elementwise_and_relu_after_it_a_pw():
     assert_same_network(net, g.build())
 
 
+def test_a_sum_is_declared_a_sum_and_keeps_nothing_for_its_backward():
+    # y = a(x) + b(x) - x, then a product with x: the two sums' backward passes read no operand
+    # (the gradient passes through), so a's and b's outputs are not kept for them; the product's
+    # backward reads both of its operands (each is the other's gradient factor).
+    def forward(m, x):
+        s = m.a(x) + m.b(x)
+        return (s - x) * x
+
+    model = Lambda(forward, a=nn.Linear(32, 32), b=nn.Linear(32, 32))
+    net = from_torch(model, (torch.randn(8, 32),), loss=None)
+    combines = [layer.combine for layer in net.layers if layer.op == "Elementwise"]
+    assert combines == ["add", "add", "multiply"]
+    a, b = net.names.index("a"), net.names.index("b")
+    readers = [layer for layer in net.layers if any(t.producer is not None and t.producer in (a, b)
+                                                   for t in layer.inputs)]
+    assert [r.op for r in readers] == ["Elementwise"]
+    assert not readers[0].backward_reads(0, (True, True)) and not readers[0].backward_reads(1, (True, True))
+    product = net.layers[-1]
+    assert product.backward_reads(0, (True, True)) and product.backward_reads(1, (True, True))
+
+
 def test_concatenation_of_two_branches():
     def forward(m, x):
         return torch.cat([m.a(x), m.b(x)], dim=1)

@@ -268,14 +268,19 @@ class ProtoEmbedding(ProtoLayer):
 
 
 class ProtoElementwise(ProtoLayer):
+    """``combine``: ``add`` for a sum or difference (``aten.add``, ``sub``, ``rsub``: the gradient
+    passes through, its backward reads no operand), ``multiply`` for the rest (a product or
+    quotient reads its operands)."""
+
     has_pw = True
 
-    def __init__(self, name, a, b):
+    def __init__(self, name, a, b, combine: str = "multiply"):
         super().__init__(name)
         self.a, self.b = a, b
+        self.combine = combine
 
     def emit(self, em):
-        em.add(self, L.Elementwise(em.tensor(self.a), em.tensor(self.b), pw=self.pw))
+        em.add(self, L.Elementwise(em.tensor(self.a), em.tensor(self.b), pw=self.pw, combine=self.combine))
 
 
 class ProtoNorm(ProtoLayer):

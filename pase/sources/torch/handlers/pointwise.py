@@ -102,6 +102,17 @@ def _combine(imp, node, name, values):
     return _elementwise(imp, node, a, b)
 
 
+#: The aten operations whose backward reads neither operand (the gradient passes through).
+_SUMS = ("add", "sub", "rsub")
+
+
+def _combination(imp, node, a: View, b: View) -> ProtoElementwise:
+    """The layer of ``a op b``, declaring a sum (a residual connection) as one."""
+    name = _op_name(node.target).rstrip("_")
+    return ProtoElementwise(imp._name(node, name), a.base, b.base,
+                            combine="add" if name in _SUMS else "multiply")
+
+
 def _broadcast(imp, node, a: View, b: View) -> View:
     """Two batch-dependent tensors that broadcast (a gate ``(b, c, 1, 1)`` times ``(b, c, h, w)``):
     an Elementwise whose operands are their layer outputs, size-1 dimensions included."""
@@ -115,7 +126,7 @@ def _broadcast(imp, node, a: View, b: View) -> View:
         views.append(v)
     a, b = views
     atoms = [x if x.size >= y.size else y for x, y in zip(a.base.leaves(), b.base.leaves())]
-    proto = imp._record(ProtoElementwise(imp._name(node, _op_name(node.target).rstrip("_")), a.base, b.base))
+    proto = imp._record(_combination(imp, node, a, b))
     base = proto.output(atoms)
     return View(base, tuple((x,) if x.size > 1 else () for x in atoms))
 
@@ -136,7 +147,7 @@ def _elementwise(imp, node, a: View, b: View) -> View:
         a, b = imp._reshape(a, node), imp._reshape(b, node)
     _freeze(a.base.atoms)
     _freeze(b.base.atoms)
-    proto = imp._record(ProtoElementwise(imp._name(node, _op_name(node.target).rstrip("_")), a.base, b.base))
+    proto = imp._record(_combination(imp, node, a, b))
     base = proto.output(a.base.atoms)
     return View(base, a.dims)
 
