@@ -350,3 +350,31 @@ def test_multi_output_tensor_names():
     assert [t.name for t in outs] == ["split:0", "split:1", "split:2"]
     assert [t.index for t in outs] == [0, 1, 2]
     assert all(t.shape == (2, 4) for t in outs)
+
+
+def test_one_edge_rule_prices_a_redistribution_over_the_devices_it_spans():
+    # h100-sxm: 450 GB/s and 3 us inside a node of 8, 50 GB/s and 10 us across nodes, 2-byte
+    # activations. A (16, 1024) tensor split [2, 8] needed split [2, 1] on 16 devices: only the
+    # second dimension's split changes, so the exchange spans its 8 devices, one node. Volume:
+    # the target block 8 x 1024 = 8192 elements less the overlap with the source block 8 x 128
+    # (1024): 7168; forward and backward 14336 elements = 28,672 bytes.
+    from pase.machines.registry import load_machine
+    from pase.model.builder import edge_cost_matrix, exchange_devices, redistribution_seconds
+    from pase.planning.training_search import edge_seconds
+
+    h100 = load_machine("h100-sxm")
+    source, target = np.array([[2, 8]]), np.array([[2, 1], [1, 8]])
+    assert exchange_devices(source, target, 16).tolist() == [8, 16]
+    inside = 28672 / 450e9 + 2 * 3e-6
+    # [1, 8] from [2, 8]: the batch split changes (all 16 devices, across nodes); volume: the
+    # target block 16 x 128 = 2048 less the overlap 8 x 128 = 1024, twice: 2048 elements, 4096 B.
+    across = 4096 / 50e9 + 2 * 10e-6
+    matrix = edge_cost_matrix((16, 1024), source, target, h100, 16)
+    np.testing.assert_allclose(matrix, [[inside, across]], rtol=1e-12)
+    # The training search and evaluate price an edge by the same rule.
+    np.testing.assert_allclose(edge_seconds(h100, (16, 1024), source, target, 16), [inside, across], rtol=1e-12)
+    assert edge_seconds is redistribution_seconds
+    # The reference machine charges rho x 2 volume whatever the exchange spans.
+    paper = load_machine("paper")
+    ref = edge_cost_matrix((16, 1024), source, target, paper, 16)
+    np.testing.assert_allclose(ref, [[paper.comm(14336.0), paper.comm(2048.0)]], rtol=1e-12)

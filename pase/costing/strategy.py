@@ -13,8 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from pase.core.checks import checked_device_count
-from pase.model.builder import Network
-from pase.model.layers import redistribution_volume
+from pase.model.builder import Network, redistribution_seconds
 from pase.model.configs import check_config
 from pase.model.readers import shared_reductions
 from pase.machines.paper import Machine
@@ -131,17 +130,10 @@ def evaluate(
     inputs = [layer.input_configs(C) for layer, C in zip(network.layers, rows)]
     edge_costs = {}
     for (u, v), tensors in network.edges.items():
-        # One (source, target) pair per tensor: the volume of edge_cost_matrix without its
-        # de-duplication, priced the same way.
-        edge_costs[(u, v)] = float(
-            sum(
-                machine.redistribute(
-                    2.0 * redistribution_volume(t.shape, outputs[u][t.output_index][0], inputs[v][t.input_index][0]),
-                    procs,
-                )
-                for t in tensors
-            )
-        )
+        # One (source, target) pair per tensor, priced by the edge rule of the searches.
+        edge_costs[(u, v)] = float(sum(
+            redistribution_seconds(machine, t.shape, outputs[u][t.output_index][0], inputs[v][t.input_index][0],
+                                   procs) for t in tensors))
     # Under the reader rule "summed", a reader laid out like the one before it shares its
     # gradient's all-reduce (pase.model.readers): its communication is the rest.
     communication = communication - shared_reductions(network, strategy, machine)

@@ -25,7 +25,8 @@ from pase.model.tensor import Tensor
 from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
-__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "CostTablesTooLarge"]
+__all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "exchange_devices", "redistribution_seconds",
+           "CostTablesTooLarge"]
 
 
 class CostTablesTooLarge(TooLarge):
@@ -278,18 +279,43 @@ class Network:
         return [[u, v] for (u, v) in self.edges]
 
 
-def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine, procs: int) -> np.ndarray:
-    """Redistribution cost of one tensor for every (source, target) configuration pair.
+def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """Devices a redistribution from ``source`` to ``target`` splits spans: the product of
+    ``max(source, target)`` over the tensor dimensions whose splits differ; all ``procs`` when
+    the outermost (batch) dimension's split changes, since it is laid out across the others.
 
-    ``2 * volume`` elements move (forward, and the gradient backward), priced by the
-    machine for ``procs`` devices (``comm(2 * volume)`` in the reference). Layers
-    often imply the same tensor configuration for many of their configurations, so the
-    volume is computed for the distinct rows only and then expanded.
+    >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[4, 1, 1]]), 256).tolist()
+    [8]
+    >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[2, 8, 1]]), 256).tolist()
+    [256]
+    """
+    source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
+    differ = source != target
+    span = np.where(differ, np.maximum(source, target), 1).prod(axis=-1)
+    return np.where(differ[..., 0], procs, span)
+
+
+def redistribution_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
+    """The edge rule: the redistribution of one tensor, forward and backward, for aligned (or
+    broadcasting) ``source`` and ``target`` rows: ``2 x volume`` elements
+    (:func:`~pase.model.layers.redistribution_volume`) priced by the machine over the devices
+    the exchange spans (:func:`exchange_devices`): on a machine with nodes, inside a node at
+    the node's bandwidth, across nodes at the network's; the reference machine charges
+    ``rho x 2 volume`` whatever it spans. The per-layer search's edge matrices, the training
+    search and ``evaluate`` all price an edge here."""
+    volume = redistribution_volume(shape, source, target)
+    devices = exchange_devices(source, target, procs)
+    return np.asarray(machine.redistribute(2.0 * volume, devices), dtype=np.float64) * np.ones(volume.shape)
+
+
+def edge_cost_matrix(shape, source: np.ndarray, target: np.ndarray, machine, procs: int) -> np.ndarray:
+    """Redistribution cost of one tensor for every (source, target) configuration pair
+    (:func:`redistribution_seconds`). Layers often imply the same tensor configuration for
+    many of their configurations, so it is priced for the distinct rows only and expanded.
     """
     sources, source_of = np.unique(source, axis=0, return_inverse=True)
     targets, target_of = np.unique(target, axis=0, return_inverse=True)
-    volume = redistribution_volume(shape, sources[:, None, :], targets[None, :, :])
-    cost = machine.redistribute(2.0 * volume, procs)
+    cost = redistribution_seconds(machine, shape, sources[:, None, :], targets[None, :, :], procs)
     return cost[np.ix_(source_of.reshape(-1), target_of.reshape(-1))]
 
 

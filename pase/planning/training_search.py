@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pase.model.layers import redistribution_volume
+from pase.model.builder import redistribution_seconds
 from pase.planning.engine_runs import check_engine, mesh_refusal
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
@@ -223,28 +223,8 @@ class _PartsMemo:
 MAX_CP = 16
 
 
-def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
-    """Devices a redistribution from ``source`` to ``target`` splits spans: the product of
-    ``max(source, target)`` over the tensor dimensions whose splits differ; all ``procs`` when
-    the outermost (batch) dimension's split changes, since it is laid out across the others.
-
-    >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[4, 1, 1]]), 256).tolist()
-    [8]
-    """
-    source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
-    differ = source != target
-    span = np.where(differ, np.maximum(source, target), 1).prod(axis=-1)
-    return np.where(differ[..., 0], procs, span)
-
-
-def edge_seconds(machine, shape, source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
-    """Redistribution of one tensor, forward and backward, for aligned ``source`` and
-    ``target`` rows (or broadcast ones): its volume (``pase.layers.redistribution_volume``)
-    priced by the machine on the link of the devices it spans (:func:`exchange_devices`): in a
-    node at the node's bandwidth, across nodes at the network's (``docs/training.md``)."""
-    volume = redistribution_volume(shape, source, target)
-    devices = exchange_devices(source, target, procs)
-    return np.asarray(machine.redistribute(2.0 * volume, devices), dtype=np.float64) * np.ones(volume.shape)
+#: The one edge rule (``pase.model.builder``): a redistribution priced over the devices it spans.
+edge_seconds = redistribution_seconds
 
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
