@@ -17,6 +17,7 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
+from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass, Work
 from pase.model.roles import output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
@@ -301,58 +302,6 @@ class TrainingOptions:
 # Taking a layer's cost apart
 
 
-class _Probe:
-    """A machine that prices only some kinds of work and answers zero for the rest.
-
-    ``keep`` names what it prices: ``compute`` (GEMMs, memory-bound work), ``activation``
-    (collectives of activations and their gradients, exchanges), ``gradient`` (weight-gradient
-    reductions at the gradient's element size), ``gather`` (the same collectives at the
-    weight's element size: the all-gather of ZeRO). Every other attribute is the machine's.
-    """
-
-    def __init__(self, machine, keep: str):
-        self._machine = machine
-        self._keep = keep
-
-    def __getattr__(self, name):
-        return getattr(self._machine, name)
-
-    @staticmethod
-    def _zeros(*arrays):
-        return np.zeros(np.broadcast(*[np.asarray(a, dtype=np.float64) for a in arrays]).shape)
-
-    def gemm(self, B, M, N, K):
-        return self._machine.gemm(B, M, N, K) if self._keep == "compute" else self._zeros(B, M, N, K)
-
-    gemm_seconds = gemm
-
-    def memory_bound(self, kind, elements, flops=None):
-        if self._keep == "compute":
-            return self._machine.memory_bound(kind, elements, flops)
-        return self._zeros(elements)
-
-    def all_reduce(self, elements, group, grad: bool = False):
-        if grad and self._keep == "latency":  # the collective's fixed part: almost nothing moved
-            return self._machine.all_reduce(np.asarray(elements, dtype=np.float64) * 0.0 + 1e-12, group, grad=True)
-        if grad and self._keep == "gradient":
-            return self._machine.all_reduce(elements, group, grad=True)
-        if grad and self._keep == "gather":
-            return self._machine.all_reduce(elements, group, grad=False)
-        if not grad and self._keep == "activation":
-            return self._machine.all_reduce(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-    def exchange(self, elements, group):
-        if self._keep == "activation":
-            return self._machine.exchange(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-    def all_to_all(self, elements, group):
-        if self._keep == "activation":
-            return self._machine.all_to_all(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-
 @dataclass(frozen=True)
 class LayerParts:
     """What one layer spends, per configuration row, for one micro-batch.
@@ -363,7 +312,9 @@ class LayerParts:
     weight's element size (a reduce-scatter or all-gather is half an all-reduce in the ring
     model). ``params``: parameter tensors as ``(elements per device, replication group
     size)``; ``activations``: output elements per device; ``latency``: the fixed part of the
-    weight-gradient collectives (their time with nothing to move), which bucketing shares.
+    weight-gradient collectives (their time with nothing to move), which bucketing shares;
+    ``work``: the layer's work these parts price (``Layer.work``), whose GEMMs
+    (:meth:`gemm_seconds`, :meth:`gemm_elements`) another number format re-prices.
     """
 
     compute: np.ndarray
@@ -373,6 +324,26 @@ class LayerParts:
     params: tuple
     activations: np.ndarray
     latency: np.ndarray | None = None
+    work: LayerWork | None = None
+
+    def gemm_seconds(self, machine, dtype: str = "bf16") -> np.ndarray:
+        """Its GEMMs alone (the compute part without its memory-bound passes), priced by
+        ``machine`` in ``dtype``, per row."""
+        rows = len(self.compute)
+        seconds = self.work.compute.value(lambda piece: piece.priced(machine, dtype) if isinstance(piece, Gemm)
+                                          else _known(piece))
+        return np.asarray(0.0 if seconds is None else seconds, dtype=np.float64) * np.ones(rows)
+
+    def gemm_elements(self) -> np.ndarray:
+        """Elements of its GEMMs' operands and outputs, ``B (M K + K N + M N)`` summed, per row."""
+        elements = 0.0
+        for piece in self.work.compute.pieces():
+            # A lookup's pass counts the product it stands for (``Embedding``): as before.
+            inner = piece.flops.pieces() if isinstance(piece, Pass) and isinstance(piece.flops, Work) else [piece]
+            for gemm in inner:
+                if isinstance(gemm, Gemm):
+                    elements = elements + gemm.operand_elements()
+        return np.asarray(elements, dtype=np.float64) * np.ones(len(self.compute))
 
 
 def _parameter_tensors(layer) -> list:
@@ -381,13 +352,55 @@ def _parameter_tensors(layer) -> list:
     return layer.parameter_tensors()
 
 
+#: Elements a weight-gradient all-reduce is priced at for its fixed part (its latency): almost
+#: nothing moved.
+LATENCY_ELEMENTS = 1e-12
+
+
+def _part_pricers(machine) -> dict:
+    """How each part of :class:`LayerParts` prices a piece of a layer's work (``Layer.work``):
+    ``compute`` its GEMMs and memory-bound passes, ``activation`` its collectives of activations,
+    ``gradient`` and ``gather`` its weight-gradient all-reduces at the gradient's and at the
+    weight's element size, ``latency`` those all-reduces with :data:`LATENCY_ELEMENTS` elements.
+    A piece of a kind no part knows raises (it would otherwise go uncounted)."""
+
+    def compute(piece):
+        if isinstance(piece, (Gemm, Pass)):
+            return piece.priced(machine)
+        return _known(piece)
+
+    def activation(piece):
+        return piece.priced(machine) if _known(piece) is None and piece.activation else None
+
+    def weight(grad: bool, latency: bool = False):
+        def price(piece):
+            if _known(piece) is not None or not piece.weight:
+                return None
+            elements = piece.elements
+            if latency:
+                elements = np.asarray(elements, dtype=np.float64) * 0.0 + LATENCY_ELEMENTS
+            return machine.all_reduce(elements, piece.group, grad=grad)
+        return price
+
+    return {"compute": compute, "activation": activation, "gradient": weight(True), "gather": weight(False),
+            "latency": weight(True, latency=True)}
+
+
+def _known(piece) -> None:
+    """``None`` for a piece some part of :class:`LayerParts` prices; ``TypeError`` otherwise."""
+    if isinstance(piece, (Gemm, Pass, AllReduce, Exchange, AllToAll)):
+        return None
+    raise TypeError(f"the training model prices no {type(piece).__name__} (pase.costing.training._part_pricers)")
+
+
 def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
-    """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`)."""
+    """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`): its work
+    (``Layer.work``, once) priced part by part by ``machine``."""
     C = np.asarray(C, dtype=np.int64)
+    work = layer.work(C)
     parts = {}
-    for keep in ("compute", "activation", "gradient", "gather", "latency"):
-        cost = layer.costs(C, _Probe(machine, keep))
-        parts[keep] = np.asarray(cost.compute + cost.communication, dtype=np.float64) * np.ones(len(C))
+    for keep, price in _part_pricers(machine).items():
+        parts[keep] = np.asarray(work.value(price, len(C)), dtype=np.float64) * np.ones(len(C))
     Cf = C.astype(np.float64)
     used = Cf.prod(axis=1)
     params = []
@@ -399,7 +412,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
         activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
     activations = activations * layer.output_density
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
-                      activations, parts["latency"])
+                      activations, parts["latency"], work)
 
 
 # ---------------------------------------------------------------------------------------
