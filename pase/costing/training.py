@@ -18,7 +18,7 @@ import numpy as np
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
 from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass, Work
-from pase.model.roles import output_roles, roles_of
+from pase.model.roles import input_roles, output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
@@ -27,7 +27,7 @@ __all__ = [
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
-    "EAGER_NORM_SAVED", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
+    "EAGER_NORM_SAVED", "OP_POLICY_KEEPS", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -37,6 +37,24 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: (DeepSpeed's parameter-wise gathers, priced as ``block``).
 WRAP_UNITS = ("layer", "block", "prefetch")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op")
+#: The operator-level policy (``recompute=op``) by what a weight product is in its block: kept
+#: (True) or recomputed (False); a product the table does not name is recomputed. Source:
+#: torchtitan's ``_custom_policy`` (``selective_ac_option = 'op'``,
+#: torchtitan/parallelisms/parallelize_llama.py ``_apply_ac_to_transformer_block``) saves every
+#: ``aten.mm`` of a block but every second one, counted per block; its Llama block runs them as
+#: wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down), so it keeps the query, the value, the gate and
+#: the down projection and recomputes the key, the attention output and the up projection.
+#: Said by role, the choice carries to other blocks: a fused q/k/v product is kept (it makes the
+#: query), a plain MLP's one input product is its first (kept) and its output product is kept,
+#: a low-rank latent projection (DeepSeek's q_a, kv_a) is kept (the latent is narrow).
+#: Roles: ``query``, ``key``, ``value`` (a product feeding attention's scores as the queries or
+#: the keys, or its context as the values, through layers without weights), ``attention_output``
+#: (a product contracting the heads' width), ``mlp_first_input`` and ``mlp_input`` (the first and
+#: the other products writing the ``mlp`` width), ``mlp_output`` (contracting it), ``latent``.
+OP_POLICY_KEEPS = {
+    "query": True, "key": False, "value": True, "attention_output": False,
+    "mlp_first_input": True, "mlp_input": False, "mlp_output": True, "latent": True,
+}
 
 #: Share of a layer's training-step compute that is its forward pass: one product of the
 #: three a GEMM runs per step (forward, gradient of the input, gradient of the weight); the
@@ -119,8 +137,9 @@ class TrainingOptions:
         ``none``, ``selective`` (attention's scores and softmax recomputed; Korthikanti et
         al. 2022), ``full`` (each repeated block keeps its input only and runs its
         forward again in the backward pass) or ``op`` (torchtitan's operator-level policy:
-        a block keeps its input, the outputs of every second weight product and of fused
-        attention, and recomputes the rest; :meth:`TrainingCosting.op_saved`).
+        a block keeps its input, the outputs of the weight products :data:`OP_POLICY_KEEPS`
+        keeps by role and of fused attention, and recomputes the rest;
+        :meth:`TrainingCosting.op_saved`).
     microbatches : int
         Micro-batches per step (gradient accumulation); the network is built at one
         micro-batch.
@@ -653,20 +672,65 @@ class TrainingCosting:
         return read
 
     def _op_saved(self) -> np.ndarray:
-        """Per layer, whether torchtitan's operator-level policy keeps its output: in each
-        repeated block, the weight products (an Einsum or FC reading a parameter, attention's
-        scores and context excluded) numbered from 1 in graph order, the odd ones (its
-        ``_custom_policy`` saves every ``aten.mm`` but every second one, counted per block:
-        a Llama block keeps q, v, gate and down and recomputes k, out and up)."""
-        count: dict = {}
+        """Per layer, whether the operator-level policy keeps its output: a weight product (an
+        Einsum or FC reading a parameter, attention's scores and context excluded) of a repeated
+        block whose role (:meth:`op_roles`) :data:`OP_POLICY_KEEPS` keeps (a Llama block keeps
+        q, v, gate and down and recomputes k, out and up, as torchtitan)."""
         saved = np.zeros(len(self.network.layers), dtype=bool)
-        for v, layer in enumerate(self.network.layers):
-            b = self.blocks[v]
-            if b is None or not layer.product or v in self.cores or not self.parts[v].params:
-                continue
-            count[b] = count.get(b, 0) + 1
-            saved[v] = count[b] % 2 == 1
+        for v, roles in self.op_roles().items():
+            saved[v] = any(OP_POLICY_KEEPS.get(role, False) for role in roles)
         return saved
+
+    def _weight_product(self, v: int) -> bool:
+        layer = self.network.layers[v]
+        return self.blocks[v] is not None and layer.product and v not in self.cores and bool(self.parts[v].params)
+
+    def _feeding_products(self, t, block) -> set:
+        """The weight products of ``block`` whose outputs reach tensor ``t`` through layers
+        without weights (a rotary embedding, a norm, a concatenation, a split)."""
+        found, todo, seen = set(), [t], set()
+        while todo:
+            u = todo.pop().producer
+            if u is None or u in seen or self.blocks[u] != block:
+                continue
+            seen.add(u)
+            if self._weight_product(u):
+                found.add(u)
+            else:
+                todo.extend(self.network.layers[u].inputs)
+        return found
+
+    def op_roles(self) -> dict:
+        """``{vertex: roles}`` of every weight product of a repeated block, as
+        :data:`OP_POLICY_KEEPS` names them, read off dimension roles and attention's cores."""
+        layers = self.network.layers
+        out = {v: set() for v in range(len(layers)) if self._weight_product(v)}
+        # Attention's inputs: what feeds the scores' queries and keys and the context's values.
+        for v, role in sorted(self.cores.items()):
+            layer, block = layers[v], self.blocks[v]
+            if role == "scores":
+                for t, roles in zip(layer.inputs, input_roles(layer)):
+                    for u in self._feeding_products(t, block):
+                        out[u].add("key" if "key_sequence" in roles else "query")
+            elif role == "context":
+                for t in layer.inputs:
+                    if t.producer is None or t.producer not in self.cores:
+                        for u in self._feeding_products(t, block):
+                            out[u].add("value")
+        first: set = set()
+        for v in sorted(out):
+            written = set(_output_roles(layers[v]))
+            contracted = set(roles_of(layers[v])) - written
+            if "head_width" in contracted:
+                out[v].add("attention_output")
+            if "mlp" in written:
+                out[v].add("mlp_input" if self.blocks[v] in first else "mlp_first_input")
+                first.add(self.blocks[v])
+            if "mlp" in contracted:
+                out[v].add("mlp_output")
+            if "latent" in written and "head_width" not in written:
+                out[v].add("latent")
+        return {v: tuple(sorted(roles)) for v, roles in out.items()}
 
     def _eager_norms(self) -> dict:
         """``{vertex: seconds}`` of every RMSNorm run unfused (:data:`EAGER_NORM_BYTES` per
