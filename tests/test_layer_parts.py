@@ -251,3 +251,22 @@ def test_collectives_say_which_part_they_are():
     assert AllReduce(1.0, group, weight=True).weight and not AllReduce(1.0, group, weight=True).activation
     assert Exchange(1.0, group).activation
     assert not Gemm(1, 1, 1, 1).activation and not Pass("add", 1.0, 1.0).weight
+
+
+def test_a_lookup_runs_no_gemm_a_format_would_convert():
+    # The transformer's decoder embedding sits in its first decoder block; a lookup is a gather
+    # (a copy pass), so its parts list no GEMM (0 operand elements) and FP8 leaves it in BF16.
+    from pase.costing.training import TrainingCosting
+    network = load("transformer", 2, 64)
+    v = next(i for i, layer in enumerate(network.layers) if layer.lookup_table and network.blocks[i] is not None)
+    costing = TrainingCosting(network, [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in network.layers],
+                              load_machine("h100-sxm"))
+    assert costing.parts[v].gemm_elements().tolist() == [0.0]
+    assert not costing.precision.eligible()[v]
+    # Its copy pass still counts the product it stands for on the paper machine: the einsum of
+    # the one-hot (2 x 256 tokens, 50000 words) by the (50000 x 64) table, 3 M N K =
+    # 3 x 512 x 64 x 50000 FLOP-equivalents.
+    layer = network.layers[v]
+    assert layer.domain == (2, 256, 64, 50000)
+    C = np.ones((1, 4), dtype=np.int64)
+    assert layer.costs(C, PaperMachine()).compute.tolist() == [3.0 * 512 * 64 * 50000]

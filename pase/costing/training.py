@@ -17,7 +17,7 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
-from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass, Work
+from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
 from pase.model.roles import input_roles, output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
@@ -356,12 +356,8 @@ class LayerParts:
     def gemm_elements(self) -> np.ndarray:
         """Elements of its GEMMs' operands and outputs, ``B (M K + K N + M N)`` summed, per row."""
         elements = 0.0
-        for piece in self.work.compute.pieces():
-            # A lookup's pass counts the product it stands for (``Embedding``): as before.
-            inner = piece.flops.pieces() if isinstance(piece, Pass) and isinstance(piece.flops, Work) else [piece]
-            for gemm in inner:
-                if isinstance(gemm, Gemm):
-                    elements = elements + gemm.operand_elements()
+        for gemm in self.work.gemms():
+            elements = elements + gemm.operand_elements()
         return np.asarray(elements, dtype=np.float64) * np.ones(len(self.compute))
 
 
