@@ -29,40 +29,90 @@ def _ones(net):
     return [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
 
 
-def _blocks_of_four():
-    """Two blocks of four FC layers of width 64 (batch 8), then the loss."""
+#: An MLP's input product (batch, mlp, model) and its output product (batch, model, mlp).
+MLP_IN, MLP_OUT = ("batch", "mlp", "model"), ("batch", "model", "mlp")
+
+
+def _blocks_of_four(roles=(MLP_IN, MLP_OUT, MLP_IN, MLP_OUT)):
+    """Two blocks of four FC layers of width 64 (batch 8), then the loss; each block two MLPs
+    (in, out, in, out) unless ``roles`` says otherwise."""
     g = GraphBuilder("four", 1, batch=8)
     x = g.input((8, 64), "x", letters="bk")
     for i in (1, 2):
         with g.block():
-            for name in "abcd":
-                x = g.add(f"block{i}.{name}", FC(x, 64))
+            for name, r in zip("abcd", roles):
+                x = g.add(f"block{i}.{name}", FC(x, 64), roles=r)
     g.add("loss", SoftmaxCrossEntropy(x))
     return g.build()
 
 
-def test_op_recomputation_keeps_every_second_product():
+def test_op_recomputation_keeps_products_by_role():
     net = _blocks_of_four()
     costing = TrainingCosting(net, _ones(net), machine())
     op = TrainingOptions(recompute="op")
-    # Products numbered per block from 1: a (1) and c (3) kept, b (2) and d (4) not; d is the
-    # block's output, kept as the next block's input and never recomputed; block2.d is read by
-    # the loss alone (its buffers stand for it).
-    assert list(costing.op_saved) == [True, False, True, False] * 2 + [False]
+    # By OP_POLICY_KEEPS: a is the block's first MLP input product (kept), b and d MLP output
+    # products (kept), c another MLP input product (recomputed, as torchtitan's Llama up
+    # projection); d is the block's output, kept as the next block's input anyway; block2.d is
+    # read by the loss alone (its buffers stand for it).
+    assert costing.op_roles()[0] == ("mlp_first_input",) and costing.op_roles()[2] == ("mlp_input",)
+    assert list(costing.op_saved) == [True, True, False, True] * 2 + [False]
     kept = [costing.stored_activations(v, op)[0] for v in range(9)]
-    assert kept == [512.0, 0.0, 512.0, 512.0, 512.0, 0.0, 512.0, 0.0, 0.0]  # 8 x 64 each
+    assert kept == [512.0, 512.0, 0.0, 512.0, 512.0, 512.0, 0.0, 0.0, 0.0]  # 8 x 64 each
     again = costing.recomputed_mask(op)
-    assert list(again) == [False, True, False, False] * 2 + [False]
-    # b's forward again: one third of 6 x 8 x 64 x 64 / 1e12 s = 6.5536e-8 s; nothing else.
-    assert costing.layer_time(1, op)["recompute"][0] == pytest.approx(6 * 8 * 64 * 64 / 1e12 / 3)
+    assert list(again) == [False, False, True, False] * 2 + [False]
+    # c's forward again: one third of 6 x 8 x 64 x 64 / 1e12 s = 6.5536e-8 s; nothing else.
+    assert costing.layer_time(2, op)["recompute"][0] == pytest.approx(6 * 8 * 64 * 64 / 1e12 / 3)
     assert costing.layer_time(0, op)["recompute"][0] == 0.0
-    # The working set while a block runs again: b's 512 outputs at 2 bytes.
+    # The working set while a block runs again: c's 512 outputs at 2 bytes.
     assert costing.transient_bytes([0] * 9, op, act_bytes=2.0)["recompute_working_set"] == 1024.0
     vectors = costing.layer_vectors(op, 2.0)
-    # The search's vectors (one representative per group of equal layers) agree: a to d are
+    # The search's vectors (one representative per group of equal layers) agree: a and c are
     # the same kind of layer and differ only in what the policy keeps.
     assert list(vectors["activations"][:, 0]) == [2.0 * k for k in kept]
     assert costing.transient_rows(vectors, op)[0] == pytest.approx(op.reserve_bytes + 1024.0)
+
+
+def _op_choice(spec, model):
+    """``{name in the first block: kept}`` of every weight product of ``spec`` under ``op``."""
+    from pase.sources.registry import load
+    net = load(spec, 2, model)
+    costing = TrainingCosting(net, _ones(net), machine())
+    roles = costing.op_roles()
+    first = costing.blocks[min(roles)]
+    return {net.names[v].rsplit(".", 1)[-1]: bool(costing.op_saved[v]) for v in sorted(roles)
+            if costing.blocks[v] == first}
+
+
+def test_op_policy_on_a_llama_block_is_torchtitans():
+    # torchtitan counts a Llama block's mm's wq, wk, wv, wo, w1, w3, w2 and keeps the odd ones:
+    # q, v, gate (w1) and down (w2); by role: query, value, the MLP's first input product and its
+    # output product kept; key, attention output and the other input product recomputed.
+    expected = {"q": True, "k": False, "v": True, "out": False, "gate": True, "up": False, "down": True}
+    assert _op_choice("llama3-8b", 64) == expected
+    assert _op_choice("hf:examples/hf/llama-3.1-8b.json", 64) == expected
+
+
+def test_op_policy_on_a_fused_qkv_block_and_latent_attention():
+    # GPT-2: the fused q/k/v product makes the query (kept), the output projection is
+    # recomputed, the plain MLP's one input product is its first (kept), its output kept.
+    assert _op_choice("gpt2-small", 64) == {"qkv": True, "out": False, "up": True, "down": True}
+    # DeepSeek-V3's first (dense) block: the latent projections q_a and kv_a kept, q (query) and
+    # v (value) kept, both key products (the rotary part from the model width, the rest from
+    # the latent) recomputed, then as Llama.
+    assert _op_choice("deepseek-v3", 64) == {
+        "q_a": True, "q": True, "kv_a": True, "k_rope": False, "k_nope": False, "v": True, "out": False,
+        "gate": True, "up": False, "down": True}
+
+
+def test_op_policy_recomputes_products_it_does_not_name():
+    # FCs with no roles at all: no role the table names, so nothing is kept but the block's
+    # output (which every policy keeps).
+    net = _blocks_of_four(roles=(None,) * 4)
+    costing = TrainingCosting(net, _ones(net), machine())
+    assert set(costing.op_roles().values()) == {()}
+    assert not costing.op_saved.any()
+    op = TrainingOptions(recompute="op")
+    assert list(costing.recomputed_mask(op)) == [True, True, True, False] * 2 + [False]
 
 
 def _norm_net():

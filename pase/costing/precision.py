@@ -84,40 +84,6 @@ def check_precision(machine, precision: str) -> None:
                          f"{', '.join(have)} only (pase machines lists each preset's formats)")
 
 
-class _GemmProbe:
-    """A machine that prices only GEMMs, in one format, and counts their operands' elements
-    (``B (M K + K N + M N)`` per call: input, weight and output or their gradients)."""
-
-    def __init__(self, machine, dtype: str):
-        self._machine = machine
-        self._dtype = dtype
-        self.elements = 0.0
-
-    def __getattr__(self, name):
-        return getattr(self._machine, name)
-
-    def gemm(self, B, M, N, K):
-        B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
-        self.elements = self.elements + B * (M * K + K * N + M * N)
-        if self._dtype == "bf16":
-            return self._machine.gemm(B, M, N, K)
-        return self._machine.gemm(B, M, N, K, dtype=self._dtype)
-
-    gemm_seconds = gemm
-
-    def memory_bound(self, kind, elements, flops=None):
-        return np.zeros(np.shape(elements))
-
-    def all_reduce(self, elements, group, grad: bool = False):
-        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
-
-    def exchange(self, elements, group):
-        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
-
-    def all_to_all(self, elements, group):
-        return np.zeros(np.shape(elements)) * np.zeros(len(group.sizes))
-
-
 class PrecisionPricing:
     """The low-precision parts of a :class:`~pase.costing.training.TrainingCosting` (module
     doc). Nothing is computed for BF16; each format's GEMM times are taken once per kind of
@@ -133,11 +99,9 @@ class PrecisionPricing:
         c = self.costing
         key = (c.kinds[v], dtype)
         if key not in self._gemms:
-            probe = _GemmProbe(c.machine, dtype)
-            cost = c.network.layers[v].costs(c.configs[v], probe)
-            rows = len(c.configs[v])
-            self._gemms[key] = (np.asarray(cost.compute, dtype=np.float64) * np.ones(rows),
-                                np.asarray(probe.elements, dtype=np.float64) * np.ones(rows))
+            # The GEMMs of the layer's parts (their shapes), re-priced in the format.
+            parts = c.parts[v]
+            self._gemms[key] = (parts.gemm_seconds(c.machine, dtype), parts.gemm_elements())
         return self._gemms[key]
 
     def eligible(self) -> np.ndarray:

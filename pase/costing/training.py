@@ -17,7 +17,8 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.machines.measured import ELEMENT_TRAFFIC
-from pase.model.roles import output_roles, roles_of
+from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
+from pase.model.roles import input_roles, output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
@@ -26,7 +27,7 @@ __all__ = [
     "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
-    "EAGER_NORM_SAVED", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
+    "EAGER_NORM_SAVED", "OP_POLICY_KEEPS", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -36,6 +37,24 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: (DeepSpeed's parameter-wise gathers, priced as ``block``).
 WRAP_UNITS = ("layer", "block", "prefetch")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op")
+#: The operator-level policy (``recompute=op``) by what a weight product is in its block: kept
+#: (True) or recomputed (False); a product the table does not name is recomputed. Source:
+#: torchtitan's ``_custom_policy`` (``selective_ac_option = 'op'``,
+#: torchtitan/parallelisms/parallelize_llama.py ``_apply_ac_to_transformer_block``) saves every
+#: ``aten.mm`` of a block but every second one, counted per block; its Llama block runs them as
+#: wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down), so it keeps the query, the value, the gate and
+#: the down projection and recomputes the key, the attention output and the up projection.
+#: Said by role, the choice carries to other blocks: a fused q/k/v product is kept (it makes the
+#: query), a plain MLP's one input product is its first (kept) and its output product is kept,
+#: a low-rank latent projection (DeepSeek's q_a, kv_a) is kept (the latent is narrow).
+#: Roles: ``query``, ``key``, ``value`` (a product feeding attention's scores as the queries or
+#: the keys, or its context as the values, through layers without weights), ``attention_output``
+#: (a product contracting the heads' width), ``mlp_first_input`` and ``mlp_input`` (the first and
+#: the other products writing the ``mlp`` width), ``mlp_output`` (contracting it), ``latent``.
+OP_POLICY_KEEPS = {
+    "query": True, "key": False, "value": True, "attention_output": False,
+    "mlp_first_input": True, "mlp_input": False, "mlp_output": True, "latent": True,
+}
 
 #: Share of a layer's training-step compute that is its forward pass: one product of the
 #: three a GEMM runs per step (forward, gradient of the input, gradient of the weight); the
@@ -118,8 +137,9 @@ class TrainingOptions:
         ``none``, ``selective`` (attention's scores and softmax recomputed; Korthikanti et
         al. 2022), ``full`` (each repeated block keeps its input only and runs its
         forward again in the backward pass) or ``op`` (torchtitan's operator-level policy:
-        a block keeps its input, the outputs of every second weight product and of fused
-        attention, and recomputes the rest; :meth:`TrainingCosting.op_saved`).
+        a block keeps its input, the outputs of the weight products :data:`OP_POLICY_KEEPS`
+        keeps by role and of fused attention, and recomputes the rest;
+        :meth:`TrainingCosting.op_saved`).
     microbatches : int
         Micro-batches per step (gradient accumulation); the network is built at one
         micro-batch.
@@ -301,58 +321,6 @@ class TrainingOptions:
 # Taking a layer's cost apart
 
 
-class _Probe:
-    """A machine that prices only some kinds of work and answers zero for the rest.
-
-    ``keep`` names what it prices: ``compute`` (GEMMs, memory-bound work), ``activation``
-    (collectives of activations and their gradients, exchanges), ``gradient`` (weight-gradient
-    reductions at the gradient's element size), ``gather`` (the same collectives at the
-    weight's element size: the all-gather of ZeRO). Every other attribute is the machine's.
-    """
-
-    def __init__(self, machine, keep: str):
-        self._machine = machine
-        self._keep = keep
-
-    def __getattr__(self, name):
-        return getattr(self._machine, name)
-
-    @staticmethod
-    def _zeros(*arrays):
-        return np.zeros(np.broadcast(*[np.asarray(a, dtype=np.float64) for a in arrays]).shape)
-
-    def gemm(self, B, M, N, K):
-        return self._machine.gemm(B, M, N, K) if self._keep == "compute" else self._zeros(B, M, N, K)
-
-    gemm_seconds = gemm
-
-    def memory_bound(self, kind, elements, flops=None):
-        if self._keep == "compute":
-            return self._machine.memory_bound(kind, elements, flops)
-        return self._zeros(elements)
-
-    def all_reduce(self, elements, group, grad: bool = False):
-        if grad and self._keep == "latency":  # the collective's fixed part: almost nothing moved
-            return self._machine.all_reduce(np.asarray(elements, dtype=np.float64) * 0.0 + 1e-12, group, grad=True)
-        if grad and self._keep == "gradient":
-            return self._machine.all_reduce(elements, group, grad=True)
-        if grad and self._keep == "gather":
-            return self._machine.all_reduce(elements, group, grad=False)
-        if not grad and self._keep == "activation":
-            return self._machine.all_reduce(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-    def exchange(self, elements, group):
-        if self._keep == "activation":
-            return self._machine.exchange(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-    def all_to_all(self, elements, group):
-        if self._keep == "activation":
-            return self._machine.all_to_all(elements, group)
-        return self._zeros(elements) * np.zeros(len(group.sizes))
-
-
 @dataclass(frozen=True)
 class LayerParts:
     """What one layer spends, per configuration row, for one micro-batch.
@@ -363,7 +331,9 @@ class LayerParts:
     weight's element size (a reduce-scatter or all-gather is half an all-reduce in the ring
     model). ``params``: parameter tensors as ``(elements per device, replication group
     size)``; ``activations``: output elements per device; ``latency``: the fixed part of the
-    weight-gradient collectives (their time with nothing to move), which bucketing shares.
+    weight-gradient collectives (their time with nothing to move), which bucketing shares;
+    ``work``: the layer's work these parts price (``Layer.work``), whose GEMMs
+    (:meth:`gemm_seconds`, :meth:`gemm_elements`) another number format re-prices.
     """
 
     compute: np.ndarray
@@ -373,6 +343,22 @@ class LayerParts:
     params: tuple
     activations: np.ndarray
     latency: np.ndarray | None = None
+    work: LayerWork | None = None
+
+    def gemm_seconds(self, machine, dtype: str = "bf16") -> np.ndarray:
+        """Its GEMMs alone (the compute part without its memory-bound passes), priced by
+        ``machine`` in ``dtype``, per row."""
+        rows = len(self.compute)
+        seconds = self.work.compute.value(lambda piece: piece.priced(machine, dtype) if isinstance(piece, Gemm)
+                                          else _known(piece))
+        return np.asarray(0.0 if seconds is None else seconds, dtype=np.float64) * np.ones(rows)
+
+    def gemm_elements(self) -> np.ndarray:
+        """Elements of its GEMMs' operands and outputs, ``B (M K + K N + M N)`` summed, per row."""
+        elements = 0.0
+        for gemm in self.work.gemms():
+            elements = elements + gemm.operand_elements()
+        return np.asarray(elements, dtype=np.float64) * np.ones(len(self.compute))
 
 
 def _parameter_tensors(layer) -> list:
@@ -381,13 +367,55 @@ def _parameter_tensors(layer) -> list:
     return layer.parameter_tensors()
 
 
+#: Elements a weight-gradient all-reduce is priced at for its fixed part (its latency): almost
+#: nothing moved.
+LATENCY_ELEMENTS = 1e-12
+
+
+def _part_pricers(machine) -> dict:
+    """How each part of :class:`LayerParts` prices a piece of a layer's work (``Layer.work``):
+    ``compute`` its GEMMs and memory-bound passes, ``activation`` its collectives of activations,
+    ``gradient`` and ``gather`` its weight-gradient all-reduces at the gradient's and at the
+    weight's element size, ``latency`` those all-reduces with :data:`LATENCY_ELEMENTS` elements.
+    A piece of a kind no part knows raises (it would otherwise go uncounted)."""
+
+    def compute(piece):
+        if isinstance(piece, (Gemm, Pass)):
+            return piece.priced(machine)
+        return _known(piece)
+
+    def activation(piece):
+        return piece.priced(machine) if _known(piece) is None and piece.activation else None
+
+    def weight(grad: bool, latency: bool = False):
+        def price(piece):
+            if _known(piece) is not None or not piece.weight:
+                return None
+            elements = piece.elements
+            if latency:
+                elements = np.asarray(elements, dtype=np.float64) * 0.0 + LATENCY_ELEMENTS
+            return machine.all_reduce(elements, piece.group, grad=grad)
+        return price
+
+    return {"compute": compute, "activation": activation, "gradient": weight(True), "gather": weight(False),
+            "latency": weight(True, latency=True)}
+
+
+def _known(piece) -> None:
+    """``None`` for a piece some part of :class:`LayerParts` prices; ``TypeError`` otherwise."""
+    if isinstance(piece, (Gemm, Pass, AllReduce, Exchange, AllToAll)):
+        return None
+    raise TypeError(f"the training model prices no {type(piece).__name__} (pase.costing.training._part_pricers)")
+
+
 def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
-    """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`)."""
+    """Take the cost of every configuration of ``layer`` apart (:class:`LayerParts`): its work
+    (``Layer.work``, once) priced part by part by ``machine``."""
     C = np.asarray(C, dtype=np.int64)
+    work = layer.work(C)
     parts = {}
-    for keep in ("compute", "activation", "gradient", "gather", "latency"):
-        cost = layer.costs(C, _Probe(machine, keep))
-        parts[keep] = np.asarray(cost.compute + cost.communication, dtype=np.float64) * np.ones(len(C))
+    for keep, price in _part_pricers(machine).items():
+        parts[keep] = np.asarray(work.value(price, len(C)), dtype=np.float64) * np.ones(len(C))
     Cf = C.astype(np.float64)
     used = Cf.prod(axis=1)
     params = []
@@ -399,7 +427,7 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
         activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
     activations = activations * layer.output_density
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
-                      activations, parts["latency"])
+                      activations, parts["latency"], work)
 
 
 # ---------------------------------------------------------------------------------------
@@ -640,20 +668,65 @@ class TrainingCosting:
         return read
 
     def _op_saved(self) -> np.ndarray:
-        """Per layer, whether torchtitan's operator-level policy keeps its output: in each
-        repeated block, the weight products (an Einsum or FC reading a parameter, attention's
-        scores and context excluded) numbered from 1 in graph order, the odd ones (its
-        ``_custom_policy`` saves every ``aten.mm`` but every second one, counted per block:
-        a Llama block keeps q, v, gate and down and recomputes k, out and up)."""
-        count: dict = {}
+        """Per layer, whether the operator-level policy keeps its output: a weight product (an
+        Einsum or FC reading a parameter, attention's scores and context excluded) of a repeated
+        block whose role (:meth:`op_roles`) :data:`OP_POLICY_KEEPS` keeps (a Llama block keeps
+        q, v, gate and down and recomputes k, out and up, as torchtitan)."""
         saved = np.zeros(len(self.network.layers), dtype=bool)
-        for v, layer in enumerate(self.network.layers):
-            b = self.blocks[v]
-            if b is None or not layer.product or v in self.cores or not self.parts[v].params:
-                continue
-            count[b] = count.get(b, 0) + 1
-            saved[v] = count[b] % 2 == 1
+        for v, roles in self.op_roles().items():
+            saved[v] = any(OP_POLICY_KEEPS.get(role, False) for role in roles)
         return saved
+
+    def _weight_product(self, v: int) -> bool:
+        layer = self.network.layers[v]
+        return self.blocks[v] is not None and layer.product and v not in self.cores and bool(self.parts[v].params)
+
+    def _feeding_products(self, t, block) -> set:
+        """The weight products of ``block`` whose outputs reach tensor ``t`` through layers
+        without weights (a rotary embedding, a norm, a concatenation, a split)."""
+        found, todo, seen = set(), [t], set()
+        while todo:
+            u = todo.pop().producer
+            if u is None or u in seen or self.blocks[u] != block:
+                continue
+            seen.add(u)
+            if self._weight_product(u):
+                found.add(u)
+            else:
+                todo.extend(self.network.layers[u].inputs)
+        return found
+
+    def op_roles(self) -> dict:
+        """``{vertex: roles}`` of every weight product of a repeated block, as
+        :data:`OP_POLICY_KEEPS` names them, read off dimension roles and attention's cores."""
+        layers = self.network.layers
+        out = {v: set() for v in range(len(layers)) if self._weight_product(v)}
+        # Attention's inputs: what feeds the scores' queries and keys and the context's values.
+        for v, role in sorted(self.cores.items()):
+            layer, block = layers[v], self.blocks[v]
+            if role == "scores":
+                for t, roles in zip(layer.inputs, input_roles(layer)):
+                    for u in self._feeding_products(t, block):
+                        out[u].add("key" if "key_sequence" in roles else "query")
+            elif role == "context":
+                for t in layer.inputs:
+                    if t.producer is None or t.producer not in self.cores:
+                        for u in self._feeding_products(t, block):
+                            out[u].add("value")
+        first: set = set()
+        for v in sorted(out):
+            written = set(_output_roles(layers[v]))
+            contracted = set(roles_of(layers[v])) - written
+            if "head_width" in contracted:
+                out[v].add("attention_output")
+            if "mlp" in written:
+                out[v].add("mlp_input" if self.blocks[v] in first else "mlp_first_input")
+                first.add(self.blocks[v])
+            if "mlp" in contracted:
+                out[v].add("mlp_output")
+            if "latent" in written and "head_width" not in written:
+                out[v].add("latent")
+        return {v: tuple(sorted(roles)) for v, roles in out.items()}
 
     def _eager_norms(self) -> dict:
         """``{vertex: seconds}`` of every RMSNorm run unfused (:data:`EAGER_NORM_BYTES` per

@@ -1,9 +1,10 @@
 """What every machine shares: the ``Machine`` protocol that layers price their work with,
 the ``Group`` of devices a collective runs over, and the device layout of a configuration.
 
-Layers describe their work and ask the machine what it costs; layer code never knows which
-machine it talks to (``docs/machines.md``). A machine kind is one module implementing the
-protocol plus one entry in ``pase.machines.registry``.
+Layers describe their work (``pase.model.layers.work``: GEMMs, memory-bound passes,
+collectives), and each piece of it is priced by one call of this protocol; layer code never
+knows which machine it talks to (``docs/machines.md``). A machine kind is one module
+implementing the protocol plus one entry in ``pase.machines.registry``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of", "weight_only_dims",
-           "output_roles"]
+           "output_roles", "input_roles"]
 
 #: The vocabulary. ``batch``: the samples of a (micro-)batch; ``sequence``: a sequence's tokens
 #: (the queries' positions in attention); ``key_sequence``: the keys' positions in attention's
@@ -103,6 +103,16 @@ def output_roles(layer) -> list:
         return [(None,) * len(shape) for shape in layer.output_shapes]
     _, outs = _maps(layer)
     return [tuple(roles[j] if j >= 0 else None for j in mapping) for mapping in outs]
+
+
+def input_roles(layer) -> list:
+    """Per input tensor of ``layer``, the roles of its dimensions (None where a dimension maps
+    to no single dimension of the iteration space)."""
+    roles = roles_of(layer)
+    if layer.contiguous:
+        return [(None,) * len(t.shape) for t in layer.inputs]
+    ins, _ = _maps(layer)
+    return [tuple(roles[j] if j >= 0 else None for j in mapping) for mapping in ins]
 
 
 def weight_only_dims(layer) -> tuple:

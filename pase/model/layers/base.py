@@ -7,7 +7,7 @@ registers itself here when it is defined (see ``docs/cost-model.md``).
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -15,10 +15,12 @@ from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import Group, layout_strides
 from pase.model.roles import check_roles
 from pase.model.tensor import Tensor
+from .work import AllReduce, Gemm, LayerCost, LayerWork, Nothing, Pass, Work
 from pase.core.checks import a_mapping, arguments, tensor_sequence, text
 
 __all__ = [
-    "Layer", "LayerCost", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "redistribution_volume",
+    "Layer", "LayerCost", "LayerWork", "LAYER_TYPES", "layer_type", "make_layer", "gemm_cost", "gemm_work",
+    "redistribution_volume",
     "as_float", "check_shape", "check_positive", "check_count", "check_axis", "check_letters", "check_pair",
     "check_padding", "check_tensor", "generic_letters", "letters_of", "SHARED_ARGS", "check_flag",
     "BroadcastOperands", "GemmShaped", "operand_gradient_reductions",
@@ -37,33 +39,15 @@ SHARED_ARGS = ("tied", "held")
 LAYER_TYPES: dict = {}
 
 
-class LayerCost(NamedTuple):
-    """The cost of every configuration of a layer, split into its two parts.
-
-    ``compute``: the layer's arithmetic and memory-bound work; ``communication``: its
-    collectives (all-reduces, halo exchanges, hand-overs). Redistribution on edges is not a
-    layer's own cost.
-    """
-
-    compute: np.ndarray
-    communication: np.ndarray
-
-    @property
-    def total(self) -> np.ndarray:
-        return self.compute + self.communication
-
-
 # ---------------------------------------------------------------------------------------
 # Shared cost pieces
 
 
-def gemm_cost(machine, per_device, groups, pw: int = 0, weight_grads=(False, True)) -> LayerCost:
-    """Cost of ``Bp`` per-device GEMMs ``Mp x Kp`` by ``Kp x Np`` with ``pw`` fused point-wise ops.
+def gemm_work(per_device, groups, pw: int = 0, weight_grads=(False, True)) -> LayerWork:
+    """The work of ``Bp`` per-device GEMMs ``Mp x Kp`` by ``Kp x Np`` with ``pw`` fused point-wise ops.
 
     Parameters
     ----------
-    machine
-        Prices the work (``pase.machines.paper``).
     per_device : tuple
         ``(Bp, Mp, Np, Kp)``: per-device sizes, arrays over the configurations.
     groups : tuple of Group
@@ -80,23 +64,27 @@ def gemm_cost(machine, per_device, groups, pw: int = 0, weight_grads=(False, Tru
     """
     Bp, Mp, Np, Kp = (np.asarray(x, dtype=np.float64) for x in per_device)
     group_m, group_n, group_k = groups
-    compute = machine.gemm(Bp, Mp, Np, Kp)
+    compute = Gemm(Bp, Mp, Np, Kp)
     if pw > 0:
         outputs = Bp * Mp * Np
-        compute = compute + pw * machine.memory_bound("gelu", outputs, 3.0 * outputs)
-    gradient_a, gradient_b = operand_gradient_reductions(machine, (Bp, Mp, Np, Kp), groups, weight_grads)
-    communication = machine.all_reduce(Bp * Mp * Np, group_k) + gradient_a + gradient_b
-    return LayerCost(compute, communication)
+        compute = compute + pw * Pass("gelu", outputs, 3.0 * outputs)
+    gradient_a, gradient_b = operand_gradient_reductions((Bp, Mp, Np, Kp), groups, weight_grads)
+    return LayerWork(compute, AllReduce(Bp * Mp * Np, group_k) + gradient_a + gradient_b)
 
 
-def operand_gradient_reductions(machine, per_device, groups, weight_grads=(False, True)) -> tuple:
-    """The last two terms of ``gemm_cost``: operand A's gradient all-reduced over the devices
+def gemm_cost(machine, per_device, groups, pw: int = 0, weight_grads=(False, True)) -> LayerCost:
+    """:func:`gemm_work` priced by ``machine`` (``pase.machines.paper``)."""
+    return gemm_work(per_device, groups, pw, weight_grads).cost(machine)
+
+
+def operand_gradient_reductions(per_device, groups, weight_grads=(False, True)) -> tuple:
+    """The last two terms of ``gemm_work``: operand A's gradient all-reduced over the devices
     splitting ``N`` (``AR(Bp Mp Kp, n)``) and operand B's over those splitting ``M``
     (``AR(Bp Np Kp, m)``); ``weight_grads`` says which is a weight's gradient."""
     Bp, Mp, Np, Kp = (np.asarray(x, dtype=np.float64) for x in per_device)
     group_m, group_n, _ = groups
-    return (machine.all_reduce(Bp * Mp * Kp, group_n, grad=weight_grads[0]),
-            machine.all_reduce(Bp * Np * Kp, group_m, grad=weight_grads[1]))
+    return (AllReduce(Bp * Mp * Kp, group_n, weight=weight_grads[0]),
+            AllReduce(Bp * Np * Kp, group_m, weight=weight_grads[1]))
 
 
 def redistribution_volume(shape, source, target):
@@ -210,8 +198,10 @@ class Layer:
     - ``args``: its JSON-able constructor arguments other than the tensors, so that
       ``make_layer(op, operands, args)`` rebuilds it.
 
-    It implements ``input_configs``, ``output_configs`` and ``costs`` for an array of
+    It implements ``input_configs``, ``output_configs`` and ``work`` for an array of
     configurations ``C`` of shape ``(K, len(domain))``, and ``parameters`` if it has weights.
+    ``work`` describes what the layer does (``pase.model.layers.work``); ``costs`` is that work
+    priced by a machine.
     ``check()`` validates the declaration; ``GraphBuilder.add`` calls it once.
     """
 
@@ -320,9 +310,16 @@ class Layer:
         """Tensor configuration of every output, one ``(K, rank)`` array each."""
         raise NotImplementedError
 
+    def work(self, C: np.ndarray) -> LayerWork:
+        """What the layer does for every configuration row of ``C``, in parts: its GEMMs and
+        memory-bound passes (compute) and its collectives (communication), each with its sizes
+        and device group (``pase.model.layers.work``)."""
+        raise NotImplementedError(f"layer type {type(self).__name__} describes no work (work(C))")
+
     def costs(self, C: np.ndarray, machine) -> LayerCost:
-        """Compute and communication cost of every configuration row of ``C``."""
-        raise NotImplementedError
+        """Compute and communication cost of every configuration row of ``C``: its
+        :meth:`work` priced by ``machine``."""
+        return self.work(C).cost(machine, len(C))
 
     def cost(self, C: np.ndarray, machine) -> np.ndarray:
         """Layer cost (compute plus communication) of every configuration row of ``C``."""
@@ -479,9 +476,9 @@ class GemmShaped:
         sizes = tuple(domain[d].prod() / Cf[:, d].prod(axis=1) for d in dims)
         return sizes, self._groups(C, *dims[1:])
 
-    def costs(self, C, machine):
+    def work(self, C):
         sizes, groups = self._gemm_terms(C)
-        return gemm_cost(machine, sizes, groups, self.pw, self.weight_grads())
+        return gemm_work(sizes, groups, self.pw, self.weight_grads())
 
     def reduced_inputs(self) -> tuple:
         """The activation operands (not a weight's)."""
@@ -490,8 +487,8 @@ class GemmShaped:
     def gradient_reductions(self, C, machine) -> dict:
         """The all-reduce of each activation operand's gradient (``gemm_cost``'s terms)."""
         sizes, groups = self._gemm_terms(C)
-        terms = operand_gradient_reductions(machine, sizes, groups, self.weight_grads())
-        return {i: term for i, term in zip(self.gemm_operands, terms) if i in self.reduced_inputs()}
+        terms = operand_gradient_reductions(sizes, groups, self.weight_grads())
+        return {i: term.priced(machine) for i, term in zip(self.gemm_operands, terms) if i in self.reduced_inputs()}
 
     def reduction_layout(self, i: int) -> tuple:
         """``(held, group)``: operand A's columns (batch, ``M``, ``K``) and ``N``; B's (batch,
@@ -517,14 +514,14 @@ class BroadcastOperands:
         C[:, list(self.broadcast[i])] = 1
         return C
 
-    def broadcast_gradients(self, C, machine):
+    def broadcast_gradients(self, C) -> Work:
         """Each broadcast operand's gradient, summed over the dimensions it was broadcast along:
         an all-reduce of its per-device elements over the devices splitting those dimensions."""
-        communication = np.zeros(len(C))
+        communication = Nothing()
         for i, dims in enumerate(self.broadcast):
             if dims:
                 shape = np.asarray(self.inputs[i].shape, dtype=np.float64)
                 elements = (shape / as_float(self._operand(C, i))).prod(axis=1)
                 (group,) = self._groups(C, dims)
-                communication = communication + machine.all_reduce(elements, group)
+                communication = communication + AllReduce(elements, group)
         return communication

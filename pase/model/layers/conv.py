@@ -7,7 +7,9 @@ import math
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, check_padding, check_pair, check_tensor, GemmShaped
+from .base import Layer, as_float, check_count, check_flag, check_positive, check_padding, check_pair, check_tensor, GemmShaped
+
+from .work import Exchange, LayerWork, Pass
 
 __all__ = ["Conv", "Pooling"]
 
@@ -137,7 +139,7 @@ class Pooling(Layer):
     def output_configs(self, C):
         return [C]
 
-    def costs(self, C, machine):
+    def work(self, C):
         b, c = self.domain[:2]
         h, w = self.image
         r, s = self.window
@@ -150,4 +152,4 @@ class Pooling(Layer):
         halo = (hg * wg - hi * wi) * (b / Cf[:, 0]) * (c / Cf[:, 1])
         E = self._E(C)
         (hw,) = self._groups(C, (2, 3))
-        return LayerCost(machine.memory_bound("pool", E, E), machine.exchange(halo, hw))
+        return LayerWork(Pass("pool", E, E), Exchange(halo, hw))

@@ -8,8 +8,9 @@ import re
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, GemmShaped
+from .base import Layer, as_float, check_count, check_flag, check_positive, letters_of, check_tensor, GemmShaped
 from .masks import band_density, halo_rows
+from .work import Exchange, LayerWork, Pass
 
 __all__ = ["FC", "Einsum", "Embedding"]
 
@@ -202,10 +203,10 @@ class Einsum(GemmShaped, Layer):
             groups[side - 1] = self._groups(C, [d for d in dims[side] if d != query])[0]
         return sizes, tuple(groups)
 
-    def costs(self, C, machine):
-        cost = super().costs(C, machine)
+    def work(self, C):
+        work = super().work(C)
         if not self.banded:
-            return cost
+            return work
         q, k = (self._cols[x] for x in self.band)
         Cf = as_float(C)
         s = self.domain[q]
@@ -217,7 +218,7 @@ class Einsum(GemmShaped, Layer):
             exchanged = exchanged + halo_rows(s, splits, self.window) * rows
         (group,) = self._groups(C, (q, k))
         # The halo forward and its gradient backward.
-        return LayerCost(cost.compute * self.density, cost.communication + machine.exchange(2.0 * exchanged, group))
+        return LayerWork(work.compute * self.density, work.communication + Exchange(2.0 * exchanged, group))
 
     @classmethod
     def from_args(cls, operands, args):
@@ -322,9 +323,9 @@ class Embedding(Einsum):
         """None: its only input is the token ids, which have no gradient."""
         return ()
 
-    def costs(self, C, machine):
-        einsum = super().costs(C, machine)
+    def work(self, C):
+        einsum = super().work(C)
         # The reference counts the Einsum's FLOPs; a machine that measures sees the gather of
-        # the per-device output and the scatter-add of its gradient.
+        # the per-device output and the scatter-add of its gradient (no GEMM of its own).
         outputs = self._E(C) / (self.domain[-1] / as_float(C[:, -1]))
-        return LayerCost(machine.memory_bound("copy", outputs, einsum.compute), einsum.communication)
+        return LayerWork(Pass("copy", outputs, einsum.compute), einsum.communication)

@@ -13,7 +13,8 @@ import numpy as np
 
 from pase.core.checks import is_number
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_count, check_positive, check_tensor, gemm_cost, letters_of
+from .base import Layer, as_float, check_count, check_positive, check_tensor, gemm_work, letters_of
+from .work import AllToAll, LayerWork, Pass
 
 __all__ = ["MoE", "EXPERT_LETTER", "EXPERT_WIDTH_LETTER"]
 
@@ -206,7 +207,7 @@ class MoE(Layer):
 
     # -- costs ------------------------------------------------------------------------------
 
-    def costs(self, C, machine):
+    def work(self, C):
         C = np.asarray(C, dtype=np.int64)
         Cf = as_float(C)
         j = self.tokens
@@ -217,9 +218,9 @@ class MoE(Layer):
         t_loc = self.per_device_tokens(C)
         # The router: (t_loc x D) by (D x E), replicated over the experts' devices; its weight
         # gradient reduced over every device holding other tokens. Then the softmax over E.
-        router = gemm_cost(machine, (1.0, t_loc, float(E), D / ce), (g_tok_x, g_none, g_e))
+        router = gemm_work((1.0, t_loc, float(E), D / ce), (g_tok_x, g_none, g_e))
         scores = t_loc * E
-        compute = router.compute + machine.memory_bound("softmax", scores, 5.0 * scores)
+        compute = router.compute + Pass("softmax", scores, 5.0 * scores)
         communication = router.communication
         # The experts: E / c_x batched products of expert_rows tokens; gate and up fused into one
         # column-parallel product (one input-gradient all-reduce over f), the activation (and
@@ -227,28 +228,28 @@ class MoE(Layer):
         # row-parallel over f. Weight gradients are reduced over the token splits only.
         rows = self.expert_rows(C)
         local = E / cx
-        up = gemm_cost(machine, (local, rows, (self.matrices - 1) * H / cf, D / ce), (g_tok, g_f, g_e), pw=1)
-        down = gemm_cost(machine, (local, rows, D / ce, H / cf), (g_tok, g_e, g_f))
+        up = gemm_work((local, rows, (self.matrices - 1) * H / cf, D / ce), (g_tok, g_f, g_e), pw=1)
+        down = gemm_work((local, rows, D / ce, H / cf), (g_tok, g_e, g_f))
         compute = compute + up.compute + down.compute
         communication = communication + up.communication + down.communication
         # Permute into expert order and back, and the weighted sum of the k outputs.
         moved = self.dispatched(C)
-        compute = compute + 2.0 * machine.memory_bound("copy", moved, moved) + machine.memory_bound("add", moved, moved)
+        compute = compute + 2.0 * Pass("copy", moved, moved) + Pass("add", moved, moved)
         # Dispatch and combine, forward, and their gradients backward: four all-to-alls.
-        communication = communication + 4.0 * machine.all_to_all(moved, g_x)
+        communication = communication + 4.0 * AllToAll(moved, g_x)
         if self.shared:
             width = self.shared * self.shared_hidden
-            s_up = gemm_cost(machine, (1.0, t_loc, (self.matrices - 1) * width / cf, D / ce), (g_tok_x, g_f, g_e),
+            s_up = gemm_work((1.0, t_loc, (self.matrices - 1) * width / cf, D / ce), (g_tok_x, g_f, g_e),
                              pw=1)
-            s_down = gemm_cost(machine, (1.0, t_loc, D / ce, width / cf), (g_tok_x, g_e, g_f))
+            s_down = gemm_work((1.0, t_loc, D / ce, width / cf), (g_tok_x, g_e, g_f))
             added = t_loc * D / ce
-            compute = compute + s_up.compute + s_down.compute + machine.memory_bound("add", added, added)
+            compute = compute + s_up.compute + s_down.compute + Pass("add", added, added)
             communication = communication + s_up.communication + s_down.communication
             if self.shared_gate:
-                gate = gemm_cost(machine, (1.0, t_loc, 1.0, D / ce), (g_tok_x, g_none, g_e))
+                gate = gemm_work((1.0, t_loc, 1.0, D / ce), (g_tok_x, g_none, g_e))
                 compute = compute + gate.compute
                 communication = communication + gate.communication
-        return LayerCost(compute, communication)
+        return LayerWork(compute, communication)
 
     def forward_flops(self) -> float:
         """FLOPs of one balanced forward pass (for MFU): ``2 T D E`` (router) ``+ 2 k T m D H``

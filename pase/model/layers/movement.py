@@ -8,7 +8,9 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import BroadcastOperands, Layer, LayerCost, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
+from .base import BroadcastOperands, Layer, as_float, check_axis, check_letters, check_shape, generic_letters, letters_of, check_tensor
+
+from .work import Exchange, LayerWork, Nothing, Pass
 
 __all__ = ["Concat", "Ravel", "Unravel", "Stack", "Unstack", "Roll"]
 
@@ -22,12 +24,11 @@ class _DataMovement(Layer):
 
     copies: ClassVar[bool] = False
 
-    def costs(self, C, machine):
-        zero = np.zeros(len(C))
+    def work(self, C):
         if not self.copies:
-            return LayerCost(zero, zero)
+            return LayerWork(Nothing(), Nothing())
         elements = math.prod(self.output_shapes[0]) / as_float(self.output_configs(C)[0]).prod(axis=1)
-        return LayerCost(machine.memory_bound("copy", elements, zero), zero)
+        return LayerWork(Pass("copy", elements, np.zeros(len(C))), Nothing())
 
 
 class Concat(BroadcastOperands, _DataMovement):
@@ -84,11 +85,11 @@ class Concat(BroadcastOperands, _DataMovement):
     def output_configs(self, C):
         return [C]
 
-    def costs(self, C, machine):
-        cost = super().costs(C, machine)
+    def work(self, C):
+        work = super().work(C)
         if not any(self.broadcast):
-            return cost
-        return LayerCost(cost.compute, cost.communication + self.broadcast_gradients(C, machine))
+            return work
+        return LayerWork(work.compute, work.communication + self.broadcast_gradients(C))
 
 
 class Ravel(_DataMovement):
@@ -284,7 +285,7 @@ class Roll(_DataMovement):
             stays = stays * (1.0 - (first + second) / m)
         return self._E(C) * (1.0 - stays)
 
-    def costs(self, C, machine):
-        cost = super().costs(C, machine)
+    def work(self, C):
+        work = super().work(C)
         (group,) = self._groups(C, self.axes)
-        return LayerCost(cost.compute, machine.exchange(2.0 * self.moved(C), group))
+        return LayerWork(work.compute, Exchange(2.0 * self.moved(C), group))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from pase.model.tensor import Tensor
-from .base import BroadcastOperands, Layer, LayerCost, check_axis, check_count, letters_of, check_tensor
+from .base import BroadcastOperands, Layer, check_axis, check_count, letters_of, check_tensor
 from .masks import band_density
+from .work import AllReduce, Exchange, LayerWork, Pass
 
 #: What an :class:`Elementwise` layer computes of its two operands.
 COMBINES = ("multiply", "add")
@@ -62,13 +63,13 @@ class Elementwise(BroadcastOperands, Layer):
     def output_configs(self, C):
         return [C]
 
-    def costs(self, C, machine):
+    def work(self, C):
         # (1 + pw) E: the combination, then pw fused point-wise passes.
         E = self._E(C)
-        compute = machine.memory_bound("add", E, E)
+        compute = Pass("add", E, E)
         if self.pw:
-            compute = compute + self.pw * machine.memory_bound("gelu", E, E)
-        return LayerCost(compute, self.broadcast_gradients(C, machine))
+            compute = compute + self.pw * Pass("gelu", E, E)
+        return LayerWork(compute, self.broadcast_gradients(C))
 
 
 class _ShapeOfInput(Layer):
@@ -119,19 +120,16 @@ class Norm(_ShapeOfInput):
     def _learnt_arg(self) -> dict:
         return {"learnt": self.learnt} if self.learnt != self.n_params else {}
 
-    def costs(self, C, machine):
+    def work(self, C):
         dpp = self._per_device(C)
         E = dpp.prod(axis=1)
         a = self.axis
-        compute = machine.memory_bound("layer_norm", E, 16.0 * E)
+        compute = Pass("layer_norm", E, 16.0 * E)
         if self.pw:
-            compute = compute + self.pw * machine.memory_bound("gelu", E, E)
+            compute = compute + self.pw * Pass("gelu", E, E)
         along, across = self._groups(C, (a,), [d for d in range(len(self.domain)) if d != a])
-        communication = (
-            4.0 * machine.all_reduce(E / dpp[:, a], along)
-            + 4.0 * machine.all_reduce(dpp[:, a], across, grad=True)
-        )
-        return LayerCost(compute, communication)
+        communication = 4.0 * AllReduce(E / dpp[:, a], along) + 4.0 * AllReduce(dpp[:, a], across, weight=True)
+        return LayerWork(compute, communication)
 
     def parameters(self):
         # Scale (and bias), each of length dom[axis], split c[axis].
@@ -208,12 +206,12 @@ class ReduceMean(Layer):
             return [np.ones((C.shape[0], 1), dtype=C.dtype)]
         return [C[:, kept]]
 
-    def costs(self, C, machine):
+    def work(self, C):
         # The reference counts only the all-reduce of the partial sums; the reading pass is
         # memory-bound work a measured machine sees.
         E = self._E(C)
         (reduced,) = self._groups(C, self.axes)
-        return LayerCost(machine.memory_bound("pool", E, 0.0 * E), machine.all_reduce(E, reduced))
+        return LayerWork(Pass("pool", E, 0.0 * E), AllReduce(E, reduced))
 
 
 class Softmax(_ShapeOfInput):
@@ -279,7 +277,7 @@ class Softmax(_ShapeOfInput):
     def output_density(self) -> float:
         return self.density
 
-    def costs(self, C, machine):
+    def work(self, C):
         dpp = self._per_device(C)
         E = dpp.prod(axis=1)
         ax = list(self.axes)
@@ -287,14 +285,12 @@ class Softmax(_ShapeOfInput):
         full = float(np.prod([self.domain[a] for a in ax]))
         (group,) = self._groups(C, tuple(ax))
         band = E * self.density
-        compute = machine.memory_bound("softmax", band, 4.0 * band + band * full)
+        compute = Pass("softmax", band, 4.0 * band + band * full)
         passes = int(self.alibi) + int(self.softcap > 0)
         if passes:
-            compute = compute + passes * machine.memory_bound("gelu", band, band)
-        communication = (
-            machine.all_reduce(e, group) + machine.all_reduce(e * full, group) + machine.all_reduce(e, group)
-        )
-        return LayerCost(compute, communication)
+            compute = compute + passes * Pass("gelu", band, band)
+        communication = AllReduce(e, group) + AllReduce(e * full, group) + AllReduce(e, group)
+        return LayerWork(compute, communication)
 
     def parameters(self):
         """One sink logit per head (``sinks``), split like the heads."""
@@ -312,12 +308,9 @@ class SoftmaxCrossEntropy(_ShapeOfInput):
     op = "SoftmaxCrossEntropy"
     loss = True
 
-    def costs(self, C, machine):
+    def work(self, C):
         dpp = self._per_device(C)
         E = dpp.prod(axis=1)
         bpp = dpp[:, :-1].prod(axis=1)
         last = len(self.domain) - 1
-        return LayerCost(
-            machine.memory_bound("loss", E, 4.0 * E + 2.0 * bpp),
-            machine.exchange(2.0 * bpp, self._groups(C, (last,))[0]),
-        )
+        return LayerWork(Pass("loss", E, 4.0 * E + 2.0 * bpp), Exchange(2.0 * bpp, self._groups(C, (last,))[0]))

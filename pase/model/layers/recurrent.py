@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pase.model.tensor import Tensor
-from .base import Layer, LayerCost, as_float, check_positive, check_tensor, gemm_cost, redistribution_volume
+from .base import Layer, as_float, check_positive, check_tensor, gemm_work, redistribution_volume
+from .work import Exchange, LayerWork
 
 __all__ = ["LSTM"]
 
@@ -36,18 +37,17 @@ class LSTM(Layer):
     def output_configs(self, C):
         return [C[:, [2, 1, 3]]]
 
-    def costs(self, C, machine):
+    def work(self, C):
         L, s, b, n, k = self.domain
         Cf = as_float(C)
-        gemm = gemm_cost(
-            machine,
+        gemm = gemm_work(
             (L / Cf[:, 0], s * b / (Cf[:, 1] * Cf[:, 2]), 4 * n / Cf[:, 3], 2 * k / Cf[:, 4]),
             self._groups(C, (1, 2), (3,), (4,)),
             3,
         )
         handover = redistribution_volume((b, n), C[:, [2, 3]], C[:, [2, 4]])
         (model,) = self._groups(C, (3, 4))
-        return LayerCost(gemm.compute, gemm.communication + L * s * machine.exchange(handover, model))
+        return LayerWork(gemm.compute, gemm.communication + L * s * Exchange(handover, model))
 
     def parameters(self):
         L, s, b, n, k = self.domain
