@@ -1,9 +1,14 @@
-"""Per-device memory of a strategy (``docs/memory.md``): a separate, named model.
+"""Per-device memory of a strategy (``docs/memory.md``): the paper's preset of the memory model.
 
 Parameters count ``param_bytes`` per element (fp16 weight and gradient plus fp32 master
 weight and Adam moments by default), activations ``act_bytes`` per element (fp16). Every
 activation is alive at the end of the forward pass; nothing is recomputed; communication
 buffers and fragmentation are ignored. The reference cost model does not change.
+
+The training model (``pase.costing.training``) counts the same elements, here
+(:func:`parameter_shards`, :func:`activation_elements`), and prices them by kind: bytes per
+parameter element by ZeRO stage and the engine's dtypes, only the outputs a backward pass reads,
+recomputation, and what this preset ignores (buffers, fragmentation, a reserve).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pase.model.layers import Layer
 from pase.costing.strategy import check_strategy
 
 __all__ = [
-    "MemoryModel", "MemorySummary", "ASSUMPTIONS", "parameter_elements", "activation_elements", "parameter_count",
+    "MemoryModel", "MemorySummary", "ASSUMPTIONS", "parameter_shards", "parameter_elements", "activation_elements", "parameter_count",
     "charged_parameters",
 ]
 
@@ -31,19 +36,38 @@ ASSUMPTIONS = (
 )
 
 
-def parameter_elements(layer: Layer, C: np.ndarray, charged=None) -> np.ndarray:
-    """Parameter elements per device for each configuration row of ``C``.
+def parameter_shards(layer: Layer, C: np.ndarray) -> list:
+    """Per parameter tensor of ``layer`` (``layer.parameter_tensors()`` order), for each
+    configuration row of ``C``: ``(elements per device, replication group size)``. A tensor is
+    divided by the splits of the iteration-space dimensions it spans and replicated across the
+    others (the devices a configuration uses over its shards). The one place both memory models
+    count a layer's parameters: :func:`parameter_elements` here, the training model's
+    ``LayerParts.params`` (``pase.costing.training``).
 
-    A parameter tensor is divided by the splits of the iteration-space dimensions it
-    spans and replicated across the others. ``charged`` (one flag per entry of
-    ``layer.parameter_tensors()``, default all) leaves out tensors another layer holds.
+    >>> from pase.model.builder import GraphBuilder
+    >>> from pase.model.layers import FC
+    >>> layer = FC(GraphBuilder("one", 1).input((8, 4)), 2)    # weight 4 x 2, dims (k, n)
+    >>> [(e.tolist(), r.tolist()) for e, r in parameter_shards(layer, np.array([[2, 1, 2]]))]
+    [([4.0], [2.0])]
     """
     C = np.asarray(C, dtype=np.float64)
-    total = np.zeros(len(C))
-    tensors = layer.parameter_tensors()
-    for i, (shape, dims, _) in enumerate(tensors):
+    used = C.prod(axis=1)
+    out = []
+    for shape, dims, _ in layer.parameter_tensors():
+        shards = C[:, list(dims)].prod(axis=1) if dims else np.ones(len(C))
+        out.append((math.prod(shape) / shards, used / shards))
+    return out
+
+
+def parameter_elements(layer: Layer, C: np.ndarray, charged=None) -> np.ndarray:
+    """Parameter elements per device for each configuration row of ``C`` (the sum of
+    :func:`parameter_shards`). ``charged`` (one flag per entry of ``layer.parameter_tensors()``,
+    default all) leaves out tensors another layer holds.
+    """
+    total = np.zeros(len(np.asarray(C)))
+    for i, (elements, _) in enumerate(parameter_shards(layer, C)):
         if charged is None or charged[i]:
-            total += math.prod(shape) / C[:, list(dims)].prod(axis=1)
+            total += elements
     return total
 
 
@@ -70,7 +94,9 @@ def charged_parameters(network: Network) -> tuple:
 
 
 def activation_elements(layer: Layer, C: np.ndarray) -> np.ndarray:
-    """Output-tensor elements per device (kept for the backward pass), per configuration."""
+    """Output-tensor elements per device, per configuration (all of them kept for the backward
+    pass in this model; the training model keeps those a backward pass reads). The one place
+    both memory models count a layer's output."""
     C = np.asarray(C)
     total = np.zeros(len(C))
     for shape, config in zip(layer.output_shapes, layer.output_configs(C)):

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
+from pase.costing.memory import activation_elements, parameter_shards
 from pase.machines.measured import ELEMENT_TRAFFIC
 from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
 from pase.model.roles import input_roles, output_roles, roles_of
@@ -416,16 +417,9 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     parts = {}
     for keep, price in _part_pricers(machine).items():
         parts[keep] = np.asarray(work.value(price, len(C)), dtype=np.float64) * np.ones(len(C))
-    Cf = C.astype(np.float64)
-    used = Cf.prod(axis=1)
-    params = []
-    for shape, dims, _ in _parameter_tensors(layer):
-        shards = Cf[:, list(dims)].prod(axis=1) if dims else np.ones(len(C))
-        params.append((math.prod(shape) / shards, used / shards))
-    activations = np.zeros(len(C))
-    for shape, config in zip(layer.output_shapes, layer.output_configs(C)):
-        activations = activations + math.prod(shape) / np.asarray(config, dtype=np.float64).prod(axis=1)
-    activations = activations * layer.output_density
+    # Elements counted where the paper's memory model counts them (pase.costing.memory).
+    params = parameter_shards(layer, C)
+    activations = activation_elements(layer, C)
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
                       activations, parts["latency"], work)
 
