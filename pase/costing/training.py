@@ -9,6 +9,7 @@ so one costing serves every ZeRO stage, recomputation policy and overlap setting
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -308,6 +309,14 @@ class TrainingOptions:
         if self.zero == 2:
             return w + (g + o) / r
         return (w + g + o) / r
+
+    def but(self, **changes) -> "TrainingOptions":
+        """These options with ``changes`` (checked again).
+
+        >>> TrainingOptions(zero=1).but(recompute="full").recompute
+        'full'
+        """
+        return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
         return f"ZeRO-{self.zero}, recompute {self.recompute}, {self.microbatches} micro-batch" + (

@@ -184,15 +184,14 @@ def plan_training(
     recipe = recipe or Recipe()
     base = base or (engine.base_options() if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
-        base = TrainingOptions(**{**base.__dict__, "tp_overlap": recipe.tp_overlap})
+        base = base.but(tp_overlap=recipe.tp_overlap)
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                           engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
                           exporting=exporting, rules=rules)
     best = found.best
     if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
         chosen = (best or found.least_memory).options
-        base = TrainingOptions(**{**base.__dict__, "precision": chosen.precision, "fp8_scaling": chosen.fp8_scaling,
-                                  "fp8_gather": chosen.fp8_gather})
+        base = base.but(precision=chosen.precision, fp8_scaling=chosen.fp8_scaling, fp8_gather=chosen.fp8_gather)
     # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
     mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
         (recipe.pp or 1) > 1
@@ -220,8 +219,8 @@ def plan_training(
             # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
             pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
-                options = TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
-                                             "tp_overlap": reference.options.tp_overlap})
+                options = base.but(zero=zero, recompute=policy, microbatches=m,
+                                   tp_overlap=reference.options.tp_overlap)
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
                                      pieces=pieces,
                                      microbatch=reference.microbatch)
