@@ -18,6 +18,11 @@ from pase.planning.mesh import parse_recipe
 EXPORTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results", "exports")
 
 
+#: The vocabularies priced, from the models' declarations: Llama 3.1 (examples/hf/*.json
+#: vocab_size) 128,256; GPT-3's 50,257 padded to 50,304 (graphs/gpt.py); Mixtral 32,000.
+VOCAB = {"llama-3.1-70b": 128256, "llama-3.1-8b": 128256, "gpt3-175b": 50304, "mixtral-8x7b": 32000}
+
+
 def _files(suffix: str) -> list:
     return sorted(f for f in os.listdir(EXPORTS) if f.endswith(suffix)) if os.path.isdir(EXPORTS) else []
 
@@ -69,8 +74,11 @@ def test_committed_megatron_export(name):
     assert a["--tensor-model-parallel-size"] * a["--pipeline-model-parallel-size"] * a["--context-parallel-size"] \
         * exported["data_parallel_size"] == procs
     assert a["--global-batch-size"] == batch and a["--micro-batch-size"] == recipe.microbatch
+    assert not check.megatron_flag_problems(a)
     config, ddp, _ = check.megatron_accepts(a, procs)
     assert config.num_layers == a["--num-layers"]
+    assert check.megatron_microbatches(a, procs) == batch // (recipe.microbatch * recipe.dp)
+    assert check.megatron_tokenizer_vocabulary(a, a["--tensor-model-parallel-size"]) == VOCAB[name.rsplit("-p", 1)[0]]
 
 
 @pytest.mark.parametrize("name", _files(".deepspeed.json"))

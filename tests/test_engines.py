@@ -37,6 +37,11 @@ MEGATRON_CASES = [
 ]
 
 
+#: The vocabularies the models are priced with, from their declarations (graphs/): Llama 3's
+#: tokenizer has 128,256 entries, Mixtral's (Mistral's) 32,000.
+VOCAB = {"llama3-8b": 128256, "mixtral-8x7b": 32000}
+
+
 def _export(tmp_path, graph, recipe, flag, name, *more):
     path = tmp_path / name
     status, out, err = run(*graph, "--recipe", recipe, flag, path, "--json", *more)
@@ -107,7 +112,10 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
     assert a["--global-batch-size"] // (a["--micro-batch-size"] * mesh["dp"]) == report["training"]["microbatches"]
     assert shlex.split(exported["launch"])[6:-2] == shlex.split(exported["command_line"])
     _round_trip(graph, path, report)
+    assert not check.megatron_flag_problems(a)  # every flag megatron-core's or documented, every value typed
     config, ddp, _ = check.megatron_accepts(a, 16)
+    assert check.megatron_microbatches(a, 16) == report["training"]["microbatches"]
+    assert check.megatron_tokenizer_vocabulary(a, mesh["tp"]) == VOCAB[graph[1]]
     zero = report["training"]["zero"]
     assert ddp.use_distributed_optimizer == (zero >= 1)
     assert ddp.data_parallel_sharding_strategy == {0: "no_shard", 1: "no_shard", 2: "optim_grads",
@@ -299,8 +307,11 @@ def test_megatron_exports_low_precision_plans(tmp_path, name, graph, recipe, fie
         (fp4, fp4_recipe, fp4_param)
     assert a["--bf16"] is True  # everything not converted stays BF16
     _round_trip(graph, path, report)
-    config, _, _ = check.megatron_accepts(a, 16)
+    assert not check.megatron_flag_problems(a)
+    config, ddp, _ = check.megatron_accepts(a, 16)
     assert (config.fp8, config.fp8_param, config.fp4, config.fp4_param) == (fp8, fp8_param, fp4, fp4_param)
+    assert ddp.fp8_param_gather == fp8_param  # --fp8-param-gather is megatron-core's DDP field's own flag
+    assert check.megatron_tokenizer_vocabulary(a, report["training"]["mesh"]["tp"]) == VOCAB[graph[1]]
     if fp8 is not None:
         assert config.fp8_recipe == fp8_recipe
     else:
@@ -445,3 +456,56 @@ def test_precision_search_keeps_to_the_formats_the_export_writes(tmp_path):
         assert status == 0, err
         precision = json.loads(out)["training"].get("precision")
         assert (precision or {}).get("format") in formats
+
+
+# ---------------------------------------------------------------------------------------
+# Megatron-LM's flag names and the null tokenizer, checked by megatron-core's own code.
+
+def test_megatron_flag_check_catches_wrong_names_and_values():
+    # The check the exports pass (engine_checks.megatron_flag_problems), on flags written wrong
+    # by hand: each must be named. megatron-core 0.16's fields: TransformerConfig.fp8 is
+    # Literal['e4m3', 'hybrid'] with arg_names --fp8-format; fp4_param states --fp4-param-gather;
+    # tp_comm_overlap is a bool (a switch); moe_layer_freq is int or List[int]; GPTModel's
+    # position_embedding_type has no 'alibi'; num_moe_experts is --num-experts in Megatron-LM.
+    check.megatron_modules()
+    good = {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True,
+            "--fp4-param-gather": True, "--tp-comm-overlap": True, "--moe-layer-freq": "[0,1,1]",
+            "--num-experts": 8, "--position-embedding-type": "rope", "--ckpt-format": "fsdp_dtensor",
+            "--micro-batch-size": 1, "--disable-bias-linear": True}
+    assert check.megatron_flag_problems(good) == []
+    bad = {"--fp8-format": "e5m2", "--fp8-recipe": "current", "--fp4-param": True, "--tp-comm-overlap": "true",
+           "--moe-layer-freq": "[0,x]", "--num-moe-experts": 8, "--position-embedding-type": "alibi",
+           "--ckpt-format": "dcp", "--micro-batch-size": "1", "--fp8-gather": True,
+           "--num-layers-in-first-pipeline-stage": 7}
+    problems = check.megatron_flag_problems(bad)
+    assert len(problems) == len(bad), problems
+    assert all(any(p.startswith(flag + " ") or p.startswith(flag + ":") for p in problems) for flag in bad)
+    # --fp4-param is not Megatron-LM's (the field states --fp4-param-gather); --fp8-gather is no field.
+    assert "--fp4-param: no megatron-core field" in " ".join(problems)
+
+
+def test_megatron_null_tokenizer_has_the_priced_vocabulary(tmp_path):
+    # megatron-core's NullTokenizer(n) has n + 1 entries (its end-of-document token is id n), so
+    # the export writes --vocab-size V - 1 for the V = 128,256 priced (Llama 3's tokenizer), and
+    # Megatron-LM pads nothing more: --make-vocab-size-divisible-by 1 x tp 2 divides 128,256.
+    check.megatron_modules()
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    path, report = _export(tmp_path, LLAMA, "dp=4,tp=2,pp=2,zero=1,microbatch=1", "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--tokenizer-type"] == "NullTokenizer" and a["--vocab-size"] == 128255
+    assert NullTokenizer(a["--vocab-size"]).vocab_size == 128256
+    assert check.megatron_tokenizer_vocabulary(a, 2) == 128256
+    # Written as V, the model would have 128,257 entries, padded to 128,258 for tp 2.
+    assert check.megatron_tokenizer_vocabulary({**a, "--vocab-size": 128256}, 2) == 128258
+
+
+def test_megatron_profile_switch_is_a_megatron_lm_flag(tmp_path):
+    # megatron,grad_reduce=bf16 writes --grad-reduce-in-bf16 (Megatron-LM's switch for the DDP
+    # config's grad_reduce_in_fp32 = False): a documented Megatron-LM flag, valued as a switch.
+    path, report = _export(tmp_path, LLAMA, "dp=16,tp=1,zero=1,recompute=full,microbatch=1", "--export-megatron",
+                           "m.json", "--engine", "megatron,grad_reduce=bf16")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--grad-reduce-in-bf16"] is True
+    assert not check.megatron_flag_problems(a)
+    check.megatron_accepts(a, 16)
