@@ -509,3 +509,76 @@ def test_megatron_profile_switch_is_a_megatron_lm_flag(tmp_path):
     assert a["--grad-reduce-in-bf16"] is True
     assert not check.megatron_flag_problems(a)
     check.megatron_accepts(a, 16)
+
+
+def test_megatron_uneven_middle_stages_are_written_stage_by_stage(tmp_path):
+    # Before: stages 7/8/10/7 were written as --decoder-first/last-pipeline-num-layers 7 7, so
+    # Megatron-LM split the 18 middle layers evenly, 9/9: another plan than the one priced.
+    # megatron-core's PipelineParallelLayerLayout (built by TransformerConfig) now reads back
+    # 7, 8, 10 and 7 decoder layers, the embedding on the first stage and the loss on the last.
+    recipe = "dp=2,tp=2,pp=4,schedule=1f1b,zero=1,recompute=full,microbatch=1,stages=7/8/10/7"
+    path, report = _export(tmp_path, LLAMA, recipe, "--export-megatron", "m.json")
+    exported = json.loads(path.read_text())
+    a = exported["arguments"]
+    assert a["--pipeline-model-parallel-layout"] == "Et*7|t*8|t*10|t*7L"
+    assert "--decoder-first-pipeline-num-layers" not in a and "--decoder-last-pipeline-num-layers" not in a
+    # The command line quotes it for the shell (| is a pipe there, * a pattern).
+    assert "--pipeline-model-parallel-layout 'Et*7|t*8|t*10|t*7L'" in exported["command_line"]
+    _round_trip(LLAMA, path, report)
+    assert [st["blocks"] for st in report["training"]["pipeline"]["stages"]] == [7, 8, 10, 7]
+    config, _, _ = check.megatron_accepts(a, 16)
+    layout = config.pipeline_model_parallel_layout
+    assert layout.virtual_pipeline_model_parallel_size == 1
+    assert [sum(t.name == "decoder" for t in stage[0]) for stage in layout.layout] == [7, 8, 10, 7]
+    assert layout.layout[0][0][0].name == "embedding" and layout.layout[-1][0][-1].name == "loss"
+    # Even middle stages keep Megatron-LM's first/last arguments (7/9/9/7: 9 + 9 = 32 - 7 - 7).
+    path, _ = _export(tmp_path, LLAMA, recipe.replace("7/8/10/7", "7/9/9/7"), "--export-megatron", "e.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert (a["--decoder-first-pipeline-num-layers"], a["--decoder-last-pipeline-num-layers"]) == (7, 7)
+    assert "--pipeline-model-parallel-layout" not in a
+
+
+def test_megatron_recipe_from_reads_an_interleaved_layout(tmp_path):
+    # 8 chunks of 4 layers on pp 4: "E(t*4|)*7t*4L" unrolls to E tttt | tttt | ... | tttt L,
+    # the interleaved plan with vpp = 8 / 4 = 2, priced as its --recipe.
+    base = "--micro-batch-size 1 --global-batch-size 32 --tensor-model-parallel-size 2 " \
+           "--pipeline-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce " \
+           "--overlap-param-gather"
+    path = tmp_path / "args.txt"
+    path.write_text(base + " --pipeline-model-parallel-layout 'E(t*4|)*7t*4L'\n")
+    status, out, err = run(*LLAMA, "--recipe-from", path, "--json")
+    assert status == 0, err
+    got = json.loads(out)["training"]
+    status, out, err = run(*LLAMA, "--recipe", "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,sp=true,tp_overlap=false,"
+                           "zero=1,recompute=none,microbatch=1", "--json")
+    assert status == 0, err
+    want = json.loads(out)["training"]
+    assert got["pipeline"]["vpp"] == 2 and got["pipeline"]["schedule"] == "interleaved"
+    assert math.isclose(got["step_seconds"], want["step_seconds"], rel_tol=1e-9)
+    assert math.isclose(got["peak_memory_bytes"], want["peak_memory_bytes"], rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("layout,more,reason", [
+    ("Et*7|t*8|t*10|t*7", "", "the loss L close the last"),
+    ("t*7|Et*8|t*10|t*7L", "", "the embedding E must open the first stage"),
+    ("Et*7|t*8|t*10|t*6L", "", "has 31 transformer layers, the model 32"),
+    ("Et*7|t*8|t*10|t*7mL", "", "multi-token prediction layers (m) are not priced"),
+    ("Et*7|t*8|t*10|t*7xL", "", "unknown layer letters x"),
+    ("Et*3|t*5|t*4|t*4|t*4|t*4|t*4|t*4L", "", "unequal virtual stages"),
+    ("Et*7|t*8|t*17L", "", "3 stages, not a multiple of pp 4"),
+    ("Et*7||t*18|t*7L", "", "a stage without transformer layers"),
+    ("E(t*9999|)*99999L", "", "more than 100000 layers"),
+    ("Et*99999999999L", "", "more than 100000 layers"),
+    ("E(t*8|t*8|t*8|t*8L", "", "a '(' without its ')'"),
+    ("Et**8|t*8|t*8|t*8L", "", "'*' needs a count"),
+    ("Et*7|t*8|t*10|t*7L", "--decoder-first-pipeline-num-layers 7", "Megatron-LM takes one of them"),
+])
+def test_megatron_recipe_from_refuses_layouts_it_cannot_price(tmp_path, layout, more, reason):
+    path = tmp_path / "args.txt"
+    path.write_text("--micro-batch-size 1 --global-batch-size 32 --tensor-model-parallel-size 2 "
+                    "--pipeline-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer "
+                    "--overlap-grad-reduce --overlap-param-gather "
+                    f"--pipeline-model-parallel-layout '{layout}' {more}\n")
+    status, out, err = run(*LLAMA, "--recipe-from", path)
+    assert status == 2 and reason in err, err
+    assert len(err.strip().splitlines()) == 1
