@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 from types import SimpleNamespace
 
@@ -582,3 +583,19 @@ def test_megatron_recipe_from_refuses_layouts_it_cannot_price(tmp_path, layout, 
     status, out, err = run(*LLAMA, "--recipe-from", path)
     assert status == 2 and reason in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("engine", ["torchtitan", "megatron"])
+def test_searched_plan_round_trip_llama_8b_on_8(tmp_path, engine):
+    # Must-show 1 of issue 33 with the search in the loop: Llama 3.1 8B on 8 devices, the plan
+    # searched for the engine, exported, read back: the same step and memory to 1e-9 relative.
+    # (The Megatron case once read back 2.18082 s for a searched 2.17922 s: the search priced
+    # every mesh's summary with the first mesh's overlap leftover; tests/test_search_consistency.py.)
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf",
+                          "llama-3.1-8b.json")
+    graph = ["-g", f"hf:{config}", "-p", "8", "-b", "16", "-m", "8192", "--machine", "h100-sxm"]
+    suffix = {"torchtitan": "toml", "megatron": "json"}[engine]
+    path = tmp_path / f"plan.{suffix}"
+    status, out, err = run(*graph, "--engine", engine, f"--export-{engine}", path, "--json")
+    assert status == 0, err
+    _round_trip(graph, path, json.loads(out))
