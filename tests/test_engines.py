@@ -129,27 +129,31 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
 
 
 def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):
-    for recipe, stage in (("dp=16,tp=1,zero=3,recompute=none,microbatch=1", 3),
-                          ("dp=16,tp=1,zero=1,recompute=none,microbatch=2", 1)):
-        path, report = _export(tmp_path, LLAMA, recipe, "--export-deepspeed", f"ds{stage}.json")
+    # ZeRO-3 and ZeRO-1 of a dense model, and the MoE model's ZeRO-3 plan (its experts
+    # replicated, as DeepSpeed's config runs them: expert parallelism is the model code's).
+    for graph, recipe, stage in ((LLAMA, "dp=16,tp=1,zero=3,recompute=none,microbatch=1", 3),
+                                 (LLAMA, "dp=16,tp=1,zero=1,recompute=none,microbatch=2", 1),
+                                 (MIXTRAL, "dp=16,tp=1,zero=3,recompute=none,microbatch=1", 3)):
+        path, report = _export(tmp_path, graph, recipe, "--export-deepspeed", f"ds{stage}{graph[1]}.json")
         doc = json.loads(path.read_text())
         assert doc["zero_optimization"]["stage"] == stage
         # 32 sequences = micro-batch x accumulation x 16 data-parallel ranks.
         assert doc["train_micro_batch_size_per_gpu"] * doc["gradient_accumulation_steps"] * 16 == 32
-        _round_trip(LLAMA, path, report)
+        _round_trip(graph, path, report)
         ds = check.deepspeed_accepts(doc, 16, monkeypatch)
         assert (ds.zero_optimization_stage, ds.train_batch_size) == (stage, 32)
         assert ds.gradient_accumulation_steps == report["training"]["microbatches"]
 
 
-@pytest.mark.parametrize("recipe,reason", [
-    ("dp=4,tp=1,pp=4,zero=1,microbatch=1", "DeepSpeed's pipeline engine splits stages in the model code"),
-    ("dp=2,tp=4,cp=2,zero=1", "DeepSpeed has no tensor parallelism of its own"),
-    ("dp=16,tp=1,zero=1,recompute=full,microbatch=1", "deepspeed.checkpointing.checkpoint"),
+@pytest.mark.parametrize("graph,recipe,reason", [
+    (LLAMA, "dp=4,tp=1,pp=4,zero=1,microbatch=1", "DeepSpeed's pipeline engine splits stages in the model code"),
+    (LLAMA, "dp=2,tp=4,cp=2,zero=1", "DeepSpeed has no tensor parallelism of its own"),
+    (LLAMA, "dp=16,tp=1,zero=1,recompute=full,microbatch=1", "deepspeed.checkpointing.checkpoint"),
+    (MIXTRAL, "dp=16,tp=1,ep=4,zero=3,recompute=none", "expert parallelism is set in the model code"),
 ])
-def test_deepspeed_refuses_what_its_config_cannot_say(tmp_path, recipe, reason):
+def test_deepspeed_refuses_what_its_config_cannot_say(tmp_path, graph, recipe, reason):
     path = tmp_path / "ds.json"
-    status, out, err = run(*LLAMA, "--recipe", recipe, "--export-deepspeed", path)
+    status, out, err = run(*graph, "--recipe", recipe, "--export-deepspeed", path)
     assert status == 2 and reason in err and not path.exists()
 
 
