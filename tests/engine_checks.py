@@ -303,7 +303,7 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         fields["activation_func"] = torch.nn.functional.silu
     if "--moe-expert-capacity-factor" in a:
         fields["moe_expert_capacity_factor"] = float(a["--moe-expert-capacity-factor"])
-        fields["moe_token_dispatcher_type"] = "alltoall"
+    fields["moe_token_dispatcher_type"] = a.get("--moe-token-dispatcher-type")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = TransformerConfig(**{k: v for k, v in fields.items() if v is not None})

@@ -124,6 +124,9 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
     if name == "moe":
         assert config.num_moe_experts == 8 and config.moe_router_topk == 2
         assert config.expert_model_parallel_size == 4
+        # The tokens move between the expert-parallel ranks by all-to-all, as priced
+        # (pase/model/layers/moe.py); megatron-core's default dispatcher is allgather.
+        assert config.moe_token_dispatcher_type == "alltoall"
     if name == "pipeline":
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (7, 7)
 
@@ -603,3 +606,23 @@ def test_searched_plan_round_trip_llama_8b_on_8(tmp_path, engine):
     status, out, err = run(*graph, "--engine", engine, f"--export-{engine}", path, "--json")
     assert status == 0, err
     _round_trip(graph, path, json.loads(out))
+
+
+def test_megatron_moe_dispatcher_is_the_priced_all_to_all(tmp_path):
+    # Before: an expert-parallel plan was written without --moe-token-dispatcher-type, so
+    # Megatron-LM ran its default allgather dispatcher (TransformerConfig.moe_token_dispatcher_type
+    # = "allgather": every token gathered over the expert group), not the all-to-all priced.
+    path, report = _export(tmp_path, MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=full", "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--moe-token-dispatcher-type"] == "alltoall"
+    config, _, _ = check.megatron_accepts(a, 16)
+    assert config.moe_token_dispatcher_type == "alltoall"
+    # Read back: an expert-parallel file with another dispatcher, or none (allgather), is refused.
+    line = json.loads(path.read_text())["command_line"]
+    for other, shown in ((line.replace("alltoall", "allgather"), "allgather"),
+                         (line.replace("--moe-token-dispatcher-type alltoall", ""), "allgather"),
+                         (line.replace("alltoall", "flex"), "flex")):
+        args = tmp_path / "args.txt"
+        args.write_text(other + "\n")
+        status, out, err = run(*MIXTRAL, "--recipe-from", args)
+        assert status == 2 and f"cannot express --moe-token-dispatcher-type {shown}" in err, err

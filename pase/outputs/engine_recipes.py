@@ -420,7 +420,7 @@ _MEGATRON_PASSIVE_VALUED = {
     "--transformer-impl", "--attention-backend", "--rotary-base", "--norm-epsilon", "--attention-dropout",
     "--hidden-dropout", "--wandb-project", "--wandb-exp-name", "--exit-interval", "--distributed-timeout-minutes",
     "--make-vocab-size-divisible-by", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
-    "--moe-token-dispatcher-type", "--moe-token-drop-policy", "--data-cache-path", "--num-workers",
+    "--moe-token-drop-policy", "--data-cache-path", "--num-workers",
 }
 _MEGATRON_PASSIVE_SWITCHES = {
     "--bf16", "--use-mcore-models", "--mock-data", "--no-gradient-accumulation-fusion", "--use-flash-attn",
@@ -443,6 +443,7 @@ _MEGATRON_VALUED = {
     "--num-query-groups", "--ffn-hidden-size", "--normalization", "--position-embedding-type", "--seq-length",
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
+    "--moe-token-dispatcher-type",
 }
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
@@ -518,6 +519,12 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     if procs % (tp * pp * cp):
         raise ValueError(f"tp x pp x cp = {tp * pp * cp} does not divide the {procs} devices of -p")
     dp = procs // (tp * pp * cp)
+    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
+    if dispatcher not in ("allgather", "alltoall", "flex"):
+        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
+    if ep > 1 and dispatcher != "alltoall":
+        raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
+                         "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
     if ep > 1 and _megatron_int(args, "--expert-tensor-parallel-size", tp) != tp:
         raise ValueError(f"cannot express --expert-tensor-parallel-size other than tp ({tp}): the experts are priced "
                          "split tp ways")

@@ -299,8 +299,10 @@ def _model_arguments(plan: EnginePlan) -> list:
     if moe:
         if moe["shared"] and moe.get("shared_gate"):
             raise EngineRefusal("megatron", "a gated shared expert has no Megatron-LM argument")
+        # The tokens move between expert-parallel ranks by all-to-all, as priced (the MoE layer's
+        # dispatch); megatron-core's default dispatcher (allgather) gathers every token instead.
         args += [("--num-experts", moe["experts"]), ("--moe-router-topk", moe["top_k"]),
-                 ("--moe-ffn-hidden-size", moe["width"])]
+                 ("--moe-ffn-hidden-size", moe["width"]), ("--moe-token-dispatcher-type", "alltoall")]
         if moe["shared"]:
             args.append(("--moe-shared-expert-intermediate-size", moe["shared"] * moe["shared_width"]))
         if moe["dense"]:
