@@ -634,16 +634,17 @@ _LAYOUT_MOST = 100_000
 
 
 def _unroll(text: str, where: str) -> str:
-    """A layout with its repeats written out: ``X*N`` (one letter) and ``(...)*N``."""
+    """A layout with its repeats written out: ``X*N`` (one letter) and ``(...)*N``; ``where``
+    names the layout in the messages."""
     out, i = [], 0
     while i < len(text):
         if text[i] == "(":
             end = text.find(")", i)
             if end < 0:
-                raise ValueError(f"{where} {text!r}: a '(' without its ')'")
+                raise ValueError(f"{where}: a '(' without its ')'")
             unit, i = _unroll(text[i + 1:end], where), end + 1
         elif text[i] in ")*":
-            raise ValueError(f"{where} {text!r}: a {text[i]!r} out of place")
+            raise ValueError(f"{where}: a {text[i]!r} out of place")
         else:
             unit, i = text[i], i + 1
         if text[i:i + 1] == "*":
@@ -651,14 +652,14 @@ def _unroll(text: str, where: str) -> str:
             while digits < len(text) and text[digits].isdigit():
                 digits += 1
             if digits == i + 1:
-                raise ValueError(f"{where} {text!r}: '*' needs a count")
+                raise ValueError(f"{where}: '*' needs a count")
             times, i = int(text[i + 1:digits]) if digits - i <= 7 else _LAYOUT_MOST + 1, digits
             if len(unit) * times > _LAYOUT_MOST:
-                raise ValueError(f"{where} {text!r}: more than {_LAYOUT_MOST} layers")
+                raise ValueError(f"{where}: more than {_LAYOUT_MOST} layers")
             unit *= times
         out.append(unit)
         if sum(map(len, out)) > _LAYOUT_MOST:
-            raise ValueError(f"{where} {text!r}: more than {_LAYOUT_MOST} layers")
+            raise ValueError(f"{where}: more than {_LAYOUT_MOST} layers")
     return "".join(out)
 
 
@@ -668,24 +669,23 @@ def _megatron_layout(text: str, pp: int) -> list:
     ``t`` a transformer layer, ``L`` the loss (output layer); ``X*N`` and ``(...)*N`` repeat;
     commas are only for the eye. The embedding must open the first chunk and the loss close
     the last, as priced; multi-token prediction layers (``m``) are not priced."""
-    where = "--pipeline-model-parallel-layout"
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    where = f"--pipeline-model-parallel-layout {shown!r}"
     chunks = _unroll(text.replace(",", ""), where).split("|")
-    text = text if len(text) <= 60 else text[:57] + "..."  # as the messages show it
     odd = sorted(set("".join(chunks)) - set("EtL"))
     if odd:
         word = "multi-token prediction layers (m) are not priced" if odd == ["m"] else \
             f"unknown layer letters {''.join(odd)} (E, t, L)"
-        raise ValueError(f"cannot express {where} {text!r}: {word}")
+        raise ValueError(f"cannot express {where}: {word}")
     joined = "".join(chunks)
     if joined.count("E") != 1 or joined.count("L") != 1 or not chunks[0].startswith("E") or \
             not chunks[-1].endswith("L"):
-        raise ValueError(f"{where} {text!r}: the embedding E must open the first stage and the loss L close the last, "
-                         "once each")
+        raise ValueError(f"{where}: the embedding E must open the first stage and the loss L close the last, once each")
     if len(chunks) % pp:
         raise ValueError(f"{where} has {len(chunks)} stages, not a multiple of pp {pp}")
     counts = [c.count("t") for c in chunks]
     if min(counts) < 1:
-        raise ValueError(f"cannot express {where} {text!r}: a stage without transformer layers")
+        raise ValueError(f"cannot express {where}: a stage without transformer layers")
     return counts
 
 
