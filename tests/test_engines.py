@@ -626,3 +626,30 @@ def test_megatron_moe_dispatcher_is_the_priced_all_to_all(tmp_path):
         args.write_text(other + "\n")
         status, out, err = run(*MIXTRAL, "--recipe-from", args)
         assert status == 2 and f"cannot express --moe-token-dispatcher-type {shown}" in err, err
+
+
+#: Hugging Face configs whose Megatron-LM arguments the Llama and Mixtral cases do not write:
+#: Qwen2's biases on the query, key and value projections alone (--add-qkv-bias), Qwen3's
+#: query/key norms (--qk-layernorm) and its 128 experts of width 768, top-8.
+HF_MEGATRON_CASES = [
+    ("qwen2-7b", "dp=8,tp=2,zero=1,recompute=full,microbatch=1", {"--add-qkv-bias": True}),
+    ("qwen3-30b-a3b", "dp=16,tp=1,ep=8,zero=1,recompute=full,microbatch=1",
+     {"--qk-layernorm": True, "--num-experts": 128, "--moe-router-topk": 8, "--moe-ffn-hidden-size": 768}),
+]
+
+
+@pytest.mark.parametrize("model,recipe,expected", HF_MEGATRON_CASES, ids=[c[0] for c in HF_MEGATRON_CASES])
+def test_megatron_flags_of_hf_models(tmp_path, model, recipe, expected):
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf",
+                          f"{model}.json")
+    graph = ["-g", f"hf:{config}", "-p", "16", "-b", "32", "-m", "1024", "--machine", "h100-sxm"]
+    path, report = _export(tmp_path, graph, recipe, "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert {k: a.get(k) for k in expected} == expected
+    _round_trip(graph, path, report)
+    assert not check.megatron_flag_problems(a)
+    check.megatron_accepts(a, 16)
+    # The vocabulary Megatron-LM builds is the config's own (Qwen2 152,064, Qwen3 151,936).
+    with open(config) as f:
+        vocab = json.load(f)["vocab_size"]
+    assert check.megatron_tokenizer_vocabulary(a, report["training"]["mesh"]["tp"]) == vocab
