@@ -135,8 +135,9 @@ MEGATRON_LM_ONLY = {
     "--no-gradient-accumulation-fusion": (bool, "Megatron-LM fuses by default and names the negation; the field "
                                                 "gradient_accumulation_fusion defaults to off"),
     "--ckpt-format": (("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
-                      "the training loop's checkpoint format; under Megatron FSDP megatron-core's DistributedOptimizer "
-                      "saves only fsdp_dtensor (sharded_state_dict)"),
+                      "the training loop's checkpoint format (these choices are Megatron-LM's parser's, not in "
+                      "megatron-core); under Megatron FSDP megatron-core's DistributedOptimizer saves only "
+                      "fsdp_dtensor (sharded_state_dict)"),
     "--grad-reduce-in-bf16": (bool, "Megatron-LM's switch for DistributedDataParallelConfig.grad_reduce_in_fp32 = "
                                     "False"),
 }
