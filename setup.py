@@ -34,9 +34,10 @@ setup(
     install_requires=["networkx>=2.6", "numpy>=1.22", "pydot>=1.4", "tqdm>=4.60"],
     # Optional: importing PyTorch models and `pase calibrate` (torch); running plans (jax);
     # Hugging Face configs of model types read through transformers (hf); the engines'
-    # configuration code that checks the exports in the tests (engines): torchtitan 0.2 is the
+    # configuration code that checks the exports in the tests (engines; megatron-core 0.16 for its
+    # pipeline layouts and tokenizers): torchtitan 0.2 is the
     # last release that reads TOML job files; DeepSpeed without building its ops (DS_BUILD_OPS=0).
     extras_require={"torch": ["torch>=2.1"], "jax": ["jax>=0.4.30"], "hf": ["torch>=2.1", "transformers>=4.40"],
-                    "engines": ["megatron-core>=0.14", "deepspeed>=0.16", "torchtitan>=0.2,<0.3"]},
+                    "engines": ["megatron-core>=0.16", "deepspeed>=0.16", "torchtitan>=0.2,<0.3"]},
     entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )

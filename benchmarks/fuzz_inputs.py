@@ -1408,6 +1408,9 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
     add("good", "Megatron-LM arguments as a command line", b"torchrun --nproc-per-node 4 pretrain_gpt.py "
         b"--tensor-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 8 --use-distributed-optimizer "
         b"--overlap-grad-reduce --overlap-param-gather --seq-length 128\n", OK)
+    add("good", "Megatron-LM's pipeline layout, stage by stage", b"--micro-batch-size 1 --global-batch-size 8 "
+        b"--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+        b"--pipeline-model-parallel-layout 'E,t|(t)*1,L'\n", OK)
     add("good", "a torchtitan TOML by hand", b"[parallelism]\ndata_parallel_shard_degree = 4\n[training]\n"
         b"local_batch_size = 2\nseq_len = 128\n[activation_checkpoint]\nmode = \"full\"\n", OK)
     add("good", "a DeepSpeed config by hand", _dump({"train_batch_size": 8, "gradient_accumulation_steps": 2,
@@ -1435,6 +1438,14 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
         ("a Megatron-LM argument twice", b"--micro-batch-size 1 --micro-batch-size 2\n"),
         ("a Megatron-LM argument without its value", b"--micro-batch-size\n"),
         ("another model's --num-layers", b"--num-layers 80 --global-batch-size 8\n"),
+    ] + [(f"a pipeline layout {layout}", b"--micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 "
+          b"--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+          b"--pipeline-model-parallel-layout '" + layout.encode() + b"'\n")
+         for layout in ("Et|tL|", "Et|t", "tL|Et", "Et|tmL", "Et*3|tL", "E(t|t)*99999999L", "E(t*99999|)*9999L",
+                        "Et*|tL", "E(t|tL", "E)t|tL", "Et|||tL", "E\u00e9t|tL", "Et*1e3|tL")] + [
+        ("a pipeline layout with --decoder-first-pipeline-num-layers", b"--micro-batch-size 1 --global-batch-size 8 "
+         b"--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+         b"--decoder-first-pipeline-num-layers 1 --pipeline-model-parallel-layout 'Et|tL'\n"),
         ("an unknown DeepSpeed field", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 1},
                                               "frobnicate": 1})),
         ("an unknown ZeRO field", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 1, "frob": 1}})),

@@ -5,17 +5,26 @@ degrees multiplying to p, its batch meaning what the plan priced."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import tomllib
 
 import pytest
 
 import engine_checks as check
+from cli_runner import run
 
 from pase.planning.mesh import parse_recipe
 
-EXPORTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results", "exports")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPORTS = os.path.join(ROOT, "benchmarks", "results", "exports")
+
+
+#: The vocabularies priced, from the models' declarations: Llama 3.1 (examples/hf/*.json
+#: vocab_size) 128,256; GPT-3's 50,257 padded to 50,304 (graphs/gpt.py); Mixtral 32,000.
+VOCAB = {"llama-3.1-70b": 128256, "llama-3.1-8b": 128256, "gpt3-175b": 50304, "mixtral-8x7b": 32000}
 
 
 def _files(suffix: str) -> list:
@@ -69,8 +78,11 @@ def test_committed_megatron_export(name):
     assert a["--tensor-model-parallel-size"] * a["--pipeline-model-parallel-size"] * a["--context-parallel-size"] \
         * exported["data_parallel_size"] == procs
     assert a["--global-batch-size"] == batch and a["--micro-batch-size"] == recipe.microbatch
+    assert not check.megatron_flag_problems(a)
     config, ddp, _ = check.megatron_accepts(a, procs)
     assert config.num_layers == a["--num-layers"]
+    assert check.megatron_microbatches(a, procs) == batch // (recipe.microbatch * recipe.dp)
+    assert check.megatron_tokenizer_vocabulary(a, a["--tensor-model-parallel-size"]) == VOCAB[name.rsplit("-p", 1)[0]]
 
 
 @pytest.mark.parametrize("name", _files(".deepspeed.json"))
@@ -82,3 +94,42 @@ def test_committed_deepspeed_export(name, monkeypatch):
     assert doc["train_micro_batch_size_per_gpu"] * doc["gradient_accumulation_steps"] * procs == batch
     ds = check.deepspeed_accepts({k: v for k, v in doc.items()}, procs, monkeypatch)
     assert ds.train_batch_size == batch and ds.zero_optimization_stage == recipe.zero
+
+
+#: File suffix -> the engine the export was priced for (benchmarks/engine_exports.py).
+ENGINE_OF = {".torchtitan.toml": "torchtitan", ".megatron.json": "megatron", ".deepspeed.json": "deepspeed"}
+
+
+def _case_arguments(name: str) -> list:
+    """The case's command (the README's heading line), on the machine the exports were priced on."""
+    with open(os.path.join(EXPORTS, "README.md")) as f:
+        text = f.read()
+    line = next(x for x in text.splitlines() if x.startswith(f"## {name.rsplit('.', 2)[0]}:"))
+    return shlex.split(re.search(r"`pase (.*)`", line).group(1)) + ["--machine", "h100-sxm"]
+
+
+def _exported_recipe(path: str) -> str:
+    if path.endswith(".toml"):
+        return tomllib.loads(open(path).read())["job"]["description"].removeprefix("pase plan ")
+    doc = json.load(open(path))
+    return doc["recipe"] if "recipe" in doc else doc["pase"]["recipe"]
+
+
+@pytest.mark.parametrize("name", _files(tuple(ENGINE_OF)))
+def test_committed_export_round_trip(name):
+    # Must-show 1 of issue 33: each committed export read back (--recipe-from) prices the same
+    # step seconds and peak memory, to 1e-9 relative, as its plan priced for its engine.
+    args = _case_arguments(name)
+    if any(a.startswith("torch:") for a in args):
+        pytest.importorskip("transformers")  # the imported model's factory builds a Hugging Face Llama
+    engine = next(e for suffix, e in ENGINE_OF.items() if name.endswith(suffix))
+    path = os.path.join(EXPORTS, name)
+    status, out, err = run(*args, "--engine", engine, "--recipe", _exported_recipe(path), "--json", cwd=ROOT)
+    assert status == 0, err
+    plan = json.loads(out)["training"]
+    status, out, err = run(*args, "--recipe-from", path, "--json", cwd=ROOT)
+    assert status == 0, err
+    back = json.loads(out)["training"]
+    assert math.isclose(back["step_seconds"], plan["step_seconds"], rel_tol=1e-9)
+    assert math.isclose(back["peak_memory_bytes"], plan["peak_memory_bytes"], rel_tol=1e-9)
+    assert back["mesh"] == plan["mesh"] and back.get("pipeline") == plan.get("pipeline")

@@ -420,7 +420,7 @@ _MEGATRON_PASSIVE_VALUED = {
     "--transformer-impl", "--attention-backend", "--rotary-base", "--norm-epsilon", "--attention-dropout",
     "--hidden-dropout", "--wandb-project", "--wandb-exp-name", "--exit-interval", "--distributed-timeout-minutes",
     "--make-vocab-size-divisible-by", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
-    "--moe-token-dispatcher-type", "--moe-token-drop-policy", "--data-cache-path", "--num-workers",
+    "--moe-token-drop-policy", "--data-cache-path", "--num-workers",
 }
 _MEGATRON_PASSIVE_SWITCHES = {
     "--bf16", "--use-mcore-models", "--mock-data", "--no-gradient-accumulation-fusion", "--use-flash-attn",
@@ -438,10 +438,12 @@ _MEGATRON_VALUED = {
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
     "--data-parallel-sharding-strategy", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-    "--decoder-last-pipeline-num-layers", "--num-layers", "--hidden-size", "--num-attention-heads", "--kv-channels",
+    "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout", "--num-layers", "--hidden-size",
+    "--num-attention-heads", "--kv-channels",
     "--num-query-groups", "--ffn-hidden-size", "--normalization", "--position-embedding-type", "--seq-length",
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
+    "--moe-token-dispatcher-type",
 }
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
@@ -517,6 +519,12 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     if procs % (tp * pp * cp):
         raise ValueError(f"tp x pp x cp = {tp * pp * cp} does not divide the {procs} devices of -p")
     dp = procs // (tp * pp * cp)
+    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
+    if dispatcher not in ("allgather", "alltoall", "flex"):
+        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
+    if ep > 1 and dispatcher != "alltoall":
+        raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
+                         "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
     if ep > 1 and _megatron_int(args, "--expert-tensor-parallel-size", tp) != tp:
         raise ValueError(f"cannot express --expert-tensor-parallel-size other than tp ({tp}): the experts are priced "
                          "split tp ways")
@@ -566,7 +574,23 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
         per_chunk = _megatron_int(args, "--num-layers-per-virtual-pipeline-stage")
         first = _megatron_int(args, "--decoder-first-pipeline-num-layers")
         last = _megatron_int(args, "--decoder-last-pipeline-num-layers")
-        if per_chunk is not None:
+        layout = args.get("--pipeline-model-parallel-layout")
+        if layout is not None:
+            if per_chunk is not None or first is not None or last is not None:
+                raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage or "
+                                 "--decoder-first/last-pipeline-num-layers: Megatron-LM takes one of them")
+            chunks = _megatron_layout(layout, pp)
+            if blocks is not None and sum(chunks) != blocks:
+                raise ValueError(f"--pipeline-model-parallel-layout has {sum(chunks)} transformer layers, the model "
+                                 f"{blocks}")
+            if len(chunks) == pp:
+                stages = tuple(chunks)
+            elif len(set(chunks)) > 1:
+                raise ValueError("cannot express a --pipeline-model-parallel-layout of unequal virtual stages (priced: "
+                                 "interleaved chunks of one size)")
+            else:
+                schedule, vpp = "interleaved", len(chunks) // pp
+        elif per_chunk is not None:
             if first is not None or last is not None:
                 raise ValueError("cannot express --decoder-first/last-pipeline-num-layers with interleaving")
             if blocks is None or blocks % (pp * per_chunk):
@@ -603,6 +627,66 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
                    microbatch=micro, schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
                    sp=sp if tp > 1 else None, tp_overlap=overlap_tp, **_megatron_precision(args, zero))
+
+
+#: The longest layout unrolled (layers and separators): far more than any model's layers.
+_LAYOUT_MOST = 100_000
+
+
+def _unroll(text: str, where: str) -> str:
+    """A layout with its repeats written out: ``X*N`` (one letter) and ``(...)*N``; ``where``
+    names the layout in the messages."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "(":
+            end = text.find(")", i)
+            if end < 0:
+                raise ValueError(f"{where}: a '(' without its ')'")
+            unit, i = _unroll(text[i + 1:end], where), end + 1
+        elif text[i] in ")*":
+            raise ValueError(f"{where}: a {text[i]!r} out of place")
+        else:
+            unit, i = text[i], i + 1
+        if text[i:i + 1] == "*":
+            digits = i + 1
+            while digits < len(text) and text[digits].isdigit():
+                digits += 1
+            if digits == i + 1:
+                raise ValueError(f"{where}: '*' needs a count")
+            times, i = int(text[i + 1:digits]) if digits - i <= 7 else _LAYOUT_MOST + 1, digits
+            if len(unit) * times > _LAYOUT_MOST:
+                raise ValueError(f"{where}: more than {_LAYOUT_MOST} layers")
+            unit *= times
+        out.append(unit)
+        if sum(map(len, out)) > _LAYOUT_MOST:
+            raise ValueError(f"{where}: more than {_LAYOUT_MOST} layers")
+    return "".join(out)
+
+
+def _megatron_layout(text: str, pp: int) -> list:
+    """Transformer layers per model chunk of Megatron-LM's ``--pipeline-model-parallel-layout``
+    (chunk ``i`` on pipeline rank ``i mod pp``): chunks split by ``|``; ``E`` the embedding,
+    ``t`` a transformer layer, ``L`` the loss (output layer); ``X*N`` and ``(...)*N`` repeat;
+    commas are only for the eye. The embedding must open the first chunk and the loss close
+    the last, as priced; multi-token prediction layers (``m``) are not priced."""
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    where = f"--pipeline-model-parallel-layout {shown!r}"
+    chunks = _unroll(text.replace(",", ""), where).split("|")
+    odd = sorted(set("".join(chunks)) - set("EtL"))
+    if odd:
+        word = "multi-token prediction layers (m) are not priced" if odd == ["m"] else \
+            f"unknown layer letters {''.join(odd)} (E, t, L)"
+        raise ValueError(f"cannot express {where}: {word}")
+    joined = "".join(chunks)
+    if joined.count("E") != 1 or joined.count("L") != 1 or not chunks[0].startswith("E") or \
+            not chunks[-1].endswith("L"):
+        raise ValueError(f"{where}: the embedding E must open the first stage and the loss L close the last, once each")
+    if len(chunks) % pp:
+        raise ValueError(f"{where} has {len(chunks)} stages, not a multiple of pp {pp}")
+    counts = [c.count("t") for c in chunks]
+    if min(counts) < 1:
+        raise ValueError(f"cannot express {where}: a stage without transformer layers")
+    return counts
 
 
 #: Megatron-LM's FP8 formats priced alike (E4M3 throughout or E5M2 gradients: one byte each).

@@ -23,12 +23,13 @@ BF16 as priced. What an engine's file cannot say (its profile's ``runs.export``)
 from __future__ import annotations
 
 import json
+import shlex
 
 from pase.planning.engine_runs import EnginePlan, refusal
 
 __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
-           "toml_text", "torchtitan_fqns", "TORCHTITAN_VERSION", "DEVICES_PER_NODE", "MEGATRON_PRECISION",
-           "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal"]
+           "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
+           "MEGATRON_PRECISION", "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal"]
 
 #: The torchtitan release whose job-config field names the export uses.
 TORCHTITAN_VERSION = "0.2.2"
@@ -298,8 +299,10 @@ def _model_arguments(plan: EnginePlan) -> list:
     if moe:
         if moe["shared"] and moe.get("shared_gate"):
             raise EngineRefusal("megatron", "a gated shared expert has no Megatron-LM argument")
+        # The tokens move between expert-parallel ranks by all-to-all, as priced (the MoE layer's
+        # dispatch); megatron-core's default dispatcher (allgather) gathers every token instead.
         args += [("--num-experts", moe["experts"]), ("--moe-router-topk", moe["top_k"]),
-                 ("--moe-ffn-hidden-size", moe["width"])]
+                 ("--moe-ffn-hidden-size", moe["width"]), ("--moe-token-dispatcher-type", "alltoall")]
         if moe["shared"]:
             args.append(("--moe-shared-expert-intermediate-size", moe["shared"] * moe["shared_width"]))
         if moe["dense"]:
@@ -353,11 +356,26 @@ def _parallel_arguments(plan: EnginePlan) -> list:
     if plan.pp > 1:
         if plan.vpp > 1:
             args.append(("--num-layers-per-virtual-pipeline-stage", plan.counts[0] // plan.vpp))
+        elif len(set(plan.counts[1:-1])) > 1:
+            # Middle stages of different sizes: first/last would even them out. Megatron-LM's
+            # explicit layout says every stage (megatron-core's PipelineParallelLayerLayout).
+            args.append(("--pipeline-model-parallel-layout", megatron_layout(plan.counts)))
         elif len(set(plan.counts)) > 1:
             args.append(("--decoder-first-pipeline-num-layers", plan.counts[0]))
             if plan.pp > 2:
                 args.append(("--decoder-last-pipeline-num-layers", plan.counts[-1]))
     return args
+
+
+def megatron_layout(counts) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` of blocks per pipeline stage: stages
+    split by ``|``, ``t*N`` for N transformer layers, the embedding ``E`` before the first
+    stage's layers and the loss (output layer) ``L`` after the last stage's, as priced.
+
+    >>> megatron_layout((7, 8, 10, 7))
+    'Et*7|t*8|t*10|t*7L'
+    """
+    return "E" + "|".join(f"t*{c}" for c in counts) + "L"
 
 
 def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profile=None) -> dict:
@@ -368,7 +386,8 @@ def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profil
     args = _model_arguments(plan) + _precision_arguments(plan) + _parallel_arguments(plan)
     if _setting(profile, "grad_reduce") == "bf16":
         args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced
-    line = " ".join(flag if value is None else f"{flag} {value}" for flag, value in args)
+    # Values quoted for the shell: a layout has | and *, a list value [ ] (shell patterns).
+    line = " ".join(flag if value is None else f"{flag} {shlex.quote(str(value))}" for flag, value in args)
     return {"engine": "megatron-lm", "arguments": {flag: (True if value is None else value) for flag, value in args},
             "command_line": line, "launch": f"{_torchrun(plan, per_node)} pretrain_gpt.py {line} --data-path DATA",
             "data_parallel_size": plan.dp, "recipe": plan.recipe}
