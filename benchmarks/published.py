@@ -40,6 +40,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from pase.cli import main as pase_main  # noqa: E402
 
@@ -126,6 +127,40 @@ def load_rows(folder: str) -> list:
                          engine="fsdp", machine="h100-sxm", config=os.path.join("benchmarks", "configs", f"{r['model']}.json"),
                          positions=r["seq"], gpus=r["gpus"], batch=r["global_batch"], seq=r["seq"], recipe=recipe,
                          tokens=float(r["tokens_per_s_per_gpu"]), memory=None, model=r["model"]))
+    rows += nemo_rows(folder) + foundry_fp8_rows(folder)
+    return rows
+
+
+def nemo_rows(folder: str) -> list:
+    """Every visible NeMo / Megatron-Bridge row (FP8, H100 and B200) as ``benchmarks/nemo.py``
+    prices it: its published layout (``nemo.nemo_recipe``), ``--engine megatron``, the search
+    choosing recomputation and the rest."""
+    import nemo  # noqa: PLC0415 (benchmarks/nemo.py imports this module)
+
+    return [dict(name=f"NeMo {r['published']['model']} {r['system_name']} {r['gpus']} GPUs FP8", source="nemo",
+                 engine="megatron", machine=r["machine"], config=r["config"], gpus=r["gpus"], batch=r["batch"],
+                 seq=r["seq"], recipe=nemo.nemo_recipe(r["published"]),
+                 tokens=float(r["published"]["tokens_per_s_per_gpu"]), memory=None)
+            for r in nemo.nemo_rows(folder)]
+
+
+def foundry_fp8_rows(folder: str) -> list:
+    """llm-foundry's visible FP8 rows (``amp_fp8`` on H100), priced as the BF16 ones plus
+    ``precision=fp8,scaling=delayed`` (Transformer Engine's default recipe under Composer)."""
+    with open(os.path.join(folder, "llm-foundry-mpt-h100.json")) as f:
+        foundry = json.load(f)
+    rows = []
+    for r in foundry["rows"]:
+        if not r["gpu"].startswith("h100") or r["precision"] != "amp_fp8":
+            continue
+        zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
+        recipe = (f"dp={r['gpus']},tp=1,pp=1,zero={zero},recompute={'full' if r['activation_checkpointing'] else 'none'}"
+                  f",microbatch={r['micro_batch']},precision=fp8,scaling=delayed")
+        rows.append(dict(name=f"llm-foundry {r['model'].upper()} {r['gpus']} GPUs seq {r['seq']} FP8",
+                         source="llm-foundry", engine="fsdp", machine="h100-sxm",
+                         config=os.path.join("benchmarks", "configs", f"{r['model']}.json"), positions=r["seq"],
+                         gpus=r["gpus"], batch=r["global_batch"], seq=r["seq"], recipe=recipe,
+                         tokens=float(r["tokens_per_s_per_gpu"]), memory=None, model=r["model"] + "-fp8"))
     return rows
 
 

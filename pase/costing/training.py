@@ -67,10 +67,13 @@ ATTENTION_HALF_HEAD = 16.0
 #: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
 #: the moments and the bf16 weight (4 + 4 + 4 + 2).
 OPTIMIZER_STEP_BYTES = 28.0
-#: Memory a device holds that no tensor of the model accounts for: CUDA context, NCCL
-#: buffers, cuBLAS workspaces and the allocator's rounding (about 1-2 GB measured on H100
-#: nodes in PyTorch; we state 2 GB).
-DEFAULT_RESERVE_BYTES = 2e9
+#: Memory a device holds that no other kind of the memory model accounts for: the CUDA
+#: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
+#: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
+#: buffers and the allocator's rounding, which are now kinds of their own (an engine's
+#: ``comm_buffer_bytes`` and ``fragmentation``): counting them twice made every plan 1 GB
+#: heavier (docs/calibration.md, "Mechanisms found on the FP8 rows").
+DEFAULT_RESERVE_BYTES = 1e9
 #: Bytes an eager (unfused) RMSNorm moves per element, forward and backward, as torchtitan
 #: writes it (``x * rsqrt(mean(x.float()**2) + eps)``, cast back, times the weight; its
 #: ``models/norms.py``, December 2024), every aten kernel reading and writing its operands:
