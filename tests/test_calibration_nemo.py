@@ -69,3 +69,67 @@ def test_qwen3_layout_fits_without_recomputation(qwen):
     assert qwen["peak_memory_bytes"] < 79.65 * GiB
     # Fragmentation: 5 % of the stored activations and logits, as Megatron's profile says.
     assert kinds["fragmentation"] == pytest.approx(0.05 * (kinds["activations"] + kinds["logits"]), rel=1e-9)
+
+
+# -- casts Transformer Engine does not run ---------------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from pase.costing.training import TrainingCosting  # noqa: E402
+from pase.machines.calibrated import CalibratedMachine  # noqa: E402
+from pase.planning.mesh import Mesh, MeshMapper, mesh_configs  # noqa: E402
+from pase.sources.registry import load  # noqa: E402
+
+# No measured table: a GEMM at its format's peak, memory-bound work at HBM speed (2000 GB/s).
+PEAK = {"name": "peak", "devices_per_node": 8, "memory_gb": 80, "peak_tflops": 1000, "dtype_tflops": {"fp8": 2000},
+        "hbm_gbps": 2000, "intra_node": {"gbps": 450, "latency_us": 3}, "inter_node": {"gbps": 50, "latency_us": 10},
+        "act_bytes": 2, "grad_bytes": 4}
+FP8 = TrainingOptions(precision="fp8", fp8_scaling="current")  # 6 bytes a cast element
+
+
+def _llama(mesh):
+    net = load("hf:examples/hf/llama-3.1-8b.json", 1, 128)  # one sequence of 128 tokens
+    costing = TrainingCosting(net, [np.asarray([c], dtype=np.int64) for c in mesh_configs(net, mesh)],
+                              CalibratedMachine(PEAK))
+    costing.activation_scale = np.where(np.array(MeshMapper(net).sequence_parallel(mesh))[:, None], 0.5, 1.0)
+    return costing
+
+
+def _delta(costing, v, gemm_flops):
+    """FP8 compute minus BF16 compute of layer v, less the GEMM's own change: the casts."""
+    after = float(costing.compute(v, FP8)[0]) - float(costing.compute(v, TrainingOptions())[0])
+    return after - (gemm_flops / 2000e12 - gemm_flops / 1000e12)
+
+
+def test_one_cast_for_the_products_of_one_input():
+    # Llama 3.1 8B block 1: q (2), k (3), v (4) read the attention norm's output (1): M = 128
+    # tokens, K = 4096; q N = 4096, k and v N = 1024. Transformer Engine runs them as one GEMM
+    # (linear_qkv) with one cast of the input: q pays the input, k and v do not.
+    c = _llama(Mesh(dp=1))
+    names = c.network.names
+    q, k = 2, 3
+    assert names[1:5] == ("block1.attn.norm", "block1.attn.q", "block1.attn.k", "block1.attn.v")
+    # q: input 128 x 4096 = 524,288, output gradient 128 x 4096 = 524,288, weight 16,777,216
+    # (one micro-batch): 17,825,792 elements x 6 bytes / 2000 GB/s = 53.477 us.
+    assert _delta(c, q, 6 * 128 * 4096 * 4096) == pytest.approx(17_825_792 * 6 / 2000e9, rel=1e-9)
+    # k: output gradient 128 x 1024 = 131,072 and weight 4,194,304 only: 4,325,376 x 6 / 2000e9.
+    assert _delta(c, k, 6 * 128 * 1024 * 4096) == pytest.approx(4_325_376 * 6 / 2000e9, rel=1e-9)
+
+
+def test_sequence_parallel_casts_the_local_shard():
+    # tp 2 with sequence parallelism: q is column-parallel, its input gathered from 2 sequence
+    # shards; Transformer Engine casts the shard (128 x 4096 / 2 = 262,144) before the FP8
+    # all-gather. q's output gradient: its heads split, 128 x 2048 = 262,144; weight 8,388,608.
+    # 8,912,896 elements x 6 / 2000e9.
+    sp = _llama(Mesh(dp=1, tp=2, sp=True))
+    q, o = 2, 10
+    assert sp.network.names[o] == "block1.attn.out"
+    assert _delta(sp, q, 6 * 128 * 2048 * 4096) == pytest.approx(8_912_896 * 6 / 2000e9, rel=1e-9)
+    # o is row-parallel: its input (heads split) 262,144 is local; its output gradient is
+    # gathered from shards in the backward pass: 262,144 cast, not 524,288; weight 8,388,608.
+    assert _delta(sp, o, 6 * 128 * 4096 * 2048) == pytest.approx(8_912_896 * 6 / 2000e9, rel=1e-9)
+    # Without sequence parallelism every rank holds and casts the whole replicated operand:
+    # q 524,288 + 262,144 + 8,388,608 = 9,175,040; o 262,144 + 524,288 + 8,388,608 the same.
+    no_sp = _llama(Mesh(dp=1, tp=2, sp=False))
+    assert _delta(no_sp, q, 6 * 128 * 2048 * 4096) == pytest.approx(9_175_040 * 6 / 2000e9, rel=1e-9)
+    assert _delta(no_sp, o, 6 * 128 * 4096 * 2048) == pytest.approx(9_175_040 * 6 / 2000e9, rel=1e-9)
