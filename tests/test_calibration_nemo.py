@@ -133,3 +133,27 @@ def test_sequence_parallel_casts_the_local_shard():
     no_sp = _llama(Mesh(dp=1, tp=2, sp=False))
     assert _delta(no_sp, q, 6 * 128 * 2048 * 4096) == pytest.approx(9_175_040 * 6 / 2000e9, rel=1e-9)
     assert _delta(no_sp, o, 6 * 128 * 4096 * 2048) == pytest.approx(9_175_040 * 6 / 2000e9, rel=1e-9)
+
+
+def test_power_limited_clock_paces_compute_not_memory():
+    # A machine whose step holds 0.8 of the SM clock its kernels were measured at. The GEMM of
+    # k (M 128, N 1024, K 4096: 6 x 128 x 1024 x 4096 / 1e15 = 3.2212 us at the 1000 TFLOPS
+    # peak) runs at 0.8 of it: 4.0265 us, and / 0.85 in a step. The norm before it streams
+    # from HBM, whose clock the power limit does not lower: its time / 0.85 only, the same as
+    # on a machine holding its full clock.
+    net = load("hf:examples/hf/llama-3.1-8b.json", 1, 128)
+    configs = [np.asarray([c], dtype=np.int64) for c in mesh_configs(net, Mesh(dp=1))]
+    full = TrainingCosting(net, configs, CalibratedMachine(dict(PEAK, clock_ratio=1.0)))
+    held = TrainingCosting(net, configs, CalibratedMachine(dict(PEAK, clock_ratio=0.8)))
+    step = TrainingOptions(compute_efficiency=0.85, launch_seconds=0.0)
+    k, norm = 3, 1
+    gemm = 6 * 128 * 1024 * 4096 / 1e15
+    assert float(full.compute(k, step)[0]) == pytest.approx(gemm / 0.85, rel=1e-9)
+    assert float(held.compute(k, step)[0]) == pytest.approx(gemm / (0.8 * 0.85), rel=1e-9)
+    assert float(held.compute(norm, step)[0]) > 0
+    assert float(held.compute(norm, step)[0]) == pytest.approx(float(full.compute(norm, step)[0]), rel=1e-12)
+    # In FP8 the casts are memory-bound too: k's cast elements (4,325,376 x 6 bytes at 2000
+    # GB/s = 12.976 us) / 0.85, its FP8 GEMM (1.6106 us) / (0.8 x 0.85).
+    fp8 = TrainingOptions(compute_efficiency=0.85, launch_seconds=0.0, precision="fp8", fp8_scaling="current")
+    expected = 4_325_376 * 6 / 2000e9 / 0.85 + gemm / 2 / (0.8 * 0.85)
+    assert float(held.compute(k, fp8)[0]) == pytest.approx(expected, rel=1e-9)

@@ -173,6 +173,13 @@ class PrecisionPricing:
         cast_elements = np.maximum(elements - weights - self._not_cast(v), 0.0) + weights * per_step
         return low - bf16 + self.cast_seconds(cast_elements, options)
 
+    def gemm_seconds(self, v: int, options) -> np.ndarray:
+        """Seconds of ``v``'s GEMMs alone, one micro-batch, per configuration row: in the plan's
+        format where ``v`` is converted, else in BF16 (the part of its compute the SM clock
+        paces; the rest is memory-bound)."""
+        converted = options.precision != "bf16" and self.eligible()[v]
+        return self._layer(v, options.precision if converted else "bf16")[0]
+
     def _producers(self) -> dict:
         """``{v: u}``: the one layer whose output ``v`` reads (none where it reads several)."""
         if not hasattr(self, "_producer_of"):

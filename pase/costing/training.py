@@ -758,20 +758,29 @@ class TrainingCosting:
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
         seconds = seconds + self.precision.compute_delta(v, options)
-        seconds = self._in_step(seconds, options)
+        clocked = (self.precision.gemm_seconds(v, options)
+                   if self.machine.peak_flops is not None and float(self.machine.clock_ratio) != 1.0 else None)
+        seconds = self._in_step(seconds, options, clocked)
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
 
-    def _in_step(self, seconds: np.ndarray, options: TrainingOptions) -> np.ndarray:
+    def _in_step(self, seconds: np.ndarray, options: TrainingOptions, clocked=None) -> np.ndarray:
         """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a
-        machine that prices in seconds (``clock_ratio``: the clock the machine sustains through
-        a step at its power limit over the clock its kernels were measured at, 1 if it states
-        none)."""
+        machine that prices in seconds (``clock_ratio``: the SM clock the machine sustains
+        through a step at its power limit over the clock its kernels were measured at, 1 if it
+        states none). ``clocked``: the part of ``seconds`` the SM clock paces (GEMMs, attention;
+        ``None``: all of it); the rest is memory-bound, paced by the HBM's own clock, which the
+        power limit does not lower (NVML reports and caps the graphics and memory clocks
+        apart): that part is divided by ``compute_efficiency`` only."""
         if self.machine.peak_flops is None:
             return seconds
-        factor = float(self.machine.clock_ratio) * options.compute_efficiency
+        ratio = float(self.machine.clock_ratio)
+        if clocked is not None and ratio != 1.0:
+            clocked = np.minimum(clocked, seconds)
+            return ((seconds - clocked) + clocked / ratio) / options.compute_efficiency
+        factor = ratio * options.compute_efficiency
         return seconds if factor == 1.0 else seconds / factor
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
