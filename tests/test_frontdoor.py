@@ -90,13 +90,16 @@ def piped(h100):
 
 
 def test_library_enforces_the_device_memory(h100):
-    # No cap given: the device's 80 GB is the cap, as in the CLI.
+    # No cap given: the device's 79.65 GiB (81,559 MiB as the driver reports an H100 80GB) is
+    # the cap, as in the CLI.
+    device = 79.65 * 2**30
     plan = plan_training(gpt2, 16, 8, h100, free=False)
-    assert plan.memory_cap == h100.memory_bytes == 80e9
-    assert plan.best.summary.peak_memory_bytes <= 80e9 and not plan.exceeds_device
-    assert plan.margin_bytes == pytest.approx(80e9 - plan.best.summary.peak_memory_bytes)
+    assert plan.memory_cap == h100.memory_bytes == pytest.approx(device, rel=1e-12)
+    assert plan.best.summary.peak_memory_bytes <= device and not plan.exceeds_device
+    assert plan.margin_bytes == pytest.approx(device - plan.best.summary.peak_memory_bytes)
     # A cap of 1 GB: nothing fits (gpt2-small's 162 M parameters at 16 bytes are 2.6 GB, over 8
-    # devices at most ZeRO-3's 0.32 GB, plus the 2 GB reserve alone is over 1 GB).
+    # devices at most ZeRO-3's 0.32 GB, plus the 1 GB reserve and Megatron's 1 GB of
+    # communicator buffers alone are over 1 GB).
     assert plan_training(gpt2, 16, 8, h100, memory_cap=1e9, free=False).best is None
     # No cap at all on a machine of 0.5 GB devices: the plan is returned and says it exceeds.
     small = pase.load_machine("h100-sxm")
