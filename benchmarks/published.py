@@ -289,11 +289,20 @@ def write_bands(results: list) -> None:
     for name, band in band_ratios(results).items():
         path = os.path.join(folder, name + ".json")
         with open(path) as f:
-            data = json.load(f)
-        data["band"] = band
+            text = f.read()
+        # Only the band section is rewritten (the last member of the profile, as written
+        # before); the rest of the file keeps its layout.
+        start = text.rfind('\n "band": {')
+        body = json.dumps(band, indent=1).replace("\n", "\n ")
+        if start < 0 or json.loads(text).get("band") is None:
+            data = json.loads(text)
+            data["band"] = band
+            text = json.dumps(data, indent=1) + "\n"
+        else:
+            text = text[:start] + '\n "band": ' + body + "\n}\n"
+        json.loads(text)  # still a profile
         with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
+            f.write(text)
 
 
 def breakdown(m: dict) -> str:

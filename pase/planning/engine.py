@@ -33,7 +33,7 @@ DEFAULT_ENGINE = "megatron"
 #: What a kernel inside a training step reaches of the same kernel measured alone, beyond the
 #: clock the machine sustains (``clock_ratio``): one global constant, the same for every engine,
 #: fitted by ``benchmarks/fit_constants.py`` on the visible published rows (docs/calibration.md).
-STEP_COMPUTE_EFFICIENCY = 0.85
+STEP_COMPUTE_EFFICIENCY = 0.84
 #: Bytes of the element types a profile names.
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
