@@ -157,3 +157,43 @@ def test_power_limited_clock_paces_compute_not_memory():
     fp8 = TrainingOptions(compute_efficiency=0.85, launch_seconds=0.0, precision="fp8", fp8_scaling="current")
     expected = 4_325_376 * 6 / 2000e9 / 0.85 + gemm / 2 / (0.8 * 0.85)
     assert float(held.compute(k, fp8)[0]) == pytest.approx(expected, rel=1e-9)
+
+
+# -- attention: the engine's figure or the machine's -----------------------------------------
+
+from pase.planning.engine import _switch  # noqa: E402
+
+
+def test_a_measured_attention_figure_replaces_an_sdpa_engines_own():
+    # pase calibrate times PyTorch's scaled_dot_product_attention and writes its fraction of
+    # peak into the machine file (here 0.42). torchtitan, fsdp and deepspeed run that kernel:
+    # the measurement on this GPU replaces their literature figure (0.3). Megatron runs
+    # Transformer Engine's cuDNN fused attention, which calibrate does not time: its 0.5 stays.
+    measured = CalibratedMachine(dict(PEAK, attention_efficiency=0.42))
+    bare = CalibratedMachine(PEAK)
+    for name in ("torchtitan", "fsdp", "deepspeed"):
+        engine = load_engine(name)
+        assert engine["attention_kernel"] == "sdpa"
+        assert engine.base_options(measured).attention_efficiency == 0.42
+        assert engine.base_options(bare).attention_efficiency == 0.3
+        assert engine.base_options().attention_efficiency == 0.3
+    megatron = load_engine("megatron")
+    assert megatron["attention_kernel"] == "cudnn_fused"
+    assert megatron.base_options(measured).attention_efficiency == 0.5
+    # A figure the user sets on the command line (--engine torchtitan,attention_efficiency=0.35)
+    # wins over both.
+    chosen = load_engine("torchtitan,attention_efficiency=0.35")
+    assert chosen.base_options(measured).attention_efficiency == 0.35
+
+
+def test_attention_precedence_reaches_the_plan():
+    # The fused attention of Llama 3.1 8B at 128 tokens on the measured machine: two products
+    # of 2 x 128 x 128 x (32 heads x 128) = 134,217,728 FLOPs each, halved (causal): forward
+    # 134,217,728; with the backward (2.5 x) 469,762,048, at 0.42 x 1000 TFLOPS = 1.11848 us,
+    # over the shape factor (128 / (128 + 512) = 0.2 at 128 keys; head width 128: 1) = 5.5924 us.
+    measured = CalibratedMachine(dict(PEAK, attention_efficiency=0.42))
+    net = load("hf:examples/hf/llama-3.1-8b.json", 1, 128)
+    c = TrainingCosting(net, [np.asarray([x], dtype=np.int64) for x in mesh_configs(net, Mesh(dp=1))], measured)
+    scores = net.names.index("block1.attn.scores")
+    options = load_engine("torchtitan").base_options(measured, compute_efficiency=1.0, launch_seconds=0.0)
+    assert float(c.compute(scores, options)[0]) == pytest.approx(469_762_048 / (0.42e15 * 0.2), rel=1e-9)
