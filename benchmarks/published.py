@@ -1,7 +1,7 @@
 """Modelled step time and memory next to every visible published run (issues 21, 30).
 
 Each published run (``reference/published/*.json``: Megatron-Core, torchtitan, llm-foundry's
-MPT on H100 in BF16) is priced by the command line exactly as a user would type it, with the
+MPT on H100 in BF16 and FP8, NVIDIA NeMo / Megatron-Bridge in FP8 on H100 and B200) is priced by the command line exactly as a user would type it, with the
 CLI's defaults and nothing else: ``-g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --machine MACHINE
 --engine ENGINE --recipe PUBLISHED --json``. The command of every row is printed in the results.
 
@@ -13,7 +13,10 @@ CLI's defaults and nothing else: ``-g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --m
 - llm-foundry (MPT, FSDP): ``benchmarks/configs/mpt-*.json`` (GPT-2-style configs of MPT's
   shapes until ``model_type: mpt`` is read: ALiBi not modelled; ``n_positions`` set to the row's
   sequence) on ``h100-sxm``, ``--engine fsdp``, ``dp=GPUS,tp=1,zero=3`` (FULL_SHARD),
-  ``recompute=full`` where activation checkpointing is on, ``microbatch`` as published.
+  ``recompute=full`` where activation checkpointing is on, ``microbatch`` as published; its FP8
+  rows (``amp_fp8``) the same plus ``precision=fp8,scaling=delayed``.
+- NeMo / Megatron-Bridge: as ``benchmarks/nemo.py`` prices them (its configs and the published
+  TP/PP/CP/VP/EP/MBS/GBS with ``precision=fp8``), ``--engine megatron`` on ``h100-sxm`` or ``b200``.
 
 Errors are signed, model / published - 1, on tokens per second per GPU (negative: the model is
 slower) and on memory where published. Per source: median and worst absolute error; the
@@ -313,12 +316,12 @@ def breakdown(m: dict) -> str:
 
 def write(results: list, out_dir: str, seconds: float) -> None:
     s = summary(results)
-    md = ["# Modelled against published H100 training runs", "",
+    md = ["# Modelled against published training runs (H100 BF16 and FP8, B200 FP8)", "",
           "Written by `benchmarks/published.py` (issue 30). Every row is priced by the command line with its defaults "
           "and nothing else: `pase -g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --machine MACHINE --engine ENGINE "
           "--recipe PUBLISHED` (the columns give each). Published figures as published; errors signed, model / "
           "published - 1 on tokens per second per GPU (negative: the model is slower) and on peak memory where "
-          "published. MFU against 989 TFLOP/s. MPT rows are priced through GPT-2-style configs of MPT's shapes "
+          "published. MFU against the machine's BF16 peak. NeMo rows as `benchmarks/nemo.py` prices them. MPT rows are priced through GPT-2-style configs of MPT's shapes "
           "(`benchmarks/configs/`, ALiBi not modelled) until `model_type: mpt` is read.", "",
           "## Per source", "",
           "| source | rows | median abs error | worst abs error | memory worst |", "|---|---|---|---|---|"]
