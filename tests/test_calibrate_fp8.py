@@ -106,3 +106,23 @@ def test_cli_dtype_usage_errors(tmp_path, argv, message):
     stdout, stderr = io.StringIO(), io.StringIO()
     assert main(["--out", str(tmp_path / "none.json")] + argv, stdout, stderr, timer=Fp8Timer()) == 2
     assert message in stderr.getvalue() and stderr.getvalue().count("\n") == 1
+
+
+def test_fp8_step_computes_the_three_products():
+    torch = pytest.importorskip("torch")
+    from pase.machines.calibration import gemm_step_fp8
+
+    step = gemm_step_fp8(torch, torch.device("cpu"), 2, 32, 48, 64)
+    try:
+        out = step()
+    except (RuntimeError, NotImplementedError) as e:  # a build whose CPU has no FP8 matmul
+        pytest.skip(f"torch._scaled_mm on the CPU: {e}")
+    ops = step.inputs
+    # Per batch: Y = X W (32 x 48), dX = dY W^T (32 x 64), dW = X^T dY (64 x 48), each the
+    # product of the FP8 operands' values, in BF16.
+    assert [tuple(o.shape) for o in out] == [(32, 48), (32, 64), (64, 48)] * 2
+    for i, result in enumerate(out):
+        a, b = ops[2 * i], ops[2 * i + 1]
+        assert b.stride()[0] == 1  # the second operand column-major, as _scaled_mm takes it
+        want = a.float() @ b.float()
+        assert torch.allclose(result.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
