@@ -34,8 +34,10 @@ def test_training_plan_example_runs():
     ns, printed = run_block(BLOCKS[0])
     plan = ns["plan"]
     best = plan.best
-    # Memory enforced without a cap given: the H100's 80 GB.
-    assert plan.memory_cap == 80e9 and best.summary.peak_memory_bytes <= 80e9 and not plan.exceeds_device
+    # Memory enforced without a cap given: the H100's 79.65 GiB (81,559 MiB, the driver's total).
+    device = 79.65 * 2**30
+    assert plan.memory_cap == pytest.approx(device, rel=1e-12)
+    assert best.summary.peak_memory_bytes <= device and not plan.exceeds_device
     assert sum(best.causes().values()) == pytest.approx(best.summary.step_seconds, rel=1e-12)
     assert sum(best.memory_kinds().values()) == pytest.approx(best.summary.peak_memory_bytes, rel=1e-12)
     assert len(plan.alternatives) == 3 and plan.alternatives[0] is best
