@@ -126,6 +126,7 @@ class PrecisionPricing:
     def __init__(self, costing):
         self.costing = costing
         self._gemms: dict = {}
+        self._clocked: dict = {}
         self._eligible = None
 
     def _layer(self, v: int, dtype: str) -> tuple:
@@ -177,8 +178,12 @@ class PrecisionPricing:
         """Seconds of ``v``'s GEMMs alone, one micro-batch, per configuration row: in the plan's
         format where ``v`` is converted, else in BF16 (the part of its compute the SM clock
         paces; the rest is memory-bound)."""
-        converted = options.precision != "bf16" and self.eligible()[v]
-        return self._layer(v, options.precision if converted else "bf16")[0]
+        key = (v, options.precision)
+        found = self._clocked.get(key)
+        if found is None:
+            converted = options.precision != "bf16" and self.eligible()[v]
+            found = self._clocked[key] = self._layer(v, options.precision if converted else "bf16")[0]
+        return found
 
     def _producers(self) -> dict:
         """``{v: u}``: the one layer whose output ``v`` reads (none where it reads several)."""
