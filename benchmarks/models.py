@@ -25,6 +25,8 @@ from pase.sources.hf import load_hf, read_hf_config  # noqa: E402
 
 OUT = os.path.join(ROOT, "benchmarks", "results", "models.md")
 PROCS, MACHINE = 64, "h100-sxm"
+#: The device capacity the plans are held to, as the preset states it (the driver's total).
+CAP = f"{pase.load_machine(MACHINE).memory_bytes / 2**30:.2f} GiB"
 #: transformers 5.24's counts on the meta device (the reference README's table).
 REFERENCE = {
     "llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320, "llama-2-70b": 68_976_648_192,
@@ -72,7 +74,7 @@ def row(name: str, found, seconds: float, counted: int, theirs, batch: int, sequ
     same = "=" if theirs == counted else ("?" if theirs is None else f"differs ({theirs:,})")
     head = f"| {name} | {counted:,} | {same} | {batch} x {sequence} |"
     if found.best is None:
-        return head + f" no plan fits 80 GB |||| {seconds:.0f} |"
+        return head + f" no plan fits {CAP} |||| {seconds:.0f} |"
     s = found.best.summary
     return (head + f" `{found.best.recipe()}` | {s.step_seconds:.2f} | {s.tokens_per_second_per_device:,.0f} | "
             f"{100 * s.mfu:.1f} % | {format_bytes(s.peak_memory_bytes)} | {seconds:.0f} |")
@@ -104,18 +106,18 @@ def main(names=None) -> None:
                      f"(BF16 priced), MFU {100 * s.mfu:.1f} %, peak {format_bytes(s.peak_memory_bytes)}; NeMo "
                      f"{NEMO['tokens_per_s_per_gpu']:,} in {NEMO['precision']} ({100 * (ours / NEMO['tokens_per_s_per_gpu'] - 1):+.0f} %)")
     else:
-        nemo_line = "no plan fits 80 GB under that recipe"
+        nemo_line = f"no plan fits {CAP} under that recipe"
     lines = [
         "# Today's models from their config.json on 64 H100s", "",
         f"Each config of `examples/hf/` (the reference set) read by `-g hf:` and planned with `--training` on "
-        f"{PROCS} devices of `{MACHINE}` (8 a node, 80 GB cap) at about a million tokens a step. Parameters: "
+        f"{PROCS} devices of `{MACHINE}` (8 a node, {CAP} cap: the driver's total) at about a million tokens a step. Parameters: "
         "pase's count; `=`: equal to the unit to `sum(p.numel() for p in model.parameters())` of the model "
         "transformers builds from the same config on the meta device. The plan: the fastest fitting training "
         "configuration over meshes (dp x tp x cp x pp, ep), ZeRO, recomputation and micro-batches "
         "(`docs/training.md`), BF16, balanced routing; sliding windows priced over their band (`docs/models.md`).", "",
         "| config | parameters | transformers | batch x tokens | plan | step (s) | tokens/s per device | MFU | peak "
         "memory | search (s) |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-        "A model whose weights, gradients and Adam state (16 bytes a parameter) do not fit 64 x 80 GB even fully "
+        f"A model whose weights, gradients and Adam state (16 bytes a parameter) do not fit 64 x {CAP} even fully "
         "sharded (DeepSeek-V3: 10.7 TB; Nemotron-4-340B: 5.5 TB) has no plan here; NeMo runs DeepSeek-V3 on "
         "1024 GPUs.", "",
         f"NeMo's Qwen3-30B-A3B row ({NEMO['procs']} H100, EP 16, GBS {NEMO['batch']} x {NEMO['sequence']}, "

@@ -80,7 +80,7 @@ def nemo_rows(folder: str) -> list:
         if r["model"] not in CONFIGS or r["system"] not in MACHINES:
             raise SystemExit(f"nemo.py: no config or machine for {r['model']} on {r['system']}")
         base = dict(name=f"{r['model']} {r['system']} {r['gpus']} GPUs ({r['container']})", engine="megatron",
-                    machine=MACHINES[r["system"]], config=CONFIGS[r["model"]], gpus=r["gpus"], batch=r["gbs"],
+                    machine=MACHINES[r["system"]], system_name=r["system"], config=CONFIGS[r["model"]], gpus=r["gpus"], batch=r["gbs"],
                     seq=r["seq"], published=r, moe=bool(r.get("ep") and r["ep"] > 1),
                     step_pub=r["gbs"] * r["seq"] / (r["tokens_per_s_per_gpu"] * r["gpus"]))
         out.append(base)

@@ -1,7 +1,7 @@
 """Modelled step time and memory next to every visible published run (issues 21, 30).
 
 Each published run (``reference/published/*.json``: Megatron-Core, torchtitan, llm-foundry's
-MPT on H100 in BF16) is priced by the command line exactly as a user would type it, with the
+MPT on H100 in BF16 and FP8, NVIDIA NeMo / Megatron-Bridge in FP8 on H100 and B200) is priced by the command line exactly as a user would type it, with the
 CLI's defaults and nothing else: ``-g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --machine MACHINE
 --engine ENGINE --recipe PUBLISHED --json``. The command of every row is printed in the results.
 
@@ -13,7 +13,10 @@ CLI's defaults and nothing else: ``-g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --m
 - llm-foundry (MPT, FSDP): ``benchmarks/configs/mpt-*.json`` (GPT-2-style configs of MPT's
   shapes until ``model_type: mpt`` is read: ALiBi not modelled; ``n_positions`` set to the row's
   sequence) on ``h100-sxm``, ``--engine fsdp``, ``dp=GPUS,tp=1,zero=3`` (FULL_SHARD),
-  ``recompute=full`` where activation checkpointing is on, ``microbatch`` as published.
+  ``recompute=full`` where activation checkpointing is on, ``microbatch`` as published; its FP8
+  rows (``amp_fp8``) the same plus ``precision=fp8,scaling=delayed``.
+- NeMo / Megatron-Bridge: as ``benchmarks/nemo.py`` prices them (its configs and the published
+  TP/PP/CP/VP/EP/MBS/GBS with ``precision=fp8``), ``--engine megatron`` on ``h100-sxm`` or ``b200``.
 
 Errors are signed, model / published - 1, on tokens per second per GPU (negative: the model is
 slower) and on memory where published. Per source: median and worst absolute error; the
@@ -40,6 +43,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from pase.cli import main as pase_main  # noqa: E402
 
@@ -126,6 +130,40 @@ def load_rows(folder: str) -> list:
                          engine="fsdp", machine="h100-sxm", config=os.path.join("benchmarks", "configs", f"{r['model']}.json"),
                          positions=r["seq"], gpus=r["gpus"], batch=r["global_batch"], seq=r["seq"], recipe=recipe,
                          tokens=float(r["tokens_per_s_per_gpu"]), memory=None, model=r["model"]))
+    rows += nemo_rows(folder) + foundry_fp8_rows(folder)
+    return rows
+
+
+def nemo_rows(folder: str) -> list:
+    """Every visible NeMo / Megatron-Bridge row (FP8, H100 and B200) as ``benchmarks/nemo.py``
+    prices it: its published layout (``nemo.nemo_recipe``), ``--engine megatron``, the search
+    choosing recomputation and the rest."""
+    import nemo  # noqa: PLC0415 (benchmarks/nemo.py imports this module)
+
+    return [dict(name=f"NeMo {r['published']['model']} {r['system_name']} {r['gpus']} GPUs FP8", source="nemo",
+                 engine="megatron", machine=r["machine"], config=r["config"], gpus=r["gpus"], batch=r["batch"],
+                 seq=r["seq"], recipe=nemo.nemo_recipe(r["published"]),
+                 tokens=float(r["published"]["tokens_per_s_per_gpu"]), memory=None)
+            for r in nemo.nemo_rows(folder)]
+
+
+def foundry_fp8_rows(folder: str) -> list:
+    """llm-foundry's visible FP8 rows (``amp_fp8`` on H100), priced as the BF16 ones plus
+    ``precision=fp8,scaling=delayed`` (Transformer Engine's default recipe under Composer)."""
+    with open(os.path.join(folder, "llm-foundry-mpt-h100.json")) as f:
+        foundry = json.load(f)
+    rows = []
+    for r in foundry["rows"]:
+        if not r["gpu"].startswith("h100") or r["precision"] != "amp_fp8":
+            continue
+        zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
+        recipe = (f"dp={r['gpus']},tp=1,pp=1,zero={zero},recompute={'full' if r['activation_checkpointing'] else 'none'}"
+                  f",microbatch={r['micro_batch']},precision=fp8,scaling=delayed")
+        rows.append(dict(name=f"llm-foundry {r['model'].upper()} {r['gpus']} GPUs seq {r['seq']} FP8",
+                         source="llm-foundry", engine="fsdp", machine="h100-sxm",
+                         config=os.path.join("benchmarks", "configs", f"{r['model']}.json"), positions=r["seq"],
+                         gpus=r["gpus"], batch=r["global_batch"], seq=r["seq"], recipe=recipe,
+                         tokens=float(r["tokens_per_s_per_gpu"]), memory=None, model=r["model"] + "-fp8"))
     return rows
 
 
@@ -254,11 +292,20 @@ def write_bands(results: list) -> None:
     for name, band in band_ratios(results).items():
         path = os.path.join(folder, name + ".json")
         with open(path) as f:
-            data = json.load(f)
-        data["band"] = band
+            text = f.read()
+        # Only the band section is rewritten (the last member of the profile, as written
+        # before); the rest of the file keeps its layout.
+        start = text.rfind('\n "band": {')
+        body = json.dumps(band, indent=1).replace("\n", "\n ")
+        if start < 0 or json.loads(text).get("band") is None:
+            data = json.loads(text)
+            data["band"] = band
+            text = json.dumps(data, indent=1) + "\n"
+        else:
+            text = text[:start] + '\n "band": ' + body + "\n}\n"
+        json.loads(text)  # still a profile
         with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
+            f.write(text)
 
 
 def breakdown(m: dict) -> str:
@@ -269,12 +316,12 @@ def breakdown(m: dict) -> str:
 
 def write(results: list, out_dir: str, seconds: float) -> None:
     s = summary(results)
-    md = ["# Modelled against published H100 training runs", "",
+    md = ["# Modelled against published training runs (H100 BF16 and FP8, B200 FP8)", "",
           "Written by `benchmarks/published.py` (issue 30). Every row is priced by the command line with its defaults "
           "and nothing else: `pase -g hf:CONFIG -p GPUS -b BATCH -m SEQUENCE --machine MACHINE --engine ENGINE "
           "--recipe PUBLISHED` (the columns give each). Published figures as published; errors signed, model / "
           "published - 1 on tokens per second per GPU (negative: the model is slower) and on peak memory where "
-          "published. MFU against 989 TFLOP/s. MPT rows are priced through GPT-2-style configs of MPT's shapes "
+          "published. MFU against the machine's BF16 peak. NeMo rows as `benchmarks/nemo.py` prices them. MPT rows are priced through GPT-2-style configs of MPT's shapes "
           "(`benchmarks/configs/`, ALiBi not modelled) until `model_type: mpt` is read.", "",
           "## Per source", "",
           "| source | rows | median abs error | worst abs error | memory worst |", "|---|---|---|---|---|"]

@@ -109,7 +109,7 @@ def test_bands_by_hand(tmp_path):
 
 
 def test_the_shipped_constant_and_bands():
-    assert STEP_COMPUTE_EFFICIENCY == 0.85
+    assert STEP_COMPUTE_EFFICIENCY == 0.84  # benchmarks/fit_constants.py over every visible source
     for name in ("megatron", "torchtitan", "fsdp", "deepspeed"):
         low, high = band_of(load_engine(name), "step")
         assert low < 1.0 < high

@@ -11,7 +11,8 @@ import os
 import sys
 from typing import IO, Sequence
 
-from pase.machines.calibration import DEFAULT_LINKS, TorchTimer, attention_grid, calibrate, gemm_grid, memory_grid
+from pase.machines.calibration import (CALIBRATED_DTYPES, DEFAULT_LINKS, TorchTimer, attention_grid, calibrate,
+                                      calibrate_dtype, gemm_grid, gemm_grid_fp8, memory_grid)
 from pase.machines.calibrated import load_calibrated, load_description
 from pase.machines.collective_calibration import (calibrate_collectives, collective_groups, collective_sizes,
                                                   torchrun_world)
@@ -59,6 +60,10 @@ def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.Arg
                    help="measure NCCL all-reduce, all-gather, reduce-scatter and all-to-all bus bandwidths on "
                    "this node's GPUs (groups of 2, 4, 8; 1 MB to 1 GB) into the existing description --out, "
                    "nothing else; across nodes too when started by torchrun on several nodes")
+    p.add_argument("--dtype", choices=("bf16",) + CALIBRATED_DTYPES, default="bf16",
+                   help="bf16 (default): measure the description and its tables; fp8: measure FP8 GEMMs "
+                   "(torch._scaled_mm, compute capability 8.9 or later) into the existing description --out's "
+                   "table, which then prices FP8 GEMMs instead of the transfer rule")
     p.add_argument("--name", help="machine name (default: the file's stem)")
     p.add_argument("--devices-per-node", type=_positive(int), metavar="G",
                    help="GPUs per node (default 8)")
@@ -104,6 +109,18 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
             raise CliError(f"--out: no such directory {folder}", ExitStatus.USAGE)
         if os.path.isdir(args.out):
             raise CliError(f"--out: {args.out} is a directory", ExitStatus.USAGE)
+        if args.collectives and args.dtype != "bf16":
+            raise CliError(f"--dtype {args.dtype} and --collectives measure different things: one at a time",
+                           ExitStatus.USAGE)
+        if args.dtype != "bf16":
+            given = [f for f in _DESCRIPTION_FLAGS if getattr(args, f) is not None]
+            if given or not args.attention:
+                flag = "--" + (given[0] if given else "no_attention").replace("_", "-")
+                raise CliError(f"{flag} sets a description field; --dtype {args.dtype} measures its GEMMs only "
+                               "and keeps the description's fields", ExitStatus.USAGE)
+            if not os.path.isfile(args.out):
+                raise CliError(f"--dtype {args.dtype} adds to an existing machine description, and {args.out} is "
+                               f"none (write one first: pase calibrate --out {args.out})", ExitStatus.USAGE)
         if args.collectives:
             given = [f for f in _DESCRIPTION_FLAGS if getattr(args, f) is not None]
             if given or not args.attention:
@@ -127,6 +144,8 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
         return 1
     if args.collectives:
         return _collectives(args, out, err, prog, collective_timer)
+    if args.dtype != "bf16":
+        return _dtype(args, out, err, prog, timer)
     try:
         if timer is None:
             timer = TorchTimer()
@@ -175,6 +194,33 @@ def _failed(e: Exception, out: str, err: IO, prog: str) -> int:
     else:
         err.write(f"{prog}: error: {e}\n")
     return 1
+
+
+def _dtype(args, out: IO, err: IO, prog: str, timer) -> int:
+    """``--dtype fp8``: its GEMMs measured into ``args.out``'s table; one line on ``out`` or one
+    error line (a GPU or PyTorch without FP8 is refused before anything is measured)."""
+    try:
+        if timer is None:
+            timer = TorchTimer()
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(gemm_grid_fp8(args.quick)), desc=f"calibrate {args.dtype}", unit="shape", file=err,
+                   leave=False, disable=None)
+
+        def progress(done, total):
+            bar.update(done - bar.n)
+
+        try:
+            description = calibrate_dtype(args.out, args.dtype, args.quick, timer=timer, progress=progress)
+        finally:
+            bar.close()
+        load_calibrated(args.out)  # what was written loads back
+    except _FAILURES as e:
+        return _failed(e, args.out, err, prog)
+    out.write(f"wrote the {args.dtype} GEMM table of {args.out} ({len(gemm_grid_fp8(args.quick))} shapes, "
+              f"{args.dtype} peak {description['dtype_tflops'][args.dtype]:g} TFLOPS; table {description['measured']}); "
+              f"use --machine {args.out}\n")
+    return 0
 
 
 def _collectives(args, out: IO, err: IO, prog: str, timer) -> int:

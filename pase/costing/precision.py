@@ -92,6 +92,7 @@ class PrecisionPricing:
     def __init__(self, costing):
         self.costing = costing
         self._gemms: dict = {}
+        self._clocked: dict = {}
         self._eligible = None
 
     def _layer(self, v: int, dtype: str) -> tuple:
@@ -134,8 +135,61 @@ class PrecisionPricing:
         # The weight's low-precision copy is kept across micro-batches, but ZeRO-3 gathers the
         # weight again for every micro-batch and casts it again.
         per_step = 1.0 if options.zero == 3 else 1.0 / options.microbatches
-        cast_elements = np.maximum(elements - weights, 0.0) + weights * per_step
+        cast_elements = np.maximum(elements - weights - self._not_cast(v), 0.0) + weights * per_step
         return low - bf16 + self.cast_seconds(cast_elements, options)
+
+    def gemm_seconds(self, v: int, options) -> np.ndarray:
+        """Seconds of ``v``'s GEMMs alone, one micro-batch, per configuration row: in the plan's
+        format where ``v`` is converted, else in BF16 (the part of its compute the SM clock
+        paces; the rest is memory-bound)."""
+        key = (v, options.precision)
+        found = self._clocked.get(key)
+        if found is None:
+            converted = options.precision != "bf16" and self.eligible()[v]
+            found = self._clocked[key] = self._layer(v, options.precision if converted else "bf16")[0]
+        return found
+
+    def _producers(self) -> dict:
+        """``{v: u}``: the one layer whose output ``v`` reads (none where it reads several)."""
+        if not hasattr(self, "_producer_of"):
+            into: dict = {}
+            for (u, w) in sorted(self.costing.network.edges):
+                into.setdefault(w, []).append(u)
+            self._producer_of = {w: us[0] for w, us in into.items() if len(us) == 1}
+        return self._producer_of
+
+    def _not_cast(self, v: int) -> np.ndarray | float:
+        """Elements of ``v``'s activation operands its GEMMs count that no cast of its own
+        reads, per configuration row (a weight product, ``Layer.product``, only):
+
+        - its input, when an earlier converted layer reads the same tensor: Transformer Engine
+          runs the products of one input as one GEMM with one cast (Megatron-Core's
+          ``linear_qkv`` for q, k and v; ``linear_fc1`` of width 2 x ffn for a gated MLP's gate and
+          up), so the input is quantised once;
+        - under sequence parallelism (the layer's activation collectives halved,
+          ``activation_scale`` < 1) the share of an operand the all-gather brings: Transformer
+          Engine quantises the local sequence shard and gathers FP8 (its ``gather_along_first_dim``
+          with the input's quantizer in the forward pass, the output gradient's in the backward
+          pass of a row-parallel layer), so a device casts ``1 / r`` of an operand replicated on
+          ``r`` of its devices (``r`` = the devices of the layer over those of the operand's
+          layout)."""
+        c = self.costing
+        layer = c.network.layers[v]
+        if not layer.product or not layer.inputs:
+            return 0.0
+        C = c.configs[v].astype(np.float64)
+        used = C.prod(axis=1)
+        in_cfg = np.asarray(layer.input_configs(c.configs[v])[0], dtype=np.float64).prod(axis=1)
+        out_cfg = np.asarray(layer.output_configs(c.configs[v])[0], dtype=np.float64).prod(axis=1)
+        inputs = float(np.prod(layer.inputs[0].shape)) / in_cfg
+        outputs = float(np.prod(layer.output_shapes[0])) / out_cfg
+        sp = np.asarray(c.activation_scale[v], dtype=np.float64) < 1.0
+        u = self._producers().get(v)
+        shared = u is not None and any(w < v and self.eligible()[w] and c.network.layers[w].product
+                                       and self._producers().get(w) == u for w in c.structure.consumers.get(u, []))
+        gathered_in = np.where(sp, inputs * (1.0 - in_cfg / used), 0.0)
+        gathered_out = np.where(sp, outputs * (1.0 - out_cfg / used), 0.0)
+        return (inputs if shared else gathered_in) + gathered_out
 
     def cast_seconds(self, elements, options) -> np.ndarray:
         """Quantisation kernels over ``elements`` elements: :data:`QUANT_BYTES` each, streamed

@@ -88,10 +88,13 @@ ATTENTION_HALF_HEAD = 16.0
 #: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
 #: the moments and the bf16 weight (4 + 4 + 4 + 2).
 OPTIMIZER_STEP_BYTES = 28.0
-#: Memory a device holds that no tensor of the model accounts for: CUDA context, NCCL
-#: buffers, cuBLAS workspaces and the allocator's rounding (about 1-2 GB measured on H100
-#: nodes in PyTorch; we state 2 GB).
-DEFAULT_RESERVE_BYTES = 2e9
+#: Memory a device holds that no other kind of the memory model accounts for: the CUDA
+#: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
+#: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
+#: buffers and the allocator's rounding, which are now kinds of their own (an engine's
+#: ``comm_buffer_bytes`` and ``fragmentation``): counting them twice made every plan 1 GB
+#: heavier (docs/calibration.md, "Mechanisms found on the FP8 rows").
+DEFAULT_RESERVE_BYTES = 1e9
 #: Bytes an eager (unfused) RMSNorm moves per element, forward and backward, as torchtitan
 #: writes it (``x * rsqrt(mean(x.float()**2) + eps)``, cast back, times the weight; its
 #: ``models/norms.py``, December 2024), every aten kernel reading and writing its operands:
@@ -831,20 +834,29 @@ class TrainingCosting:
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
         seconds = seconds + self.precision.compute_delta(v, options)
-        seconds = self._in_step(seconds, options)
+        clocked = (self.precision.gemm_seconds(v, options)
+                   if self.machine.peak_flops is not None and float(self.machine.clock_ratio) != 1.0 else None)
+        seconds = self._in_step(seconds, options, clocked)
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
 
-    def _in_step(self, seconds: np.ndarray, options: TrainingOptions) -> np.ndarray:
+    def _in_step(self, seconds: np.ndarray, options: TrainingOptions, clocked=None) -> np.ndarray:
         """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a
-        machine that prices in seconds (``clock_ratio``: the clock the machine sustains through
-        a step at its power limit over the clock its kernels were measured at, 1 if it states
-        none)."""
+        machine that prices in seconds (``clock_ratio``: the SM clock the machine sustains
+        through a step at its power limit over the clock its kernels were measured at, 1 if it
+        states none). ``clocked``: the part of ``seconds`` the SM clock paces (GEMMs, attention;
+        ``None``: all of it); the rest is memory-bound, paced by the HBM's own clock, which the
+        power limit does not lower (NVML reports and caps the graphics and memory clocks
+        apart): that part is divided by ``compute_efficiency`` only."""
         if self.machine.peak_flops is None:
             return seconds
-        factor = float(self.machine.clock_ratio) * options.compute_efficiency
+        ratio = float(self.machine.clock_ratio)
+        if clocked is not None and ratio != 1.0:
+            clocked = np.minimum(clocked, seconds)
+            return ((seconds - clocked) + clocked / ratio) / options.compute_efficiency
+        factor = ratio * options.compute_efficiency
         return seconds if factor == 1.0 else seconds / factor
 
     def stored_activations(self, v: int, options: TrainingOptions) -> np.ndarray:

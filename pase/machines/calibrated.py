@@ -425,14 +425,18 @@ class CalibratedMachine:
         Each GEMM multiplies ``M x K`` by ``K x N`` on one device. From the measured table
         where there is one (interpolated, ``pase.machines.measured``), never below the
         ``6 BMNK / peak`` a device cannot beat; that bound alone without a table. ``dtype``
-        (one of :attr:`precisions`): the operands' number format; another than ``bf16``, or a
-        machine with a ``gemm_reference``, is priced by the transfer rule
-        (:class:`pase.machines.specs.GemmTransfer`) at that format's peak.
+        (one of :attr:`precisions`): the operands' number format; another than ``bf16`` from the
+        table's rows measured in that format where it has them (``gemm_fp8``: ``pase calibrate
+        --dtype fp8``), else, like every GEMM of a machine with a ``gemm_reference``, by the
+        transfer rule (:class:`pase.machines.specs.GemmTransfer`) at that format's peak.
         """
         if dtype not in self.dtype_flops:
             raise ValueError(f"machine {self.name} has no {dtype} GEMMs (it runs {', '.join(self.precisions)})")
         B, M, N, K = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in (B, M, N, K)])
         peak_time = 6.0 * B * M * N * K / self.dtype_flops[dtype]
+        if dtype != "bf16" and self.tables is not None and dtype in self.tables.by_dtype:
+            # Measured in the format itself (pase calibrate --dtype): the table, not the rule.
+            return np.maximum(self.tables.by_dtype[dtype].gemm_seconds(B, M, N, K), peak_time)
         if self.transfer is not None and (dtype != "bf16" or self.tables is None):
             return np.maximum(self.transfer.gemm_seconds(B, M, N, K, dtype), peak_time)
         if self.tables is None:

@@ -27,8 +27,9 @@ from pase.core.fileio import write_atomic
 from pase.core.optional import import_optional
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
 
-__all__ = ["gemm_grid", "memory_grid", "attention_grid", "attention_flops", "calibrate", "TorchTimer", "gemm_step",
-           "memory_bound_step", "attention_step", "TORCH_HINT"]
+__all__ = ["gemm_grid", "gemm_grid_fp8", "memory_grid", "attention_grid", "attention_flops", "calibrate",
+           "calibrate_dtype", "TorchTimer", "gemm_step", "gemm_step_fp8", "memory_bound_step", "attention_step",
+           "TORCH_HINT", "CALIBRATED_DTYPES"]
 
 TORCH_HINT = "pase calibrate needs PyTorch: pip install '.[torch]'"
 
@@ -69,6 +70,32 @@ def gemm_grid(quick: bool = False) -> list:
     for b, sizes in plan:
         for m, n, k in itertools.product(sizes, sizes, sizes):
             if ELEMENT_BYTES * b * max(m * k, k * n, m * n) <= MAX_TENSOR_BYTES:
+                shapes.append((b, m, n, k))
+    return shapes
+
+
+#: Number formats ``pase calibrate --dtype`` measures GEMMs in beyond BF16.
+CALIBRATED_DTYPES = ("fp8",)
+
+
+def gemm_grid_fp8(quick: bool = False) -> list:
+    """The ``(B, M, N, K)`` shapes of the FP8 table: M, N, K multiples of 16 (what FP8 tensor
+    cores and ``torch._scaled_mm`` take), no tensor over 4 GB at one byte an element.
+
+    Full: powers of two from 16 to 16384 at B = 1 and to 4096 at B = 8: 1,331 + 729 = 2,060
+    shapes. Quick: 16 x 4^i to 16384 at B = 1, 16, 128, 1024 and 4096 at B = 8: 216 + 64 = 280.
+
+    >>> len(gemm_grid_fp8()), len(gemm_grid_fp8(quick=True))
+    (2060, 280)
+    """
+    if quick:
+        plan = [(1, [16 * 4 ** i for i in range(6)]), (8, [16, 128, 1024, 4096])]
+    else:
+        plan = [(1, [2 ** i for i in range(4, 15)]), (8, [2 ** i for i in range(4, 13)])]
+    shapes = []
+    for b, sizes in plan:
+        for m, n, k in itertools.product(sizes, sizes, sizes):
+            if b * max(m * k, k * n, m * n) <= MAX_TENSOR_BYTES:
                 shapes.append((b, m, n, k))
     return shapes
 
@@ -170,6 +197,25 @@ class TorchTimer:
             del step
             self.torch.cuda.empty_cache()
 
+    def fp8_missing(self) -> str | None:
+        """Why this GPU and PyTorch cannot measure FP8 GEMMs (``None``: they can)."""
+        torch = self.torch
+        if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "float8_e5m2") and hasattr(torch, "_scaled_mm")):
+            return f"torch {torch.__version__} has no FP8 matrix multiply (torch._scaled_mm, float8_e4m3fn)"
+        major, minor = torch.cuda.get_device_capability(self.device)
+        if (major, minor) < (8, 9):
+            return (f"{self.device_name} (compute capability {major}.{minor}) has no FP8 tensor cores "
+                    "(compute capability 8.9 or later: Ada, Hopper, Blackwell)")
+        return None
+
+    def gemm_fp8(self, b: int, m: int, n: int, k: int) -> float:
+        step = gemm_step_fp8(self.torch, self.device, b, m, n, k)
+        try:
+            return self._time(step)
+        finally:
+            del step
+            self.torch.cuda.empty_cache()
+
     def memory_bound(self, op: str, elements: int) -> float:
         step = memory_bound_step(self.torch, self.device, op, elements)
         try:
@@ -209,6 +255,37 @@ def gemm_step(torch, device, b: int, m: int, n: int, k: int) -> Callable[[], tup
         return y, dx, dw
 
     step.inputs = (x, w, dy)
+    return step
+
+
+def gemm_step_fp8(torch, device, b: int, m: int, n: int, k: int) -> Callable[[], list]:
+    """One training step of ``b`` GEMMs with FP8 operands as Transformer Engine runs them on
+    Hopper: forward ``Y = X @ W`` (E4M3 x E4M3), ``dX = dY @ W^T`` (E5M2 x E4M3), ``dW = X^T @ dY``
+    (E4M3 x E5M2), BF16 results, per-tensor scales; each operand already cast, in the layout
+    ``torch._scaled_mm`` takes (the first row-major, the second column-major): the casts are
+    priced apart (``pase.costing.precision``). ``step() -> [results]``."""
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    scale = torch.ones((), device=device, dtype=torch.float32)
+
+    def operand(rows, cols, dtype, column_major):
+        if column_major:  # stored as its transpose, read transposed
+            return torch.randn(cols, rows, device=device, dtype=torch.bfloat16).to(dtype).t()
+        return torch.randn(rows, cols, device=device, dtype=torch.bfloat16).to(dtype)
+
+    pairs = []
+    for _ in range(b):
+        pairs += [(operand(m, k, e4, False), operand(k, n, e4, True)),    # X @ W
+                  (operand(m, n, e5, False), operand(n, k, e4, True)),    # dY @ W^T
+                  (operand(k, m, e4, False), operand(m, n, e5, True))]    # X^T @ dY
+
+    def step():
+        out = []
+        for a, w in pairs:
+            r = torch._scaled_mm(a, w, scale, scale, out_dtype=torch.bfloat16)
+            out.append(r[0] if isinstance(r, tuple) else r)  # torch < 2.5 also returns the amax
+        return out
+
+    step.inputs = tuple(t for pair in pairs for t in pair)
     return step
 
 
@@ -379,3 +456,57 @@ def calibrate(out_path: str, quick: bool = False, *, timer=None, name: str | Non
     write_atomic(os.path.join(folder, table_name), json.dumps(table, separators=(",", ":")) + "\n", "measured table")
     write_atomic(out_path, json.dumps(description, indent=2) + "\n", "machine description")
     return description
+
+
+def calibrate_dtype(out_path: str, dtype: str = "fp8", quick: bool = False, *, timer=None,
+                    progress: Callable[[int, int], None] | None = None) -> dict:
+    """Measure ``dtype`` GEMMs into an existing machine description ``out_path`` (written by
+    :func:`calibrate`): the rows go into its table as ``gemm_<dtype>`` ([B, M, N, K, seconds], the
+    same training step with FP8 operands, :func:`gemm_step_fp8`, over :func:`gemm_grid_fp8`),
+    which the machine then prices that format's GEMMs from instead of the transfer rule; the
+    description gains ``dtype_tflops.<dtype>`` (the best rate measured) if it states none.
+
+    ``timer``: has ``gemm_fp8(B, M, N, K)`` and ``fp8_missing()`` (the reason it cannot, or
+    ``None``); default a :class:`TorchTimer`. A device without the format: ``RuntimeError``
+    (one line), nothing written.
+    """
+    from pase.core.fileio import read_json  # noqa: PLC0415
+
+    if dtype not in CALIBRATED_DTYPES:
+        raise ValueError(f"--dtype {dtype}: measures {', '.join(CALIBRATED_DTYPES)} (bf16 is the default table)")
+    if timer is None:
+        timer = TorchTimer()
+    missing = timer.fp8_missing()
+    if missing is not None:
+        raise RuntimeError(f"--dtype {dtype}: {missing}")
+    out_path = os.fspath(out_path)
+    label = f"machine file {os.path.basename(out_path)}"
+    if not os.path.isfile(out_path):
+        raise ValueError(f"{label}: no such machine description {out_path} (pase calibrate --out {out_path} writes "
+                         f"one; --dtype {dtype} adds to it)")
+    description = validate_description(read_json(out_path, "machine file", stdin=False), label)
+    if "measured" not in description:
+        raise ValueError(f"--dtype {dtype} adds to the measured table of a description pase calibrate wrote, "
+                         f"and {os.path.basename(out_path)} names none")
+    folder = os.path.dirname(os.path.abspath(out_path))
+    table_path = os.path.join(folder, description["measured"])
+    table = read_json(table_path, "measured table")
+    shapes = gemm_grid_fp8(quick)
+    rows = []
+    for i, shape in enumerate(shapes):
+        rows.append([*shape, float(timer.gemm_fp8(*shape))])
+        if progress is not None:
+            progress(i + 1, len(shapes))
+    MeasuredTables(rows, (), f"measured table {description['measured']} ({dtype})")  # a valid table
+    table[f"gemm_{dtype}"] = rows
+    table[f"gemm_{dtype}_note"] = ("the gemm step with FP8 operands as Transformer Engine runs it on Hopper: "
+                                   "Y=X@W E4M3 x E4M3, dX=dY@W^T E5M2 x E4M3, dW=X^T@dY E4M3 x E5M2, BF16 "
+                                   "results, operands cast beforehand (torch._scaled_mm)")
+    written = dict(description)
+    best = max(6.0 * b * m * n * k / seconds for b, m, n, k, seconds in rows) / 1e12
+    written["dtype_tflops"] = {**description.get("dtype_tflops", {})}
+    written["dtype_tflops"].setdefault(dtype, round(best, 1))
+    written = validate_description(written, label)
+    write_atomic(table_path, json.dumps(table, separators=(",", ":")) + "\n", "measured table")
+    write_atomic(out_path, json.dumps(written, indent=2) + "\n", "machine description")
+    return written

@@ -221,6 +221,9 @@ class MeasuredTables:
 
     def __init__(self, gemm, memory_bound=(), source: str = "measured table"):
         self.source = source
+        #: ``{dtype: MeasuredTables}``: GEMM tables measured in other number formats
+        #: (``gemm_fp8`` rows, ``pase calibrate --dtype fp8``).
+        self.by_dtype = {}
         self._gemm_rows = self._check_gemm(gemm)
         self._memory_rows = self._check_memory(memory_bound)
         rows = self._gemm_rows
@@ -255,7 +258,11 @@ class MeasuredTables:
             raise ValueError(f"{source}: expected a JSON object with 'gemm' and 'memory_bound' rows")
         if "gemm" not in data:
             raise ValueError(f"{source}: missing field 'gemm' (rows [B, M, N, K, seconds])")
-        return cls(data["gemm"], data.get("memory_bound", ()), source)
+        tables = cls(data["gemm"], data.get("memory_bound", ()), source)
+        for dtype in ("fp8", "mxfp8", "nvfp4"):
+            if f"gemm_{dtype}" in data:
+                tables.by_dtype[dtype] = cls(data[f"gemm_{dtype}"], (), f"{source} (gemm_{dtype})")
+        return tables
 
     @classmethod
     def load(cls, path: str) -> "MeasuredTables":

@@ -33,7 +33,7 @@ DEFAULT_ENGINE = "megatron"
 #: What a kernel inside a training step reaches of the same kernel measured alone, beyond the
 #: clock the machine sustains (``clock_ratio``): one global constant, the same for every engine,
 #: fitted by ``benchmarks/fit_constants.py`` on the visible published rows (docs/calibration.md).
-STEP_COMPUTE_EFFICIENCY = 0.85
+STEP_COMPUTE_EFFICIENCY = 0.84
 #: Bytes of the element types a profile names.
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -67,7 +67,11 @@ FACTS = {
     "launch_seconds": float,
     "activation_grads": bool,
     "attention_efficiency": float,
+    "attention_kernel": ("sdpa", "cudnn_fused"),
 }
+#: Facts a profile may leave out, with the value it then has: a profile written before the fact
+#: existed stays valid.
+OPTIONAL_FACTS = {"attention_kernel": "sdpa"}
 _POLICIES = ("none", "selective", "full", "op")
 
 
@@ -151,8 +155,22 @@ class EngineProfile:
         """``name`` and its switches as given, e.g. ``torchtitan,compile=true``."""
         return ",".join([self.name] + [f"{k}={v}" for k, v in self.settings])
 
-    def training_options(self) -> dict:
-        """The :class:`TrainingOptions` fields this engine implies."""
+    def attention_efficiency(self, machine=None) -> float:
+        """The fused attention kernel's fraction of peak: the machine's own measured figure
+        (``pase calibrate`` times PyTorch's ``scaled_dot_product_attention``) where this engine
+        runs that kernel (``attention_kernel`` ``sdpa``) and the user set no
+        ``attention_efficiency`` switch; else the profile's (docs/engines.md, "Attention: the
+        engine's figure or the machine's")."""
+        own = self.facts["attention_efficiency"]
+        measured = None if machine is None else machine.attention_efficiency
+        if (measured is None or self.facts["attention_kernel"] != "sdpa"
+                or "attention_efficiency" in dict(self.settings)):
+            return own
+        return float(measured)
+
+    def training_options(self, machine=None) -> dict:
+        """The :class:`TrainingOptions` fields this engine implies (on ``machine``, where given:
+        its measured attention figure, :meth:`attention_efficiency`)."""
         f = self.facts
         return {
             "engine": self.label(),
@@ -175,13 +193,13 @@ class EngineProfile:
             "fragmentation": f["allocator_fragmentation"],
             "activation_grads": bool(f["activation_grads"]),
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
-            "attention_efficiency": f["attention_efficiency"],
+            "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
         }
 
-    def base_options(self, **changes) -> TrainingOptions:
-        """:class:`TrainingOptions` of this engine (``changes`` on top)."""
-        return TrainingOptions(**{**self.training_options(), **changes})
+    def base_options(self, machine=None, **changes) -> TrainingOptions:
+        """:class:`TrainingOptions` of this engine on ``machine`` (``changes`` on top)."""
+        return TrainingOptions(**{**self.training_options(machine), **changes})
 
     def searched(self) -> dict:
         """Choices the search tries where the engine has them: ``tp_overlap`` (both ways when
@@ -241,12 +259,12 @@ def _profile(data: dict, where: str, path: str | None) -> EngineProfile:
     unknown = sorted(set(facts_in) - set(FACTS))
     if unknown:
         raise ValueError(f"{where}: unknown fact {unknown[0]!r} (facts: {', '.join(FACTS)})")
-    missing = [k for k in FACTS if k not in facts_in]
+    missing = [k for k in FACTS if k not in facts_in and k not in OPTIONAL_FACTS]
     if missing:
         raise ValueError(f"{where}: fact {missing[0]!r} missing")
     facts, sources = {}, {}
     for key in FACTS:
-        entry = facts_in[key]
+        entry = facts_in.get(key, {"value": OPTIONAL_FACTS.get(key), "source": "not stated: the default"})
         if not isinstance(entry, dict) or "value" not in entry:
             raise ValueError(f"{where}: fact {key!r} must be {{'value': ..., 'source': ...}}")
         source = entry.get("source")

@@ -182,7 +182,7 @@ def plan_training(
     elif memory_cap == NO_CAP:
         memory_cap = None
     recipe = recipe or Recipe()
-    base = base or (engine.base_options() if engine is not None else TrainingOptions())
+    base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = base.but(tp_overlap=recipe.tp_overlap)
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,

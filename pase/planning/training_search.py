@@ -332,7 +332,7 @@ def search_meshes(
     rules = rules if rules is not None else default_rules()
     start = time.perf_counter()
     recipe = recipe or Recipe()
-    base = base or (engine.base_options() if engine is not None else TrainingOptions())
+    base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
     recipe.check(procs)
     domain = machine.nvlink_domain or machine.devices_per_node
     if recipe.tp is not None and domain is not None and recipe.tp > domain:
