@@ -52,17 +52,23 @@ def test_methods_and_branches_are_recorded():
     assert memo.get("d", TrainingOptions(engine="x"), lambda o: [len(o.__dict__)]) is not whole
 
 
-def test_inside_a_computation_nothing_is_kept():
+def test_inside_a_computation_the_inner_fields_count():
     memo = OptionsMemo()
-    seen = []
+    seen, inner_calls = [], []
 
-    def outer(o):
+    def inner(p):
+        inner_calls.append(p.zero)
+        return [p.zero]
+
+    def outer(o):  # reads nothing itself: what the inner result read is its dependency
         seen.append(recording(o))
-        return memo.get("inner", o, lambda p: [p.zero])  # reads go to the outer record
+        return memo.get("inner", o, inner) + [0]
 
-    first = memo.get("outer", TrainingOptions(zero=1), outer)
-    assert seen == [True] and first == [1]
-    assert memo.get("outer", TrainingOptions(zero=2), outer) == [2]
+    assert memo.get("outer", TrainingOptions(zero=1), outer) == [1, 0]
+    assert memo.get("outer", TrainingOptions(zero=2), outer) == [2, 0]  # not the zero=1 result
+    assert memo.get("outer", TrainingOptions(zero=2, recompute="full"), outer) == [2, 0]
+    assert seen == [True, True] and inner_calls == [1, 2]
+    assert memo.get("inner", TrainingOptions(zero=1), inner) == [1] and inner_calls == [1, 2]  # kept
 
 
 def test_costing_vectors_equal_a_fresh_costings():

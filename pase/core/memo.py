@@ -79,9 +79,9 @@ class OptionsMemo:
     ``get(key, options, fn)``: the result an earlier call with this ``key`` computed for
     options equal in every field that call read, else ``fn(view)`` run on a recording view
     and kept. ``key`` names the function and whatever else it depends on (other arguments; an
-    object given by identity must be kept alive by the caller or put in ``hold``). Inside a
-    computation (``options`` itself a view) nothing is kept: the reads go on to the caller's
-    record.
+    object given by identity must be kept alive by the caller or put in ``hold``). Asked
+    inside a computation (``options`` itself a view), the result is kept too and the fields
+    it depends on are added to the caller's record.
     """
 
     def __init__(self):
@@ -90,14 +90,21 @@ class OptionsMemo:
 
     def get(self, key, options, fn: Callable, hold=None):
         if isinstance(options, _Reads):
-            return fn(options)
+            # Asked inside another computation: the result is kept all the same, and the
+            # fields it depends on are read on the caller's record.
+            result, fields = self._get(key, options._target, fn, hold)
+            options._names.extend(fields)
+            return result
+        return self._get(key, options, fn, hold)[0]
+
+    def _get(self, key, options, fn: Callable, hold) -> tuple:
         entries = self._tables.get(key)
         if entries is None:
             entries = self._tables[key] = []
-        for _, getter, table in entries:
+        for fields, getter, table in entries:
             found = table.get(getter(options))
             if found is not None:
-                return found[0]
+                return found[0], fields
         names: list = []
         result = fn(_Reads(options, names, self._kinds))
         fields = tuple(dict.fromkeys(names))
@@ -109,7 +116,7 @@ class OptionsMemo:
             table = {}
             entries.append((fields, getter, table))
         table[getter(options)] = (result, hold)
-        return result
+        return result, fields
 
     def clear(self) -> None:
         self._tables.clear()

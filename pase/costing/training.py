@@ -9,6 +9,7 @@ so one costing serves every ZeRO stage, recomputation policy and overlap setting
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -552,6 +553,22 @@ class TrainingSummary:
         return self.model_flops_per_step / (self.step_seconds * self.procs * self.peak_flops)
 
 
+def _per_layer_kept(method):
+    """A ``TrainingCosting`` method of ``(v, options)`` kept in the costing's
+    :class:`~pase.core.memo.OptionsMemo` for the layers that represent a vector group (those
+    :meth:`TrainingCosting.layer_vectors` computes): once per layer and values of the option
+    fields it reads. The other layers compute it each time (one pass over them is cheaper so)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def kept(self, v, options):
+        if not self._kept_layers[v]:
+            return method(self, v, options)
+        return self._memo.get((name, v), options, lambda o: method(self, v, o))
+
+    return kept
+
+
 #: The arrays of :meth:`TrainingCosting.layer_vectors`.
 LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads")
 
@@ -612,6 +629,9 @@ class TrainingCosting:
         self.representative = np.empty(len(network.layers), dtype=np.int64)
         for rep, members in self.vector_groups:
             self.representative[members] = rep
+        self._kept_layers = [False] * len(network.layers)
+        for rep, _ in self.vector_groups:
+            self._kept_layers[rep] = True
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
         #: Vectors of every layer under the option sets asked for, kept by the options' fields
         #: they read (:class:`pase.core.memo.OptionsMemo`): a search over ZeRO stages and
@@ -760,6 +780,7 @@ class TrainingCosting:
         """Whether ``v``'s forward runs again in the backward pass (:meth:`recomputed_mask`)."""
         return bool(self.recomputed_mask(options)[v])
 
+    @_per_layer_kept
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of one micro-batch, the fused attention kernel in place of its three layers;
         RMSNorm unfused under ``eager``; no layer below its kernels' launch floor."""
@@ -833,6 +854,7 @@ class TrainingCosting:
 
     # -- time ----------------------------------------------------------------------------
 
+    @_per_layer_kept
     def sync(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Weight-gradient synchronisation of ``v`` in one step, by ZeRO stage.
 
@@ -918,6 +940,7 @@ class TrainingCosting:
         share = {0: 1.0 - FORWARD_SHARE, 1: 1.0, 2: m * (1.0 - FORWARD_SHARE) + FORWARD_SHARE, 3: float(m)}
         return share[options.zero] * c
 
+    @_per_layer_kept
     def exposed_sync(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``max(0, sync - efficiency x hiding)`` with overlap, else the whole ``sync``."""
         s = self.sync(v, options)
@@ -927,6 +950,7 @@ class TrainingCosting:
         # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).
         return s - hidden + options.comm_sm_share * hidden
 
+    @_per_layer_kept
     def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``v``'s activation collectives of one micro-batch left exposed: all of them, or
         with ``tp_overlap`` ``max(0, a - e c)`` (``a`` the collectives, ``c`` the layer's
@@ -980,6 +1004,7 @@ class TrainingCosting:
                                          for v in range(len(self.network.layers))], dtype=np.int64)
         return self._scale_keys
 
+    @_per_layer_kept
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
         hbm = self.machine.hbm_bytes_per_s
@@ -1035,6 +1060,7 @@ class TrainingCosting:
             out["fragmentation"] = options.fragmentation * (acts + logits)
         return out
 
+    @_per_layer_kept
     def _model_state(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Bytes of ``v``'s weights, gradients and optimizer state by ZeRO stage (its charged
         weights), and its cached low-precision weights."""

@@ -174,11 +174,17 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     K = K1 * len(settings)
     m = options.microbatches
     n_layers = len(costing.configs)
-    # Prefix sums over the layers, each setting's in its own columns: a stage's total is one
-    # difference of two rows.
+    block_starts = [b[0] for b in layout.blocks]
+    L = len(layout.blocks)
+    # Prefix sums over the layers, each setting's in its own columns, kept where a stage may
+    # start or end (the first layer, each block's but the first's, past the last): a stage's
+    # total is one difference of two rows.
+    bounds_at = [0] + block_starts[1:] + [n_layers]
+    row_of = {layer: r for r, layer in enumerate(bounds_at)}
+    kept = np.array(bounds_at[1:]) - 1  # prefix row k is the cumulative sum through layer k - 1
     names = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
              "sync": "sync", "sync_raw": "sync_raw"}
-    prefix = {name: np.zeros((n_layers + 1, K)) for name in names}
+    prefix = {name: np.zeros((len(bounds_at), K)) for name in names}
     transient = np.zeros(K)
     # Settings share the arrays of what they do not change (``layer_vectors`` gives the same
     # array object): each distinct array's prefix sums are taken once and copied.
@@ -199,13 +205,11 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             first = summed.get(id(vec[key]))
             if first is None:
                 summed[id(vec[key])] = (name, columns, vec[key])
-                np.cumsum(vec[key], axis=0, out=prefix[name][1:, columns])
+                prefix[name][1:, columns] = np.cumsum(vec[key], axis=0)[kept]
             else:
                 prefix[name][1:, columns] = prefix[first[0]][1:, first[1]]
         transient[columns] = costing.transient_rows(vec, o)
-    block_starts = [b[0] for b in layout.blocks]
     p2p = np.tile(_p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices), len(settings))
-    L = len(layout.blocks)
     cap = np.inf if memory_cap is None else memory_cap
     candidates = [fixed_counts] if fixed_counts is not None else cuts(L, pp)
     # Every (cut, schedule, chunks) tried, in order; those with one chunk count priced together.
@@ -227,8 +231,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     # the last the layers after them. ``(cuts, pp, K)`` per prefix sum: a stage's total is one
     # difference of two rows.
     bounds = [np.cumsum((0,) + tuple(counts)) for counts in candidates]
-    starts = np.array([[0] + [block_starts[b] for b in bound[1:-1]] for bound in bounds])
-    ends = np.array([[block_starts[b] for b in bound[1:-1]] + [n_layers] for bound in bounds])
+    starts = np.array([[0] + [row_of[block_starts[b]] for b in bound[1:-1]] for bound in bounds])
+    ends = np.array([[row_of[block_starts[b]] for b in bound[1:-1]] + [row_of[n_layers]] for bound in bounds])
     stage_all = {name: P[ends] - P[starts] for name, P in prefix.items()}
     in_flight_1 = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
     drain_share = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE)
