@@ -650,6 +650,12 @@ class TrainingCosting:
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
 
+    def keep_every_layer(self) -> None:
+        """Keep every layer's per-layer vectors by the options they read (by default only the
+        group representatives' are kept): for a costing priced under many option sets layer by
+        layer (the per-layer search)."""
+        self._kept_layers = [True] * len(self.network.layers)
+
     @property
     def activation_scale(self) -> np.ndarray:
         """Per layer and row, the share of its activation collectives charged: 1, or 1/2 where

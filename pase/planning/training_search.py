@@ -708,12 +708,26 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
     if len(configs) != len(network.layers):
         raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
                          f"{len(network.layers)} layers")
+    priced = _strategy_costing(network, configs, procs, machine, mesh, rules, structure)
+    return _evaluated(priced, configs, procs, options, act_bytes, memory_cap, mesh, microbatch)
+
+
+def _strategy_costing(network, configs, procs: int, machine, mesh=None, rules=None, structure=None) -> tuple:
+    """``(costing, edge seconds, edge targets, network)`` of one strategy (one row per layer),
+    for :func:`_evaluated` under any options."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine, structure)
     if mesh is not None:
         halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
+    return costing, edges, targets, network
+
+
+def _evaluated(priced: tuple, configs, procs: int, options: TrainingOptions, act_bytes: float, memory_cap,
+               mesh, microbatch) -> Candidate:
+    """:func:`evaluate_candidate` from the strategy's :func:`_strategy_costing`."""
+    costing, edges, targets, network = priced
     moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
     tokens = tokens_of(network)
     summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
@@ -752,9 +766,12 @@ class TrainingGraphs:
         self.network = network
         self.procs = procs
         self.machine = machine
+        #: Costings of the strategies found, by their configurations (``search_free``).
+        self.strategies: dict = {}
         self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
         self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
         self.costing = TrainingCosting(network, self.configs, machine)
+        self.costing.keep_every_layer()  # priced under every ZeRO stage and recomputation policy
         layers = network.layers
         outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
         inputs = [layer.input_configs(C) for layer, C in zip(layers, self.configs)]
@@ -777,8 +794,12 @@ class TrainingGraphs:
         are the training configuration's (``options``), for the exact search."""
         costing = self.costing
         H = self.skeleton.copy()
+        # Equal vectors are given as one array (the block search then compares copies of a
+        # block by identity).
+        seen: dict = {}
         for v in H.nodes:
-            H.nodes[v]["cost"] = costing.cost_vector(v, options)
+            cost = costing.cost_vector(v, options)
+            H.nodes[v]["cost"] = seen.setdefault((cost.shape, cost.tobytes()), cost)
         memo: dict = {}
         for u, v, data in H.edges(data=True):
             factor = costing.edge_factor(v, options)
@@ -793,7 +814,10 @@ class TrainingGraphs:
                 # The redistribution into v hides behind what v's own collectives leave of its compute.
                 matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
             data["cost"] = matrix
-        memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
+        memory = {}
+        for v in H.nodes:
+            vector = np.asarray(costing.memory_vector(v, options, act_bytes), dtype=np.float64)
+            memory[v] = seen.setdefault(("memory", vector.shape, vector.tobytes()), vector)
         return H, memory
 
 
@@ -856,6 +880,10 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
     if choice is None:
         return FreeSearch(None, None, entries, searches, seconds, status)
     configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
-    candidate = evaluate_candidate(network, configs, procs, machine, options, act_bytes, memory_cap,
-                                   microbatch=microbatch, structure=costing.structure)
+    # Option sets that choose the same strategy share its costing (what it computes is kept
+    # by the options it reads).
+    key = tuple(configs)
+    if key not in pieces.strategies:
+        pieces.strategies[key] = _strategy_costing(network, configs, procs, machine, structure=costing.structure)
+    candidate = _evaluated(pieces.strategies[key], configs, procs, options, act_bytes, memory_cap, None, microbatch)
     return FreeSearch(candidate, optimum, entries, searches, seconds, status)

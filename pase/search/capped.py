@@ -168,7 +168,17 @@ class _LagrangianRun:
 
     def solve(self, lam: float):
         """One exact dynamic programme of ``F + lam * mem``."""
-        weighted = {v: self.costs[v] + lam * self.mem[v] for v in self.vertices} if lam else None
+        weighted = None
+        if lam:
+            # Vertices given the very same cost and memory arrays (copies of a block) get the
+            # very same weighted array, which the block search then sees as one at once.
+            same: dict = {}
+            weighted = {}
+            for v in self.vertices:
+                key = (id(self.costs[v]), id(self.mem[v]))
+                if key not in same:
+                    same[key] = self.costs[v] + lam * self.mem[v]
+                weighted[v] = same[key]
         result = self.search.run(costs=weighted, memory_budget=self.memory_budget)
         self.work += result.stats.table_entries
         self.plain_work += result.stats.plain_table_entries
