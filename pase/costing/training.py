@@ -629,6 +629,10 @@ class TrainingCosting:
         self.representative = np.empty(len(network.layers), dtype=np.int64)
         for rep, members in self.vector_groups:
             self.representative[members] = rep
+        #: Per layer, the index of its group in ``vector_groups``.
+        self._group_of = np.empty(len(network.layers), dtype=np.int64)
+        for g, (_, members) in enumerate(self.vector_groups):
+            self._group_of[members] = g
         self._kept_layers = [False] * len(network.layers)
         for rep, _ in self.vector_groups:
             self._kept_layers[rep] = True
@@ -1205,10 +1209,10 @@ class TrainingCosting:
     def _vectors(self, name: str, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """One of :meth:`layer_vectors`' arrays (read-only): each group representative's vector
         given to its members."""
-        n, K = len(self.network.layers), len(self.configs[0])
-        out = np.zeros((n, K))
-        for v, members in self.vector_groups:
-            out[members] = self._layer_vector(name, v, options, act_bytes)
+        K = len(self.configs[0])
+        rows = np.array([np.broadcast_to(self._layer_vector(name, v, options, act_bytes), (K,))
+                         for v, _ in self.vector_groups], dtype=np.float64)
+        out = rows[self._group_of]
         out.setflags(write=False)
         return out
 

@@ -278,7 +278,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         c, schedule, vpp = tried[j]
         fill = (pp - 1) / vpp
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
-                               tuple(float(x) for x in times[j][:, i]), tuple(float(x) for x in memories[j][:, i]),
+                               tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
                                float(vpp * p2p[i]), fill / (m + fill), float(steps[j, i])))
     return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]

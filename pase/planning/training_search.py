@@ -204,16 +204,22 @@ class _PartsMemo:
         inputs = [tensors[(kind, id(C))][1] for C, kind in zip(configs, kinds)]
         rows = []
         targets = []
+        # Edges between the same tensors' configuration arrays (repeated blocks) sum the same
+        # seconds: each such edge is added up once.
+        summed: dict = {}
         for (u, v), tensors in sorted(network.edges.items()):
-            total = 0.0
-            for t in tensors:
-                src = np.ascontiguousarray(outputs[u][t.output_index])
-                dst = np.ascontiguousarray(inputs[v][t.input_index])
-                key = (t.shape, src.tobytes(), dst.tobytes())
-                if key not in self.edges:
-                    self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
-                total = total + self.edges[key]
-            rows.append(total)
+            same = tuple((t.shape, id(outputs[u][t.output_index]), id(inputs[v][t.input_index])) for t in tensors)
+            if same not in summed:
+                total = 0.0
+                for t in tensors:
+                    src = np.ascontiguousarray(outputs[u][t.output_index])
+                    dst = np.ascontiguousarray(inputs[v][t.input_index])
+                    key = (t.shape, src.tobytes(), dst.tobytes())
+                    if key not in self.edges:
+                        self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
+                    total = total + self.edges[key]
+                summed[same] = total
+            rows.append(summed[same])
             targets.append(v)
         return np.array(rows).reshape(len(rows), -1), targets
 
@@ -466,9 +472,10 @@ def search_meshes(
             if pp > 1:  # every setting's pipelines in one pass over the cuts
                 piped = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout, memory_cap,
                                                schedules, None if recipe.vpp is None else [recipe.vpp], recipe.stages)
+            sums: dict = {}
             for s, ((zero, policy, overlap), options) in enumerate(zip(grid, settings)):
                 if pp == 1:
-                    time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
+                    time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets, sums)
                     stage_plans = [None] * len(valid)
                 else:
                     time_rows, memory_rows, stage_plans = piped[s]
@@ -592,13 +599,21 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-            targets: list) -> tuple:
-    """Step seconds and peak bytes of every row (all layers at the same row)."""
+            targets: list, sums: dict | None = None) -> tuple:
+    """Step seconds and peak bytes of every row (all layers at the same row). ``sums``: column
+    sums already taken, by array (settings share the arrays of what they do not change)."""
+    sums = {} if sums is None else sums
+
+    def total(array):
+        if id(array) not in sums:
+            sums[id(array)] = (array.sum(axis=0), array)
+        return sums[id(array)][0]
+
     vec = costing.layer_vectors(options, act_bytes)
-    time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
+    time_rows = total(vec["micro"]) * options.microbatches + total(vec["step"])
     if len(targets):
-        time_rows = time_rows + costing.edge_rows(edges, targets, options).sum(axis=0)
-    memory_rows = (vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
+        time_rows = time_rows + total(costing.edge_rows(edges, targets, options))
+    memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
                    + costing.transient_rows(vec, options))
     return time_rows, memory_rows
 
