@@ -671,8 +671,7 @@ class TrainingCosting:
     @activation_scale.setter
     def activation_scale(self, value) -> None:
         self._activation_scale = value
-        self._scale_keys = None
-        self._memo.clear()
+        self.forget()
 
     def _read_back(self) -> np.ndarray:
         """Per layer, whether a backward pass reads its output (``Layer.backward_reads`` of a
@@ -980,14 +979,15 @@ class TrainingCosting:
         a = self.parts[v].activation * self.activation_scale[v]
         return np.maximum(options.overlap_efficiency * self.compute(v, options) - a, 0.0)
 
-    def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions) -> np.ndarray:
+    def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         """Exposed seconds of every edge per row ``(E, K)`` from the redistribution seconds of
         one micro-batch forward and backward ``edges``: :meth:`edge_factors` times them, less
-        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0."""
-        return self._memo.get(("edge_rows", id(edges), id(targets)), options,
-                              lambda o: self._edge_rows(edges, targets, o), hold=(edges, targets))
+        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0.
+        ``columns``: the rows of this costing that ``edges`` has (default all)."""
+        return self._memo.get(("edge_rows", id(edges), id(targets), id(columns)), options,
+                              lambda o: self._edge_rows(edges, targets, o, columns), hold=(edges, targets, columns))
 
-    def _edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions) -> np.ndarray:
+    def _edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         rows = self.edge_factors(targets, options)[:, None] * edges
         if not options.tp_overlap or not len(targets):
             rows.setflags(write=False)
@@ -996,23 +996,33 @@ class TrainingCosting:
         # (layers of one group have equal compute and collectives): one computation each, for
         # the first target of each.
         targets = np.asarray(targets, dtype=np.int64)
-        keys = self._leftover_keys()[targets]
+        keys = self._leftover_keys(columns)[targets]
         distinct, first, where = np.unique(keys, return_index=True, return_inverse=True)
-        left = np.array([self.overlap_leftover(int(targets[i]), options) for i in first])
+        left = [self.overlap_leftover(int(targets[i]), options) for i in first]
+        left = np.array(left if columns is None else [x[columns] for x in left])
         hide = left[where.reshape(-1)]
         out = np.maximum(rows - options.microbatches * hide, 0.0)
         out.setflags(write=False)
         return out
 
-    def _leftover_keys(self) -> np.ndarray:
+    def _leftover_keys(self, columns=None) -> np.ndarray:
         """Per layer, a number naming its group representative and its row of activation
-        shares: layers with one number have equal :meth:`overlap_leftover`."""
-        if self._scale_keys is None:
+        shares (in ``columns``): layers with one number have equal :meth:`overlap_leftover`."""
+        key = None if columns is None else columns.tobytes()
+        if key not in self._scale_keys:
+            scale = self.activation_scale
+            if columns is not None and scale.shape[1] > 1:
+                scale = scale[:, columns]
             named: dict = {}
-            self._scale_keys = np.array([named.setdefault((int(self.representative[v]),
-                                                           self.activation_scale[v].tobytes()), len(named))
-                                         for v in range(len(self.network.layers))], dtype=np.int64)
-        return self._scale_keys
+            self._scale_keys[key] = np.array([named.setdefault((int(self.representative[v]), scale[v].tobytes()),
+                                                               len(named))
+                                              for v in range(len(self.network.layers))], dtype=np.int64)
+        return self._scale_keys[key]
+
+    def forget(self) -> None:
+        """Forget the vectors kept (they are computed again when asked for)."""
+        self._memo.clear()
+        self._scale_keys = {}
 
     @_per_layer_kept
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:

@@ -161,16 +161,19 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None) -> list:
+                           fixed_counts=None, columns=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
-    the one :func:`pipeline_rows` gives alone."""
+    the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
+    all; ``edges`` has one column each)."""
     options = settings[0]
     if any((o.microbatches, o.overlap, o.overlap_efficiency) != (options.microbatches, options.overlap,
                                                                   options.overlap_efficiency) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
-    K1 = len(costing.configs[0])
+    if columns is None:
+        columns = np.arange(len(costing.configs[0]))
+    K1 = len(columns)
     K = K1 * len(settings)
     m = options.microbatches
     n_layers = len(costing.configs)
@@ -190,11 +193,16 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     # array object): each distinct array's prefix sums are taken once and copied.
     summed: dict = {}
     with_edges: dict = {}
+    taken: dict = {}  # each layer-vector array's columns, taken once (by array)
     for j, o in enumerate(settings):
-        vec = costing.layer_vectors(o, act_bytes)
-        columns = slice(j * K1, (j + 1) * K1)
+        vec = {}
+        for name, array in costing.layer_vectors(o, act_bytes).items():
+            if id(array) not in taken:
+                taken[id(array)] = (array[:, columns], array)
+            vec[name] = taken[id(array)][0]
+        into = slice(j * K1, (j + 1) * K1)
         if len(targets):
-            moved = costing.edge_rows(edges, targets, o)
+            moved = costing.edge_rows(edges, targets, o, columns)
             key = (id(vec["micro"]), id(moved))
             if key not in with_edges:
                 micro = vec["micro"].copy()
@@ -204,12 +212,13 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         for name, key in names.items():
             first = summed.get(id(vec[key]))
             if first is None:
-                summed[id(vec[key])] = (name, columns, vec[key])
-                prefix[name][1:, columns] = np.cumsum(vec[key], axis=0)[kept]
+                summed[id(vec[key])] = (name, into, vec[key])
+                prefix[name][1:, into] = np.cumsum(vec[key], axis=0)[kept]
             else:
-                prefix[name][1:, columns] = prefix[first[0]][1:, first[1]]
-        transient[columns] = costing.transient_rows(vec, o)
-    p2p = np.tile(_p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices), len(settings))
+                prefix[name][1:, into] = prefix[first[0]][1:, first[1]]
+        transient[into] = costing.transient_rows(vec, o)
+    sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
+    p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
     candidates = [fixed_counts] if fixed_counts is not None else cuts(L, pp)
     # Every (cut, schedule, chunks) tried, in order; those with one chunk count priced together.
