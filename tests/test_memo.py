@@ -92,3 +92,39 @@ def test_costing_vectors_equal_a_fresh_costings():
     one = shared.layer_vectors(settings[0], 2.0)
     two = shared.layer_vectors(TrainingOptions(zero=1), 2.0)
     assert one["activations"] is two["activations"] and not np.array_equal(one["state"], two["state"])
+
+
+def test_columns_of_a_larger_costing_price_as_a_costing_of_those_rows():
+    """The mesh search prices each (stage count, micro-batch) on columns of one costing of every
+    mesh of the network: the same numbers as a costing of those rows alone."""
+    from pase.planning.pipeline import pipeline_rows_settings, stage_layout
+    from pase.planning.training_search import _totals
+
+    machine = CalibratedMachine(TOY)
+    net = _net(blocks=4)
+    # Three rows per layer: one device, the batch over two, the last dimension over two.
+    rows = [np.array([[1] * len(layer.domain), [2] + [1] * (len(layer.domain) - 1),
+                      [1] * (len(layer.domain) - 1) + [2]], dtype=np.int64) for layer in net.layers]
+    scale = np.array([[1.0, 0.5, 1.0]] * len(net.layers))
+    columns = np.array([0, 2])
+    whole = TrainingCosting(net, rows, machine)
+    whole.activation_scale = scale
+    alone = TrainingCosting(net, [r[columns] for r in rows], machine)
+    alone.activation_scale = scale[:, columns]
+    edges, targets = _PartsMemo(machine, 2).edge_seconds(net, [r[columns] for r in rows])
+    settings = [TrainingOptions(zero=z, recompute=r, microbatches=4, tp_overlap=t)
+                for z in (0, 3) for r in ("none", "full") for t in (False, True)]
+    layout = stage_layout(whole.blocks)
+    got = pipeline_rows_settings(whole, settings, 2.0, edges, targets, 2, 1, layout, columns=columns)
+    want = pipeline_rows_settings(alone, settings, 2.0, edges, targets, 2, 1, layout)
+    for (step, peak, plans), (step2, peak2, plans2) in zip(got, want):
+        assert step.tolist() == step2.tolist() and peak.tolist() == peak2.tolist() and plans == plans2
+    for options in settings:
+        assert np.array_equal(whole.edge_rows(edges, targets, options, columns),
+                              alone.edge_rows(edges, targets, options))
+        a = _totals(whole, options, 2.0, edges, targets, columns=columns)
+        b = _totals(alone, options, 2.0, edges, targets)
+        assert all(x.tolist() == y.tolist() for x, y in zip(a, b))
+    # Priced on other columns, the numbers differ (the test can tell them apart).
+    other = pipeline_rows_settings(whole, settings, 2.0, edges, targets, 2, 1, layout, columns=np.array([0, 1]))
+    assert any(x[0].tolist() != y[0].tolist() for x, y in zip(other, want))

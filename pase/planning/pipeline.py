@@ -198,7 +198,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         vec = {}
         for name, array in costing.layer_vectors(o, act_bytes).items():
             if id(array) not in taken:
-                taken[id(array)] = (array[:, columns], array)
+                # In row order (C-contiguous), as a costing of those rows alone has them.
+                taken[id(array)] = (np.ascontiguousarray(array[:, columns]), array)
             vec[name] = taken[id(array)][0]
         into = slice(j * K1, (j + 1) * K1)
         if len(targets):

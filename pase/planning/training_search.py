@@ -627,7 +627,9 @@ def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float
 
     def taken(array):
         if ("taken", id(array)) not in sums:
-            sums[("taken", id(array))] = (array if columns is None else array[:, columns], array)
+            # In row order (C-contiguous), as a costing of those rows alone has them: sums over
+            # the layers then add in the same order.
+            sums[("taken", id(array))] = (array if columns is None else np.ascontiguousarray(array[:, columns]), array)
         return sums[("taken", id(array))][0]
 
     def total(array):
