@@ -1211,7 +1211,9 @@ class TrainingCosting:
         """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
         synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
-        ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation."""
+        ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation.
+        The arrays are read-only and kept by the option fields they read: option sets equal in
+        those fields get the very same array."""
         return {name: self._memo.get(("vectors", name, act_bytes), options,
                                      lambda o, name=name: self._vectors(name, o, act_bytes))
                 for name in LAYER_VECTORS}

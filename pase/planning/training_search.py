@@ -6,8 +6,9 @@ Two searches, each exact over what it says:
 - **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside an NVLink domain),
   sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
   micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
-  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh and
-  reused across ZeRO stages and recomputation policies.
+  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh (one
+  costing per network, the meshes of every stage count its rows) and reused across ZeRO stages
+  and recomputation policies, which recompute only what they change (``pase.core.memo``).
 - **Per-layer** (:func:`search_free`): the exact dynamic programme over every layer's own
   splits under one fixed training option set, memory capped by the Lagrangian search.
 """
@@ -455,7 +456,8 @@ def search_meshes(
                 continue
             layout = stage_layout(structure.blocks) if pp > 1 else None
             if pp > 1 and (layout is None or len(layout.blocks) < pp):
-                errors.append(((a, b, 1), ValueError(f"{pp} pipeline stages need at least {pp} repeated blocks in order")))
+                errors.append(((a, b, 1), ValueError(
+                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")))
                 continue
             if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
                 raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
