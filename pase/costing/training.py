@@ -10,12 +10,14 @@ so one costing serves every ZeRO stage, recomputation policy and overlap setting
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from pase.core.memo import OptionsMemo
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.costing.memory import activation_elements, parameter_shards
 from pase.machines.measured import ELEMENT_TRAFFIC
@@ -585,6 +587,26 @@ class TrainingSummary:
         return self.model_flops_per_step / (self.step_seconds * self.procs * self.peak_flops)
 
 
+def _per_layer_kept(method):
+    """A ``TrainingCosting`` method of ``(v, options)`` kept in the costing's
+    :class:`~pase.core.memo.OptionsMemo` for the layers that represent a vector group (those
+    :meth:`TrainingCosting.layer_vectors` computes): once per layer and values of the option
+    fields it reads. The other layers compute it each time (one pass over them is cheaper so)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def kept(self, v, options):
+        if not self._kept_layers[v]:
+            return method(self, v, options)
+        return self._memo.get((name, v), options, lambda o: method(self, v, o))
+
+    return kept
+
+
+#: The arrays of :meth:`TrainingCosting.layer_vectors`.
+LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads")
+
+
 class TrainingCosting:
     """Cost and memory vectors of every layer of a network under training options.
 
@@ -641,10 +663,18 @@ class TrainingCosting:
         self.representative = np.empty(len(network.layers), dtype=np.int64)
         for rep, members in self.vector_groups:
             self.representative[members] = rep
+        #: Per layer, the index of its group in ``vector_groups``.
+        self._group_of = np.empty(len(network.layers), dtype=np.int64)
+        for g, (_, members) in enumerate(self.vector_groups):
+            self._group_of[members] = g
+        self._kept_layers = [False] * len(network.layers)
+        for rep, _ in self.vector_groups:
+            self._kept_layers[rep] = True
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
-        #: Per layer and row, the share of its activation collectives charged: 1, or 1/2 where
-        #: sequence parallelism turns an all-reduce into a reduce-scatter (the all-gather it
-        #: needs is the redistribution into the next product).
+        #: Vectors of every layer under the option sets asked for, kept by the options' fields
+        #: they read (:class:`pase.core.memo.OptionsMemo`): a search over ZeRO stages and
+        #: recomputation policies computes what one of them does not change once.
+        self._memo = OptionsMemo()
         self.activation_scale = np.ones((len(network.layers), 1))
         self.attention_inner = np.array([self.cores.get(v) in ("scores", "softmax")
                                          for v in range(len(network.layers))])
@@ -657,6 +687,25 @@ class TrainingCosting:
         self.precision = PrecisionPricing(self)
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
+
+    def keep_every_layer(self) -> None:
+        """Keep every layer's per-layer vectors by the options they read (by default only the
+        group representatives' are kept): for a costing priced under many option sets layer by
+        layer (the per-layer search)."""
+        self._kept_layers = [True] * len(self.network.layers)
+
+    @property
+    def activation_scale(self) -> np.ndarray:
+        """Per layer and row, the share of its activation collectives charged: 1, or 1/2 where
+        sequence parallelism turns an all-reduce into a reduce-scatter (the all-gather it
+        needs is the redistribution into the next product). Setting it forgets the vectors
+        kept."""
+        return self._activation_scale
+
+    @activation_scale.setter
+    def activation_scale(self, value) -> None:
+        self._activation_scale = value
+        self.forget()
 
     def _read_back(self) -> np.ndarray:
         """Per layer, whether a backward pass reads its output (``Layer.backward_reads`` of a
@@ -819,6 +868,7 @@ class TrainingCosting:
         """Whether ``v``'s forward runs again in the backward pass (:meth:`recomputed_mask`)."""
         return bool(self.recomputed_mask(options)[v])
 
+    @_per_layer_kept
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of one micro-batch, the fused attention kernel in place of its three layers;
         RMSNorm unfused under ``eager``; no layer below its kernels' launch floor."""
@@ -901,6 +951,7 @@ class TrainingCosting:
 
     # -- time ----------------------------------------------------------------------------
 
+    @_per_layer_kept
     def sync(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Weight-gradient synchronisation of ``v`` in one step, by ZeRO stage.
 
@@ -986,6 +1037,7 @@ class TrainingCosting:
         share = {0: 1.0 - FORWARD_SHARE, 1: 1.0, 2: m * (1.0 - FORWARD_SHARE) + FORWARD_SHARE, 3: float(m)}
         return share[options.zero] * c
 
+    @_per_layer_kept
     def exposed_sync(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``max(0, sync - efficiency x hiding)`` with overlap, else the whole ``sync``."""
         s = self.sync(v, options)
@@ -995,6 +1047,7 @@ class TrainingCosting:
         # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).
         return s - hidden + options.comm_sm_share * hidden
 
+    @_per_layer_kept
     def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``v``'s activation collectives of one micro-batch left exposed: all of them, or
         with ``tp_overlap`` ``max(0, a - e c)`` (``a`` the collectives, ``c`` the layer's
@@ -1014,25 +1067,52 @@ class TrainingCosting:
         a = self.parts[v].activation * self.activation_scale[v]
         return np.maximum(options.overlap_efficiency * self.compute(v, options) - a, 0.0)
 
-    def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions) -> np.ndarray:
+    def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         """Exposed seconds of every edge per row ``(E, K)`` from the redistribution seconds of
         one micro-batch forward and backward ``edges``: :meth:`edge_factors` times them, less
-        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0."""
+        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0.
+        ``columns``: the rows of this costing that ``edges`` has (default all)."""
+        return self._memo.get(("edge_rows", id(edges), id(targets), id(columns)), options,
+                              lambda o: self._edge_rows(edges, targets, o, columns), hold=(edges, targets, columns))
+
+    def _edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         rows = self.edge_factors(targets, options)[:, None] * edges
         if not options.tp_overlap or not len(targets):
+            rows.setflags(write=False)
             return rows
         # A layer's leftover is its group representative's where their activation shares agree
-        # (layers of one group have equal compute and collectives): one computation each.
-        left: dict = {}
-        hide = []
-        for v in targets:
-            key = (int(self.representative[v]), self.activation_scale[v].tobytes())
-            if key not in left:
-                left[key] = self.overlap_leftover(v, options)
-            hide.append(left[key])
-        hide = np.array(hide)
-        return np.maximum(rows - options.microbatches * hide, 0.0)
+        # (layers of one group have equal compute and collectives): one computation each, for
+        # the first target of each.
+        targets = np.asarray(targets, dtype=np.int64)
+        keys = self._leftover_keys(columns)[targets]
+        distinct, first, where = np.unique(keys, return_index=True, return_inverse=True)
+        left = [self.overlap_leftover(int(targets[i]), options) for i in first]
+        left = np.array(left if columns is None else [x[columns] for x in left])
+        hide = left[where.reshape(-1)]
+        out = np.maximum(rows - options.microbatches * hide, 0.0)
+        out.setflags(write=False)
+        return out
 
+    def _leftover_keys(self, columns=None) -> np.ndarray:
+        """Per layer, a number naming its group representative and its row of activation
+        shares (in ``columns``): layers with one number have equal :meth:`overlap_leftover`."""
+        key = None if columns is None else columns.tobytes()
+        if key not in self._scale_keys:
+            scale = self.activation_scale
+            if columns is not None and scale.shape[1] > 1:
+                scale = scale[:, columns]
+            named: dict = {}
+            self._scale_keys[key] = np.array([named.setdefault((int(self.representative[v]), scale[v].tobytes()),
+                                                               len(named))
+                                              for v in range(len(self.network.layers))], dtype=np.int64)
+        return self._scale_keys[key]
+
+    def forget(self) -> None:
+        """Forget the vectors kept (they are computed again when asked for)."""
+        self._memo.clear()
+        self._scale_keys = {}
+
+    @_per_layer_kept
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
         hbm = self.machine.hbm_bytes_per_s
@@ -1048,6 +1128,14 @@ class TrainingCosting:
     def layer_time(self, v: int, options: TrainingOptions) -> dict:
         """The parts of ``v``'s step time: compute, recomputation, activation collectives,
         exposed synchronisation, optimizer."""
+        out = self._microbatch_time(v, options)
+        out["weight_sync"] = self.exposed_sync(v, options)
+        out["optimizer"] = self.optimizer_seconds(v, options)
+        return out
+
+    def _microbatch_time(self, v: int, options: TrainingOptions) -> dict:
+        """The parts of :meth:`layer_time` spent every micro-batch (all ``m`` of them):
+        compute, recomputation, activation collectives."""
         m = options.microbatches
         c = self.compute(v, options)
         a = self.exposed_activation(v, options)
@@ -1056,8 +1144,6 @@ class TrainingCosting:
             "compute": m * c,
             "recompute": m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c)),
             "activation_comm": m * a,
-            "weight_sync": self.exposed_sync(v, options),
-            "optimizer": self.optimizer_seconds(v, options),
         }
 
     def cost_vector(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -1072,23 +1158,35 @@ class TrainingCosting:
     def layer_memory(self, v: int, options: TrainingOptions, act_bytes: float) -> dict:
         """Bytes per device that add up over layers: model state by ZeRO stage, stored
         activations, the loss's logit-sized buffers (``loss_buffers`` of ``logit_bytes``)."""
-        K = len(self.configs[v])
-        state = np.zeros(K)
-        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
-            if charged:
-                state = state + elements * options.bytes_per_parameter(r)
-        state = state + self.precision.cache_bytes(v, options)
-        acts = act_bytes * self.stored_activations(v, options) * self.precision.stored_scale(v, options, act_bytes)
-        logits = np.zeros(K)
-        layer = self.network.layers[v]
-        if layer.loss:
-            logits = options.loss_buffers * options.logit_bytes * self.parts[v].activations
+        state = self._model_state(v, options)
+        acts = self._stored_bytes(v, options, act_bytes)
+        logits = self._logit_bytes(v, options)
         out = {"model_state": state, "activations": acts, "logits": logits}
         if options.fragmentation:
             # Short-lived allocations fragment the caching allocator; the long-lived model
             # state is allocated once.
             out["fragmentation"] = options.fragmentation * (acts + logits)
         return out
+
+    @_per_layer_kept
+    def _model_state(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Bytes of ``v``'s weights, gradients and optimizer state by ZeRO stage (its charged
+        weights), and its cached low-precision weights."""
+        state = np.zeros(len(self.configs[v]))
+        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
+            if charged:
+                state = state + elements * options.bytes_per_parameter(r)
+        return state + self.precision.cache_bytes(v, options)
+
+    def _stored_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
+        """Bytes of the activations ``v`` keeps for the backward pass (:meth:`stored_activations`)."""
+        return act_bytes * self.stored_activations(v, options) * self.precision.stored_scale(v, options, act_bytes)
+
+    def _logit_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """The loss's logit-sized buffers (``loss_buffers`` of ``logit_bytes``); none elsewhere."""
+        if self.network.layers[v].loss:
+            return options.loss_buffers * options.logit_bytes * self.parts[v].activations
+        return np.zeros(len(self.configs[v]))
 
     def memory_vector(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         return sum(self.layer_memory(v, options, act_bytes).values())
@@ -1160,6 +1258,13 @@ class TrainingCosting:
         """The non-additive memory of every row (all layers at that row) from
         :meth:`layer_vectors` (:meth:`transient_parts`) plus the reserve. ``layers`` restricts
         the gathered weights to some layers (default all)."""
+        if layers is None:
+            arrays = (vectors["gathered"], vectors["working"], vectors["grads"])
+            return self._memo.get(("transient_rows",) + tuple(map(id, arrays)), options,
+                                  lambda o: self._transient_rows(vectors, o), hold=arrays)
+        return self._transient_rows(vectors, options, layers)
+
+    def _transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         K = vectors["gathered"].shape[1]
         gathered = vectors["gathered"]
         if layers is not None:
@@ -1194,25 +1299,44 @@ class TrainingCosting:
         """Every layer's vectors under ``options`` as ``(n, K)`` arrays: ``micro`` (one
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
         synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
-        ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation."""
-        n, K = len(self.network.layers), len(self.configs[0])
-        names = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw",
-                 "grads")
-        out = {name: np.zeros((n, K)) for name in names}
-        m = options.microbatches
-        grow = 1.0 + options.fragmentation  # the allocator's share of the short-lived allocations
-        for v, members in self.vector_groups:
-            t = self.layer_time(v, options)
-            mem = self.layer_memory(v, options, act_bytes)
-            values = (
-                (t["compute"] + t["recompute"] + t["activation_comm"]) / m, t["weight_sync"] + t["optimizer"],
-                mem["model_state"], grow * mem["activations"], grow * mem["logits"], self.gathered_bytes(v, options),
-                act_bytes * self.working_activations(v, options), t["weight_sync"], self.sync(v, options),
-                self.output_gradient_bytes(v, options, act_bytes),
-            )
-            for name, value in zip(names, values):
-                out[name][members] = value
+        ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation.
+        The arrays are read-only and kept by the option fields they read: option sets equal in
+        those fields get the very same array."""
+        return {name: self._memo.get(("vectors", name, act_bytes), options,
+                                     lambda o, name=name: self._vectors(name, o, act_bytes))
+                for name in LAYER_VECTORS}
+
+    def _vectors(self, name: str, options: TrainingOptions, act_bytes: float) -> np.ndarray:
+        """One of :meth:`layer_vectors`' arrays (read-only): each group representative's vector
+        given to its members."""
+        K = len(self.configs[0])
+        rows = np.array([np.broadcast_to(self._layer_vector(name, v, options, act_bytes), (K,))
+                         for v, _ in self.vector_groups], dtype=np.float64)
+        out = rows[self._group_of]
+        out.setflags(write=False)
         return out
+
+    def _layer_vector(self, name: str, v: int, options: TrainingOptions, act_bytes: float):
+        if name == "micro":
+            t = self._microbatch_time(v, options)
+            return (t["compute"] + t["recompute"] + t["activation_comm"]) / options.microbatches
+        if name == "step":
+            return self.exposed_sync(v, options) + self.optimizer_seconds(v, options)
+        if name == "state":
+            return self._model_state(v, options)
+        if name == "activations":  # grown by the allocator's share of the short-lived allocations
+            return (1.0 + options.fragmentation) * self._stored_bytes(v, options, act_bytes)
+        if name == "logits":
+            return (1.0 + options.fragmentation) * self._logit_bytes(v, options)
+        if name == "gathered":
+            return self.gathered_bytes(v, options)
+        if name == "working":
+            return act_bytes * self.working_activations(v, options)
+        if name == "sync":
+            return self.exposed_sync(v, options)
+        if name == "sync_raw":
+            return self.sync(v, options)
+        return self.output_gradient_bytes(v, options, act_bytes)
 
     def summarize(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float, edge_seconds: float,
                   procs: int, tokens_per_step: int | None = None) -> TrainingSummary:

@@ -161,51 +161,70 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None) -> list:
+                           fixed_counts=None, columns=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
-    the one :func:`pipeline_rows` gives alone."""
+    the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
+    all; ``edges`` has one column each)."""
     options = settings[0]
     if any((o.microbatches, o.overlap, o.overlap_efficiency) != (options.microbatches, options.overlap,
                                                                   options.overlap_efficiency) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
-    K1 = len(costing.configs[0])
+    if columns is None:
+        columns = np.arange(len(costing.configs[0]))
+    K1 = len(columns)
     K = K1 * len(settings)
     m = options.microbatches
     n_layers = len(costing.configs)
-    # Prefix sums over the layers, each setting's in its own columns: a stage's total is one
-    # difference of two rows.
+    block_starts = [b[0] for b in layout.blocks]
+    L = len(layout.blocks)
+    # Prefix sums over the layers, each setting's in its own columns, kept where a stage may
+    # start or end (the first layer, each block's but the first's, past the last): a stage's
+    # total is one difference of two rows.
+    bounds_at = [0] + block_starts[1:] + [n_layers]
+    row_of = {layer: r for r, layer in enumerate(bounds_at)}
+    kept = np.array(bounds_at[1:]) - 1  # prefix row k is the cumulative sum through layer k - 1
     names = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
              "sync": "sync", "sync_raw": "sync_raw"}
-    prefix = {name: np.zeros((n_layers + 1, K)) for name in names}
+    prefix = {name: np.zeros((len(bounds_at), K)) for name in names}
     transient = np.zeros(K)
+    # Settings share the arrays of what they do not change (``layer_vectors`` gives the same
+    # array object): each distinct array's prefix sums are taken once and copied.
+    summed: dict = {}
+    with_edges: dict = {}
+    taken: dict = {}  # each layer-vector array's columns, taken once (by array)
     for j, o in enumerate(settings):
-        vec = costing.layer_vectors(o, act_bytes)
-        columns = slice(j * K1, (j + 1) * K1)
+        vec = {}
+        for name, array in costing.layer_vectors(o, act_bytes).items():
+            if id(array) not in taken:
+                # In row order (C-contiguous), as a costing of those rows alone has them.
+                taken[id(array)] = (np.ascontiguousarray(array[:, columns]), array)
+            vec[name] = taken[id(array)][0]
+        into = slice(j * K1, (j + 1) * K1)
         if len(targets):
-            vec["micro"] = vec["micro"].copy()
-            np.add.at(vec["micro"], np.asarray(targets), costing.edge_rows(edges, targets, o) / m)
+            moved = costing.edge_rows(edges, targets, o, columns)
+            key = (id(vec["micro"]), id(moved))
+            if key not in with_edges:
+                micro = vec["micro"].copy()
+                np.add.at(micro, np.asarray(targets), moved / m)
+                with_edges[key] = (micro, vec["micro"], moved)
+            vec = {**vec, "micro": with_edges[key][0]}
         for name, key in names.items():
-            np.cumsum(vec[key], axis=0, out=prefix[name][1:, columns])
-        transient[columns] = costing.transient_rows(vec, o)
-    block_starts = [b[0] for b in layout.blocks]
-    p2p = np.tile(_p2p(costing.machine, costing.parts[layout.outputs[0]].activations, stage_devices), len(settings))
-    L = len(layout.blocks)
-    best_step = np.full(K, np.inf)
-    best_peak = np.full(K, np.inf)
-    best_fits = np.zeros(K, dtype=bool)
+            first = summed.get(id(vec[key]))
+            if first is None:
+                summed[id(vec[key])] = (name, into, vec[key])
+                prefix[name][1:, into] = np.cumsum(vec[key], axis=0)[kept]
+            else:
+                prefix[name][1:, into] = prefix[first[0]][1:, first[1]]
+        transient[into] = costing.transient_rows(vec, o)
+    sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
+    p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
-    tried: list = []
-    best_of = np.full(K, -1)
     candidates = [fixed_counts] if fixed_counts is not None else cuts(L, pp)
-    for counts in candidates:
-        bounds = np.cumsum((0,) + tuple(counts))
-        # Layer ranges of the stages: the first takes the layers before the blocks, the last
-        # the layers after them.
-        starts = np.array([0] + [block_starts[b] for b in bounds[1:-1]])
-        ends = np.array([block_starts[b] for b in bounds[1:-1]] + [n_layers])
-        stage = {name: P[ends] - P[starts] for name, P in prefix.items()}
+    # Every (cut, schedule, chunks) tried, in order; those with one chunk count priced together.
+    tried = []
+    for c, counts in enumerate(candidates):
         for schedule in schedules:
             if schedule == "1f1b":
                 vs = [1]
@@ -215,39 +234,61 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                 vs = [v for v in range(2, counts[0] + 1) if counts[0] % v == 0]
                 if vpps is not None:
                     vs = [v for v in vs if v in vpps]
-            for vpp in vs:
-                t = stage["micro"] + vpp * p2p
-                slowest = t.max(axis=0)
-                fill = (pp - 1) / vpp
-                pipe = (m + fill) * slowest
-                # Stage s finishes its last backward pass pp - 1 - s backward slots before the
-                # first stage does: its weight synchronisation may run in that drain.
-                drain = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE) * t
-                exposed = chunk_sync(stage["sync_raw"], t, pp, vpp,
-                                     options.overlap_efficiency if options.overlap else 0.0, stage["sync"])
-                step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=0)
-                in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
-                if vpp > 1:
-                    in_flight = in_flight * (1.0 + (pp - 1) / (pp * vpp))
-                memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
-                peak = memory.max(axis=0)
-                fits = peak <= cap
-                # Fitting beats not fitting; among fitting, faster; among not fitting, smaller.
-                better = np.where(fits, ~best_fits | (step < best_step), ~best_fits & (peak < best_peak))
-                if better.any():
-                    tried.append((schedule, vpp, counts, t, memory, fill, step))
-                    best_of = np.where(better, len(tried) - 1, best_of)
-                best_step = np.where(better, step, best_step)
-                best_peak = np.where(better, peak, best_peak)
-                best_fits = best_fits | fits
+            tried += [(c, schedule, vpp) for vpp in vs]
+    if not tried:
+        return [(np.full(K1, np.inf), np.full(K1, np.inf), [None] * K1) for _ in settings]
+    # Layer ranges of the stages of every cut: the first takes the layers before the blocks,
+    # the last the layers after them. ``(cuts, pp, K)`` per prefix sum: a stage's total is one
+    # difference of two rows.
+    bounds = [np.cumsum((0,) + tuple(counts)) for counts in candidates]
+    starts = np.array([[0] + [row_of[block_starts[b]] for b in bound[1:-1]] for bound in bounds])
+    ends = np.array([[row_of[block_starts[b]] for b in bound[1:-1]] + [row_of[n_layers]] for bound in bounds])
+    stage_all = {name: P[ends] - P[starts] for name, P in prefix.items()}
+    in_flight_1 = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
+    drain_share = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE)
+    efficiency = options.overlap_efficiency if options.overlap else 0.0
+    steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
+    for vpp in sorted({v for _, _, v in tried}):
+        which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
+        rows = [tried[j][0] for j in which]
+        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
+        t = stage["micro"] + vpp * p2p
+        slowest = t.max(axis=1)
+        fill = (pp - 1) / vpp
+        pipe = (m + fill) * slowest
+        # Stage s finishes its last backward pass pp - 1 - s backward slots before the first
+        # stage does: its weight synchronisation may run in that drain.
+        drain = drain_share * t
+        exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, efficiency, stage["sync"])
+        step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
+        in_flight = in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else in_flight_1
+        memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
+        peak = memory.max(axis=1)
+        for n, j in enumerate(which):
+            steps[j], peaks[j], times[j], memories[j] = step[n], peak[n], t[n], memory[n]
+    steps, peaks = np.array(steps), np.array(peaks)  # (tried, K)
+    # Fitting beats not fitting; among fitting, faster; among not fitting, smaller; of equals,
+    # the first tried.
+    fits = peaks <= cap
+    columns = np.arange(K)
+    fitting = np.argmin(np.where(fits, steps, np.inf), axis=0)
+    fitting = np.where(fits[fitting, columns], fitting, np.argmax(fits, axis=0))
+    smallest = np.argmin(peaks, axis=0)
+    any_fits = fits.any(axis=0)
+    best_of = np.where(any_fits, fitting, np.where(peaks[smallest, columns] < np.inf, smallest, -1))
+    chosen = np.maximum(best_of, 0)
+    best_step = np.where(best_of >= 0, steps[chosen, columns], np.inf)
+    best_peak = np.where(best_of >= 0, peaks[chosen, columns], np.inf)
     plans = []
     for i in range(K):
         if best_of[i] < 0:
             plans.append(None)
             continue
-        schedule, vpp, counts, t, memory, fill, step = tried[best_of[i]]
-        plans.append(StagePlan(pp, schedule, vpp, tuple(int(c) for c in counts), tuple(float(x) for x in t[:, i]),
-                               tuple(float(x) for x in memory[:, i]), float(vpp * p2p[i]), fill / (m + fill),
-                               float(step[i])))
+        j = best_of[i]
+        c, schedule, vpp = tried[j]
+        fill = (pp - 1) / vpp
+        plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
+                               tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
+                               float(vpp * p2p[i]), fill / (m + fill), float(steps[j, i])))
     return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]

@@ -6,8 +6,9 @@ Two searches, each exact over what it says:
 - **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside an NVLink domain),
   sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
   micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
-  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh and
-  reused across ZeRO stages and recomputation policies.
+  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh (one
+  costing per network, the meshes of every stage count its rows) and reused across ZeRO stages
+  and recomputation policies, which recompute only what they change (``pase.core.memo``).
 - **Per-layer** (:func:`search_free`): the exact dynamic programme over every layer's own
   splits under one fixed training option set, memory capped by the Lagrangian search.
 """
@@ -204,16 +205,22 @@ class _PartsMemo:
         inputs = [tensors[(kind, id(C))][1] for C, kind in zip(configs, kinds)]
         rows = []
         targets = []
+        # Edges between the same tensors' configuration arrays (repeated blocks) sum the same
+        # seconds: each such edge is added up once.
+        summed: dict = {}
         for (u, v), tensors in sorted(network.edges.items()):
-            total = 0.0
-            for t in tensors:
-                src = np.ascontiguousarray(outputs[u][t.output_index])
-                dst = np.ascontiguousarray(inputs[v][t.input_index])
-                key = (t.shape, src.tobytes(), dst.tobytes())
-                if key not in self.edges:
-                    self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
-                total = total + self.edges[key]
-            rows.append(total)
+            same = tuple((t.shape, id(outputs[u][t.output_index]), id(inputs[v][t.input_index])) for t in tensors)
+            if same not in summed:
+                total = 0.0
+                for t in tensors:
+                    src = np.ascontiguousarray(outputs[u][t.output_index])
+                    dst = np.ascontiguousarray(inputs[v][t.input_index])
+                    key = (t.shape, src.tobytes(), dst.tobytes())
+                    if key not in self.edges:
+                        self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
+                    total = total + self.edges[key]
+                summed[same] = total
+            rows.append(summed[same])
             targets.append(v)
         return np.array(rows).reshape(len(rows), -1), targets
 
@@ -391,7 +398,11 @@ def search_meshes(
     fastest: list = []
     meshes_tried = 0
     dps_tried: set = set()
-    for pp in stage_counts:
+    # 1. In search order (stage counts, then global micro-batches): the meshes that apply, the
+    #    layout checks and the errors met, as the search meets them.
+    entries = []  # (pp, q, global micro-batch, meshes with their micro-batch, their kind configurations)
+    errors = []  # (where in the search order, error): the first met is told
+    for a, pp in enumerate(stage_counts):
         q = procs // pp
         candidates = mesh_candidates(q, machine, recipe)
         dps_tried.update(m.dp for m in candidates)
@@ -408,8 +419,7 @@ def search_meshes(
                 if pp > 1 and local // micro < 1:
                     continue
                 by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
-        memo = _PartsMemo(machine, q)
-        for global_micro in sorted(by_micro):
+        for b, global_micro in enumerate(sorted(by_micro)):
             if global_micro not in networks:
                 net = build(global_micro)
                 networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net, rules))
@@ -419,69 +429,88 @@ def search_meshes(
                 try:
                     rows.append(mapper.kind_configs(mesh))
                 except ValueError as err:
-                    first_error = first_error or err
+                    errors.append(((a, b, 0), err))
                     continue
                 valid.append((mesh, micro))
             if not valid:
                 continue
-            # One array per kind of layer (MeshMapper), shared by the layers of that kind.
-            by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
-            configs = [by_kind[k] for k in mapper.index]
-            costing = TrainingCosting(network, configs, machine, structure)
-            halved = np.array([mapper.sequence_parallel(mesh) for mesh, _ in valid]).T
-            costing.activation_scale = np.where(halved, 0.5, 1.0)
-            layout = stage_layout(costing.blocks) if pp > 1 else None
+            layout = stage_layout(structure.blocks) if pp > 1 else None
             if pp > 1 and (layout is None or len(layout.blocks) < pp):
-                first_error = first_error or ValueError(
-                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")
+                errors.append(((a, b, 1), ValueError(
+                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")))
                 continue
             if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
                 raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
                                  f"blocks; graph {network.name} has {len(layout.blocks)}")
-            edges, targets = memo.edge_seconds(network, configs, structure.kinds)
-            tokens = tokens_of(network)
-            m = batch // global_micro
-            settings = [TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
-                                           "tp_overlap": overlap}) for zero, policy, overlap in grid]
+            entries.append((pp, q, global_micro, valid, rows, layout))
+    first_error = min(errors, key=lambda e: e[0])[1] if errors else None
+    # 2. Network by network: one costing of every mesh that runs it (all stage counts), its
+    #    rows priced once; each (stage count, micro-batch)'s columns taken from it.
+    priced: dict = {}
+    memos = {pp: _PartsMemo(machine, procs // pp) for pp in stage_counts}
+    for global_micro in sorted({e[2] for e in entries}):
+        network, structure, mapper = networks[global_micro]
+        mine = [e for e in entries if e[2] == global_micro]
+        rows = [r for e in mine for r in e[4]]
+        # One array per kind of layer (MeshMapper), shared by the layers of that kind.
+        by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
+        costing = TrainingCosting(network, [by_kind[k] for k in mapper.index], machine, structure)
+        halved = np.array([mapper.sequence_parallel(mesh) for e in mine for mesh, _ in e[3]]).T
+        costing.activation_scale = np.where(halved, 0.5, 1.0)
+        tokens = tokens_of(network)
+        m = batch // global_micro
+        settings = [TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
+                                       "tp_overlap": overlap}) for zero, policy, overlap in grid]
+        offset = 0
+        for pp, q, _, valid, _, layout in mine:
+            columns = np.arange(offset, offset + len(valid))
+            offset += len(valid)
+            part = {k: np.ascontiguousarray(c[columns]) for k, c in by_kind.items()}
+            edges, targets = memos[pp].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
             if pp > 1:  # every setting's pipelines in one pass over the cuts
-                piped = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout, memory_cap,
-                                               schedules, None if recipe.vpp is None else [recipe.vpp], recipe.stages)
-            for s, ((zero, policy, overlap), options) in enumerate(zip(grid, settings)):
-                if pp == 1:
-                    time_rows, memory_rows = _totals(costing, options, act_bytes, edges, targets)
-                    stage_plans = [None] * len(valid)
-                else:
-                    time_rows, memory_rows, stage_plans = piped[s]
-                for i, (mesh, micro) in enumerate(valid):
-                    if keep_to:
-                        why = next((f"{p.name}: {r}" for p in keep_to
-                                    if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
-                        if why is not None:
-                            engine_refused = engine_refused or why
-                            continue
-                    if pp > 1 and stage_plans[i] is None:
+                results = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout,
+                                                 memory_cap, schedules, None if recipe.vpp is None else [recipe.vpp],
+                                                 recipe.stages, columns=columns)
+            else:
+                sums: dict = {}
+                results = [_totals(costing, options, act_bytes, edges, targets, sums, columns) + ([None] * len(valid),)
+                           for options in settings]
+            priced[(pp, global_micro)] = (costing, columns, edges, tokens, settings, results)
+        costing.forget()  # what the search kept is priced again, if asked for, from here
+    # 3. In search order: every configuration's step and peak, the best kept.
+    for pp, q, global_micro, valid, _, _ in entries:
+        costing, columns, edges, tokens, settings, results = priced[(pp, global_micro)]
+        for (zero, policy, overlap), options, (time_rows, memory_rows, stage_plans) in zip(grid, settings, results):
+            for i, (mesh, micro) in enumerate(valid):
+                if keep_to:
+                    why = next((f"{p.name}: {r}" for p in keep_to
+                                if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
+                    if why is not None:
+                        engine_refused = engine_refused or why
                         continue
-                    # Overlapping tensor-parallel communication needs tensor parallelism with
-                    # sequence parallelism; searched (not fixed), it is tried only there.
-                    if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
-                        continue
-                    if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
-                        continue
-                    evaluated += 1
-                    t, peak = float(time_rows[i]), float(memory_rows[i])
-                    found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q)
-                    if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
-                        best = found
-                    if least is None or peak < least[1]:
-                        least = found
-                    if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
-                        plan = stage_plans[i]
-                        priced = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
+                if pp > 1 and stage_plans[i] is None:
+                    continue
+                # Overlapping tensor-parallel communication needs tensor parallelism with
+                # sequence parallelism; searched (not fixed), it is tried only there.
+                if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
+                    continue
+                if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
+                    continue
+                evaluated += 1
+                t, peak = float(time_rows[i]), float(memory_rows[i])
+                found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q, columns)
+                if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
+                    best = found
+                if least is None or peak < least[1]:
+                    least = found
+                if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
+                    plan = stage_plans[i]
+                    priced_one = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
                                         1 if plan is None else plan.vpp, t, peak)
-                        if keep_all:
-                            kept.append(priced)
-                        if keep_best and (memory_cap is None or peak <= memory_cap):
-                            _offer(fastest, keep_best, priced, found)
+                    if keep_all:
+                        kept.append(priced_one)
+                    if keep_best and (memory_cap is None or peak <= memory_cap):
+                        _offer(fastest, keep_best, priced_one, found)
     if best is None and least is None:
         if engine_refused is not None:
             raise EngineRunsNone(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
@@ -572,24 +601,41 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-            targets: list) -> tuple:
-    """Step seconds and peak bytes of every row (all layers at the same row)."""
-    vec = costing.layer_vectors(options, act_bytes)
-    time_rows = vec["micro"].sum(axis=0) * options.microbatches + vec["step"].sum(axis=0)
+            targets: list, sums: dict | None = None, columns=None) -> tuple:
+    """Step seconds and peak bytes of every row (all layers at the same row) of ``columns`` (the
+    costing's rows that ``edges`` has; default all). ``sums``: the columns taken and their sums
+    already, by array (settings share the arrays of what they do not change)."""
+    sums = {} if sums is None else sums
+
+    def taken(array):
+        if ("taken", id(array)) not in sums:
+            # In row order (C-contiguous), as a costing of those rows alone has them: sums over
+            # the layers then add in the same order.
+            sums[("taken", id(array))] = (array if columns is None else np.ascontiguousarray(array[:, columns]), array)
+        return sums[("taken", id(array))][0]
+
+    def total(array):
+        if id(array) not in sums:
+            sums[id(array)] = (array.sum(axis=0), array)
+        return sums[id(array)][0]
+
+    vec = {name: taken(array) for name, array in costing.layer_vectors(options, act_bytes).items()}
+    time_rows = total(vec["micro"]) * options.microbatches + total(vec["step"])
     if len(targets):
-        time_rows = time_rows + costing.edge_rows(edges, targets, options).sum(axis=0)
-    memory_rows = (vec["state"].sum(axis=0) + vec["activations"].sum(axis=0) + vec["logits"].sum(axis=0)
+        time_rows = time_rows + total(costing.edge_rows(edges, targets, options, columns))
+    memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
                    + costing.transient_rows(vec, options))
     return time_rows, memory_rows
 
 
 def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
-    step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q = found
+    step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q, columns = found
     n = len(costing.network.layers)
-    choice = [i] * n
+    row = int(columns[i])  # the costing's row; i is the column of edges and of the search's totals
+    choice = [row] * n
     targets = [v for (_, v) in sorted(costing.network.edges)]
     # Every row priced, then row i taken: the overlap a row's target layers leave is that row's.
-    moved = float(costing.edge_rows(edges, targets, options)[:, i].sum()) if len(targets) else 0.0
+    moved = float(costing.edge_rows(edges, targets, options, columns)[:, i].sum()) if len(targets) else 0.0
     summary = costing.summarize(choice, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
@@ -603,8 +649,8 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
         summary.memory = {"largest_stage": float(peak)}
         summary.step_seconds = float(step)
         summary.peak_memory_bytes = float(peak)
-        summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step))
-        summary.extra["memory_kinds"] = _stage_memory(costing, options, i, act_bytes, stages)
+        summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step), columns)
+        summary.extra["memory_kinds"] = _stage_memory(costing, options, row, act_bytes, stages)
         summary.extra["pipeline"] = {
             "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
             "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
@@ -613,7 +659,7 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
                        for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
                                                              stages.memory_bytes))],
         }
-    configs = tuple(tuple(int(x) for x in costing.configs[v][i]) for v in range(n))
+    configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
 
 
@@ -647,7 +693,8 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     return kinds
 
 
-def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float) -> dict:
+def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float,
+                  columns=None) -> dict:
     """A pipelined row's step by cause: the slowest stage's compute, recomputation, activation
     collectives, redistribution and sends over the ``m`` micro-batches; the bubble
     ``(pp - 1) / vpp`` slots of it; the rest of the step (the exposed synchronisation and
@@ -658,14 +705,15 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
     start, end = _stage_range(costing, stages, s)
     causes = dict.fromkeys(CAUSES, 0.0)
     optimizer = 0.0
+    row = i if columns is None else int(columns[i])  # i: the column of edges; row: the costing's
     for v in range(start, end):
         part = costing.layer_time(v, options)
         for key in ("compute", "recompute", "activation_comm"):
-            causes[key] += float(part[key][i])
-        optimizer += float(part["optimizer"][i])
+            causes[key] += float(part[key][row])
+        optimizer += float(part["optimizer"][row])
     targets = [v for (_, v) in sorted(costing.network.edges)]
     if targets:
-        rows = costing.edge_rows(edges, targets, options)[:, i]
+        rows = costing.edge_rows(edges, targets, options, columns)[:, i]
         causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
     causes["p2p"] = m * stages.p2p_seconds
     causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
@@ -688,12 +736,26 @@ def evaluate_candidate(network, configs, procs: int, machine, options: TrainingO
     if len(configs) != len(network.layers):
         raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
                          f"{len(network.layers)} layers")
+    priced = _strategy_costing(network, configs, procs, machine, mesh, rules, structure)
+    return _evaluated(priced, configs, procs, options, act_bytes, memory_cap, mesh, microbatch)
+
+
+def _strategy_costing(network, configs, procs: int, machine, mesh=None, rules=None, structure=None) -> tuple:
+    """``(costing, edge seconds, edge targets, network)`` of one strategy (one row per layer),
+    for :func:`_evaluated` under any options."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
     costing = TrainingCosting(network, rows, machine, structure)
     if mesh is not None:
         halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
     edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
+    return costing, edges, targets, network
+
+
+def _evaluated(priced: tuple, configs, procs: int, options: TrainingOptions, act_bytes: float, memory_cap,
+               mesh, microbatch) -> Candidate:
+    """:func:`evaluate_candidate` from the strategy's :func:`_strategy_costing`."""
+    costing, edges, targets, network = priced
     moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
     tokens = tokens_of(network)
     summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
@@ -732,9 +794,12 @@ class TrainingGraphs:
         self.network = network
         self.procs = procs
         self.machine = machine
+        #: Costings of the strategies found, by their configurations (``search_free``).
+        self.strategies: dict = {}
         self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
         self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
         self.costing = TrainingCosting(network, self.configs, machine)
+        self.costing.keep_every_layer()  # priced under every ZeRO stage and recomputation policy
         layers = network.layers
         outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
         inputs = [layer.input_configs(C) for layer, C in zip(layers, self.configs)]
@@ -757,8 +822,12 @@ class TrainingGraphs:
         are the training configuration's (``options``), for the exact search."""
         costing = self.costing
         H = self.skeleton.copy()
+        # Equal vectors are given as one array (the block search then compares copies of a
+        # block by identity).
+        seen: dict = {}
         for v in H.nodes:
-            H.nodes[v]["cost"] = costing.cost_vector(v, options)
+            cost = costing.cost_vector(v, options)
+            H.nodes[v]["cost"] = seen.setdefault((cost.shape, cost.tobytes()), cost)
         memo: dict = {}
         for u, v, data in H.edges(data=True):
             factor = costing.edge_factor(v, options)
@@ -773,7 +842,10 @@ class TrainingGraphs:
                 # The redistribution into v hides behind what v's own collectives leave of its compute.
                 matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
             data["cost"] = matrix
-        memory = {v: costing.memory_vector(v, options, act_bytes) for v in H.nodes}
+        memory = {}
+        for v in H.nodes:
+            vector = np.asarray(costing.memory_vector(v, options, act_bytes), dtype=np.float64)
+            memory[v] = seen.setdefault(("memory", vector.shape, vector.tobytes()), vector)
         return H, memory
 
 
@@ -836,6 +908,10 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
     if choice is None:
         return FreeSearch(None, None, entries, searches, seconds, status)
     configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
-    candidate = evaluate_candidate(network, configs, procs, machine, options, act_bytes, memory_cap,
-                                   microbatch=microbatch, structure=costing.structure)
+    # Option sets that choose the same strategy share its costing (what it computes is kept
+    # by the options it reads).
+    key = tuple(configs)
+    if key not in pieces.strategies:
+        pieces.strategies[key] = _strategy_costing(network, configs, procs, machine, structure=costing.structure)
+    candidate = _evaluated(pieces.strategies[key], configs, procs, options, act_bytes, memory_cap, None, microbatch)
     return FreeSearch(candidate, optimum, entries, searches, seconds, status)

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from pase.search.ordering import vertex_order
-from pase.search.solver import Search, indexed_cost
+from pase.search.solver import Search
 
 __all__ = ["CappedSearchResult", "capped_search", "MAX_SEARCHES", "UNCONSTRAINED", "CAPPED", "NOTHING_FITS"]
 
@@ -121,7 +121,7 @@ def capped_search(
     least = run.least_memory()
     min_memory = run.memory_of(least)
     if min_memory > cap_bytes:
-        return run.finish(NOTHING_FITS, least, indexed_cost(G, least), float("nan"), float("inf"), min_memory)
+        return run.finish(NOTHING_FITS, least, run.tables.cost(least), float("nan"), float("inf"), min_memory)
 
     # 2. The unconstrained optimum, if it fits, is the answer.
     base = run.solve(0.0)
@@ -133,7 +133,7 @@ def capped_search(
     excess = run.memory_of(base.choice) - min_memory
     run.bisect(hi=max(base.cost, 1.0) / max(excess, 1.0), tolerance=tolerance, lambda_tolerance=lambda_tolerance)
     run.relink_all()
-    best_choice, best_cost = _improve(G, run.mem, run.best_choice, cap_bytes, run.vertices)
+    best_choice, best_cost = _improve(run.tables, run.mem, run.best_choice, cap_bytes, run.vertices)
     return run.finish(CAPPED, best_choice, best_cost, min(run.bound, best_cost), run.best_lam, min_memory)
 
 
@@ -157,6 +157,7 @@ class _LagrangianRun:
                                  f"costs {self.costs[v].shape}")
         self.work = self.plain_work = self.count = 0
         self.used_blocks = ()
+        self.tables = _Tables(G)
 
     def memory_of(self, choice) -> float:
         return float(sum(self.mem[v][choice[v]] for v in self.vertices))
@@ -167,7 +168,17 @@ class _LagrangianRun:
 
     def solve(self, lam: float):
         """One exact dynamic programme of ``F + lam * mem``."""
-        weighted = {v: self.costs[v] + lam * self.mem[v] for v in self.vertices} if lam else None
+        weighted = None
+        if lam:
+            # Vertices given the very same cost and memory arrays (copies of a block) get the
+            # very same weighted array, which the block search then sees as one at once.
+            same: dict = {}
+            weighted = {}
+            for v in self.vertices:
+                key = (id(self.costs[v]), id(self.mem[v]))
+                if key not in same:
+                    same[key] = self.costs[v] + lam * self.mem[v]
+                weighted[v] = same[key]
         result = self.search.run(costs=weighted, memory_budget=self.memory_budget)
         self.work += result.stats.table_entries
         self.plain_work += result.stats.plain_table_entries
@@ -185,7 +196,7 @@ class _LagrangianRun:
 
     def start_bisection(self, base, least: dict) -> None:
         self.bound = base.cost  # lambda = 0: F* <= any capped optimum
-        self.best_choice, self.best_cost, self.best_lam = dict(least), indexed_cost(self.G, least), float("inf")
+        self.best_choice, self.best_cost, self.best_lam = dict(least), self.tables.cost(least), float("inf")
         self.fitting = {_key(least, self.vertices): least}  # distinct strategies seen, for relinking
         self.over = {_key(base.choice, self.vertices): base.choice}
 
@@ -193,7 +204,7 @@ class _LagrangianRun:
         """Record the optimum at ``lam``: raise the bound, keep it if it fits and is cheaper."""
         self.bound = max(self.bound, result.cost - lam * self.cap)
         used = self.memory_of(result.choice)
-        cost = indexed_cost(self.G, result.choice)
+        cost = self.tables.cost(result.choice)
         if self.trace is not None:
             self.trace.append((lam, result.cost, used, cost))
         if used > self.cap:
@@ -224,14 +235,15 @@ class _LagrangianRun:
         are exact; only the choice among mixes is heuristic."""
         orders = (vertex_order(self.G), self.vertices)  # by vertex id, and in the search's sequence
         for a in self.fitting.values():
+            start = (self.tables.cost(a), float(sum(self.mem[v][a[v]] for v in self.mem)))
             for b in self.over.values():
                 for order in orders:
-                    mixed, mixed_cost = _relink(self.G, self.mem, a, b, self.cap, order)
+                    mixed, mixed_cost = _relink(self.tables, self.mem, a, b, self.cap, order, start)
                     if mixed_cost < self.best_cost:
                         self.best_choice, self.best_cost = mixed, mixed_cost
 
 
-def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50) -> tuple:
+def _improve(tables: "_Tables", mem: dict, choice: dict, cap: float, vertices, passes: int = 50) -> tuple:
     """Local search: change one vertex at a time while the cost drops and memory fits.
 
     For each vertex the cost of every alternative configuration, given its neighbours'
@@ -243,10 +255,10 @@ def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50)
     for _ in range(passes):
         improved = False
         for v in vertices:
-            local = np.array(G.nodes[v]["cost"], dtype=np.float64)
-            for a, _, m in G.in_edges(v, data="cost"):
+            local = np.array(tables.nodes[v], dtype=np.float64)
+            for a, m in tables.inward[v]:
                 local = local + m[choice[a], :]
-            for _, b, m in G.out_edges(v, data="cost"):
+            for b, m in tables.outward[v]:
                 local = local + m[:, choice[b]]
             room = cap - (used - mem[v][choice[v]])
             local = np.where(mem[v] <= room, local, np.inf)
@@ -257,41 +269,67 @@ def _improve(G, mem: dict, choice: dict, cap: float, vertices, passes: int = 50)
                 improved = True
         if not improved:
             break
-    return choice, indexed_cost(G, choice)
+    return choice, tables.cost(choice)
 
 
 def _key(choice: dict, vertices) -> tuple:
     return tuple(choice[v] for v in vertices)
 
 
-def _relink(G, mem: dict, fitting: dict, over: dict, cap: float, order) -> tuple:
+class _Tables:
+    """A costed graph's tables read without the graph: each vertex's cost vector, its edges in
+    and out (neighbour and matrix, in the graph's order), every edge, in the graph's order."""
+
+    def __init__(self, G):
+        self.nodes = {v: G.nodes[v]["cost"] for v in G.nodes}
+        self.inward = {v: [(a, m) for a, _, m in G.in_edges(v, data="cost")] for v in G.nodes}
+        self.outward = {v: [(b, m) for _, b, m in G.out_edges(v, data="cost")] for v in G.nodes}
+        self.edges = list(G.edges(data="cost"))
+
+    def cost(self, choice) -> float:
+        """``F`` of a choice of configuration indices (``indexed_cost``, summed in its order)."""
+        total = sum([float(c[choice[v]]) for v, c in self.nodes.items()])
+        total += sum([float(m[choice[u], choice[v]]) for u, v, m in self.edges])
+        return total
+
+
+def _relink(tables: _Tables, mem: dict, fitting: dict, over: dict, cap: float, order, start: tuple) -> tuple:
     """The cheapest fitting strategy among prefix and suffix mixes of two strategies.
 
     Mix ``k`` takes the first ``k`` differing vertices of ``order`` (and, separately, the
     last ``k``) from ``over`` and the rest from ``fitting``. Each step changes one vertex,
-    so cost and memory are updated through its incident edges only.
+    so cost and memory are updated through its incident edges only. ``start``: the cost and
+    memory of ``fitting``.
     """
     differing = [v for v in order if fitting[v] != over[v]]
-    incident = {v: list(G.in_edges(v)) + list(G.out_edges(v)) for v in differing}
-    start_cost = indexed_cost(G, fitting)
-    start_memory = float(sum(mem[v][fitting[v]] for v in mem))
-    best_choice, best_cost = fitting, start_cost
+    start_cost, start_memory = start
+    best_cost = start_cost
+    best = None  # (steps, how many of them taken)
     for steps in (differing, differing[::-1]):
         choice = dict(fitting)
         cost, used = start_cost, start_memory
-        for v in steps:
+        for k, v in enumerate(steps, 1):
             old, new = choice[v], over[v]
-            delta = float(G.nodes[v]["cost"][new] - G.nodes[v]["cost"][old])
-            for a, b in incident[v]:
-                m = G.edges[a, b]["cost"]
-                before = m[choice[a], choice[b]]
-                choice[v] = new
-                delta += float(m[choice[a], choice[b]] - before)
-                choice[v] = old
+            node = tables.nodes[v]
+            delta = float(node[new] - node[old])
+            # Edges in the graph's order, in-edges first: each term is the matrix entry after
+            # the change less the one before.
+            for a, m in tables.inward[v]:
+                row = choice[a]
+                delta += float(m[row, new] - m[row, old])
+            for b, m in tables.outward[v]:
+                column = choice[b]
+                delta += float(m[new, column] - m[old, column])
             choice[v] = new
             cost += delta
             used += float(mem[v][new] - mem[v][old])
             if used <= cap and cost < best_cost:
-                best_choice, best_cost = dict(choice), cost
+                best, best_cost = (steps, k), cost
+    if best is None:
+        best_choice = fitting
+    else:
+        best_choice = dict(fitting)
+        for v in best[0][:best[1]]:
+            best_choice[v] = over[v]
     # Re-read the winner's cost from the tables, free of accumulated rounding.
-    return best_choice, indexed_cost(G, best_choice)
+    return best_choice, tables.cost(best_choice)
