@@ -459,8 +459,8 @@ def search_meshes(
         costing.activation_scale = np.where(halved, 0.5, 1.0)
         tokens = tokens_of(network)
         m = batch // global_micro
-        settings = [TrainingOptions(**{**base.__dict__, "zero": zero, "recompute": policy, "microbatches": m,
-                                       "tp_overlap": overlap}) for zero, policy, overlap in grid]
+        settings = [base.but(zero=zero, recompute=policy, microbatches=m, tp_overlap=overlap)
+                     for zero, policy, overlap in grid]
         offset = 0
         for pp, q, _, valid, _, layout in mine:
             columns = np.arange(offset, offset + len(valid))
@@ -562,7 +562,7 @@ def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOp
     when the machine does not run that format."""
     fields = {"precision": recipe.precision, "fp8_scaling": recipe.scaling, "fp8_gather": recipe.fp8_gather}
     fields = {k: v for k, v in fields.items() if v is not None}
-    options = TrainingOptions(**{**base.__dict__, **fields}) if fields else base
+    options = base.but(**fields) if fields else base
     check_precision(machine, options.precision)
     return options
 
