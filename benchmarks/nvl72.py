@@ -63,7 +63,7 @@ def main() -> None:
     md = ["# Llama 3.1 70B on 64 GPUs: GB200 NVL72 against H100 (issue 31)", "",
           "Written by `benchmarks/nvl72.py`. Both machines are presets (`pase machines`): `h100-sxm` prices GEMMs "
           "from its measured table; `gb200-nvl72` carries that table over to its own peaks (docs/machines.md), "
-          "186 GB per GPU, NVLink 900 GB/s between any two of the rack's 72 GPUs, 50 GB/s per GPU between racks. "
+          "186 GiB (200 GB) per GPU, NVLink 900 GB/s between any two of the rack's 72 GPUs, 50 GB/s per GPU between racks. "
           "BF16 (no precision asked).", ""]
     for machine in ("gb200-nvl72", "h100-sxm"):
         status, out, err = run(machine)
@@ -94,7 +94,7 @@ def main() -> None:
     free, h100_recipe, fsdp = rows[0], rows[1], rows[2]
     if all("error" not in x for x in free[1:]):
         md += ["", "### Why the plans differ", "",
-               f"- **Memory first.** 186 GB per GPU hold a 70B model in fewer model-parallel parts: the NVL72 plan "
+               f"- **Memory first.** 186 GiB per GPU hold a 70B model in fewer model-parallel parts: the NVL72 plan "
                f"(`{free[1]['recipe']}`, {free[1]['memory'] / 1e9:.0f} GB per GPU) keeps more data-parallel "
                f"replicas than the H100 plan (`{free[3]['recipe']}`, {free[3]['memory'] / 1e9:.0f} GB), which "
                "must spread the model's state over more tensor, context and pipeline parts to fit 80 GB.",
