@@ -153,8 +153,10 @@ class Machine(Protocol):
     def all_to_all(self, elements, group: Group):
         """An all-to-all of ``elements`` per device over ``group`` (each keeps ``1/q`` of them)."""
 
-    def redistribute(self, elements, procs: int):
-        """Redistributing ``elements`` on an edge among ``procs`` devices."""
+    def redistribute(self, elements, procs):
+        """Redistributing ``elements`` on an edge among ``procs`` devices: the devices the
+        exchange spans (``pase.model.builder.exchange_devices``), an int or an array that
+        broadcasts against ``elements``."""
 
     def describe(self) -> dict:
         """The machine as used, for the JSON output."""
