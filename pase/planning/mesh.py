@@ -237,7 +237,8 @@ class Recipe:
             raise ValueError(f"recipe stages has {len(self.stages)} stages, and pp={self.pp}")
         if self.ep is not None and self.dp is not None and self.dp % self.ep:
             raise ValueError(f"recipe ep={self.ep} must divide dp={self.dp}: expert parallelism is carved out of "
-                             "data parallelism")
+                             "data parallelism (Megatron's MoE parallel folding, experts over the tensor-parallel "
+                             "ranks with --expert-tensor-parallel-size 1, is not modelled)")
 
 
 def _positive(key: str, value: str) -> int:
