@@ -28,7 +28,7 @@ CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
                 "optimizer")}
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).
-_RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "sp": None, "schedule": None, "vpp": None,
+_RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": None, "sp": None, "schedule": None, "vpp": None,
                     "zero": None, "recompute": None, "microbatch": None}
 _MEMORY_NAMES = {
     "model_state": "weights, gradients, optimizer",

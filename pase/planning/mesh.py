@@ -11,6 +11,7 @@ mesh onto every layer from its dimension roles through the parallel rules
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 
 import numpy as np
 
@@ -28,6 +29,13 @@ class Mesh:
     expert parallelism, carved out of data parallelism (Megatron-LM's semantics): a
     mixture-of-experts layer splits its experts ``ep`` ways and the batch ``dp / ep`` ways,
     every other layer is as without it.
+
+    ``etp``: expert tensor parallelism (Megatron-Core's MoE parallel folding,
+    ``--expert-tensor-parallel-size``; ``None``: ``tp``). A folded mesh (``etp`` not ``tp``,
+    or ``ep`` not dividing ``dp``) gives the expert layers their own grid ``etp x ep x edp =
+    tp x cp x dp``: a mixture-of-experts layer splits the batch ``dp`` ways, the sequence
+    ``cp x tp / etp`` ways, the expert width ``etp`` ways, then carves ``ep`` out of the batch
+    split first and the sequence split after.
     """
 
     dp: int
@@ -36,6 +44,17 @@ class Mesh:
     pp: int = 1
     sp: bool = True
     ep: int = 1
+    etp: int | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree: ``etp``, or ``tp`` when unset."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the expert layers have their own parallel grid (MoE parallel folding)."""
+        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
 
     @property
     def devices(self) -> int:
@@ -43,7 +62,9 @@ class Mesh:
 
     def as_dict(self) -> dict:
         out = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp}
-        return {**out, "ep": self.ep} if self.ep > 1 else out
+        if self.ep > 1:
+            out["ep"] = self.ep
+        return {**out, "etp": self.expert_tp} if self.folded else out
 
     def label(self) -> str:
         parts = [f"dp {self.dp}", f"tp {self.tp}"]
@@ -51,6 +72,8 @@ class Mesh:
             parts.append(f"cp {self.cp}")
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
+        if self.folded:
+            parts.append(f"etp {self.expert_tp}")
         if self.pp > 1:
             parts.append(f"pp {self.pp}")
         if self.tp > 1:
@@ -87,6 +110,8 @@ def _config(roles: tuple, dom: tuple, mesh: Mesh, rules: ParallelRules, where: s
     else:
         c[b] = _split(dom[b], mesh.dp, f"{where}: the batch")
     x = rules.first(roles, rules.ep)
+    if mesh.folded and x is not None:
+        return _folded_config(roles, dom, mesh, rules, where, c, b, x)
     if mesh.ep > 1 and x is not None:
         if mesh.dp % mesh.ep:
             raise ValueError(f"{where}: expert parallelism {mesh.ep} does not divide data parallelism {mesh.dp}")
@@ -116,6 +141,38 @@ def _config(roles: tuple, dom: tuple, mesh: Mesh, rules: ParallelRules, where: s
             s = rules.first(roles, rules.sp)
             if s is not None:
                 c[s] *= _split(dom[s] // c[s], t, f"{where}: the sequence (sequence parallelism)")
+    return tuple(c)
+
+
+def _folded_config(roles: tuple, dom: tuple, mesh: Mesh, rules: ParallelRules, where: str, c: list, b: int,
+                   x: int) -> tuple:
+    """An expert layer under MoE parallel folding: batch ``dp``, sequence ``cp x tp / etp``
+    (sequence parallelism), expert width ``etp``, then ``ep`` taken out of the batch split as
+    far as it holds it (``gcd(dp, ep)``) and the rest out of the sequence split."""
+    etp = mesh.expert_tp
+    if etp < 1 or mesh.tp % etp:
+        raise ValueError(f"{where}: expert tensor parallelism {etp} does not divide tensor parallelism {mesh.tp}")
+    s = rules.first(roles, rules.cp)
+    fold = mesh.cp * (mesh.tp // etp)
+    if s is None:
+        if fold > 1:
+            raise ValueError(f"{where}: no dimension has a role context parallelism splits ({', '.join(rules.cp)})")
+    else:
+        c[s] *= _split(dom[s] // c[s], fold, f"{where}: the sequence")
+    if etp > 1:
+        dims = rules.tensor_alternative(roles)
+        if not dims:
+            raise ValueError(f"{where}: no dimension expert tensor parallelism splits")
+        c[dims[0]] *= _split(dom[dims[0]], etp, f"{where}: its {roles[dims[0]]}")
+    c[x] = _split(dom[x], mesh.ep, f"{where}: the experts")
+    from_batch = math.gcd(c[b], mesh.ep)
+    rest = mesh.ep // from_batch
+    if rest > 1 and (s is None or c[s] % rest):
+        raise ValueError(f"{where}: expert parallelism {mesh.ep} does not divide data x context x tensor / expert "
+                         f"tensor parallelism {mesh.dp * fold}")
+    c[b] //= from_batch
+    if rest > 1:
+        c[s] //= rest
     return tuple(c)
 
 
@@ -183,7 +240,7 @@ class MeshMapper:
 
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
-               "stages")
+               "stages", "etp")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
 #: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
 PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
@@ -215,6 +272,9 @@ class Recipe:
     fp8_gather: bool | None = None
     #: Blocks per pipeline stage, first to last (``stages=19/21/21/19``): fixes ``pp`` and the cut.
     stages: tuple | None = None
+    #: Expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``; ``None``:
+    #: ``tp`` where ``ep`` divides ``dp``, else 1): MoE parallel folding where it is not ``tp``.
+    etp: int | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
@@ -235,10 +295,19 @@ class Recipe:
             raise ValueError(f"recipe degrees multiply to {product}, which does not divide the {procs} devices of -p")
         if self.stages is not None and self.pp is not None and len(self.stages) != self.pp:
             raise ValueError(f"recipe stages has {len(self.stages)} stages, and pp={self.pp}")
-        if self.ep is not None and self.dp is not None and self.dp % self.ep:
-            raise ValueError(f"recipe ep={self.ep} must divide dp={self.dp}: expert parallelism is carved out of "
-                             "data parallelism (Megatron's MoE parallel folding, experts over the tensor-parallel "
-                             "ranks with --expert-tensor-parallel-size 1, is not modelled)")
+        if self.etp is not None and (self.ep is None or self.ep == 1) and self.etp != self.tp:
+            raise ValueError(f"recipe etp={self.etp} needs ep > 1: expert tensor parallelism is modelled with "
+                             "expert parallelism (MoE parallel folding)")
+        if self.etp is not None and self.tp is not None and self.tp % self.etp:
+            raise ValueError(f"recipe etp={self.etp} must divide tp={self.tp} (Megatron's MoE parallel folding)")
+        if self.ep is not None and self.ep > 1 and None not in (self.dp, self.tp, self.cp):
+            etp = self.etp if self.etp is not None else self.tp if self.dp % self.ep == 0 else 1
+            if (self.dp * self.cp * self.tp) % (self.ep * etp):
+                raise ValueError(f"recipe ep={self.ep} x etp={etp} must divide dp={self.dp} x cp={self.cp} x "
+                                 f"tp={self.tp} (Megatron's MoE parallel folding: etp x ep x edp = tp x cp x dp)")
+            if etp < self.tp and self.sp is False:
+                raise ValueError(f"recipe etp={etp} < tp={self.tp} needs sequence parallelism (Megatron's MoE "
+                                 "parallel folding does): drop sp=false")
 
 
 def _positive(key: str, value: str) -> int:
@@ -250,7 +319,7 @@ def _positive(key: str, value: str) -> int:
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
-    tp_overlap ep precision scaling fp8_gather stages`` (``stages``: blocks per pipeline stage,
+    tp_overlap ep precision scaling fp8_gather stages etp`` (``stages``: blocks per pipeline stage,
     ``A/B/...``).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
@@ -272,7 +341,7 @@ def parse_recipe(text: str) -> Recipe:
             raise ValueError(f"unknown recipe key {key!r} (keys: {', '.join(RECIPE_KEYS)})")
         if key in values:
             raise ValueError(f"recipe key {key!r} is given twice")
-        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp", "ep"):
+        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp", "ep", "etp"):
             values[key] = _positive(key, value)
         elif key == "zero":
             if value not in ("0", "1", "2", "3"):

@@ -96,6 +96,8 @@ class Candidate:
                 parts.append(f"cp={self.mesh.cp}")
             if self.mesh.ep > 1:
                 parts.append(f"ep={self.mesh.ep}")
+            if self.mesh.folded:
+                parts.append(f"etp={self.mesh.expert_tp}")
             if self.mesh.pp > 1:
                 pipe = self.summary.extra.get("pipeline", {})
                 parts.append(f"pp={self.mesh.pp}")
@@ -139,7 +141,8 @@ class Candidate:
         return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
                       recompute=self.options.recompute, microbatch=self.microbatch,
                       schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
-                      else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
+                      else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
+                      etp=mesh.expert_tp if mesh.folded else None)
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,8 @@ class Priced:
         return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.zero, recompute=self.recompute,
                       microbatch=self.microbatch, schedule=self.schedule,
                       vpp=self.vpp if self.schedule == "interleaved" else None,
-                      sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None)
+                      sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
+                      etp=mesh.expert_tp if mesh.folded else None)
 
 
 @dataclass
@@ -273,6 +277,30 @@ def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> lis
     if not expert_counts:
         return [1]
     return [ep for ep in divisors(dp) if all(n % ep == 0 for n in expert_counts) and recipe.ep in (None, ep)]
+
+
+def expert_grids(mesh: Mesh, expert_counts: Sequence[int], recipe: Recipe) -> list:
+    """``(ep, etp)`` pairs tried on ``mesh`` (``etp`` ``None``: ``tp``). Without a recipe's
+    ``ep`` or ``etp``: :func:`expert_degrees` (``ep`` dividing ``dp``, experts split as the
+    dense layers' ``tp``). A recipe's ``ep`` (and ``etp``, by default ``tp`` where ``ep``
+    divides ``dp``, else 1) is priced under MoE parallel folding where ``ep x etp`` divides
+    ``dp x cp x tp``, ``etp`` divides ``tp`` and ``ep`` every expert count; with ``etp < tp``
+    only with sequence parallelism.
+
+    >>> expert_grids(Mesh(4, 2), [256], Recipe(ep=8))
+    [(8, 1)]
+    >>> expert_grids(Mesh(4, 2, sp=False), [256], Recipe(ep=8))
+    []
+    """
+    if recipe.ep is None or recipe.ep == 1 or (recipe.etp is None and mesh.dp % recipe.ep == 0):
+        return [(ep, None) for ep in expert_degrees(mesh.dp, expert_counts, recipe)]
+    ep = recipe.ep
+    etp = recipe.etp if recipe.etp is not None else mesh.tp if mesh.dp % ep == 0 else 1
+    if not expert_counts or any(n % ep for n in expert_counts) or mesh.tp % etp:
+        return []
+    if (mesh.dp * mesh.cp * mesh.tp) % (ep * etp) or (etp < mesh.tp and not mesh.sp):
+        return []
+    return [(ep, None if etp == mesh.tp else etp)]
 
 
 #: Recomputation policies searched when a recipe names none: ``op`` (torchtitan's operator
@@ -406,8 +434,8 @@ def search_meshes(
         q = procs // pp
         candidates = mesh_candidates(q, machine, recipe)
         dps_tried.update(m.dp for m in candidates)
-        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep) for m in candidates
-                  if batch % m.dp == 0 for ep in expert_degrees(m.dp, expert_counts, recipe)]
+        meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep, etp) for m in candidates
+                  if batch % m.dp == 0 for ep, etp in expert_grids(m, expert_counts, recipe)]
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
         by_micro: dict = {}

@@ -143,14 +143,26 @@ class MoE(Layer):
         return 3 if self.gated else 2
 
     def _token_config(self, C) -> np.ndarray:
-        """Splits of the ``(t1..tj, D)`` tensor: the token splits, the first (the batch) times
-        the expert split. One rule for every row, so that exporters read the same placement
-        off any configuration; where ``c_t1 c_x`` does not divide the batch the volumes are
-        fractional, as for any uneven split."""
+        """Splits of the ``(t1..tj, D)`` tensor: the token splits times the expert split
+        ``c_x``, placed on the first token dim (the batch) as far as the batch holds it
+        (``g = gcd(c_x, t1 / c_t1)``) and the rest ``c_x / g`` on the next token dim (the
+        sequence; MoE parallel folding with one sequence per rank). Where ``c_t1 c_x`` divides
+        the batch all of ``c_x`` lies on it. One rule for every row, so that exporters read the
+        same placement off any configuration; where the rest does not divide the next dim (or
+        there is none) it stays on the batch and the volumes are fractional, as for any uneven
+        split."""
         C = np.asarray(C, dtype=np.int64)
         j = self.tokens
         out = np.concatenate([C[:, :j], C[:, j + 2: j + 3]], axis=1)
-        out[:, 0] = out[:, 0] * C[:, j]
+        cx = C[:, j]
+        on_batch = cx
+        if j > 1:
+            g = np.gcd(cx, np.maximum(self.domain[0] // np.maximum(C[:, 0], 1), 1))
+            rest = cx // g
+            fits = (self.domain[1] % (C[:, 1] * rest) == 0) & (self.domain[0] % (C[:, 0] * g) == 0)
+            on_batch = np.where(fits, g, cx)
+            out[:, 1] = out[:, 1] * np.where(fits, rest, 1)
+        out[:, 0] = out[:, 0] * on_batch
         return out
 
     def input_configs(self, C):
