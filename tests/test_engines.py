@@ -28,6 +28,8 @@ TITAN_CASES = [
     ("fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=op,microbatch=1"),
     ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=3,recompute=full"),
     ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=3,recompute=full"),
+    # MoE parallel folding: ep 8 over dp 4 x tp 2, etp 1 (torchtitan's ETP=1).
+    ("moe_folded", MIXTRAL, "dp=4,tp=2,pp=2,ep=8,zero=3,recompute=full,microbatch=1"),
 ]
 MEGATRON_CASES = [
     ("pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=1,recompute=full,microbatch=1,stages=7/9/9/7"),
@@ -35,6 +37,7 @@ MEGATRON_CASES = [
     ("fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=full,microbatch=1"),
     ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,tp_overlap=true"),
     ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=full"),
+    ("moe_folded", MIXTRAL, "dp=4,tp=2,pp=2,ep=8,zero=1,recompute=full,microbatch=1"),
 ]
 
 
@@ -127,6 +130,11 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
         # The tokens move between the expert-parallel ranks by all-to-all, as priced
         # (pase/model/layers/moe.py); megatron-core's default dispatcher is allgather.
         assert config.moe_token_dispatcher_type == "alltoall"
+    if name == "moe_folded":
+        # MoE parallel folding: the 8 experts over dp 4 x tp 2, no expert tensor parallelism
+        # (etp x ep x edp = 1 x 8 x 1 = tp x cp x dp = 2 x 1 x 4), accepted by megatron-core.
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (8, 1)
+        assert config.sequence_parallel and "etp=1" in report["training"]["recipe"]
     if name == "pipeline":
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (7, 7)
 

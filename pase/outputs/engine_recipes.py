@@ -118,6 +118,14 @@ def _check_sequence(given: int, network, field: str) -> None:
                          f"(-m {given} builds it so)")
 
 
+def _folded_etp(dp: int, tp: int, ep: int, etp: int | None) -> int | None:
+    """The recipe's ``etp``: said only where the experts are folded (``etp`` not ``tp``, or
+    ``ep`` not dividing ``dp``: Megatron-Core's MoE parallel folding)."""
+    if ep <= 1 or etp is None or (etp == tp and dp % ep == 0):
+        return None
+    return etp
+
+
 def _recipe(**values) -> Recipe:
     try:
         return Recipe(**{k: v for k, v in values.items() if v is not None})
@@ -262,11 +270,12 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
     if replicate * shard * cp * tp * pp != procs:
         raise ValueError(f"parallelism degrees multiply to {replicate * shard * cp * tp * pp}, not the {procs} "
                          "devices of -p")
+    etp = None
     if ep > 1:
         etp = _int(par.get("expert_tensor_parallel_degree", 1), "parallelism.expert_tensor_parallel_degree")
-        if etp != tp:
-            raise ValueError(f"cannot express parallelism.expert_tensor_parallel_degree = {etp}: the experts are "
-                             f"priced split tp = {tp} ways")
+        if etp not in (1, tp):  # torchtitan's ParallelDims: "Currently we only support ETP=TP or ETP=1"
+            raise ValueError(f"cannot express parallelism.expert_tensor_parallel_degree = {etp}: torchtitan folds "
+                             f"the experts with 1 or tp = {tp}")
     if replicate > 1 and (shard > 1 or cp > 1):
         raise ValueError("cannot express parallelism.data_parallel_replicate_degree with FSDP (HSDP: weights "
                          "sharded within groups, replicated across them)")
@@ -336,7 +345,8 @@ def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> R
         raise ValueError("parallelism.enable_async_tensor_parallel needs compile.enable (torchtitan ignores it "
                          "without)")
     precision = _titan_precision(doc, tp, compiled, network)
-    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
+    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, etp=_folded_etp(dp, tp, ep, etp),
+                   zero=zero, recompute=recompute,
                    microbatch=micro, schedule=schedule, vpp=vpp, stages=stages, sp=True if tp > 1 else None,
                    tp_overlap=bool(overlap and tp > 1), **precision)
 
@@ -525,9 +535,10 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     if ep > 1 and dispatcher != "alltoall":
         raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
                          "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
-    if ep > 1 and _megatron_int(args, "--expert-tensor-parallel-size", tp) != tp:
-        raise ValueError(f"cannot express --expert-tensor-parallel-size other than tp ({tp}): the experts are priced "
-                         "split tp ways")
+    etp = _megatron_int(args, "--expert-tensor-parallel-size", tp) if ep > 1 else None
+    if etp is not None and tp % etp:
+        raise ValueError(f"cannot express --expert-tensor-parallel-size {etp}: the experts are priced split by a "
+                         f"divisor of tp ({tp}) (MoE parallel folding)")
     micro = _megatron_int(args, "--micro-batch-size", 1)
     global_batch = _megatron_int(args, "--global-batch-size", micro * dp)
     _check_batch(global_batch, batch, "--global-batch-size")
@@ -624,8 +635,8 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
             stages = None
         if schedule is None and stages is None and blocks is not None:
             stages = (blocks // pp,) * pp  # Megatron's even split, fixed (not searched)
-    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, zero=zero, recompute=recompute,
-                   microbatch=micro, schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
+    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, etp=_folded_etp(dp, tp, ep, etp),
+                   zero=zero, recompute=recompute, microbatch=micro, schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
                    sp=sp if tp > 1 else None, tp_overlap=overlap_tp, **_megatron_precision(args, zero))
 
 

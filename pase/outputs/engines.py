@@ -151,7 +151,8 @@ def _titan_sections(plan: EnginePlan, compiled: bool = False) -> dict:
         # "default" would not reshard with pipelines: say it.
         parallelism["fsdp_reshard_after_forward"] = "always" if plan.zero == 3 else "never"
     if plan.ep > 1:
-        parallelism["expert_tensor_parallel_degree"] = plan.tp  # the experts split tp ways, as the priced mesh
+        # The experts split tp ways, or etp ways where the plan folds them (MoE parallel folding).
+        parallelism["expert_tensor_parallel_degree"] = plan.expert_tp
     if plan.tp_overlap and plan.tp > 1:
         parallelism["enable_async_tensor_parallel"] = True  # with torch.compile (the profile's compile=true)
     training = {"global_batch_size": plan.batch}
@@ -330,8 +331,8 @@ def _precision_arguments(plan: EnginePlan) -> list:
 def _parallel_arguments(plan: EnginePlan) -> list:
     args = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp),
             ("--context-parallel-size", plan.cp)]
-    if plan.ep > 1:  # carved out of the data-parallel ranks, the experts split tp ways as priced
-        args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.tp)]
+    if plan.ep > 1:  # the experts split tp ways as priced, or etp ways under MoE parallel folding
+        args += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.expert_tp)]
     if plan.sp:
         args.append(("--sequence-parallel", None))
     args += [("--micro-batch-size", plan.microbatch), ("--global-batch-size", plan.batch)]

@@ -4,7 +4,9 @@ The configurations an engine runs are data: the ``runs`` section of its profile
 (``pase/planning/engines/NAME.json``, docs/engines.md): ``zero`` (the ZeRO stages it has, over
 the ``dp x cp`` ranks that hold copies), ``zero_alone`` (stages it runs only with data
 parallelism alone), ``zero_pp`` (stages it runs with pipelines), ``tp``, ``sp`` (``always``:
-its tensor parallelism is always sequence-parallel), ``cp``, ``ep``, ``ep_zero``, ``schedules``
+its tensor parallelism is always sequence-parallel), ``cp``, ``ep``, ``ep_zero``, ``fold`` (MoE
+parallel folding: ``ep`` beyond ``dp`` or ``etp`` not ``tp``), ``fold_etp`` (the ``etp`` it
+folds with, ``1`` or ``tp``), ``schedules``
 (of its pipelines; empty: none), ``architecture`` (it builds the model from the graph's
 declared shape), ``why`` (the reason for each refusal, keyed ``KEY`` or ``KEY:VALUE``) and
 ``source``; with the profile's ``recompute_policies`` and ``tp_comm_overlap`` facts.
@@ -58,6 +60,18 @@ class EnginePlan:
     fp8_scaling: str = "current"
     #: ZeRO's all-gathers of the converted weights in the format.
     fp8_gather: bool = False
+    #: The experts' tensor parallelism under MoE parallel folding (``None``: ``tp``).
+    etp: int | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        """``--expert-tensor-parallel-size``: ``etp``, or ``tp`` when unset."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts have their own grid (Megatron-Core's MoE parallel folding)."""
+        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
 
     @property
     def precision_word(self) -> str:
@@ -97,7 +111,7 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
-        fp8_gather=bool(getattr(o, "fp8_gather", False)))
+        fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp)
 
 
 @lru_cache(maxsize=None)
@@ -118,7 +132,8 @@ _GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeR
             "sp": "{name} has no tensor parallelism without sequence parallelism", "cp": "{name} has no context "
             "parallelism", "pp": "{name} has no pipeline parallelism", "schedule": "{name} has no {value} pipeline "
             "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
-            "no ZeRO-{value}", "recompute": "{name} has no recomputation policy '{value}'",
+            "no ZeRO-{value}", "fold": "{name} has no MoE parallel folding (expert parallelism beyond dp, or etp "
+            "not tp)", "fold_etp": "{name} folds the experts with no expert tensor parallelism {value}", "recompute": "{name} has no recomputation policy '{value}'",
             "tp_overlap": "{name} does not overlap tensor-parallel communication as priced (tp_overlap=true)",
             "architecture": "{name} builds the model from its shape, which this graph does not declare",
             "export:precision": "{name}'s file cannot say {value} training (bf16 only)",
@@ -183,6 +198,12 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
         return _why(profile, "ep")
     if plan.ep > 1 and "ep_zero" in runs and plan.zero not in runs["ep_zero"]:
         return _why(profile, "ep_zero", plan.zero)
+    if plan.folded and runs.get("fold") is False:
+        return _why(profile, "fold")
+    if plan.folded and "fold_etp" in runs:
+        word = "tp" if plan.expert_tp == plan.tp else str(plan.expert_tp)
+        if word not in runs["fold_etp"]:
+            return _why(profile, "fold_etp", word)
     if plan.recompute not in profile.facts["recompute_policies"]:
         return _why(profile, "recompute", plan.recompute)
     if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
@@ -212,7 +233,7 @@ def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False)
                       overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="",
                       precision=getattr(options, "precision", "bf16"),
                       fp8_scaling=getattr(options, "fp8_scaling", "current"),
-                      fp8_gather=bool(getattr(options, "fp8_gather", False)))
+                      fp8_gather=bool(getattr(options, "fp8_gather", False)), etp=mesh.etp)
     return refusal(engine, plan, export)
 
 
