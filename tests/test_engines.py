@@ -254,6 +254,15 @@ def test_refusal_table_by_hand():
     assert refusal("megatron", plan(architecture=None)).startswith("Megatron-LM builds")
     assert refusal("deepspeed", plan(zero=0)).startswith("DeepSpeed without ZeRO")
     assert refusal("deepspeed", plan(zero=3)) is None
+    # MoE parallel folding (dp 2 x tp 4 = 8 ranks, ep 8): Megatron runs any etp dividing tp,
+    # torchtitan etp 1 or tp only, DeepSpeed and FSDP no expert parallelism at all.
+    fold = dict(dp=2, tp=4, sp=True, ep=8, zero=3, recompute="full")
+    assert refusal("megatron", plan(**fold, etp=2, pp=1)) is None
+    assert refusal("torchtitan", plan(**fold, etp=1)) is None
+    assert refusal("torchtitan", plan(**fold, etp=2)).startswith("torchtitan 0.2.2's ParallelDims")
+    assert refusal("deepspeed", plan(**fold, etp=1)).startswith("DeepSpeed has no tensor parallelism")
+    assert refusal("deepspeed", plan(ep=16, zero=1)).startswith("DeepSpeed-MoE's expert parallelism is set in the model")
+    assert refusal("fsdp", plan(**{**fold, "tp": 1, "sp": False})).startswith("plain FSDP (llm-foundry) has no expert")
 
 
 def test_engine_search_never_returns_what_the_engine_cannot_run():
