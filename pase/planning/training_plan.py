@@ -100,7 +100,12 @@ class TrainingPlan:
                 "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
         if self.mesh_search.experts:
-            text += "; expert parallelism ep dividing dp and every layer's expert count"
+            mesh = self.best.mesh if self.best is not None else None
+            if mesh is not None and mesh.folded:  # a recipe's ep (or etp) beyond what dp carves out
+                text += (f"; expert parallelism the recipe's ep {mesh.ep} with etp {mesh.expert_tp} (Megatron-Core's "
+                         "MoE parallel folding: etp x ep dividing tp x cp x dp, etp dividing tp)")
+            else:
+                text += "; expert parallelism ep dividing dp and every layer's expert count"
         if self.free_searches:
             text += (f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
                      f"stage and recomputation policy ({self.free_searches} searches"
