@@ -670,3 +670,22 @@ def test_megatron_flags_of_hf_models(tmp_path, model, recipe, expected):
     with open(config) as f:
         vocab = json.load(f)["vocab_size"]
     assert check.megatron_tokenizer_vocabulary(a, report["training"]["mesh"]["tp"]) == vocab
+
+
+def test_megatron_exports_a_folded_nemo_moe_recipe(tmp_path):
+    # NVIDIA's NeMo Qwen3-235B-A22B recipe shape: ep 32 over dp 16 x tp 2 (MoE parallel folding,
+    # etp 1: 1 x 32 x 1 = tp 2 x cp 1 x dp 16), 8 pipeline stages (BF16: megatron-core's FP8
+    # checks need Transformer Engine, not installed here).
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf",
+                          "qwen3-235b-a22b.json")
+    graph = ["-g", f"hf:{config}", "-p", "256", "-b", "2048", "-m", "4096", "--machine", "h100-sxm"]
+    path, report = _export(tmp_path, graph, "dp=16,tp=2,pp=8,ep=32,recompute=full,microbatch=1",
+                           "--export-megatron", "m.json")
+    assert report["training"]["mesh"] == {"dp": 16, "tp": 2, "pp": 8, "cp": 1, "ep": 32, "etp": 1}
+    a = json.loads(path.read_text())["arguments"]
+    assert (a["--expert-model-parallel-size"], a["--expert-tensor-parallel-size"]) == (32, 1)
+    _round_trip(graph, path, report)
+    assert not check.megatron_flag_problems(a)
+    config, _, _ = check.megatron_accepts(a, 256)
+    assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (32, 1)
+    assert config.sequence_parallel and config.num_moe_experts == 128

@@ -1,6 +1,9 @@
 """Megatron-Core's MoE parallel folding (``etp``, ``ep`` beyond ``dp``): the expert layer's
 configuration, its token layout, the all-to-all group and the recipe checks, by hand."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,9 @@ from pase.machines.calibrated import PRESETS, CalibratedMachine
 from pase.model.builder import redistribution_seconds
 from pase.model.layers import MoE, redistribution_volume
 from pase.planning.mesh import Mesh, Recipe, mesh_config, parse_recipe
-from pase.planning.training_search import Candidate, expert_grids
+from pase.planning.training_search import expert_grids
+
+from cli_runner import run
 
 H100 = CalibratedMachine(PRESETS["h100-sxm"])
 
@@ -110,3 +115,37 @@ def test_expert_grids():
     assert expert_grids(Mesh(8, 2), [8], Recipe(ep=16)) == []
     assert expert_grids(Mesh(4, 2), [16], Recipe(ep=16)) == []
     assert expert_grids(Mesh(4, 2, sp=False), [8], Recipe(ep=8)) == []
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEEPSEEK = ["-g", "hf:" + os.path.join(ROOT, "examples", "hf", "deepseek-v3.json"), "-p", "1024", "-b", "8192", "-m", "4096", "--machine", "h100-sxm"]
+
+
+def test_deepseek_v3_nemo_recipe_is_priced_folded(tmp_path):
+    # NeMo's DeepSeek-V3 recipe: ep 64 over dp 32 x tp 2 (etp 1 x ep 64 x edp 1 = tp 2 x dp 32),
+    # refused before MoE parallel folding was modelled; the plan's recipe keeps etp=1 so that
+    # --evaluate prices it again to the same step and peak.
+    status, out, err = run(*DEEPSEEK, "--recipe", "dp=32,tp=2,pp=16,ep=64", "--json")
+    assert status == 0, err
+    first = json.loads(out)
+    training = first["training"]
+    assert training["mesh"] == {"dp": 32, "tp": 2, "pp": 16, "cp": 1, "ep": 64, "etp": 1}
+    assert training["recipe"].startswith("dp=32,tp=2,ep=64,etp=1,pp=16,")
+    assert "MoE parallel folding" in first["search"]["optimal_over"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    status, out, err = run("-g", DEEPSEEK[1], "--evaluate", plan, "--json")
+    assert status == 0, err
+    again = json.loads(out)["training"]
+    assert again["step_seconds"] == training["step_seconds"]
+    assert again["peak_memory_bytes"] == training["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("recipe,reason", [
+    ("dp=32,tp=2,pp=16,ep=128", "ep 128 x etp 1 does not divide dp 32 x cp 1 x tp 2 = 64 (MoE parallel folding)"),
+    ("dp=32,tp=2,pp=16,ep=512", "ep 512 does not divide the 256 experts"),
+    ("dp=32,tp=2,cp=1,pp=16,ep=64,sp=false", "recipe etp=1 < tp=2 needs sequence parallelism"),
+])
+def test_folding_refusals_are_one_line(recipe, reason):
+    status, out, err = run(*DEEPSEEK, "--recipe", recipe)
+    assert status == 2 and reason in err and "Traceback" not in err, err

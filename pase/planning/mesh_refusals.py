@@ -15,7 +15,7 @@ from pase.model.roles import roles_of
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.pipeline import cuts
 
-__all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal"]
+__all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal", "fold_refusal"]
 
 
 def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None:
@@ -43,6 +43,30 @@ def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None
         if recipe.vpp is not None and blocks % chunks:
             return (f"interleaving needs equal chunks: {blocks} blocks are not pp {recipe.pp} x vpp {recipe.vpp} = "
                     f"{chunks} chunks of equal size")
+    return None
+
+
+def fold_refusal(mesh: Mesh, expert_counts, ep: int, etp: int) -> str | None:
+    """Why expert parallelism ``ep`` with expert tensor parallelism ``etp`` does not fold onto
+    ``mesh`` (Megatron-Core's MoE parallel folding: ``etp x ep x edp = tp x cp x dp``), or
+    ``None`` when it does.
+
+    >>> fold_refusal(Mesh(32, 2), [256], 128, 1)
+    'ep 128 x etp 1 does not divide dp 32 x cp 1 x tp 2 = 64 (MoE parallel folding)'
+    >>> fold_refusal(Mesh(32, 2, sp=False), [256], 64, 1)
+    'etp 1 < tp 2 needs sequence parallelism (MoE parallel folding), and the mesh has sp=false'
+    """
+    odd = [n for n in expert_counts if n % ep]
+    if not expert_counts or odd:
+        return f"ep {ep} does not divide the {odd[0] if odd else 0} experts of a mixture-of-experts layer"
+    if mesh.tp % etp:
+        return f"etp {etp} does not divide tp {mesh.tp} (MoE parallel folding)"
+    ranks = mesh.dp * mesh.cp * mesh.tp
+    if ranks % (ep * etp):
+        return (f"ep {ep} x etp {etp} does not divide dp {mesh.dp} x cp {mesh.cp} x tp {mesh.tp} = {ranks} "
+                "(MoE parallel folding)")
+    if etp < mesh.tp and not mesh.sp:
+        return f"etp {etp} < tp {mesh.tp} needs sequence parallelism (MoE parallel folding), and the mesh has sp=false"
     return None
 
 

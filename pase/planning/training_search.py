@@ -25,7 +25,7 @@ import numpy as np
 from pase.model.builder import redistribution_seconds
 from pase.planning.engine_runs import check_engine, mesh_refusal
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
-from pase.planning.mesh_refusals import microbatch_refusal, occupancy_refusal, recipe_refusal
+from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.pipeline import SCHEDULES, pipeline_rows_settings, stage_layout
@@ -296,9 +296,7 @@ def expert_grids(mesh: Mesh, expert_counts: Sequence[int], recipe: Recipe) -> li
         return [(ep, None) for ep in expert_degrees(mesh.dp, expert_counts, recipe)]
     ep = recipe.ep
     etp = recipe.etp if recipe.etp is not None else mesh.tp if mesh.dp % ep == 0 else 1
-    if not expert_counts or any(n % ep for n in expert_counts) or mesh.tp % etp:
-        return []
-    if (mesh.dp * mesh.cp * mesh.tp) % (ep * etp) or (etp < mesh.tp and not mesh.sp):
+    if fold_refusal(mesh, expert_counts, ep, etp) is not None:
         return []
     return [(ep, None if etp == mesh.tp else etp)]
 
@@ -426,6 +424,7 @@ def search_meshes(
     fastest: list = []
     meshes_tried = 0
     dps_tried: set = set()
+    fold_refused = None  # why a recipe's ep folds onto no mesh tried (MoE parallel folding)
     # 1. In search order (stage counts, then global micro-batches): the meshes that apply, the
     #    layout checks and the errors met, as the search meets them.
     entries = []  # (pp, q, global micro-batch, meshes with their micro-batch, their kind configurations)
@@ -436,6 +435,11 @@ def search_meshes(
         dps_tried.update(m.dp for m in candidates)
         meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep, etp) for m in candidates
                   if batch % m.dp == 0 for ep, etp in expert_grids(m, expert_counts, recipe)]
+        if recipe.ep is not None and recipe.ep > 1 and not meshes and fold_refused is None:
+            fold_refused = next((why for m in candidates if batch % m.dp == 0 for why in [
+                fold_refusal(m, expert_counts, recipe.ep,
+                             recipe.etp if recipe.etp is not None else m.tp if m.dp % recipe.ep == 0 else 1)]
+                if why is not None), None)
         meshes_tried += len(meshes)
         # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
         by_micro: dict = {}
@@ -546,7 +550,7 @@ def search_meshes(
         tokens = tokens_of(probe)
         reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
                                     tokens // batch if tokens and batch else None, MAX_CP, rules)
-                  or microbatch_refusal(recipe, batch, dps_tried) or first_error
+                  or microbatch_refusal(recipe, batch, dps_tried) or fold_refused or first_error
                   or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
                       if dps_tried else "no mesh of these degrees"))
         raise ValueError(f"no mesh applies to this graph: {reason}")
