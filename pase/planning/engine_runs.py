@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from pase.planning.mesh import expert_tp, folded
+
 __all__ = ["EnginePlan", "engine_plan", "refusal", "engines_running", "runs_mesh", "mesh_refusal", "check_engine"]
 
 
@@ -66,12 +68,12 @@ class EnginePlan:
     @property
     def expert_tp(self) -> int:
         """``--expert-tensor-parallel-size``: ``etp``, or ``tp`` when unset."""
-        return self.tp if self.etp is None else self.etp
+        return expert_tp(self.tp, self.etp)
 
     @property
     def folded(self) -> bool:
         """Whether the experts have their own grid (Megatron-Core's MoE parallel folding)."""
-        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
+        return folded(self.dp, self.tp, self.ep, self.etp)
 
     @property
     def precision_word(self) -> str:
