@@ -190,12 +190,7 @@ class TorchTimer:
         return best
 
     def gemm(self, b: int, m: int, n: int, k: int) -> float:
-        step = gemm_step(self.torch, self.device, b, m, n, k)
-        try:
-            return self._time(step)
-        finally:
-            del step
-            self.torch.cuda.empty_cache()
+        return self._measure(gemm_step(self.torch, self.device, b, m, n, k))
 
     def fp8_missing(self) -> str | None:
         """Why this GPU and PyTorch cannot measure FP8 GEMMs (``None``: they can)."""
@@ -209,15 +204,13 @@ class TorchTimer:
         return None
 
     def gemm_fp8(self, b: int, m: int, n: int, k: int) -> float:
-        step = gemm_step_fp8(self.torch, self.device, b, m, n, k)
-        try:
-            return self._time(step)
-        finally:
-            del step
-            self.torch.cuda.empty_cache()
+        return self._measure(gemm_step_fp8(self.torch, self.device, b, m, n, k))
 
     def memory_bound(self, op: str, elements: int) -> float:
-        step = memory_bound_step(self.torch, self.device, op, elements)
+        return self._measure(memory_bound_step(self.torch, self.device, op, elements))
+
+    def _measure(self, step) -> float:
+        """The best time of ``step``, its tensors freed afterwards (the next shape needs the memory)."""
         try:
             return self._time(step)
         finally:
