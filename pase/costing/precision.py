@@ -149,14 +149,10 @@ class PrecisionPricing:
             found = self._clocked[key] = self._layer(v, options.precision if converted else "bf16")[0]
         return found
 
-    def _producers(self) -> dict:
-        """``{v: u}``: the one layer whose output ``v`` reads (none where it reads several)."""
-        if not hasattr(self, "_producer_of"):
-            into: dict = {}
-            for (u, w) in sorted(self.costing.network.edges):
-                into.setdefault(w, []).append(u)
-            self._producer_of = {w: us[0] for w, us in into.items() if len(us) == 1}
-        return self._producer_of
+    def _producer(self, v: int):
+        """The one layer whose output ``v`` reads (``None`` where it reads several, or none)."""
+        producers = {t.producer for t in self.costing.network.layers[v].inputs if t.producer is not None}
+        return producers.pop() if len(producers) == 1 else None
 
     def _not_cast(self, v: int) -> np.ndarray | float:
         """Elements of ``v``'s activation operands its GEMMs count that no cast of its own
@@ -184,9 +180,9 @@ class PrecisionPricing:
         inputs = float(np.prod(layer.inputs[0].shape)) / in_cfg
         outputs = float(np.prod(layer.output_shapes[0])) / out_cfg
         sp = np.asarray(c.activation_scale[v], dtype=np.float64) < 1.0
-        u = self._producers().get(v)
+        u = self._producer(v)
         shared = u is not None and any(w < v and self.eligible()[w] and c.network.layers[w].product
-                                       and self._producers().get(w) == u for w in c.structure.consumers.get(u, []))
+                                       and self._producer(w) == u for w in c.structure.consumers.get(u, []))
         gathered_in = np.where(sp, inputs * (1.0 - in_cfg / used), 0.0)
         gathered_out = np.where(sp, outputs * (1.0 - out_cfg / used), 0.0)
         return (inputs if shared else gathered_in) + gathered_out
