@@ -95,6 +95,36 @@ def test_interleaved_by_hand():
     assert plans[0].memory_bytes[0] == pytest.approx(stages[0][2] + 2 * factor * stages[0][3] + stages[0][4])
 
 
+def test_interleaved_sends_overlapped_by_hand():
+    """Megatron's --overlap-p2p-communication: with two chunks per device, a stage's sends of
+    a micro-batch (2 chunks x P2P, forward and backward) hide behind its compute of that
+    micro-batch; what is hidden slows that compute by comm_sm_share. 1F1B still waits."""
+    machine, net, costing, options, edges, targets = _setup()
+    layout = stage_layout(costing.blocks)
+    overlapped = options.but(p2p_overlap=True, comm_sm_share=0.1)
+    stages = _by_hand(costing, overlapped, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]])
+    v = 2
+    _, _, plans = pipeline_rows(costing, overlapped, 2.0, edges, targets, 2, 1, layout,
+                                schedules=["interleaved"], fixed_counts=(2, 2))
+    sends = v * P2P
+    # Each stage computes far longer than it sends (checked): every send hidden, 0.1 of it
+    # added, so t = compute + 0.1 x 2 x P2P.
+    assert all(s[0] > sends for s in stages)
+    assert plans[0].microbatch_seconds == pytest.approx([s[0] + 0.1 * sends for s in stages])
+    assert plans[0].p2p_seconds == pytest.approx(0.1 * sends)
+    _, _, one = pipeline_rows(costing, overlapped, 2.0, edges, targets, 2, 1, layout, schedules=["1f1b"],
+                              fixed_counts=(2, 2))
+    assert one[0].microbatch_seconds == pytest.approx([s[0] + P2P for s in stages])
+
+
+def test_sends_longer_than_compute_stay_partly_exposed():
+    from pase.planning.pipeline import exposed_sends
+    o = TrainingOptions(p2p_overlap=True, comm_sm_share=0.1, overlap_efficiency=0.5)
+    # compute 1 s hides at most 0.5 s of 2 s of sends: 1.5 exposed + 0.1 x 0.5 = 1.55.
+    assert float(exposed_sends(np.array(1.0), np.array(2.0), 4, o)) == pytest.approx(1.55)
+    assert float(exposed_sends(np.array(1.0), np.array(2.0), 4, o.but(p2p_overlap=False))) == pytest.approx(2.0)
+
+
 def test_four_stages_and_uneven_cuts():
     machine, net, costing, options, edges, targets = _setup(micro_batches=8)
     layout = stage_layout(costing.blocks)

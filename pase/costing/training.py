@@ -225,6 +225,11 @@ class TrainingOptions:
     fp8_gather : bool
         ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
         Megatron's ``--fp8-param-gather``).
+    p2p_overlap : bool
+        With an interleaved pipeline schedule, a chunk's send to the next stage (and its
+        gradient's back) runs while the device computes another chunk (Megatron's
+        ``--overlap-p2p-communication``): the sends hide behind the stage's compute at
+        ``overlap_efficiency`` (``pase.planning.pipeline.exposed_sends``). 1F1B waits for them.
     """
 
     zero: int = 0
@@ -259,6 +264,7 @@ class TrainingOptions:
     precision: str = "bf16"
     fp8_scaling: str = "current"
     fp8_gather: bool = False
+    p2p_overlap: bool = False
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -291,8 +297,9 @@ class TrainingOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
-        if not isinstance(self.fp8_gather, bool):
-            raise ValueError(f"fp8_gather must be true or false, got {self.fp8_gather!r}")
+        for name in ("fp8_gather", "p2p_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def bytes_per_parameter(self, r):
         """Bytes per parameter element on a device for a replication group of ``r`` devices.

@@ -186,6 +186,7 @@ class EngineProfile:
             "bucket_elements": f["bucket_elements"],
             "wrap_unit": f["wrap_unit"],
             "overlap": bool(f["overlap_grad_reduce"]),
+            "p2p_overlap": bool(f["pp_p2p_overlap"]),
             "launch_seconds": f["launch_seconds"],
             "optimizer_temp_bytes": f["optimizer_temp_bytes"],
             "comm_sm_share": f["comm_sm_share"],

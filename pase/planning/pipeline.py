@@ -21,7 +21,7 @@ import numpy as np
 from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync",
+__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync", "exposed_sends",
            "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
@@ -116,6 +116,28 @@ def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
 
 
+def exposed_sends(compute: np.ndarray, sends: np.ndarray, vpp: int, options) -> np.ndarray:
+    """A stage's pipeline sends of one micro-batch (``sends``: all its chunks', forward and
+    backward) left on its critical path, per stage and row: all of them, or, with an
+    interleaved schedule (``vpp > 1``) and ``options.p2p_overlap``, what the stage's compute of
+    the micro-batch (``compute``) cannot hide at ``overlap_efficiency``, plus the slowdown of
+    the compute they hide behind (``comm_sm_share`` of the hidden time), as every overlapped
+    collective of the model is priced. Megatron's ``--overlap-p2p-communication`` posts a
+    chunk's send and receive and computes the next chunk meanwhile; with one chunk (1F1B) the
+    next pass needs what it receives, so the sends wait.
+
+    >>> from pase.costing.training import TrainingOptions
+    >>> o = TrainingOptions(p2p_overlap=True, comm_sm_share=0.1)
+    >>> float(exposed_sends(np.array(1.0), np.array(0.25), 2, o)), float(exposed_sends(np.array(1.0), np.array(0.25), 1, o))
+    (0.025, 0.25)
+    """
+    sends = np.broadcast_to(np.asarray(sends, dtype=np.float64), np.shape(compute))
+    if vpp <= 1 or not options.p2p_overlap:
+        return np.array(sends)
+    hidden = np.minimum(sends, options.overlap_efficiency * np.asarray(compute, dtype=np.float64))
+    return sends - hidden + options.comm_sm_share * hidden
+
+
 def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: float,
                exposed: np.ndarray | None = None) -> np.ndarray:
     """A stage's exposed weight synchronisation when its ``vpp`` chunks reduce in turn.
@@ -168,8 +190,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
     all; ``edges`` has one column each)."""
     options = settings[0]
-    if any((o.microbatches, o.overlap, o.overlap_efficiency) != (options.microbatches, options.overlap,
-                                                                  options.overlap_efficiency) for o in settings):
+    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share")
+    if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
     if columns is None:
         columns = np.arange(len(costing.configs[0]))
@@ -248,11 +270,13 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     drain_share = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE)
     efficiency = options.overlap_efficiency if options.overlap else 0.0
     steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
+    exposed_p2p = [None] * len(tried)
     for vpp in sorted({v for _, _, v in tried}):
         which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
         rows = [tried[j][0] for j in which]
         stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
-        t = stage["micro"] + vpp * p2p
+        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, options)
+        t = stage["micro"] + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
         pipe = (m + fill) * slowest
@@ -266,6 +290,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         peak = memory.max(axis=1)
         for n, j in enumerate(which):
             steps[j], peaks[j], times[j], memories[j] = step[n], peak[n], t[n], memory[n]
+            exposed_p2p[j] = sends[n]
     steps, peaks = np.array(steps), np.array(peaks)  # (tried, K)
     # Fitting beats not fitting; among fitting, faster; among not fitting, smaller; of equals,
     # the first tried.
@@ -287,8 +312,9 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         j = best_of[i]
         c, schedule, vpp = tried[j]
         fill = (pp - 1) / vpp
+        slowest_stage = int(np.argmax(times[j][:, i]))
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
                                tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
-                               float(vpp * p2p[i]), fill / (m + fill), float(steps[j, i])))
+                               float(exposed_p2p[j][slowest_stage, i]), fill / (m + fill), float(steps[j, i])))
     return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]
