@@ -563,6 +563,27 @@ def test_megatron_uneven_middle_stages_are_written_stage_by_stage(tmp_path):
     assert "--pipeline-model-parallel-layout" not in a
 
 
+def test_megatron_interleaved_chunks_one_block_apart_are_written_chunk_by_chunk(tmp_path):
+    # 32 layers on pp 4 in vpp 3 chunks: 12 chunks, eight of 3 layers and four of 2 (NeMo's
+    # Llama 3.1 405B runs 126 layers as pp 8 x vpp 8 = 64 chunks of 2, the first and the last of
+    # 1). Stages 7/9/9/7 (7 + 9 + 9 + 7 = 32): the first stage's short chunks first (beside the
+    # embedding): 2, 2, 3; the last stage's last (beside the loss): 3, 2, 2. Chunk j on stage
+    # j mod 4, its (j // 4)-th: 2,3,3,3 | 2,3,3,2 | 3,3,3,2.
+    recipe = "dp=2,tp=2,pp=4,schedule=interleaved,vpp=3,zero=1,recompute=full,microbatch=1,stages=7/9/9/7"
+    path, report = _export(tmp_path, LLAMA, recipe, "--export-megatron", "m.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--pipeline-model-parallel-layout"] == "Et*2|t*3|t*3|t*3|t*2|t*3|t*3|t*2|t*3|t*3|t*3|t*2L"
+    assert "--num-layers-per-virtual-pipeline-stage" not in a
+    _round_trip(LLAMA, path, report)
+    assert [st["blocks"] for st in report["training"]["pipeline"]["stages"]] == [7, 9, 9, 7]
+    assert report["training"]["pipeline"]["vpp"] == 3
+    config, _, _ = check.megatron_accepts(a, 16)
+    layout = config.pipeline_model_parallel_layout
+    assert layout.virtual_pipeline_model_parallel_size == 3
+    assert [[sum(t.name == "decoder" for t in chunk) for chunk in stage] for stage in layout.layout] == \
+        [[2, 2, 3], [3, 3, 3], [3, 3, 3], [3, 2, 2]]
+
+
 def test_megatron_recipe_from_reads_an_interleaved_layout(tmp_path):
     # 8 chunks of 4 layers on pp 4: "E(t*4|)*7t*4L" unrolls to E tttt | tttt | ... | tttt L,
     # the interleaved plan with vpp = 8 / 4 = 2, priced as its --recipe.
@@ -589,7 +610,7 @@ def test_megatron_recipe_from_reads_an_interleaved_layout(tmp_path):
     ("Et*7|t*8|t*10|t*6L", "", "has 31 transformer layers, the model 32"),
     ("Et*7|t*8|t*10|t*7mL", "", "multi-token prediction layers (m) are not priced"),
     ("Et*7|t*8|t*10|t*7xL", "", "unknown layer letters x"),
-    ("Et*3|t*5|t*4|t*4|t*4|t*4|t*4|t*4L", "", "unequal virtual stages"),
+    ("Et*3|t*5|t*4|t*4|t*4|t*4|t*4|t*4L", "", "interleaved chunks are priced one block apart at most"),
     ("Et*7|t*8|t*17L", "", "3 stages, not a multiple of pp 4"),
     ("Et*7||t*18|t*7L", "", "a stage without transformer layers"),
     ("E(t*9999|)*99999L", "", "more than 100000 layers"),

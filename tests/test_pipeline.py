@@ -125,6 +125,29 @@ def test_sends_longer_than_compute_stay_partly_exposed():
     assert float(exposed_sends(np.array(1.0), np.array(2.0), 4, o.but(p2p_overlap=False))) == pytest.approx(2.0)
 
 
+def test_interleaved_stages_one_chunk_short_by_hand():
+    """Stages of 2 and 4 blocks in 2 chunks each: chunks of 1, 1 | 2, 2 (one block apart at
+    most: Megatron's layout runs them). Priced as equal chunks are: each stage its blocks, the
+    micro-batch crossing 2 boundaries per stage each way, (m + (pp - 1)/v) x the slowest."""
+    machine, net, costing, options, edges, targets = _setup(blocks=6)
+    layout = stage_layout(costing.blocks)
+    step, peak, plans = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout,
+                                      schedules=["interleaved"], fixed_counts=(2, 4))
+    assert plans[0].vpp == 2 and plans[0].counts == (2, 4)
+    # Layers: embed 0, blocks 1-12 (two each), head 13, loss 14.
+    stages = _by_hand(costing, options, [[0, 1, 2, 3, 4], list(range(5, 15))])
+    v, m, pp = 2, 4, 2
+    t = [s[0] + v * P2P for s in stages]
+    assert plans[0].microbatch_seconds == pytest.approx(t)
+    exposed = [max(0.0, s[1] - (pp - 1 - i) * 2 / 3 * t[i]) for i, s in enumerate(stages)]
+    assert step[0] == pytest.approx((m + (pp - 1) / v) * max(t) + max(exposed))
+    # Stages of 1 and 5 blocks run no interleaving: 5 chunks of 1 would leave the first stage
+    # four empty ones.
+    _, _, none = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=["interleaved"],
+                               fixed_counts=(1, 5))
+    assert none[0] is None
+
+
 def test_four_stages_and_uneven_cuts():
     machine, net, costing, options, edges, targets = _setup(micro_batches=8)
     layout = stage_layout(costing.blocks)

@@ -17,6 +17,7 @@ import shlex
 from pase.outputs.engines import (MEGATRON_PRECISION, TITAN_FLOAT8_RECIPES, TITAN_MX_RECIPE,
                                   titan_precision_refusal)
 from pase.planning.mesh import Recipe
+from pase.planning.pipeline import chunk_sizes
 
 __all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_megatron", "recipe_from_deepspeed",
            "MAX_RECIPE_FILE_BYTES"]
@@ -189,11 +190,8 @@ def _titan_stage_counts(par: dict, pp: int, vpp_schedule: bool, blocks: int | No
         sizes = [sum(n.startswith("layers.") for n in p) for p in parts]
         if min(sizes) < 1:
             raise ValueError(f"{where}: every model part needs a layer")
-        vpp = len(parts) // pp
-        if vpp > 1:
-            if len(set(sizes)) > 1:
-                raise ValueError(f"{where}: looped schedules are priced with equal model parts")
-            return (sizes[0] * vpp,) * pp, vpp
+        if len(parts) > pp:
+            return _looped_stages(sizes, pp, where)
         return tuple(sizes), 1
     if blocks is None:
         raise ValueError("a pipeline without parallelism.module_fqns_per_model_part needs the graph's block count "
@@ -218,13 +216,22 @@ def _titan_stage_counts(par: dict, pp: int, vpp_schedule: bool, blocks: int | No
     sizes[-1] -= last
     if min(sizes) < 1:
         raise ValueError(f"torchtitan's split of {blocks} layers into {stages} model parts leaves one empty")
-    vpp = stages // pp
-    if vpp > 1:
-        if len(set(sizes)) > 1:
-            raise ValueError(f"torchtitan splits {blocks} layers into unequal parts {sizes}: looped schedules are "
-                             "priced with equal parts (give module_fqns_per_model_part)")
-        return (sizes[0] * vpp,) * pp, vpp
+    if stages > pp:
+        return _looped_stages(sizes, pp, f"torchtitan's split of {blocks} layers into {stages} model parts")
     return tuple(sizes), 1
+
+
+def _looped_stages(chunks: list, pp: int, where: str) -> tuple:
+    """``(blocks per stage, vpp)`` of model chunks given in the model's order (chunk ``j`` on
+    stage ``j mod pp``), when they are the chunks the model prices
+    (:func:`pase.planning.pipeline.chunk_sizes`: sizes one block apart at most, the largest stage a
+    multiple of ``vpp``); equal-sized chunks always are."""
+    vpp = len(chunks) // pp
+    totals = tuple(sum(chunks[s::pp]) for s in range(pp))
+    if chunk_sizes(totals, vpp) is None or max(chunks) - min(chunks) > 1:
+        raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are "
+                         "priced one block apart at most, the largest stage a multiple of the chunks per stage")
+    return totals, vpp
 
 
 def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> Recipe:
@@ -596,11 +603,9 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
                                  f"{blocks}")
             if len(chunks) == pp:
                 stages = tuple(chunks)
-            elif len(set(chunks)) > 1:
-                raise ValueError("cannot express a --pipeline-model-parallel-layout of unequal virtual stages (priced: "
-                                 "interleaved chunks of one size)")
             else:
-                schedule, vpp = "interleaved", len(chunks) // pp
+                stages, vpp = _looped_stages(chunks, pp, "--pipeline-model-parallel-layout")
+                schedule = "interleaved"
         elif per_chunk is not None:
             if first is not None or last is not None:
                 raise ValueError("cannot express --decoder-first/last-pipeline-num-layers with interleaving")

@@ -26,6 +26,7 @@ import json
 import shlex
 
 from pase.planning.engine_runs import EnginePlan, refusal
+from pase.planning.pipeline import virtual_order
 
 __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
            "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
@@ -105,11 +106,7 @@ def torchtitan_fqns(plan: EnginePlan) -> list:
     >>> torchtitan_fqns(p)
     [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
     """
-    if plan.vpp > 1:
-        chunk = plan.counts[0] // plan.vpp
-        sizes = [chunk] * (plan.pp * plan.vpp)
-    else:
-        sizes = list(plan.counts)
+    sizes = virtual_order(plan.counts, plan.vpp)
     parts, start = [], 0
     for size in sizes:
         parts.append([f"layers.{i}" for i in range(start, start + size)])
@@ -355,12 +352,12 @@ def _parallel_arguments(plan: EnginePlan) -> list:
         if plan.zero >= 1:
             args.append(("--overlap-param-gather", None))
     if plan.pp > 1:
-        if plan.vpp > 1:
+        if plan.vpp > 1 and len(set(plan.counts)) == 1:
             args.append(("--num-layers-per-virtual-pipeline-stage", plan.counts[0] // plan.vpp))
-        elif len(set(plan.counts[1:-1])) > 1:
-            # Middle stages of different sizes: first/last would even them out. Megatron-LM's
-            # explicit layout says every stage (megatron-core's PipelineParallelLayerLayout).
-            args.append(("--pipeline-model-parallel-layout", megatron_layout(plan.counts)))
+        elif plan.vpp > 1 or len(set(plan.counts[1:-1])) > 1:
+            # Chunks of two sizes, or middle stages of different sizes: Megatron-LM's explicit
+            # layout says every model chunk (megatron-core's PipelineParallelLayerLayout).
+            args.append(("--pipeline-model-parallel-layout", megatron_layout(plan.counts, plan.vpp)))
         elif len(set(plan.counts)) > 1:
             args.append(("--decoder-first-pipeline-num-layers", plan.counts[0]))
             if plan.pp > 2:
@@ -368,15 +365,19 @@ def _parallel_arguments(plan: EnginePlan) -> list:
     return args
 
 
-def megatron_layout(counts) -> str:
-    """Megatron-LM's ``--pipeline-model-parallel-layout`` of blocks per pipeline stage: stages
-    split by ``|``, ``t*N`` for N transformer layers, the embedding ``E`` before the first
-    stage's layers and the loss (output layer) ``L`` after the last stage's, as priced.
+def megatron_layout(counts, vpp: int = 1) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` of blocks per pipeline stage (in
+    ``vpp`` interleaved chunks each, :func:`pase.planning.pipeline.virtual_order`): model
+    chunks in the model's order split by ``|`` (chunk ``j`` on stage ``j mod pp``), ``t*N`` for N
+    transformer layers, the embedding ``E`` before the first chunk's layers and the loss (output
+    layer) ``L`` after the last chunk's, as priced.
 
     >>> megatron_layout((7, 8, 10, 7))
     'Et*7|t*8|t*10|t*7L'
+    >>> megatron_layout((3, 4), 2)
+    'Et*1|t*2|t*2|t*2L'
     """
-    return "E" + "|".join(f"t*{c}" for c in counts) + "L"
+    return "E" + "|".join(f"t*{c}" for c in virtual_order(counts, vpp)) + "L"
 
 
 def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profile=None) -> dict:

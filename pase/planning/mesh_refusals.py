@@ -13,7 +13,7 @@ import numpy as np
 from pase.model.configs import divisors
 from pase.model.roles import roles_of
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
-from pase.planning.pipeline import cuts
+from pase.planning.pipeline import chunk_sizes, cuts
 
 __all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal", "fold_refusal"]
 
@@ -40,9 +40,11 @@ def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None
             what = "pipeline stages" if recipe.vpp is None else "chunks"
             shown = f"pp {recipe.pp}" if recipe.vpp is None else f"pp {recipe.pp} x vpp {recipe.vpp} = {chunks}"
             return f"{shown} {what} > {blocks or 0} blocks"
-        if recipe.vpp is not None and blocks % chunks:
-            return (f"interleaving needs equal chunks: {blocks} blocks are not pp {recipe.pp} x vpp {recipe.vpp} = "
-                    f"{chunks} chunks of equal size")
+        if recipe.vpp is not None and recipe.vpp > 1:
+            tried = [recipe.stages] if recipe.stages is not None else cuts(blocks, recipe.pp)
+            if not any(chunk_sizes(c, recipe.vpp) is not None for c in tried):
+                return (f"interleaving needs chunks of at most two sizes, one block apart: {blocks} blocks do not "
+                        f"split into pp {recipe.pp} x vpp {recipe.vpp} = {chunks} such chunks")
     return None
 
 

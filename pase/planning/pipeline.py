@@ -22,6 +22,7 @@ from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync", "exposed_sends",
+           "chunk_sizes", "virtual_order", "interleavings",
            "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
@@ -91,6 +92,65 @@ def cuts(blocks: int, pp: int, width: int = 8) -> list:
             if last >= 1 and abs(first - middle) <= width and abs(last - middle) <= width:
                 out.add((first,) + (middle,) * (pp - 2) + (last,))
     return sorted(out, key=lambda c: (max(c) - min(c), c))
+
+
+def chunk_sizes(counts, vpp: int) -> list | None:
+    """Blocks per chunk of every stage (a list of ``vpp`` sizes per stage) when stages of
+    ``counts`` blocks each run ``vpp`` chunks of an interleaved schedule, or ``None`` when they
+    cannot. With ``q = max(counts) / vpp`` (``vpp`` must divide the largest stage), every chunk
+    holds ``q`` or ``q - 1`` blocks: a lighter stage's chunks are one block short, as Megatron's
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    make the first and last chunk (NeMo's Llama 3.1 405B: 126 layers, pp 8 x vpp 8 = 64 chunks
+    of 2, the first and last of 1) and its ``--pipeline-model-parallel-layout`` writes any such
+    split. The first stage's short chunks come first (its embedding shares them), every other
+    stage's last (the last stage's loss shares them). Stages are priced by their blocks, as for
+    1F1B; equal stages are split equally.
+
+    >>> chunk_sizes((15, 16, 16, 15), 8)[0], chunk_sizes((15, 16, 16, 15), 8)[3]
+    ([1, 2, 2, 2, 2, 2, 2, 2], [2, 2, 2, 2, 2, 2, 2, 1])
+    >>> chunk_sizes((8, 8), 4), chunk_sizes((7, 8), 8), chunk_sizes((3, 8), 4)
+    ([[2, 2, 2, 2], [2, 2, 2, 2]], None, None)
+    """
+    if vpp < 2 or not counts:
+        return None
+    largest = max(counts)
+    if largest % vpp:
+        return None
+    q = largest // vpp
+    out = []
+    for s, count in enumerate(counts):
+        short = vpp * q - count
+        if short > vpp or (short > 0 and q < 2):
+            return None
+        sizes = [q - 1] * short + [q] * (vpp - short) if s == 0 else [q] * (vpp - short) + [q - 1] * short
+        out.append(sizes)
+    return out
+
+
+def virtual_order(counts, vpp: int) -> list:
+    """Blocks per model chunk in the model's order (chunk ``j`` on stage ``j mod pp``, the
+    ``j // pp``-th of that stage: Megatron's and torchtitan's looped placement) for stages of
+    ``counts`` blocks in ``vpp`` chunks each (:func:`chunk_sizes`); ``vpp`` 1: ``counts``.
+
+    >>> virtual_order((3, 4), 2)
+    [1, 2, 2, 2]
+    """
+    if vpp <= 1:
+        return list(counts)
+    sizes = chunk_sizes(counts, vpp)
+    if sizes is None:
+        raise ValueError(f"stages of {'/'.join(map(str, counts))} blocks do not run {vpp} interleaved chunks each")
+    return [sizes[j % len(counts)][j // len(counts)] for j in range(len(counts) * vpp)]
+
+
+def interleavings(counts) -> list:
+    """Chunks per device an interleaved schedule may run with stages of ``counts`` blocks:
+    every ``v >= 2`` for which :func:`chunk_sizes` splits them.
+
+    >>> interleavings((4, 4)), interleavings((15, 16, 16, 15))
+    ([2, 4], [2, 4, 8])
+    """
+    return [v for v in range(2, max(counts) + 1) if chunk_sizes(counts, v) is not None]
 
 
 @dataclass(frozen=True)
@@ -251,9 +311,9 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             if schedule == "1f1b":
                 vs = [1]
             else:
-                if len(set(counts)) != 1 or m % pp:
+                if m % pp:
                     continue
-                vs = [v for v in range(2, counts[0] + 1) if counts[0] % v == 0]
+                vs = interleavings(counts)
                 if vpps is not None:
                     vs = [v for v in vs if v in vpps]
             tried += [(c, schedule, vpp) for vpp in vs]
