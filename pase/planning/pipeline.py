@@ -235,7 +235,7 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     the fastest that fits ``memory_cap``, else the one needing least memory.
 
     Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` dividing each
-    stage's blocks (interleaved needs equal stages and ``m`` a multiple of ``pp``).
+    stage's blocks (interleaved needs chunks one block apart, :func:`chunk_sizes`, and ``m`` a multiple of ``pp``).
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
                                   memory_cap, schedules, vpps, fixed_counts)[0]
