@@ -234,7 +234,7 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
     the fastest that fits ``memory_cap``, else the one needing least memory.
 
-    Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` dividing each
+    Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` that splits each
     stage's blocks (interleaved needs chunks one block apart, :func:`chunk_sizes`, and ``m`` a multiple of ``pp``).
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
