@@ -714,22 +714,31 @@ class TrainingCosting:
         self._pooled_with: dict = {}
         self._edge_pairs: list = []
         self._reader_place: dict = {}
+        self._edge_arrays = None
         if self.readers == "each":
             return
         K = len(self.configs[0]) if self.configs else 0
         if any(len(C) != K for C in self.configs):
             raise ValueError("the reader rule 'summed' needs configuration rows that line up across layers "
                              "(one per mesh or strategy); per-layer rows are priced under 'each'")
+        # Groups of readers equal in parts (repeated blocks) share their rows and reductions.
+        leads: dict = {}
+        shared: dict = {}
         for group in reader_groups(self.network):
-            lead = alike_readers(self.network, group, self.configs)
             members = tuple(v for v, _ in group)
+            kinds = (tuple(self.kinds[w] for w in members), tuple(i for _, i in group))
+            if kinds not in leads:
+                leads[kinds] = alike_readers(self.network, group, self.configs)
+            lead = leads[kinds]
             for j, (v, i) in enumerate(group):
-                self._reader_place[v] = (j, tuple(self.kinds[w] for w in members), lead.tobytes())
+                self._reader_place[v] = (j, kinds[0], lead.tobytes())
                 follows = lead[j] != j
                 if not follows.any():
                     continue
-                reduction = self.network.layers[v].gradient_reductions(self.configs[v], self.machine)[i]
-                self._shared[v] = np.where(follows, np.asarray(reduction, dtype=np.float64), 0.0)
+                if (kinds, j) not in shared:
+                    reduction = self.network.layers[v].gradient_reductions(self.configs[v], self.machine)[i]
+                    shared[(kinds, j)] = np.where(follows, np.asarray(reduction, dtype=np.float64), 0.0)
+                self._shared[v] = shared[(kinds, j)]
                 self._follows[v] = follows
                 for earlier in range(j):
                     rows = lead[j] == earlier
@@ -1162,15 +1171,15 @@ class TrainingCosting:
     def _edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         rows = self.edge_factors(targets, options)[:, None] * edges
         if self._edge_pairs:
-            order = sorted(self.network.edges)
-            if len(targets) != len(order):
+            if len(targets) != len(self.network.edges):
                 raise ValueError("edge_rows: edges must have one row per edge of the network, in sorted order")
-            index = {edge: e for e, edge in enumerate(order)}
-            for lead, follower, pooled in self._edge_pairs:
-                pooled = pooled if columns is None else pooled[columns]
-                a, b = index[(self._producer_of(lead), lead)], index[(self._producer_of(follower), follower)]
-                rows[a] = np.where(pooled, np.maximum(rows[a], rows[b]), rows[a])
-                rows[b] = np.where(pooled, 0.0, rows[b])
+            leads, followers, pooled, alone, quiet = self._edge_pooling()
+            if columns is not None:
+                pooled, quiet = pooled[:, columns], quiet[:, columns]
+            # The lead's edge at the pool's largest (edges are >= 0; a follower is no lead
+            # where it follows, so every value read here is its own), the followers' none.
+            np.maximum.at(rows, leads, np.where(pooled, rows[followers], 0.0))
+            rows[alone] = np.where(quiet, 0.0, rows[alone])
         if not options.tp_overlap or not len(targets):
             rows.setflags(write=False)
             return rows
@@ -1186,6 +1195,21 @@ class TrainingCosting:
         out = np.maximum(rows - options.microbatches * hide, 0.0)
         out.setflags(write=False)
         return out
+
+    def _edge_pooling(self) -> tuple:
+        """The edge pairs of :meth:`_pool_readers` as arrays over the network's sorted edges:
+        ``(lead edges, follower edges, rows pooled per pair, each follower edge once, the rows
+        where it follows)``."""
+        if self._edge_arrays is None:
+            index = {edge: e for e, edge in enumerate(sorted(self.network.edges))}
+            edge_of = lambda v: index[(self._producer_of(v), v)]  # noqa: E731
+            leads = np.array([edge_of(a) for a, _, _ in self._edge_pairs], dtype=np.int64)
+            followers = np.array([edge_of(b) for _, b, _ in self._edge_pairs], dtype=np.int64)
+            pooled = np.array([rows for _, _, rows in self._edge_pairs], dtype=bool)
+            alone = sorted({b for _, b, _ in self._edge_pairs})
+            quiet = np.array([self._follows[b] for b in alone], dtype=bool)
+            self._edge_arrays = (leads, followers, pooled, np.array([edge_of(b) for b in alone], dtype=np.int64), quiet)
+        return self._edge_arrays
 
     def _producer_of(self, v: int) -> int:
         """The producer of the tensor reader ``v`` pools (its one reduced input)."""
