@@ -16,6 +16,11 @@ readers and for three (q, k, v) unless only the first and third agree; in that o
 charges the reduction the second and third would share where a framework could sum the
 first and third, so the charge never falls below what a run pays. ``docs/cost-model.md``,
 "Several readers of one tensor".
+
+The training model, whose mesh rows line up across layers, needs no pairs: it takes each
+tensor's weight-product readers whole (:func:`reader_groups`) and, per row, the first reader
+each is laid out like (:func:`alike_readers`), by the same keys; the readers alike share the
+reduction and the gather of the tensor (``docs/training.md``).
 """
 
 from __future__ import annotations
