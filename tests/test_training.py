@@ -407,7 +407,9 @@ def test_sequence_parallelism_halves_tensor_parallel_collectives(toy):
     assert not flags["block1.attn.norm"] and not flags["loss"]
     assert not any(mapper.sequence_parallel(Mesh(1, 4, sp=False)))
     configs = mesh_configs(net, Mesh(1, 4))
-    on = evaluate_candidate(net, configs, 4, toy, TrainingOptions(), 2.0, mesh=Mesh(1, 4, sp=True)).summary
+    # Every reader's own collective (the reader rule "each"; sharing: tests/test_shared_readers.py).
+    on = evaluate_candidate(net, configs, 4, toy, TrainingOptions(), 2.0, mesh=Mesh(1, 4, sp=True),
+                            readers="each").summary
     off = evaluate_candidate(net, configs, 4, toy, TrainingOptions(), 2.0).summary
     costing = TrainingCosting(net, [np.asarray([c]) for c in configs], toy)
     each = [costing.parts[v].activation[0] for v in range(len(net))]

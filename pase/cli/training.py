@@ -361,8 +361,9 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     from .status import ExitStatus
 
     if opts.readers == "summed":
-        raise CliError("--readers summed applies to the per-layer search; the training model prices each reader's "
-                       "gradient reductions itself (docs/training.md)", ExitStatus.USAGE)
+        raise CliError("--readers summed applies to the per-layer search; the training model sums the readers of a "
+                       "mesh plan itself and prices its per-layer search under each (docs/training.md)",
+                       ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts, err=err)
     recipe_from = getattr(args, "recipe_from", None)

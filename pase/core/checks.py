@@ -156,6 +156,16 @@ def text(value, name: str) -> str:
     return value
 
 
+def one_of(choices):
+    """A string among ``choices``."""
+    def checked(value, name: str):
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {_shown(value)}")
+        return value
+
+    return checked
+
+
 def a_callable(value, name: str):
     if not callable(value):
         raise ArgumentTypeError(f"{name} must be callable, got {_kind(value)} {_shown(value)}")

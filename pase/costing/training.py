@@ -22,6 +22,7 @@ from pase.costing.precision import FP8_SCALINGS, PRECISIONS, PrecisionPricing
 from pase.costing.memory import activation_elements, parameter_shards
 from pase.machines.measured import ELEMENT_TRAFFIC
 from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
+from pase.model.readers import READER_RULES, alike_readers, reader_groups
 from pase.model.roles import input_roles, output_roles, roles_of
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
@@ -629,12 +630,22 @@ class TrainingCosting:
         Configuration rows of every layer (the enumerated ones, or one row per candidate).
     machine
         Prices the parts.
+    readers : str
+        How the weight products reading one tensor pay for it (``pase.model.readers``):
+        ``"summed"`` (the default), as engines run them, needs rows that line up across layers
+        (a mesh's, or one strategy's): readers laid out alike in a row gather the tensor once and
+        reduce their summed gradient once (:meth:`reader_pools`); ``"each"``: every reader pays
+        its own (the per-layer search, whose rows of different layers are unrelated).
     """
 
-    def __init__(self, network, configs: Sequence[np.ndarray], machine, structure: "NetworkStructure | None" = None):
+    def __init__(self, network, configs: Sequence[np.ndarray], machine, structure: "NetworkStructure | None" = None,
+                 readers: str = "summed"):
         self.network = network
         self.machine = machine
         self.configs = [np.asarray(C, dtype=np.int64) for C in configs]
+        if readers not in READER_RULES:
+            raise ValueError(f"unknown reader rule {readers!r}; choose one of: {', '.join(READER_RULES)}")
+        self.readers = readers
         st = structure if structure is not None else NetworkStructure.of(network)
         self.structure = st
         # Layers of repeated blocks are equal in everything a cost reads: take each apart once.
@@ -649,6 +660,7 @@ class TrainingCosting:
             self.kinds.append(index)
             self.parts.append(parts)
         self.cores, self.blocks, self.block_outputs, self.charged = st.cores, st.blocks, st.block_outputs, st.charged
+        self._pool_readers()
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
         self.op_saved = self._op_saved()
         self.read_back = self._read_back()
@@ -663,7 +675,8 @@ class TrainingCosting:
         groups: dict = {}
         for v, layer in enumerate(network.layers):
             key = (self.kinds[v], self.cores.get(v), self.blocks[v] is None, self.block_outputs[v], self.charged[v],
-                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]), bool(self.read_back[v]))
+                   layer.loss, bool(self.loss_only[v]), bool(self.op_saved[v]), bool(self.read_back[v]),
+                   self._reader_place.get(v))
             groups.setdefault(key, []).append(v)
         self.vector_groups = [(members[0], np.array(members)) for members in groups.values()]
         #: Per layer, the representative of its group (equal vectors under any options).
@@ -694,6 +707,58 @@ class TrainingCosting:
         self.precision = PrecisionPricing(self)
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(network.layers))], dtype=np.float64)
+
+    def _pool_readers(self) -> None:
+        """Under the reader rule ``"summed"``: per row, the readers of one tensor laid out alike
+        (``pase.model.readers.alike_readers``) pool at the first of them, which pays the one
+        reduction of their summed input gradient and the one gather of the tensor. Kept: per
+        reader, the reduction it no longer pays (``_shared``), the rows where it follows another
+        (``_follows``), the later readers pooled at it (``_pooled_with``), the edge pairs
+        ``(lead, follower, rows)`` whose follower's edge is not charged (``_edge_pairs``), and
+        its place in its group (``_reader_place``: equal places, equal pooled vectors)."""
+        self._shared: dict = {}
+        self._follows: dict = {}
+        self._pooled_with: dict = {}
+        self._edge_pairs: list = []
+        self._reader_place: dict = {}
+        self._edge_arrays = None
+        if self.readers == "each":
+            return
+        K = len(self.configs[0]) if self.configs else 0
+        if any(len(C) != K for C in self.configs):
+            raise ValueError("the reader rule 'summed' needs configuration rows that line up across layers "
+                             "(one per mesh or strategy); per-layer rows are priced under 'each'")
+        # Groups of readers equal in parts (repeated blocks) share their rows and reductions.
+        leads: dict = {}
+        shared: dict = {}
+        for group in reader_groups(self.network):
+            members = tuple(v for v, _ in group)
+            kinds = (tuple(self.kinds[w] for w in members), tuple(i for _, i in group))
+            if kinds not in leads:
+                leads[kinds] = alike_readers(self.network, group, self.configs)
+            lead = leads[kinds]
+            for j, (v, i) in enumerate(group):
+                self._reader_place[v] = (j, kinds[0], lead.tobytes())
+                follows = lead[j] != j
+                if not follows.any():
+                    continue
+                if (kinds, j) not in shared:
+                    reduction = self.network.layers[v].gradient_reductions(self.configs[v], self.machine)[i]
+                    shared[(kinds, j)] = np.where(follows, np.asarray(reduction, dtype=np.float64), 0.0)
+                self._shared[v] = shared[(kinds, j)]
+                self._follows[v] = follows
+                for earlier in range(j):
+                    rows = lead[j] == earlier
+                    if rows.any():
+                        self._pooled_with.setdefault(members[earlier], []).append((v, rows))
+                        if self.network.layers[v].inputs[i].producer is not None:
+                            self._edge_pairs.append((members[earlier], v, rows))
+
+    def reader_pools(self) -> dict:
+        """``{lead: ((reader, rows), ...)}``: the readers pooled at each lead reader (``rows``: a
+        boolean per row, where the reader is laid out like the lead), as
+        :meth:`exposed_activation` and :meth:`edge_rows` charge them."""
+        return {v: tuple(pooled) for v, pooled in self._pooled_with.items()}
 
     def keep_every_layer(self) -> None:
         """Keep every layer's per-layer vectors by the options they read (by default only the
@@ -1054,36 +1119,74 @@ class TrainingCosting:
         # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).
         return s - hidden + options.comm_sm_share * hidden
 
+    def charged_activation(self, v: int) -> np.ndarray:
+        """``v``'s activation collectives of one micro-batch, per row: its parts' less the
+        reduction of its input's gradient where a reader before it, laid out alike, reduces
+        the summed gradient (:meth:`reader_pools`), times its ``activation_scale``."""
+        a = self.parts[v].activation
+        if v in self._shared:
+            a = a - self._shared[v]
+        return a * self.activation_scale[v]
+
+    def _pooled(self, v: int, options: TrainingOptions) -> tuple:
+        """``(activation collectives, compute)`` of ``v`` with the readers pooled at it, per
+        row; 0 where ``v`` itself is pooled at an earlier reader."""
+        a, c = self.charged_activation(v), self.compute(v, options)
+        for w, rows in self._pooled_with.get(v, ()):
+            a = a + np.where(rows, self.charged_activation(w), 0.0)
+            c = c + np.where(rows, self.compute(w, options), 0.0)
+        if v in self._follows:
+            a, c = np.where(self._follows[v], 0.0, a), np.where(self._follows[v], 0.0, c)
+        return a, c
+
     @_per_layer_kept
     def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """``v``'s activation collectives of one micro-batch left exposed: all of them, or
-        with ``tp_overlap`` ``max(0, a - e c)`` (``a`` the collectives, ``c`` the layer's
-        compute, ``e`` the overlap efficiency; Megatron's ``--tp-comm-overlap`` pipelines each
-        tensor-parallel all-gather and reduce-scatter with the GEMM beside it)."""
-        a = self.parts[v].activation * self.activation_scale[v]
+        """``v``'s activation collectives of one micro-batch left exposed
+        (:meth:`charged_activation`): all of them, or with ``tp_overlap`` ``max(0, a - e c)``
+        (``a`` the collectives, ``c`` the layer's compute, ``e`` the overlap efficiency;
+        Megatron's ``--tp-comm-overlap`` pipelines each tensor-parallel all-gather and
+        reduce-scatter with the GEMM beside it). Readers pooled at ``v`` (:meth:`reader_pools`)
+        add their collectives and compute to ``a`` and ``c`` (one fused GEMM hides the one
+        reduction) and show none of their own there."""
         if not options.tp_overlap:
-            return a
-        hidden = np.minimum(a, options.overlap_efficiency * self.compute(v, options))
+            return self.charged_activation(v)
+        a, c = self._pooled(v, options)
+        hidden = np.minimum(a, options.overlap_efficiency * c)
         return a - hidden + options.comm_sm_share * hidden
 
     def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
-        collectives leave free to hide the redistribution into ``v`` (``tp_overlap``; 0 else)."""
+        collectives leave free to hide the redistribution into ``v`` (``tp_overlap``; 0 else),
+        with the readers pooled at it (:meth:`exposed_activation`)."""
         if not options.tp_overlap:
             return np.zeros(len(self.configs[v]))
-        a = self.parts[v].activation * self.activation_scale[v]
-        return np.maximum(options.overlap_efficiency * self.compute(v, options) - a, 0.0)
+        a, c = self._pooled(v, options)
+        return np.maximum(options.overlap_efficiency * c - a, 0.0)
 
     def edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         """Exposed seconds of every edge per row ``(E, K)`` from the redistribution seconds of
         one micro-batch forward and backward ``edges``: :meth:`edge_factors` times them, less
-        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0.
-        ``columns``: the rows of this costing that ``edges`` has (default all)."""
+        (``tp_overlap``) ``m`` times the target's :meth:`overlap_leftover`, at least 0. Readers
+        pooled at a lead (:meth:`reader_pools`) need the tensor as the lead does: their edges
+        are charged once, on the lead's, at the largest factor of the pool (one gather, run
+        again if any of them recomputes). ``edges``: one row per edge of the network in sorted
+        order (``targets`` their consumers); ``columns``: the rows of this costing that
+        ``edges`` has (default all)."""
         return self._memo.get(("edge_rows", id(edges), id(targets), id(columns)), options,
                               lambda o: self._edge_rows(edges, targets, o, columns), hold=(edges, targets, columns))
 
     def _edge_rows(self, edges: np.ndarray, targets, options: TrainingOptions, columns=None) -> np.ndarray:
         rows = self.edge_factors(targets, options)[:, None] * edges
+        if self._edge_pairs:
+            if len(targets) != len(self.network.edges):
+                raise ValueError("edge_rows: edges must have one row per edge of the network, in sorted order")
+            leads, followers, pooled, alone, quiet = self._edge_pooling()
+            if columns is not None:
+                pooled, quiet = pooled[:, columns], quiet[:, columns]
+            # The lead's edge at the pool's largest (edges are >= 0; a follower is no lead
+            # where it follows, so every value read here is its own), the followers' none.
+            np.maximum.at(rows, leads, np.where(pooled, rows[followers], 0.0))
+            rows[alone] = np.where(quiet, 0.0, rows[alone])
         if not options.tp_overlap or not len(targets):
             rows.setflags(write=False)
             return rows
@@ -1099,6 +1202,26 @@ class TrainingCosting:
         out = np.maximum(rows - options.microbatches * hide, 0.0)
         out.setflags(write=False)
         return out
+
+    def _edge_pooling(self) -> tuple:
+        """The edge pairs of :meth:`_pool_readers` as arrays over the network's sorted edges:
+        ``(lead edges, follower edges, rows pooled per pair, each follower edge once, the rows
+        where it follows)``."""
+        if self._edge_arrays is None:
+            index = {edge: e for e, edge in enumerate(sorted(self.network.edges))}
+            edge_of = lambda v: index[(self._producer_of(v), v)]  # noqa: E731
+            leads = np.array([edge_of(a) for a, _, _ in self._edge_pairs], dtype=np.int64)
+            followers = np.array([edge_of(b) for _, b, _ in self._edge_pairs], dtype=np.int64)
+            pooled = np.array([rows for _, _, rows in self._edge_pairs], dtype=bool)
+            alone = sorted({b for _, b, _ in self._edge_pairs})
+            quiet = np.array([self._follows[b] for b in alone], dtype=bool)
+            self._edge_arrays = (leads, followers, pooled, np.array([edge_of(b) for b in alone], dtype=np.int64), quiet)
+        return self._edge_arrays
+
+    def _producer_of(self, v: int) -> int:
+        """The producer of the tensor reader ``v`` pools (its one reduced input)."""
+        layer = self.network.layers[v]
+        return layer.inputs[layer.reduced_inputs()[0]].producer
 
     def _leftover_keys(self, columns=None) -> np.ndarray:
         """Per layer, a number naming its group representative and its row of activation

@@ -16,6 +16,11 @@ readers and for three (q, k, v) unless only the first and third agree; in that o
 charges the reduction the second and third would share where a framework could sum the
 first and third, so the charge never falls below what a run pays. ``docs/cost-model.md``,
 "Several readers of one tensor".
+
+The training model, whose mesh rows line up across layers, needs no pairs: it takes each
+tensor's weight-product readers whole (:func:`reader_groups`) and, per row, the first reader
+each is laid out like (:func:`alike_readers`), by the same keys; the readers alike share the
+reduction and the gather of the tensor (``docs/training.md``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 from pase.machines.base import layout_strides
 
 __all__ = ["READER_RULES", "ReaderLink", "reader_links", "reduction_keys", "same_layout", "link_matrix",
-           "shared_reductions"]
+           "shared_reductions", "reader_groups", "alike_readers"]
 
 #: ``each``: every reader reduces its own gradient (the paper); ``summed``: readers laid out
 #: alike sum first and reduce once (what a framework runs).
@@ -121,3 +126,44 @@ def shared_reductions(network, strategy: list, machine) -> np.ndarray:
         if same_layout(reduction_keys(network.layers[a], rows[a], i), reduction_keys(later, rows[b], j))[0, 0]:
             saved[b] += float(np.asarray(later.gradient_reductions(rows[b], machine)[j]).reshape(-1)[0])
     return saved
+
+
+def reader_groups(network) -> tuple:
+    """The weight products that read one tensor and may share its gradient's reduction and its
+    gather, whatever ``network.readers`` says: per tensor and ``reduction_signature``, the
+    ``(vertex, input position)`` of every weight product (a layer with parameters) reading it as
+    its one reduced input, in vertex order, where at least two do. A product reading the tensor's
+    producer through more than that one tensor is left out (its edge carries others too), and so
+    is every layer without weights (a residual sum, attention's products): their gradients and
+    gathers are not the same collective. For a costing whose rows line up across layers (the
+    training model's meshes and strategies): :func:`alike_readers` says per row which share."""
+    groups: dict = {}
+    for v, layer in enumerate(network.layers):
+        reduced = layer.reduced_inputs()
+        if len(reduced) != 1 or not layer.parameter_tensors():
+            continue
+        i = reduced[0]
+        tensor = layer.inputs[i]
+        if tensor.producer is not None and len(network.edges[(tensor.producer, v)]) != 1:
+            continue
+        groups.setdefault((tensor.key, layer.reduction_signature(i)), []).append((v, i))
+    return tuple(tuple(members) for members in groups.values() if len(members) > 1)
+
+
+def alike_readers(network, group, configs) -> np.ndarray:
+    """``(len(group), K)`` integers: per reader of :func:`reader_groups`' ``group`` and row of
+    ``configs`` (``configs[v]``: vertex ``v``'s ``K`` rows, lined up across layers), the position
+    in ``group`` of the first reader laid out like it (its :func:`reduction_keys` row equal: the
+    same block of the tensor on the same devices, its gradient reduced over the same devices),
+    itself where none before it is. The readers of one position sum their partial gradients and
+    reduce once; they need the tensor in one layout, gathered once."""
+    keys = [reduction_keys(network.layers[v], configs[v], i) for v, i in group]
+    width = max(k.shape[1] for k in keys)
+    K = len(keys[0])
+    ids = np.unique(np.concatenate([_pad(k, width) for k in keys]), axis=0, return_inverse=True)[1]
+    ids = ids.reshape(len(group), K)
+    lead = np.tile(np.arange(len(group))[:, None], (1, K))
+    for j in range(1, len(group)):
+        for earlier in range(j - 1, -1, -1):  # the first alike wins: scan down to it
+            lead[j] = np.where(ids[earlier] == ids[j], earlier, lead[j])
+    return lead

@@ -35,8 +35,9 @@ from pase.costing.training import (
 )
 from pase.core.checks import (
     a_bool, a_callable, a_mesh, a_network, a_recipe, a_rules, a_structure, a_training_options, an_engine, arguments,
-    configurations, engine_sequence, non_negative_int, optional, positive_int, positive_number,
+    configurations, engine_sequence, non_negative_int, one_of, optional, positive_int, positive_number,
 )
+from pase.model.readers import READER_RULES
 from pase.machines.registry import as_machine
 
 __all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
@@ -758,25 +759,29 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
 @arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
            options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
            mesh=optional(a_mesh), microbatch=optional(positive_int), rules=optional(a_rules),
-           structure=optional(a_structure))
+           structure=optional(a_structure), readers=optional(one_of(READER_RULES)))
 def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
                        memory_cap: float | None = None, mesh: Mesh | None = None,
                        microbatch: int | None = None, rules: ParallelRules | None = None,
-                       structure: NetworkStructure | None = None) -> Candidate:
+                       structure: NetworkStructure | None = None, readers: str | None = None) -> Candidate:
     """A given strategy (one configuration per layer of the micro-batch network) priced under
-    ``options``: the same numbers the searches compute. ``structure``: the network's, if known."""
+    ``options``: the same numbers the searches compute. ``structure``: the network's, if known.
+    ``readers``: the reader rule (``TrainingCosting``); by default the searches' own:
+    ``"summed"`` for a mesh's strategy (``mesh`` given), ``"each"`` for a per-layer one."""
     if len(configs) != len(network.layers):
         raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
                          f"{len(network.layers)} layers")
-    priced = _strategy_costing(network, configs, procs, machine, mesh, rules, structure)
+    readers = readers if readers is not None else "each" if mesh is None else "summed"
+    priced = _strategy_costing(network, configs, procs, machine, mesh, rules, structure, readers)
     return _evaluated(priced, configs, procs, options, act_bytes, memory_cap, mesh, microbatch)
 
 
-def _strategy_costing(network, configs, procs: int, machine, mesh=None, rules=None, structure=None) -> tuple:
+def _strategy_costing(network, configs, procs: int, machine, mesh=None, rules=None, structure=None,
+                      readers: str = "summed") -> tuple:
     """``(costing, edge seconds, edge targets, network)`` of one strategy (one row per layer),
     for :func:`_evaluated` under any options."""
     rows = [np.asarray([c], dtype=np.int64) for c in configs]
-    costing = TrainingCosting(network, rows, machine, structure)
+    costing = TrainingCosting(network, rows, machine, structure, readers=readers)
     if mesh is not None:
         halved = MeshMapper(network, rules).sequence_parallel(mesh)
         costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
@@ -819,8 +824,10 @@ class TrainingGraphs:
     configurations and graph (``Network.graph``, which also refuses tables over ``budget``),
     the layer parts (:class:`TrainingCosting`) and every distinct edge's redistribution seconds.
     ZeRO, recomputation and micro-batches then change only the vectors and the factors on the
-    edges (:meth:`graph`). The training model prices each reader's gradient reduction itself
-    (the reader rule ``"each"``, ``docs/training.md``)."""
+    edges (:meth:`graph`). Rows of different layers are unrelated here, and pairwise tables
+    cannot say that three readers share one gather: the per-layer search prices each reader's
+    gradient reduction and gather itself (the reader rule ``"each"``, ``docs/training.md``), as
+    the strategy it finds is then priced."""
 
     def __init__(self, network, procs: int, machine, budget=None):
         self.network = network
@@ -830,7 +837,7 @@ class TrainingGraphs:
         self.strategies: dict = {}
         self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
         self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
-        self.costing = TrainingCosting(network, self.configs, machine)
+        self.costing = TrainingCosting(network, self.configs, machine, readers="each")
         self.costing.keep_every_layer()  # priced under every ZeRO stage and recomputation policy
         layers = network.layers
         outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
@@ -944,6 +951,7 @@ def search_free(network, procs: int, machine, options: TrainingOptions, act_byte
     # by the options it reads).
     key = tuple(configs)
     if key not in pieces.strategies:
-        pieces.strategies[key] = _strategy_costing(network, configs, procs, machine, structure=costing.structure)
+        pieces.strategies[key] = _strategy_costing(network, configs, procs, machine, structure=costing.structure,
+                                                   readers="each")
     candidate = _evaluated(pieces.strategies[key], configs, procs, options, act_bytes, memory_cap, None, microbatch)
     return FreeSearch(candidate, optimum, entries, searches, seconds, status)
