@@ -106,6 +106,8 @@ class StagePlan:
     p2p_seconds: float
     bubble_fraction: float
     step_seconds: float
+    #: Under ``recompute=block``: the blocks each chunk recomputes (the one searched or given).
+    recompute_layers: int = 0
 
 
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
@@ -148,25 +150,30 @@ def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: f
 
 
 def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
-                  layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None) -> tuple:
+                  layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None,
+                  search_layers: bool = False) -> tuple:
     """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
     the fastest that fits ``memory_cap``, else the one needing least memory.
 
     Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` dividing each
-    stage's blocks (interleaved needs equal stages and ``m`` a multiple of ``pp``).
+    stage's blocks (interleaved needs equal stages and ``m`` a multiple of ``pp``). Under
+    ``recompute=block`` each chunk (a stage, or a model chunk of ``blocks / v`` blocks
+    interleaved) recomputes its first ``recompute_layers`` blocks; ``search_layers``: every
+    count from 1 to the largest chunk's blocks is tried for every cut and schedule.
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
-                                  memory_cap, schedules, vpps, fixed_counts)[0]
+                                  memory_cap, schedules, vpps, fixed_counts, search_layers=[search_layers])[0]
 
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
-    all; ``edges`` has one column each)."""
+    all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
+    setting's block count is searched (:func:`pipeline_rows`; default not)."""
     options = settings[0]
     if any((o.microbatches, o.overlap, o.overlap_efficiency) != (options.microbatches, options.overlap,
                                                                   options.overlap_efficiency) for o in settings):
@@ -194,8 +201,15 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     summed: dict = {}
     with_edges: dict = {}
     taken: dict = {}  # each layer-vector array's columns, taken once (by array)
+    # ``block`` settings: priced as ``none`` per layer, plus per chunk the deltas of the blocks
+    # it recomputes (``TrainingCosting.block_deltas``), by cut and chunk below.
+    blocked = {}
+    search_layers = [False] * len(settings) if search_layers is None else list(search_layers)
     for j, o in enumerate(settings):
         vec = {}
+        if o.recompute == "block":
+            blocked[j] = (costing.block_deltas(o, act_bytes, edges, targets, columns), search_layers[j])
+            o = o.as_policy("none")
         for name, array in costing.layer_vectors(o, act_bytes).items():
             if id(array) not in taken:
                 # In row order (C-contiguous), as a costing of those rows alone has them.
@@ -248,10 +262,10 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     drain_share = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE)
     efficiency = options.overlap_efficiency if options.overlap else 0.0
     steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
-    for vpp in sorted({v for _, _, v in tried}):
-        which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
-        rows = [tried[j][0] for j in which]
-        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
+    layers_of = np.zeros((len(tried), K), dtype=np.int64)  # block settings' recompute_layers
+
+    def figures(stage, p2p, transient, vpp):
+        """Per-stage micro-batch time, step, per-stage memory and peak of ``(cuts, pp, K)`` sums."""
         t = stage["micro"] + vpp * p2p
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
@@ -263,7 +277,21 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
         in_flight = in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
-        peak = memory.max(axis=1)
+        return t, step, memory, memory.max(axis=1)
+
+    for vpp in sorted({v for _, _, v in tried}):
+        which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
+        rows = [tried[j][0] for j in which]
+        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
+        t, step, memory, peak = figures(stage, p2p, transient, vpp)
+        for j, (deltas, searched) in blocked.items():
+            into = slice(j * K1, (j + 1) * K1)
+            part = {name: S[:, :, into] for name, S in stage.items()}
+            found = _block_chunks(part, deltas, [bounds[r] for r in rows], vpp, settings[j].recompute_layers,
+                                  searched, cap, lambda sums, extra: figures(sums, p2p[into], transient[into] + extra,
+                                                                             vpp))
+            t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
+            layers_of[which, into] = found[4]
         for n, j in enumerate(which):
             steps[j], peaks[j], times[j], memories[j] = step[n], peak[n], t[n], memory[n]
     steps, peaks = np.array(steps), np.array(peaks)  # (tried, K)
@@ -289,6 +317,52 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         fill = (pp - 1) / vpp
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
                                tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
-                               float(vpp * p2p[i]), fill / (m + fill), float(steps[j, i])))
+                               float(vpp * p2p[i]), fill / (m + fill), float(steps[j, i]), int(layers_of[j, i])))
     return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]
+
+
+def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: int, searched: bool, cap,
+                  figures) -> tuple:
+    """A ``block`` setting's pipelines: ``stage`` its ``(cuts, pp, K)`` sums priced as ``none``,
+    ``deltas`` its :meth:`~pase.costing.training.TrainingCosting.block_deltas`, ``bounds`` each
+    cut's first block per stage (and past the last). Each stage's ``vpp`` chunks of ``c``
+    blocks recompute their first ``min(n, c)``: their micro-batch and activation deltas added,
+    the largest working set of a block recomputed (anywhere) added to the transient memory.
+    ``n`` is ``layers``, or with ``searched`` every count from 1 to the largest chunk's blocks
+    (more recompute the same) keeping per cut and column the fastest that fits ``cap``, else the
+    least memory, the smallest ``n`` of equals. ``(t, step, memory, peak, n)`` as ``figures``
+    gives them, with the ``n`` of each cut and column."""
+    R, P, K = stage["micro"].shape
+    starts = np.array([[bound[s] + k * ((bound[s + 1] - bound[s]) // vpp) for s in range(P) for k in range(vpp)]
+                       for bound in bounds], dtype=np.int64)  # (cuts, chunks): each chunk's first block
+    sizes = np.array([[(bound[s + 1] - bound[s]) // vpp for s in range(P) for _ in range(vpp)]
+                      for bound in bounds], dtype=np.int64)
+    stage_of = np.repeat(np.arange(P), vpp)
+    micro, acts, working = deltas["micro"], deltas["activations"], deltas["working"]
+    added = {"micro": np.zeros((R, P, K)), "acts": np.zeros((R, P, K))}
+    largest = np.zeros((R, 1, K))
+    last = int(sizes.max()) if searched else min(layers, int(sizes.max()))
+    best = None
+    for n in range(1, last + 1):
+        # The n-th block of every chunk holding n blocks or more is recomputed now.
+        r, c = np.nonzero(sizes >= n)
+        block = starts[r, c] + n - 1
+        np.add.at(added["micro"], (r, stage_of[c]), micro[block])
+        np.add.at(added["acts"], (r, stage_of[c]), acts[block])
+        np.maximum.at(largest, (r, 0), working[block])
+        if not searched and n < last:
+            continue
+        sums = {**stage, "micro": stage["micro"] + added["micro"], "acts": stage["acts"] + added["acts"]}
+        t, step, memory, peak = figures(sums, largest)
+        if best is None:
+            best = [t, step, memory, peak, np.full((R, K), n, dtype=np.int64)]
+            continue
+        fits, held = peak <= cap, best[3] <= cap
+        better = np.where(fits, ~held | (step < best[1]), ~held & (peak < best[3]))
+        best[0] = np.where(better[:, None, :], t, best[0])
+        best[1] = np.where(better, step, best[1])
+        best[2] = np.where(better[:, None, :], memory, best[2])
+        best[3] = np.where(better, peak, best[3])
+        best[4] = np.where(better, n, best[4])
+    return tuple(best)

@@ -99,6 +99,9 @@ class TrainingPlan:
                 "stage within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of "
                 "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
+        if self.engine_profile is not None and "block" in self.engine_profile.searched()["recompute"]:
+            text += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with "
+                     "every N from 1 to a chunk's blocks, per mesh, ZeRO stage, micro-batch, cut and schedule")
         if self.mesh_search.experts:
             mesh = self.best.mesh if self.best is not None else None
             if mesh is not None and mesh.folded:  # a recipe's ep (or etp) beyond what dp carves out
@@ -224,8 +227,11 @@ def plan_training(
             # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
             pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
+                if policy == "block" and recipe.recompute_layers is None:
+                    continue  # a block count is searched per mesh candidate; per-layer splits take a recipe's
                 options = base.but(zero=zero, recompute=policy, microbatches=m,
-                                   tp_overlap=reference.options.tp_overlap)
+                                   tp_overlap=reference.options.tp_overlap,
+                                   recompute_layers=recipe.recompute_layers if policy == "block" else 0)
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
                                      pieces=pieces,
                                      microbatch=reference.microbatch)
