@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.builder import redistribution_seconds
-from pase.planning.engine_runs import check_engine, mesh_refusal
+from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.model.roles import roles_of
@@ -401,6 +401,10 @@ def search_meshes(
     probe = build(batch)
     for profile in keep_to:
         check_engine(profile, probe)
+        why = None if recipe.recompute is None else policy_refusal(profile, recipe.recompute)
+        if why is not None:  # the recipe's policy, which no configuration escapes: said first
+            raise EngineRunsNone(f"none of the configurations searched runs on {profile.name} (recompute="
+                                 f"{recipe.recompute}: {why})")
         kept = profile.runs.get("schedules")
         if exporting and "schedules" in profile.runs.get("export", {}):
             kept = profile.runs["export"]["schedules"]
@@ -533,7 +537,7 @@ def search_meshes(
         for (zero, policy, overlap), setting, (time_rows, memory_rows, stage_plans, counts) in zip(grid, settings,
                                                                                                   results):
             for i, (mesh, micro) in enumerate(valid):
-                options = setting.but(recompute_layers=int(counts[i])) if policy == "block" else setting
+                options = setting.but(recompute_layers=int(counts[i])) if policy == "block" and counts[i] else setting
                 if keep_to:
                     why = next((f"{p.name}: {r}" for p in keep_to
                                 if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
