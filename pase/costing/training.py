@@ -633,6 +633,24 @@ def _per_layer_kept(method):
 LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads")
 
 
+def _per_block(of: np.ndarray, pair: tuple, columns=None) -> np.ndarray:
+    """``(blocks, K)``: per block, the sum over the rows whose block ``of`` names of the first
+    array of ``pair`` less the second (or of the one array), at ``columns``."""
+    blocks = int(of.max()) + 1 if len(of) else 0
+    diff = pair[0] if len(pair) == 1 else pair[0] - pair[1]
+    if columns is not None:
+        diff = diff[:, columns]
+    order = np.argsort(of, kind="stable")
+    inside = order[of[order] >= 0]
+    groups = of[inside]
+    out = np.zeros((blocks, diff.shape[1]))
+    if len(inside):
+        starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        out[groups[starts]] = np.add.reduceat(diff[inside], starts, axis=0)
+    out.setflags(write=False)
+    return out
+
+
 class TrainingCosting:
     """Cost and memory vectors of every layer of a network under training options.
 
@@ -1394,27 +1412,25 @@ class TrainingCosting:
         """
         none_o, full_o = options.as_policy("none"), options.as_policy("full")
         none, full = self.layer_vectors(none_o, act_bytes), self.layer_vectors(full_o, act_bytes)
-        columns = np.arange(len(self.configs[0])) if columns is None else np.asarray(columns)
-        order = self.block_order()
-        index = {b: k for k, b in enumerate(order)}
-        of = np.array([-1 if b is None else index[b] for b in self.blocks], dtype=np.int64)
-        inside = of >= 0
-        L, K = len(order), len(columns)
+        of = self._block_of()
         out = {}
         for name in ("micro", "activations", "working"):
-            if name == "working":
-                diff = none[name][:, columns]
-            else:
-                diff = full[name][:, columns] - none[name][:, columns]
-            summed = np.zeros((L, K))
-            np.add.at(summed, of[inside], diff[inside])
-            out[name] = summed
+            # Each distinct pair of arrays once (settings share what they do not change): what
+            # is kept reads no option, the arrays are named by identity and held.
+            pair = (none[name],) if name == "working" else (full[name], none[name])
+            out[name] = self._memo.get(("block deltas", name) + tuple(map(id, pair)) + (id(columns),), options,
+                                       lambda o, pair=pair: _per_block(of, pair, columns), hold=pair + (columns,))
         if edges is not None and len(targets):
-            moved = (self.edge_rows(edges, targets, full_o, columns)
-                     - self.edge_rows(edges, targets, none_o, columns)) / options.microbatches
-            where = of[np.asarray(targets, dtype=np.int64)]
-            np.add.at(out["micro"], where[where >= 0], moved[where >= 0])
+            pair = (self.edge_rows(edges, targets, full_o, columns), self.edge_rows(edges, targets, none_o, columns))
+            moved = self._memo.get(("block deltas", "edges") + tuple(map(id, pair)), options,
+                                   lambda o: _per_block(of[np.asarray(targets, dtype=np.int64)], pair), hold=pair)
+            out["micro"] = out["micro"] + moved / options.microbatches
         return out
+
+    def _block_of(self) -> np.ndarray:
+        """Per layer, its block's place in :meth:`block_order` (-1 outside the blocks)."""
+        order = {b: k for k, b in enumerate(self.block_order())}
+        return np.array([-1 if b is None else order[b] for b in self.blocks], dtype=np.int64)
 
     def _vectors(self, name: str, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """One of :meth:`layer_vectors`' arrays (read-only): each group representative's vector

@@ -232,6 +232,12 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             else:
                 prefix[name][1:, into] = prefix[first[0]][1:, first[1]]
         transient[into] = costing.transient_rows(vec, o)
+    if blocked:  # the block settings' columns side by side, their deltas and block counts
+        block_columns = np.concatenate([np.arange(j * K1, (j + 1) * K1) for j in blocked])
+        block_deltas = {name: np.concatenate([blocked[j][0][name] for j in blocked], axis=1)
+                        for name in ("micro", "activations", "working")}
+        block_layers = np.repeat([settings[j].recompute_layers for j in blocked], K1)
+        block_searched = np.repeat([blocked[j][1] for j in blocked], K1)
     sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
@@ -284,14 +290,14 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         rows = [tried[j][0] for j in which]
         stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
         t, step, memory, peak = figures(stage, p2p, transient, vpp)
-        for j, (deltas, searched) in blocked.items():
-            into = slice(j * K1, (j + 1) * K1)
+        if blocked:
+            into = block_columns
             part = {name: S[:, :, into] for name, S in stage.items()}
-            found = _block_chunks(part, deltas, [bounds[r] for r in rows], vpp, settings[j].recompute_layers,
-                                  searched, cap, lambda sums, extra: figures(sums, p2p[into], transient[into] + extra,
-                                                                             vpp))
+            found = _block_chunks(part, block_deltas, [bounds[r] for r in rows], vpp, block_layers, block_searched,
+                                  cap, m + (pp - 1) / vpp,
+                                  lambda sums, extra: figures(sums, p2p[into], transient[into] + extra, vpp))
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
-            layers_of[which, into] = found[4]
+            layers_of[np.ix_(which, into)] = found[4]
         for n, j in enumerate(which):
             steps[j], peaks[j], times[j], memories[j] = step[n], peak[n], t[n], memory[n]
     steps, peaks = np.array(steps), np.array(peaks)  # (tried, K)
@@ -322,47 +328,61 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             for j in range(len(settings))]
 
 
-def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: int, searched: bool, cap,
-                  figures) -> tuple:
-    """A ``block`` setting's pipelines: ``stage`` its ``(cuts, pp, K)`` sums priced as ``none``,
-    ``deltas`` its :meth:`~pase.costing.training.TrainingCosting.block_deltas`, ``bounds`` each
-    cut's first block per stage (and past the last). Each stage's ``vpp`` chunks of ``c``
-    blocks recompute their first ``min(n, c)``: their micro-batch and activation deltas added,
-    the largest working set of a block recomputed (anywhere) added to the transient memory.
-    ``n`` is ``layers``, or with ``searched`` every count from 1 to the largest chunk's blocks
-    (more recompute the same) keeping per cut and column the fastest that fits ``cap``, else the
-    least memory, the smallest ``n`` of equals. ``(t, step, memory, peak, n)`` as ``figures``
-    gives them, with the ``n`` of each cut and column."""
+def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray, cap,
+                  slots: float, figures) -> tuple:
+    """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
+    ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
+    (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
+    stage's ``vpp`` chunks of ``c`` blocks recompute their first ``min(n, c)``: their micro-batch
+    and activation deltas added, the largest working set of a block recomputed (anywhere)
+    added to the transient memory. ``n`` is ``layers`` (per column, at most the largest chunk),
+    or where ``searched`` every count from 1 to the largest chunk's blocks (more recompute the
+    same), keeping per cut and column the fastest that fits ``cap``, else the least memory, the
+    smallest ``n`` of equals. The counts stop where no column can gain: the step is at least
+    ``slots`` (``m + (pp - 1) / vpp``) times the slowest stage's micro-batch, which only grows
+    with ``n``. Returns ``(t, step, memory, peak, n)`` as ``figures`` gives them, with the ``n``
+    of each cut and column."""
     R, P, K = stage["micro"].shape
-    starts = np.array([[bound[s] + k * ((bound[s + 1] - bound[s]) // vpp) for s in range(P) for k in range(vpp)]
-                       for bound in bounds], dtype=np.int64)  # (cuts, chunks): each chunk's first block
     sizes = np.array([[(bound[s + 1] - bound[s]) // vpp for s in range(P) for _ in range(vpp)]
-                      for bound in bounds], dtype=np.int64)
-    stage_of = np.repeat(np.arange(P), vpp)
-    micro, acts, working = deltas["micro"], deltas["activations"], deltas["working"]
-    added = {"micro": np.zeros((R, P, K)), "acts": np.zeros((R, P, K))}
+                      for bound in bounds], dtype=np.int64)  # (cuts, chunks)
+    starts = np.array([[bound[s] + k * sizes[r, s * vpp] for s in range(P) for k in range(vpp)]
+                       for r, bound in enumerate(bounds)], dtype=np.int64)  # each chunk's first block
+    zero = np.zeros((1, K))
+    prefix = {name: np.concatenate([zero, np.cumsum(deltas[name], axis=0)]) for name in ("micro", "activations")}
+    working = np.concatenate([deltas["working"], zero])  # a row of zeros for chunks past their end
+    largest_chunk = sizes.max(axis=1)  # (cuts,)
+    # The count each column is priced at: its own (at most the largest chunk), or any.
+    fixed = np.minimum(layers[None, :], largest_chunk[:, None])  # (cuts, K)
+    best_t = best_memory = None
+    best_step, best_peak = np.full((R, K), np.inf), np.full((R, K), np.inf)
+    best_n = np.zeros((R, K), dtype=np.int64)
     largest = np.zeros((R, 1, K))
-    last = int(sizes.max()) if searched else min(layers, int(sizes.max()))
-    best = None
-    for n in range(1, last + 1):
-        # The n-th block of every chunk holding n blocks or more is recomputed now.
-        r, c = np.nonzero(sizes >= n)
-        block = starts[r, c] + n - 1
-        np.add.at(added["micro"], (r, stage_of[c]), micro[block])
-        np.add.at(added["acts"], (r, stage_of[c]), acts[block])
-        np.maximum.at(largest, (r, 0), working[block])
-        if not searched and n < last:
-            continue
-        sums = {**stage, "micro": stage["micro"] + added["micro"], "acts": stage["acts"] + added["acts"]}
+    for n in range(1, int(sizes.max()) + 1):
+        taken = np.minimum(n, sizes)  # blocks recomputed per chunk
+        ends = starts + taken
+        sums = {**stage}
+        for name, key in (("micro", "micro"), ("activations", "acts")):
+            P_ = prefix[name]
+            added = (P_[ends] - P_[starts]).reshape(R, P, vpp, K).sum(axis=2)
+            sums[key] = stage[key] + added
+        newest = np.where((sizes >= n)[:, :, None], working[np.minimum(starts + n - 1, len(working) - 1)], 0.0)
+        largest = np.maximum(largest, newest.max(axis=1)[:, None, :])
         t, step, memory, peak = figures(sums, largest)
-        if best is None:
-            best = [t, step, memory, peak, np.full((R, K), n, dtype=np.int64)]
-            continue
-        fits, held = peak <= cap, best[3] <= cap
-        better = np.where(fits, ~held | (step < best[1]), ~held & (peak < best[3]))
-        best[0] = np.where(better[:, None, :], t, best[0])
-        best[1] = np.where(better, step, best[1])
-        best[2] = np.where(better[:, None, :], memory, best[2])
-        best[3] = np.where(better, peak, best[3])
-        best[4] = np.where(better, n, best[4])
-    return tuple(best)
+        allowed = searched[None, :] | (n == fixed)
+        fits, held = peak <= cap, best_peak <= cap
+        better = allowed & np.where(fits, ~held | (step < best_step), ~held & (peak < best_peak))
+        if best_t is None:
+            best_t, best_memory = np.where(better[:, None, :], t, 0.0), np.where(better[:, None, :], memory, 0.0)
+        else:
+            best_t = np.where(better[:, None, :], t, best_t)
+            best_memory = np.where(better[:, None, :], memory, best_memory)
+        best_step = np.where(better, step, best_step)
+        best_peak = np.where(better, peak, best_peak)
+        best_n = np.where(better, n, best_n)
+        # Done: every fixed column priced; every searched one holds a fitting plan no later
+        # count can beat (their steps are at least slots x the slowest stage's, which grows).
+        floor = slots * t.max(axis=1)
+        done = np.where(searched[None, :], (best_peak <= cap) & (floor >= best_step), n >= fixed)
+        if done.all():
+            break
+    return best_t, best_step, best_memory, best_peak, best_n
