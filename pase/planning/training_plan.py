@@ -99,7 +99,7 @@ class TrainingPlan:
                 "stage within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of "
                 "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
-        if self.engine_profile is not None and "block" in self.engine_profile.searched()["recompute"]:
+        if self.mesh_search.block_counts:
             text += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with "
                      "every N from 1 to a chunk's blocks, per mesh, ZeRO stage, micro-batch, cut and schedule")
         if self.mesh_search.experts:

@@ -191,6 +191,8 @@ class MeshSearch:
     experts: bool = False
     #: With ``keep_best``: the fastest fitting candidates distinct in step and memory.
     fastest: list = field(default_factory=list)
+    #: Whether ``recompute=block`` was tried with its block count searched.
+    block_counts: bool = False
 
 
 class _PartsMemo:
@@ -590,6 +592,7 @@ def search_meshes(
         candidates=kept,
         experts=bool(expert_counts),
         fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
+        block_counts=search_block and any(policy == "block" for _, policy, _ in grid),
     )
     return result
 
@@ -652,6 +655,7 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(formats)})",
         candidates=[c for r in runs for c in r.candidates],
         experts=runs[0].experts,
+        block_counts=any(r.block_counts for r in runs),
         fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
     )
 
