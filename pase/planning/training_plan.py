@@ -215,7 +215,9 @@ def plan_training(
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
-        settings = options_grid(recipe, engine)
+        # Block recomputation takes a recipe's count here (the mesh search searches it).
+        settings = [(zero, policy) for zero, policy in options_grid(recipe, engine)
+                    if policy != "block" or recipe.recompute_layers is not None]
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]
@@ -227,8 +229,6 @@ def plan_training(
             # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
             pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
-                if policy == "block" and recipe.recompute_layers is None:
-                    continue  # a block count is searched per mesh candidate; per-layer splits take a recipe's
                 options = base.but(zero=zero, recompute=policy, microbatches=m,
                                    tp_overlap=reference.options.tp_overlap,
                                    recompute_layers=recipe.recompute_layers if policy == "block" else 0)
