@@ -715,6 +715,8 @@ class TrainingCosting:
         for rep, _ in self.vector_groups:
             self._kept_layers[rep] = True
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
+        #: ``block_recomputed``'s masks by block count and chunks.
+        self._block_masks: dict = {}
         #: Vectors of every layer under the option sets asked for, kept by the options' fields
         #: they read (:class:`pase.core.memo.OptionsMemo`): a search over ZeRO stages and
         #: recomputation policies computes what one of them does not change once.
@@ -863,14 +865,21 @@ class TrainingCosting:
 
         Example: 4 blocks in chunks ``(2, 2)`` with ``layers=1`` recompute blocks 0 and 2."""
         order = self.block_order()
-        chunks = (len(order),) if chunks is None else tuple(chunks)
+        chunks = (len(order),) if chunks is None else tuple(int(c) for c in chunks)
+        key = (int(layers), chunks)
+        masks = self._block_masks  # asked for layer by layer: each mask once
+        if key in masks:
+            return masks[key]
         if sum(chunks) != len(order):
             raise ValueError(f"chunks {chunks} hold {sum(chunks)} blocks; the network has {len(order)}")
         again, start = set(), 0
         for c in chunks:
             again.update(order[start: start + min(layers, c)])
             start += c
-        return np.array([b is not None and b in again for b in self.blocks], dtype=bool)
+        mask = np.array([b is not None and b in again for b in self.blocks], dtype=bool)
+        mask.setflags(write=False)
+        masks[key] = mask
+        return mask
 
     def recomputed_mask(self, options: TrainingOptions, chunks=None) -> np.ndarray:
         """Per layer, whether its forward runs again in the backward pass: every layer of a
