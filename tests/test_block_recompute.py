@@ -286,7 +286,8 @@ def test_options_and_recipes_refuse_bad_counts():
 
 @pytest.mark.parametrize("recipe,message", [
     ("recompute_layers=3", "pase: error: argument --recipe: recipe recompute_layers applies to recompute=block"),
-    ("recompute=block,recompute_layers=x", "pase: error: argument --recipe: recipe recompute_layers must be a positive integer"),
+    ("recompute=block,recompute_layers=x",
+     "pase: error: argument --recipe: recipe recompute_layers must be a positive integer"),
 ])
 def test_command_line_refuses_bad_counts_in_one_line(recipe, message):
     status, out, err = run("-g", "llama3-8b", "-p", "8", "-b", "16", "-m", "1024", "--machine", "h100-sxm",

@@ -22,7 +22,8 @@ from functools import lru_cache
 
 from pase.planning.mesh import expert_tp, folded
 
-__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal", "check_engine"]
+__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal",
+           "check_engine"]
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,8 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
+               "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
                "stages", "etp")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the

@@ -661,7 +661,8 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-            targets: list, sums: dict | None = None, columns=None, memory_cap=None, search_layers: bool = False) -> tuple:
+            targets: list, sums: dict | None = None, columns=None, memory_cap=None,
+            search_layers: bool = False) -> tuple:
     """Step seconds, peak bytes and ``recompute_layers`` of every row (all layers at the same
     row) of ``columns`` (the costing's rows that ``edges`` has; default all). ``sums``: the
     columns taken and their sums already, by array (settings share the arrays of what they do
