@@ -265,6 +265,7 @@ def test_pipelined_candidate_tells_its_causes_and_memory_per_chunk():
     one = sum(float(costing.layer_time(v, o.but(microbatches=8))["recompute"][0]) for v in (1, 2))
     assert causes["recompute"] == pytest.approx(2 * one, rel=1e-9)
     assert sum(causes.values()) == pytest.approx(best.summary.step_seconds, rel=1e-9)
+    assert sum(best.memory_kinds().values()) == pytest.approx(best.summary.peak_memory_bytes, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------
