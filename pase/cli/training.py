@@ -42,8 +42,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         help="search the training configuration (implied by --recipe and --compare).")
     add("--recipe", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
-             "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy; block: Megatron's, the "
-             "first recompute_layers blocks of each pipeline chunk, searched when not given), microbatch "
+             "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
              "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved), stages (blocks per pipeline "
