@@ -111,8 +111,8 @@ def test_megatron_interleaving_and_fsdp_by_hand():
     ("--micro-batch-size 1 --micro-batch-size 2", "given twice"),
     ("--global-batch-size 64", "differs from the batch of -b"),
     ("--global-batch-size 32", "without --overlap-grad-reduce"),
-    ("--recompute-granularity full --recompute-method block --global-batch-size 32 --overlap-grad-reduce",
-     "cannot express --recompute-method block"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2 --global-batch-size 32 "
+     "--overlap-grad-reduce", "cannot express --recompute-method uniform --recompute-num-layers 2"),
 ])
 def test_megatron_refusals(text, message):
     with pytest.raises(ValueError, match=message):

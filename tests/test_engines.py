@@ -38,6 +38,9 @@ MEGATRON_CASES = [
     ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,tp_overlap=true"),
     ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=full"),
     ("moe_folded", MIXTRAL, "dp=4,tp=2,pp=2,ep=8,zero=1,recompute=full,microbatch=1"),
+    # Megatron's block recomputation: the first 2 layers of each model chunk (--recompute-method block).
+    ("block", LLAMA,
+     "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,zero=1,recompute=block,recompute_layers=2,microbatch=1"),
 ]
 
 

@@ -249,7 +249,7 @@ def test_mesh_of_a_llama_block():
 @pytest.mark.parametrize("text, message", [
     ("tp=0", "tp must be a positive integer"),
     ("zero=4", "zero must be 0, 1, 2 or 3"),
-    ("recompute=some", "recompute must be none, selective, full or op"),
+    ("recompute=some", "recompute must be none, selective, full, op or block"),
     ("dp=2,dp=4", "given twice"),
     ("fsdp=8", "unknown recipe key 'fsdp'"),
     ("dp", "is not KEY=VALUE"),

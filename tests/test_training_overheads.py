@@ -210,7 +210,7 @@ def test_recipe_keys():
     assert r.text() == "tp=4,recompute=op,tp_overlap=true"
     with pytest.raises(ValueError, match="tp_overlap=true needs sequence parallelism"):
         parse_recipe("tp=4,sp=false,tp_overlap=true")
-    with pytest.raises(ValueError, match="recipe recompute must be none, selective, full or op"):
+    with pytest.raises(ValueError, match="recipe recompute must be none, selective, full, op or block"):
         parse_recipe("recompute=ops")
     with pytest.raises(ValueError, match="recipe tp_overlap must be true or false"):
         parse_recipe("tp_overlap=maybe")

@@ -41,7 +41,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: prefetched and the unsharded gradient of one before its reduce-scatter), ``prefetch``
 #: (DeepSpeed's parameter-wise gathers, priced as ``block``).
 WRAP_UNITS = ("layer", "block", "prefetch")
-RECOMPUTE_POLICIES = ("none", "selective", "full", "op")
+RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
 #: The operator-level policy (``recompute=op``) by what a weight product is in its block: kept
 #: (True) or recomputed (False); a product the table does not name is recomputed. Source:
 #: torchtitan's ``_custom_policy`` (``selective_ac_option = 'op'``,
@@ -147,7 +147,13 @@ class TrainingOptions:
         forward again in the backward pass) or ``op`` (torchtitan's operator-level policy:
         a block keeps its input, the outputs of the weight products :data:`OP_POLICY_KEEPS`
         keeps by role and of fused attention, and recomputes the rest;
-        :meth:`TrainingCosting.op_saved`).
+        :meth:`TrainingCosting.op_saved`) or ``block`` (Megatron's ``--recompute-method block``:
+        in each pipeline chunk the first ``recompute_layers`` repeated blocks priced as under
+        ``full``, the others as under ``none``; :meth:`TrainingCosting.block_recomputed`).
+    recompute_layers : int
+        With ``block``: the repeated blocks each pipeline chunk recomputes whole (Megatron's
+        ``--recompute-num-layers``; a chunk of fewer blocks recomputes all of them); 0 with
+        every other policy.
     microbatches : int
         Micro-batches per step (gradient accumulation); the network is built at one
         micro-batch.
@@ -235,6 +241,7 @@ class TrainingOptions:
 
     zero: int = 0
     recompute: str = "none"
+    recompute_layers: int = 0
     microbatches: int = 1
     fused_attention: bool = True
     overlap: bool = True
@@ -272,6 +279,13 @@ class TrainingOptions:
             raise ValueError(f"zero must be one of 0, 1, 2, 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE_POLICIES:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        layers = self.recompute_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise ValueError(f"recompute_layers must be a non-negative integer, got {layers!r}")
+        if self.recompute == "block" and layers < 1:
+            raise ValueError("recompute=block needs recompute_layers >= 1 (the blocks each pipeline chunk recomputes)")
+        if self.recompute != "block" and layers:
+            raise ValueError(f"recompute_layers applies to recompute=block, not recompute={self.recompute}")
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
@@ -332,8 +346,20 @@ class TrainingOptions:
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        return f"ZeRO-{self.zero}, recompute {self.recompute}, {self.microbatches} micro-batch" + (
+        return f"ZeRO-{self.zero}, recompute {self.recompute_label()}, {self.microbatches} micro-batch" + (
             "es" if self.microbatches != 1 else "") + (f", {self.precision_label()}" if self.precision != "bf16" else "")
+
+    def recompute_label(self) -> str:
+        """The policy, with its block count under ``block`` (``block 5``)."""
+        return f"block {self.recompute_layers}" if self.recompute == "block" else self.recompute
+
+    def as_policy(self, policy: str) -> "TrainingOptions":
+        """These options under ``policy`` (``none`` or ``full``: what ``block`` prices a block as).
+
+        >>> TrainingOptions(recompute="block", recompute_layers=2).as_policy("full").recompute_layers
+        0
+        """
+        return dataclasses.replace(self, recompute=policy, recompute_layers=0)
 
     def precision_label(self) -> str:
         """``bf16``, ``fp8 (current scaling)``, ``mxfp8``, ``nvfp4``."""
@@ -615,6 +641,24 @@ def _per_layer_kept(method):
 LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads")
 
 
+def _per_block(of: np.ndarray, pair: tuple, columns=None) -> np.ndarray:
+    """``(blocks, K)``: per block, the sum over the rows whose block ``of`` names of the first
+    array of ``pair`` less the second (or of the one array), at ``columns``."""
+    blocks = int(of.max()) + 1 if len(of) else 0
+    diff = pair[0] if len(pair) == 1 else pair[0] - pair[1]
+    if columns is not None:
+        diff = diff[:, columns]
+    order = np.argsort(of, kind="stable")
+    inside = order[of[order] >= 0]
+    groups = of[inside]
+    out = np.zeros((blocks, diff.shape[1]))
+    if len(inside):
+        starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        out[groups[starts]] = np.add.reduceat(diff[inside], starts, axis=0)
+    out.setflags(write=False)
+    return out
+
+
 class TrainingCosting:
     """Cost and memory vectors of every layer of a network under training options.
 
@@ -691,6 +735,8 @@ class TrainingCosting:
         for rep, _ in self.vector_groups:
             self._kept_layers[rep] = True
         self.recomputable = np.array([self.blocks[v] is not None for v in range(len(network.layers))])
+        #: ``block_recomputed``'s masks by block count and chunks.
+        self._block_masks: dict = {}
         #: Vectors of every layer under the option sets asked for, kept by the options' fields
         #: they read (:class:`pase.core.memo.OptionsMemo`): a search over ZeRO stages and
         #: recomputation policies computes what one of them does not change once.
@@ -878,13 +924,45 @@ class TrainingCosting:
             out[v] = by_kind[self.kinds[v]]
         return out
 
-    def recomputed_mask(self, options: TrainingOptions) -> np.ndarray:
+    def block_order(self) -> list:
+        """The repeated blocks' ids in the order their first layers come."""
+        return list(dict.fromkeys(b for b in self.blocks if b is not None))
+
+    def block_recomputed(self, layers: int, chunks=None) -> np.ndarray:
+        """Per layer, whether ``recompute=block`` with ``recompute_layers=layers`` recomputes it:
+        the layers of the first ``min(layers, c)`` repeated blocks of every chunk of ``c``
+        consecutive blocks (Megatron-LM's ``--recompute-method block``, per pipeline stage and
+        per model chunk of an interleaved schedule). ``chunks``: blocks per chunk in order
+        (default one chunk of every block: no pipeline).
+
+        Example: 4 blocks in chunks ``(2, 2)`` with ``layers=1`` recompute blocks 0 and 2."""
+        order = self.block_order()
+        chunks = (len(order),) if chunks is None else tuple(int(c) for c in chunks)
+        key = (int(layers), chunks)
+        masks = self._block_masks  # asked for layer by layer: each mask once
+        if key in masks:
+            return masks[key]
+        if sum(chunks) != len(order):
+            raise ValueError(f"chunks {chunks} hold {sum(chunks)} blocks; the network has {len(order)}")
+        again, start = set(), 0
+        for c in chunks:
+            again.update(order[start: start + min(layers, c)])
+            start += c
+        mask = np.array([b is not None and b in again for b in self.blocks], dtype=bool)
+        mask.setflags(write=False)
+        masks[key] = mask
+        return mask
+
+    def recomputed_mask(self, options: TrainingOptions, chunks=None) -> np.ndarray:
         """Per layer, whether its forward runs again in the backward pass: every layer of a
         repeated block under full recomputation; attention's scores and softmax under selective
         recomputation when attention is not fused (fused, they are never stored); under ``op``
-        every layer of a block but its output, the kept products and attention's core."""
+        every layer of a block but its output, the kept products and attention's core; under
+        ``block`` :meth:`block_recomputed` (``chunks``: blocks per pipeline chunk)."""
         if options.recompute == "full":
             return self.recomputable
+        if options.recompute == "block":
+            return self.block_recomputed(options.recompute_layers, chunks)
         if options.recompute == "selective" and not options.fused_attention:
             return self.attention_inner
         if options.recompute == "op":
@@ -985,19 +1063,22 @@ class TrainingCosting:
         """Activation elements ``v`` keeps for the backward pass, per micro-batch (none for the
         loss and the logits only it reads; an eager RMSNorm :data:`EAGER_NORM_SAVED` times)."""
         role = self.cores.get(v)
+        policy = options.recompute
+        if policy == "block":  # a recomputed block's layer as under full, any other as under none
+            policy = "full" if self.recomputed_mask(options)[v] else "none"
         if self.loss_only[v]:
             return np.zeros(len(self.configs[v]))
-        if role in ("scores", "softmax") and (options.fused_attention or options.recompute != "none"):
+        if role in ("scores", "softmax") and (options.fused_attention or policy != "none"):
             return np.zeros(len(self.configs[v]))
-        if options.recompute == "full" and not self.block_outputs[v]:
+        if policy == "full" and not self.block_outputs[v]:
             return np.zeros(len(self.configs[v]))
-        if options.recompute == "op" and self.blocks[v] is not None and not (
+        if policy == "op" and self.blocks[v] is not None and not (
                 self.block_outputs[v] or self.op_saved[v] or role == "context"):
             return np.zeros(len(self.configs[v]))
         # No backward pass reads its output: nothing kept for it (an operator-level policy
         # keeps what it saves, read or not: PyTorch's selective checkpointing caches those
         # operators' outputs for the recomputation).
-        if not (self.read_back[v] or self.block_outputs[v] or (options.recompute == "op" and self.op_saved[v])):
+        if not (self.read_back[v] or self.block_outputs[v] or (policy == "op" and self.op_saved[v])):
             return self._internal(v)
         return self._kept(v, options)
 
@@ -1347,7 +1428,8 @@ class TrainingCosting:
           unit computed and the one prefetched, ``prefetch_units`` of them) at the gather's
           element size, plus ``unsharded_gradients``: the largest unit's full gradient at the
           reduction's element size, alive until its reduce-scatter;
-        - ``recompute_working_set`` (full, op): the largest block's working activations;
+        - ``recompute_working_set`` (full, op, block): the largest working activations of a
+          block recomputed (``recomputed``: per layer; default every block);
         - ``activation_gradients``: the gradient a layer's backward reads and the one it
           writes, twice the largest output (``activation_grads``);
         - ``comm_buffers`` and ``reserve``: constants of the engine and the options.
@@ -1370,7 +1452,7 @@ class TrainingCosting:
                 reduce = options.grad_reduce_bytes or options.grad_bytes
                 blocks = units[1:] if count > 1 else units
                 out["unsharded_gradients"] = blocks.max(axis=0) * (reduce / gather)
-        if options.recompute in ("full", "op"):
+        if options.recompute in ("full", "op", "block"):
             members: dict = {}
             for v, b in enumerate(self.blocks[: len(working)]):
                 if b is not None and (recomputed is None or recomputed[v]):
@@ -1401,18 +1483,19 @@ class TrainingCosting:
             keep = np.zeros(len(gathered), dtype=bool)
             keep[list(layers)] = True
             gathered = np.where(keep[:, None], gathered, 0.0)
-        again = self.recomputed_mask(options) if options.recompute == "op" else None
+        again = self.recomputed_mask(options) if options.recompute in ("op", "block") else None
         parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again)
         return sum(parts.values(), np.full(K, float(options.reserve_bytes)))
 
-    def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
+    def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float,
+                        chunks=None) -> dict:
         """Memory alive only part of the time, for one choice of row per layer
-        (:meth:`transient_parts`), by part."""
+        (:meth:`transient_parts`), by part (``chunks``: blocks per pipeline chunk, for ``block``)."""
         pick = lambda f: np.array([[float(f(v)[i])] for v, i in enumerate(choice)]).reshape(len(choice), 1)  # noqa: E731
         gathered = pick(lambda v: self.gathered_bytes(v, options))
         working = pick(lambda v: act_bytes * self.working_activations(v, options))
         grads = pick(lambda v: self.output_gradient_bytes(v, options, act_bytes))
-        again = self.recomputed_mask(options)
+        again = self.recomputed_mask(options, chunks)
         parts = self.transient_parts(gathered, working, grads, options, again)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
         out.update({k: float(v[0]) for k, v in parts.items()})
@@ -1431,10 +1514,62 @@ class TrainingCosting:
         synchronisation and optimizer; ``sync`` the synchronisation alone), ``state``,
         ``activations``, ``logits``, ``gathered`` and ``working`` bytes. Layers equal in parts and place share one computation.
         The arrays are read-only and kept by the option fields they read: option sets equal in
-        those fields get the very same array."""
+        those fields get the very same array. Under ``block`` (no pipeline: one chunk) each
+        layer's vectors are its vectors under ``full`` where :meth:`block_recomputed`, else
+        under ``none``."""
+        if options.recompute == "block":
+            return self._block_vectors(options, act_bytes)
         return {name: self._memo.get(("vectors", name, act_bytes), options,
                                      lambda o, name=name: self._vectors(name, o, act_bytes))
                 for name in LAYER_VECTORS}
+
+    def _block_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
+        none = self.layer_vectors(options.as_policy("none"), act_bytes)
+        full = self.layer_vectors(options.as_policy("full"), act_bytes)
+
+        def mixed(o, name):
+            out = np.where(self.recomputed_mask(o)[:, None], full[name], none[name])
+            out.setflags(write=False)
+            return out
+
+        return {name: none[name] if none[name] is full[name] else self._memo.get(
+                    ("block vectors", name, act_bytes, id(none[name]), id(full[name])), options,
+                    lambda o, name=name: mixed(o, name), hold=(none[name], full[name]))
+                for name in LAYER_VECTORS}
+
+    def block_deltas(self, options: TrainingOptions, act_bytes: float, edges=None, targets=(),
+                     columns=None) -> dict:
+        """What recomputing each repeated block whole adds to keeping everything, per block in
+        :meth:`block_order` and row, as ``(blocks, K)`` arrays: ``micro`` (seconds of one
+        micro-batch: its layers' vectors under ``full`` less under ``none``, with the edges
+        into them, ``edges`` of ``targets`` as :meth:`edge_rows` takes them, over ``m``),
+        ``activations`` (bytes kept, at most 0), ``working`` (its working set in the
+        backward pass, the ``recompute_working_set`` it may be). ``options``: every field but
+        the policy. ``columns``: the rows priced (default all). ``block`` prices a chunk as
+        ``none`` plus the deltas of the blocks it recomputes, plus the largest of their
+        working sets: what :meth:`layer_vectors` and :meth:`transient_rows` give it.
+        """
+        none_o, full_o = options.as_policy("none"), options.as_policy("full")
+        none, full = self.layer_vectors(none_o, act_bytes), self.layer_vectors(full_o, act_bytes)
+        of = self._block_of()
+        out = {}
+        for name in ("micro", "activations", "working"):
+            # Each distinct pair of arrays once (settings share what they do not change): what
+            # is kept reads no option, the arrays are named by identity and held.
+            pair = (none[name],) if name == "working" else (full[name], none[name])
+            out[name] = self._memo.get(("block deltas", name) + tuple(map(id, pair)) + (id(columns),), options,
+                                       lambda o, pair=pair: _per_block(of, pair, columns), hold=pair + (columns,))
+        if edges is not None and len(targets):
+            pair = (self.edge_rows(edges, targets, full_o, columns), self.edge_rows(edges, targets, none_o, columns))
+            moved = self._memo.get(("block deltas", "edges") + tuple(map(id, pair)), options,
+                                   lambda o: _per_block(of[np.asarray(targets, dtype=np.int64)], pair), hold=pair)
+            out["micro"] = out["micro"] + moved / options.microbatches
+        return out
+
+    def _block_of(self) -> np.ndarray:
+        """Per layer, its block's place in :meth:`block_order` (-1 outside the blocks)."""
+        order = {b: k for k, b in enumerate(self.block_order())}
+        return np.array([-1 if b is None else order[b] for b in self.blocks], dtype=np.int64)
 
     def _vectors(self, name: str, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """One of :meth:`layer_vectors`' arrays (read-only): each group representative's vector

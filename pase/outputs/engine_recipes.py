@@ -569,6 +569,7 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     if dp * cp > 1 and zero >= 1 and "--overlap-param-gather" not in args:
         raise ValueError("without --overlap-param-gather: the tool prices the weight gathers overlapped")
     granularity = args.get("--recompute-granularity")
+    recompute_layers = None
     if granularity is None:
         recompute = "none"
     elif granularity == "selective":
@@ -576,10 +577,13 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     elif granularity == "full":
         method = args.get("--recompute-method")
         layers = _megatron_int(args, "--recompute-num-layers", 1)
-        if method != "uniform" or layers != 1:
+        if method == "block":  # the first N layers of each stage (model chunk) recomputed, the rest kept
+            recompute, recompute_layers = "block", layers
+        elif method != "uniform" or layers != 1:
             raise ValueError(f"cannot express --recompute-method {method} --recompute-num-layers {layers} (priced: "
-                             "every layer recomputed, uniform 1)")
-        recompute = "full"
+                             "every layer recomputed, uniform 1; or block N)")
+        else:
+            recompute = "full"
     else:
         raise ValueError(f"--recompute-granularity must be full or selective, got {granularity!r}")
     sp = "--sequence-parallel" in args
@@ -641,7 +645,8 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
         if schedule is None and stages is None and blocks is not None:
             stages = (blocks // pp,) * pp  # Megatron's even split, fixed (not searched)
     return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, etp=_folded_etp(dp, tp, ep, etp),
-                   zero=zero, recompute=recompute, microbatch=micro, schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
+                   zero=zero, recompute=recompute, recompute_layers=recompute_layers, microbatch=micro,
+                   schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
                    sp=sp if tp > 1 else None, tp_overlap=overlap_tp, **_megatron_precision(args, zero))
 
 

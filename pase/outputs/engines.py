@@ -343,6 +343,9 @@ def _parallel_arguments(plan: EnginePlan) -> list:
     if plan.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
+    elif plan.recompute == "block":  # the first N layers of each stage (each model chunk) recomputed whole
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", plan.recompute_layers)]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
     if plan.tp_overlap and plan.tp > 1:

@@ -145,6 +145,8 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     data["step_seconds_band"] = step_band
     data["peak_memory_bytes_band"] = memory_band
     data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
+    if o.recompute == "block":  # the blocks each pipeline chunk recomputes (Megatron's --recompute-num-layers)
+        data["recompute_layers"] = o.recompute_layers
     if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
         data["precision"] = {"format": o.precision, "fp8_scaling": o.fp8_scaling if o.precision == "fp8" else None,
                              "fp8_gather": o.fp8_gather}

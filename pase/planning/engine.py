@@ -72,7 +72,7 @@ FACTS = {
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
 OPTIONAL_FACTS = {"attention_kernel": "sdpa"}
-_POLICIES = ("none", "selective", "full", "op")
+_POLICIES = ("none", "selective", "full", "op", "block")
 
 
 def engine_dir() -> str:

@@ -22,7 +22,8 @@ from functools import lru_cache
 
 from pase.planning.mesh import expert_tp, folded
 
-__all__ = ["EnginePlan", "engine_plan", "refusal", "engines_running", "runs_mesh", "mesh_refusal", "check_engine"]
+__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal",
+           "check_engine"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class EnginePlan:
     fp8_gather: bool = False
     #: The experts' tensor parallelism under MoE parallel folding (``None``: ``tp``).
     etp: int | None = None
+    #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
+    recompute_layers: int = 0
 
     @property
     def expert_tp(self) -> int:
@@ -113,7 +116,7 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
-        fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp)
+        fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers)
 
 
 @lru_cache(maxsize=None)
@@ -206,10 +209,20 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
         word = "tp" if plan.expert_tp == plan.tp else str(plan.expert_tp)
         if word not in runs["fold_etp"]:
             return _why(profile, "fold_etp", word)
-    if plan.recompute not in profile.facts["recompute_policies"]:
-        return _why(profile, "recompute", plan.recompute)
+    why = policy_refusal(profile, plan.recompute)
+    if why is not None:
+        return why
     if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
         return _why(profile, "tp_overlap", True)
+    return None
+
+
+def policy_refusal(engine, recompute: str) -> str | None:
+    """Why ``engine`` has no recomputation policy ``recompute`` (its ``recompute_policies``), or
+    ``None`` when it has it."""
+    profile = _profile(engine)
+    if recompute not in profile.facts["recompute_policies"]:
+        return _why(profile, "recompute", recompute)
     return None
 
 

@@ -251,7 +251,8 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "tp_overlap", "ep",
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
+               "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
                "stages", "etp")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
@@ -270,6 +271,9 @@ class Recipe:
     cp: int | None = None
     zero: int | None = None
     recompute: str | None = None
+    #: With ``recompute=block``: the blocks each pipeline chunk recomputes (Megatron's
+    #: ``--recompute-num-layers``); ``None``: searched, the smallest count that fits.
+    recompute_layers: int | None = None
     microbatch: int | None = None
     schedule: str | None = None
     vpp: int | None = None
@@ -308,6 +312,9 @@ class Recipe:
             raise ValueError(f"recipe degrees multiply to {product}, which does not divide the {procs} devices of -p")
         if self.stages is not None and self.pp is not None and len(self.stages) != self.pp:
             raise ValueError(f"recipe stages has {len(self.stages)} stages, and pp={self.pp}")
+        if self.recompute_layers is not None and self.recompute != "block":
+            raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
+                             "add recompute=block")
         if self.etp is not None and (self.ep is None or self.ep == 1) and self.etp != self.tp:
             raise ValueError(f"recipe etp={self.etp} needs ep > 1: expert tensor parallelism is modelled with "
                              "expert parallelism (MoE parallel folding)")
@@ -331,9 +338,9 @@ def _positive(key: str, value: str) -> int:
 
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
-    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute microbatch schedule vpp sp
-    tp_overlap ep precision scaling fp8_gather stages etp`` (``stages``: blocks per pipeline stage,
-    ``A/B/...``).
+    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers microbatch
+    schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp`` (``stages``: blocks per
+    pipeline stage, ``A/B/...``; ``recompute_layers``: with ``recompute=block`` only).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -354,15 +361,15 @@ def parse_recipe(text: str) -> Recipe:
             raise ValueError(f"unknown recipe key {key!r} (keys: {', '.join(RECIPE_KEYS)})")
         if key in values:
             raise ValueError(f"recipe key {key!r} is given twice")
-        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp", "ep", "etp"):
+        if key in ("dp", "tp", "pp", "cp", "microbatch", "vpp", "ep", "etp", "recompute_layers"):
             values[key] = _positive(key, value)
         elif key == "zero":
             if value not in ("0", "1", "2", "3"):
                 raise ValueError(f"recipe zero must be 0, 1, 2 or 3, got {value!r}")
             values[key] = int(value)
         elif key == "recompute":
-            if value not in ("none", "selective", "full", "op"):
-                raise ValueError(f"recipe recompute must be none, selective, full or op, got {value!r}")
+            if value not in ("none", "selective", "full", "op", "block"):
+                raise ValueError(f"recipe recompute must be none, selective, full, op or block, got {value!r}")
             values[key] = value
         elif key == "stages":
             parts = value.split("/")
@@ -385,6 +392,9 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("1f1b", "interleaved"):
                 raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
             values[key] = value
+    if "recompute_layers" in values and values.get("recompute") != "block":
+        raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
+                         "add recompute=block")
     if "scaling" in values and values.get("precision") not in ("fp8", "search"):
         raise ValueError("recipe scaling applies to precision=fp8 (MXFP8 and NVFP4 scale per block): add precision=fp8")
     if values.get("tp_overlap") and values.get("sp") is False:

@@ -166,6 +166,8 @@ class StagePlan:
     p2p_seconds: float
     bubble_fraction: float
     step_seconds: float
+    #: Under ``recompute=block``: the blocks each chunk recomputes (the one searched or given).
+    recompute_layers: int = 0
 
 
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
@@ -230,25 +232,31 @@ def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: f
 
 
 def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
-                  layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None) -> tuple:
+                  layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None,
+                  search_layers: bool = False) -> tuple:
     """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
     the fastest that fits ``memory_cap``, else the one needing least memory.
 
     Exact over the cuts of :func:`cuts`, the schedules given and every ``v`` that splits each
-    stage's blocks (interleaved needs chunks one block apart, :func:`chunk_sizes`, and ``m`` a multiple of ``pp``).
+    stage's blocks (interleaved needs chunks one block apart, :func:`chunk_sizes`, and ``m`` a
+    multiple of ``pp``). Under ``recompute=block`` each chunk (a stage, or one of a stage's
+    :func:`chunk_sizes` interleaved) recomputes its first ``recompute_layers`` blocks;
+    ``search_layers``: every count from 1 to the largest chunk's blocks is tried for every cut and
+    schedule.
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
-                                  memory_cap, schedules, vpps, fixed_counts)[0]
+                                  memory_cap, schedules, vpps, fixed_counts, search_layers=[search_layers])[0]
 
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
-    all; ``edges`` has one column each)."""
+    all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
+    setting's block count is searched (:func:`pipeline_rows`; default not)."""
     options = settings[0]
     shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
@@ -276,8 +284,15 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     summed: dict = {}
     with_edges: dict = {}
     taken: dict = {}  # each layer-vector array's columns, taken once (by array)
+    # ``block`` settings: priced as ``none`` per layer, plus per chunk the deltas of the blocks
+    # it recomputes (``TrainingCosting.block_deltas``), by cut and chunk below.
+    blocked = {}
+    search_layers = [False] * len(settings) if search_layers is None else list(search_layers)
     for j, o in enumerate(settings):
         vec = {}
+        if o.recompute == "block":
+            blocked[j] = (costing.block_deltas(o, act_bytes, edges, targets, columns), search_layers[j])
+            o = o.as_policy("none")
         for name, array in costing.layer_vectors(o, act_bytes).items():
             if id(array) not in taken:
                 # In row order (C-contiguous), as a costing of those rows alone has them.
@@ -300,6 +315,12 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             else:
                 prefix[name][1:, into] = prefix[first[0]][1:, first[1]]
         transient[into] = costing.transient_rows(vec, o)
+    if blocked:  # the block settings' columns side by side, their deltas and block counts
+        block_columns = np.concatenate([np.arange(j * K1, (j + 1) * K1) for j in blocked])
+        block_deltas = {name: np.concatenate([blocked[j][0][name] for j in blocked], axis=1)
+                        for name in ("micro", "activations", "working")}
+        block_layers = np.repeat([settings[j].recompute_layers for j in blocked], K1)
+        block_searched = np.repeat([blocked[j][1] for j in blocked], K1)
     sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
@@ -331,10 +352,11 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     efficiency = options.overlap_efficiency if options.overlap else 0.0
     steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
     exposed_p2p = [None] * len(tried)
-    for vpp in sorted({v for _, _, v in tried}):
-        which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
-        rows = [tried[j][0] for j in which]
-        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
+    layers_of = np.zeros((len(tried), K), dtype=np.int64)  # block settings' recompute_layers
+
+    def figures(stage, p2p, transient, vpp):
+        """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
+        ``(cuts, pp, K)`` sums."""
         sends = exposed_sends(stage["micro"], vpp * p2p, vpp, options)
         t = stage["micro"] + sends
         slowest = t.max(axis=1)
@@ -347,7 +369,22 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
         in_flight = in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
-        peak = memory.max(axis=1)
+        return t, step, memory, memory.max(axis=1), sends
+
+    for vpp in sorted({v for _, _, v in tried}):
+        which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
+        rows = [tried[j][0] for j in which]
+        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
+        t, step, memory, peak, sends = figures(stage, p2p, transient, vpp)
+        if blocked:
+            into = block_columns
+            part = {name: S[:, :, into] for name, S in stage.items()}
+            found = _block_chunks(part, block_deltas, [bounds[r] for r in rows], vpp, block_layers, block_searched,
+                                  cap, m + (pp - 1) / vpp,
+                                  lambda sums, extra: figures(sums, p2p[into], transient[into] + extra, vpp))
+            t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
+            layers_of[np.ix_(which, into)] = found[4]
+            sends[:, :, into] = found[5]
         for n, j in enumerate(which):
             steps[j], peaks[j], times[j], memories[j] = step[n], peak[n], t[n], memory[n]
             exposed_p2p[j] = sends[n]
@@ -375,6 +412,72 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         slowest_stage = int(np.argmax(times[j][:, i]))
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
                                tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
-                               float(exposed_p2p[j][slowest_stage, i]), fill / (m + fill), float(steps[j, i])))
+                               float(exposed_p2p[j][slowest_stage, i]), fill / (m + fill), float(steps[j, i]),
+                               int(layers_of[j, i])))
     return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]
+
+
+def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray, cap,
+                  slots: float, figures) -> tuple:
+    """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
+    ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
+    (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
+    stage's ``vpp`` chunks (:func:`chunk_sizes`) of ``c`` blocks recompute their first ``min(n, c)``: their micro-batch
+    and activation deltas added, the largest working set of a block recomputed (anywhere)
+    added to the transient memory. ``n`` is ``layers`` (per column, at most the largest chunk),
+    or where ``searched`` every count from 1 to the largest chunk's blocks (more recompute the
+    same), keeping per cut and column the fastest that fits ``cap``, else the least memory, the
+    smallest ``n`` of equals. The counts stop where no column can gain: the step is at least
+    ``slots`` (``m + (pp - 1) / vpp``) times the slowest stage's micro-batch, which only grows
+    with ``n``. Returns ``(t, step, memory, peak, n, sends)`` as ``figures`` gives them, with the
+    ``n`` of each cut and column."""
+    R, P, K = stage["micro"].shape
+    # Each stage's chunks (chunk_sizes: one block apart at most), as its run of blocks in order.
+    split = [[[c] for c in counts] if vpp == 1 else chunk_sizes(counts, vpp)
+             for counts in (tuple(int(bound[s + 1] - bound[s]) for s in range(P)) for bound in bounds)]
+    sizes = np.array([[c for stage_chunks in chunks for c in stage_chunks] for chunks in split],
+                     dtype=np.int64)  # (cuts, chunks)
+    starts = np.array([[bound[s] + sum(chunks[s][:k]) for s in range(P) for k in range(vpp)]
+                       for bound, chunks in zip(bounds, split)], dtype=np.int64)  # each chunk's first block
+    zero = np.zeros((1, K))
+    prefix = {name: np.concatenate([zero, np.cumsum(deltas[name], axis=0)]) for name in ("micro", "activations")}
+    working = np.concatenate([deltas["working"], zero])  # a row of zeros for chunks past their end
+    largest_chunk = sizes.max(axis=1)  # (cuts,)
+    # The count each column is priced at: its own (at most the largest chunk), or any.
+    fixed = np.minimum(layers[None, :], largest_chunk[:, None])  # (cuts, K)
+    best_t = best_memory = None
+    best_step, best_peak = np.full((R, K), np.inf), np.full((R, K), np.inf)
+    best_n = np.zeros((R, K), dtype=np.int64)
+    largest = np.zeros((R, 1, K))
+    for n in range(1, int(sizes.max()) + 1):
+        taken = np.minimum(n, sizes)  # blocks recomputed per chunk
+        ends = starts + taken
+        sums = {**stage}
+        for name, key in (("micro", "micro"), ("activations", "acts")):
+            P_ = prefix[name]
+            added = (P_[ends] - P_[starts]).reshape(R, P, vpp, K).sum(axis=2)
+            sums[key] = stage[key] + added
+        newest = np.where((sizes >= n)[:, :, None], working[np.minimum(starts + n - 1, len(working) - 1)], 0.0)
+        largest = np.maximum(largest, newest.max(axis=1)[:, None, :])
+        t, step, memory, peak, sends = figures(sums, largest)
+        allowed = searched[None, :] | (n == fixed)
+        fits, held = peak <= cap, best_peak <= cap
+        better = allowed & np.where(fits, ~held | (step < best_step), ~held & (peak < best_peak))
+        if best_t is None:
+            best_t, best_memory = np.where(better[:, None, :], t, 0.0), np.where(better[:, None, :], memory, 0.0)
+            best_sends = np.where(better[:, None, :], sends, 0.0)
+        else:
+            best_t = np.where(better[:, None, :], t, best_t)
+            best_memory = np.where(better[:, None, :], memory, best_memory)
+            best_sends = np.where(better[:, None, :], sends, best_sends)
+        best_step = np.where(better, step, best_step)
+        best_peak = np.where(better, peak, best_peak)
+        best_n = np.where(better, n, best_n)
+        # Done: every fixed column priced; every searched one holds a fitting plan no later
+        # count can beat (their steps are at least slots x the slowest stage's, which grows).
+        floor = slots * t.max(axis=1)
+        done = np.where(searched[None, :], (best_peak <= cap) & (floor >= best_step), n >= fixed)
+        if done.all():
+            break
+    return best_t, best_step, best_memory, best_peak, best_n, best_sends

@@ -99,6 +99,9 @@ class TrainingPlan:
                 "stage within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of "
                 "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
                 "size dividing the per-rank batch")
+        if self.mesh_search.block_counts:
+            text += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with "
+                     "every N from 1 to a chunk's blocks, per mesh, ZeRO stage, micro-batch, cut and schedule")
         if self.mesh_search.experts:
             mesh = self.best.mesh if self.best is not None else None
             if mesh is not None and mesh.folded:  # a recipe's ep (or etp) beyond what dp carves out
@@ -212,7 +215,9 @@ def plan_training(
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
-        settings = options_grid(recipe, engine)
+        # Block recomputation takes a recipe's count here (the mesh search searches it).
+        settings = [(zero, policy) for zero, policy in options_grid(recipe, engine)
+                    if policy != "block" or recipe.recompute_layers is not None]
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]
@@ -225,7 +230,8 @@ def plan_training(
             pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
                 options = base.but(zero=zero, recompute=policy, microbatches=m,
-                                   tp_overlap=reference.options.tp_overlap)
+                                   tp_overlap=reference.options.tp_overlap,
+                                   recompute_layers=recipe.recompute_layers if policy == "block" else 0)
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
                                      pieces=pieces,
                                      microbatch=reference.microbatch)

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pase.model.builder import redistribution_seconds
-from pase.planning.engine_runs import check_engine, mesh_refusal
+from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.model.roles import roles_of
@@ -109,6 +109,8 @@ class Candidate:
         if o.tp_overlap:
             parts.append("tp_overlap=true")
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
+        if o.recompute == "block":
+            parts.append(f"recompute_layers={o.recompute_layers}")
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
         if o.precision != "bf16":  # the plan's number format, in the words engines' exports read
@@ -141,6 +143,7 @@ class Candidate:
         mesh = self.mesh
         return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
                       recompute=self.options.recompute, microbatch=self.microbatch,
+                      recompute_layers=self.options.recompute_layers or None,
                       schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
                       else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
                       etp=mesh.expert_tp if mesh.folded else None)
@@ -159,11 +162,14 @@ class Priced:
     vpp: int
     step_seconds: float
     peak_memory_bytes: float
+    #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
+    recompute_layers: int = 0
 
     def recipe(self) -> Recipe:
         """The configuration as a recipe fixing every choice."""
         mesh = self.mesh
         return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.zero, recompute=self.recompute,
+                      recompute_layers=self.recompute_layers or None,
                       microbatch=self.microbatch, schedule=self.schedule,
                       vpp=self.vpp if self.schedule == "interleaved" else None,
                       sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
@@ -186,6 +192,8 @@ class MeshSearch:
     experts: bool = False
     #: With ``keep_best``: the fastest fitting candidates distinct in step and memory.
     fastest: list = field(default_factory=list)
+    #: Whether ``recompute=block`` was tried with its block count searched.
+    block_counts: bool = False
 
 
 class _PartsMemo:
@@ -302,9 +310,10 @@ def expert_grids(mesh: Mesh, expert_counts: Sequence[int], recipe: Recipe) -> li
     return [(ep, None if etp == mesh.tp else etp)]
 
 
-#: Recomputation policies searched when a recipe names none: ``op`` (torchtitan's operator
-#: policy) is priced when a recipe asks for it.
-SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p != "op")
+#: Recomputation policies searched when a recipe names none and no engine is given: ``op``
+#: (torchtitan's operator policy) and ``block`` (Megatron's) are priced when a recipe or an
+#: engine that runs them (``recompute_policies``) asks for them.
+SEARCHED_POLICIES = tuple(p for p in RECOMPUTE_POLICIES if p not in ("op", "block"))
 
 
 def options_grid(recipe: Recipe, engine=None) -> list:
@@ -395,6 +404,10 @@ def search_meshes(
     probe = build(batch)
     for profile in keep_to:
         check_engine(profile, probe)
+        why = None if recipe.recompute is None else policy_refusal(profile, recipe.recompute)
+        if why is not None:  # the recipe's policy, which no configuration escapes: said first
+            raise EngineRunsNone(f"none of the configurations searched runs on {profile.name} (recompute="
+                                 f"{recipe.recompute}: {why})")
         kept = profile.runs.get("schedules")
         if exporting and "schedules" in profile.runs.get("export", {}):
             kept = profile.runs["export"]["schedules"]
@@ -415,7 +428,10 @@ def search_meshes(
     expert_counts = expert_counts_of(probe)
     if not expert_counts and recipe.ep not in (None, 1):
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
-    grid = [(z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps]
+    # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
+    search_block = recipe.recompute_layers is None
+    grid = [(z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps
+            if r != "block" or blocks or not search_block]
     networks: dict = {}
     best = least = None
     evaluated = 0
@@ -492,8 +508,11 @@ def search_meshes(
         costing.activation_scale = np.where(halved, 0.5, 1.0)
         tokens = tokens_of(network)
         m = batch // global_micro
-        settings = [base.but(zero=zero, recompute=policy, microbatches=m, tp_overlap=overlap)
-                     for zero, policy, overlap in grid]
+        # A searched block count stands as every block until the pricing picks one per candidate.
+        settings = [base.but(zero=zero, recompute=policy, microbatches=m, tp_overlap=overlap,
+                             recompute_layers=0 if policy != "block" else recipe.recompute_layers or blocks or 1)
+                    for zero, policy, overlap in grid]
+        searched_counts = [policy == "block" and search_block for _, policy, _ in grid]
         offset = 0
         for pp, q, _, valid, _, layout in mine:
             columns = np.arange(offset, offset + len(valid))
@@ -503,18 +522,25 @@ def search_meshes(
             if pp > 1:  # every setting's pipelines in one pass over the cuts
                 results = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout,
                                                  memory_cap, schedules, None if recipe.vpp is None else [recipe.vpp],
-                                                 recipe.stages, columns=columns)
+                                                 recipe.stages, columns=columns, search_layers=searched_counts)
+                results = [(step, peak, plans, [0 if p is None else p.recompute_layers for p in plans])
+                           for step, peak, plans in results]
             else:
                 sums: dict = {}
-                results = [_totals(costing, options, act_bytes, edges, targets, sums, columns) + ([None] * len(valid),)
-                           for options in settings]
+                results = []
+                for options, searched in zip(settings, searched_counts):
+                    time_rows, memory_rows, layers = _totals(costing, options, act_bytes, edges, targets, sums, columns,
+                                                             memory_cap, searched)
+                    results.append((time_rows, memory_rows, [None] * len(valid), layers))
             priced[(pp, global_micro)] = (costing, columns, edges, tokens, settings, results)
         costing.forget()  # what the search kept is priced again, if asked for, from here
     # 3. In search order: every configuration's step and peak, the best kept.
     for pp, q, global_micro, valid, _, _ in entries:
         costing, columns, edges, tokens, settings, results = priced[(pp, global_micro)]
-        for (zero, policy, overlap), options, (time_rows, memory_rows, stage_plans) in zip(grid, settings, results):
+        for (zero, policy, overlap), setting, (time_rows, memory_rows, stage_plans, counts) in zip(grid, settings,
+                                                                                                  results):
             for i, (mesh, micro) in enumerate(valid):
+                options = setting.but(recompute_layers=int(counts[i])) if policy == "block" and counts[i] else setting
                 if keep_to:
                     why = next((f"{p.name}: {r}" for p in keep_to
                                 if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
@@ -539,7 +565,7 @@ def search_meshes(
                 if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
                     plan = stage_plans[i]
                     priced_one = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
-                                        1 if plan is None else plan.vpp, t, peak)
+                                        1 if plan is None else plan.vpp, t, peak, options.recompute_layers)
                     if keep_all:
                         kept.append(priced_one)
                     if keep_best and (memory_cap is None or peak <= memory_cap):
@@ -567,6 +593,7 @@ def search_meshes(
         candidates=kept,
         experts=bool(expert_counts),
         fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
+        block_counts=search_block and any(policy == "block" for _, policy, _ in grid),
     )
     return result
 
@@ -629,16 +656,21 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         space=f"{runs[0].space}; in each of {len(runs)} number formats ({', '.join(formats)})",
         candidates=[c for r in runs for c in r.candidates],
         experts=runs[0].experts,
+        block_counts=any(r.block_counts for r in runs),
         fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
     )
 
 
 def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-            targets: list, sums: dict | None = None, columns=None) -> tuple:
-    """Step seconds and peak bytes of every row (all layers at the same row) of ``columns`` (the
-    costing's rows that ``edges`` has; default all). ``sums``: the columns taken and their sums
-    already, by array (settings share the arrays of what they do not change)."""
+            targets: list, sums: dict | None = None, columns=None, memory_cap=None,
+            search_layers: bool = False) -> tuple:
+    """Step seconds, peak bytes and ``recompute_layers`` of every row (all layers at the same
+    row) of ``columns`` (the costing's rows that ``edges`` has; default all). ``sums``: the
+    columns taken and their sums already, by array (settings share the arrays of what they do
+    not change). Under ``block``: :func:`_block_totals`."""
     sums = {} if sums is None else sums
+    if options.recompute == "block":
+        return _block_totals(costing, options, act_bytes, edges, targets, sums, columns, memory_cap, search_layers)
 
     def taken(array):
         if ("taken", id(array)) not in sums:
@@ -658,7 +690,32 @@ def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float
         time_rows = time_rows + total(costing.edge_rows(edges, targets, options, columns))
     memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
                    + costing.transient_rows(vec, options))
-    return time_rows, memory_rows
+    return time_rows, memory_rows, np.zeros(len(time_rows), dtype=np.int64)
+
+
+def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
+                  targets: list, sums: dict, columns, memory_cap, search_layers: bool) -> tuple:
+    """:func:`_totals` under ``recompute=block`` without a pipeline: the network's blocks one
+    chunk, its first ``n`` recomputed: the ``none`` totals plus the first ``n`` blocks' deltas
+    (``TrainingCosting.block_deltas``: ``m`` times the micro-batch's, the bytes kept) and the
+    largest working set among them. ``n`` is ``recompute_layers`` (at most the blocks), or with
+    ``search_layers`` every count from 1 to the blocks, keeping per row the fastest that fits
+    ``memory_cap``, else the least memory; of equals the smallest ``n``."""
+    time0, memory0, _ = _totals(costing, options.as_policy("none"), act_bytes, edges, targets, sums, columns)
+    deltas = costing.block_deltas(options, act_bytes, edges, targets, columns)
+    blocks = len(deltas["micro"])
+    if not blocks:  # nothing to recompute: as none
+        return time0, memory0, np.full(len(time0), options.recompute_layers, dtype=np.int64)
+    times = time0 + options.microbatches * np.cumsum(deltas["micro"], axis=0)  # (n, K): n = 1, 2, ...
+    memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
+    columns_of = np.arange(len(time0))
+    if not search_layers:
+        n = np.full(len(time0), min(options.recompute_layers, blocks) - 1)
+    else:
+        cap = np.inf if memory_cap is None else memory_cap
+        fits = memories <= cap
+        n = np.where(fits.any(axis=0), np.argmin(np.where(fits, times, np.inf), axis=0), np.argmin(memories, axis=0))
+    return times[n, columns_of], memories[n, columns_of], n + 1
 
 
 def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
@@ -696,6 +753,34 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
     return Candidate(mesh, options, micro, configs, summary, memory_cap)
 
 
+def _chunks(stages) -> tuple:
+    """Blocks per pipeline chunk in order: each stage's ``vpp`` chunks (as ``pipeline_rows``
+    prices ``recompute=block``)."""
+    return tuple(c // stages.vpp for c in stages.counts for _ in range(stages.vpp))
+
+
+def _per_layer(costing, options: TrainingOptions, stages) -> list:
+    """Each layer's options on a pipeline: under ``block``, ``full`` for the layers of the
+    blocks each chunk recomputes and ``none`` for the others; else ``options`` throughout."""
+    n = len(costing.network.layers)
+    if options.recompute != "block":
+        return [options] * n
+    again = costing.recomputed_mask(options, _chunks(stages))
+    full, none = options.as_policy("full"), options.as_policy("none")
+    return [full if again[v] else none for v in range(n)]
+
+
+def _edge_rows(costing, edges, targets, options: TrainingOptions, columns, stages):
+    """``costing.edge_rows`` on a pipeline: under ``block``, each edge's as its target's
+    options (:func:`_per_layer`) price it."""
+    if options.recompute != "block":
+        return costing.edge_rows(edges, targets, options, columns)
+    again = costing.recomputed_mask(options, _chunks(stages))[np.asarray(targets, dtype=np.int64)]
+    full = costing.edge_rows(edges, targets, options.as_policy("full"), columns)
+    none = costing.edge_rows(edges, targets, options.as_policy("none"), columns)
+    return np.where(again[:, None], full, none)
+
+
 def _stage_range(costing, stages, s: int) -> tuple:
     """The layers ``[start, end)`` of pipeline stage ``s`` (as ``pipeline_rows`` cuts them)."""
     layout = stage_layout(costing.blocks)
@@ -715,13 +800,15 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     pp, m = stages.pp, options.microbatches
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
     kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
+    per_layer = _per_layer(costing, options, stages)
     for v in range(start, end):
-        for key, value in costing.layer_memory(v, options, act_bytes).items():
+        for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
             kinds[key] = kinds.get(key, 0.0) + float(value[i])
     kinds["activations"] *= in_flight
     if "fragmentation" in kinds:  # the allocator's share of the short-lived bytes in flight
         kinds["fragmentation"] = options.fragmentation * (kinds["activations"] + kinds["logits"])
-    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes))
+    chunks = _chunks(stages) if options.recompute == "block" else None
+    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes, chunks))
     kinds["reserve"] = float(options.reserve_bytes)
     return kinds
 
@@ -739,14 +826,15 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
     causes = dict.fromkeys(CAUSES, 0.0)
     optimizer = 0.0
     row = i if columns is None else int(columns[i])  # i: the column of edges; row: the costing's
+    per_layer = _per_layer(costing, options, stages)
     for v in range(start, end):
-        part = costing.layer_time(v, options)
+        part = costing.layer_time(v, per_layer[v])
         for key in ("compute", "recompute", "activation_comm"):
             causes[key] += float(part[key][row])
         optimizer += float(part["optimizer"][row])
     targets = [v for (_, v) in sorted(costing.network.edges)]
     if targets:
-        rows = costing.edge_rows(edges, targets, options, columns)[:, i]
+        rows = _edge_rows(costing, edges, targets, options, columns, stages)[:, i]
         causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
     causes["p2p"] = m * stages.p2p_seconds
     causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
