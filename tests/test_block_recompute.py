@@ -180,10 +180,15 @@ def test_no_pipeline_equals_the_layer_by_layer_reference(seed):
         assert np.any(edges > 0)  # the edges are priced, some of them re-run
 
 
-@pytest.mark.parametrize("counts,schedule,vpp", [((2, 2), "1f1b", 1), ((1, 3), "1f1b", 1), ((3, 1), "1f1b", 1),
-                                                 ((2, 2), "interleaved", 2), ((4, 4), "interleaved", 2),
-                                                 ((4, 4), "interleaved", 4)])
-def test_pipelines_equal_the_layer_by_layer_reference(counts, schedule, vpp):
+@pytest.mark.parametrize("counts,schedule,vpp,chunks", [
+    ((2, 2), "1f1b", 1, None), ((1, 3), "1f1b", 1, None), ((3, 1), "1f1b", 1, None),
+    ((2, 2), "interleaved", 2, None), ((4, 4), "interleaved", 2, None), ((4, 4), "interleaved", 4, None),
+    # Chunks one block apart (pipeline.chunk_sizes), written out: a 3-block first stage runs
+    # chunks of 1 then 2 (its short one first, beside the embedding), a 3-block last stage 2
+    # then 1 (its short one last, beside the loss).
+    ((3, 4), "interleaved", 2, (1, 2, 2, 2)), ((4, 3), "interleaved", 2, (2, 2, 2, 1)),
+])
+def test_pipelines_equal_the_layer_by_layer_reference(counts, schedule, vpp, chunks):
     blocks = sum(counts)
     costing, options, edges, targets = _split(blocks=blocks)
     layout = stage_layout(costing.blocks)
@@ -191,7 +196,7 @@ def test_pipelines_equal_the_layer_by_layer_reference(counts, schedule, vpp):
         block = options.but(recompute="block", recompute_layers=n)
         step, peak, plans = pipeline_rows(costing, block, 2.0, edges, targets, 2, 1, layout, schedules=[schedule],
                                           vpps=[vpp], fixed_counts=counts)
-        ref = _Masked(costing, _recomputed_by_hand(costing, _chunks(counts, vpp), n), 2.0)
+        ref = _Masked(costing, _recomputed_by_hand(costing, chunks or _chunks(counts, vpp), n), 2.0)
         ref_step, ref_peak, ref_plans = pipeline_rows(ref, options, 2.0, edges, targets, 2, 1, layout,
                                                       schedules=[schedule], vpps=[vpp], fixed_counts=counts)
         assert np.allclose(step, ref_step, rtol=1e-12, atol=0) and np.allclose(peak, ref_peak, rtol=1e-12, atol=0)
