@@ -273,6 +273,20 @@ def test_pipelined_candidate_tells_its_causes_and_memory_per_chunk():
     assert sum(best.memory_kinds().values()) == pytest.approx(best.summary.peak_memory_bytes, rel=1e-12)
 
 
+def test_interleaved_chunks_one_block_apart_tell_the_step_they_priced():
+    # Stages of 3 and 4 blocks in 2 chunks each (1, 2 | 2, 2): the plan's causes and memory by
+    # kind, priced again layer by layer with those chunks, add up to the pipeline's step and peak.
+    machine = CalibratedMachine(TOY)
+    found = search_meshes(lambda n: _net(n, blocks=7), 8, 2, machine, None, 2.0,
+                          parse_recipe("dp=1,pp=2,stages=3/4,schedule=interleaved,vpp=2,microbatch=1,zero=0,"
+                                       "recompute=block,recompute_layers=1"), base=TrainingOptions(reserve_bytes=0.0))
+    best = found.best
+    pipe = best.summary.extra["pipeline"]
+    assert [st["blocks"] for st in pipe["stages"]] == [3, 4] and pipe["vpp"] == 2
+    assert sum(best.causes().values()) == pytest.approx(best.summary.step_seconds, rel=1e-9)
+    assert sum(best.memory_kinds().values()) == pytest.approx(best.summary.peak_memory_bytes, rel=1e-12)
+
+
 # ---------------------------------------------------------------------------------------
 # Options and recipes
 
