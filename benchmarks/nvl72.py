@@ -7,7 +7,8 @@ for ``gb200-nvl72`` and ``h100-sxm`` (their tables verbatim), then takes the dif
 - the same search on ``gb200-nvl72`` with its NVLink domain cut to one tray of 4 GPUs (a machine
   file, everything else equal): what the 72-GPU domain buys;
 - two fixed layouts priced on both machines: NVIDIA's H100 recipe for this model (TP 4 x PP 8,
-  VP 5, micro-batch 1, distributed optimizer) and its GB200 layout (FSDP over the 64 GPUs);
+  VP 5, micro-batch 1, distributed optimizer) and its GB200 layout (FSDP over the 64 GPUs), and
+  both again in MXFP8 on GB200;
 - tensor parallelism 8, 16 and 32 forced on each machine (the rest searched): on HGX TP
   beyond 8 crosses the network, on NVL72 it stays on NVLink.
 
@@ -54,7 +55,7 @@ def summary(machine: str, *extra) -> dict:
 
 def cell(s: dict) -> str:
     if "error" in s:
-        return f"— ({s['error'][:120]})"
+        return "—" if s['error'] == "-" else f"— ({s['error'][:120]})"
     return f"{s['step']:.2f} s, {s['tokens']:,.0f} tok/s/GPU, MFU {s['mfu']:.1%}, {s['memory'] / 1e9:.0f} GB: `{s['recipe']}`"
 
 
@@ -82,6 +83,13 @@ def main() -> None:
             ("NVIDIA's GB200 layout: FSDP over 64 (dp=64,zero=3)",
              *[summary(m, "--recipe", "dp=64,tp=1,pp=1,zero=3") for m in ("gb200-nvl72", tray_path, "h100-sxm")]),
         ]
+        # NVIDIA runs its GB200 rows in FP8 (MXFP8 on Blackwell): the two layouts again in it.
+        rows.append(("NVIDIA's H100 layout, precision=mxfp8",
+                     summary("gb200-nvl72", "--recipe", "dp=2,tp=4,pp=8,schedule=interleaved,vpp=5,microbatch=1,zero=1,"
+                             "recompute=none,tp_overlap=true,precision=mxfp8"), {"error": "-"}, {"error": "-"}))
+        rows.append(("NVIDIA's GB200 layout, precision=mxfp8",
+                     summary("gb200-nvl72", "--recipe", "dp=64,tp=1,pp=1,zero=3,precision=mxfp8"),
+                     {"error": "-"}, {"error": "-"}))
         for tp in (8, 16, 32):
             rows.append((f"tp={tp} forced (the rest searched)",
                          *[summary(m, "--recipe", f"tp={tp}") for m in ("gb200-nvl72", tray_path, "h100-sxm")]))
@@ -91,7 +99,16 @@ def main() -> None:
            "the network between trays), everything else equal.", "",
            "| layout | gb200-nvl72 (domain 72) | gb200, domain of 4 | h100-sxm (domain 8) |", "|---|---|---|---|"]
     md += [f"| {name} | {cell(a)} | {cell(b)} | {cell(c)} |" for name, a, b, c in rows]
-    free, h100_recipe, fsdp = rows[0], rows[1], rows[2]
+    free, h100_recipe, fsdp, h100_mx, fsdp_mx = rows[0], rows[1], rows[2], rows[3], rows[4]
+
+    def ranking(a: dict, b: dict) -> str:
+        if "error" in a or "error" in b:
+            return "—"
+        first, second = ("FSDP over 64", "TP 4 x PP 8") if b["step"] < a["step"] else ("TP 4 x PP 8", "FSDP over 64")
+        fast, slow = sorted((a["step"], b["step"]))
+        return (f"TP 4 x PP 8 {a['step']:.2f} s, FSDP over 64 {b['step']:.2f} s ({b['recipe']}): {first} first by "
+                f"{slow / fast - 1:.1%}")
+
     if all("error" not in x for x in free[1:]):
         md += ["", "### Why the plans differ", "",
                f"- **Memory first.** 186 GiB per GPU hold a 70B model in fewer model-parallel parts: the NVL72 plan "
@@ -113,14 +130,16 @@ def main() -> None:
                "here: memory does not need it and each doubling halves the GEMMs' work per GPU while the "
                "activation collectives stay the same size.",
                "- **Against NVIDIA's own choice.** NVIDIA's GB200 recipes for this model use FSDP over 64 GPUs "
-               "where H100 recipes use TP 4 x PP 8 (issue 31). The model ranks them on GB200: "
-               + (f"TP 4 x PP 8 {h100_recipe[1]['step']:.2f} s, FSDP {fsdp[1]['step']:.2f} s"
-                  if "error" not in h100_recipe[1] and "error" not in fsdp[1] else "—")
-               + "; NVIDIA's published GB200 rows are not visible here, so which is faster in practice is not "
-               "checked. The H100 layout does not fit the tool's 80 GB memory model (it counts "
+               "where H100 recipes use TP 4 x PP 8 (issue 31). The model ranks them on GB200, in BF16: "
+               + ranking(h100_recipe[1], fsdp[1]) + "; in MXFP8, the format NVIDIA's GB200 rows run: "
+               + ranking(h100_mx[1], fsdp_mx[1])
+               + ". FSDP over 64 takes the blocks it must recompute to fit (`recompute=block`, Megatron's "
+               "`--recompute-method block`) where it needs any; before block recomputation was priced it could "
+               "only recompute every block and ranked second. NVIDIA's published GB200 rows are not visible here, "
+               "so which is faster in practice is not checked. The H100 layout does not fit the tool's 80 GB memory "
+               "model in BF16 (it counts "
                + (f"{h100_recipe[1]['memory'] / 1e9:.0f} GB" if "error" not in h100_recipe[1] else "more")
-               + " per GPU); NeMo runs it, so the memory model is pessimistic for it (benchmarks/results/nemo.md "
-               "shows the same for the FP8 row)."]
+               + " per GPU); NeMo runs it on H100 in FP8, where the model fits it (benchmarks/results/nemo.md)."]
     md += ["", f"({time.perf_counter() - start:.0f} s)", ""]
     path = os.path.join(ROOT, "benchmarks", "results", "nvl72.md")
     with open(path, "w") as f:
