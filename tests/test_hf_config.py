@@ -269,7 +269,7 @@ def test_model_type_missing_and_not_an_object():
     with pytest.raises(ValueError, match="^hf config x.json: expected a JSON object, got list$"):
         decoder_config_from_hf([], 16, "x.json")
     assert SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "qwen3", "phi3",
-                         "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "deepseek_v2", "mpt")
+                         "nemotron", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "deepseek_v2", "mpt", "kimi_k2")
 
 
 def test_sequence_limits():

@@ -85,6 +85,24 @@ def test_deepseek_v3_shape():
     assert "block4.ff.down" not in names and not any(n.startswith("mtp") for n in names)
 
 
+def test_kimi_k2_reads_as_the_deepseek_v3_architecture_it_names(tmp_path):
+    # Kimi K2's config.json says model_type "kimi_k2" and architectures ["DeepseekV3ForCausalLM"]:
+    # DeepSeek-V3's fields, with 384 routed experts, 64 heads, one dense block, no MTP module and
+    # a 163,840-token vocabulary (moonshotai/Kimi-K2-Instruct config.json).
+    data = read_hf_config(example("deepseek-v3"))
+    data.update({"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 384,
+                 "num_attention_heads": 64, "num_key_value_heads": 64, "first_k_dense_replace": 1, "n_group": 1,
+                 "topk_group": 1, "num_nextn_predict_layers": 0, "vocab_size": 163840})
+    kimi, _ = read_decoder_config(data, 64, "kimi.json")
+    same, _ = read_decoder_config({**data, "model_type": "deepseek_v3"}, 64, "same.json")
+    assert kimi == same and kimi.moe.experts == 384 and kimi.moe.dense == (0,) and kimi.heads == 64
+    # Its parameters by hand: per MoE block 384 experts x 3 x 7168 x 2048 = 16,911,433,728; 60 of
+    # them 1,014,686,023,680, about 99 % of Kimi K2's published 1.04T; the rest is attention,
+    # the shared experts, the dense block and the two embeddings (163,840 x 7168 each).
+    total = parameter_count(kimi)
+    assert 1_014_686_023_680 < total < 1_040_000_000_000
+
+
 def test_deepseek_v3_mtp_module():
     cfg, notes = config("deepseek-v3", mtp=True)
     assert cfg.mtp == 1 and notes == ()

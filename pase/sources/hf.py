@@ -32,8 +32,13 @@ from pase.sources.hf_types import LLAMA_LIKE as _MORE_LLAMA_LIKE, TYPES as MORE_
 __all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_from_hf", "read_decoder_config", "load_hf",
            "network_name"]
 
+#: Model types whose configs describe another type's architecture under a name of their own, read
+#: as that type: ``kimi_k2`` (Moonshot AI's Kimi K2: its config.json names
+#: ``DeepseekV3ForCausalLM`` and its ``configuration_deepseek.py``; DeepSeek-V3's fields, with 384
+#: routed experts and 64 heads).
+ALIASES = {"kimi_k2": "deepseek_v3"}
 #: The ``model_type`` values read, and how.
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES + MORE_TYPES
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES + MORE_TYPES + tuple(ALIASES)
 #: Sequence length when ``-m`` is not given (capped by the config's maximum position).
 DEFAULT_SEQUENCE = 2048
 
@@ -171,6 +176,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
         fields.fail(f"model_type {_shown(model_type)} is not supported: {REFUSED[model_type]}")
     if model_type not in SUPPORTED:
         fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
+    model_type = ALIASES.get(model_type, model_type)
     if model_type == "mpt":
         config = read_type(fields, model_type, None, sequence)
     elif model_type == "gpt2":
