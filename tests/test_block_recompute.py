@@ -12,8 +12,6 @@ from cli_runner import run
 
 from pase.costing.training import LAYER_VECTORS, TrainingCosting, TrainingOptions
 from pase.machines.calibrated import CalibratedMachine
-from pase.model.builder import GraphBuilder
-from pase.model.layers import FC, SoftmaxCrossEntropy
 from pase.planning.engine_runs import mesh_refusal, policy_refusal
 from pase.planning.mesh import Mesh, parse_recipe
 from pase.planning.pipeline import pipeline_rows, stage_layout
@@ -21,21 +19,7 @@ from pase.planning.training_search import _PartsMemo, _totals, search_meshes
 
 from test_training import TOY  # the toy machine of round numbers
 
-WIDTH = 64
-
-
-def _net(batch=2, blocks=4):
-    """embed -> block1.a -> block1.b -> ... -> head -> loss, FC layers of width 64."""
-    g = GraphBuilder("chain", 1, batch=batch)
-    x = g.input((batch, WIDTH), "x", letters="bk")
-    x = g.add("embed", FC(x, WIDTH))
-    for i in range(1, blocks + 1):
-        with g.block():
-            x = g.add(f"block{i}.a", FC(x, WIDTH))
-            x = g.add(f"block{i}.b", FC(x, WIDTH))
-    x = g.add("head", FC(x, WIDTH))
-    g.add("loss", SoftmaxCrossEntropy(x))
-    return g.build()
+from test_pipeline import _net  # embed, blocks of two FC layers of width 64, head, loss
 
 
 def _ones(blocks=4, m=4):
@@ -253,14 +237,18 @@ def test_search_picks_the_smallest_count_that_fits():
     assert pinned.best.options.recompute_layers == 2 and not pinned.block_counts
 
 
+def _pipelined(machine, blocks: int, recipe: str):
+    """The plan of a batch of 8 on 2 devices in 2 stages under ``recompute=block`` and ``recipe``."""
+    return search_meshes(lambda n: _net(n, blocks=blocks), 8, 2, machine, None, 2.0,
+                         parse_recipe(f"dp=1,pp=2,microbatch=1,zero=0,recompute=block,{recipe}"),
+                         base=TrainingOptions(reserve_bytes=0.0)).best
+
+
 def test_pipelined_candidate_tells_its_causes_and_memory_per_chunk():
     # A pipelined plan's causes and memory by kind are priced with the cut's chunks: the
     # slowest stage's recomputation is its recomputed blocks' (2 per stage of 4 blocks).
     machine = CalibratedMachine(TOY)
-    found = search_meshes(lambda n: _net(n, blocks=8), 8, 2, machine, None, 2.0,
-                          parse_recipe("dp=1,pp=2,stages=4/4,schedule=1f1b,microbatch=1,zero=0,recompute=block,"
-                                       "recompute_layers=2"), base=TrainingOptions(reserve_bytes=0.0))
-    best = found.best
+    best = _pipelined(machine, 8, "stages=4/4,schedule=1f1b,recompute_layers=2")
     assert best.options.recompute_layers == 2
     causes = best.causes()
     costing = TrainingCosting(_net(1, blocks=8), [np.ones((1, len(layer.domain)), dtype=np.int64)
@@ -276,11 +264,7 @@ def test_pipelined_candidate_tells_its_causes_and_memory_per_chunk():
 def test_interleaved_chunks_one_block_apart_tell_the_step_they_priced():
     # Stages of 3 and 4 blocks in 2 chunks each (1, 2 | 2, 2): the plan's causes and memory by
     # kind, priced again layer by layer with those chunks, add up to the pipeline's step and peak.
-    machine = CalibratedMachine(TOY)
-    found = search_meshes(lambda n: _net(n, blocks=7), 8, 2, machine, None, 2.0,
-                          parse_recipe("dp=1,pp=2,stages=3/4,schedule=interleaved,vpp=2,microbatch=1,zero=0,"
-                                       "recompute=block,recompute_layers=1"), base=TrainingOptions(reserve_bytes=0.0))
-    best = found.best
+    best = _pipelined(CalibratedMachine(TOY), 7, "stages=3/4,schedule=interleaved,vpp=2,recompute_layers=1")
     pipe = best.summary.extra["pipeline"]
     assert [st["blocks"] for st in pipe["stages"]] == [3, 4] and pipe["vpp"] == 2
     assert sum(best.causes().values()) == pytest.approx(best.summary.step_seconds, rel=1e-9)
