@@ -12,6 +12,7 @@ from cli_runner import run
 
 from pase.costing.training import LAYER_VECTORS, TrainingCosting, TrainingOptions
 from pase.machines.calibrated import CalibratedMachine
+from pase.planning.engine import load_engine
 from pase.planning.engine_runs import mesh_refusal, policy_refusal
 from pase.planning.mesh import Mesh, parse_recipe
 from pase.planning.pipeline import pipeline_rows, stage_layout
@@ -192,21 +193,26 @@ def test_pipelines_equal_the_layer_by_layer_reference(counts, schedule, vpp, chu
 
 def test_searched_counts_are_the_fastest_fitting_of_every_count():
     # Pipelines of 8 blocks on 2 stages: each count priced alone, the search's choice is the
-    # fastest fitting (the smallest count of equals), under caps between the counts' peaks.
+    # fastest fitting (the smallest count of equals), under caps between the counts' peaks;
+    # where the plan without recomputation fits, one block per chunk (no count is searched).
     costing, options, edges, targets = _split(blocks=8)
     layout = stage_layout(costing.blocks)
     for schedule, vpp, counts in (("1f1b", 1, (3, 5)), ("interleaved", 2, (4, 4))):
         priced = {n: pipeline_rows(costing, options.but(recompute="block", recompute_layers=n), 2.0, edges, targets,
                                    2, 1, layout, schedules=[schedule], vpps=[vpp], fixed_counts=counts)
                   for n in range(1, 6)}
-        peaks = sorted({float(p) for n in priced for p in priced[n][1]})
+        plain = pipeline_rows(costing, options, 2.0, edges, targets, 2, 1, layout, schedules=[schedule], vpps=[vpp],
+                              fixed_counts=counts)[1]
+        peaks = sorted({float(p) for n in priced for p in priced[n][1]} | {float(p) for p in plain})
         for cap in [peaks[0] - 1.0] + [(a + b) / 2 for a, b in zip(peaks, peaks[1:])] + [peaks[-1] + 1.0]:
             step, peak, plans = pipeline_rows(costing, options.but(recompute="block", recompute_layers=1), 2.0, edges,
                                               targets, 2, 1, layout, cap, schedules=[schedule], vpps=[vpp],
                                               fixed_counts=counts, search_layers=True)
             for i in range(len(step)):
                 fitting = [n for n in priced if priced[n][1][i] <= cap]
-                if fitting:
+                if plain[i] <= cap:
+                    want = 1
+                elif fitting:
                     want = min(fitting, key=lambda n: (priced[n][0][i], n))
                 else:
                     want = min(priced, key=lambda n: (priced[n][1][i], n))
@@ -235,6 +241,27 @@ def test_search_picks_the_smallest_count_that_fits():
                            parse_recipe("dp=1,microbatch=2,zero=0,recompute=block,recompute_layers=2"),
                            base=TrainingOptions(reserve_bytes=0.0))
     assert pinned.best.options.recompute_layers == 2 and not pinned.block_counts
+
+
+def test_pipelines_search_block_counts_where_a_recipe_asks():
+    # Two stages of 4 blocks, a cap only some recomputation meets: the free search takes none,
+    # selective or full there (block counts on pipelines are a recipe's), the recipe's
+    # recompute=block searches the count.
+    machine = CalibratedMachine(TOY)
+    base = TrainingOptions(reserve_bytes=0.0)
+    full = search_meshes(lambda n: _net(n, blocks=8), 8, 2, machine, None, 2.0,
+                         parse_recipe("dp=1,pp=2,stages=4/4,schedule=1f1b,microbatch=1,zero=0,recompute=full"), base=base)
+    none = search_meshes(lambda n: _net(n, blocks=8), 8, 2, machine, None, 2.0,
+                         parse_recipe("dp=1,pp=2,stages=4/4,schedule=1f1b,microbatch=1,zero=0,recompute=none"), base=base)
+    cap = (full.best.summary.peak_memory_bytes + none.best.summary.peak_memory_bytes) / 2
+    free = search_meshes(lambda n: _net(n, blocks=8), 8, 2, machine, cap, 2.0,
+                         parse_recipe("dp=1,pp=2,stages=4/4,schedule=1f1b,microbatch=1,zero=0"), base=base,
+                         engine=load_engine("megatron"))
+    assert free.best.options.recompute != "block"
+    asked = search_meshes(lambda n: _net(n, blocks=8), 8, 2, machine, cap, 2.0,
+                          parse_recipe("dp=1,pp=2,stages=4/4,schedule=1f1b,microbatch=1,zero=0,recompute=block"),
+                          base=base)
+    assert asked.best.options.recompute == "block" and asked.best.summary.peak_memory_bytes <= cap
 
 
 def _pipelined(machine, blocks: int, recipe: str):

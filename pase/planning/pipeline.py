@@ -380,8 +380,9 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             into = block_columns
             part = {name: S[:, :, into] for name, S in stage.items()}
             found = _block_chunks(part, block_deltas, [bounds[r] for r in rows], vpp, block_layers, block_searched,
-                                  cap, m + (pp - 1) / vpp,
-                                  lambda sums, extra: figures(sums, p2p[into], transient[into] + extra, vpp))
+                                  peak[:, into] <= cap, cap, m + (pp - 1) / vpp,
+                                  lambda sums, extra, cols: figures(sums, p2p[into][cols],
+                                                                    transient[into][cols] + extra, vpp))
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]
             sends[:, :, into] = found[5]
@@ -418,8 +419,23 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             for j in range(len(settings))]
 
 
-def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray, cap,
-                  slots: float, figures) -> tuple:
+def _at_counts(stage: dict, prefix: dict, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray,
+               working: np.ndarray, cols: np.ndarray, figures, vpp: int) -> tuple:
+    """The block columns ``cols`` priced at ``counts`` blocks recomputed per chunk (``(cuts,
+    len(cols))``), ``working`` (``(cuts, K)``) the largest working set of those blocks."""
+    R, P, _ = stage["micro"].shape
+    taken = np.minimum(counts[:, None, :], sizes[:, :, None])  # (cuts, chunks, columns)
+    which = cols[None, None, :]
+    sums = {name: S[:, :, cols] for name, S in stage.items()}
+    for name, key in (("micro", "micro"), ("activations", "acts")):
+        P_ = prefix[name]
+        added = P_[starts[:, :, None] + taken, which] - P_[starts[:, :, None], which]
+        sums[key] = sums[key] + added.reshape(R, P, vpp, len(cols)).sum(axis=2)
+    return figures(sums, working[:, None, cols], cols)
+
+
+def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
+                  plain_fits: np.ndarray, cap, slots: float, figures) -> tuple:
     """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
     ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
     (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
@@ -431,7 +447,9 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     smallest ``n`` of equals. The counts stop where no column can gain: the step is at least
     ``slots`` (``m + (pp - 1) / vpp``) times the slowest stage's micro-batch, which only grows
     with ``n``. Returns ``(t, step, memory, peak, n, sends)`` as ``figures`` gives them, with the
-    ``n`` of each cut and column."""
+    ``n`` of each cut and column. ``figures(sums, extra, cols)`` prices the block columns ``cols``.
+    Counts are searched only where the plan without recomputation does not fit (``plain_fits``
+    false, per cut and column); where it fits, one block per chunk is priced."""
     R, P, K = stage["micro"].shape
     # Each stage's chunks (chunk_sizes: one block apart at most), as its run of blocks in order.
     split = [[[c] for c in counts] if vpp == 1 else chunk_sizes(counts, vpp)
@@ -444,40 +462,122 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     prefix = {name: np.concatenate([zero, np.cumsum(deltas[name], axis=0)]) for name in ("micro", "activations")}
     working = np.concatenate([deltas["working"], zero])  # a row of zeros for chunks past their end
     largest_chunk = sizes.max(axis=1)  # (cuts,)
-    # The count each column is priced at: its own (at most the largest chunk), or any.
-    fixed = np.minimum(layers[None, :], largest_chunk[:, None])  # (cuts, K)
-    best_t = best_memory = None
+    # The count each column is priced at: its own (at most the largest chunk), or any where the
+    # plan without recomputation does not fit (``searched``), one where it does.
+    fixed = np.where(searched[None, :] & plain_fits, 1, np.minimum(layers[None, :], largest_chunk[:, None]))
+    one = ~(searched[None, :] & ~plain_fits).any(axis=0) & (fixed == 1).all(axis=0)
+    if one.any():
+        # Columns priced at one block per chunk in every cut: at once (the working set of the
+        # chunks' first blocks is the recomputed ones'), the others as below.
+        counts = np.ones((R, int(one.sum())), dtype=np.int64)
+        cols = np.flatnonzero(one)
+        firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
+        priced = _at_counts(stage, prefix, starts, sizes, counts, firsts, cols, figures, vpp)
+        if one.all():
+            t, step, memory, peak, sends = priced
+            return t, step, memory, peak, counts, sends
+        rest = np.flatnonzero(~one)
+        found = _block_chunks({k: v[:, :, rest] for k, v in stage.items()}, {k: v[:, rest] for k, v in deltas.items()},
+                              bounds, vpp, layers[rest], searched[rest], plain_fits[:, rest], cap, slots,
+                              lambda sums, extra, c: figures(sums, extra, rest[c]))
+        out = [np.zeros((R, P, K)), np.zeros((R, K)), np.zeros((R, P, K)), np.zeros((R, K)),
+               np.zeros((R, K), dtype=np.int64), np.zeros((R, P, K))]
+        for i, (whole_value, part_value) in enumerate(zip(priced[:4] + (counts, priced[4]), found)):
+            out[i][..., cols] = whole_value
+            out[i][..., rest] = part_value
+        return tuple(out)
+    searched = searched[None, :] & ~plain_fits  # (cuts, K)
+    best_t, best_memory, best_sends = np.zeros((R, P, K)), np.zeros((R, P, K)), np.zeros((R, P, K))
     best_step, best_peak = np.full((R, K), np.inf), np.full((R, K), np.inf)
     best_n = np.zeros((R, K), dtype=np.int64)
     largest = np.zeros((R, 1, K))
+    # A cut of a searched column no count can fit (``hopeless``) is priced once, every block
+    # recomputed: recomputing a block only drops stored activations and the working set of the
+    # blocks recomputed only grows with the count, so no count's peak is below the one with every
+    # saving and only the chunks' first blocks' working sets (``floor_peak``). Its result is
+    # every block recomputed (``full``'s plan, this setting's least memory where the blocks'
+    # working sets are alike; the search's least-memory answer takes ``full`` too).
+    every = starts + sizes
+    saved = {key: stage[key] + (prefix[name][every] - prefix[name][starts]).reshape(R, P, vpp, K).sum(axis=2)
+             for name, key in (("micro", "micro"), ("activations", "acts"))}
+    firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
+    everything = {**stage, **saved}
+    floor_peak = figures(everything, firsts[:, None, :], np.arange(K))[3]
+    hopeless = searched & (floor_peak > cap)  # (cuts, K)
+    whole = np.broadcast_to(working[:-1].max(axis=0)[None, None, :], (R, 1, K))
+    t, step, memory, peak, sends = figures(everything, whole, np.arange(K))
+    # What the step holds beyond the pipeline with every block recomputed: the exposed
+    # synchronisation and optimizer after the drain, which only shrink as the stages' times grow,
+    # so no count's step holds less beyond its pipeline (a bound for stopping below).
+    tail = step - slots * t.max(axis=1)
+    if hopeless.any():
+        best_t = np.where(hopeless[:, None, :], t, best_t)
+        best_memory = np.where(hopeless[:, None, :], memory, best_memory)
+        best_sends = np.where(hopeless[:, None, :], sends, best_sends)
+        best_step, best_peak = np.where(hopeless, step, best_step), np.where(hopeless, peak, best_peak)
+        best_n = np.where(hopeless, largest_chunk[:, None], best_n)
+    # Where the chunks' first blocks already hold the largest working set (repeated blocks alike),
+    # the peak only falls as the count grows: the least count that fits is found by halving
+    # (``lo``). Where the step beyond its pipeline is there already what it is with every block
+    # recomputed (``tail``), the step only grows with the count, so that count is the fastest
+    # that fits: ``settled``, priced no more below.
+    alike = searched & ~hopeless & (firsts == whole[:, 0, :])
+    lo, hi = np.ones((R, K), dtype=np.int64), np.broadcast_to(largest_chunk[:, None], (R, K)).copy()
+    columns = np.flatnonzero(alike.any(axis=0))
+    settled = np.zeros((R, K), dtype=bool)
+    if len(columns):
+        def at(counts):  # every block column of ``columns`` priced at its own count per cut
+            return _at_counts(stage, prefix, starts, sizes, counts, firsts, columns, figures, vpp)
+
+        halving = alike[:, columns]
+        l, h = lo[:, columns], hi[:, columns]
+        while (halving & (l < h)).any():
+            mid = np.where(halving, (l + h) // 2, 1)
+            fits = at(mid)[3] <= cap
+            h, l = np.where(halving & fits, mid, h), np.where(halving & ~fits, mid + 1, l)
+        t_, step_, memory_, peak_, sends_ = at(np.where(halving, l, 1))
+        tail_ = step_ - slots * t_.max(axis=1)
+        ok = halving & (peak_ <= cap) & (tail_ <= tail[:, columns] * (1 + 1e-12) + 1e-15)
+        settled[:, columns] = ok
+        best_t[:, :, columns] = np.where(ok[:, None, :], t_, best_t[:, :, columns])
+        best_memory[:, :, columns] = np.where(ok[:, None, :], memory_, best_memory[:, :, columns])
+        best_sends[:, :, columns] = np.where(ok[:, None, :], sends_, best_sends[:, :, columns])
+        best_step[:, columns] = np.where(ok, step_, best_step[:, columns])
+        best_peak[:, columns] = np.where(ok, peak_, best_peak[:, columns])
+        best_n[:, columns] = np.where(ok, l, best_n[:, columns])
+    hopeless = hopeless | settled
+    # The columns some cut still needs a count for; a column done in every cut is priced no more
+    # (no later count changes it, as the test of ``done`` says), so each count prices only the rest.
+    active = np.flatnonzero(~hopeless.all(axis=0))
     for n in range(1, int(sizes.max()) + 1):
+        a = active
         taken = np.minimum(n, sizes)  # blocks recomputed per chunk
         ends = starts + taken
-        sums = {**stage}
+        sums = {name: S[:, :, a] for name, S in stage.items()}
         for name, key in (("micro", "micro"), ("activations", "acts")):
-            P_ = prefix[name]
-            added = (P_[ends] - P_[starts]).reshape(R, P, vpp, K).sum(axis=2)
-            sums[key] = stage[key] + added
-        newest = np.where((sizes >= n)[:, :, None], working[np.minimum(starts + n - 1, len(working) - 1)], 0.0)
-        largest = np.maximum(largest, newest.max(axis=1)[:, None, :])
-        t, step, memory, peak, sends = figures(sums, largest)
-        allowed = searched[None, :] | (n == fixed)
-        fits, held = peak <= cap, best_peak <= cap
-        better = allowed & np.where(fits, ~held | (step < best_step), ~held & (peak < best_peak))
-        if best_t is None:
-            best_t, best_memory = np.where(better[:, None, :], t, 0.0), np.where(better[:, None, :], memory, 0.0)
-            best_sends = np.where(better[:, None, :], sends, 0.0)
-        else:
-            best_t = np.where(better[:, None, :], t, best_t)
-            best_memory = np.where(better[:, None, :], memory, best_memory)
-            best_sends = np.where(better[:, None, :], sends, best_sends)
-        best_step = np.where(better, step, best_step)
-        best_peak = np.where(better, peak, best_peak)
-        best_n = np.where(better, n, best_n)
+            P_ = prefix[name][:, a]
+            added = (P_[ends] - P_[starts]).reshape(R, P, vpp, len(a)).sum(axis=2)
+            sums[key] = sums[key] + added
+        w = working[:, a]
+        newest = np.where((sizes >= n)[:, :, None], w[np.minimum(starts + n - 1, len(w) - 1)], 0.0)
+        largest[:, :, a] = np.maximum(largest[:, :, a], newest.max(axis=1)[:, None, :])
+        t, step, memory, peak, sends = figures(sums, largest[:, :, a], a)
+        allowed = (searched[:, a] & ~hopeless[:, a]) | (n == fixed[:, a])
+        fits, held = peak <= cap, best_peak[:, a] <= cap
+        better = allowed & np.where(fits, ~held | (step < best_step[:, a]), ~held & (peak < best_peak[:, a]))
+        best_t[:, :, a] = np.where(better[:, None, :], t, best_t[:, :, a])
+        best_memory[:, :, a] = np.where(better[:, None, :], memory, best_memory[:, :, a])
+        best_sends[:, :, a] = np.where(better[:, None, :], sends, best_sends[:, :, a])
+        best_step[:, a] = np.where(better, step, best_step[:, a])
+        best_peak[:, a] = np.where(better, peak, best_peak[:, a])
+        best_n[:, a] = np.where(better, n, best_n[:, a])
         # Done: every fixed column priced; every searched one holds a fitting plan no later
-        # count can beat (their steps are at least slots x the slowest stage's, which grows).
-        floor = slots * t.max(axis=1)
-        done = np.where(searched[None, :], (best_peak <= cap) & (floor >= best_step), n >= fixed)
-        if done.all():
+        # count can beat (their steps are at least slots x the slowest stage's, which grows,
+        # plus ``tail``).
+        floor = slots * t.max(axis=1) + tail[:, a]
+        done = np.where(searched[:, a], hopeless[:, a] | ((best_peak[:, a] <= cap) & (floor >= best_step[:, a])),
+                        n >= fixed[:, a])
+        active = a[~done.all(axis=0)]
+        if not len(active):
             break
     return best_t, best_step, best_memory, best_peak, best_n, best_sends

@@ -101,7 +101,9 @@ class TrainingPlan:
                 "size dividing the per-rank batch")
         if self.mesh_search.block_counts:
             text += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with "
-                     "every N from 1 to a chunk's blocks, per mesh, ZeRO stage, micro-batch, cut and schedule")
+                     "every N from 1 to a chunk's blocks per mesh, ZeRO stage and micro-batch; with pipeline stages "
+                     "where the recipe asks for it, per cut and schedule, and there only where the plan without "
+                     "recomputation does not fit (N = 1 where it does)")
         if self.mesh_search.experts:
             mesh = self.best.mesh if self.best is not None else None
             if mesh is not None and mesh.folded:  # a recipe's ep (or etp) beyond what dp carves out

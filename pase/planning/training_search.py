@@ -520,9 +520,18 @@ def search_meshes(
             part = {k: np.ascontiguousarray(c[columns]) for k, c in by_kind.items()}
             edges, targets = memos[pp].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
             if pp > 1:  # every setting's pipelines in one pass over the cuts
-                results = pipeline_rows_settings(costing, settings, act_bytes, edges, targets, pp, q, layout,
-                                                 memory_cap, schedules, None if recipe.vpp is None else [recipe.vpp],
-                                                 recipe.stages, columns=columns, search_layers=searched_counts)
+                # Block recomputation on pipelines where a recipe asks for it: its count search over
+                # every cut, schedule and chunk count made the free search of Llama 3.1 70B on 256
+                # GPUs half as long again (benchmarks/results/foundation_speed.md); without stages
+                # it is one chunk, and cheap.
+                keep = [j for j, o in enumerate(settings) if o.recompute != "block" or recipe.recompute == "block"]
+                got = pipeline_rows_settings(costing, [settings[j] for j in keep], act_bytes, edges, targets, pp, q,
+                                             layout, memory_cap, schedules,
+                                             None if recipe.vpp is None else [recipe.vpp], recipe.stages,
+                                             columns=columns, search_layers=[searched_counts[j] for j in keep])
+                results = [(np.full(len(valid), np.inf), np.full(len(valid), np.inf), [None] * len(valid))] * len(settings)
+                for j, found in zip(keep, got):
+                    results[j] = found
                 results = [(step, peak, plans, [0 if p is None else p.recompute_layers for p in plans])
                            for step, peak, plans in results]
             else:
