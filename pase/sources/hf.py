@@ -155,7 +155,7 @@ def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str 
     >>> decoder_config_from_hf({"model_type": "bert"}, source="x.json")
     Traceback (most recent call last):
     ...
-    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, qwen3, phi3, nemotron, gemma2, gemma3_text, gpt_oss, deepseek_v3, deepseek_v2, mpt
+    pase.core.errors.InputError: hf config x.json: model_type "bert" is not supported; supported: gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, qwen3, phi3, nemotron, gemma2, gemma3_text, gpt_oss, deepseek_v3, deepseek_v2, mpt, kimi_k2
     """
     return read_decoder_config(data, sequence, source, mtp)[0]
 
