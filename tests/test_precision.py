@@ -3,6 +3,7 @@ memory, a cast kernel, what stays BF16, recipes and the precision search."""
 
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from pase.costing.precision import QUANT_BYTES
 from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.machines.calibrated import CalibratedMachine
 from pase.planning.mesh import parse_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # No measured table: a GEMM at its format's peak, memory-bound work at HBM speed.
 PEAK = {"name": "peak", "devices_per_node": 8, "memory_gb": 80, "peak_tflops": 1000, "dtype_tflops": {"fp8": 2000},
@@ -156,3 +159,16 @@ def test_a_format_the_machine_lacks_is_one_line():
     assert status == 2 and out == ""
     assert err == ("pase: error: precision=fp8: machine a100-sxm runs GEMMs in bf16 only (pase machines lists "
                    "each preset's formats)\n")
+
+
+def test_torchtitan_benchmark_machine_runs_float8():
+    # torchtitan publishes Float8 rows on its 500 W H100 (examples/machines/h100-96gb-500w.json):
+    # its file states the dense FP8 rate, twice the BF16 one per SM and clock (2 x 887). A large
+    # GEMM then takes about half its BF16 time by the transfer rule: the roofline part halves,
+    # the overhead above it halves, the launch floor stays (so at most half plus that floor).
+    from pase.machines.registry import load_machine
+    machine = load_machine(os.path.join(ROOT, "examples", "machines", "h100-96gb-500w.json"))
+    assert machine.precisions == ("bf16", "fp8") and machine.dtype_flops["fp8"] == 1774e12
+    bf16 = float(machine.gemm_seconds(1, 8192, 8192, 8192))
+    fp8 = float(machine.gemm_seconds(1, 8192, 8192, 8192, dtype="fp8"))
+    assert 0.5 * bf16 <= fp8 <= 0.5 * bf16 + 20e-6
