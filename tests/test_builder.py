@@ -374,6 +374,14 @@ def test_one_edge_rule_prices_a_redistribution_over_the_devices_it_spans():
     # The training search and evaluate price an edge by the same rule.
     np.testing.assert_allclose(edge_seconds(h100, (16, 1024), source, target, 16), [inside, across], rtol=1e-12)
     assert edge_seconds is redistribution_seconds
+    # Context parallelism 2 around sequence parallelism 8 on 16 devices: a (1, 8192, 4096)
+    # activation split [1, 16, 1] (each device a sixteenth of the sequence) gathered to
+    # [1, 2, 1] (each context half whole): the 8 sixteenths of one half sit on 8 consecutive
+    # devices (the mesh puts cp outside tp), so the gather spans one node, not 16 devices. Volume:
+    # the target half 4096 x 4096 = 16,777,216 elements less the overlap 512 x 4096 = 2,097,152:
+    # 14,680,064; twice: 29,360,128 elements = 58,720,256 bytes at 450 GB/s plus 2 x 3 us.
+    cp = redistribution_seconds(h100, (1, 8192, 4096), np.array([[1, 16, 1]]), np.array([[1, 2, 1]]), 16)
+    np.testing.assert_allclose(cp, [58_720_256 / 450e9 + 2 * 3e-6], rtol=1e-12)
     # The reference machine charges rho x 2 volume whatever the exchange spans.
     paper = load_machine("paper")
     ref = edge_cost_matrix((16, 1024), source, target, paper, 16)

@@ -280,18 +280,27 @@ class Network:
 
 
 def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:
-    """Devices a redistribution from ``source`` to ``target`` splits spans: the product of
-    ``max(source, target)`` over the tensor dimensions whose splits differ; all ``procs`` when
-    the outermost (batch) dimension's split changes, since it is laid out across the others.
+    """Devices a redistribution from ``source`` to ``target`` splits spans: over the tensor
+    dimensions whose splits differ, the product of the coarser split's pieces per finer one
+    (``max / min`` where one divides the other: a dimension's finer pieces of one coarse piece
+    sit on consecutive devices, as a mesh lays out context parallelism outside the sequence
+    shards of sequence parallelism), else of ``max(source, target)``; all ``procs`` when the
+    outermost (batch) dimension's split changes, since it is laid out across the others.
 
     >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[4, 1, 1]]), 256).tolist()
     [8]
     >>> exchange_devices(np.array([[4, 8, 1]]), np.array([[2, 8, 1]]), 256).tolist()
     [256]
+    >>> exchange_devices(np.array([[1, 16, 1]]), np.array([[1, 2, 1]]), 16).tolist()  # cp 2 x tp 8 -> cp 2
+    [8]
+    >>> exchange_devices(np.array([[1, 6, 1]]), np.array([[1, 4, 1]]), 24).tolist()
+    [6]
     """
     source, target = np.broadcast_arrays(np.asarray(source), np.asarray(target))
     differ = source != target
-    span = np.where(differ, np.maximum(source, target), 1).prod(axis=-1)
+    high, low = np.maximum(source, target), np.minimum(source, target)
+    per_dim = np.where(high % low == 0, high // low, high)
+    span = np.where(differ, per_dim, 1).prod(axis=-1)
     return np.where(differ[..., 0], procs, span)
 
 
