@@ -21,9 +21,8 @@ import numpy as np
 from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync", "exposed_sends",
-           "chunk_sizes", "virtual_order", "interleavings",
-           "SCHEDULES"]
+__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync",
+           "exposed_sends", "chunk_sizes", "virtual_order", "interleavings", "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
 
@@ -241,8 +240,9 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     stage's blocks (interleaved needs chunks one block apart, :func:`chunk_sizes`, and ``m`` a
     multiple of ``pp``). Under ``recompute=block`` each chunk (a stage, or one of a stage's
     :func:`chunk_sizes` interleaved) recomputes its first ``recompute_layers`` blocks;
-    ``search_layers``: every count from 1 to the largest chunk's blocks is tried for every cut and
-    schedule.
+    ``search_layers``: per cut and schedule, where the plan without recomputation does not fit,
+    the fastest count from 1 to the largest chunk's blocks that fits (:func:`_block_chunks`), one
+    block per chunk where it fits.
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
                                   memory_cap, schedules, vpps, fixed_counts, search_layers=[search_layers])[0]
@@ -439,8 +439,8 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
     ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
     (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
-    stage's ``vpp`` chunks (:func:`chunk_sizes`) of ``c`` blocks recompute their first ``min(n, c)``: their micro-batch
-    and activation deltas added, the largest working set of a block recomputed (anywhere)
+    stage's ``vpp`` chunks (:func:`chunk_sizes`) of ``c`` blocks recompute their first
+    ``min(n, c)``: their micro-batch and activation deltas added, the largest working set of a block recomputed (anywhere)
     added to the transient memory. ``n`` is ``layers`` (per column, at most the largest chunk),
     or where ``searched`` every count from 1 to the largest chunk's blocks (more recompute the
     same), keeping per cut and column the fastest that fits ``cap``, else the least memory, the
