@@ -42,9 +42,11 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         help="search the training configuration (implied by --recipe and --compare).")
     add("--recipe", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
-             "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy), microbatch "
+             "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy; block: Megatron's, "
+             "the first recompute_layers blocks of each pipeline chunk, searched when not given), microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
-             "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp), "
+             "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp, or "
+             "folded onto tp with etp, the experts' tensor parallelism), "
              "schedule (1f1b, interleaved), vpp (model chunks per device, interleaved), stages (blocks per pipeline "
              "stage, A/B/...); precision (bf16, fp8, "
              "mxfp8, nvfp4: the blocks' weight products; search: --search-precision), scaling (fp8: delayed, "
