@@ -198,27 +198,29 @@ class AllReduce(Piece):
         return machine.all_reduce(self.elements, self.group)
 
 
-class Exchange(Piece):
-    """A point-to-point exchange of ``elements`` per device with ``group`` (``Machine.exchange``)."""
+class _Transfer(Piece):
+    """Activations moved among the devices of ``group``: ``elements`` per device."""
 
     __slots__ = ("elements", "group")
     activation = True
 
     def __init__(self, elements, group):
         self.elements, self.group = elements, group
+
+
+class Exchange(_Transfer):
+    """A point-to-point exchange of ``elements`` per device with ``group`` (``Machine.exchange``)."""
+
+    __slots__ = ()
 
     def priced(self, machine):
         return machine.exchange(self.elements, self.group)
 
 
-class AllToAll(Piece):
+class AllToAll(_Transfer):
     """An all-to-all of ``elements`` per device over ``group`` (``Machine.all_to_all``)."""
 
-    __slots__ = ("elements", "group")
-    activation = True
-
-    def __init__(self, elements, group):
-        self.elements, self.group = elements, group
+    __slots__ = ()
 
     def priced(self, machine):
         return machine.all_to_all(self.elements, self.group)
