@@ -22,7 +22,7 @@ from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync",
-           "exposed_sends", "chunk_sizes", "virtual_order", "interleavings", "SCHEDULES"]
+           "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
 
@@ -126,6 +126,21 @@ def chunk_sizes(counts, vpp: int) -> list | None:
     return out
 
 
+def stage_chunks(counts, vpp: int) -> list:
+    """Each stage's chunks, blocks per chunk in order: one chunk of its blocks for ``vpp`` 1,
+    else :func:`chunk_sizes` (``ValueError`` where they do not split).
+
+    >>> stage_chunks((3, 4), 1), stage_chunks((3, 4), 2)
+    ([[3], [4]], [[1, 2], [2, 2]])
+    """
+    if vpp <= 1:
+        return [[int(c)] for c in counts]
+    sizes = chunk_sizes(counts, vpp)
+    if sizes is None:
+        raise ValueError(f"stages of {'/'.join(map(str, counts))} blocks do not run {vpp} interleaved chunks each")
+    return sizes
+
+
 def virtual_order(counts, vpp: int) -> list:
     """Blocks per model chunk in the model's order (chunk ``j`` on stage ``j mod pp``, the
     ``j // pp``-th of that stage: Megatron's and torchtitan's looped placement) for stages of
@@ -134,12 +149,8 @@ def virtual_order(counts, vpp: int) -> list:
     >>> virtual_order((3, 4), 2)
     [1, 2, 2, 2]
     """
-    if vpp <= 1:
-        return list(counts)
-    sizes = chunk_sizes(counts, vpp)
-    if sizes is None:
-        raise ValueError(f"stages of {'/'.join(map(str, counts))} blocks do not run {vpp} interleaved chunks each")
-    return [sizes[j % len(counts)][j // len(counts)] for j in range(len(counts) * vpp)]
+    sizes = stage_chunks(counts, vpp)
+    return [sizes[j % len(counts)][j // len(counts)] for j in range(len(counts) * max(vpp, 1))]
 
 
 def interleavings(counts) -> list:
@@ -452,8 +463,7 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     false, per cut and column); where it fits, one block per chunk is priced."""
     R, P, K = stage["micro"].shape
     # Each stage's chunks (chunk_sizes: one block apart at most), as its run of blocks in order.
-    split = [[[c] for c in counts] if vpp == 1 else chunk_sizes(counts, vpp)
-             for counts in (tuple(int(bound[s + 1] - bound[s]) for s in range(P)) for bound in bounds)]
+    split = [stage_chunks(tuple(int(bound[s + 1] - bound[s]) for s in range(P)), vpp) for bound in bounds]
     sizes = np.array([[c for stage_chunks in chunks for c in stage_chunks] for chunks in split],
                      dtype=np.int64)  # (cuts, chunks)
     starts = np.array([[bound[s] + sum(chunks[s][:k]) for s in range(P) for k in range(vpp)]
@@ -465,13 +475,14 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     # The count each column is priced at: its own (at most the largest chunk), or any where the
     # plan without recomputation does not fit (``searched``), one where it does.
     fixed = np.where(searched[None, :] & plain_fits, 1, np.minimum(layers[None, :], largest_chunk[:, None]))
+    # The largest working set of the chunks' first blocks, per cut and column.
+    firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
     one = ~(searched[None, :] & ~plain_fits).any(axis=0) & (fixed == 1).all(axis=0)
     if one.any():
         # Columns priced at one block per chunk in every cut: at once (the working set of the
         # chunks' first blocks is the recomputed ones'), the others as below.
         counts = np.ones((R, int(one.sum())), dtype=np.int64)
         cols = np.flatnonzero(one)
-        firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
         priced = _at_counts(stage, prefix, starts, sizes, counts, firsts, cols, figures, vpp)
         if one.all():
             t, step, memory, peak, sends = priced
@@ -487,9 +498,18 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
             out[i][..., rest] = part_value
         return tuple(out)
     searched = searched[None, :] & ~plain_fits  # (cuts, K)
-    best_t, best_memory, best_sends = np.zeros((R, P, K)), np.zeros((R, P, K)), np.zeros((R, P, K))
-    best_step, best_peak = np.full((R, K), np.inf), np.full((R, K), np.inf)
-    best_n = np.zeros((R, K), dtype=np.int64)
+    # Per cut and column the best priced so far: what ``figures`` gives, and its count.
+    best = {"t": np.zeros((R, P, K)), "step": np.full((R, K), np.inf), "memory": np.zeros((R, P, K)),
+            "peak": np.full((R, K), np.inf), "n": np.zeros((R, K), dtype=np.int64), "sends": np.zeros((R, P, K))}
+
+    def keep(mask, cols, priced, n):
+        """Where ``mask`` (cuts x ``cols``): ``priced`` (``figures``' five arrays) at count ``n``."""
+        t_, step_, memory_, peak_, sends_ = priced
+        for key, value in (("t", t_), ("memory", memory_), ("sends", sends_)):
+            best[key][:, :, cols] = np.where(mask[:, None, :], value, best[key][:, :, cols])
+        for key, value in (("step", step_), ("peak", peak_), ("n", n)):
+            best[key][:, cols] = np.where(mask, value, best[key][:, cols])
+
     largest = np.zeros((R, 1, K))
     # A cut of a searched column no count can fit (``hopeless``) is priced once, every block
     # recomputed: recomputing a block only drops stored activations and the working set of the
@@ -500,29 +520,23 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     every = starts + sizes
     saved = {key: stage[key] + (prefix[name][every] - prefix[name][starts]).reshape(R, P, vpp, K).sum(axis=2)
              for name, key in (("micro", "micro"), ("activations", "acts"))}
-    firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
     everything = {**stage, **saved}
     floor_peak = figures(everything, firsts[:, None, :], np.arange(K))[3]
     hopeless = searched & (floor_peak > cap)  # (cuts, K)
     whole = np.broadcast_to(working[:-1].max(axis=0)[None, None, :], (R, 1, K))
-    t, step, memory, peak, sends = figures(everything, whole, np.arange(K))
+    priced = figures(everything, whole, np.arange(K))
     # What the step holds beyond the pipeline with every block recomputed: the exposed
     # synchronisation and optimizer after the drain, which only shrink as the stages' times grow,
     # so no count's step holds less beyond its pipeline (a bound for stopping below).
-    tail = step - slots * t.max(axis=1)
+    tail = priced[1] - slots * priced[0].max(axis=1)
     if hopeless.any():
-        best_t = np.where(hopeless[:, None, :], t, best_t)
-        best_memory = np.where(hopeless[:, None, :], memory, best_memory)
-        best_sends = np.where(hopeless[:, None, :], sends, best_sends)
-        best_step, best_peak = np.where(hopeless, step, best_step), np.where(hopeless, peak, best_peak)
-        best_n = np.where(hopeless, largest_chunk[:, None], best_n)
+        keep(hopeless, np.arange(K), priced, largest_chunk[:, None])
     # Where the chunks' first blocks already hold the largest working set (repeated blocks alike),
     # the peak only falls as the count grows: the least count that fits is found by halving
     # (``lo``). Where the step beyond its pipeline is there already what it is with every block
     # recomputed (``tail``), the step only grows with the count, so that count is the fastest
     # that fits: ``settled``, priced no more below.
     alike = searched & ~hopeless & (firsts == whole[:, 0, :])
-    lo, hi = np.ones((R, K), dtype=np.int64), np.broadcast_to(largest_chunk[:, None], (R, K)).copy()
     columns = np.flatnonzero(alike.any(axis=0))
     settled = np.zeros((R, K), dtype=bool)
     if len(columns):
@@ -530,21 +544,17 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
             return _at_counts(stage, prefix, starts, sizes, counts, firsts, columns, figures, vpp)
 
         halving = alike[:, columns]
-        l, h = lo[:, columns], hi[:, columns]
+        l = np.ones((R, len(columns)), dtype=np.int64)
+        h = np.broadcast_to(largest_chunk[:, None], l.shape).copy()
         while (halving & (l < h)).any():
             mid = np.where(halving, (l + h) // 2, 1)
             fits = at(mid)[3] <= cap
             h, l = np.where(halving & fits, mid, h), np.where(halving & ~fits, mid + 1, l)
-        t_, step_, memory_, peak_, sends_ = at(np.where(halving, l, 1))
-        tail_ = step_ - slots * t_.max(axis=1)
-        ok = halving & (peak_ <= cap) & (tail_ <= tail[:, columns] * (1 + 1e-12) + 1e-15)
+        least = at(np.where(halving, l, 1))
+        tail_ = least[1] - slots * least[0].max(axis=1)
+        ok = halving & (least[3] <= cap) & (tail_ <= tail[:, columns] * (1 + 1e-12) + 1e-15)
         settled[:, columns] = ok
-        best_t[:, :, columns] = np.where(ok[:, None, :], t_, best_t[:, :, columns])
-        best_memory[:, :, columns] = np.where(ok[:, None, :], memory_, best_memory[:, :, columns])
-        best_sends[:, :, columns] = np.where(ok[:, None, :], sends_, best_sends[:, :, columns])
-        best_step[:, columns] = np.where(ok, step_, best_step[:, columns])
-        best_peak[:, columns] = np.where(ok, peak_, best_peak[:, columns])
-        best_n[:, columns] = np.where(ok, l, best_n[:, columns])
+        keep(ok, columns, least, l)
     hopeless = hopeless | settled
     # The columns some cut still needs a count for; a column done in every cut is priced no more
     # (no later count changes it, as the test of ``done`` says), so each count prices only the rest.
@@ -561,23 +571,19 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
         w = working[:, a]
         newest = np.where((sizes >= n)[:, :, None], w[np.minimum(starts + n - 1, len(w) - 1)], 0.0)
         largest[:, :, a] = np.maximum(largest[:, :, a], newest.max(axis=1)[:, None, :])
-        t, step, memory, peak, sends = figures(sums, largest[:, :, a], a)
+        priced = figures(sums, largest[:, :, a], a)
+        step, peak = priced[1], priced[3]
         allowed = (searched[:, a] & ~hopeless[:, a]) | (n == fixed[:, a])
-        fits, held = peak <= cap, best_peak[:, a] <= cap
-        better = allowed & np.where(fits, ~held | (step < best_step[:, a]), ~held & (peak < best_peak[:, a]))
-        best_t[:, :, a] = np.where(better[:, None, :], t, best_t[:, :, a])
-        best_memory[:, :, a] = np.where(better[:, None, :], memory, best_memory[:, :, a])
-        best_sends[:, :, a] = np.where(better[:, None, :], sends, best_sends[:, :, a])
-        best_step[:, a] = np.where(better, step, best_step[:, a])
-        best_peak[:, a] = np.where(better, peak, best_peak[:, a])
-        best_n[:, a] = np.where(better, n, best_n[:, a])
+        fits, held = peak <= cap, best["peak"][:, a] <= cap
+        better = allowed & np.where(fits, ~held | (step < best["step"][:, a]), ~held & (peak < best["peak"][:, a]))
+        keep(better, a, priced, n)
         # Done: every fixed column priced; every searched one holds a fitting plan no later
         # count can beat (their steps are at least slots x the slowest stage's, which grows,
         # plus ``tail``).
-        floor = slots * t.max(axis=1) + tail[:, a]
-        done = np.where(searched[:, a], hopeless[:, a] | ((best_peak[:, a] <= cap) & (floor >= best_step[:, a])),
+        floor = slots * priced[0].max(axis=1) + tail[:, a]
+        done = np.where(searched[:, a], hopeless[:, a] | ((best["peak"][:, a] <= cap) & (floor >= best["step"][:, a])),
                         n >= fixed[:, a])
         active = a[~done.all(axis=0)]
         if not len(active):
             break
-    return best_t, best_step, best_memory, best_peak, best_n, best_sends
+    return tuple(best[key] for key in ("t", "step", "memory", "peak", "n", "sends"))

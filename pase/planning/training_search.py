@@ -28,7 +28,7 @@ from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
-from pase.planning.pipeline import SCHEDULES, chunk_sizes, pipeline_rows_settings, stage_layout
+from pase.planning.pipeline import SCHEDULES, pipeline_rows_settings, stage_chunks, stage_layout
 from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
     NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
@@ -763,11 +763,9 @@ def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
 
 
 def _chunks(stages) -> tuple:
-    """Blocks per pipeline chunk in order: each stage's ``vpp`` chunks (``chunk_sizes``, as
+    """Blocks per pipeline chunk in order: each stage's ``vpp`` chunks (``stage_chunks``, as
     ``pipeline_rows`` prices ``recompute=block``)."""
-    if stages.vpp <= 1:
-        return tuple(stages.counts)
-    return tuple(c for chunks in chunk_sizes(stages.counts, stages.vpp) for c in chunks)
+    return tuple(c for chunks in stage_chunks(stages.counts, stages.vpp) for c in chunks)
 
 
 def _per_layer(costing, options: TrainingOptions, stages) -> list:
