@@ -20,14 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pase.planning.mesh import expert_tp, folded
+from pase.planning.mesh import ExpertGrid
 
 __all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal",
            "check_engine"]
 
 
 @dataclass(frozen=True)
-class EnginePlan:
+class EnginePlan(ExpertGrid):
     """A mesh plan in the terms every engine's settings are written from.
 
     ``microbatch``: sequences per micro-batch per data-parallel rank; ``microbatches``: micro-
@@ -67,16 +67,6 @@ class EnginePlan:
     etp: int | None = None
     #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
     recompute_layers: int = 0
-
-    @property
-    def expert_tp(self) -> int:
-        """``--expert-tensor-parallel-size``: ``etp``, or ``tp`` when unset."""
-        return expert_tp(self.tp, self.etp)
-
-    @property
-    def folded(self) -> bool:
-        """Whether the experts have their own grid (Megatron-Core's MoE parallel folding)."""
-        return folded(self.dp, self.tp, self.ep, self.etp)
 
     @property
     def precision_word(self) -> str:

@@ -21,21 +21,26 @@ from pase.core.checks import arguments, text
 
 __all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS"]
 
-def expert_tp(tp: int, etp: int | None) -> int:
-    """The expert layers' tensor-parallel degree (``--expert-tensor-parallel-size``): ``etp``,
-    or ``tp`` when unset."""
-    return tp if etp is None else etp
+class ExpertGrid:
+    """What a layout with ``dp``, ``tp``, ``ep`` and ``etp`` says of its expert layers (a
+    :class:`Mesh`'s, an engine plan's)."""
 
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree (``--expert-tensor-parallel-size``): ``etp``,
+        or ``tp`` when unset."""
+        return self.tp if self.etp is None else self.etp
 
-def folded(dp: int, tp: int, ep: int, etp: int | None) -> bool:
-    """Whether the expert layers have their own parallel grid (Megatron-Core's MoE parallel
-    folding): expert parallelism with an expert tensor-parallel degree other than ``tp``, or
-    one that does not divide ``dp``."""
-    return ep > 1 and (expert_tp(tp, etp) != tp or dp % ep != 0)
+    @property
+    def folded(self) -> bool:
+        """Whether the expert layers have their own parallel grid (Megatron-Core's MoE parallel
+        folding): expert parallelism with an expert tensor-parallel degree other than ``tp``, or
+        one that does not divide ``dp``."""
+        return self.ep > 1 and (self.expert_tp != self.tp or self.dp % self.ep != 0)
 
 
 @dataclass(frozen=True)
-class Mesh:
+class Mesh(ExpertGrid):
     """Degrees of data, tensor and context parallelism (and pipeline stages, 1 here).
 
     ``sp``: sequence parallelism for the layers between tensor-parallel products. ``ep``:
@@ -58,16 +63,6 @@ class Mesh:
     sp: bool = True
     ep: int = 1
     etp: int | None = None
-
-    @property
-    def expert_tp(self) -> int:
-        """The expert layers' tensor-parallel degree: ``etp``, or ``tp`` when unset."""
-        return expert_tp(self.tp, self.etp)
-
-    @property
-    def folded(self) -> bool:
-        """Whether the expert layers have their own parallel grid (MoE parallel folding)."""
-        return folded(self.dp, self.tp, self.ep, self.etp)
 
     @property
     def devices(self) -> int:
