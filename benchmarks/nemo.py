@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from published import GiB, price, published_dir  # noqa: E402
+from pase.machines.calibrated import load_description  # noqa: E402
 
 CONFIGS = {"LLAMA3_70B": os.path.join("examples", "hf", "llama-3.1-70b.json"),
            "LLAMA3_8B": os.path.join("examples", "hf", "llama-3.1-8b.json"),
@@ -135,6 +136,15 @@ def main() -> int:
             nemo.append(dict(row=row, fp8=fp8, bf16=bf16, bare=bare, err=err, err_bare=bare["step"] / row["step_pub"] - 1.0))
             print(f"  {row['name']:<58} step pub {row['step_pub']:.3f} s model {fp8['step']:.3f} s ({err:+.1%})"
                   + ("" if fp8["fits"] else " (does not fit: no cap)"), flush=True)
+        # The H100 rows again on the h100-sxm preset without its clock derate (clock_ratio 1, a
+        # machine file a user can write: docs/calibration.md, "What one constant cannot reconcile").
+        undrated = os.path.join(tmp, "h100-sxm-clock-1.json")
+        with open(undrated, "w") as f:
+            json.dump(dict(load_description("h100-sxm"), name="h100-sxm-clock-1", clock_ratio=1.0,
+                           measured=os.path.join(ROOT, "pase", "machines", "data", "h100-sxm-measured.json")), f)
+        for r in nemo:
+            if r["row"]["machine"] == "h100-sxm":
+                r["clock_1"] = price(dict(r["row"], machine=undrated), tmp)
         for f8, b16 in foundry_pairs(folder):
             m8, m16 = price(foundry_row(f8, True), tmp), price(foundry_row(b16, False), tmp)
             pub = f8["tokens_per_s"] / b16["tokens_per_s"]
@@ -179,6 +189,15 @@ def main() -> int:
         b = r["bare"]
         md.append(f"| {r['row']['name']} | {r['row']['step_pub']:.3f} | {b['step']:.3f} | {pct(r['err_bare'])} "
                   f"| {b['memory'] / GiB:.1f} | {'yes' if b['fits'] else 'no: priced without the cap'} |")
+    md += ["", "### H100 without its clock derate", "",
+           "The H100 rows on a machine file equal to the `h100-sxm` preset but with `clock_ratio` 1 (the preset's "
+           "0.803, base over boost clock, taken out; no Blackwell preset has one): what the derate is worth on "
+           "NeMo's rows (docs/calibration.md, \"What one constant cannot reconcile\"). Not the default.", "",
+           "| run | step s pub | step s model, clock_ratio 1 | err |", "|---|---|---|---|"]
+    for r in nemo:
+        if "clock_1" in r:
+            md.append(f"| {r['row']['name']} | {r['row']['step_pub']:.3f} | {r['clock_1']['step']:.3f} "
+                      f"| {pct(r['clock_1']['step'] / r['row']['step_pub'] - 1.0)} |")
     md += ["", "## llm-foundry FP8/BF16 pairs (H100)", "",
            "| model | seq | GPUs | recipe (BF16; FP8 adds precision=fp8,scaling=delayed) | FP8/BF16 pub | FP8/BF16 model "
            "| err | target | step s pub FP8 / BF16 | step s model FP8 / BF16 | err FP8 / BF16 |",
