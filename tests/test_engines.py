@@ -25,6 +25,9 @@ MIXTRAL = ["-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "256", "--machine
 TITAN_CASES = [
     ("pipeline", LLAMA, "dp=2,tp=2,pp=4,schedule=1f1b,zero=3,recompute=full,microbatch=1"),
     ("interleaved", LLAMA, "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,zero=2,recompute=none,microbatch=2"),
+    # Chunks one block apart (pipeline.chunk_sizes): 32 layers as 12 model parts of 3 or 2.
+    ("interleaved_uneven", LLAMA, "dp=2,tp=2,pp=4,schedule=interleaved,vpp=3,stages=7/9/9/7,zero=2,recompute=none,"
+                                  "microbatch=1"),
     ("fsdp", LLAMA, "dp=16,tp=1,zero=3,recompute=op,microbatch=1"),
     ("tp_cp", LLAMA, "dp=2,tp=4,cp=2,zero=3,recompute=full"),
     ("moe", MIXTRAL, "dp=8,tp=2,ep=4,zero=3,recompute=full"),
