@@ -56,25 +56,28 @@ class TrainingCosting:
         check_reader_rule(readers)
         st = structure if structure is not None else NetworkStructure.of(network)
         layers = self.layers = PricedLayers.of(network, configs, machine, st)
-        self.network, self.machine, self.readers, self.structure = network, machine, readers, st
-        self.configs, self.kinds, self.parts = layers.configs, layers.kinds, layers.parts
-        self.blocks, self.cores = st.blocks, st.cores
         pools = pool_readers(layers, readers)
         places = activation_places(layers)
-        self.op_saved, self.read_back = places.op_saved, places.read_back
         groups = VectorGroups.of(layers, places, pools.place)
         self.keeping = LayerKeeping(groups)
-        self._memo = self.keeping.memo
+        # The parts, each given the records and the other parts it reads.
         #: FP8 / MXFP8 / NVFP4 (``TrainingOptions.precision``), priced in ``pase.costing.precision``.
         self.precision = PrecisionPricing(layers)
         self.recomputation = RecomputePolicy(layers, places)
         self.step_compute = StepCompute(layers, self.keeping, self.precision)
         self.collectives = ActivationCollectives(layers, pools, self.keeping, self.step_compute)
         self.weight_sync = WeightSync(layers, self.keeping, self.precision, self.step_compute)
-        self.memory_kinds = MemoryKinds(layers, self.keeping, self.precision, self.recomputation)
+        self.memory_kinds = MemoryKinds(layers, places, self.keeping, self.precision, self.recomputation)
         self.edge_costs = EdgeRows(layers, pools, self.keeping, groups, self.recomputation, self.collectives)
         self.vectors = LayerVectors(layers, self.keeping, groups, self.step_compute, self.collectives,
                                     self.weight_sync, self.recomputation, self.memory_kinds, self.edge_costs)
+        # What the searches, the plans and the tests read of the costing.
+        self.network, self.machine, self.readers, self.structure = network, machine, readers, st
+        self.configs, self.kinds, self.parts = layers.configs, layers.kinds, layers.parts
+        self.blocks, self.cores, self.block_outputs, self.charged = st.blocks, st.cores, st.block_outputs, st.charged
+        self.op_saved, self.read_back = places.op_saved, places.read_back
+        self.vector_groups, self.representative = groups.groups, groups.representative
+        self._memo = self.keeping.memo
         self.activation_scale = np.ones((len(network.layers), 1))
 
     @property

@@ -11,7 +11,7 @@ from pase.costing.precision import PrecisionPricing
 from pase.costing.training.keeping import LayerKeeping, per_layer_kept
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
-from pase.costing.training.recompute import RecomputePolicy
+from pase.costing.training.recompute import ActivationPlaces, RecomputePolicy
 from pase.costing.training.structure import fsdp_units
 
 __all__ = ["MemoryKinds"]
@@ -21,14 +21,14 @@ class MemoryKinds:
     """Bytes per device by kind: per layer and row, those that add up over layers
     (:meth:`layer_memory`); per row, those alive only part of the step (:meth:`transient_parts`)."""
 
-    def __init__(self, layers: PricedLayers, keeping: LayerKeeping, precision: PrecisionPricing,
-                 policy: RecomputePolicy):
+    def __init__(self, layers: PricedLayers, places: ActivationPlaces, keeping: LayerKeeping,
+                 precision: PrecisionPricing, policy: RecomputePolicy):
         self.keeping = keeping
         self.precision = precision
         self.policy = policy
         self.network, self.configs, self.parts = layers.network, layers.configs, layers.parts
         self.blocks, self.charged = layers.structure.blocks, layers.structure.charged
-        self.loss_only, self.attention_inner = policy.places.loss_only, policy.places.attention_inner
+        self.loss_only, self.attention_inner = places.loss_only, places.attention_inner
 
     # -- what adds up over layers ------------------------------------------------------
 
