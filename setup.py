@@ -14,7 +14,7 @@ setup(
         "pase",
         "pase.cli",
         "pase.core",
-        "pase.costing",
+        "pase.costing", "pase.costing.training",
         "pase.machines",
         "pase.model",
         "pase.model.layers",

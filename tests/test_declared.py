@@ -26,10 +26,12 @@ FORBIDDEN = [
 
 def _sources():
     for folder in ("costing", "planning"):
-        for name in sorted(os.listdir(os.path.join(ROOT, "pase", folder))):
-            path = os.path.join("pase", folder, name)
-            if name.endswith(".py") and path not in EXEMPT:
-                yield path
+        for top, dirs, files in os.walk(os.path.join(ROOT, "pase", folder)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")  # sub-packages: costing/training/
+            for name in sorted(files):
+                path = os.path.relpath(os.path.join(top, name), ROOT)
+                if name.endswith(".py") and path not in EXEMPT:
+                    yield path
 
 
 @pytest.mark.parametrize("path", list(_sources()))

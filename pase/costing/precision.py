@@ -85,19 +85,22 @@ def check_precision(machine, precision: str) -> None:
 
 
 class PrecisionPricing:
-    """The low-precision parts of a :class:`~pase.costing.training.TrainingCosting` (module
-    doc). Nothing is computed for BF16; each format's GEMM times are taken once per kind of
-    layer, when first asked for."""
+    """The low-precision parts of a training costing (module doc), from its layers' parts
+    (``layers``: a :class:`~pase.costing.training.parts.PricedLayers`). Nothing is computed for
+    BF16; each format's GEMM times are taken once per kind of layer, when first asked for."""
 
-    def __init__(self, costing):
-        self.costing = costing
+    def __init__(self, layers):
+        self.layers = layers
+        #: Per layer and row, the share of its activation collectives charged: below 1 under
+        #: sequence parallelism (the costing's ``activation_scale``, which sets it here).
+        self.activation_scale = np.ones((len(layers.configs), 1))
         self._gemms: dict = {}
         self._clocked: dict = {}
         self._eligible = None
 
     def _layer(self, v: int, dtype: str) -> tuple:
         """``(seconds, elements)`` of ``v``'s GEMMs in ``dtype``, per configuration row."""
-        c = self.costing
+        c = self.layers
         key = (c.kinds[v], dtype)
         if key not in self._gemms:
             # The GEMMs of the layer's parts (their shapes), re-priced in the format.
@@ -109,17 +112,17 @@ class PrecisionPricing:
         """Per layer: a weight product of a repeated block (it holds parameters, runs GEMMs, is in
         a block and is not attention's core), the layers a format converts."""
         if self._eligible is None:
-            c = self.costing
+            c = self.layers
             flags = []
             for v in range(len(c.network.layers)):
-                ok = c.blocks[v] is not None and v not in c.cores and bool(c.parts[v].params)
+                ok = c.structure.blocks[v] is not None and v not in c.structure.cores and bool(c.parts[v].params)
                 flags.append(ok and bool((self._layer(v, "bf16")[1] > 0).any()))
             self._eligible = np.array(flags, dtype=bool)
         return self._eligible
 
     def _weights(self, v: int) -> np.ndarray:
-        total = np.zeros(len(self.costing.configs[v]))
-        for elements, _ in self.costing.parts[v].params:
+        total = np.zeros(len(self.layers.configs[v]))
+        for elements, _ in self.layers.parts[v].params:
             total = total + elements
         return total
 
@@ -151,7 +154,7 @@ class PrecisionPricing:
 
     def _producer(self, v: int):
         """The one layer whose output ``v`` reads (``None`` where it reads several, or none)."""
-        producers = {t.producer for t in self.costing.network.layers[v].inputs if t.producer is not None}
+        producers = {t.producer for t in self.layers.network.layers[v].inputs if t.producer is not None}
         return producers.pop() if len(producers) == 1 else None
 
     def _not_cast(self, v: int) -> np.ndarray | float:
@@ -169,7 +172,7 @@ class PrecisionPricing:
           pass of a row-parallel layer), so a device casts ``1 / r`` of an operand replicated on
           ``r`` of its devices (``r`` = the devices of the layer over those of the operand's
           layout)."""
-        c = self.costing
+        c = self.layers
         layer = c.network.layers[v]
         if not layer.product or not layer.inputs:
             return 0.0
@@ -179,7 +182,7 @@ class PrecisionPricing:
         out_cfg = np.asarray(layer.output_configs(c.configs[v])[0], dtype=np.float64).prod(axis=1)
         inputs = float(np.prod(layer.inputs[0].shape)) / in_cfg
         outputs = float(np.prod(layer.output_shapes[0])) / out_cfg
-        sp = np.asarray(c.activation_scale[v], dtype=np.float64) < 1.0
+        sp = np.asarray(self.activation_scale[v], dtype=np.float64) < 1.0
         u = self._producer(v)
         shared = u is not None and any(w < v and self.eligible()[w] and c.network.layers[w].product
                                        and self._producer(w) == u for w in c.structure.consumers.get(u, []))
@@ -191,7 +194,7 @@ class PrecisionPricing:
         """Quantisation kernels over ``elements`` elements: :data:`QUANT_BYTES` each, streamed
         at the machine's rate for a copy (its ``memory_bound("copy", ...)``, whose traffic is
         ``ELEMENT_TRAFFIC["copy"]`` elements of ``act_bytes``)."""
-        machine = self.costing.machine
+        machine = self.layers.machine
         per_copy = ELEMENT_TRAFFIC["copy"] * float(machine.act_bytes or 2.0)
         traffic = np.asarray(elements, dtype=np.float64) * QUANT_BYTES[quant_key(options)]
         return np.asarray(machine.memory_bound("copy", traffic / per_copy), dtype=np.float64)
@@ -204,9 +207,9 @@ class PrecisionPricing:
         for the backward pass)."""
         if options.precision == "bf16":
             return 1.0
-        c = self.costing
+        c = self.layers
         readers = c.structure.consumers.get(v, [])
-        if (not readers or v in c.cores or self.eligible()[v]
+        if (not readers or v in c.structure.cores or self.eligible()[v]
                 or not all(self.eligible()[w] for w in readers)):
             return 1.0
         return DTYPE_BYTES[options.precision] / act_bytes

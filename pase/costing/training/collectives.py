@@ -1,0 +1,80 @@
+"""Activation collectives: each layer's collectives of activations and their gradients, pooled
+readers' shared reductions, and what tensor-parallel overlap (``tp_overlap``) leaves exposed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pase.costing.training.compute import StepCompute
+from pase.costing.training.keeping import LayerKeeping, per_layer_kept
+from pase.costing.training.options import TrainingOptions
+from pase.costing.training.parts import PricedLayers
+from pase.costing.training.readers import ReaderPools
+
+__all__ = ["ActivationCollectives"]
+
+
+class ActivationCollectives:
+    """Seconds of each layer's activation collectives in one micro-batch: charged
+    (:meth:`charged_activation`), left exposed (:meth:`exposed_activation`), and the compute
+    they leave free to hide the redistribution into the layer (:meth:`overlap_leftover`)."""
+
+    def __init__(self, layers: PricedLayers, pools: ReaderPools, keeping: LayerKeeping, compute: StepCompute):
+        self.keeping = keeping
+        self.compute = compute.compute
+        self.configs, self.parts = layers.configs, layers.parts
+        self.pools = pools
+        #: Per layer and row, the share of its activation collectives charged (the costing's
+        #: ``activation_scale``, which sets it here).
+        self.activation_scale = np.ones((len(layers.configs), 1))
+
+    def reader_pools(self) -> dict:
+        """``{lead: ((reader, rows), ...)}``: the readers pooled at each lead reader (``rows``: a
+        boolean per row, where the reader is laid out like the lead), as
+        :meth:`exposed_activation` and the edges charge them."""
+        return {v: tuple(pooled) for v, pooled in self.pools.pooled_with.items()}
+
+    def charged_activation(self, v: int) -> np.ndarray:
+        """``v``'s activation collectives of one micro-batch, per row: its parts' less the
+        reduction of its input's gradient where a reader before it, laid out alike, reduces
+        the summed gradient (:meth:`reader_pools`), times its ``activation_scale``."""
+        a = self.parts[v].activation
+        if v in self.pools.shared:
+            a = a - self.pools.shared[v]
+        return a * self.activation_scale[v]
+
+    def _pooled(self, v: int, options: TrainingOptions) -> tuple:
+        """``(activation collectives, compute)`` of ``v`` with the readers pooled at it, per
+        row; 0 where ``v`` itself is pooled at an earlier reader."""
+        a, c = self.charged_activation(v), self.compute(v, options)
+        for w, rows in self.pools.pooled_with.get(v, ()):
+            a = a + np.where(rows, self.charged_activation(w), 0.0)
+            c = c + np.where(rows, self.compute(w, options), 0.0)
+        follows = self.pools.follows
+        if v in follows:
+            a, c = np.where(follows[v], 0.0, a), np.where(follows[v], 0.0, c)
+        return a, c
+
+    @per_layer_kept
+    def exposed_activation(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """``v``'s activation collectives of one micro-batch left exposed
+        (:meth:`charged_activation`): all of them, or with ``tp_overlap`` ``max(0, a - e c)``
+        (``a`` the collectives, ``c`` the layer's compute, ``e`` the overlap efficiency;
+        Megatron's ``--tp-comm-overlap`` pipelines each tensor-parallel all-gather and
+        reduce-scatter with the GEMM beside it). Readers pooled at ``v`` (:meth:`reader_pools`)
+        add their collectives and compute to ``a`` and ``c`` (one fused GEMM hides the one
+        reduction) and show none of their own there."""
+        if not options.tp_overlap:
+            return self.charged_activation(v)
+        a, c = self._pooled(v, options)
+        hidden = np.minimum(a, options.overlap_efficiency * c)
+        return a - hidden + options.comm_sm_share * hidden
+
+    def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
+        collectives leave free to hide the redistribution into ``v`` (``tp_overlap``; 0 else),
+        with the readers pooled at it (:meth:`exposed_activation`)."""
+        if not options.tp_overlap:
+            return np.zeros(len(self.configs[v]))
+        a, c = self._pooled(v, options)
+        return np.maximum(options.overlap_efficiency * c - a, 0.0)

@@ -1,0 +1,203 @@
+"""In-step compute: each layer's kernels inside a training step (fused attention, eager norms,
+the number format, the launch floor, the step's clock and efficiency) and the optimizer step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pase.costing.precision import PrecisionPricing
+from pase.costing.training.keeping import LayerKeeping, per_layer_kept
+from pase.costing.training.options import TrainingOptions
+from pase.costing.training.parts import PricedLayers
+from pase.machines.measured import ELEMENT_TRAFFIC
+
+__all__ = ["StepCompute", "attention_shape_factor", "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY",
+           "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "EAGER_NORM_BYTES", "EAGER_NORM_KERNELS",
+           "KERNELS_PER_LAYER", "OPTIMIZER_STEP_BYTES"]
+
+ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
+
+#: FlashAttention's backward pass runs 2.5 times the forward's products (it recomputes the
+#: scores: five products against two; Dao 2023, FlashAttention-2, section 3.1.2).
+FLASH_BACKWARD_FACTOR = 2.5
+#: Fraction of the device's peak a fused attention kernel reaches, forward and backward, at
+#: long sequences and head width 128, when the machine states none: FlashAttention-2 on an
+#: H100 SXM runs its forward at about 330-350 TFLOP/s and its backward (2.5 times the
+#: forward's products) at about 270-300 of 989 (Shah et al. 2024, FlashAttention-3, Fig. 5-6):
+#: 3.5 / (1/340 + 2.5/285) = about 300 TFLOP/s, 0.3.
+DEFAULT_ATTENTION_EFFICIENCY = 0.3
+#: Sequence length at which a causal fused attention kernel runs at half its long-sequence
+#: efficiency: FlashAttention-2's forward and backward on H100 (Shah et al. 2024,
+#: FlashAttention-3, Fig. 5-6, causal, head dimension 128) reach about half their 16k rate at
+#: 512 (tiles of the diagonal are half empty and the grid is small); ``s / (s + S)``.
+ATTENTION_HALF_SEQUENCE = 512.0
+#: Head width at which the kernel runs at half its rate, by the same form ``d / (d + D)``
+#: normalised at 128: FlashAttention-2 (Dao 2023, Fig. 4-5) runs head width 64 at about 0.9
+#: of 128's rate forward and backward.
+ATTENTION_HALF_HEAD = 16.0
+#: Bytes an eager (unfused) RMSNorm moves per element, forward and backward, as torchtitan
+#: writes it (``x * rsqrt(mean(x.float()**2) + eps)``, cast back, times the weight; its
+#: ``models/norms.py``, December 2024), every aten kernel reading and writing its operands:
+#: forward float 2+4, pow 4+4, mean 4, mul 4+4, cast 4+2, weight 2+2 = 36; backward (autograd
+#: of the same ops) weight 2+2 and its reduction 2+2, cast 2+4, mul 4+4 and 4+4, mean 4, pow
+#: 4+4+4, gradient sum 4+4+4, cast 4+2 = 64; 100 in all, against 4 + 6 = 10 for one fused
+#: kernel each way.
+EAGER_NORM_BYTES = 100.0
+#: Kernels an eager RMSNorm launches, forward (7) and backward (about 12), by the same count.
+EAGER_NORM_KERNELS = 19
+#: Kernels of any other layer in one training step: forward, gradient of the input, gradient
+#: of the weight (a layer without weights launches two; three is the floor's count).
+KERNELS_PER_LAYER = 3
+#: Bytes an Adam step reads and writes per local parameter element: reads the fp32 master
+#: weight and both moments and the bf16 gradient (4 + 4 + 4 + 2), writes the master weight,
+#: the moments and the bf16 weight (4 + 4 + 4 + 2).
+OPTIMIZER_STEP_BYTES = 28.0
+
+
+def attention_shape_factor(sequence, head):
+    """A fused attention kernel's efficiency at key length ``sequence`` and head width ``head``
+    relative to its long-sequence, width-128 figure: ``s / (s + S)`` times ``(d / (d + D)) /
+    (128 / (128 + D))`` (:data:`ATTENTION_HALF_SEQUENCE`, :data:`ATTENTION_HALF_HEAD`).
+
+    >>> round(float(attention_shape_factor(512, 128)), 3), round(float(attention_shape_factor(8192, 64)), 3)
+    (0.5, 0.847)
+    """
+    s = np.asarray(sequence, dtype=np.float64)
+    d = np.asarray(head, dtype=np.float64)
+    width = (d / (d + ATTENTION_HALF_HEAD)) / (128.0 / (128.0 + ATTENTION_HALF_HEAD))
+    return s / (s + ATTENTION_HALF_SEQUENCE) * width
+
+
+def _causal(layer) -> bool:
+    return bool(getattr(layer, "args", {}).get("causal", False))
+
+
+class StepCompute:
+    """Seconds of each layer's kernels in one micro-batch of a training step
+    (:meth:`compute`) and of its share of the optimizer step (:meth:`optimizer_seconds`)."""
+
+    def __init__(self, layers: PricedLayers, keeping: LayerKeeping, precision: PrecisionPricing):
+        self.keeping = keeping
+        self.precision = precision
+        self.network, self.machine = layers.network, layers.machine
+        self.configs, self.parts, self.kinds = layers.configs, layers.parts, layers.kinds
+        st = layers.structure
+        self.cores, self.consumers, self.charged = st.cores, st.consumers, st.charged
+        self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
+        self.eager_compute = self._eager_norms()
+        self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
+                                 for v in range(len(self.network.layers))], dtype=np.float64)
+
+    @per_layer_kept
+    def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Compute of one micro-batch, the fused attention kernel in place of its three layers;
+        RMSNorm unfused under ``eager``; no layer below its kernels' launch floor."""
+        role = self.cores.get(v) if options.fused_attention else None
+        if role == "scores":
+            seconds = self.fused[v]
+            if self.machine.peak_flops is not None and options.attention_efficiency is not None:
+                seconds = seconds * self._attention_efficiency() / options.attention_efficiency
+            if options.attention_shape and self.machine.peak_flops is not None:
+                seconds = seconds / self._attention_shape(v)
+            return self._in_step(seconds, options)
+        if role in ("softmax", "context"):
+            return np.zeros(len(self.configs[v]))
+        seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
+        seconds = seconds + self.precision.compute_delta(v, options)
+        clocked = (self.precision.gemm_seconds(v, options)
+                   if self.machine.peak_flops is not None and float(self.machine.clock_ratio) != 1.0 else None)
+        seconds = self._in_step(seconds, options, clocked)
+        if options.launch_seconds > 0:
+            kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
+            seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
+        return seconds
+
+    def _in_step(self, seconds: np.ndarray, options: TrainingOptions, clocked=None) -> np.ndarray:
+        """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a
+        machine that prices in seconds (``clock_ratio``: the SM clock the machine sustains
+        through a step at its power limit over the clock its kernels were measured at, 1 if it
+        states none). ``clocked``: the part of ``seconds`` the SM clock paces (GEMMs, attention;
+        ``None``: all of it); the rest is memory-bound, paced by the HBM's own clock, which the
+        power limit does not lower (NVML reports and caps the graphics and memory clocks
+        apart): that part is divided by ``compute_efficiency`` only."""
+        if self.machine.peak_flops is None:
+            return seconds
+        ratio = float(self.machine.clock_ratio)
+        if clocked is not None and ratio != 1.0:
+            clocked = np.minimum(clocked, seconds)
+            return ((seconds - clocked) + clocked / ratio) / options.compute_efficiency
+        factor = ratio * options.compute_efficiency
+        return seconds if factor == 1.0 else seconds / factor
+
+    @per_layer_kept
+    def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """The optimizer step over the layer's local optimizer state (memory-bound)."""
+        hbm = self.machine.hbm_bytes_per_s
+        if not options.optimizer_step or hbm is None:
+            return np.zeros(len(self.configs[v]))
+        total = np.zeros(len(self.configs[v]))
+        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
+            if charged:
+                total = total + elements / (r if options.zero >= 1 else 1.0)
+        # The optimizer's temporaries are written and read again (``optimizer_temp_bytes``).
+        return (OPTIMIZER_STEP_BYTES + 2.0 * options.optimizer_temp_bytes) * total / hbm
+
+    # -- fused attention ----------------------------------------------------------------
+
+    def _fused_seconds(self, v: int) -> np.ndarray:
+        """Fused attention time of the scores layer ``v``'s configurations (both products,
+        forward and backward, at the kernel's efficiency; halved when causal)."""
+        layer = self.network.layers[v]
+        C = self.configs[v].astype(np.float64)
+        per_device = np.asarray(layer.domain, dtype=np.float64) / C
+        forward = 2.0 * 2.0 * per_device.prod(axis=1)
+        # Causal when a layer of the core's chain (its softmax, a mask) says so.
+        chain = []
+        w = self.consumers[v][0]
+        while self.cores.get(w) == "softmax":
+            chain.append(self.network.layers[w])
+            w = self.consumers[w][0]
+        if layer.banded:  # a sliding window: the kernel visits its band only
+            forward = forward * layer.density
+        elif any(_causal(link) for link in chain):
+            forward = forward / 2.0
+        flops = forward * (1.0 + FLASH_BACKWARD_FACTOR)
+        peak = self.machine.peak_flops
+        if peak is None:  # the reference machine counts multiply-adds once, no efficiency
+            return self.machine.gemm(1.0, 1.0, 1.0, flops / 6.0) * np.ones(len(C))
+        return flops / (peak * self._attention_efficiency())
+
+    def _attention_shape(self, v: int) -> float:
+        """:func:`attention_shape_factor` of the scores layer ``v``: its keys are the last
+        dimension of its output, its head width the last of its first input."""
+        layer = self.network.layers[v]
+        return float(attention_shape_factor(layer.output_shapes[0][-1], layer.inputs[0].shape[-1]))
+
+    def _attention_efficiency(self) -> float:
+        """The fused kernel's fraction of peak the machine states (else the default)."""
+        return self.machine.attention_efficiency or DEFAULT_ATTENTION_EFFICIENCY
+
+    # -- eager norms ----------------------------------------------------------------------
+
+    def _eager_norms(self) -> dict:
+        """``{vertex: seconds}`` of every RMSNorm run unfused (:data:`EAGER_NORM_BYTES` per
+        output element, streamed as copies at the machine's rate), in place of its fused time.
+        LayerNorm is one native kernel in eager PyTorch and stays as it is."""
+        out = {}
+        act = float(self.machine.act_bytes or 2.0)  # the reference machine states none: bf16
+        copy_bytes = ELEMENT_TRAFFIC_COPY * act
+        by_kind: dict = {}  # layers equal in parts (repeated blocks' norms) share one vector
+        for v, layer in enumerate(self.network.layers):
+            if not layer.eager_unfused:
+                continue
+            if self.kinds[v] not in by_kind:
+                e = self.parts[v].activations
+                # flops: what the reference machine counts (the norm's own, fused or not); a
+                # calibrated machine ignores it.
+                flops = self.parts[v].compute
+                fused = np.asarray(self.machine.memory_bound("layer_norm", e, flops), dtype=np.float64)
+                eager = np.asarray(self.machine.memory_bound("copy", e * EAGER_NORM_BYTES / copy_bytes, flops),
+                                   dtype=np.float64)
+                by_kind[self.kinds[v]] = self.parts[v].compute - fused + eager
+            out[v] = by_kind[self.kinds[v]]
+        return out

@@ -1,0 +1,263 @@
+"""The training options (:class:`TrainingOptions`): one training configuration around the
+per-layer splits (ZeRO stage, recomputation policy, micro-batches, overlap, engine constants)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pase.costing.precision import FP8_SCALINGS, PRECISIONS
+
+__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+#: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
+#: ``block`` (a repeated block, as FSDP wraps one: the block being computed, the next one
+#: prefetched and the unsharded gradient of one before its reduce-scatter), ``prefetch``
+#: (DeepSpeed's parameter-wise gathers, priced as ``block``).
+WRAP_UNITS = ("layer", "block", "prefetch")
+RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
+#: Memory a device holds that no other kind of the memory model accounts for: the CUDA
+#: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
+#: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
+#: buffers and the allocator's rounding, which are now kinds of their own (an engine's
+#: ``comm_buffer_bytes`` and ``fragmentation``): counting them twice made every plan 1 GB
+#: heavier (docs/calibration.md, "Mechanisms found on the FP8 rows").
+DEFAULT_RESERVE_BYTES = 1e9
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """One training configuration around the per-layer splits.
+
+    Attributes
+    ----------
+    zero : int
+        ZeRO stage 0-3 (3 is FSDP): 1 shards the optimizer state over each weight's
+        replication group, 2 also the gradients, 3 also the weights.
+    recompute : str
+        ``none``, ``selective`` (attention's scores and softmax recomputed; Korthikanti et
+        al. 2022), ``full`` (each repeated block keeps its input only and runs its
+        forward again in the backward pass) or ``op`` (torchtitan's operator-level policy:
+        a block keeps its input, the outputs of the weight products :data:`~.recompute.OP_POLICY_KEEPS`
+        keeps by role and of fused attention, and recomputes the rest;
+        :func:`~.recompute.activation_places`) or ``block`` (Megatron's ``--recompute-method block``:
+        in each pipeline chunk the first ``recompute_layers`` repeated blocks priced as under
+        ``full``, the others as under ``none``; :meth:`~.recompute.RecomputePolicy.block_recomputed`).
+    recompute_layers : int
+        With ``block``: the repeated blocks each pipeline chunk recomputes whole (Megatron's
+        ``--recompute-num-layers``; a chunk of fewer blocks recomputes all of them); 0 with
+        every other policy.
+    microbatches : int
+        Micro-batches per step (gradient accumulation); the network is built at one
+        micro-batch.
+    fused_attention : bool
+        Price the scores-softmax-context pattern as one fused kernel (FlashAttention).
+    overlap : bool
+        Weight-gradient reductions hide behind backward compute, ZeRO-3 gathers behind
+        forward compute (:meth:`~.sync.WeightSync.exposed_sync`).
+    overlap_efficiency : float
+        Share of the compute a reduction can hide behind.
+    weight_bytes, grad_bytes, optimizer_bytes : float
+        Bytes per parameter element of the weight, its gradient and the optimizer state
+        (mixed-precision Adam: 2, 2, 12 = fp32 master weight and two moments).
+    logit_bytes : float
+        Bytes of each logit the loss keeps in fp32, and of its gradient.
+    attention_efficiency : float or None
+        Fraction of peak of the fused attention kernel (default: the machine's, else
+        :data:`~.compute.DEFAULT_ATTENTION_EFFICIENCY`).
+    reserve_bytes : float
+        Memory no tensor accounts for (:data:`DEFAULT_RESERVE_BYTES`).
+    optimizer_step : bool
+        Price the optimizer step (memory-bound over the local optimizer state).
+    tp_overlap : bool
+        Activation collectives hide behind the compute of their layer (Megatron's
+        ``--tp-comm-overlap``: tensor-parallel all-gathers and reduce-scatters split into
+        chunks pipelined with the adjacent GEMM), at ``overlap_efficiency``
+        (:meth:`~.collectives.ActivationCollectives.exposed_activation`).
+    eager : bool
+        Normalisations run unfused, one aten kernel per operation (PyTorch eager mode, as
+        torchtitan runs without ``torch.compile``): :data:`~.compute.EAGER_NORM_BYTES` per element.
+    loss_buffers : float
+        Logit-sized buffers of ``logit_bytes`` alive at the loss's backward pass: 2 (the
+        fp32 logits and their gradient, a fused loss) or 3 (PyTorch's
+        ``cross_entropy(logits.float())``: the saved log-softmax, the gradient it receives and
+        the gradient it returns).
+    bucket_elements : float
+        Weight elements per gradient bucket (Megatron-Core's default ``max(4e7, 1e6 dp)``
+        parameters); each layer pays its share of a bucket's collective latency. 0: every
+        layer's tensors reduce in collectives of their own.
+    launch_seconds : float
+        Per-kernel launch floor: no layer's step compute is below its kernel count
+        (``compute.KERNELS_PER_LAYER``, ``EAGER_NORM_KERNELS``) times this; 0 turns it off.
+    engine : str
+        The engine profile these options come from (``pase.planning.engine``), for labels.
+    grad_reduce_bytes, gather_bytes : float or None
+        Element size of the gradient reduction and of the parameter all-gather (None: the
+        machine's ``grad_bytes`` and ``act_bytes``, as priced in the layer's parts).
+    wrap_unit : str
+        What ZeRO-3 gathers at a time (:data:`WRAP_UNITS`).
+    optimizer_temp_bytes : float
+        Bytes per local optimizer-state element the optimizer step allocates besides the state.
+    comm_sm_share : float
+        Share of the SMs that overlapped communication kernels take: compute hiding a
+        collective runs that much slower for as long as the collective runs.
+    comm_buffer_bytes : float
+        The communication library's buffers (NCCL channels, engine workspaces).
+    fragmentation : float
+        The caching allocator's reserved-but-unallocated share of the memory besides the
+        reserve, as the engine reports its peak.
+    activation_grads : bool
+        Count the activation gradients alive during the backward pass (the gradient of the
+        largest layer's output and of its input).
+    compute_efficiency : float
+        What an in-step kernel reaches of the same kernel measured alone, beyond the clock
+        (``clock_ratio`` of the machine): every layer's compute, on a machine that prices in
+        seconds, is divided by it (the command line's engines set the fitted
+        ``pase.planning.engine.STEP_COMPUTE_EFFICIENCY``; docs/calibration.md).
+    attention_shape : bool
+        The fused attention kernel's efficiency follows the sequence and head width
+        (:func:`~.compute.attention_shape_factor`).
+    precision : str
+        Number format of the repeated blocks' weight products: ``bf16``, ``fp8``, ``mxfp8`` or
+        ``nvfp4`` (:mod:`pase.costing.precision`; the machine must run it).
+    fp8_scaling : str
+        With ``fp8``: ``delayed``, ``current``, ``rowwise`` or ``blockwise`` scaling.
+    fp8_gather : bool
+        ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
+        Megatron's ``--fp8-param-gather``).
+    p2p_overlap : bool
+        With an interleaved pipeline schedule, a chunk's send to the next stage (and its
+        gradient's back) runs while the device computes another chunk (Megatron's
+        ``--overlap-p2p-communication``): the sends hide behind the stage's compute at
+        ``overlap_efficiency`` (``pase.planning.pipeline.exposed_sends``). 1F1B waits for them.
+    """
+
+    zero: int = 0
+    recompute: str = "none"
+    recompute_layers: int = 0
+    microbatches: int = 1
+    fused_attention: bool = True
+    overlap: bool = True
+    overlap_efficiency: float = 1.0
+    weight_bytes: float = 2.0
+    grad_bytes: float = 2.0
+    optimizer_bytes: float = 12.0
+    logit_bytes: float = 4.0
+    attention_efficiency: float | None = None
+    reserve_bytes: float = DEFAULT_RESERVE_BYTES
+    optimizer_step: bool = True
+    tp_overlap: bool = False
+    eager: bool = False
+    loss_buffers: float = 2.0
+    launch_seconds: float = 0.0
+    bucket_elements: float = 0.0
+    engine: str = ""
+    grad_reduce_bytes: float | None = None
+    gather_bytes: float | None = None
+    wrap_unit: str = "layer"
+    optimizer_temp_bytes: float = 0.0
+    comm_sm_share: float = 0.0
+    comm_buffer_bytes: float = 0.0
+    fragmentation: float = 0.0
+    activation_grads: bool = False
+    compute_efficiency: float = 1.0
+    attention_shape: bool = False
+    precision: str = "bf16"
+    fp8_scaling: str = "current"
+    fp8_gather: bool = False
+    p2p_overlap: bool = False
+
+    def __post_init__(self):
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ValueError(f"zero must be one of 0, 1, 2, 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        layers = self.recompute_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise ValueError(f"recompute_layers must be a non-negative integer, got {layers!r}")
+        if self.recompute == "block" and layers < 1:
+            raise ValueError("recompute=block needs recompute_layers >= 1 (the blocks each pipeline chunk recomputes)")
+        if self.recompute != "block" and layers:
+            raise ValueError(f"recompute_layers applies to recompute=block, not recompute={self.recompute}")
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
+        for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
+                     "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
+                     "comm_sm_share", "comm_buffer_bytes", "fragmentation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if self.overlap_efficiency > 1:
+            raise ValueError(f"overlap_efficiency must be at most 1, got {self.overlap_efficiency!r}")
+        for name in ("grad_reduce_bytes", "gather_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        if self.wrap_unit not in WRAP_UNITS:
+            raise ValueError(f"wrap_unit must be one of {', '.join(WRAP_UNITS)}, got {self.wrap_unit!r}")
+        if not (isinstance(self.compute_efficiency, (int, float)) and 0 < self.compute_efficiency <= 1):
+            raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
+        if self.comm_sm_share >= 1 or self.fragmentation >= 1:
+            raise ValueError("comm_sm_share and fragmentation must be below 1")
+        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
+        for name in ("fp8_gather", "p2p_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def bytes_per_parameter(self, r):
+        """Bytes per parameter element on a device for a replication group of ``r`` devices.
+
+        Stage 0 ``w + g + o``; 1 ``w + g + o/r``; 2 ``w + (g + o)/r``; 3 ``(w + g + o)/r``
+        (Rajbhandari et al. 2020; 16, 4 + 12/r, 2 + 14/r and 16/r with the defaults).
+
+        >>> float(TrainingOptions(zero=1).bytes_per_parameter(4))
+        7.0
+        >>> float(TrainingOptions(zero=3).bytes_per_parameter(8))
+        2.0
+        """
+        w, g, o = self.weight_bytes, self.grad_bytes, self.optimizer_bytes
+        r = np.asarray(r, dtype=np.float64)
+        if self.zero == 0:
+            return (w + g + o) + 0.0 * r
+        if self.zero == 1:
+            return w + g + o / r
+        if self.zero == 2:
+            return w + (g + o) / r
+        return (w + g + o) / r
+
+    def but(self, **changes) -> "TrainingOptions":
+        """These options with ``changes`` (checked again).
+
+        >>> TrainingOptions(zero=1).but(recompute="full").recompute
+        'full'
+        """
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        return f"ZeRO-{self.zero}, recompute {self.recompute_label()}, {self.microbatches} micro-batch" + (
+            "es" if self.microbatches != 1 else "") + (f", {self.precision_label()}" if self.precision != "bf16" else "")
+
+    def recompute_label(self) -> str:
+        """The policy, with its block count under ``block`` (``block 5``)."""
+        return f"block {self.recompute_layers}" if self.recompute == "block" else self.recompute
+
+    def as_policy(self, policy: str) -> "TrainingOptions":
+        """These options under ``policy`` (``none`` or ``full``: what ``block`` prices a block as).
+
+        >>> TrainingOptions(recompute="block", recompute_layers=2).as_policy("full").recompute_layers
+        0
+        """
+        return dataclasses.replace(self, recompute=policy, recompute_layers=0)
+
+    def precision_label(self) -> str:
+        """``bf16``, ``fp8 (current scaling)``, ``mxfp8``, ``nvfp4``."""
+        return f"fp8 ({self.fp8_scaling} scaling)" if self.precision == "fp8" else self.precision

@@ -1,0 +1,137 @@
+"""The network's structure as training options read it (:class:`NetworkStructure`): repeated
+blocks, attention cores, weights charged once, FSDP units; and a step's model FLOPs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pase.model.roles import output_roles, roles_of
+
+__all__ = ["NetworkStructure", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
+           "fsdp_units"]
+
+
+def _parameter_tensors(layer) -> list:
+    """``(shape, dims, identity)`` of every parameter tensor: ``Layer.parameter_tensors``, whose
+    identity names a tensor several layers share (a tied embedding), else ``None``."""
+    return layer.parameter_tensors()
+
+
+def _output_roles(layer) -> tuple:
+    """The roles of the dimensions of ``layer``'s first output (``pase.model.roles``)."""
+    return output_roles(layer)[0]
+
+
+def attention_cores(network) -> dict:
+    """``{vertex: role}`` for every attention core, found by dimension roles: a product
+    without weights whose output holds both the queries' ``sequence`` and the keys'
+    ``key_sequence`` (the scores), the chain of layers that alone read it one after another
+    (the softmax, and any mask, bias or ALiBi layer beside it), and the product without weights
+    that reads the chain's end and sums over ``key_sequence`` (the context). Roles ``scores``,
+    ``softmax`` (every layer of the chain) and ``context``."""
+    consumers: dict = {}
+    for (u, v) in sorted(network.edges):
+        consumers.setdefault(u, []).append(v)
+    layers = network.layers
+    roles = {}
+    for u, layer in enumerate(layers):
+        if not layer.product or layer.parameter_tensors():
+            continue
+        out = _output_roles(layer)
+        if "sequence" not in out or "key_sequence" not in out:
+            continue
+        chain = []
+        v = u
+        while len(consumers.get(v, ())) == 1:
+            w = consumers[v][0]
+            reader = layers[w]
+            if reader.product:
+                if (not reader.parameter_tensors() and chain and "key_sequence" in roles_of(reader)
+                        and "key_sequence" not in _output_roles(reader)):
+                    roles[u] = "scores"
+                    roles.update({x: "softmax" for x in chain})
+                    roles[w] = "context"
+                break
+            chain.append(w)
+            v = w
+    return roles
+
+
+def structure_key(layer) -> tuple:
+    """Everything a layer's costs and memory read: equal keys, equal parts."""
+    return (
+        type(layer).__name__, layer.domain, roles_of(layer), layer.batch_dim, layer.output_shapes,
+        repr(sorted(layer.args.items())), tuple((t.shape, bool(t.is_param)) for t in layer.inputs),
+    )
+
+
+def model_flops(network) -> float:
+    """Model FLOPs of one step: three times the forward products of every GEMM-like layer
+    (``2 x`` its iteration space), embeddings (lookups) excluded, attention counted whole
+    (the count of MFU, Narayanan et al. 2021)."""
+    return 3.0 * sum(layer.forward_flops() for layer in network.layers)
+
+
+def parameter_elements_unique(network) -> int:
+    """Parameters of the network, a tensor several layers read counted once."""
+    seen = set()
+    total = 0
+    for layer in network.layers:
+        for shape, _, ident in _parameter_tensors(layer):
+            if ident is not None:
+                if ident in seen:
+                    continue
+                seen.add(ident)
+            total += math.prod(shape)
+    return total
+
+
+@dataclass(frozen=True)
+class NetworkStructure:
+    """What training options read of a network's shape, computed once per network: each
+    layer's structure kind, attention roles, repeated blocks, outputs that leave their block,
+    which weights each layer is charged for (a shared tensor once), consumers of each layer."""
+
+    kinds: tuple
+    cores: dict
+    blocks: tuple
+    block_outputs: tuple
+    charged: tuple
+    consumers: dict
+
+    @classmethod
+    def of(cls, network) -> "NetworkStructure":
+        keys: dict = {}
+        kinds = tuple(keys.setdefault(structure_key(layer), len(keys)) for layer in network.layers)
+        # The repeated blocks its source declared (``Network.blocks``); two at least.
+        blocks = tuple(network.blocks) if network.blocks is not None else (None,) * len(network.layers)
+        if len({b for b in blocks if b is not None}) < 2:
+            blocks = (None,) * len(network.layers)
+        consumers: dict = {}
+        for (u, v) in sorted(network.edges):
+            consumers.setdefault(u, []).append(v)
+        block_outputs = tuple(
+            blocks[v] is None or not consumers.get(v) or any(blocks[w] != blocks[v] for w in consumers[v])
+            for v in range(len(network.layers))
+        )
+        seen: set = set()
+        charged = []
+        for layer in network.layers:
+            flags = []
+            for _, _, ident in _parameter_tensors(layer):
+                flags.append(ident is None or ident not in seen)
+                if ident is not None:
+                    seen.add(ident)
+            charged.append(tuple(flags))
+        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers)
+
+
+def fsdp_units(blocks) -> tuple:
+    """``(unit of every layer, unit count)``: each repeated block one unit (as FSDP wraps a
+    decoder block), every layer outside the blocks one root unit (unit 0)."""
+    ids: dict = {}
+    index = np.array([0 if b is None else ids.setdefault(b, len(ids) + 1) for b in blocks], dtype=np.int64)
+    return index, len(ids) + 1

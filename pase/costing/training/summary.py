@@ -1,0 +1,75 @@
+"""The summary of one strategy under a training configuration (:class:`TrainingSummary`): its
+step time and peak memory by part, summed over the layers' chosen rows (:func:`summarize`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from pase.costing.training.memory import MemoryKinds
+from pase.costing.training.options import TrainingOptions
+from pase.costing.training.parts import PricedLayers
+from pase.costing.training.structure import model_flops, parameter_elements_unique
+from pase.costing.training.vectors import LayerVectors
+
+__all__ = ["TrainingSummary", "summarize"]
+
+
+@dataclass
+class TrainingSummary:
+    """A strategy under a training configuration: step time and peak memory, by part."""
+
+    options: TrainingOptions
+    step_seconds: float
+    time: dict
+    memory: dict
+    peak_memory_bytes: float
+    model_flops_per_step: float
+    parameters: int
+    tokens_per_step: int | None = None
+    procs: int = 1
+    peak_flops: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second_per_device(self) -> float | None:
+        if self.tokens_per_step is None or not self.step_seconds:
+            return None
+        return self.tokens_per_step / self.step_seconds / self.procs
+
+    @property
+    def mfu(self) -> float | None:
+        if self.peak_flops is None or not self.step_seconds:
+            return None
+        return self.model_flops_per_step / (self.step_seconds * self.procs * self.peak_flops)
+
+
+def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, choice: Sequence[int],
+              options: TrainingOptions, act_bytes: float, edge_seconds: float, procs: int,
+              tokens_per_step: int | None = None) -> TrainingSummary:
+    """The step time and peak memory of one choice of row per layer (``edge_seconds``: the
+    redistribution of one micro-batch, forward and backward, already summed): each layer's
+    time by cause and memory that adds up, then what is alive part of the time and the reserve."""
+    time: dict = {}
+    kinds: dict = {}
+    for v, i in enumerate(choice):
+        for key, value in vectors.layer_time(v, options).items():
+            time[key] = time.get(key, 0.0) + float(value[i])
+        for key, value in memory.layer_memory(v, options, act_bytes).items():
+            kinds[key] = kinds.get(key, 0.0) + float(value[i])
+    time["redistribution"] = float(edge_seconds)
+    kinds.update(memory.transient_bytes(choice, options, act_bytes))
+    kinds["reserve"] = float(options.reserve_bytes)
+    step = float(sum(time.values()))
+    return TrainingSummary(
+        options=options,
+        step_seconds=step,
+        time=time,
+        memory=kinds,
+        peak_memory_bytes=float(sum(kinds.values())),
+        model_flops_per_step=model_flops(layers.network) * options.microbatches,
+        parameters=parameter_elements_unique(layers.network),
+        tokens_per_step=tokens_per_step,
+        procs=procs,
+        peak_flops=layers.machine.peak_flops,
+    )
