@@ -55,6 +55,9 @@ from pase.planning.rules import ParallelRules, default_rules
 __all__ = ["Candidate", "MeshSearch", "Priced", "Said", "search_meshes", "mesh_candidates", "evaluate_candidate",
            "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
            "CAUSES", "EngineRunsNone"]
+# CAUSES, Candidate, Priced (pase.planning.candidate), the per-layer search's names
+# (pase.planning.free_search), tokens_of and edge_seconds are named here for the callers of old.
+
 
 def divisors(n: int) -> list:
     """Divisors of ``n`` in increasing order.
