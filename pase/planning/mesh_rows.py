@@ -11,6 +11,7 @@ import numpy as np
 from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
+from pase.planning.mesh import Mesh
 from pase.planning.pipeline import StagePlan, stage_chunks, stage_layout
 
 __all__ = ["PartsMemo", "Costed", "Found", "edge_seconds", "row_totals", "candidate_of"]
@@ -139,7 +140,7 @@ class Found(NamedTuple):
     costed: Costed
     options: TrainingOptions
     column: int
-    mesh: object
+    mesh: Mesh
     microbatch: int
     stages: StagePlan | None
     stage_devices: int
