@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import nemo_runs  # noqa: E402
 from pase.cli import main as pase_main  # noqa: E402
 
 GiB = 2.0 ** 30
@@ -136,15 +137,13 @@ def load_rows(folder: str) -> list:
 
 def nemo_rows(folder: str) -> list:
     """Every visible NeMo / Megatron-Bridge row (FP8, H100 and B200) as ``benchmarks/nemo.py``
-    prices it: its published layout (``nemo.nemo_recipe``), ``--engine megatron``, the search
+    prices it: its published layout (``nemo_runs.nemo_recipe``), ``--engine megatron``, the search
     choosing recomputation and the rest."""
-    import nemo  # noqa: PLC0415 (benchmarks/nemo.py imports this module)
-
     return [dict(name=f"NeMo {r['published']['model']} {r['system_name']} {r['gpus']} GPUs FP8", source="nemo",
                  engine="megatron", machine=r["machine"], config=r["config"], gpus=r["gpus"], batch=r["batch"],
-                 seq=r["seq"], recipe=nemo.nemo_recipe(r["published"]),
+                 seq=r["seq"], recipe=nemo_runs.nemo_recipe(r["published"]),
                  tokens=float(r["published"]["tokens_per_s_per_gpu"]), memory=None)
-            for r in nemo.nemo_rows(folder)]
+            for r in nemo_runs.nemo_rows(folder)]
 
 
 def foundry_fp8_rows(folder: str) -> list:

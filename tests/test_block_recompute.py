@@ -15,8 +15,9 @@ from pase.machines.calibrated import CalibratedMachine
 from pase.planning.engine import load_engine
 from pase.planning.engine_runs import mesh_refusal, policy_refusal
 from pase.planning.mesh import Mesh, parse_recipe
+from pase.planning.mesh_rows import PartsMemo, row_totals
 from pase.planning.pipeline import pipeline_rows, stage_layout
-from pase.planning.training_search import _PartsMemo, _totals, search_meshes
+from pase.planning.training_search import search_meshes
 
 from test_training import TOY  # the toy machine of round numbers
 
@@ -29,7 +30,7 @@ def _ones(blocks=4, m=4):
     net = _net(blocks=blocks)
     rows = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
     costing = TrainingCosting(net, rows, machine)
-    edges, targets = _PartsMemo(machine, 1).edge_seconds(net, rows)
+    edges, targets = PartsMemo(machine, 1).edge_seconds(net, rows)
     return costing, TrainingOptions(microbatches=m, reserve_bytes=0.0), edges, targets
 
 
@@ -43,7 +44,7 @@ def _split(blocks=4, m=4, procs=2, seed=0):
     for C in net.configs(procs):
         rows.append(C[rng.integers(0, len(C), 3)])
     costing = TrainingCosting(net, rows, machine)
-    edges, targets = _PartsMemo(machine, procs).edge_seconds(net, rows)
+    edges, targets = PartsMemo(machine, procs).edge_seconds(net, rows)
     return costing, TrainingOptions(microbatches=m, reserve_bytes=0.0, fragmentation=0.1, activation_grads=True), \
         edges, targets
 
@@ -62,10 +63,10 @@ def test_one_chunk_by_hand():
     # block reads it); recomputed, only its output b: 256 B less per block recomputed. The
     # block recomputed in the backward pass holds its working set, a and b: 512 B.
     costing, options, edges, targets = _ones()
-    none_t, none_m, _ = _totals(costing, options, 2.0, edges, targets)
+    none_t, none_m, _ = row_totals(costing, options, 2.0, edges, targets)
     for n in (1, 2, 3, 4):
         block = options.but(recompute="block", recompute_layers=n)
-        t, mem, layers = _totals(costing, block, 2.0, edges, targets)
+        t, mem, layers = row_totals(costing, block, 2.0, edges, targets)
         assert t[0] - none_t[0] == pytest.approx(n * 1.31072e-7, rel=1e-9)
         assert mem[0] - none_m[0] == pytest.approx(-256.0 * n + 512.0)
         assert layers[0] == n
@@ -75,8 +76,8 @@ def test_one_chunk_by_hand():
         assert summary.peak_memory_bytes == pytest.approx(mem[0], rel=1e-12)
         assert summary.memory["recompute_working_set"] == 512.0
     # All four blocks recomputed is full recomputation; more than the blocks is all of them.
-    full_t, full_m, _ = _totals(costing, options.but(recompute="full"), 2.0, edges, targets)
-    t, mem, layers = _totals(costing, options.but(recompute="block", recompute_layers=9), 2.0, edges, targets)
+    full_t, full_m, _ = row_totals(costing, options.but(recompute="full"), 2.0, edges, targets)
+    t, mem, layers = row_totals(costing, options.but(recompute="block", recompute_layers=9), 2.0, edges, targets)
     assert (t[0], mem[0], layers[0]) == (pytest.approx(full_t[0], rel=1e-12), pytest.approx(full_m[0]), 4)
 
 
@@ -158,9 +159,9 @@ def test_no_pipeline_equals_the_layer_by_layer_reference(seed):
     costing, options, edges, targets = _split(seed=seed)
     for n in (1, 2, 3, 4, 6):
         block = options.but(recompute="block", recompute_layers=n)
-        t, mem, _ = _totals(costing, block, 2.0, edges, targets)
+        t, mem, _ = row_totals(costing, block, 2.0, edges, targets)
         ref = _Masked(costing, _recomputed_by_hand(costing, (4,), n), 2.0)
-        ref_t, ref_m, _ = _totals(ref, options, 2.0, edges, targets)
+        ref_t, ref_m, _ = row_totals(ref, options, 2.0, edges, targets)
         assert np.allclose(t, ref_t, rtol=1e-12, atol=0) and np.allclose(mem, ref_m, rtol=1e-12, atol=0)
         assert np.any(edges > 0)  # the edges are priced, some of them re-run
 
@@ -225,10 +226,10 @@ def test_search_picks_the_smallest_count_that_fits():
     # for n >= 1 and the step grows with n. A cap 300 B under the peak kept-everything leaves
     # n = 3 (peak - 256) out and n = 4 (peak - 512) in... n = 3 is the smallest that fits.
     costing, options, edges, targets = _ones()
-    _, none_m, _ = _totals(costing, options, 2.0, edges, targets)
+    _, none_m, _ = row_totals(costing, options, 2.0, edges, targets)
     block = options.but(recompute="block", recompute_layers=4)
     for cap, want in ((none_m[0] - 300.0, 4), (none_m[0] - 100.0, 3), (none_m[0] + 100.0, 2), (none_m[0] + 600, 1)):
-        t, mem, layers = _totals(costing, block, 2.0, edges, targets, memory_cap=cap, search_layers=True)
+        t, mem, layers = row_totals(costing, block, 2.0, edges, targets, memory_cap=cap, search_layers=True)
         assert layers[0] == want and mem[0] <= cap
     # The mesh search under a recipe pinning block: the same count, said in the recipe words.
     machine = CalibratedMachine(TOY)

@@ -5,7 +5,7 @@ import numpy as np
 
 from pase.core.memo import OptionsMemo, recording
 from pase.costing.training import LAYER_VECTORS, TrainingCosting, TrainingOptions
-from pase.planning.training_search import _PartsMemo
+from pase.planning.mesh_rows import PartsMemo
 
 from pase.machines.calibrated import CalibratedMachine
 
@@ -80,7 +80,7 @@ def test_costing_vectors_equal_a_fresh_costings():
     settings = [TrainingOptions(zero=z, recompute=r, microbatches=m, tp_overlap=t)
                 for z in (0, 1, 2, 3) for r in ("none", "selective", "full") for m in (1, 4) for t in (False, True)]
     shared = TrainingCosting(net, rows, machine)
-    edges, targets = _PartsMemo(machine, 2).edge_seconds(net, rows)
+    edges, targets = PartsMemo(machine, 2).edge_seconds(net, rows)
     for options in settings:
         fresh = TrainingCosting(net, rows, machine)
         got, want = shared.layer_vectors(options, 2.0), fresh.layer_vectors(options, 2.0)
@@ -98,7 +98,7 @@ def test_columns_of_a_larger_costing_price_as_a_costing_of_those_rows():
     """The mesh search prices each (stage count, micro-batch) on columns of one costing of every
     mesh of the network: the same numbers as a costing of those rows alone."""
     from pase.planning.pipeline import pipeline_rows_settings, stage_layout
-    from pase.planning.training_search import _totals
+    from pase.planning.mesh_rows import row_totals
 
     machine = CalibratedMachine(TOY)
     net = _net(blocks=4)
@@ -111,7 +111,7 @@ def test_columns_of_a_larger_costing_price_as_a_costing_of_those_rows():
     whole.activation_scale = scale
     alone = TrainingCosting(net, [r[columns] for r in rows], machine)
     alone.activation_scale = scale[:, columns]
-    edges, targets = _PartsMemo(machine, 2).edge_seconds(net, [r[columns] for r in rows])
+    edges, targets = PartsMemo(machine, 2).edge_seconds(net, [r[columns] for r in rows])
     settings = [TrainingOptions(zero=z, recompute=r, microbatches=4, tp_overlap=t)
                 for z in (0, 3) for r in ("none", "full") for t in (False, True)]
     layout = stage_layout(whole.blocks)
@@ -122,8 +122,8 @@ def test_columns_of_a_larger_costing_price_as_a_costing_of_those_rows():
     for options in settings:
         assert np.array_equal(whole.edge_rows(edges, targets, options, columns),
                               alone.edge_rows(edges, targets, options))
-        a = _totals(whole, options, 2.0, edges, targets, columns=columns)
-        b = _totals(alone, options, 2.0, edges, targets)
+        a = row_totals(whole, options, 2.0, edges, targets, columns=columns)
+        b = row_totals(alone, options, 2.0, edges, targets)
         assert all(x.tolist() == y.tolist() for x, y in zip(a, b))
     # Priced on other columns, the numbers differ (the test can tell them apart).
     other = pipeline_rows_settings(whole, settings, 2.0, edges, targets, 2, 1, layout, columns=np.array([0, 1]))

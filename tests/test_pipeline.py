@@ -10,7 +10,8 @@ from pase.model.layers import FC, SoftmaxCrossEntropy
 from pase.planning.mesh import parse_recipe
 from pase.planning.pipeline import cuts, pipeline_rows, stage_layout
 from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.planning.training_search import _PartsMemo, search_meshes
+from pase.planning.mesh_rows import PartsMemo
+from pase.planning.training_search import search_meshes
 
 from test_training import TOY  # the toy machine of round numbers
 
@@ -37,7 +38,7 @@ def _setup(micro_batches=4, blocks=4):
     ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
     costing = TrainingCosting(net, ones, machine)
     options = TrainingOptions(microbatches=micro_batches, reserve_bytes=0.0)
-    edges, targets = _PartsMemo(machine, 1).edge_seconds(net, ones)
+    edges, targets = PartsMemo(machine, 1).edge_seconds(net, ones)
     return machine, net, costing, options, edges, targets
 
 

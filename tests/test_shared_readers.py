@@ -18,7 +18,8 @@ from pase.machines.registry import as_machine
 from pase.model.builder import GraphBuilder
 from pase.model.layers import Einsum, Elementwise, RMSNorm
 from pase.model.readers import alike_readers, reader_groups
-from pase.planning.training_search import _PartsMemo, evaluate_candidate
+from pase.planning.mesh_rows import PartsMemo
+from pase.planning.training_search import evaluate_candidate
 
 H100 = as_machine("h100-sxm")
 S, D, N = 1024, 512, 256  # sequence, model width, each product's output width
@@ -52,7 +53,7 @@ def priced(net, configs, readers, options=TrainingOptions(), halved=None):
     costing = TrainingCosting(net, rows, H100, readers=readers)
     halved = halved if halved is not None else [net.layers[v].op == "Einsum" for v in range(len(net.layers))]
     costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
-    edges, targets = _PartsMemo(H100, 4).edge_seconds(net, rows)
+    edges, targets = PartsMemo(H100, 4).edge_seconds(net, rows)
     moved = float(costing.edge_rows(edges, targets, options).sum())
     return costing, costing.summarize([0] * len(configs), options, 2.0, moved, 4)
 

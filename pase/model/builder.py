@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -26,7 +27,7 @@ from pase.core.errors import TooLarge
 from pase.core.units import format_bytes
 
 __all__ = ["GraphBuilder", "Network", "EdgeTensor", "edge_cost_matrix", "exchange_devices", "redistribution_seconds",
-           "CostTablesTooLarge"]
+           "CostTablesTooLarge", "tokens_of"]
 
 
 class CostTablesTooLarge(TooLarge):
@@ -277,6 +278,15 @@ class Network:
     def edge_list(self) -> list:
         """``[producer, consumer]`` pairs in the order the edges were created."""
         return [[u, v] for (u, v) in self.edges]
+
+
+def tokens_of(network) -> int | None:
+    """Tokens in one pass of ``network``: the elements of its first lookup's ids (``None``
+    without a lookup table)."""
+    for layer in network.layers:
+        if layer.lookup_table:
+            return int(math.prod(layer.ids.shape))
+    return None
 
 
 def exchange_devices(source: np.ndarray, target: np.ndarray, procs: int) -> np.ndarray:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from pase.model.builder import tokens_of
 from pase.planning.mesh import ExpertGrid
 
 __all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal",
@@ -93,8 +94,6 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
     arch = getattr(network, "architecture", None)
     sequence = arch["sequence"] if arch else None
     if sequence is None:
-        from .training_search import tokens_of
-
         tokens = tokens_of(network)
         sequence = tokens // network.batch if tokens and network.batch else None
     recipe = candidate.recipe()

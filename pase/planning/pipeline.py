@@ -15,16 +15,27 @@ drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (tw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from pase.costing.training import FORWARD_SHARE
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings", "chunk_sync",
+__all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
+           "chunk_sync",
            "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES"]
 
 SCHEDULES = ("1f1b", "interleaved")
+#: How far :func:`cuts` lets the first and last stages' block counts stray from the middle ones'
+#: (for two stages, the first's from an even split), and the middle ones' from an even share.
+END_STAGE_SLACK = 8
+MIDDLE_STAGE_SLACK = 2
+#: What :func:`cuts` and :data:`SCHEDULES` search, in the words of a plan's ``optimal_over``.
+CUTS_SEARCHED = (f"pipelines cut between the source's repeated blocks: for pp = 2 the first stage within "
+                 f"{END_STAGE_SLACK} blocks of an even split, for more stages the middle ones equal and within "
+                 f"{MIDDLE_STAGE_SLACK} blocks of an even share, the first and last within {END_STAGE_SLACK} blocks "
+                 "of them; 1F1B or interleaved")
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,7 @@ def stage_layout(blocks) -> Layout | None:
     return Layout(pre, tuple(tuple(members[b]) for b in order), post, outputs)
 
 
-def cuts(blocks: int, pp: int, width: int = 8) -> list:
+def cuts(blocks: int, pp: int, width: int = END_STAGE_SLACK) -> list:
     """Blocks per stage: the middle stages equal, the first and last within a few blocks of
     an even share (Megatron's and torchtitan's first/last-stage layer counts).
 
@@ -84,7 +95,7 @@ def cuts(blocks: int, pp: int, width: int = 8) -> list:
         for first in range(max(1, even - width), min(blocks - 1, even + width) + 1):
             out.add((first, blocks - first))
         return sorted(out, key=lambda c: (abs(c[0] - c[1]), c))
-    for middle in range(max(1, even - 2), even + 3):
+    for middle in range(max(1, even - MIDDLE_STAGE_SLACK), even + MIDDLE_STAGE_SLACK + 1):
         rest = blocks - middle * (pp - 2)
         for first in range(1, rest):
             last = rest - first
@@ -275,30 +286,82 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     if columns is None:
         columns = np.arange(len(costing.configs[0]))
     K1 = len(columns)
-    K = K1 * len(settings)
     m = options.microbatches
-    n_layers = len(costing.configs)
+    search_layers = [False] * len(settings) if search_layers is None else list(search_layers)
+    sums = _prefix_sums(costing, settings, act_bytes, edges, targets, layout, columns, search_layers)
+    sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
+    p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
+    cap = np.inf if memory_cap is None else memory_cap
+    candidates = [fixed_counts] if fixed_counts is not None else cuts(len(layout.blocks), pp)
+    tried = _tried(candidates, schedules, m, pp, vpps)
+    if not tried:
+        return [(np.full(K1, np.inf), np.full(K1, np.inf), [None] * K1) for _ in settings]
+    # Layer ranges of the stages of every cut: the first takes the layers before the blocks,
+    # the last the layers after them. ``(cuts, pp, K)`` per prefix sum: a stage's total is one
+    # difference of two rows.
+    bounds = [np.cumsum((0,) + tuple(counts)) for counts in candidates]
     block_starts = [b[0] for b in layout.blocks]
-    L = len(layout.blocks)
-    # Prefix sums over the layers, each setting's in its own columns, kept where a stage may
-    # start or end (the first layer, each block's but the first's, past the last): a stage's
-    # total is one difference of two rows.
-    bounds_at = [0] + block_starts[1:] + [n_layers]
-    row_of = {layer: r for r, layer in enumerate(bounds_at)}
+    starts = np.array([[0] + [sums.row_of[block_starts[b]] for b in bound[1:-1]] for bound in bounds])
+    ends = np.array([[sums.row_of[block_starts[b]] for b in bound[1:-1]] + [sums.row_of[len(costing.configs)]]
+                     for bound in bounds])
+    stage_all = {name: P[ends] - P[starts] for name, P in sums.prefix.items()}
+    timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
+                     np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
+                     options.overlap_efficiency if options.overlap else 0.0)
+    priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
+    plans = _best_plans(priced, tried, candidates, cap, pp, m)
+    steps, peaks = priced.best_step, priced.best_peak
+    return [(steps[j * K1:(j + 1) * K1], peaks[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
+            for j in range(len(settings))]
+
+
+class _Sums(NamedTuple):
+    """Every setting's prefix sums over the layers, the settings' columns side by side, kept
+    where a stage may start or end (``row_of``: the prefix row of a layer that starts one),
+    their transient memory, and the ``block`` settings' columns (:class:`_BlockSettings`)."""
+
+    prefix: dict
+    transient: np.ndarray
+    row_of: dict
+    blocked: object
+
+
+class _BlockSettings(NamedTuple):
+    """The ``block`` settings' columns side by side: their deltas
+    (:meth:`~pase.costing.training.TrainingCosting.block_deltas`), block counts and whether each
+    is searched."""
+
+    columns: np.ndarray
+    deltas: dict
+    layers: np.ndarray
+    searched: np.ndarray
+
+
+#: Prefix sums of a stage's figures and the layer vectors (``layer_vectors``) each is of.
+_SUMMED = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
+           "sync": "sync", "sync_raw": "sync_raw"}
+
+
+def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, layout: Layout,
+                 columns: np.ndarray, search_layers: list) -> _Sums:
+    """:class:`_Sums` of ``settings``: a stage's total is then one difference of two rows. A
+    ``block`` setting is summed as ``none`` per layer; per chunk the deltas of the blocks it
+    recomputes are added by cut and chunk (:func:`_block_chunks`)."""
+    K1 = len(columns)
+    K = K1 * len(settings)
+    m = settings[0].microbatches
+    n_layers = len(costing.configs)
+    # Kept where a stage may start or end (the first layer, each block's but the first's, past the last).
+    bounds_at = [0] + [b[0] for b in layout.blocks][1:] + [n_layers]
     kept = np.array(bounds_at[1:]) - 1  # prefix row k is the cumulative sum through layer k - 1
-    names = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
-             "sync": "sync", "sync_raw": "sync_raw"}
-    prefix = {name: np.zeros((len(bounds_at), K)) for name in names}
+    prefix = {name: np.zeros((len(bounds_at), K)) for name in _SUMMED}
     transient = np.zeros(K)
     # Settings share the arrays of what they do not change (``layer_vectors`` gives the same
     # array object): each distinct array's prefix sums are taken once and copied.
     summed: dict = {}
     with_edges: dict = {}
     taken: dict = {}  # each layer-vector array's columns, taken once (by array)
-    # ``block`` settings: priced as ``none`` per layer, plus per chunk the deltas of the blocks
-    # it recomputes (``TrainingCosting.block_deltas``), by cut and chunk below.
     blocked = {}
-    search_layers = [False] * len(settings) if search_layers is None else list(search_layers)
     for j, o in enumerate(settings):
         vec = {}
         if o.recompute == "block":
@@ -318,7 +381,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                 np.add.at(micro, np.asarray(targets), moved / m)
                 with_edges[key] = (micro, vec["micro"], moved)
             vec = {**vec, "micro": with_edges[key][0]}
-        for name, key in names.items():
+        for name, key in _SUMMED.items():
             first = summed.get(id(vec[key]))
             if first is None:
                 summed[id(vec[key])] = (name, into, vec[key])
@@ -326,17 +389,24 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             else:
                 prefix[name][1:, into] = prefix[first[0]][1:, first[1]]
         transient[into] = costing.transient_rows(vec, o)
-    if blocked:  # the block settings' columns side by side, their deltas and block counts
-        block_columns = np.concatenate([np.arange(j * K1, (j + 1) * K1) for j in blocked])
-        block_deltas = {name: np.concatenate([blocked[j][0][name] for j in blocked], axis=1)
-                        for name in ("micro", "activations", "working")}
-        block_layers = np.repeat([settings[j].recompute_layers for j in blocked], K1)
-        block_searched = np.repeat([blocked[j][1] for j in blocked], K1)
-    sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
-    p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
-    cap = np.inf if memory_cap is None else memory_cap
-    candidates = [fixed_counts] if fixed_counts is not None else cuts(L, pp)
-    # Every (cut, schedule, chunks) tried, in order; those with one chunk count priced together.
+    row_of = {layer: r for r, layer in enumerate(bounds_at)}
+    return _Sums(prefix, transient, row_of, _block_settings(blocked, settings, K1) if blocked else None)
+
+
+def _block_settings(blocked: dict, settings, K1: int) -> _BlockSettings:
+    """The ``block`` settings' columns side by side, their deltas and block counts."""
+    return _BlockSettings(
+        np.concatenate([np.arange(j * K1, (j + 1) * K1) for j in blocked]),
+        {name: np.concatenate([blocked[j][0][name] for j in blocked], axis=1)
+         for name in ("micro", "activations", "working")},
+        np.repeat([settings[j].recompute_layers for j in blocked], K1),
+        np.repeat([blocked[j][1] for j in blocked], K1))
+
+
+def _tried(candidates: list, schedules, m: int, pp: int, vpps) -> list:
+    """Every ``(cut, schedule, chunks)`` tried, in order: 1F1B with one chunk; interleaved (where
+    ``pp`` divides the micro-batches) with every chunk count that splits the cut's stages
+    (:func:`interleavings`), or those of ``vpps``."""
     tried = []
     for c, counts in enumerate(candidates):
         for schedule in schedules:
@@ -349,51 +419,77 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                 if vpps is not None:
                     vs = [v for v in vs if v in vpps]
             tried += [(c, schedule, vpp) for vpp in vs]
-    if not tried:
-        return [(np.full(K1, np.inf), np.full(K1, np.inf), [None] * K1) for _ in settings]
-    # Layer ranges of the stages of every cut: the first takes the layers before the blocks,
-    # the last the layers after them. ``(cuts, pp, K)`` per prefix sum: a stage's total is one
-    # difference of two rows.
-    bounds = [np.cumsum((0,) + tuple(counts)) for counts in candidates]
-    starts = np.array([[0] + [row_of[block_starts[b]] for b in bound[1:-1]] for bound in bounds])
-    ends = np.array([[row_of[block_starts[b]] for b in bound[1:-1]] + [row_of[n_layers]] for bound in bounds])
-    stage_all = {name: P[ends] - P[starts] for name, P in prefix.items()}
-    in_flight_1 = np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64)
-    drain_share = np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE)
-    efficiency = options.overlap_efficiency if options.overlap else 0.0
-    steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
-    exposed_p2p = [None] * len(tried)
-    layers_of = np.zeros((len(tried), K), dtype=np.int64)  # block settings' recompute_layers
+    return tried
 
-    def figures(stage, p2p, transient, vpp):
+
+class _Timing(NamedTuple):
+    """What prices a pipeline's stages from their sums (:meth:`figures`): the stage count, the
+    micro-batches, the options, each stage's micro-batches in flight under 1F1B, its drain (the
+    backward slots it ends before the first stage) and the overlap efficiency."""
+
+    pp: int
+    m: int
+    options: object
+    in_flight_1: np.ndarray
+    drain_share: np.ndarray
+    efficiency: float
+
+    def figures(self, stage: dict, p2p, transient, vpp: int) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
         ``(cuts, pp, K)`` sums."""
-        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, options)
+        pp, m = self.pp, self.m
+        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, self.options)
         t = stage["micro"] + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
         pipe = (m + fill) * slowest
         # Stage s finishes its last backward pass pp - 1 - s backward slots before the first
         # stage does: its weight synchronisation may run in that drain.
-        drain = drain_share * t
-        exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, efficiency, stage["sync"])
+        drain = self.drain_share * t
+        exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, self.efficiency, stage["sync"])
         step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
-        in_flight = in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else in_flight_1
+        in_flight = self.in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else self.in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
         return t, step, memory, memory.max(axis=1), sends
 
+
+class _Tried(NamedTuple):
+    """Every ``(cut, schedule, chunks)`` tried, priced: per tried and column the step and peak
+    (``(tried, K)``), per-stage times, memory and exposed sends (``(pp, K)`` each) and the
+    ``block`` settings' block counts; and per column the best of them (:func:`_best_plans`)."""
+
+    steps: np.ndarray
+    peaks: np.ndarray
+    times: list
+    memories: list
+    exposed_p2p: list
+    layers_of: np.ndarray
+    best_of: np.ndarray
+    best_step: np.ndarray
+    best_peak: np.ndarray
+
+
+def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: _Sums, p2p: np.ndarray,
+                 timing: _Timing, cap) -> _Tried:
+    """Every tried ``(cut, schedule, chunks)`` priced, those of one chunk count together; the
+    ``block`` settings' columns by :func:`_block_chunks`."""
+    K = len(sums.transient)
+    steps, peaks, times, memories = [None] * len(tried), [None] * len(tried), [None] * len(tried), [None] * len(tried)
+    exposed_p2p = [None] * len(tried)
+    layers_of = np.zeros((len(tried), K), dtype=np.int64)  # block settings' recompute_layers
+    blocked, transient = sums.blocked, sums.transient
     for vpp in sorted({v for _, _, v in tried}):
         which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
         rows = [tried[j][0] for j in which]
-        stage = stage_all if rows == list(range(len(candidates))) else {name: S[rows] for name, S in stage_all.items()}
-        t, step, memory, peak, sends = figures(stage, p2p, transient, vpp)
-        if blocked:
-            into = block_columns
+        stage = stage_all if rows == list(range(n_cuts)) else {name: S[rows] for name, S in stage_all.items()}
+        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp)
+        if blocked is not None:
+            into = blocked.columns
             part = {name: S[:, :, into] for name, S in stage.items()}
-            found = _block_chunks(part, block_deltas, [bounds[r] for r in rows], vpp, block_layers, block_searched,
-                                  peak[:, into] <= cap, cap, m + (pp - 1) / vpp,
-                                  lambda sums, extra, cols: figures(sums, p2p[into][cols],
-                                                                    transient[into][cols] + extra, vpp))
+            found = _block_chunks(part, blocked.deltas, [bounds[r] for r in rows], vpp, blocked.layers,
+                                  blocked.searched, peak[:, into] <= cap, cap, timing.m + (timing.pp - 1) / vpp,
+                                  lambda sums_, extra, cols: timing.figures(sums_, p2p[into][cols],
+                                                                            transient[into][cols] + extra, vpp))
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]
             sends[:, :, into] = found[5]
@@ -413,54 +509,50 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     chosen = np.maximum(best_of, 0)
     best_step = np.where(best_of >= 0, steps[chosen, columns], np.inf)
     best_peak = np.where(best_of >= 0, peaks[chosen, columns], np.inf)
+    return _Tried(steps, peaks, times, memories, exposed_p2p, layers_of, best_of, best_step, best_peak)
+
+
+def _best_plans(priced: _Tried, tried: list, candidates: list, cap, pp: int, m: int) -> list:
+    """Each column's :class:`StagePlan`: its best tried cut, schedule and chunks (``None`` where
+    no pipeline applies)."""
     plans = []
-    for i in range(K):
-        if best_of[i] < 0:
+    for i in range(len(priced.best_of)):
+        if priced.best_of[i] < 0:
             plans.append(None)
             continue
-        j = best_of[i]
+        j = priced.best_of[i]
         c, schedule, vpp = tried[j]
         fill = (pp - 1) / vpp
-        slowest_stage = int(np.argmax(times[j][:, i]))
+        times = priced.times[j]
+        slowest_stage = int(np.argmax(times[:, i]))
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
-                               tuple(times[j][:, i].tolist()), tuple(memories[j][:, i].tolist()),
-                               float(exposed_p2p[j][slowest_stage, i]), fill / (m + fill), float(steps[j, i]),
-                               int(layers_of[j, i])))
-    return [(best_step[j * K1:(j + 1) * K1], best_peak[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
-            for j in range(len(settings))]
+                               tuple(times[:, i].tolist()), tuple(priced.memories[j][:, i].tolist()),
+                               float(priced.exposed_p2p[j][slowest_stage, i]), fill / (m + fill),
+                               float(priced.steps[j, i]), int(priced.layers_of[j, i])))
+    return plans
 
 
-def _at_counts(stage: dict, prefix: dict, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray,
-               working: np.ndarray, cols: np.ndarray, figures, vpp: int) -> tuple:
-    """The block columns ``cols`` priced at ``counts`` blocks recomputed per chunk (``(cuts,
-    len(cols))``), ``working`` (``(cuts, K)``) the largest working set of those blocks."""
-    R, P, _ = stage["micro"].shape
-    taken = np.minimum(counts[:, None, :], sizes[:, :, None])  # (cuts, chunks, columns)
-    which = cols[None, None, :]
-    sums = {name: S[:, :, cols] for name, S in stage.items()}
-    for name, key in (("micro", "micro"), ("activations", "acts")):
-        P_ = prefix[name]
-        added = P_[starts[:, :, None] + taken, which] - P_[starts[:, :, None], which]
-        sums[key] = sums[key] + added.reshape(R, P, vpp, len(cols)).sum(axis=2)
-    return figures(sums, working[:, None, cols], cols)
+class _Chunks(NamedTuple):
+    """The chunks of every cut of a ``block`` setting's pipeline (:func:`_block_chunks`): blocks
+    per chunk and each chunk's first block (``(cuts, chunks)``), the prefix sums of the blocks'
+    micro-batch and activation deltas (a row of zeros first), their working sets (a row of
+    zeros last, for chunks past their end), the largest chunk of each cut, the count each
+    column is priced at where not searched, the largest working set of the chunks' first blocks
+    (``(cuts, K)``) and ``vpp``."""
+
+    sizes: np.ndarray
+    starts: np.ndarray
+    prefix: dict
+    working: np.ndarray
+    largest_chunk: np.ndarray
+    fixed: np.ndarray
+    firsts: np.ndarray
+    vpp: int
 
 
-def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
-                  plain_fits: np.ndarray, cap, slots: float, figures) -> tuple:
-    """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
-    ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
-    (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
-    stage's ``vpp`` chunks (:func:`chunk_sizes`) of ``c`` blocks recompute their first
-    ``min(n, c)``: their micro-batch and activation deltas added, the largest working set of a block recomputed (anywhere)
-    added to the transient memory. ``n`` is ``layers`` (per column, at most the largest chunk),
-    or where ``searched`` every count from 1 to the largest chunk's blocks (more recompute the
-    same), keeping per cut and column the fastest that fits ``cap``, else the least memory, the
-    smallest ``n`` of equals. The counts stop where no column can gain: the step is at least
-    ``slots`` (``m + (pp - 1) / vpp``) times the slowest stage's micro-batch, which only grows
-    with ``n``. Returns ``(t, step, memory, peak, n, sends)`` as ``figures`` gives them, with the
-    ``n`` of each cut and column. ``figures(sums, extra, cols)`` prices the block columns ``cols``.
-    Counts are searched only where the plan without recomputation does not fit (``plain_fits``
-    false, per cut and column); where it fits, one block per chunk is priced."""
+def _chunks_of(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
+               plain_fits: np.ndarray) -> _Chunks:
+    """:class:`_Chunks` of the cuts of ``bounds`` (each cut's first block per stage)."""
     R, P, K = stage["micro"].shape
     # Each stage's chunks (chunk_sizes: one block apart at most), as its run of blocks in order.
     split = [stage_chunks(tuple(int(bound[s + 1] - bound[s]) for s in range(P)), vpp) for bound in bounds]
@@ -477,40 +569,108 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     fixed = np.where(searched[None, :] & plain_fits, 1, np.minimum(layers[None, :], largest_chunk[:, None]))
     # The largest working set of the chunks' first blocks, per cut and column.
     firsts = np.where((sizes >= 1)[:, :, None], working[np.minimum(starts, len(working) - 1)], 0.0).max(axis=1)
-    one = ~(searched[None, :] & ~plain_fits).any(axis=0) & (fixed == 1).all(axis=0)
-    if one.any():
-        # Columns priced at one block per chunk in every cut: at once (the working set of the
-        # chunks' first blocks is the recomputed ones'), the others as below.
-        counts = np.ones((R, int(one.sum())), dtype=np.int64)
-        cols = np.flatnonzero(one)
-        priced = _at_counts(stage, prefix, starts, sizes, counts, firsts, cols, figures, vpp)
-        if one.all():
-            t, step, memory, peak, sends = priced
-            return t, step, memory, peak, counts, sends
-        rest = np.flatnonzero(~one)
-        found = _block_chunks({k: v[:, :, rest] for k, v in stage.items()}, {k: v[:, rest] for k, v in deltas.items()},
-                              bounds, vpp, layers[rest], searched[rest], plain_fits[:, rest], cap, slots,
-                              lambda sums, extra, c: figures(sums, extra, rest[c]))
-        out = [np.zeros((R, P, K)), np.zeros((R, K)), np.zeros((R, P, K)), np.zeros((R, K)),
-               np.zeros((R, K), dtype=np.int64), np.zeros((R, P, K))]
-        for i, (whole_value, part_value) in enumerate(zip(priced[:4] + (counts, priced[4]), found)):
-            out[i][..., cols] = whole_value
-            out[i][..., rest] = part_value
-        return tuple(out)
-    searched = searched[None, :] & ~plain_fits  # (cuts, K)
-    # Per cut and column the best priced so far: what ``figures`` gives, and its count.
-    best = {"t": np.zeros((R, P, K)), "step": np.full((R, K), np.inf), "memory": np.zeros((R, P, K)),
-            "peak": np.full((R, K), np.inf), "n": np.zeros((R, K), dtype=np.int64), "sends": np.zeros((R, P, K))}
+    return _Chunks(sizes, starts, prefix, working, largest_chunk, fixed, firsts, vpp)
 
-    def keep(mask, cols, priced, n):
+
+def _at_counts(stage: dict, chunks: _Chunks, counts: np.ndarray, working: np.ndarray, cols: np.ndarray,
+               figures) -> tuple:
+    """The block columns ``cols`` priced at ``counts`` blocks recomputed per chunk (``(cuts,
+    len(cols))``), ``working`` (``(cuts, K)``) the largest working set of those blocks."""
+    R, P, _ = stage["micro"].shape
+    taken = np.minimum(counts[:, None, :], chunks.sizes[:, :, None])  # (cuts, chunks, columns)
+    which = cols[None, None, :]
+    starts = chunks.starts[:, :, None]
+    sums = {name: S[:, :, cols] for name, S in stage.items()}
+    for name, key in (("micro", "micro"), ("activations", "acts")):
+        P_ = chunks.prefix[name]
+        added = P_[starts + taken, which] - P_[starts, which]
+        sums[key] = sums[key] + added.reshape(R, P, chunks.vpp, len(cols)).sum(axis=2)
+    return figures(sums, working[:, None, cols], cols)
+
+
+def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
+                  plain_fits: np.ndarray, cap, slots: float, figures) -> tuple:
+    """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
+    ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
+    (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
+    stage's ``vpp`` chunks (:func:`chunk_sizes`) of ``c`` blocks recompute their first
+    ``min(n, c)``: their micro-batch and activation deltas added, the largest working set of a
+    block recomputed (anywhere) added to the transient memory. ``n`` is ``layers`` (per column,
+    at most the largest chunk), or where ``searched`` every count from 1 to the largest chunk's
+    blocks (more recompute the same), keeping per cut and column the fastest that fits ``cap``,
+    else the least memory, the smallest ``n`` of equals (:func:`_searched_counts`). Returns
+    ``(t, step, memory, peak, n, sends)`` as ``figures`` gives them, with the ``n`` of each cut
+    and column. ``figures(sums, extra, cols)`` prices the block columns ``cols``. Counts are
+    searched only where the plan without recomputation does not fit (``plain_fits`` false, per
+    cut and column); where it fits, one block per chunk is priced."""
+    R, P, K = stage["micro"].shape
+    chunks = _chunks_of(stage, deltas, bounds, vpp, layers, searched, plain_fits)
+    one = ~(searched[None, :] & ~plain_fits).any(axis=0) & (chunks.fixed == 1).all(axis=0)
+    if not one.any():
+        return _searched_counts(stage, chunks, searched[None, :] & ~plain_fits, cap, slots, figures)
+    # Columns priced at one block per chunk in every cut: at once (the working set of the
+    # chunks' first blocks is the recomputed ones'), the others as below.
+    counts = np.ones((R, int(one.sum())), dtype=np.int64)
+    cols = np.flatnonzero(one)
+    priced = _at_counts(stage, chunks, counts, chunks.firsts, cols, figures)
+    if one.all():
+        t, step, memory, peak, sends = priced
+        return t, step, memory, peak, counts, sends
+    rest = np.flatnonzero(~one)
+    found = _block_chunks({k: v[:, :, rest] for k, v in stage.items()}, {k: v[:, rest] for k, v in deltas.items()},
+                          bounds, vpp, layers[rest], searched[rest], plain_fits[:, rest], cap, slots,
+                          lambda sums, extra, c: figures(sums, extra, rest[c]))
+    out = [np.zeros((R, P, K)), np.zeros((R, K)), np.zeros((R, P, K)), np.zeros((R, K)),
+           np.zeros((R, K), dtype=np.int64), np.zeros((R, P, K))]
+    for i, (whole_value, part_value) in enumerate(zip(priced[:4] + (counts, priced[4]), found)):
+        out[i][..., cols] = whole_value
+        out[i][..., rest] = part_value
+    return tuple(out)
+
+
+class _BestCounts:
+    """Per cut and column the best priced so far (what ``figures`` gives, and its count)."""
+
+    def __init__(self, R: int, P: int, K: int):
+        self.best = {"t": np.zeros((R, P, K)), "step": np.full((R, K), np.inf), "memory": np.zeros((R, P, K)),
+                     "peak": np.full((R, K), np.inf), "n": np.zeros((R, K), dtype=np.int64),
+                     "sends": np.zeros((R, P, K))}
+
+    def keep(self, mask, cols, priced, n) -> None:
         """Where ``mask`` (cuts x ``cols``): ``priced`` (``figures``' five arrays) at count ``n``."""
+        best = self.best
         t_, step_, memory_, peak_, sends_ = priced
         for key, value in (("t", t_), ("memory", memory_), ("sends", sends_)):
             best[key][:, :, cols] = np.where(mask[:, None, :], value, best[key][:, :, cols])
         for key, value in (("step", step_), ("peak", peak_), ("n", n)):
             best[key][:, cols] = np.where(mask, value, best[key][:, cols])
 
-    largest = np.zeros((R, 1, K))
+    def result(self) -> tuple:
+        return tuple(self.best[key] for key in ("t", "step", "memory", "peak", "n", "sends"))
+
+
+def _searched_counts(stage: dict, chunks: _Chunks, searched: np.ndarray, cap, slots: float, figures) -> tuple:
+    """:func:`_block_chunks` where some column's count is searched (``searched``: per cut and
+    column). Cuts no count fits are priced once, every block recomputed; where the chunks'
+    first blocks hold the largest working set the least count that fits is found by halving;
+    the rest count by count from 1. The counts stop where no column can gain: the step is at
+    least ``slots`` (``m + (pp - 1) / vpp``) times the slowest stage's micro-batch, which only
+    grows with the count."""
+    R, P, K = stage["micro"].shape
+    best = _BestCounts(R, P, K)
+    hopeless, tail, whole = _hopeless_cuts(stage, chunks, searched, cap, slots, figures, best)
+    settled = _halved_counts(stage, chunks, searched & ~hopeless & (chunks.firsts == whole[:, 0, :]), tail, cap,
+                             slots, figures, best)
+    return _counted(stage, chunks, searched, hopeless | settled, tail, cap, slots, figures, best)
+
+
+def _hopeless_cuts(stage: dict, chunks: _Chunks, searched: np.ndarray, cap, slots: float, figures,
+                   best: _BestCounts) -> tuple:
+    """``(hopeless, tail, whole)``: the searched cuts and columns no count can fit, kept priced
+    with every block recomputed; what the step holds beyond the pipeline with every block
+    recomputed (``tail``); the largest working set of any block (``whole``, ``(cuts, 1, K)``)."""
+    R, P, K = stage["micro"].shape
+    vpp, starts, sizes, prefix = chunks.vpp, chunks.starts, chunks.sizes, chunks.prefix
     # A cut of a searched column no count can fit (``hopeless``) is priced once, every block
     # recomputed: recomputing a block only drops stored activations and the working set of the
     # blocks recomputed only grows with the count, so no count's peak is below the one with every
@@ -521,69 +681,83 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     saved = {key: stage[key] + (prefix[name][every] - prefix[name][starts]).reshape(R, P, vpp, K).sum(axis=2)
              for name, key in (("micro", "micro"), ("activations", "acts"))}
     everything = {**stage, **saved}
-    floor_peak = figures(everything, firsts[:, None, :], np.arange(K))[3]
+    floor_peak = figures(everything, chunks.firsts[:, None, :], np.arange(K))[3]
     hopeless = searched & (floor_peak > cap)  # (cuts, K)
-    whole = np.broadcast_to(working[:-1].max(axis=0)[None, None, :], (R, 1, K))
+    whole = np.broadcast_to(chunks.working[:-1].max(axis=0)[None, None, :], (R, 1, K))
     priced = figures(everything, whole, np.arange(K))
     # What the step holds beyond the pipeline with every block recomputed: the exposed
     # synchronisation and optimizer after the drain, which only shrink as the stages' times grow,
     # so no count's step holds less beyond its pipeline (a bound for stopping below).
     tail = priced[1] - slots * priced[0].max(axis=1)
     if hopeless.any():
-        keep(hopeless, np.arange(K), priced, largest_chunk[:, None])
-    # Where the chunks' first blocks already hold the largest working set (repeated blocks alike),
-    # the peak only falls as the count grows: the least count that fits is found by halving
-    # (``lo``). Where the step beyond its pipeline is there already what it is with every block
-    # recomputed (``tail``), the step only grows with the count, so that count is the fastest
-    # that fits: ``settled``, priced no more below.
-    alike = searched & ~hopeless & (firsts == whole[:, 0, :])
+        best.keep(hopeless, np.arange(K), priced, chunks.largest_chunk[:, None])
+    return hopeless, tail, whole
+
+
+def _halved_counts(stage: dict, chunks: _Chunks, alike: np.ndarray, tail: np.ndarray, cap, slots: float, figures,
+                   best: _BestCounts) -> np.ndarray:
+    """The cuts and columns settled by halving (``alike``: where the chunks' first blocks already
+    hold the largest working set, repeated blocks alike, so the peak only falls as the count
+    grows): the least count that fits, kept where the step beyond its pipeline is there already
+    what it is with every block recomputed (``tail``): the step only grows with the count, so
+    that count is the fastest that fits, priced no more."""
+    R, _, K = stage["micro"].shape
     columns = np.flatnonzero(alike.any(axis=0))
     settled = np.zeros((R, K), dtype=bool)
-    if len(columns):
-        def at(counts):  # every block column of ``columns`` priced at its own count per cut
-            return _at_counts(stage, prefix, starts, sizes, counts, firsts, columns, figures, vpp)
+    if not len(columns):
+        return settled
 
-        halving = alike[:, columns]
-        l = np.ones((R, len(columns)), dtype=np.int64)
-        h = np.broadcast_to(largest_chunk[:, None], l.shape).copy()
-        while (halving & (l < h)).any():
-            mid = np.where(halving, (l + h) // 2, 1)
-            fits = at(mid)[3] <= cap
-            h, l = np.where(halving & fits, mid, h), np.where(halving & ~fits, mid + 1, l)
-        least = at(np.where(halving, l, 1))
-        tail_ = least[1] - slots * least[0].max(axis=1)
-        ok = halving & (least[3] <= cap) & (tail_ <= tail[:, columns] * (1 + 1e-12) + 1e-15)
-        settled[:, columns] = ok
-        keep(ok, columns, least, l)
-    hopeless = hopeless | settled
-    # The columns some cut still needs a count for; a column done in every cut is priced no more
-    # (no later count changes it, as the test of ``done`` says), so each count prices only the rest.
+    def at(counts):  # every block column of ``columns`` priced at its own count per cut
+        return _at_counts(stage, chunks, counts, chunks.firsts, columns, figures)
+
+    halving = alike[:, columns]
+    l = np.ones((R, len(columns)), dtype=np.int64)
+    h = np.broadcast_to(chunks.largest_chunk[:, None], l.shape).copy()
+    while (halving & (l < h)).any():
+        mid = np.where(halving, (l + h) // 2, 1)
+        fits = at(mid)[3] <= cap
+        h, l = np.where(halving & fits, mid, h), np.where(halving & ~fits, mid + 1, l)
+    least = at(np.where(halving, l, 1))
+    tail_ = least[1] - slots * least[0].max(axis=1)
+    ok = halving & (least[3] <= cap) & (tail_ <= tail[:, columns] * (1 + 1e-12) + 1e-15)
+    settled[:, columns] = ok
+    best.keep(ok, columns, least, l)
+    return settled
+
+
+def _counted(stage: dict, chunks: _Chunks, searched: np.ndarray, hopeless: np.ndarray, tail: np.ndarray, cap,
+             slots: float, figures, best: _BestCounts) -> tuple:
+    """Every count from 1 up, for the columns some cut still needs a count for (a column done in
+    every cut is priced no more: no later count changes it, as the test of ``done`` says)."""
+    R, P, _ = stage["micro"].shape
+    vpp, starts, sizes, prefix, working = chunks.vpp, chunks.starts, chunks.sizes, chunks.prefix, chunks.working
+    largest = np.zeros((R, 1, stage["micro"].shape[2]))
     active = np.flatnonzero(~hopeless.all(axis=0))
     for n in range(1, int(sizes.max()) + 1):
         a = active
-        taken = np.minimum(n, sizes)  # blocks recomputed per chunk
-        ends = starts + taken
+        ends = starts + np.minimum(n, sizes)  # blocks recomputed per chunk
         sums = {name: S[:, :, a] for name, S in stage.items()}
         for name, key in (("micro", "micro"), ("activations", "acts")):
             P_ = prefix[name][:, a]
-            added = (P_[ends] - P_[starts]).reshape(R, P, vpp, len(a)).sum(axis=2)
-            sums[key] = sums[key] + added
+            sums[key] = sums[key] + (P_[ends] - P_[starts]).reshape(R, P, vpp, len(a)).sum(axis=2)
         w = working[:, a]
         newest = np.where((sizes >= n)[:, :, None], w[np.minimum(starts + n - 1, len(w) - 1)], 0.0)
         largest[:, :, a] = np.maximum(largest[:, :, a], newest.max(axis=1)[:, None, :])
         priced = figures(sums, largest[:, :, a], a)
         step, peak = priced[1], priced[3]
-        allowed = (searched[:, a] & ~hopeless[:, a]) | (n == fixed[:, a])
-        fits, held = peak <= cap, best["peak"][:, a] <= cap
-        better = allowed & np.where(fits, ~held | (step < best["step"][:, a]), ~held & (peak < best["peak"][:, a]))
-        keep(better, a, priced, n)
+        held_peak, held_step = best.best["peak"][:, a], best.best["step"][:, a]
+        allowed = (searched[:, a] & ~hopeless[:, a]) | (n == chunks.fixed[:, a])
+        fits, held = peak <= cap, held_peak <= cap
+        better = allowed & np.where(fits, ~held | (step < held_step), ~held & (peak < held_peak))
+        best.keep(better, a, priced, n)
         # Done: every fixed column priced; every searched one holds a fitting plan no later
         # count can beat (their steps are at least slots x the slowest stage's, which grows,
         # plus ``tail``).
         floor = slots * priced[0].max(axis=1) + tail[:, a]
-        done = np.where(searched[:, a], hopeless[:, a] | ((best["peak"][:, a] <= cap) & (floor >= best["step"][:, a])),
-                        n >= fixed[:, a])
+        done = np.where(searched[:, a], hopeless[:, a] | ((best.best["peak"][:, a] <= cap)
+                                                           & (floor >= best.best["step"][:, a])),
+                        n >= chunks.fixed[:, a])
         active = a[~done.all(axis=0)]
         if not len(active):
             break
-    return tuple(best[key] for key in ("t", "step", "memory", "peak", "n", "sends"))
+    return best.result()

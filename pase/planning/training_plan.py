@@ -12,13 +12,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
-from pase.planning.training_search import (
-    Candidate, MeshSearch, TrainingGraphs, options_grid, search_free, search_meshes,
-)
+from pase.planning.free_search import TrainingGraphs, search_free
+from pase.planning.training_search import Candidate, MeshSearch, Said, options_grid, search_meshes
 from pase.core.checks import (
     a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
     non_negative_int, optional, positive_int, positive_number,
@@ -71,6 +70,8 @@ class TrainingPlan:
     priced: list = field(default_factory=list)
     #: The fastest distinct fitting configurations, fastest first (the plan first), when asked for.
     alternatives: list = field(default_factory=list)
+    #: What each stage of the searches searched (``Said``): the mesh search's, then the per-layer one's.
+    said: tuple = ()
 
     @property
     def exceeds_device(self) -> bool:
@@ -90,34 +91,10 @@ class TrainingPlan:
 
     @property
     def optimal_over(self) -> str:
-        """What the result is optimal over, in one sentence."""
-        domain = self.machine.nvlink_domain
-        within = ("a node" if domain is None or domain == self.machine.devices_per_node
-                  else f"an NVLink domain of {domain}")
-        text = (f"exact over meshes dp x tp x cp x pp = {self.procs} (tp within {within}, cp up to 16, sequence "
-                "parallelism on or off; pipelines cut between the source's repeated blocks: for pp = 2 the first "
-                "stage within 8 blocks of an even split, for more stages the middle ones equal and within 2 blocks of "
-                "an even share, the first and last within 8 blocks of them; 1F1B or interleaved), ZeRO 0-3, recomputation none/selective/full and every micro-batch "
-                "size dividing the per-rank batch")
-        if self.mesh_search.block_counts:
-            text += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with "
-                     "every N from 1 to a chunk's blocks per mesh, ZeRO stage and micro-batch; with pipeline stages "
-                     "where the recipe asks for it, per cut and schedule, and there only where the plan without "
-                     "recomputation does not fit (N = 1 where it does)")
-        if self.mesh_search.experts:
-            mesh = self.best.mesh if self.best is not None else None
-            if mesh is not None and mesh.folded:  # a recipe's ep (or etp) beyond what dp carves out
-                text += (f"; expert parallelism the recipe's ep {mesh.ep} with etp {mesh.expert_tp} (Megatron-Core's "
-                         "MoE parallel folding: etp x ep dividing tp x cp x dp, etp dividing tp)")
-            else:
-                text += "; expert parallelism ep dividing dp and every layer's expert count"
-        if self.free_searches:
-            text += (f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
-                     f"stage and recomputation policy ({self.free_searches} searches"
-                     + (", memory by the Lagrangian bound" if self.memory_cap is not None else "") + ")")
-        elif self.free_skipped:
-            text += f"; per-layer search skipped: {self.free_skipped}"
-        return text
+        """What the result is optimal over, in one sentence: what each stage of the searches
+        searched (``said``), for the plan's mesh."""
+        mesh = self.best.mesh if self.best is not None else None
+        return "exact over " + "".join(said.of(mesh) for said in self.said)
 
 
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
@@ -198,22 +175,60 @@ def plan_training(
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                           engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
                           exporting=exporting, rules=rules)
+    base = _in_plan_format(base, found)
+    per_layer = per_layer_stage(found, build, batch, procs, machine, memory_cap, act_bytes, recipe, base, free,
+                                engine, keep_to, table_budget)
+    compared = _compared(compare, build, batch, procs, machine, memory_cap, act_bytes, base, rebuild, engine, rules,
+                         keep_to)
+    best = per_layer.best
+    priced = found.candidates
+    found.candidates = []
+    chosen = _alternatives(best, found.fastest, alternatives)
+    found.fastest = []
+    return TrainingPlan(
+        network_name=found_name(build, batch, rebuild),
+        procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
+        least_memory=found.least_memory, mesh_search=found, free_searches=per_layer.searches,
+        free_entries=per_layer.entries, free_skipped=per_layer.skipped, compare=compared,
+        compare_recipe=None if compare is None else compare.text(),
+        seconds=time.perf_counter() - start, kept_to=tuple(p.name for p in keep_to),
+        engine_profile=engine,
+        network=None if best is None else build(batch // best.options.microbatches),
+        device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
+        said=found.said + (per_layer.said,),
+    )
+
+
+def _in_plan_format(base: TrainingOptions, found: MeshSearch) -> TrainingOptions:
+    """``base`` in the number format of the mesh search's plan (its least-memory one where none fits)."""
+    chosen = found.best or found.least_memory
+    if chosen is None:
+        return base
+    return base.but(precision=chosen.options.precision, fp8_scaling=chosen.options.fp8_scaling,
+                    fp8_gather=chosen.options.fp8_gather)
+
+
+class PerLayer(NamedTuple):
+    """The per-layer stage's outcome: the fastest fitting plan (the mesh search's where no
+    per-layer plan beats it), the searches run and table entries filled, or why it was
+    skipped, and what it searched (:class:`~pase.planning.training_search.Said`)."""
+
+    best: Candidate | None
+    searches: int
+    entries: int
+    skipped: str | None
+    said: Said
+
+
+def per_layer_stage(found: MeshSearch, build, batch: int, procs: int, machine, memory_cap, act_bytes: float,
+                    recipe: Recipe, base: TrainingOptions, free, engine, keep_to: tuple, table_budget) -> PerLayer:
+    """The per-layer search (:func:`~pase.planning.free_search.search_free`) at the mesh plan's
+    micro-batch count under every ZeRO stage and recomputation policy, where asked for and its
+    tables are small enough (:data:`FREE_SEARCH_ENTRIES`): the faster fitting plan wins."""
     best = found.best
-    if best is not None or found.least_memory is not None:  # the per-layer search in the plan's format
-        chosen = (best or found.least_memory).options
-        base = base.but(precision=chosen.precision, fp8_scaling=chosen.fp8_scaling, fp8_gather=chosen.fp8_gather)
-    # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
-    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
-        (recipe.pp or 1) > 1
-    free_searches = free_entries = 0
-    skipped = None
-    if keep_to:
-        skipped = "engines run meshes"
-    elif free is False:
-        skipped = "not asked for"
-    elif mesh_fixed:
-        skipped = "the recipe fixes the mesh"
-    else:
+    searches = entries = 0
+    skipped = _per_layer_skipped(recipe, free, keep_to)
+    if skipped is None:
         reference = best or found.least_memory
         m = reference.options.microbatches
         network = build(batch // m)
@@ -223,50 +238,61 @@ def plan_training(
         # A lower bound of one dynamic programme's work, known before any cost table: every
         # edge's table is at least its two configuration counts multiplied.
         counts = [len(C) for C in network.configs(procs)]
-        graph_entries = sum(counts[u] * counts[v] for (u, v) in network.edges) + sum(counts)
-        work = graph_entries * len(settings)
+        work = (sum(counts[u] * counts[v] for (u, v) in network.edges) + sum(counts)) * len(settings)
         if free is None and work > FREE_SEARCH_ENTRIES:
             skipped = f"{work:.2g} table entries over {len(settings)} settings, more than {FREE_SEARCH_ENTRIES:.0e}"
         else:
             # One graph, costing and set of edge matrices for every setting (TrainingGraphs).
             pieces = TrainingGraphs(network, procs, machine, table_budget)
             for zero, policy in settings:
-                options = base.but(zero=zero, recompute=policy, microbatches=m,
-                                   tp_overlap=reference.options.tp_overlap,
+                options = base.but(zero=zero, recompute=policy, microbatches=m, tp_overlap=reference.options.tp_overlap,
                                    recompute_layers=recipe.recompute_layers if policy == "block" else 0)
                 result = search_free(network, procs, machine, options, act_bytes, memory_cap, budget=table_budget,
-                                     pieces=pieces,
-                                     microbatch=reference.microbatch)
-                free_searches += result.searches
-                free_entries += result.table_entries
+                                     pieces=pieces, microbatch=reference.microbatch)
+                searches += result.searches
+                entries += result.table_entries
                 c = result.candidate
                 if c is not None and c.fits and (best is None or c.summary.step_seconds < best.summary.step_seconds):
                     best = c
-    compared = None
-    if compare is not None:
-        try:
-            # The recipe's fastest fitting configuration; if none fits, its fastest.
-            compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
+    return PerLayer(best, searches, entries, skipped, _per_layer_said(searches, skipped, memory_cap))
+
+
+def _per_layer_skipped(recipe: Recipe, free, keep_to: tuple) -> str | None:
+    """Why the per-layer search does not run (``None``: it may)."""
+    # Per-layer splits have no mesh and no pipeline: a recipe that fixes either asks for a mesh.
+    mesh_fixed = any(getattr(recipe, k) is not None for k in ("dp", "tp", "cp", "sp", "schedule", "vpp")) or \
+        (recipe.pp or 1) > 1
+    if keep_to:
+        return "engines run meshes"
+    if free is False:
+        return "not asked for"
+    if mesh_fixed:
+        return "the recipe fixes the mesh"
+    return None
+
+
+def _per_layer_said(searches: int, skipped: str | None, memory_cap) -> Said:
+    if searches:
+        return Said(f"; per-layer splits searched exactly at the best mesh's micro-batch count under every ZeRO "
+                    f"stage and recomputation policy ({searches} searches"
+                    + (", memory by the Lagrangian bound" if memory_cap is not None else "") + ")")
+    return Said(f"; per-layer search skipped: {skipped}" if skipped else "")
+
+
+def _compared(compare: Recipe | None, build, batch: int, procs: int, machine, memory_cap, act_bytes: float,
+              base: TrainingOptions, rebuild: bool, engine, rules, keep_to: tuple) -> Candidate | None:
+    """The compared recipe's fastest fitting configuration; if none fits, its fastest."""
+    if compare is None:
+        return None
+    try:
+        compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
+                                 rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
+        if compared is None:
+            compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
                                      rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
-            if compared is None:
-                compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                         rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
-        except ValueError as err:
-            raise ValueError(f"--compare: {err}") from None
-    priced = found.candidates
-    found.candidates = []
-    chosen = _alternatives(best, found.fastest, alternatives)
-    found.fastest = []
-    return TrainingPlan(
-        network_name=found_name(build, batch, rebuild),
-        procs=procs, batch=batch, machine=machine, memory_cap=memory_cap, best=best,
-        least_memory=found.least_memory, mesh_search=found, free_searches=free_searches, free_entries=free_entries,
-        free_skipped=skipped, compare=compared, compare_recipe=None if compare is None else compare.text(),
-        seconds=time.perf_counter() - start, kept_to=tuple(p.name for p in keep_to),
-        engine_profile=engine,
-        network=None if best is None else build(batch // best.options.microbatches),
-        device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
-    )
+        return compared
+    except ValueError as err:
+        raise ValueError(f"--compare: {err}") from None
 
 
 def _alternatives(best, fastest: list, k: int) -> list:

@@ -1,16 +1,26 @@
-"""The training-configuration search: meshes, ZeRO, recomputation and micro-batches around
-the per-layer splits, every candidate priced by :class:`pase.training.TrainingCosting`.
+"""The mesh search of training configurations: meshes, ZeRO, recomputation, micro-batches and
+pipelines around the per-layer splits, every candidate priced by :class:`TrainingCosting`.
 
-Two searches, each exact over what it says:
+:func:`search_meshes` is exact over every ``dp x tp x cp x pp = p`` (``tp`` inside an NVLink
+domain), sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full, every
+micro-batch size dividing the per-rank batch and every pipeline cut and schedule; the fastest
+that fits is kept. It runs as a row of stages, each a function handing the next a named record:
 
-- **Meshes** (:func:`search_meshes`): every ``dp x tp x cp = p`` (``tp`` inside an NVLink domain),
-  sequence parallelism on or off, ZeRO 0-3, recomputation none/selective/full and every
-  micro-batch size dividing the per-rank batch; each candidate is costed exactly and the
-  fastest that fits is kept. Layer parts are computed once per distinct layer and mesh (one
-  costing per network, the meshes of every stage count its rows) and reused across ZeRO stages
-  and recomputation policies, which recompute only what they change (``pase.core.memo``).
-- **Per-layer** (:func:`search_free`): the exact dynamic programme over every layer's own
-  splits under one fixed training option set, memory capped by the Lagrangian search.
+0. :func:`search_space`: the recipe read against the graph (:class:`SearchSpace`);
+1. :func:`mesh_stage`: the meshes, grouped by the global micro-batch they make, one network
+   built per micro-batch (:class:`MeshCandidates`);
+2. :func:`costing_stage`: one :class:`TrainingCosting` of every mesh of a network, each group's
+   share of it with its edges' seconds (:class:`~pase.planning.mesh_rows.Costed`);
+3. :func:`options_stage` and :func:`options_applied`: every ZeRO stage, recomputation policy and
+   overlap at the network's micro-batch count, priced row by row (:class:`OptionRows`);
+4. :func:`pipeline_stage`: pipelined meshes' cuts and schedules (:mod:`pase.planning.pipeline`);
+5. :func:`plan_stage`: in search order, the fastest that fits, the least memory and the
+   alternatives (:class:`Chosen`), made candidates (:func:`~pase.planning.mesh_rows.candidate_of`).
+
+Layer parts are computed once per distinct layer and mesh and reused across ZeRO stages and
+recomputation policies, which recompute only what they change (``pase.core.memo``). Each stage
+says what it searched (:class:`Said`): ``TrainingPlan.optimal_over`` reads their words. The
+per-layer search is :mod:`pase.planning.free_search`.
 """
 
 from __future__ import annotations
@@ -18,35 +28,35 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from pase.model.builder import redistribution_seconds
-from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
-from pase.planning.mesh import Mesh, MeshMapper, Recipe
-from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
-from pase.model.roles import roles_of
-from pase.planning.rules import ParallelRules, default_rules
-from pase.planning.pipeline import SCHEDULES, pipeline_rows_settings, stage_chunks, stage_layout
+from pase.core.checks import (
+    a_bool, a_callable, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
+    non_negative_int, optional, positive_int, positive_number,
+)
 from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
-    NetworkStructure, TrainingCosting, TrainingOptions, TrainingSummary, RECOMPUTE_POLICIES, ZERO_STAGES,
+    NetworkStructure, TrainingCosting, TrainingOptions, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
-from pase.core.checks import (
-    a_bool, a_callable, a_mesh, a_network, a_recipe, a_rules, a_structure, a_training_options, an_engine, arguments,
-    configurations, engine_sequence, non_negative_int, one_of, optional, positive_int, positive_number,
-)
-from pase.model.readers import READER_RULES
 from pase.machines.registry import as_machine
+from pase.model.builder import tokens_of
+from pase.model.roles import roles_of
+from pase.planning.candidate import CAUSES, Candidate, Priced
+from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
+from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candidate, search_free, training_graph
+from pase.planning.mesh import Mesh, MeshMapper, Recipe
+from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
+from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge_seconds, row_totals
+from pase.planning.pipeline import CUTS_SEARCHED, SCHEDULES, Layout, pipeline_rows_settings, stage_layout
+from pase.planning.rules import ParallelRules, default_rules
 
-__all__ = ["Candidate", "MeshSearch", "Priced", "search_meshes", "mesh_candidates", "evaluate_candidate", "tokens_of",
-           "divisors", "CAUSES", "EngineRunsNone"]
-
-#: The causes a step's time is told by, in the order they are shown: per-device compute,
-#: recomputation, exposed activation collectives, redistribution between layers, pipeline
-#: sends, the pipeline bubble, exposed weight synchronisation, the optimizer step.
-CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync", "optimizer")
+__all__ = ["Candidate", "MeshSearch", "Priced", "Said", "search_meshes", "mesh_candidates", "evaluate_candidate",
+           "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
+           "CAUSES", "EngineRunsNone"]
+# CAUSES, Candidate, Priced (pase.planning.candidate), the per-layer search's names
+# (pase.planning.free_search), tokens_of and edge_seconds are named here for the callers of old.
 
 
 def divisors(n: int) -> list:
@@ -59,121 +69,25 @@ def divisors(n: int) -> list:
     return sorted(set(small + [n // d for d in small]))
 
 
-def tokens_of(network) -> int | None:
-    """Tokens in one pass of ``network``: the elements of its first lookup's ids."""
-    for layer in network.layers:
-        if layer.lookup_table:
-            return int(math.prod(layer.ids.shape))
-    return None
-
-
 class EngineRunsNone(ValueError):
     """None of the configurations searched runs on the engines kept to (``keep_to``)."""
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One training configuration and what it costs: a mesh (or ``None`` for a per-layer
-    plan), the options, the per-rank micro-batch, the layers' configurations and summary."""
+class Said:
+    """What one stage of a search searched, in the words of ``TrainingPlan.optimal_over``: each
+    stage's words carry their own punctuation and follow the stages' before them. ``folded``:
+    the words instead for a plan on a folded mesh (MoE parallel folding; ``{ep}`` and ``{etp}``
+    its degrees)."""
 
-    mesh: Mesh | None
-    options: TrainingOptions
-    microbatch: int | None
-    configs: tuple
-    summary: TrainingSummary
-    memory_cap: float | None
+    words: str
+    folded: str | None = None
 
-    @property
-    def fits(self) -> bool:
-        return self.memory_cap is None or self.summary.peak_memory_bytes <= self.memory_cap
-
-    def recipe(self) -> str:
-        """The candidate in ``--recipe`` words."""
-        o = self.options
-        parts = []
-        if self.mesh is not None:
-            parts += [f"dp={self.mesh.dp}", f"tp={self.mesh.tp}"]
-            if self.mesh.cp > 1:
-                parts.append(f"cp={self.mesh.cp}")
-            if self.mesh.ep > 1:
-                parts.append(f"ep={self.mesh.ep}")
-            if self.mesh.folded:
-                parts.append(f"etp={self.mesh.expert_tp}")
-            if self.mesh.pp > 1:
-                pipe = self.summary.extra.get("pipeline", {})
-                parts.append(f"pp={self.mesh.pp}")
-                if pipe.get("schedule") == "interleaved":
-                    parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
-            if self.mesh.tp > 1 and not self.mesh.sp:
-                parts.append("sp=false")
-        if o.tp_overlap:
-            parts.append("tp_overlap=true")
-        parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
-        if o.recompute == "block":
-            parts.append(f"recompute_layers={o.recompute_layers}")
-        if self.microbatch is not None:
-            parts.append(f"microbatch={self.microbatch}")
-        if o.precision != "bf16":  # the plan's number format, in the words engines' exports read
-            parts.append(f"precision={o.precision}")
-            if o.precision == "fp8":
-                parts.append(f"scaling={o.fp8_scaling}")
-            if o.fp8_gather:
-                parts.append("fp8_gather=true")
-        return ",".join(parts)
-
-    def causes(self) -> dict:
-        """The step time by cause (keys of :data:`CAUSES`, those that apply), summing to the
-        step: a pipelined plan's is its slowest stage's work over all micro-batches, the
-        bubble and the exposed synchronisation and optimizer step after it."""
-        told = self.summary.extra.get("causes")
-        if told is not None:
-            return dict(told)
-        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES if k in self.summary.time}
-
-    def memory_kinds(self) -> dict:
-        """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
-        return dict(self.summary.extra.get("memory_kinds", self.summary.memory))
-
-    def as_recipe(self) -> Recipe:
-        """Every choice of the candidate fixed (a mesh candidate's; ``ValueError`` for a
-        per-layer plan, which no recipe describes)."""
-        if self.mesh is None:
-            raise ValueError("a per-layer plan has no recipe that fixes it")
-        pipe = self.summary.extra.get("pipeline", {})
-        mesh = self.mesh
-        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
-                      recompute=self.options.recompute, microbatch=self.microbatch,
-                      recompute_layers=self.options.recompute_layers or None,
-                      schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
-                      else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
-                      etp=mesh.expert_tp if mesh.folded else None)
-
-
-@dataclass(frozen=True)
-class Priced:
-    """One configuration the mesh search priced: its mesh and options, the per-rank
-    micro-batch, the pipeline schedule and chunks (pipelined meshes), step and peak."""
-
-    mesh: Mesh
-    zero: int
-    recompute: str
-    microbatch: int
-    schedule: str | None
-    vpp: int
-    step_seconds: float
-    peak_memory_bytes: float
-    #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
-    recompute_layers: int = 0
-
-    def recipe(self) -> Recipe:
-        """The configuration as a recipe fixing every choice."""
-        mesh = self.mesh
-        return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.zero, recompute=self.recompute,
-                      recompute_layers=self.recompute_layers or None,
-                      microbatch=self.microbatch, schedule=self.schedule,
-                      vpp=self.vpp if self.schedule == "interleaved" else None,
-                      sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
-                      etp=mesh.expert_tp if mesh.folded else None)
+    def of(self, mesh) -> str:
+        """The words for a plan on ``mesh`` (``None``: a per-layer plan, or none)."""
+        if self.folded is not None and mesh is not None and mesh.folded:
+            return self.folded.format(ep=mesh.ep, etp=mesh.expert_tp)
+        return self.words
 
 
 @dataclass
@@ -194,57 +108,13 @@ class MeshSearch:
     fastest: list = field(default_factory=list)
     #: Whether ``recompute=block`` was tried with its block count searched.
     block_counts: bool = False
-
-
-class _PartsMemo:
-    """Layer parts and edge seconds shared by structurally equal layers (repeated blocks)."""
-
-    def __init__(self, machine, procs: int):
-        self.machine = machine
-        self.procs = procs
-        self.edges: dict = {}
-
-    def edge_seconds(self, network, configs: Sequence[np.ndarray], kinds=None) -> np.ndarray:
-        """Seconds of every edge's redistribution (forward and backward) per row: ``(E, K)``.
-        ``kinds``: each layer's structure kind (``NetworkStructure.kinds``): layers of one kind
-        given the very same configuration array share their tensors' configurations."""
-        layers = network.layers
-        kinds = kinds if kinds is not None else range(len(layers))
-        tensors: dict = {}
-        for layer, C, kind in zip(layers, configs, kinds):
-            if (kind, id(C)) not in tensors:
-                tensors[(kind, id(C))] = (layer.output_configs(C), layer.input_configs(C))
-        outputs = [tensors[(kind, id(C))][0] for C, kind in zip(configs, kinds)]
-        inputs = [tensors[(kind, id(C))][1] for C, kind in zip(configs, kinds)]
-        rows = []
-        targets = []
-        # Edges between the same tensors' configuration arrays (repeated blocks) sum the same
-        # seconds: each such edge is added up once.
-        summed: dict = {}
-        for (u, v), tensors in sorted(network.edges.items()):
-            same = tuple((t.shape, id(outputs[u][t.output_index]), id(inputs[v][t.input_index])) for t in tensors)
-            if same not in summed:
-                total = 0.0
-                for t in tensors:
-                    src = np.ascontiguousarray(outputs[u][t.output_index])
-                    dst = np.ascontiguousarray(inputs[v][t.input_index])
-                    key = (t.shape, src.tobytes(), dst.tobytes())
-                    if key not in self.edges:
-                        self.edges[key] = edge_seconds(self.machine, t.shape, src, dst, self.procs)
-                    total = total + self.edges[key]
-                summed[same] = total
-            rows.append(summed[same])
-            targets.append(v)
-        return np.array(rows).reshape(len(rows), -1), targets
+    #: What each stage searched (:class:`Said`), in the order ``optimal_over`` reads them.
+    said: tuple = ()
 
 
 #: Largest context-parallel degree searched unless a recipe names one (Megatron and
 #: torchtitan runs use 2-16).
 MAX_CP = 16
-
-
-#: The one edge rule (``pase.model.builder``): a redistribution priced over the devices it spans.
-edge_seconds = redistribution_seconds
 
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
@@ -335,6 +205,16 @@ def overlap_choices(recipe: Recipe, base: TrainingOptions, engine=None) -> tuple
     return (base.tp_overlap,)
 
 
+def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOptions:
+    """``base`` with the recipe's number format, FP8 scaling and FP8 gathers; ``ValueError``
+    when the machine does not run that format."""
+    fields = {"precision": recipe.precision, "fp8_scaling": recipe.scaling, "fp8_gather": recipe.fp8_gather}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    options = base.but(**fields) if fields else base
+    check_precision(machine, options.precision)
+    return options
+
+
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
            base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
@@ -371,6 +251,7 @@ def search_meshes(
     ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
     the fastest fitting configurations distinct in step and memory, at most that many, in
     ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
+    The stages are the module's (:mod:`pase.planning.training_search`).
     """
     rules = rules if rules is not None else default_rules()
     start = time.perf_counter()
@@ -384,10 +265,90 @@ def search_meshes(
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
                                   engine, keep_best, keep_to, exporting, rules)
+    space = search_space(build, batch, procs, machine, recipe, base, engine, keep_to, exporting, rules)
+    meshes = mesh_stage(space, build, batch, procs, machine, rebuild, rules)
+    priced = price_stages(space, meshes, batch, procs, machine, act_bytes, memory_cap)
+    chosen = plan_stage(space, meshes, priced, memory_cap, keep_all, keep_best, keep_to, exporting)
+    if chosen.best is None and chosen.least is None:
+        raise _nothing_runs(space, meshes, chosen, batch, procs, machine, keep_to, rules)
+    block_counts = space.search_block and any(policy == "block" for _, policy, _ in space.grid)
+
+    def made(found):
+        return candidate_of(found, memory_cap, act_bytes, procs)
+
+    return MeshSearch(
+        best=made(chosen.best) if chosen.best is not None else None,
+        least_memory=made(chosen.least) if chosen.least is not None else None,
+        evaluated=chosen.evaluated,
+        seconds=time.perf_counter() - start,
+        networks=len(meshes.networks),
+        space=(f"{meshes.meshes_tried} meshes x {len(space.grid)} ZeRO/recompute settings x micro-batch sizes; "
+               f"{chosen.evaluated} configurations"),
+        candidates=chosen.kept,
+        experts=bool(space.expert_counts),
+        fastest=[made(offered.found) for offered in chosen.fastest],
+        block_counts=block_counts,
+        said=(meshes.said, _options_said(block_counts), _pipelines_said(block_counts))
+        + ((_experts_said(),) if space.expert_counts else ()),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Stage 0: the recipe read against the graph
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the recipe leaves to search on this graph. ``recipe``: the one given with what the
+    graph and options decide fixed (``tp=1`` without tensor-parallel roles, ``sp`` where a fixed
+    overlap needs it); ``base``: the options in the recipe's number format; ``overlaps``: the
+    ``tp_overlap`` values tried; ``probe``: the network at the whole batch; ``blocks``: its
+    repeated blocks (``None``: no pipeline layout); ``grid``: the ``(zero, recompute,
+    tp_overlap)`` settings; ``search_block``: whether ``recompute=block``'s count is searched."""
+
+    recipe: Recipe
+    base: TrainingOptions
+    overlaps: tuple
+    schedules: tuple
+    stage_counts: tuple
+    probe: object
+    blocks: int | None
+    expert_counts: tuple
+    grid: tuple
+    search_block: bool
+
+
+def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: TrainingOptions, engine,
+                 keep_to: tuple, exporting: bool, rules: ParallelRules) -> SearchSpace:
+    """Stage 0: the recipe checked against the machine, the engines kept to and the graph built
+    at the whole batch (``ValueError`` with why where nothing can apply)."""
     base = with_precision(base, recipe, machine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
+    schedules, stage_counts = _pipeline_choices(recipe, procs)
+    probe = build(batch)
+    schedules = _engines_schedules(probe, recipe, schedules, keep_to, exporting)
+    recipe = _tensor_parallel(recipe, probe, rules)
+    probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
+    blocks = None if probe_layout is None else len(probe_layout.blocks)
+    refusal = recipe_refusal(recipe, batch, blocks)
+    if refusal is not None:
+        raise ValueError(f"no mesh applies to this graph: {refusal}")
+    expert_counts = expert_counts_of(probe)
+    if not expert_counts and recipe.ep not in (None, 1):
+        raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
+    # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
+    search_block = recipe.recompute_layers is None
+    grid = tuple((z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps
+                 if r != "block" or blocks or not search_block)
+    return SearchSpace(recipe, base, overlaps, tuple(schedules), tuple(stage_counts), probe, blocks,
+                       tuple(expert_counts), grid, search_block)
+
+
+def _pipeline_choices(recipe: Recipe, procs: int) -> tuple:
+    """``(schedules, stage counts)`` the recipe leaves; ``ValueError`` where its schedule or
+    ``vpp`` asks for a pipeline it cannot have."""
     if recipe.vpp is not None and recipe.schedule == "1f1b":
         raise ValueError("vpp (virtual stages) needs schedule=interleaved")
     schedules = [recipe.schedule] if recipe.schedule else (["interleaved"] if recipe.vpp else list(SCHEDULES))
@@ -399,9 +360,12 @@ def search_meshes(
     if not stage_counts:
         raise ValueError(f"schedule and vpp describe a pipeline, and {procs} device{'s' if procs > 1 else ''} "
                          "cannot hold two stages")
-    # Tensor parallelism maps onto the roles the rules give it (heads, MLP width, vocabulary):
-    # a graph whose layers have none gets data, context and pipeline parallelism only.
-    probe = build(batch)
+    return schedules, stage_counts
+
+
+def _engines_schedules(probe, recipe: Recipe, schedules: list, keep_to: tuple, exporting: bool) -> list:
+    """The schedules every engine kept to has (``exporting``: its file can say); an engine that
+    cannot run the graph, or the recipe's recomputation, refuses first."""
     for profile in keep_to:
         check_engine(profile, probe)
         why = None if recipe.recompute is None else policy_refusal(profile, recipe.recompute)
@@ -413,208 +377,386 @@ def search_meshes(
             kept = profile.runs["export"]["schedules"]
         if kept is not None:  # the pipeline schedules the engine has (its file can say)
             schedules = [x for x in schedules if x in kept]
-    tensor_parallel = rules.tensor_parallel(probe)
-    if not tensor_parallel and recipe.tp not in (None, 1):
+    return schedules
+
+
+def _tensor_parallel(recipe: Recipe, probe, rules: ParallelRules) -> Recipe:
+    """The recipe with ``tp=1`` where no layer has a role tensor parallelism splits."""
+    # Tensor parallelism maps onto the roles the rules give it (heads, MLP width, vocabulary):
+    # a graph whose layers have none gets data, context and pipeline parallelism only.
+    if rules.tensor_parallel(probe):
+        return recipe
+    if recipe.tp not in (None, 1):
         raise ValueError(f"tp={recipe.tp}: tensor parallelism splits the dimension roles "
                          f"{', '.join(rules.tensor_roles())}, which no layer of graph {probe.name} has "
                          "(roles are declared by the graph's source: pase.model.roles)")
-    if not tensor_parallel:
-        recipe = Recipe(**{**recipe.fixed(), "tp": 1})
-    probe_layout = stage_layout(NetworkStructure.of(probe).blocks)
-    blocks = None if probe_layout is None else len(probe_layout.blocks)
-    refusal = recipe_refusal(recipe, batch, blocks)
-    if refusal is not None:
-        raise ValueError(f"no mesh applies to this graph: {refusal}")
-    expert_counts = expert_counts_of(probe)
-    if not expert_counts and recipe.ep not in (None, 1):
-        raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
-    # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
-    search_block = recipe.recompute_layers is None
-    grid = [(z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps
-            if r != "block" or blocks or not search_block]
-    networks: dict = {}
-    best = least = None
-    evaluated = 0
-    first_error = None
-    engine_refused = None
-    kept = []
-    fastest: list = []
-    meshes_tried = 0
-    dps_tried: set = set()
-    fold_refused = None  # why a recipe's ep folds onto no mesh tried (MoE parallel folding)
-    # 1. In search order (stage counts, then global micro-batches): the meshes that apply, the
-    #    layout checks and the errors met, as the search meets them.
-    entries = []  # (pp, q, global micro-batch, meshes with their micro-batch, their kind configurations)
-    errors = []  # (where in the search order, error): the first met is told
-    for a, pp in enumerate(stage_counts):
-        q = procs // pp
-        candidates = mesh_candidates(q, machine, recipe)
-        dps_tried.update(m.dp for m in candidates)
+    return Recipe(**{**recipe.fixed(), "tp": 1})
+
+
+# ---------------------------------------------------------------------------------------
+# Stage 1: the meshes, grouped by the network they run
+
+
+class Built(NamedTuple):
+    """A network built at one global micro-batch, its structure and its mesh mapper."""
+
+    network: object
+    structure: NetworkStructure
+    mapper: MeshMapper
+
+
+class MeshGroup(NamedTuple):
+    """The meshes of one pipeline stage count whose per-rank micro-batches make one global
+    micro-batch (one network): each ``(mesh, micro-batch)`` in search order, its configuration
+    per kind of layer (``MeshMapper.kind_configs``), and the blocks' layout (``pp > 1``)."""
+
+    pp: int
+    stage_devices: int
+    global_micro: int
+    meshes: list
+    rows: list
+    layout: Layout | None
+
+
+@dataclass(frozen=True)
+class MeshCandidates:
+    """Stage 1's outcome: the groups in search order (stage counts, then global micro-batches),
+    the networks they run by global micro-batch, and what was met on the way, for the error when
+    nothing runs: the meshes and ``dp`` tried, why a recipe's ``ep`` folds onto none, the first
+    mesh the mapper refused."""
+
+    groups: tuple
+    networks: dict
+    meshes_tried: int
+    dps_tried: frozenset
+    fold_refused: str | None
+    first_error: Exception | None
+    said: Said
+
+
+def mesh_stage(space: SearchSpace, build, batch: int, procs: int, machine, rebuild: bool,
+               rules: ParallelRules) -> MeshCandidates:
+    """Stage 1: per stage count ``pp``, every mesh of ``procs / pp`` devices
+    (:func:`mesh_candidates`) with its expert grids (:func:`expert_grids`), each with every
+    per-rank micro-batch dividing its share of the batch (the whole share without ``rebuild``),
+    grouped by the global micro-batch they make: one network built for each."""
+    recipe = space.recipe
+    networks, groups, errors = {}, [], []
+    tried, dps, fold_refused = 0, set(), None
+    for a, pp in enumerate(space.stage_counts):
+        candidates = mesh_candidates(procs // pp, machine, recipe)
+        dps.update(m.dp for m in candidates)
         meshes = [Mesh(m.dp, m.tp, m.cp, pp, m.sp, ep, etp) for m in candidates
-                  if batch % m.dp == 0 for ep, etp in expert_grids(m, expert_counts, recipe)]
+                  if batch % m.dp == 0 for ep, etp in expert_grids(m, space.expert_counts, recipe)]
         if recipe.ep is not None and recipe.ep > 1 and not meshes and fold_refused is None:
-            fold_refused = next((why for m in candidates if batch % m.dp == 0 for why in [
-                fold_refusal(m, expert_counts, recipe.ep,
-                             recipe.etp if recipe.etp is not None else m.tp if m.dp % recipe.ep == 0 else 1)]
-                if why is not None), None)
-        meshes_tried += len(meshes)
-        # Group meshes by the global micro-batch their micro-batch sizes give: one network each.
-        by_micro: dict = {}
-        for mesh in meshes:
-            local = batch // mesh.dp
-            for micro in divisors(local) if rebuild else [local]:
-                if recipe.microbatch not in (None, micro):
-                    continue
-                if pp > 1 and local // micro < 1:
-                    continue
-                by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
+            fold_refused = _fold_refused(candidates, batch, space)
+        tried += len(meshes)
+        by_micro = _by_global_micro(meshes, batch, pp, rebuild, recipe)
         for b, global_micro in enumerate(sorted(by_micro)):
             if global_micro not in networks:
                 net = build(global_micro)
-                networks[global_micro] = (net, NetworkStructure.of(net), MeshMapper(net, rules))
-            network, structure, mapper = networks[global_micro]
-            rows, valid = [], []
-            for mesh, micro in by_micro[global_micro]:
-                try:
-                    rows.append(mapper.kind_configs(mesh))
-                except ValueError as err:
-                    errors.append(((a, b, 0), err))
-                    continue
-                valid.append((mesh, micro))
-            if not valid:
-                continue
-            layout = stage_layout(structure.blocks) if pp > 1 else None
-            if pp > 1 and (layout is None or len(layout.blocks) < pp):
-                errors.append(((a, b, 1), ValueError(
-                    f"{pp} pipeline stages need at least {pp} repeated blocks in order")))
-                continue
-            if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
-                raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
-                                 f"blocks; graph {network.name} has {len(layout.blocks)}")
-            entries.append((pp, q, global_micro, valid, rows, layout))
+                networks[global_micro] = Built(net, NetworkStructure.of(net), MeshMapper(net, rules))
+            group = _mesh_group(pp, procs // pp, global_micro, by_micro[global_micro], networks[global_micro],
+                                recipe, errors, (a, b))
+            if group is not None:
+                groups.append(group)
     first_error = min(errors, key=lambda e: e[0])[1] if errors else None
-    # 2. Network by network: one costing of every mesh that runs it (all stage counts), its
-    #    rows priced once; each (stage count, micro-batch)'s columns taken from it.
-    priced: dict = {}
-    memos = {pp: _PartsMemo(machine, procs // pp) for pp in stage_counts}
-    for global_micro in sorted({e[2] for e in entries}):
-        network, structure, mapper = networks[global_micro]
-        mine = [e for e in entries if e[2] == global_micro]
-        rows = [r for e in mine for r in e[4]]
-        # One array per kind of layer (MeshMapper), shared by the layers of that kind.
-        by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
-        costing = TrainingCosting(network, [by_kind[k] for k in mapper.index], machine, structure)
-        halved = np.array([mapper.sequence_parallel(mesh) for e in mine for mesh, _ in e[3]]).T
-        costing.activation_scale = np.where(halved, 0.5, 1.0)
-        tokens = tokens_of(network)
-        m = batch // global_micro
-        # A searched block count stands as every block until the pricing picks one per candidate.
-        settings = [base.but(zero=zero, recompute=policy, microbatches=m, tp_overlap=overlap,
-                             recompute_layers=0 if policy != "block" else recipe.recompute_layers or blocks or 1)
-                    for zero, policy, overlap in grid]
-        searched_counts = [policy == "block" and search_block for _, policy, _ in grid]
-        offset = 0
-        for pp, q, _, valid, _, layout in mine:
-            columns = np.arange(offset, offset + len(valid))
-            offset += len(valid)
-            part = {k: np.ascontiguousarray(c[columns]) for k, c in by_kind.items()}
-            edges, targets = memos[pp].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
-            if pp > 1:  # every setting's pipelines in one pass over the cuts
-                # Block recomputation on pipelines where a recipe asks for it: its count search over
-                # every cut, schedule and chunk count made the free search of Llama 3.1 70B on 256
-                # GPUs half as long again (benchmarks/results/foundation_speed.md); without stages
-                # it is one chunk, and cheap.
-                keep = [j for j, o in enumerate(settings) if o.recompute != "block" or recipe.recompute == "block"]
-                got = pipeline_rows_settings(costing, [settings[j] for j in keep], act_bytes, edges, targets, pp, q,
-                                             layout, memory_cap, schedules,
-                                             None if recipe.vpp is None else [recipe.vpp], recipe.stages,
-                                             columns=columns, search_layers=[searched_counts[j] for j in keep])
-                results = [(np.full(len(valid), np.inf), np.full(len(valid), np.inf), [None] * len(valid))] * len(settings)
-                for j, found in zip(keep, got):
-                    results[j] = found
-                results = [(step, peak, plans, [0 if p is None else p.recompute_layers for p in plans])
-                           for step, peak, plans in results]
+    return MeshCandidates(tuple(groups), networks, tried, frozenset(dps), fold_refused, first_error,
+                          _meshes_said(procs, machine))
+
+
+def _fold_refused(candidates: list, batch: int, space: SearchSpace) -> str | None:
+    """Why a recipe's ``ep`` folds onto none of ``candidates`` (MoE parallel folding)."""
+    recipe = space.recipe
+    return next((why for m in candidates if batch % m.dp == 0 for why in [
+        fold_refusal(m, space.expert_counts, recipe.ep,
+                     recipe.etp if recipe.etp is not None else m.tp if m.dp % recipe.ep == 0 else 1)]
+        if why is not None), None)
+
+
+def _by_global_micro(meshes: list, batch: int, pp: int, rebuild: bool, recipe: Recipe) -> dict:
+    """``(mesh, per-rank micro-batch)`` pairs by the global micro-batch they make: one network each."""
+    by_micro: dict = {}
+    for mesh in meshes:
+        local = batch // mesh.dp
+        for micro in divisors(local) if rebuild else [local]:
+            if recipe.microbatch not in (None, micro):
+                continue
+            if pp > 1 and local // micro < 1:
+                continue
+            by_micro.setdefault(micro * mesh.dp, []).append((mesh, micro))
+    return by_micro
+
+
+def _mesh_group(pp: int, stage_devices: int, global_micro: int, pairs: list, built: Built, recipe: Recipe,
+                errors: list, where: tuple) -> MeshGroup | None:
+    """The group of ``pairs`` on ``built``'s network: the meshes its mapper lays out (the
+    others' errors added to ``errors`` at ``where`` in the search order), with the blocks'
+    layout where ``pp > 1``; ``None`` where none is left."""
+    rows, valid = [], []
+    for mesh, micro in pairs:
+        try:
+            rows.append(built.mapper.kind_configs(mesh))
+        except ValueError as err:
+            errors.append((where + (0,), err))
+            continue
+        valid.append((mesh, micro))
+    if not valid:
+        return None
+    layout = stage_layout(built.structure.blocks) if pp > 1 else None
+    if pp > 1 and (layout is None or len(layout.blocks) < pp):
+        errors.append((where + (1,), ValueError(f"{pp} pipeline stages need at least {pp} repeated blocks in order")))
+        return None
+    if recipe.stages is not None and sum(recipe.stages) != len(layout.blocks):
+        raise ValueError(f"recipe stages {'/'.join(map(str, recipe.stages))} hold {sum(recipe.stages)} "
+                         f"blocks; graph {built.network.name} has {len(layout.blocks)}")
+    return MeshGroup(pp, stage_devices, global_micro, valid, rows, layout)
+
+
+def _meshes_said(procs: int, machine) -> Said:
+    domain = machine.nvlink_domain
+    within = "a node" if domain is None or domain == machine.devices_per_node else f"an NVLink domain of {domain}"
+    return Said(f"meshes dp x tp x cp x pp = {procs} (tp within {within}, cp up to {MAX_CP}, sequence parallelism "
+                f"on or off; {CUTS_SEARCHED})")
+
+
+def _experts_said() -> Said:
+    return Said("; expert parallelism ep dividing dp and every layer's expert count",
+                folded="; expert parallelism the recipe's ep {ep} with etp {etp} (Megatron-Core's MoE parallel "
+                       "folding: etp x ep dividing tp x cp x dp, etp dividing tp)")
+
+
+# ---------------------------------------------------------------------------------------
+# Stages 2 to 4: a costing per network, the options applied, the pipelines cut
+
+
+class OptionRows(NamedTuple):
+    """One options set priced on a group's meshes: step and peak per mesh, the pipeline each
+    runs (``None`` without one, or where no pipeline applies) and the blocks each recomputes
+    under ``recompute=block`` (0 otherwise)."""
+
+    step: np.ndarray
+    peak: np.ndarray
+    stage_plans: list
+    counts: list
+
+
+class PricedGroup(NamedTuple):
+    """A group after stages 2 to 4: its share of the costing, the options applied (one per
+    setting of the grid) and each one's rows."""
+
+    costed: Costed
+    settings: list
+    rows: list
+
+
+def price_stages(space: SearchSpace, meshes: MeshCandidates, batch: int, procs: int, machine, act_bytes: float,
+                 memory_cap) -> dict:
+    """Stages 2 to 4, network by network: one costing of every mesh that runs it (all stage
+    counts), the options applied at its micro-batch count, the pipelines cut and scheduled;
+    a :class:`PricedGroup` by ``(pp, global micro-batch)``."""
+    priced = {}
+    memos = {pp: PartsMemo(machine, procs // pp) for pp in space.stage_counts}
+    for global_micro in sorted({g.global_micro for g in meshes.groups}):
+        mine = [g for g in meshes.groups if g.global_micro == global_micro]
+        shares = costing_stage(meshes.networks[global_micro], mine, machine, memos)
+        settings, searched = options_stage(space, batch // global_micro)
+        for group, share in zip(mine, shares):
+            if group.pp > 1:
+                rows = pipeline_stage(space, group, share, settings, searched, act_bytes, memory_cap)
             else:
-                sums: dict = {}
-                results = []
-                for options, searched in zip(settings, searched_counts):
-                    time_rows, memory_rows, layers = _totals(costing, options, act_bytes, edges, targets, sums, columns,
-                                                             memory_cap, searched)
-                    results.append((time_rows, memory_rows, [None] * len(valid), layers))
-            priced[(pp, global_micro)] = (costing, columns, edges, tokens, settings, results)
-        costing.forget()  # what the search kept is priced again, if asked for, from here
-    # 3. In search order: every configuration's step and peak, the best kept.
-    for pp, q, global_micro, valid, _, _ in entries:
-        costing, columns, edges, tokens, settings, results = priced[(pp, global_micro)]
-        for (zero, policy, overlap), setting, (time_rows, memory_rows, stage_plans, counts) in zip(grid, settings,
-                                                                                                  results):
-            for i, (mesh, micro) in enumerate(valid):
-                options = setting.but(recompute_layers=int(counts[i])) if policy == "block" and counts[i] else setting
+                rows = options_applied(share, settings, searched, act_bytes, memory_cap)
+            priced[(group.pp, global_micro)] = PricedGroup(share, settings, rows)
+        shares[0].costing.forget()  # what the search kept is priced again, if asked for, from here
+    return priced
+
+
+def costing_stage(built: Built, groups: list, machine, memos: dict) -> list:
+    """Stage 2: one :class:`TrainingCosting` of every mesh of ``groups`` (all run ``built``'s
+    network), a row per mesh; each group's share of it (:class:`Costed`) with its edges'
+    seconds (``memos``: a :class:`PartsMemo` per stage count)."""
+    network, structure, mapper = built
+    rows = [r for g in groups for r in g.rows]
+    # One array per kind of layer (MeshMapper), shared by the layers of that kind.
+    by_kind = {k: np.array([r[k] for r in rows], dtype=np.int64) for k in rows[0]}
+    costing = TrainingCosting(network, [by_kind[k] for k in mapper.index], machine, structure)
+    halved = np.array([mapper.sequence_parallel(mesh) for g in groups for mesh, _ in g.meshes]).T
+    costing.activation_scale = np.where(halved, 0.5, 1.0)
+    tokens = tokens_of(network)
+    shares, offset = [], 0
+    for g in groups:
+        columns = np.arange(offset, offset + len(g.meshes))
+        offset += len(g.meshes)
+        part = {k: np.ascontiguousarray(c[columns]) for k, c in by_kind.items()}
+        edges, targets = memos[g.pp].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
+        shares.append(Costed(costing, columns, edges, targets, tokens))
+    return shares
+
+
+def options_stage(space: SearchSpace, microbatches: int) -> tuple:
+    """Stage 3's options: ``(settings, searched)``, every setting of the grid at ``microbatches``
+    micro-batches per step, and whether each searches its block count (``recompute=block``
+    without a recipe's count stands as every block until the pricing picks one per mesh)."""
+    recipe = space.recipe
+    blocks = recipe.recompute_layers or space.blocks or 1
+    settings = [space.base.but(zero=zero, recompute=policy, microbatches=microbatches, tp_overlap=overlap,
+                               recompute_layers=0 if policy != "block" else blocks)
+                for zero, policy, overlap in space.grid]
+    searched = [policy == "block" and space.search_block for _, policy, _ in space.grid]
+    return settings, searched
+
+
+def options_applied(share: Costed, settings: list, searched: list, act_bytes: float, memory_cap) -> list:
+    """Stage 3 on meshes without a pipeline: each setting's :class:`OptionRows`
+    (:func:`~pase.planning.mesh_rows.row_totals`; settings share the sums of what they do not change)."""
+    sums: dict = {}
+    out = []
+    for options, search in zip(settings, searched):
+        step, peak, layers = row_totals(share.costing, options, act_bytes, share.edges, share.targets, sums,
+                                        share.columns, memory_cap, search)
+        out.append(OptionRows(step, peak, [None] * len(share.columns), layers))
+    return out
+
+
+def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings: list, searched: list,
+                   act_bytes: float, memory_cap) -> list:
+    """Stage 4 on pipelined meshes: every setting's pipelines in one pass over the cuts and
+    schedules (:func:`~pase.planning.pipeline.pipeline_rows_settings`), the best per mesh."""
+    recipe = space.recipe
+    # Block recomputation on pipelines where a recipe asks for it: its count search over every
+    # cut, schedule and chunk count made the free search of Llama 3.1 70B on 256 GPUs half as
+    # long again (benchmarks/results/foundation_speed.md); without stages it is one chunk, and cheap.
+    keep = [j for j, o in enumerate(settings) if o.recompute != "block" or recipe.recompute == "block"]
+    got = pipeline_rows_settings(share.costing, [settings[j] for j in keep], act_bytes, share.edges, share.targets,
+                                 group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
+                                 None if recipe.vpp is None else [recipe.vpp], recipe.stages,
+                                 columns=share.columns, search_layers=[searched[j] for j in keep])
+    K = len(group.meshes)
+    rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
+    for j, (step, peak, plans) in zip(keep, got):
+        rows[j] = OptionRows(step, peak, plans, [0 if p is None else p.recompute_layers for p in plans])
+    return rows
+
+
+def _options_said(block_counts: bool) -> Said:
+    words = (f", ZeRO {min(ZERO_STAGES)}-{max(ZERO_STAGES)}, recomputation {'/'.join(SEARCHED_POLICIES)} and every "
+             "micro-batch size dividing the per-rank batch")
+    if block_counts:
+        words += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with every "
+                  "N from 1 to a chunk's blocks per mesh, ZeRO stage and micro-batch")
+    return Said(words)
+
+
+def _pipelines_said(block_counts: bool) -> Said:
+    return Said("; with pipeline stages where the recipe asks for it, per cut and schedule, and there only where the "
+                "plan without recomputation does not fit (N = 1 where it does)" if block_counts else "")
+
+
+# ---------------------------------------------------------------------------------------
+# Stage 5: the plan and its alternatives
+
+
+class Offered(NamedTuple):
+    """One of the fastest distinct fitting configurations kept (``keep_best``)."""
+
+    step: float
+    peak: float
+    text: str
+    found: Found
+
+
+@dataclass
+class Chosen:
+    """Stage 5's outcome: the fastest fitting configuration and the least-memory one, the count
+    evaluated, every one priced (``keep_all``), the fastest distinct ones (``keep_best``, as
+    :class:`Offered`) and the first reason an engine kept to refused one."""
+
+    best: Found | None = None
+    least: Found | None = None
+    evaluated: int = 0
+    kept: list = field(default_factory=list)
+    fastest: list = field(default_factory=list)
+    engine_refused: str | None = None
+
+
+def plan_stage(space: SearchSpace, meshes: MeshCandidates, priced: dict, memory_cap, keep_all: bool,
+               keep_best: int, keep_to: tuple, exporting: bool) -> Chosen:
+    """Stage 5, in search order (stage counts, global micro-batches, settings, meshes): every
+    configuration's step and peak, the fastest that fits kept and the least memory."""
+    chosen = Chosen()
+    for group in meshes.groups:
+        done = priced[(group.pp, group.global_micro)]
+        for (zero, policy, overlap), setting, rows in zip(space.grid, done.settings, done.rows):
+            for i, (mesh, micro) in enumerate(group.meshes):
+                options = setting.but(recompute_layers=int(rows.counts[i])) if policy == "block" and rows.counts[i] \
+                    else setting
                 if keep_to:
                     why = next((f"{p.name}: {r}" for p in keep_to
                                 if (r := mesh_refusal(p, mesh, options, export=exporting)) is not None), None)
                     if why is not None:
-                        engine_refused = engine_refused or why
+                        chosen.engine_refused = chosen.engine_refused or why
                         continue
-                if pp > 1 and stage_plans[i] is None:
+                if group.pp > 1 and rows.stage_plans[i] is None:
                     continue
-                # Overlapping tensor-parallel communication needs tensor parallelism with
-                # sequence parallelism; searched (not fixed), it is tried only there.
-                if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
+                if not _overlap_applies(overlap, space.overlaps, mesh):
                     continue
-                if overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp:
-                    continue
-                evaluated += 1
-                t, peak = float(time_rows[i]), float(memory_rows[i])
-                found = (t, peak, costing, options, i, mesh, micro, tokens, edges, stage_plans[i], q, columns)
-                if (memory_cap is None or peak <= memory_cap) and (best is None or t < best[0]):
-                    best = found
-                if least is None or peak < least[1]:
-                    least = found
-                if keep_all or (keep_best and (memory_cap is None or peak <= memory_cap)):
-                    plan = stage_plans[i]
-                    priced_one = Priced(mesh, zero, policy, micro, None if plan is None else plan.schedule,
-                                        1 if plan is None else plan.vpp, t, peak, options.recompute_layers)
-                    if keep_all:
-                        kept.append(priced_one)
-                    if keep_best and (memory_cap is None or peak <= memory_cap):
-                        _offer(fastest, keep_best, priced_one, found)
-    if best is None and least is None:
-        if engine_refused is not None:
-            raise EngineRunsNone(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
-                             f"(for one: {engine_refused})")
-        tokens = tokens_of(probe)
-        reason = (occupancy_refusal(probe, batch, procs, machine, recipe, blocks,
-                                    tokens // batch if tokens and batch else None, MAX_CP, rules)
-                  or microbatch_refusal(recipe, batch, dps_tried) or fold_refused or first_error
-                  or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps_tried)))})"
-                      if dps_tried else "no mesh of these degrees"))
-        raise ValueError(f"no mesh applies to this graph: {reason}")
-    space = (f"{meshes_tried} meshes x {len(grid)} ZeRO/recompute settings x micro-batch sizes; "
-             f"{evaluated} configurations")
-    result = MeshSearch(
-        best=_materialise(best, memory_cap, act_bytes, procs) if best else None,
-        least_memory=_materialise(least, memory_cap, act_bytes, procs) if least else None,
-        evaluated=evaluated,
-        seconds=time.perf_counter() - start,
-        networks=len(networks),
-        space=space,
-        candidates=kept,
-        experts=bool(expert_counts),
-        fastest=[_materialise(found, memory_cap, act_bytes, procs) for *_, found in fastest],
-        block_counts=search_block and any(policy == "block" for _, policy, _ in grid),
-    )
-    return result
+                found = Found(float(rows.step[i]), float(rows.peak[i]), done.costed, options, i, mesh, micro,
+                              rows.stage_plans[i], group.stage_devices)
+                _consider(chosen, found, zero, policy, memory_cap, keep_all, keep_best)
+    return chosen
 
 
-def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
+def _overlap_applies(overlap: bool, overlaps: tuple, mesh: Mesh) -> bool:
+    """Overlapping tensor-parallel communication needs tensor parallelism with sequence
+    parallelism; searched (not fixed), it is tried only there."""
+    if overlap and len(overlaps) > 1 and not (mesh.tp > 1 and mesh.sp):
+        return False
+    return not (overlap and len(overlaps) == 1 and mesh.tp > 1 and not mesh.sp)
+
+
+def _consider(chosen: Chosen, found: Found, zero: int, policy: str, memory_cap, keep_all: bool,
+              keep_best: int) -> None:
+    """``found`` counted, kept as the best or least memory where it is, and offered."""
+    chosen.evaluated += 1
+    fits = memory_cap is None or found.peak <= memory_cap
+    if fits and (chosen.best is None or found.step < chosen.best.step):
+        chosen.best = found
+    if chosen.least is None or found.peak < chosen.least.peak:
+        chosen.least = found
+    if keep_all or (keep_best and fits):
+        plan = found.stages
+        priced = Priced(found.mesh, zero, policy, found.microbatch, None if plan is None else plan.schedule,
+                        1 if plan is None else plan.vpp, found.step, found.peak, found.options.recompute_layers)
+        if keep_all:
+            chosen.kept.append(priced)
+        if keep_best and fits:
+            _offer(chosen.fastest, keep_best, priced, found)
+
+
+def _nothing_runs(space: SearchSpace, meshes: MeshCandidates, chosen: Chosen, batch: int, procs: int, machine,
+                  keep_to: tuple, rules: ParallelRules) -> ValueError:
+    """Why no configuration was priced: the engines' refusal, else the first of the graph's."""
+    if chosen.engine_refused is not None:
+        return EngineRunsNone(f"none of the configurations searched runs on {' and '.join(p.name for p in keep_to)} "
+                              f"(for one: {chosen.engine_refused})")
+    tokens = tokens_of(space.probe)
+    dps = meshes.dps_tried
+    reason = (occupancy_refusal(space.probe, batch, procs, machine, space.recipe, space.blocks,
+                                tokens // batch if tokens and batch else None, MAX_CP, rules)
+              or microbatch_refusal(space.recipe, batch, dps) or meshes.fold_refused or meshes.first_error
+              or (f"batch {batch} is not divisible by any dp tried ({', '.join(map(str, sorted(dps)))})"
+                  if dps else "no mesh of these degrees"))
+    return ValueError(f"no mesh applies to this graph: {reason}")
+
+
+def _offer(fastest: list, k: int, priced: Priced, found: Found) -> None:
     """Keep ``fastest`` the ``k`` fastest configurations distinct in step (to the nanosecond)
-    and peak (to the byte), as ``(step, peak, recipe text, found)`` in order; of two equal in
-    both, the first recipe in text order."""
+    and peak (to the byte), as :class:`Offered` in order; of two equal in both, the first
+    recipe in text order."""
     if len(fastest) >= k and (priced.step_seconds, priced.peak_memory_bytes) > fastest[-1][:2]:
         return
     figures = (round(priced.step_seconds, 9), round(priced.peak_memory_bytes))
-    entry = (priced.step_seconds, priced.peak_memory_bytes, priced.recipe().text(), found)
+    entry = Offered(priced.step_seconds, priced.peak_memory_bytes, priced.recipe().text(), found)
     for j, (t, peak, text, _) in enumerate(fastest):
         if (round(t, 9), round(peak)) == figures:
             if entry[2] < text:
@@ -626,14 +768,8 @@ def _offer(fastest: list, k: int, priced: Priced, found: tuple) -> None:
     del fastest[k:]
 
 
-def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOptions:
-    """``base`` with the recipe's number format, FP8 scaling and FP8 gathers; ``ValueError``
-    when the machine does not run that format."""
-    fields = {"precision": recipe.precision, "fp8_scaling": recipe.scaling, "fp8_gather": recipe.fp8_gather}
-    fields = {k: v for k, v in fields.items() if v is not None}
-    options = base.but(**fields) if fields else base
-    check_precision(machine, options.precision)
-    return options
+# ---------------------------------------------------------------------------------------
+# Every number format
 
 
 def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
@@ -667,388 +803,5 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         experts=runs[0].experts,
         block_counts=any(r.block_counts for r in runs),
         fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
+        said=runs[0].said,
     )
-
-
-def _totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-            targets: list, sums: dict | None = None, columns=None, memory_cap=None,
-            search_layers: bool = False) -> tuple:
-    """Step seconds, peak bytes and ``recompute_layers`` of every row (all layers at the same
-    row) of ``columns`` (the costing's rows that ``edges`` has; default all). ``sums``: the
-    columns taken and their sums already, by array (settings share the arrays of what they do
-    not change). Under ``block``: :func:`_block_totals`."""
-    sums = {} if sums is None else sums
-    if options.recompute == "block":
-        return _block_totals(costing, options, act_bytes, edges, targets, sums, columns, memory_cap, search_layers)
-
-    def taken(array):
-        if ("taken", id(array)) not in sums:
-            # In row order (C-contiguous), as a costing of those rows alone has them: sums over
-            # the layers then add in the same order.
-            sums[("taken", id(array))] = (array if columns is None else np.ascontiguousarray(array[:, columns]), array)
-        return sums[("taken", id(array))][0]
-
-    def total(array):
-        if id(array) not in sums:
-            sums[id(array)] = (array.sum(axis=0), array)
-        return sums[id(array)][0]
-
-    vec = {name: taken(array) for name, array in costing.layer_vectors(options, act_bytes).items()}
-    time_rows = total(vec["micro"]) * options.microbatches + total(vec["step"])
-    if len(targets):
-        time_rows = time_rows + total(costing.edge_rows(edges, targets, options, columns))
-    memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
-                   + costing.transient_rows(vec, options))
-    return time_rows, memory_rows, np.zeros(len(time_rows), dtype=np.int64)
-
-
-def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-                  targets: list, sums: dict, columns, memory_cap, search_layers: bool) -> tuple:
-    """:func:`_totals` under ``recompute=block`` without a pipeline: the network's blocks one
-    chunk, its first ``n`` recomputed: the ``none`` totals plus the first ``n`` blocks' deltas
-    (``TrainingCosting.block_deltas``: ``m`` times the micro-batch's, the bytes kept) and the
-    largest working set among them. ``n`` is ``recompute_layers`` (at most the blocks), or with
-    ``search_layers`` every count from 1 to the blocks, keeping per row the fastest that fits
-    ``memory_cap``, else the least memory; of equals the smallest ``n``."""
-    time0, memory0, _ = _totals(costing, options.as_policy("none"), act_bytes, edges, targets, sums, columns)
-    deltas = costing.block_deltas(options, act_bytes, edges, targets, columns)
-    blocks = len(deltas["micro"])
-    if not blocks:  # nothing to recompute: as none
-        return time0, memory0, np.full(len(time0), options.recompute_layers, dtype=np.int64)
-    times = time0 + options.microbatches * np.cumsum(deltas["micro"], axis=0)  # (n, K): n = 1, 2, ...
-    memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
-    columns_of = np.arange(len(time0))
-    if not search_layers:
-        n = np.full(len(time0), min(options.recompute_layers, blocks) - 1)
-    else:
-        cap = np.inf if memory_cap is None else memory_cap
-        fits = memories <= cap
-        n = np.where(fits.any(axis=0), np.argmin(np.where(fits, times, np.inf), axis=0), np.argmin(memories, axis=0))
-    return times[n, columns_of], memories[n, columns_of], n + 1
-
-
-def _materialise(found, memory_cap, act_bytes, procs) -> Candidate:
-    step, peak, costing, options, i, mesh, micro, tokens, edges, stages, q, columns = found
-    n = len(costing.network.layers)
-    row = int(columns[i])  # the costing's row; i is the column of edges and of the search's totals
-    choice = [row] * n
-    targets = [v for (_, v) in sorted(costing.network.edges)]
-    # Every row priced, then row i taken: the overlap a row's target layers leave is that row's.
-    moved = float(costing.edge_rows(edges, targets, options, columns)[:, i].sum()) if len(targets) else 0.0
-    summary = costing.summarize(choice, options, act_bytes, moved, procs,
-                                None if tokens is None else tokens * options.microbatches)
-    if stages is not None:
-        slowest = max(stages.microbatch_seconds)
-        fill = (stages.pp - 1) / stages.vpp
-        summary.time = {
-            "pipeline": options.microbatches * slowest,
-            "bubble": fill * slowest,
-            "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
-        }
-        summary.memory = {"largest_stage": float(peak)}
-        summary.step_seconds = float(step)
-        summary.peak_memory_bytes = float(peak)
-        summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step), columns)
-        summary.extra["memory_kinds"] = _stage_memory(costing, options, row, act_bytes, stages)
-        summary.extra["pipeline"] = {
-            "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
-            "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
-            "stages": [{"stage": s, "blocks": c, "devices": [s * q, (s + 1) * q - 1],
-                        "microbatch_seconds": t, "memory_bytes": mem}
-                       for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
-                                                             stages.memory_bytes))],
-        }
-    configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
-    return Candidate(mesh, options, micro, configs, summary, memory_cap)
-
-
-def _chunks(stages) -> tuple:
-    """Blocks per pipeline chunk in order: each stage's ``vpp`` chunks (``stage_chunks``, as
-    ``pipeline_rows`` prices ``recompute=block``)."""
-    return tuple(c for chunks in stage_chunks(stages.counts, stages.vpp) for c in chunks)
-
-
-def _per_layer(costing, options: TrainingOptions, stages) -> list:
-    """Each layer's options on a pipeline: under ``block``, ``full`` for the layers of the
-    blocks each chunk recomputes and ``none`` for the others; else ``options`` throughout."""
-    n = len(costing.network.layers)
-    if options.recompute != "block":
-        return [options] * n
-    again = costing.recomputed_mask(options, _chunks(stages))
-    full, none = options.as_policy("full"), options.as_policy("none")
-    return [full if again[v] else none for v in range(n)]
-
-
-def _edge_rows(costing, edges, targets, options: TrainingOptions, columns, stages):
-    """``costing.edge_rows`` on a pipeline: under ``block``, each edge's as its target's
-    options (:func:`_per_layer`) price it."""
-    if options.recompute != "block":
-        return costing.edge_rows(edges, targets, options, columns)
-    again = costing.recomputed_mask(options, _chunks(stages))[np.asarray(targets, dtype=np.int64)]
-    full = costing.edge_rows(edges, targets, options.as_policy("full"), columns)
-    none = costing.edge_rows(edges, targets, options.as_policy("none"), columns)
-    return np.where(again[:, None], full, none)
-
-
-def _stage_range(costing, stages, s: int) -> tuple:
-    """The layers ``[start, end)`` of pipeline stage ``s`` (as ``pipeline_rows`` cuts them)."""
-    layout = stage_layout(costing.blocks)
-    bounds = np.cumsum((0,) + tuple(stages.counts))
-    block_starts = [b[0] for b in layout.blocks]
-    start = 0 if s == 0 else block_starts[bounds[s]]
-    end = len(costing.network.layers) if s == stages.pp - 1 else block_starts[bounds[s + 1]]
-    return start, end
-
-
-def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages) -> dict:
-    """The largest stage's peak by kind (as ``pipeline_rows`` adds it up): its model state,
-    its activations times the micro-batches in flight on it, its logits, and the memory alive
-    part of the time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
-    s = int(np.argmax(stages.memory_bytes))
-    start, end = _stage_range(costing, stages, s)
-    pp, m = stages.pp, options.microbatches
-    in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
-    kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
-    per_layer = _per_layer(costing, options, stages)
-    for v in range(start, end):
-        for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
-            kinds[key] = kinds.get(key, 0.0) + float(value[i])
-    kinds["activations"] *= in_flight
-    if "fragmentation" in kinds:  # the allocator's share of the short-lived bytes in flight
-        kinds["fragmentation"] = options.fragmentation * (kinds["activations"] + kinds["logits"])
-    chunks = _chunks(stages) if options.recompute == "block" else None
-    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes, chunks))
-    kinds["reserve"] = float(options.reserve_bytes)
-    return kinds
-
-
-def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float,
-                  columns=None) -> dict:
-    """A pipelined row's step by cause: the slowest stage's compute, recomputation, activation
-    collectives, redistribution and sends over the ``m`` micro-batches; the bubble
-    ``(pp - 1) / vpp`` slots of it; the rest of the step (the exposed synchronisation and
-    optimizer step after the drain), the slowest stage's optimizer step first."""
-    m = options.microbatches
-    s = int(np.argmax(stages.microbatch_seconds))
-    slowest = stages.microbatch_seconds[s]
-    start, end = _stage_range(costing, stages, s)
-    causes = dict.fromkeys(CAUSES, 0.0)
-    optimizer = 0.0
-    row = i if columns is None else int(columns[i])  # i: the column of edges; row: the costing's
-    per_layer = _per_layer(costing, options, stages)
-    for v in range(start, end):
-        part = costing.layer_time(v, per_layer[v])
-        for key in ("compute", "recompute", "activation_comm"):
-            causes[key] += float(part[key][row])
-        optimizer += float(part["optimizer"][row])
-    targets = [v for (_, v) in sorted(costing.network.edges)]
-    if targets:
-        rows = _edge_rows(costing, edges, targets, options, columns, stages)[:, i]
-        causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
-    causes["p2p"] = m * stages.p2p_seconds
-    causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
-    rest = max(step - (m + (stages.pp - 1) / stages.vpp) * slowest, 0.0)
-    causes["optimizer"] = min(optimizer, rest)
-    causes["weight_sync"] = rest - causes["optimizer"]
-    return causes
-
-
-@arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
-           options=a_training_options, act_bytes=positive_number, memory_cap=optional(positive_number),
-           mesh=optional(a_mesh), microbatch=optional(positive_int), rules=optional(a_rules),
-           structure=optional(a_structure), readers=optional(one_of(READER_RULES)))
-def evaluate_candidate(network, configs, procs: int, machine, options: TrainingOptions, act_bytes: float,
-                       memory_cap: float | None = None, mesh: Mesh | None = None,
-                       microbatch: int | None = None, rules: ParallelRules | None = None,
-                       structure: NetworkStructure | None = None, readers: str | None = None) -> Candidate:
-    """A given strategy (one configuration per layer of the micro-batch network) priced under
-    ``options``: the same numbers the searches compute. ``structure``: the network's, if known.
-    ``readers``: the reader rule (``TrainingCosting``); by default the searches' own:
-    ``"summed"`` for a mesh's strategy (``mesh`` given), ``"each"`` for a per-layer one."""
-    if len(configs) != len(network.layers):
-        raise ValueError(f"configs has {len(configs)} configurations, network {network.name!r} has "
-                         f"{len(network.layers)} layers")
-    readers = readers if readers is not None else "each" if mesh is None else "summed"
-    priced = _strategy_costing(network, configs, procs, machine, mesh, rules, structure, readers)
-    return _evaluated(priced, configs, procs, options, act_bytes, memory_cap, mesh, microbatch)
-
-
-def _strategy_costing(network, configs, procs: int, machine, mesh=None, rules=None, structure=None,
-                      readers: str = "summed") -> tuple:
-    """``(costing, edge seconds, edge targets, network)`` of one strategy (one row per layer),
-    for :func:`_evaluated` under any options."""
-    rows = [np.asarray([c], dtype=np.int64) for c in configs]
-    costing = TrainingCosting(network, rows, machine, structure, readers=readers)
-    if mesh is not None:
-        halved = MeshMapper(network, rules).sequence_parallel(mesh)
-        costing.activation_scale = np.where(np.array(halved)[:, None], 0.5, 1.0)
-    edges, targets = _PartsMemo(machine, procs).edge_seconds(network, rows)
-    return costing, edges, targets, network
-
-
-def _evaluated(priced: tuple, configs, procs: int, options: TrainingOptions, act_bytes: float, memory_cap,
-               mesh, microbatch) -> Candidate:
-    """:func:`evaluate_candidate` from the strategy's :func:`_strategy_costing`."""
-    costing, edges, targets, network = priced
-    moved = float(costing.edge_rows(edges, targets, options).sum()) if len(targets) else 0.0
-    tokens = tokens_of(network)
-    summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
-                                None if tokens is None else tokens * options.microbatches)
-    return Candidate(mesh, options, microbatch, tuple(tuple(int(x) for x in c) for c in configs), summary,
-                     memory_cap)
-
-
-# ---------------------------------------------------------------------------------------
-# The per-layer search under one training option set
-
-
-@dataclass(frozen=True)
-class FreeSearch:
-    """What :func:`search_free` found: the candidate (``None`` when nothing fits), the
-    dynamic programme's optimum of the additive objective, and the work done."""
-
-    candidate: Candidate | None
-    optimum: float | None
-    table_entries: int
-    searches: int
-    seconds: float
-    status: str
-
-
-class TrainingGraphs:
-    """The per-layer search's pieces for one network (built at one micro-batch) on ``procs``
-    devices, built once and priced under any :class:`TrainingOptions`: the enumerated
-    configurations and graph (``Network.graph``, which also refuses tables over ``budget``),
-    the layer parts (:class:`TrainingCosting`) and every distinct edge's redistribution seconds.
-    ZeRO, recomputation and micro-batches then change only the vectors and the factors on the
-    edges (:meth:`graph`). Rows of different layers are unrelated here, and pairwise tables
-    cannot say that three readers share one gather: the per-layer search prices each reader's
-    gradient reduction and gather itself (the reader rule ``"each"``, ``docs/training.md``), as
-    the strategy it finds is then priced."""
-
-    def __init__(self, network, procs: int, machine, budget=None):
-        self.network = network
-        self.procs = procs
-        self.machine = machine
-        #: Costings of the strategies found, by their configurations (``search_free``).
-        self.strategies: dict = {}
-        self.skeleton = network.with_readers("each").graph(procs, machine, budget=budget)
-        self.configs = [self.skeleton.nodes[v]["configs"] for v in range(len(network.layers))]
-        self.costing = TrainingCosting(network, self.configs, machine, readers="each")
-        self.costing.keep_every_layer()  # priced under every ZeRO stage and recomputation policy
-        layers = network.layers
-        outputs = [layer.output_configs(C) for layer, C in zip(layers, self.configs)]
-        inputs = [layer.input_configs(C) for layer, C in zip(layers, self.configs)]
-        #: Per edge, the keys of its tensors' matrices; per key, the matrix (seconds of one
-        #: micro-batch's redistribution, forward and backward).
-        self.edge_keys: dict = {}
-        self.matrices: dict = {}
-        for u, v, data in self.skeleton.edges(data=True):
-            keys = []
-            for t in data["tensors"]:
-                src, dst = outputs[u][t.output_index], inputs[v][t.input_index]
-                key = (t.shape, src.tobytes(), dst.tobytes())
-                if key not in self.matrices:
-                    self.matrices[key] = edge_seconds(machine, t.shape, src[:, None, :], dst[None, :, :], procs)
-                keys.append(key)
-            self.edge_keys[(u, v)] = keys
-
-    def graph(self, options: TrainingOptions, act_bytes: float):
-        """``(graph, memory vectors)``: the costed graph whose layer vectors and edge matrices
-        are the training configuration's (``options``), for the exact search."""
-        costing = self.costing
-        H = self.skeleton.copy()
-        # Equal vectors are given as one array (the block search then compares copies of a
-        # block by identity).
-        seen: dict = {}
-        for v in H.nodes:
-            cost = costing.cost_vector(v, options)
-            H.nodes[v]["cost"] = seen.setdefault((cost.shape, cost.tobytes()), cost)
-        memo: dict = {}
-        for u, v, data in H.edges(data=True):
-            factor = costing.edge_factor(v, options)
-            matrix = 0.0
-            for key in self.edge_keys[(u, v)]:
-                if (key, factor) not in memo:
-                    scaled = factor * self.matrices[key]
-                    scaled.setflags(write=False)
-                    memo[(key, factor)] = scaled
-                matrix = matrix + memo[(key, factor)]
-            if options.tp_overlap:
-                # The redistribution into v hides behind what v's own collectives leave of its compute.
-                matrix = np.maximum(matrix - options.microbatches * costing.overlap_leftover(v, options)[None, :], 0.0)
-            data["cost"] = matrix
-        memory = {}
-        for v in H.nodes:
-            vector = np.asarray(costing.memory_vector(v, options, act_bytes), dtype=np.float64)
-            memory[v] = seen.setdefault(("memory", vector.shape, vector.tobytes()), vector)
-        return H, memory
-
-
-def training_graph(network, procs: int, machine, options: TrainingOptions, act_bytes: float, budget=None):
-    """``(graph, costing, memory vectors)`` of :class:`TrainingGraphs` under ``options``."""
-    pieces = TrainingGraphs(network, procs, machine, budget)
-    H, memory = pieces.graph(options, act_bytes)
-    return H, pieces.costing, memory
-
-
-def search_free(network, procs: int, machine, options: TrainingOptions, act_bytes: float,
-                memory_cap: float | None = None, ordering: str = "generateseq", budget=None,
-                microbatch: int | None = None, pieces: TrainingGraphs | None = None) -> FreeSearch:
-    """The exact per-layer search of ``network`` (built at one micro-batch) under ``options``.
-
-    Without a cap the result is the exact optimum of the additive step time (every term of
-    :class:`TrainingCosting` is a per-layer vector or a per-edge matrix). With a cap the
-    memory-capped search of ``pase.capped`` runs on the additive memory; the parts of the
-    peak that do not add up over layers (ZeRO-3's gathered weights, the recomputed block's
-    working set, the reserve) are taken off the cap first, and the cap is tightened by any
-    excess found afterwards (at most three times). ``pieces``: the network's
-    :class:`TrainingGraphs`, built once for several option sets (default: built here).
-    """
-    from pase.search.capped import NOTHING_FITS, capped_search
-    from pase.search.solver import Search
-
-    start = time.perf_counter()
-    pieces = pieces if pieces is not None else TrainingGraphs(network, procs, machine, budget)
-    H, memory = pieces.graph(options, act_bytes)
-    costing = pieces.costing
-    search = Search(H, ordering)
-    search.check_budget(budget)
-    entries = 0
-    searches = 0
-    if memory_cap is None:
-        result = search.run(memory_budget=budget)
-        choice, optimum = [int(result.choice[v]) for v in range(len(network.layers))], float(result.cost)
-        entries, searches, status = result.stats.table_entries, 1, "unconstrained"
-    else:
-        target = memory_cap - options.reserve_bytes
-        choice = None
-        optimum = None
-        status = NOTHING_FITS
-        for _ in range(4):
-            if target <= 0:
-                break
-            found = capped_search(H, memory, target, ordering, budget, search=search)
-            entries += found.table_entries
-            searches += found.searches
-            if found.status == NOTHING_FITS:
-                break
-            trial = [int(found.choice[v]) for v in range(len(network.layers))]
-            extra = sum(costing.transient_bytes(trial, options, act_bytes).values())
-            peak = found.memory + extra + options.reserve_bytes
-            if peak <= memory_cap:
-                choice, optimum, status = trial, float(found.cost), found.status
-                break
-            target -= peak - memory_cap
-    seconds = time.perf_counter() - start
-    if choice is None:
-        return FreeSearch(None, None, entries, searches, seconds, status)
-    configs = [tuple(int(x) for x in costing.configs[v][i]) for v, i in enumerate(choice)]
-    # Option sets that choose the same strategy share its costing (what it computes is kept
-    # by the options it reads).
-    key = tuple(configs)
-    if key not in pieces.strategies:
-        pieces.strategies[key] = _strategy_costing(network, configs, procs, machine, structure=costing.structure,
-                                                   readers="each")
-    candidate = _evaluated(pieces.strategies[key], configs, procs, options, act_bytes, memory_cap, None, microbatch)
-    return FreeSearch(candidate, optimum, entries, searches, seconds, status)

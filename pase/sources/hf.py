@@ -21,11 +21,10 @@ The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)``
 
 from __future__ import annotations
 
-import json
-import math
 import os
 
 from pase.core.fileio import InputError, read_json
+from pase.sources.hf_fields import ACTIVATIONS, DEFAULT_SEQUENCE, Fields, block_count, sequence_length, shown
 from pase.sources.hf_moe import MOE_TYPES, REFUSED, moe_fields
 from pase.sources.hf_types import LLAMA_LIKE as _MORE_LLAMA_LIKE, TYPES as MORE_TYPES, read_type, windows
 
@@ -39,14 +38,6 @@ __all__ = ["SUPPORTED", "DEFAULT_SEQUENCE", "read_hf_config", "decoder_config_fr
 ALIASES = {"kimi_k2": "deepseek_v3"}
 #: The ``model_type`` values read, and how.
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2") + MOE_TYPES + MORE_TYPES + tuple(ALIASES)
-#: Sequence length when ``-m`` is not given (capped by the config's maximum position).
-DEFAULT_SEQUENCE = 2048
-
-#: Activations of the MLP (``hidden_act`` / ``activation_function``); each is one point-wise
-#: operation of the projection it follows, whatever its formula.
-ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
-               "quick_gelu", "relu", "relu2", "tanh", "sigmoid")
-
 #: ``head_dim`` when a config of these types does not give it (transformers' defaults).
 HEAD_DIM_DEFAULTS = {"gemma2": 256, "gemma3_text": 256}
 
@@ -62,82 +53,6 @@ def read_hf_config(path: str) -> dict:
     if not isinstance(path, str) or not path:
         raise InputError("hf: needs a file name (-g hf:FILE.json)")
     return read_json(path, "hf config", stdin=False)
-
-
-def _shown(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Fields:
-    """Typed access to the fields of one config, every error naming the file and the field."""
-
-    def __init__(self, data: dict, source: str):
-        self.data = data
-        self.source = source
-        #: Fields that change the network and are not modelled, one line each.
-        self.notes: list = []
-
-    def fail(self, message: str):
-        raise InputError(f"hf config {self.source}: {message}")
-
-    def _get(self, key: str, default, required: bool):
-        if key not in self.data or (self.data[key] is None and not required):
-            if required:
-                self.fail(f"{key} is missing")
-            return default, False
-        return self.data[key], True
-
-    def positive(self, key: str, default=None, required: bool = True, condition: str = "") -> int:
-        value, given = self._get(key, default, required)
-        if not given:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.fail(f"{key} must be a positive integer{condition}, got {_shown(value)}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value, given = self._get(key, default, False)
-        if given and not isinstance(value, bool):
-            self.fail(f"{key} must be true or false, got {_shown(value)}")
-        return value
-
-    def number(self, key: str) -> None:
-        """A positive finite number if present (an epsilon): checked, not used."""
-        value, given = self._get(key, None, False)
-        if given and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                      or value <= 0):
-            self.fail(f"{key} must be a positive number, got {_shown(value)}")
-
-    def choice(self, key: str, default: str, choices) -> str:
-        value, given = self._get(key, default, False)
-        if given and value not in choices:
-            self.fail(f"{key} {_shown(value)} is not supported; supported: {', '.join(choices)}")
-        return value
-
-
-def _layers(fields: _Fields, key: str) -> int:
-    """The block count, at most the decoder's ``MAX_LAYERS`` (checked before any per-block field is read)."""
-    from graphs.decoder import MAX_LAYERS
-
-    layers = fields.positive(key)
-    if layers > MAX_LAYERS:
-        fields.fail(f"{key} must be at most {MAX_LAYERS} (the largest published decoders have about 128), "
-                    f"got {layers}")
-    return layers
-
-
-def _sequence(fields: _Fields, sequence, maximum_key: str, learned: bool) -> int:
-    maximum = fields.positive(maximum_key, required=learned)
-    if sequence is None:
-        return DEFAULT_SEQUENCE if maximum is None else min(maximum, DEFAULT_SEQUENCE)
-    if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
-        raise ValueError(f"the sequence length (-m) must be a positive integer, got {sequence!r}")
-    if learned and sequence > maximum:
-        # The file is fine; the command line asks for more than it has (exit 2, not 1).
-        raise ValueError(f"hf config {fields.source}: -m {sequence} is longer than its {maximum} learned positions "
-                         f"({maximum_key})")
-    return sequence
 
 
 def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str = "config.json", mtp: bool = False):
@@ -166,16 +81,16 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
     silently)."""
     from graphs.decoder import DecoderConfig
 
-    fields = _Fields(data, source)
+    fields = Fields(data, source)
     if not isinstance(data, dict):
         raise InputError(f"hf config {source}: expected a JSON object, got {type(data).__name__}")
     if "model_type" not in data:
         fields.fail(f"model_type is missing; supported: {', '.join(SUPPORTED)}")
     model_type = data["model_type"]
     if isinstance(model_type, str) and model_type in REFUSED:
-        fields.fail(f"model_type {_shown(model_type)} is not supported: {REFUSED[model_type]}")
+        fields.fail(f"model_type {shown(model_type)} is not supported: {REFUSED[model_type]}")
     if model_type not in SUPPORTED:
-        fields.fail(f"model_type {_shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
+        fields.fail(f"model_type {shown(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
     model_type = ALIASES.get(model_type, model_type)
     if model_type == "mpt":
         config = read_type(fields, model_type, None, sequence)
@@ -194,11 +109,11 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
             mlp_width=fields.positive("n_inner", 4 * width, required=False), vocab=fields.positive("vocab_size"),
             gated=False, norm="layer", positions="learned", max_positions=fields.positive("n_positions"),
             tied=fields.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
-            sequence=_sequence(fields, sequence, "n_positions", learned=True),
+            sequence=sequence_length(fields, sequence, "n_positions", learned=True),
         )
     else:
         width = fields.positive("hidden_size")
-        layers = _layers(fields, "num_hidden_layers")
+        layers = block_count(fields, "num_hidden_layers")
         head_dim = fields.positive("head_dim", HEAD_DIM_DEFAULTS.get(model_type), required=False)
         if model_type in ("deepseek_v3", "deepseek_v2"):
             head_dim = 1  # latent attention: its head widths are its own fields
@@ -227,7 +142,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
             mlp_width=fields.positive("intermediate_size"), vocab=fields.positive("vocab_size"),
             gated=True, norm="rms", positions="rotary", tied=fields.flag("tie_word_embeddings", False),
             qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
-            sequence=_sequence(fields, sequence, "max_position_embeddings", learned=False),
+            sequence=sequence_length(fields, sequence, "max_position_embeddings", learned=False),
         )
         if model_type in MOE_TYPES:
             config.update(moe_fields(fields, model_type, layers))

@@ -36,8 +36,8 @@ def _sparse_blocks(fields, layers: int) -> tuple:
 def moe_fields(fields, model_type: str, layers: int) -> dict:
     """``DecoderConfig`` fields of a MoE config: ``moe``, and the attention's biases and norms.
 
-    ``fields`` is ``pase.sources.hf``'s typed reader of the file (every error names the file
-    and the field).
+    ``fields`` is the typed reader of the file (``pase.sources.hf_fields.Fields``: every error
+    names the file and the field).
     """
     from graphs.decoder import MoEConfig
 

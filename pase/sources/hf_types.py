@@ -3,14 +3,16 @@
 ``deepseek_v2``,
 and the sliding windows of every type.
 
-Each reader takes ``pase.sources.hf``'s typed reader of the file (every error names the
-file and the field) and the Llama-like fields already read (``base``, None for ``mpt``), and
+Each reader takes the typed reader of the file (``pase.sources.hf_fields.Fields``: every error
+names the file and the field) and the Llama-like fields already read (``base``, None for ``mpt``), and
 returns the ``graphs.decoder.DecoderConfig`` fields. A field that changes the network but is
 not modelled is added to ``fields.notes`` (one line each; the CLI prints them, the library
 returns them), never dropped silently.
 """
 
 from __future__ import annotations
+
+from pase.sources.hf_fields import ACTIVATIONS, block_count, sequence_length
 
 __all__ = ["TYPES", "LLAMA_LIKE", "READERS", "read_type", "windows"]
 
@@ -161,8 +163,6 @@ def _deepseek_v3(fields, base: dict, mtp: bool) -> dict:
 
 
 def _mpt(fields, sequence) -> dict:
-    from pase.sources.hf import ACTIVATIONS, _layers, _sequence
-
     width = fields.positive("d_model")
     heads = fields.positive("n_heads", condition=" dividing d_model")
     if width % heads:
@@ -183,11 +183,11 @@ def _mpt(fields, sequence) -> dict:
                             "(transformers' MPT has no other)")
     fields.choice("activation_function", "gelu", ACTIVATIONS)
     biased = not fields.flag("no_bias", True)
-    layers = _layers(fields, "n_layers")
+    layers = block_count(fields, "n_layers")
     return dict(layers=layers, width=width, heads=heads, kv_heads=heads, head_dim=width // heads,
                 mlp_width=int(ratio * width), vocab=fields.positive("vocab_size"), gated=False, norm="layer",
                 norm_bias=biased, positions="alibi", tied=fields.flag("tie_word_embeddings", True), qkv_bias=biased,
-                out_bias=biased, mlp_bias=biased, sequence=_sequence(fields, sequence, "max_seq_len", learned=False))
+                out_bias=biased, mlp_bias=biased, sequence=sequence_length(fields, sequence, "max_seq_len", learned=False))
 
 
 #: The reader of each type: ``(fields, base, sequence, mtp) -> DecoderConfig fields``.

@@ -71,8 +71,44 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None, roles=
     of a letter, declared by the handler.
     """
     hints = hints or {}
-    roles = roles or {}
-    key_roles: dict = {}
+    views = _align(imp, node, operands, _operand_views(imp, node, operands))
+    letters = _Letters()
+    for side, ((value, spec), view) in enumerate(zip(operands, views)):
+        for letter, dim in spec:
+            letters.add(letter, dim, side, value, view, hints)
+    key_roles = _key_roles(roles or {}, letters.atoms_of)
+    weight_side = next((i for i, v in enumerate(views) if v is None), None)
+    for letter, size in letters.sizes.items():
+        if letter not in letters.atoms_of:
+            # A weight's own dimension: a fresh atom, refinable (its weight is ours to shape).
+            letters.atoms_of[letter] = [(Atom(size, hints.get(letter, "n")), weight_side)] if size > 1 else []
+    specs = []
+    for side, ((value, spec), view) in enumerate(zip(operands, views)):
+        if view is not None:
+            specs.append(["view", view])
+        else:
+            specs.append(["weight", [pair for letter, _ in spec for pair in letters.atoms_of[letter]],
+                          bool(value.param), "weight"])
+    sources: dict = {}
+    out_dims = _output_dims(out_letters, letters, views, hints, sources)
+    proto = ProtoGemm(None, specs, letters.alias, sources)
+    proto.hints = letters.key_hints
+    proto.roles = key_roles
+    base = proto.output([a for dim in out_dims for a in dim])
+    _keep_unit_dims(proto, views, base, sources)
+    if weight_side is not None:
+        _own_dimension(proto, specs, weight_side, base, sources)
+    proto.check()
+    if weight_side is not None:
+        imp._claim(proto, 0, operands[weight_side][0])
+    proto.name = imp._name(node, suffix, leaf=True)
+    proto.pw_ops = {f"{node.name}#{i}" for i in range(pw)}
+    imp._record(proto)
+    return View(base, tuple(tuple(a for a in dim if a.size > 1) for dim in out_dims))
+
+
+def _operand_views(imp, node, operands) -> list:
+    """Each operand's view (its pending point-wise ops charged), ``None`` for a replicated one."""
     views = []
     for value, _ in operands:
         if _dependent(value):
@@ -83,97 +119,106 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None, roles=
             if value.shape is None:
                 raise Unmappable("a product with a non-tensor operand")
             views.append(None)
-    views = _align(imp, node, operands, views)
-    # Per letter: its size and its atoms as (atom, side) pairs; ``alias`` pairs keys.
-    sizes: dict = {}
-    atoms_of: dict = {}
-    alias: dict = {}
-    key_hints: dict = {}
-    for side, ((value, spec), view) in enumerate(zip(operands, views)):
-        for letter, dim in spec:
-            if view is None:
-                size = value.shape[dim]
-                if letter in sizes and size not in (1, sizes[letter]) and sizes[letter] != 1:
-                    raise Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
-                sizes[letter] = max(size, sizes.get(letter, 1))
-                continue
-            atoms = _dim_atoms(view, dim) if isinstance(dim, int) else list(dim)
-            size = math.prod(a.size for a in atoms)
-            if letter in hints:
-                for a in atoms:
-                    key_hints[(side, id(a))] = hints[letter]
-                    if a.hint in ("", "n"):  # name the producer's letters too (display only)
-                        a.hint = hints[letter]
+    return views
+
+
+class _Letters:
+    """The letters of a product (:func:`_contract`) as its operands name them: per letter its
+    size and its atoms as ``(atom, side)`` pairs; ``alias`` pairs the keys ``(side, id(atom))``
+    of atoms two operands share; ``key_hints`` the hints the handler gave the atoms' letters."""
+
+    def __init__(self):
+        self.sizes: dict = {}
+        self.atoms_of: dict = {}
+        self.alias: dict = {}
+        self.key_hints: dict = {}
+
+    def add(self, letter, dim, side: int, value, view, hints: dict) -> None:
+        """Operand ``side``'s dimension ``dim`` named ``letter``."""
+        sizes = self.sizes
+        if view is None:
+            size = value.shape[dim]
             if letter in sizes and size not in (1, sizes[letter]) and sizes[letter] != 1:
                 raise Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
-            if size < sizes.get(letter, 1) or (size == 1 and not atoms):
-                sizes.setdefault(letter, size)
-                continue  # broadcast against the other operand, which names the dimension
-            if size > sizes.get(letter, 1):
-                atoms_of.pop(letter, None)
-            sizes[letter] = size
-            if letter not in atoms_of:
-                atoms_of[letter] = [(a, side) for a in atoms]
-                continue
-            mine = [a for a, _ in atoms_of[letter]]
-            other_side = atoms_of[letter][0][1] if atoms_of[letter] else side
-            if size > 1:
-                mine, atoms = [a for a in mine if a.size > 1], [a for a in atoms if a.size > 1]
-            pairs = _unify(mine, atoms)
-            if pairs is None:
-                raise Unmappable("a dimension is split differently in its two operands")
-            chosen = []
-            for x, y in pairs:
-                kx, ky = (other_side, id(x)), (side, id(y))
-                if x.broadcast and not y.broadcast:
-                    alias[kx] = ky
-                    chosen.append((y, side))
-                else:
-                    alias[ky] = kx
-                    chosen.append((x, other_side))
-                for a in (x, y):
-                    if not a.broadcast:
-                        a.frozen = True
-            atoms_of[letter] = chosen
+            sizes[letter] = max(size, sizes.get(letter, 1))
+            return
+        atoms = _dim_atoms(view, dim) if isinstance(dim, int) else list(dim)
+        size = math.prod(a.size for a in atoms)
+        if letter in hints:
+            for a in atoms:
+                self.key_hints[(side, id(a))] = hints[letter]
+                if a.hint in ("", "n"):  # name the producer's letters too (display only)
+                    a.hint = hints[letter]
+        if letter in sizes and size not in (1, sizes[letter]) and sizes[letter] != 1:
+            raise Unmappable(f"a dimension is {sizes[letter]} in one operand and {size} in the other")
+        if size < sizes.get(letter, 1) or (size == 1 and not atoms):
+            sizes.setdefault(letter, size)
+            return  # broadcast against the other operand, which names the dimension
+        if size > sizes.get(letter, 1):
+            self.atoms_of.pop(letter, None)
+        sizes[letter] = size
+        if letter not in self.atoms_of:
+            self.atoms_of[letter] = [(a, side) for a in atoms]
+            return
+        self._pair(letter, atoms, side, size)
+
+    def _pair(self, letter, atoms: list, side: int, size: int) -> None:
+        """The letter's atoms in the other operand and ``atoms`` paired (refined alike)."""
+        mine = [a for a, _ in self.atoms_of[letter]]
+        other_side = self.atoms_of[letter][0][1] if self.atoms_of[letter] else side
+        if size > 1:
+            mine, atoms = [a for a in mine if a.size > 1], [a for a in atoms if a.size > 1]
+        pairs = _unify(mine, atoms)
+        if pairs is None:
+            raise Unmappable("a dimension is split differently in its two operands")
+        chosen = []
+        for x, y in pairs:
+            kx, ky = (other_side, id(x)), (side, id(y))
+            if x.broadcast and not y.broadcast:
+                self.alias[kx] = ky
+                chosen.append((y, side))
+            else:
+                self.alias[ky] = kx
+                chosen.append((x, other_side))
+            for a in (x, y):
+                if not a.broadcast:
+                    a.frozen = True
+        self.atoms_of[letter] = chosen
+
+
+def _key_roles(roles: dict, atoms_of: dict) -> dict:
+    """The dimension role of each atom key ``(side, id(atom))`` of a letter the handler declared."""
+    key_roles: dict = {}
     for letter, role in roles.items():
         # A tuple names the letter's atoms one by one (grouped heads: groups, then heads).
         pairs = [(a, side) for a, side in atoms_of.get(letter, []) if a.size > 1]
         for i, (a, side) in enumerate(pairs):
             key_roles[(side, id(a))] = role if isinstance(role, str) else role[min(i, len(role) - 1)]
-    weight_side = next((i for i, v in enumerate(views) if v is None), None)
-    for letter, size in sizes.items():
-        if letter not in atoms_of:
-            # A weight's own dimension: a fresh atom, refinable (its weight is ours to shape).
-            atoms_of[letter] = [(Atom(size, hints.get(letter, "n")), weight_side)] if size > 1 else []
-    specs = []
-    for side, ((value, spec), view) in enumerate(zip(operands, views)):
-        if view is not None:
-            specs.append(["view", view])
-        else:
-            specs.append(["weight", [pair for letter, _ in spec for pair in atoms_of[letter]],
-                          bool(value.param), "weight"])
-    # The output: a fresh copy of every operand atom it keeps (frozen, with the original),
-    # the weight's own atoms themselves.
-    sources: dict = {}
+    return key_roles
+
+
+def _output_dims(out_letters, letters: _Letters, views: list, hints: dict, sources: dict) -> list:
+    """The output's atoms per letter: a fresh copy of every operand atom it keeps (frozen, with
+    the original), the weight's own atoms themselves (``sources``: where each came from)."""
     out_dims = []
     for letter in out_letters:
         dim = []
-        for atom, side in atoms_of[letter]:
+        for atom, side in letters.atoms_of[letter]:
             if views[side] is None:
                 sources[id(atom)] = ("own", side)
                 dim.append(atom)
             else:
                 atom.frozen = True
-                hint = hints.get(letter) or key_hints.get((side, id(atom))) or atom.hint
+                hint = hints.get(letter) or letters.key_hints.get((side, id(atom))) or atom.hint
                 copy = Atom(atom.size, hint, frozen=True, batch=atom.batch)
                 sources[id(copy)] = ("copy", (side, id(atom)))
                 dim.append(copy)
         out_dims.append(dim)
-    proto = ProtoGemm(None, specs, alias, sources)
-    proto.hints = key_hints
-    proto.roles = key_roles
-    base = proto.output([a for dim in out_dims for a in dim])
-    # Size-1 dimensions of the operands that no letter names stay in the output.
+    return out_dims
+
+
+def _keep_unit_dims(proto, views: list, base, sources: dict) -> None:
+    """Size-1 dimensions of the operands that no letter names stay in the output."""
     terms = proto.terms()
     for side, view in enumerate(views):
         if view is None:
@@ -186,23 +231,18 @@ def _contract(imp, node, suffix, operands, out_letters, pw=0, hints=None, roles=
                 sources[id(copy)] = ("copy", key)
                 base.atoms.append(copy)
                 named.add(key)
-    # A GEMM needs a dimension of each operand alone in the output (its M and N): a product
-    # with a replicated vector gets a size-1 one in the vector and the output.
-    if weight_side is not None:
-        terms = proto.terms()
-        own = set(terms[weight_side]) - set(terms[1 - weight_side])
-        if not own & set(terms[2]):
-            unit = Atom(1, "u")
-            specs[weight_side][1].append((unit, weight_side))
-            sources[id(unit)] = ("own", weight_side)
-            base.atoms.append(unit)
-    proto.check()
-    if weight_side is not None:
-        imp._claim(proto, 0, operands[weight_side][0])
-    proto.name = imp._name(node, suffix, leaf=True)
-    proto.pw_ops = {f"{node.name}#{i}" for i in range(pw)}
-    imp._record(proto)
-    return View(base, tuple(tuple(a for a in dim if a.size > 1) for dim in out_dims))
+
+
+def _own_dimension(proto, specs: list, weight_side: int, base, sources: dict) -> None:
+    """A GEMM needs a dimension of each operand alone in the output (its M and N): a product
+    with a replicated vector gets a size-1 one in the vector and the output."""
+    terms = proto.terms()
+    own = set(terms[weight_side]) - set(terms[1 - weight_side])
+    if not own & set(terms[2]):
+        unit = Atom(1, "u")
+        specs[weight_side][1].append((unit, weight_side))
+        sources[id(unit)] = ("own", weight_side)
+        base.atoms.append(unit)
 
 
 def _dims_spec(value, letters):
