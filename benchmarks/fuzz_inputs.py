@@ -101,6 +101,7 @@ class Case:
     stdout_file: str | None = None  # process cases: a path (inside the case) to send stdout to
     close_stdin: bool = False  # process cases: start with standard input closed
     stdout_has: str | None = None  # text a successful run's stdout must contain
+    notes_have: str | None = None  # text a successful run's stderr (its note lines) must contain
     stderr_has: str | None = None  # text a failed run's error line must contain (its reason)
     refuse_within: float | None = None  # seconds a refusal may take ("no hang before a no")
     skip: str | None = None  # why the case is not run here
@@ -462,8 +463,8 @@ def graph_cases(rng: random.Random, refs: dict) -> list:
     for what, extra, expect in [
         ("-b other than the file's batch", ["-b", "8"], BAD_VALUE), ("-m with a graph file", ["-m", "64"], BAD_VALUE),
         ("--loss with a graph file", ["--loss", "none"], BAD_VALUE),
-        # Issue 35: no layer fills 7 devices (refused, exit 2) unless replication is asked for.
-        ("-p not dividing anything", ["-p", "7"], BAD_VALUE),
+        # Issue 43: no layer fills 7 devices: planned on at most 7 (issue 35 refused it), with a note.
+        ("-p not dividing anything", ["-p", "7"], OK),
         ("-p not dividing anything, --allow-replication", ["-p", "7", "--allow-replication"], OK),
         ("--sweep", ["--sweep", "1,2,4", "--json"], OK), ("--algo 1", ["--algo", "1"], OK),
         ("--memory far too small", ["--memory", "1e-9"], frozenset({4})),
@@ -1640,6 +1641,7 @@ class Accepted:
     argv: tuple
     shows: str
     files: tuple = ("c.json", "mini.json")
+    note: str | None = None  # text its stderr notes must contain
 
 
 def _tiny_files() -> dict:
@@ -1712,9 +1714,10 @@ REFUSALS = {
                                         "--compare: no mesh applies to this graph: micro-batch 3"),
     "a mesh of 100,000 devices": Refusal(("-g", "llama3-8b", "-p", "100000", "-b", "128", "--machine", "h100-sxm",
                                           "--training"), "the largest usable count is 98,304", within=30.0),
-    "a search no layer fills (100,000)": Refusal(("-g", "gpt2-small", "-p", "100000", "-b", "128"),
-                                                 "uses more than 98,304"),
-    "a search no layer fills (7)": Refusal(("-g", "alexnet", "-p", "7"), "search -p 6 instead"),
+    "a long search no layer fills (100,000)": Refusal(("-g", "gpt2-small", "-p", "100000", "-b", "128"),
+                                                      "uses more than 98,304", within=5.0),
+    "a long search no layer fills (100,000), --json": Refusal(
+        ("-g", "gpt2-small", "-p", "100000", "-b", "128", "--json"), "8.46 GB of cost tables", within=5.0),
     "an export onto the machine's measured table": Refusal(
         ("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", MACHINE_FILE, "--recipe", "dp=8",
          "--export-megatron", MEASURED_TABLE), "would overwrite the measured table", files=(MACHINE_FILE, MEASURED_TABLE)),
@@ -1726,6 +1729,16 @@ REFUSALS = {
 
 ACCEPTED = {
     "--allow-replication": Accepted(("-g", "alexnet", "-p", "7", "--allow-replication"), "devices 7"),
+    # Issue 43: counts no configuration fills, planned on at most p devices with a note.
+    "a count no layer fills (7)": Accepted(("-g", "alexnet", "-p", "7"), "devices 7", note="uses more than 6 "),
+    "rnnlm -p 12 (at most 10 used)": Accepted(("-g", "rnnlm", "-p", "12", "-b", "128", "--flops", "7", "--bw", "40"),
+                                              "devices 12", note="uses more than 10 "),
+    "rnnlm -p 48 (at most 40 used)": Accepted(("-g", "rnnlm", "-p", "48", "-b", "128", "--flops", "10", "--bw", "16"),
+                                              "2.3049e+12", note="uses more than 40 "),
+    "a sweep over counts no layer fills": Accepted(("-g", "rnnlm", "--sweep", "4,12,48,96"), "     96 ",
+                                                   note="on 96 devices"),
+    "the mini graph on 3 devices, JSON": Accepted(("-g", "mini.json", "-p", "3", "--json"), '"procs": 3',
+                                                  note="uses more than 2 "),
     "stage times in the paper machine's unit": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "15", "--training"),
                                                         "flop-equivalents per micro-batch"),
     "-m on a GPT graph": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "4", "-m", "64"), "sequence length 64"),
@@ -1803,7 +1816,8 @@ def declared_cases(rng: random.Random, refs: dict) -> list:
         cases.append(Case("declared", "refusals", what, list(r.argv), r.expect, _pick(r.files), stderr_has=r.reason,
                           refuse_within=r.within))
     for what, a in ACCEPTED.items():
-        cases.append(Case("declared", "accepted", what, list(a.argv), OK, _pick(a.files), stdout_has=a.shows))
+        cases.append(Case("declared", "accepted", what, list(a.argv), OK, _pick(a.files), stdout_has=a.shows,
+                          notes_have=a.note))
     return cases
 
 
@@ -2156,6 +2170,8 @@ def check(case: Case, result: dict, before: dict, timeout: int = CASE_TIMEOUT) -
             problems.append("nothing on stdout")
         if case.stdout_has and case.stdout_has not in result["stdout"]:
             problems.append(f"stdout lacks {case.stdout_has!r}")
+        if case.notes_have and case.notes_have not in result["stderr"]:
+            problems.append(f"no note says {case.notes_have!r}: {_short(result['stderr'], 160)}")
         problems += _numbers(case, result["stdout"])
     problems += _check_outputs(case, result, before)
     leftovers = [p for p in result["after"] if re.search(r"(^|/)\.[^/]*\.tmp$", p)]

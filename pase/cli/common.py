@@ -15,7 +15,7 @@ from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
 from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
-from pase.planning.occupancy import useful_devices
+from pase.planning.occupancy import occupancy
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load, source_of
@@ -28,7 +28,7 @@ from .status import ExitStatus
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy",
+    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy", "idle_devices_note",
 ]
 
 
@@ -125,19 +125,30 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
             progress.close()
 
 
-def check_occupancy(network, procs: int, opts: Options) -> None:
-    """Refuse (usage status) a search on more devices than any configuration of any layer can
-    use (``pase.planning.occupancy``), unless ``--allow-replication``: every strategy would
-    replicate work on the rest, and the search would take as long as one that uses them."""
-    if opts.allow_replication:
+def check_occupancy(network, procs: int, opts: Options, err: IO) -> None:
+    """A count no configuration of any layer can fill (``pase.planning.occupancy``) is planned
+    with the paper's semantics (every configuration uses at most ``procs`` devices) and a note on
+    ``err`` naming the largest count one uses; refused (usage status) only when its search would
+    take many minutes, unless ``--allow-replication``."""
+    found = occupancy(network, procs)
+    if found.idle == 0:
         return
-    useful = useful_devices(network, procs)
-    if useful < procs:
+    what = f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'}"
+    if found.long_search and not opts.allow_replication:
         raise CliError(
-            f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'} cannot occupy {procs:,} devices: no configuration of any layer "
-            f"uses more than {useful:,} (each dimension splits by its divisors), so every strategy would replicate "
-            f"work on the other {procs - useful:,}; search -p {useful} instead, or pass --allow-replication",
+            f"{what} cannot occupy {procs:,} devices: no configuration of any layer uses more than {found.useful:,} "
+            f"(each dimension splits by its divisors), and the search would need at least "
+            f"{format_bytes(found.table_bytes)} of cost tables (many minutes) for a plan that leaves "
+            f"{found.idle:,} devices replicating work; search fewer devices, or pass --allow-replication",
             ExitStatus.USAGE)
+    err.write(idle_devices_note(what, found) + "\n")
+
+
+def idle_devices_note(what: str, found, label: str = "") -> str:
+    """The note of a count that leaves devices idle (``found``: its ``Occupancy``)."""
+    return (f"pase: note: {label}{what} on {found.procs:,} devices: no configuration of any layer uses more than "
+            f"{found.useful:,} (each dimension splits by its divisors), so the plan, the best on at most "
+            f"{found.procs:,} devices, leaves at least {found.idle:,} replicating work")
 
 
 def nothing_fits_message(planned: Plan, opts: Options) -> str:

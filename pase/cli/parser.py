@@ -189,9 +189,10 @@ def _add_search_and_memory(add) -> None:
              "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
              "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
     add("--allow-replication", action="store_true",
-        help="search even when no configuration of any layer can use all p devices (each dimension splits by "
-             "its divisors): every strategy then replicates work on the rest. (Default: refused at once, with the "
-             "largest device count a configuration uses)")
+        help="search a count no configuration of any layer can fill (each dimension splits by its divisors) "
+             "even when the search would take many minutes. (Default: such a count is planned, every "
+             "configuration on at most p devices, with a note naming the largest count one uses; refused at once "
+             "when its cost tables alone need over 2 GB)")
     add("--table-budget", type=positive_float, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")

@@ -23,7 +23,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, [opts.procs])
     opts = machine_defaults(opts, machine)
     network = load_network(opts, err=err)
-    check_occupancy(network, opts.procs, opts)
+    check_occupancy(network, opts.procs, opts, err)
     check_outputs(opts)
     write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)

@@ -1,5 +1,5 @@
 """``pase --sweep P1,P2,...``: one search per device count, a row (or JSON line) each; a
-count that is refused gets its row and the sweep goes on."""
+count that is refused gets its row, one that leaves devices idle a note, and the sweep goes on."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pase.model.builder import CostTablesTooLarge
 from pase.outputs.plan_json import format_json, refusal_dict, report_dict
 from pase.outputs.sweep import format_sweep_header, format_sweep_refusal, format_sweep_row
 from pase.planning.baselines import data_parallel
+from pase.planning.occupancy import occupancy
 from pase.planning.planner import evaluate_plan
 from pase.search.capped import NOTHING_FITS
 from pase.search.solver import SearchTooLarge
 
 from .common import (
-    machine_defaults, Profiler, check_outputs, effective_model, write_exports, load_checked_machine, load_network, model_name,
-    nothing_fits_message, plan_with_options, write_dot,
+    machine_defaults, Profiler, check_outputs, effective_model, idle_devices_note, write_exports, load_checked_machine,
+    load_network, model_name, nothing_fits_message, plan_with_options, write_dot,
 )
 from .options import Options
 from .progress import show_progress
@@ -33,6 +34,7 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
     check_outputs(opts)
     write_exports(opts, "network", network)
     model = effective_model(opts)
+    what = f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'}"
     if not opts.json:
         out.write(format_sweep_header(network.name, network.batch, machine, model, model_name(opts),
                                       network.readers))
@@ -42,6 +44,9 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                disable=not show_progress(opts, err))
     try:
         for procs in bar:
+            found = occupancy(network, procs)
+            if found.idle:  # planned all the same (every configuration uses at most p devices)
+                bar.write(idle_devices_note(what, found), file=err)
             try:
                 with profiler:
                     planned = plan_with_options(network, procs, machine, opts, err, bar=False)
