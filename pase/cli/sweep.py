@@ -17,8 +17,8 @@ from pase.search.capped import NOTHING_FITS
 from pase.search.solver import SearchTooLarge
 
 from .common import (
-    machine_defaults, Profiler, check_outputs, effective_model, idle_devices_note, write_exports, load_checked_machine,
-    load_network, model_name, nothing_fits_message, plan_with_options, write_dot,
+    answer_notes, idle_note, machine_defaults, Profiler, check_outputs, effective_model, write_exports, load_checked_machine,
+    load_network, model_name, nothing_fits_message, plan_with_options, write_dot, write_notes,
 )
 from .options import Options
 from .progress import show_progress
@@ -34,7 +34,6 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
     check_outputs(opts)
     write_exports(opts, "network", network)
     model = effective_model(opts)
-    what = f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'}"
     if not opts.json:
         out.write(format_sweep_header(network.name, network.batch, machine, model, model_name(opts),
                                       network.readers))
@@ -44,9 +43,6 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                disable=not show_progress(opts, err))
     try:
         for procs in bar:
-            found = occupancy(network, procs)
-            if found.idle:  # planned all the same (every configuration uses at most p devices)
-                bar.write(idle_devices_note(what, found), file=err)
             try:
                 with profiler:
                     planned = plan_with_options(network, procs, machine, opts, err, bar=False)
@@ -71,11 +67,16 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                                                 machine)
                 bar.write(line, file=out, end="")
                 continue
+            # A count that leaves devices idle is planned all the same (every configuration on at most p).
+            idle = idle_note(network, occupancy(network, procs))
+            if idle is not None:
+                bar.write(idle, file=err)
             line = format_json(report_dict(planned, model), one_line=True) if opts.json else format_sweep_row(planned)
             bar.write(line, file=out, end="")
     finally:
         bar.close()
     if opts.dot_path is not None:
         write_dot(opts, network)
+    write_notes(err, answer_notes(network, opts))  # the paper machine's, once
     profiler.write(opts, out, err)
     return status
