@@ -1202,7 +1202,8 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
     add("values", "gpt2: -m longer than its learned positions", TINY_GPT2, "-m", "4096", expect=BAD_VALUE)
     add("values", "llama: -m 1 (one token)", TINY_HF, "-m", "1", expect=OK)
     add("values", "deepseek_v3: --mtp", TINY_NEW["deepseek_v3"], "--mtp", expect=OK)
-    add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=OK)
+    # Issue 44: --mtp where there is no multi-token prediction is refused (it was ignored).
+    add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=BAD_VALUE, stderr_has="has none")
     add("values", "an unknown model_type (through transformers, or one line without it)",
         dict(TINY_HF, model_type="no_such_model"), expect=ANY)
     add("values", "llama: -m far past the config's maximum (rotary takes any)", TINY_HF, "-m", "100000",
