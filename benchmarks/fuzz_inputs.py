@@ -101,6 +101,8 @@ class Case:
     stdout_file: str | None = None  # process cases: a path (inside the case) to send stdout to
     close_stdin: bool = False  # process cases: start with standard input closed
     stdout_has: str | None = None  # text a successful run's stdout must contain
+    notes_have: str | None = None  # text a successful run's stderr (its note lines) must contain
+    stdout_lacks: str | None = None  # text a successful run's stdout must not contain
     stderr_has: str | None = None  # text a failed run's error line must contain (its reason)
     refuse_within: float | None = None  # seconds a refusal may take ("no hang before a no")
     skip: str | None = None  # why the case is not run here
@@ -462,8 +464,8 @@ def graph_cases(rng: random.Random, refs: dict) -> list:
     for what, extra, expect in [
         ("-b other than the file's batch", ["-b", "8"], BAD_VALUE), ("-m with a graph file", ["-m", "64"], BAD_VALUE),
         ("--loss with a graph file", ["--loss", "none"], BAD_VALUE),
-        # Issue 35: no layer fills 7 devices (refused, exit 2) unless replication is asked for.
-        ("-p not dividing anything", ["-p", "7"], BAD_VALUE),
+        # Issue 43: no layer fills 7 devices: planned on at most 7 (issue 35 refused it), with a note.
+        ("-p not dividing anything", ["-p", "7"], OK),
         ("-p not dividing anything, --allow-replication", ["-p", "7", "--allow-replication"], OK),
         ("--sweep", ["--sweep", "1,2,4", "--json"], OK), ("--algo 1", ["--algo", "1"], OK),
         ("--memory far too small", ["--memory", "1e-9"], frozenset({4})),
@@ -1200,7 +1202,8 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
     add("values", "gpt2: -m longer than its learned positions", TINY_GPT2, "-m", "4096", expect=BAD_VALUE)
     add("values", "llama: -m 1 (one token)", TINY_HF, "-m", "1", expect=OK)
     add("values", "deepseek_v3: --mtp", TINY_NEW["deepseek_v3"], "--mtp", expect=OK)
-    add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=OK)
+    # Issue 44: --mtp where there is no multi-token prediction is refused (it was ignored).
+    add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=BAD_VALUE, stderr_has="has none")
     add("values", "an unknown model_type (through transformers, or one line without it)",
         dict(TINY_HF, model_type="no_such_model"), expect=ANY)
     add("values", "llama: -m far past the config's maximum (rotary takes any)", TINY_HF, "-m", "100000",
@@ -1640,6 +1643,8 @@ class Accepted:
     argv: tuple
     shows: str
     files: tuple = ("c.json", "mini.json")
+    note: str | None = None  # text its stderr notes must contain
+    lacks: str | None = None  # text its stdout must not contain
 
 
 def _tiny_files() -> dict:
@@ -1673,6 +1678,11 @@ VALUES = {
                                         "pp=8,vpp={},schedule=interleaved"), bad=("5", "2"), reason="chunks"),
     "--recipe, FP8 scaling into Megatron-LM": Value((*TRAIN, "--recipe", "precision=fp8,zero=1,scaling={}", "--export-megatron",
                                                      "out.json"), good=("delayed", "current", "blockwise"), bad=("rowwise",)),
+    # Issue 44: caps past a zettabyte overflowed to an infinite cap (exit 70, or no cap at all).
+    "--memory": Value((*SEARCH, "--memory", "{}"), good=("1000", "1e9", "1e12"), bad=("1e13", "1e300"),
+                      reason="at most 1e+12 GB"),
+    "--table-budget": Value((*SEARCH, "--table-budget", "{}"), good=("1", "1e12"), bad=("1e13", "1e300"),
+                            reason="at most 1e+12 GB"),
     "--recipe, FP8 scaling into torchtitan": Value((*TRAIN, "--recipe", "precision=fp8,zero=3,scaling={}", "--export-torchtitan",
                                                     "out.toml"), good=("current", "rowwise"), bad=("delayed", "blockwise")),
 }
@@ -1712,9 +1722,12 @@ REFUSALS = {
                                         "--compare: no mesh applies to this graph: micro-batch 3"),
     "a mesh of 100,000 devices": Refusal(("-g", "llama3-8b", "-p", "100000", "-b", "128", "--machine", "h100-sxm",
                                           "--training"), "the largest usable count is 98,304", within=30.0),
-    "a search no layer fills (100,000)": Refusal(("-g", "gpt2-small", "-p", "100000", "-b", "128"),
-                                                 "uses more than 98,304"),
-    "a search no layer fills (7)": Refusal(("-g", "alexnet", "-p", "7"), "search -p 6 instead"),
+    "a long search no layer fills (100,000)": Refusal(("-g", "gpt2-small", "-p", "100000", "-b", "128"),
+                                                      "uses more than 98,304", within=5.0),
+    "a long search no layer fills (100,000), --json": Refusal(
+        ("-g", "gpt2-small", "-p", "100000", "-b", "128", "--json"), "8.46 GB of cost tables", within=5.0),
+    "--mtp on a Llama config (no multi-token prediction)": Refusal(("-g", "hf:c.json", "-p", "4", "-b", "8", "--mtp"),
+                                                                   "has none"),
     "an export onto the machine's measured table": Refusal(
         ("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", MACHINE_FILE, "--recipe", "dp=8",
          "--export-megatron", MEASURED_TABLE), "would overwrite the measured table", files=(MACHINE_FILE, MEASURED_TABLE)),
@@ -1726,6 +1739,29 @@ REFUSALS = {
 
 ACCEPTED = {
     "--allow-replication": Accepted(("-g", "alexnet", "-p", "7", "--allow-replication"), "devices 7"),
+    # Issue 43: counts no configuration fills, planned on at most p devices with a note.
+    "a count no layer fills (7)": Accepted(("-g", "alexnet", "-p", "7"), "devices 7", note="uses more than 6 "),
+    "rnnlm -p 12 (at most 10 used)": Accepted(("-g", "rnnlm", "-p", "12", "-b", "128", "--flops", "7", "--bw", "40"),
+                                              "devices 12", note="uses more than 10 "),
+    "rnnlm -p 48 (at most 40 used)": Accepted(("-g", "rnnlm", "-p", "48", "-b", "128", "--flops", "10", "--bw", "16"),
+                                              "2.3049e+12", note="uses more than 40 "),
+    "a sweep over counts no layer fills": Accepted(("-g", "rnnlm", "--sweep", "4,12,48,96"), "     96 ",
+                                                   note="on 96 devices"),
+    # Issue 44: huge caps in sane units; a real model on the paper's machine noted; implausible plans flagged.
+    "--memory 1e9 (an exabyte)": Accepted((*SEARCH, "--memory", "1e9"), "fits the 1 EB cap"),
+    "a Llama config without --machine": Accepted(("-g", "hf:c.json", "-p", "4", "-b", "8"), "machine paper",
+                                                 note="priced on the paper's machine"),
+    "a built-in LLM without --machine, a sweep": Accepted(("-g", "gpt2-small", "-b", "2", "-m", "16", "--sweep", "1,2"),
+                                                          "PaSE sweep", note="priced on the paper's machine"),
+    "a step of 28 days (-b 10^9)": Accepted(("-g", "gpt2-small", "--machine", "h100-sxm", "-p", "1", "-b", "1000000000",
+                                             "--recipe", "microbatch=16,zero=0,recompute=none"), "WARNING: a step of"),
+    "an MFU of 0.3 % (-p 1024 -b 1)": Accepted(("-g", "llama3-8b", "--machine", "h100-sxm", "-p", "1024", "-b", "1"),
+                                               "WARNING: MFU 0.304 %"),
+    "a compared recipe that does not fit": Accepted(("-g", "llama3-8b", "--machine", "h100-sxm", "-p", "8", "-b", "8",
+                                                     "-m", "2048", "--memory", "60", "--compare", "dp=4,tp=2,zero=0"),
+                                                    "(does NOT fit)", lacks="a tie"),
+    "the mini graph on 3 devices, JSON": Accepted(("-g", "mini.json", "-p", "3", "--json"), '"procs": 3',
+                                                  note="uses more than 2 "),
     "stage times in the paper machine's unit": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "15", "--training"),
                                                         "flop-equivalents per micro-batch"),
     "-m on a GPT graph": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "4", "-m", "64"), "sequence length 64"),
@@ -1803,7 +1839,8 @@ def declared_cases(rng: random.Random, refs: dict) -> list:
         cases.append(Case("declared", "refusals", what, list(r.argv), r.expect, _pick(r.files), stderr_has=r.reason,
                           refuse_within=r.within))
     for what, a in ACCEPTED.items():
-        cases.append(Case("declared", "accepted", what, list(a.argv), OK, _pick(a.files), stdout_has=a.shows))
+        cases.append(Case("declared", "accepted", what, list(a.argv), OK, _pick(a.files), stdout_has=a.shows,
+                          notes_have=a.note, stdout_lacks=a.lacks))
     return cases
 
 
@@ -2156,6 +2193,10 @@ def check(case: Case, result: dict, before: dict, timeout: int = CASE_TIMEOUT) -
             problems.append("nothing on stdout")
         if case.stdout_has and case.stdout_has not in result["stdout"]:
             problems.append(f"stdout lacks {case.stdout_has!r}")
+        if case.stdout_lacks and case.stdout_lacks in result["stdout"]:
+            problems.append(f"stdout has {case.stdout_lacks!r}")
+        if case.notes_have and case.notes_have not in result["stderr"]:
+            problems.append(f"no note says {case.notes_have!r}: {_short(result['stderr'], 160)}")
         problems += _numbers(case, result["stdout"])
     problems += _check_outputs(case, result, before)
     leftovers = [p for p in result["after"] if re.search(r"(^|/)\.[^/]*\.tmp$", p)]
@@ -2438,6 +2479,20 @@ FOUND = [
     ("declared", "gpt2-small -p 8 -b 15 --training (paper machine)", "stage times of FLOP-equivalents labelled 's'",
      "outputs.training"),
     ("declared", "-m on gpt2-*/gpt3-*", "exit 2: the GPT graphs took no -m", "graphs (gpt, GRAPHS)"),
+    # Issues 43 and 44 (the command line's part).
+    ("declared", "rnnlm -p 12 / -p 48 -b 128 (at most 10 / 40 devices used), alexnet -p 7",
+     "refused, exit 2 ('search -p 10 instead'): the paper's semantics answer them (at most p devices)",
+     "cli.common (check_occupancy, answer_notes), planning.occupancy"),
+    ("declared", "--memory 1e300, --table-budget 1e300", "internal error (exit 70; the cap overflowed to infinity); "
+                 "on a training plan, no cap at all", "cli.argtypes (gigabytes)"),
+    ("declared", "--memory 1e9", "'of 1e+03 PB' (and 999.7 GB as '1e+03 GB')", "core.units"),
+    ("declared", "-g hf:LLAMA.json without --machine", "planned on the paper's 10 TFLOPS machine, exit 0, no word",
+     "cli.common (paper_machine_note)"),
+    ("declared", "--mtp on a Llama config", "exit 0, the flag ignored", "cli.common (load_network)"),
+    ("declared", "-b 1000000000; -p 1024 -b 1 (real machine)", "a step of 28 days, an MFU of 0.3 %, no word",
+     "outputs.training (plan_warnings)"),
+    ("declared", "--compare of a recipe that needs more than the cap", "'a tie' (JSON: tie true, fit null)",
+     "outputs.training (is_tie, training_dict)"),
     ("engine", "--export-megatron (or --training) of a Llama-type model on the paper machine",
      "internal error (exit 70): RMSNorm's unfused time asked the paper machine for a memory-bound time "
      "without its FLOPs", "costing.training"),

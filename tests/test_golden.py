@@ -35,6 +35,9 @@ CASES = {
     "inception3-p2-json": (["-g", "inception3", "-p", "2", "--json"], {}, []),
     "rnnlm-p8": (["-g", "rnnlm", "-p", "8"], {}, []),
     "rnnlm-p8-m1024-json": (["-g", "rnnlm", "-p", "8", "-m", "1024", "--json"], {}, []),
+    # Counts no configuration fills (at most 10 and 40 used): planned, with a note (issue 43).
+    "rnnlm-p12": (["-g", "rnnlm", "-p", "12", "-b", "128", "--flops", "10", "--bw", "16"], {}, []),
+    "rnnlm-p48": (["-g", "rnnlm", "-p", "48", "-b", "128", "--flops", "10", "--bw", "16"], {}, []),
     "transformer-p4": (["-g", "transformer", "-p", "4"], {}, []),
     "transformer-p4-json": (["-g", "transformer", "-p", "4", "--json", "-m", "256"], {}, []),
     "gpt2-small-p4": (["-g", "gpt2-small", "-p", "4", "-b", "8"], {}, []),

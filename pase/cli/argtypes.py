@@ -8,9 +8,9 @@ import math
 
 from pase.sources.registry import is_graph_spec, unknown_graph_message
 
-from .options import MACHINE_RANGE, MAX_DIMENSION, MAX_PROCS, MAX_TABLE_ENTRIES, MIN_TABLE_ENTRIES
+from .options import MACHINE_RANGE, MAX_DIMENSION, MAX_GIGABYTES, MAX_PROCS, MAX_TABLE_ENTRIES, MIN_TABLE_ENTRIES
 
-__all__ = ["positive_int", "dimension_size", "device_count", "positive_float", "byte_size", "machine_rate", "device_list",
+__all__ = ["positive_int", "dimension_size", "device_count", "positive_float", "gigabytes", "byte_size", "machine_rate", "device_list",
            "graph_spec", "table_entries"]
 
 
@@ -55,6 +55,14 @@ def positive_float(text: str) -> float:
     value = _float(text, "a positive finite number")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def gigabytes(text: str) -> float:
+    """--memory / --table-budget: a positive number of GB (1e9 bytes), at most ``MAX_GIGABYTES``."""
+    value = positive_float(text)
+    if value > MAX_GIGABYTES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_GIGABYTES:g} GB (a zettabyte), got {text!r}")
     return value
 
 

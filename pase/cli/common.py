@@ -15,20 +15,21 @@ from pase.outputs.dot import dot_graph
 from pase.outputs.measure import format_measurement, format_profile
 from pase.outputs.plan_json import format_json, report_dict
 from pase.outputs.table import format_table
-from pase.planning.occupancy import useful_devices
+from pase.planning.occupancy import occupancy
 from pase.planning.planner import Plan, plan
 from pase.sources.builtin import entry as builtin_entry
 from pase.sources.registry import load, source_of
 
 from .errors import CliError
-from .options import PROFILE_LIMIT, Options
+from .options import DEFAULT_BW, DEFAULT_FLOPS, PROFILE_LIMIT, Options
 from .progress import Progress, notice, show_progress
 from .status import ExitStatus
 
 __all__ = [
     "load_network", "load_checked_machine", "memory_cap", "effective_model", "model_name", "plan_with_options",
     "nothing_fits_message", "Profiler", "write_dot", "print_plan", "check_outputs", "write_exports", "run_verify",
-    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy",
+    "verified_status", "check_distinct_outputs", "machine_defaults", "INPUTS", "check_occupancy", "answer_notes",
+    "write_notes", "declares_real_model", "idle_note", "paper_machine_note",
 ]
 
 
@@ -44,6 +45,9 @@ def load_network(opts: Options, model_from_file: bool = False, err: IO | None = 
         options["mtp"] = True
     try:
         network = load(opts.graph, opts.batch, opts.model, **options)
+        if opts.mtp and not (network.architecture or {}).get("features", {}).get("mtp"):
+            raise CliError(f"--mtp adds DeepSeek-V3's multi-token-prediction module, and {network.name} has none "
+                           "(its config sets no num_nextn_predict_layers): drop --mtp", ExitStatus.USAGE)
         if err is not None:
             for note in network.notes:
                 err.write(f"pase: note: {note}\n")
@@ -56,6 +60,47 @@ def load_network(opts: Options, model_from_file: bool = False, err: IO | None = 
             message = (f"the strategy file records model width {opts.model}, which graph {opts.graph!r} "
                        "does not take (it has no width); drop -g or give the file of a graph with a width")
         raise CliError(message, ExitStatus.USAGE) from None
+
+
+def declares_real_model(network, spec: str) -> bool:
+    """A network its source declares as a real model: an architecture (``hf:`` configs and the
+    built-in GPT, Llama, Mixtral and flagship graphs declare one) or a PyTorch model imported
+    with ``torch:``. The paper's graphs and graph files declare none."""
+    source = source_of(spec)
+    return network.architecture is not None or (source is not None and source.name == "torch")
+
+
+def answer_notes(network, opts: Options, found=None) -> list:
+    """The ``pase: note:`` lines that go with an answer (written once it is found, so that a
+    refusal stays one line): ``idle_note`` and ``paper_machine_note`` where they apply."""
+    return [note for note in (idle_note(network, found), paper_machine_note(network, opts)) if note]
+
+
+def idle_note(network, found) -> str | None:
+    """The note of a count that leaves devices idle (``found``: its ``Occupancy``), else None."""
+    if found is None or not found.idle:
+        return None
+    what = f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'}"
+    return (f"pase: note: {what} on {found.procs:,} devices: no configuration of any layer uses more than "
+            f"{found.useful:,} (each dimension splits by its divisors), so the plan, the best on at most "
+            f"{found.procs:,} devices, leaves at least {found.idle:,} replicating work")
+
+
+def paper_machine_note(network, opts: Options) -> str | None:
+    """The note of a real model priced on the paper's machine because ``--machine`` was left
+    out (a plan of terabytes per device is no error there), else None."""
+    if opts.machine_given or not declares_real_model(network, opts.graph):
+        return None
+    flops = opts.flops if opts.flops is not None else DEFAULT_FLOPS
+    bw = opts.bw if opts.bw is not None else DEFAULT_BW
+    return (f"pase: note: {network.name} is priced on the paper's machine ({flops:g} TFLOPS and {bw:g} GB/s per "
+            "device, no device memory, costs in FLOP-equivalents) since no --machine was given; name a real one "
+            "with --machine (pase machines lists the presets)")
+
+
+def write_notes(err: IO, notes: list) -> None:
+    for note in notes:
+        err.write(note + "\n")
 
 
 def machine_defaults(opts: Options, machine) -> Options:
@@ -125,19 +170,20 @@ def plan_with_options(network, procs: int, machine, opts: Options, err: IO, bar:
             progress.close()
 
 
-def check_occupancy(network, procs: int, opts: Options) -> None:
-    """Refuse (usage status) a search on more devices than any configuration of any layer can
-    use (``pase.planning.occupancy``), unless ``--allow-replication``: every strategy would
-    replicate work on the rest, and the search would take as long as one that uses them."""
-    if opts.allow_replication:
-        return
-    useful = useful_devices(network, procs)
-    if useful < procs:
+def check_occupancy(network, procs: int, opts: Options):
+    """The ``Occupancy`` of ``procs`` devices (``pase.planning.occupancy``). A count no
+    configuration of any layer can fill is planned with the paper's semantics (every
+    configuration uses at most ``procs`` devices; ``answer_notes`` says so); refused (usage
+    status) only when its search would take many minutes, unless ``--allow-replication``."""
+    found = occupancy(network, procs)
+    if found.long_search and not opts.allow_replication:
         raise CliError(
-            f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'} cannot occupy {procs:,} devices: no configuration of any layer "
-            f"uses more than {useful:,} (each dimension splits by its divisors), so every strategy would replicate "
-            f"work on the other {procs - useful:,}; search -p {useful} instead, or pass --allow-replication",
-            ExitStatus.USAGE)
+            f"{network.name}{'' if network.batch is None else f' (batch {network.batch})'} cannot occupy {procs:,} "
+            f"devices: no configuration of any layer uses more than {found.useful:,} (each dimension splits by its "
+            f"divisors), and the search would need at least {format_bytes(found.table_bytes)} of cost tables (many "
+            f"minutes) for a plan that leaves {found.idle:,} devices replicating work; search fewer devices, or pass "
+            "--allow-replication", ExitStatus.USAGE)
+    return found
 
 
 def nothing_fits_message(planned: Plan, opts: Options) -> str:

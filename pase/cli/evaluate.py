@@ -18,7 +18,7 @@ from pase.sources.registry import source_of
 
 from .common import (
     machine_defaults, Profiler, check_distinct_outputs, check_outputs, write_exports, load_checked_machine, load_network, memory_cap, print_plan,
-    run_verify, verified_status, write_dot,
+    run_verify, verified_status, write_dot, answer_notes, write_notes,
 )
 from .errors import CliError
 from .options import MACHINE_RANGE, MAX_DIMENSION, MAX_PROCS, options_from_args
@@ -226,6 +226,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
         write_dot(opts, network, planned.configs)
     write_exports(opts, "plan", planned)
     verified = run_verify(opts, planned)
+    write_notes(err, answer_notes(network, opts))
     print_plan(planned, opts, out, verified=verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

@@ -18,7 +18,7 @@ from .status import ExitStatus
 __all__ = [
     "Options", "options_from_args", "DEFAULT_GRAPH", "DEFAULT_PROCS", "DEFAULT_BATCH", "DEFAULT_FLOPS", "DEFAULT_BW",
     "ALGOS", "MEASURE_WARMUP", "MEASURE_RUNS", "PROFILE_LIMIT", "DOT_FILE", "VERIFIERS", "LOSSES", "MAX_DIMENSION",
-    "MAX_PROCS", "MACHINE_RANGE", "DEFAULT_TABLE_ENTRIES", "MIN_TABLE_ENTRIES", "MAX_TABLE_ENTRIES",
+    "MAX_PROCS", "MACHINE_RANGE", "MAX_GIGABYTES", "DEFAULT_TABLE_ENTRIES", "MIN_TABLE_ENTRIES", "MAX_TABLE_ENTRIES",
 ]
 
 DEFAULT_GRAPH = "alexnet"
@@ -46,6 +46,9 @@ MAX_PROCS = 2**20
 #: Accepted --flops (TFLOPS) and --bw (GB/s): far beyond any real device either way, yet
 #: rho and every cost stay finite in float64.
 MACHINE_RANGE = (1e-6, 1e9)
+#: Largest --memory and --table-budget (GB): a zettabyte, 10^10 times any device's memory, yet
+#: its bytes stay finite (1e300 GB overflowed to infinity: an internal error, or no cap at all).
+MAX_GIGABYTES = 1e12
 #: --approx tables (entries): below 1024 the bound is too weak to be worth a plan; 2^34
 #: float64 entries are 128 GiB, beyond any budget.
 MIN_TABLE_ENTRIES = 1 << 10
@@ -66,6 +69,7 @@ class Options:
     batch: int | None = None  # -b: mini-batch size (None: the graph's own)
     model: int | None = None  # -m: width of graphs that have one
     machine: str = "paper"  # --machine: a preset name or a machine description file
+    machine_given: bool = False  # --machine given (or recorded by an --evaluate file): no note on the paper machine
     flops: float | None = None  # --flops: peak TFLOPS per device (paper machine)
     bw: float | None = None  # --bw: peak GB/s per device (paper machine)
     algo: str = "generateseq"  # --algo: ordering heuristic
@@ -147,6 +151,7 @@ def options_from_args(args: argparse.Namespace, recorded: dict | None = None) ->
         batch=pick("batch", None),
         model=pick("model", None),
         machine=pick("machine", "paper"),
+        machine_given=args.machine is not None or "machine" in recorded,
         flops=pick("flops", None),
         bw=pick("bw", None),
         algo=ALGOS[args.algo if args.algo is not None else 0],

@@ -17,7 +17,7 @@ from pase.sources.registry import graph_help
 
 from .training import add_training_flags
 from .argtypes import (
-    byte_size, device_count, device_list, dimension_size, graph_spec, machine_rate, positive_float, table_entries,
+    byte_size, device_count, device_list, dimension_size, gigabytes, graph_spec, machine_rate, table_entries,
 )
 from .errors import CliError, ParserExit
 from .options import (
@@ -189,13 +189,14 @@ def _add_search_and_memory(add) -> None:
              "elimination) and the gap (cost - bound) / bound; where the bounded tables hold the exact programme, "
              "the optimum with gap 0. No memory cap. (Default ENTRIES: 2**23; off: the exact search)")
     add("--allow-replication", action="store_true",
-        help="search even when no configuration of any layer can use all p devices (each dimension splits by "
-             "its divisors): every strategy then replicates work on the rest. (Default: refused at once, with the "
-             "largest device count a configuration uses)")
-    add("--table-budget", type=positive_float, default=None, metavar="GB",
+        help="search a count no configuration of any layer can fill (each dimension splits by its divisors) "
+             "even when the search would take many minutes. (Default: such a count is planned, every "
+             "configuration on at most p devices, with a note naming the largest count one uses; refused at once "
+             "when its cost tables alone need over 2 GB)")
+    add("--table-budget", type=gigabytes, default=None, metavar="GB",
         help="memory the search's tables may use, in GB (1e9 bytes); a larger search is refused "
              "before it starts. (Default: 80%% of the available memory)")
-    add("--memory", type=positive_float, default=None, metavar="GB",
+    add("--memory", type=gigabytes, default=None, metavar="GB",
         help="memory cap per device in GB (1e9 bytes): find the cheapest strategy that fits, "
              "or say that nothing does and how much the least any strategy needs. Memory model: "
              f"{ASSUMPTIONS}.")

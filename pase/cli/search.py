@@ -8,7 +8,7 @@ from pase.planning.planner import measure_search
 from pase.search.capped import NOTHING_FITS
 
 from .common import (
-    machine_defaults, Profiler, check_distinct_outputs, check_occupancy, check_outputs, write_exports, load_checked_machine, load_network, nothing_fits_message,
+    answer_notes, machine_defaults, Profiler, check_distinct_outputs, check_occupancy, write_notes, check_outputs, write_exports, load_checked_machine, load_network, nothing_fits_message,
     plan_with_options, print_plan, run_verify, verified_status, write_dot,
 )
 from .errors import CliError
@@ -23,7 +23,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
     machine = load_checked_machine(opts, [opts.procs])
     opts = machine_defaults(opts, machine)
     network = load_network(opts, err=err)
-    check_occupancy(network, opts.procs, opts)
+    occupied = check_occupancy(network, opts.procs, opts)
     check_outputs(opts)
     write_exports(opts, "network", network)
     profiler = Profiler(opts.profile)
@@ -36,6 +36,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
         write_dot(opts, network, planned.configs)
     write_exports(opts, "plan", planned)
     verified = run_verify(opts, planned)
+    write_notes(err, answer_notes(network, opts, occupied))
     print_plan(planned, opts, out, measurement, verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

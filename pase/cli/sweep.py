@@ -1,5 +1,5 @@
 """``pase --sweep P1,P2,...``: one search per device count, a row (or JSON line) each; a
-count that is refused gets its row and the sweep goes on."""
+count that is refused gets its row, one that leaves devices idle a note, and the sweep goes on."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pase.model.builder import CostTablesTooLarge
 from pase.outputs.plan_json import format_json, refusal_dict, report_dict
 from pase.outputs.sweep import format_sweep_header, format_sweep_refusal, format_sweep_row
 from pase.planning.baselines import data_parallel
+from pase.planning.occupancy import occupancy
 from pase.planning.planner import evaluate_plan
 from pase.search.capped import NOTHING_FITS
 from pase.search.solver import SearchTooLarge
 
 from .common import (
-    machine_defaults, Profiler, check_outputs, effective_model, write_exports, load_checked_machine, load_network, model_name,
-    nothing_fits_message, plan_with_options, write_dot,
+    answer_notes, idle_note, machine_defaults, Profiler, check_outputs, effective_model, write_exports, load_checked_machine,
+    load_network, model_name, nothing_fits_message, plan_with_options, write_dot, write_notes,
 )
 from .options import Options
 from .progress import show_progress
@@ -66,11 +67,16 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
                                                 machine)
                 bar.write(line, file=out, end="")
                 continue
+            # A count that leaves devices idle is planned all the same (every configuration on at most p).
+            idle = idle_note(network, occupancy(network, procs))
+            if idle is not None:
+                bar.write(idle, file=err)
             line = format_json(report_dict(planned, model), one_line=True) if opts.json else format_sweep_row(planned)
             bar.write(line, file=out, end="")
     finally:
         bar.close()
     if opts.dot_path is not None:
         write_dot(opts, network)
+    write_notes(err, answer_notes(network, opts))  # the paper machine's, once
     profiler.write(opts, out, err)
     return status

@@ -358,7 +358,10 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     from pase.core.fileio import write_atomic
     from pase.sources.registry import source_of
 
-    from .common import check_outputs, effective_model, load_checked_machine, load_network, model_name, write_exports
+    from .common import (
+        answer_notes, check_outputs, effective_model, load_checked_machine, load_network, model_name, write_exports,
+        write_notes,
+    )
     from .errors import CliError
     from .status import ExitStatus
 
@@ -404,5 +407,8 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
 
         load = Rebatcher(load)  # an imported model: traced twice, then re-batched (pase/sources/rebatch.py)
 
-    return run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
-                        model_name(opts), rebuild=rebuild, write=write_atomic)
+    status = run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
+                          model_name(opts), rebuild=rebuild, write=write_atomic)
+    if err is not None:
+        write_notes(err, answer_notes(network, opts))
+    return status

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "format_seconds", "format_cost"]
+__all__ = ["format_bytes", "format_seconds", "format_cost", "BYTE_UNITS"]
+
+
+#: Decimal byte units, each 1000 times the one before (``--memory`` and ``--table-budget`` count GB).
+BYTE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
 
 
 def format_bytes(n: float) -> str:
-    """Bytes with a decimal unit (GB = 1e9 bytes, as ``--table-budget`` counts them).
+    """Bytes with a decimal unit (GB = 1e9 bytes, as ``--table-budget`` counts them), three
+    significant digits; the unit is chosen after rounding, so the figure stays under 1000.
+    Beyond yottabytes (or not finite), bytes in scientific notation.
 
-    >>> format_bytes(1.5e9), format_bytes(2048)
-    ('1.5 GB', '2.05 KB')
+    >>> format_bytes(1.5e9), format_bytes(2048), format_bytes(999.7e9), format_bytes(1e18)
+    ('1.5 GB', '2.05 KB', '1 TB', '1 EB')
     """
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.3g} {unit}"
-        n /= 1000.0
-    return f"{n:.3g} PB"  # pragma: no cover
+    value = float(n)
+    for unit in BYTE_UNITS:
+        shown = float(f"{value:.3g}")  # rounded as printed: 999.7 shows as 1e+03, so it moves up a unit
+        if abs(shown) < 1000:
+            return f"{shown:.3g} {unit}"
+        value /= 1000.0
+    return f"{float(n):.3g} B"
 
 
 def format_seconds(seconds: float) -> str:

@@ -8,7 +8,16 @@ from pase.core.units import format_bytes
 from pase.core.checks import a_network, a_training_plan, arguments, optional, text
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary", "CAUSE_NAMES", "difference",
-           "step_band", "explain_difference"]
+           "step_band", "explain_difference", "plan_warnings", "LONG_STEP_SECONDS", "LOW_MFU"]
+
+#: A step longer than a day is worth a warning: published training steps take seconds (the
+#: runs of reference/published: 0.3 s to about a minute), so a day-long step is a typing slip
+#: (a batch of 10^9 sequences) rather than a plan anyone would run.
+LONG_STEP_SECONDS = 86400.0
+#: An MFU under 5 % is worth a warning: the published runs report 14 % (an FP8 run at 32k
+#: tokens) to 64 %; under 5 % the devices mostly wait on communication, bubbles and the optimizer,
+#: usually because there are far more of them than the batch can keep busy (-p 1024 -b 1).
+LOW_MFU = 0.05
 
 _TIME_NAMES = {
     "compute": "compute",
@@ -90,8 +99,11 @@ def band_overlap(a, b) -> float:
     return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) / width
 
 
-def is_tie(a, b, seconds: bool = True) -> bool:
-    """Two plans whose step bands overlap by more than half: a tie, not a win."""
+def is_tie(a, b, seconds: bool = True, memory_cap=None) -> bool:
+    """Two plans whose step bands overlap by more than half: a tie, not a win. A plan that does
+    not fit ``memory_cap`` (its modelled peak over it) is never a tie: it cannot run."""
+    if memory_cap is not None and max(a.summary.peak_memory_bytes, b.summary.peak_memory_bytes) > memory_cap:
+        return False
     band_a, _ = bands(a, seconds)
     band_b, _ = bands(b, seconds)
     return band_a is not None and band_b is not None and band_overlap(band_a, band_b) > 0.5
@@ -113,11 +125,30 @@ def split_summary(network, configs, machine=None) -> list:
     return lines
 
 
-def training_dict(candidate, network=None, seconds: bool = True) -> dict:
+def plan_warnings(candidate, seconds: bool = True) -> list:
+    """What is implausible about a plan, one line each (``training.warnings``): a step over
+    ``LONG_STEP_SECONDS`` or an MFU under ``LOW_MFU``. None on a machine that prices in
+    FLOP-equivalents (``seconds`` false), whose figures are not times."""
+    s = candidate.summary
+    if not seconds:
+        return []
+    warnings = []
+    if s.step_seconds > LONG_STEP_SECONDS:
+        warnings.append(f"a step of {s.step_seconds:.4g} s ({s.step_seconds / 86400:.3g} days) is over a day: "
+                        "is the batch (-b) meant?")
+    if s.mfu is not None and s.mfu < LOW_MFU:
+        warnings.append(f"MFU {100 * s.mfu:.3g} % is below {100 * LOW_MFU:g} %: the devices mostly wait; "
+                        "fewer devices (-p) or a larger batch (-b) use them better")
+    return warnings
+
+
+def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None) -> dict:
     """The ``training`` object (these key names are read outside the project: keep them).
 
     On a machine that prices in FLOP-equivalents (``seconds`` false) the step is
-    ``step_cost`` and the figures in seconds are null.
+    ``step_cost`` and the figures in seconds are null. ``memory_cap``: the cap ``fit`` is
+    judged against (default the candidate's own; a compared recipe searched without one
+    takes the plan's).
     """
     s = candidate.summary
     o = candidate.options
@@ -144,7 +175,8 @@ def training_dict(candidate, network=None, seconds: bool = True) -> dict:
     step_band, memory_band = bands(candidate, seconds)
     data["step_seconds_band"] = step_band
     data["peak_memory_bytes_band"] = memory_band
-    data["fit"] = fit_word(candidate, candidate.memory_cap, seconds)
+    data["fit"] = fit_word(candidate, candidate.memory_cap if memory_cap is None else memory_cap, seconds)
+    data["warnings"] = plan_warnings(candidate, seconds)
     if o.recompute == "block":  # the blocks each pipeline chunk recomputes (Megatron's --recompute-num-layers)
         data["recompute_layers"] = o.recompute_layers
     if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
@@ -217,15 +249,16 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         data["engines"] = engine_verdicts(plan, network)
         data["engines_kept_to"] = list(plan.kept_to)
     if plan.compare is not None:
-        data["compare"] = {"recipe": plan.compare_recipe, "training": training_dict(plan.compare, network, seconds),
-                           "tie": bool(best is not None and is_tie(best, plan.compare, seconds))}
+        data["compare"] = {"recipe": plan.compare_recipe,
+                           "training": training_dict(plan.compare, network, seconds, plan.memory_cap),
+                           "tie": bool(best is not None and is_tie(best, plan.compare, seconds, plan.memory_cap))}
         if best is not None:
             data["compare"]["difference"] = [{"cause": k, "seconds": v} for k, v in explain_difference(best, plan.compare)]
     if plan.alternatives:
         data["training"]["alternatives"] = [
             {"recipe": c.recipe(), "step_seconds": c.summary.step_seconds if seconds else None,
              "step_cost": c.summary.step_seconds, "peak_memory_bytes": c.summary.peak_memory_bytes,
-             "tie": i > 0 and is_tie(best, c, seconds), "differs": None if i == 0 else difference(best, c),
+             "tie": i > 0 and is_tie(best, c, seconds, plan.memory_cap), "differs": None if i == 0 else difference(best, c),
              "slower_by": None if i == 0 else [{"cause": k, "seconds": v} for k, v in explain_difference(best, c)[:2]],
              "causes": c.causes()}
             for i, c in enumerate(plan.alternatives)]
@@ -337,6 +370,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"
         lines.append(f"plan: {best.recipe()}  [{where}]")
         lines += _candidate_lines(best, plan.memory_cap, seconds)
+        lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")
         lines.append(_engine_line(plan, network))
         pipe = best.summary.extra.get("pipeline")
@@ -363,7 +397,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         if best is not None and best.summary.step_seconds > 0:
             ratio = c.summary.step_seconds / best.summary.step_seconds
             unit = " s" if seconds else ""
-            tie = "; a tie: their bands overlap by more than half" if is_tie(best, c, seconds) else ""
+            tie = "; a tie: their bands overlap by more than half" if is_tie(best, c, seconds, plan.memory_cap) else ""
             lines.append(f"  {ratio:.3f}x the plan's step ({_signed(c.summary.step_seconds - best.summary.step_seconds, unit)}"
                          f"){tie}; {difference(best, c)}")
             why = explain_difference(best, c)
@@ -386,7 +420,7 @@ def _alternative_lines(plan, seconds: bool) -> list:
     width = max(len(c.recipe()) for c in plan.alternatives)
     for i, c in enumerate(plan.alternatives):
         s = c.summary
-        mark = "=" if i > 0 and is_tie(best, c, seconds) else " "
+        mark = "=" if i > 0 and is_tie(best, c, seconds, plan.memory_cap) else " "
         head = f"  {i + 1:>2}{mark} {c.recipe():<{width}}  step {s.step_seconds:.4g}{unit}  {format_bytes(s.peak_memory_bytes)}"
         if i == 0:
             lines.append(head + "  the plan")

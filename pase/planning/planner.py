@@ -9,7 +9,7 @@ for a given strategy; a plan can be re-priced on another machine and read back f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -217,6 +217,27 @@ def plan(
     procs = checked_device_count(procs)
     machine = machine or Machine()
     memory_model = memory_model or MemoryModel()
+    _check_options(ordering, memory_cap, approx, capped_options)
+    budget = table_budget if table_budget is not None else default_table_budget()
+    restricted = bool(exportable) and graph is None
+    if graph is None:
+        configs = network.configs(procs, divisors=True) if restricted else None
+        graph = network.graph(procs, machine, configs=configs, budget=budget)
+    else:
+        _check_graph(graph, network, procs, machine)
+    memory = _MemoryVectors(network, memory_model, [graph.nodes[v]["configs"] for v in range(len(network.layers))])
+    if approx is not None:
+        found = _approximate(graph, memory, procs, ordering, approx, budget, progress)
+    elif memory_cap is None:
+        found = _exact(graph, memory, procs, Search(graph, ordering, blocks=blocks), budget, progress, notice)
+    else:
+        found = _capped(graph, memory, Search(graph, ordering, blocks=blocks), memory_cap, budget, progress, notice,
+                        capped_options)
+    return _plan(network, procs, machine, memory_model, graph, memory.configs_of, found, memory_cap, restricted)
+
+
+def _check_options(ordering: str, memory_cap, approx, capped_options: dict) -> None:
+    """``ValueError`` for options ``plan`` cannot take together."""
     if ordering not in ORDERINGS:
         raise ValueError(f"unknown ordering {ordering!r}; choose one of: {', '.join(ORDERINGS)}")
     if memory_cap is None and capped_options:
@@ -225,55 +246,89 @@ def plan(
         raise ValueError(f"the memory cap must be positive, got {memory_cap!r}")
     if approx is not None and memory_cap is not None:
         raise ValueError("the approximate search takes no memory cap")
-    budget = table_budget if table_budget is not None else default_table_budget()
-    restricted = bool(exportable) and graph is None
-    if graph is None:
-        configs = network.configs(procs, divisors=True) if restricted else None
-        graph = network.graph(procs, machine, configs=configs, budget=budget)
-    else:
-        _check_graph(graph, network, procs, machine)
-    vertices = range(len(network.layers))
-    configs_of = [graph.nodes[v]["configs"] for v in vertices]
-    approximation = None
-    if approx is not None:
-        approximation = approximate(graph, ordering, approx, budget, progress=progress)
-        memory = dict(zip(vertices, memory_model.vectors(network, configs_of)))
-        choice = prefer_lean(graph, approximation.choice, memory, procs)
-        total = indexed_cost(graph, choice) if choice != approximation.choice else approximation.cost
-        a = approximation.stats
-        stats = SearchStats(WorkEstimate(a.ordering, a.table_entries, a.largest_table, a.max_dependent_set,
-                                         a.peak_bytes), a.seconds)
-        return _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, None, {},
-                     restricted, approximation)
-    search = Search(graph, ordering, blocks=blocks)
+
+
+class _MemoryVectors:
+    """Per-device bytes of every configuration of every vertex, computed once when first asked."""
+
+    def __init__(self, network: Network, memory_model: MemoryModel, configs_of: list):
+        self.network, self.memory_model, self.configs_of = network, memory_model, configs_of
+        self._vectors = None
+
+    @property
+    def vectors(self) -> dict:
+        if self._vectors is None:
+            rows = self.memory_model.vectors(self.network, self.configs_of)
+            self._vectors = dict(zip(range(len(self.configs_of)), rows))
+        return self._vectors
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What a search hands to ``_plan``: one configuration index per vertex and its cost."""
+
+    choice: dict
+    total: float
+    stats: SearchStats
+    capped: dict = field(default_factory=dict)  # the capped search's fields of MemorySummary
+    approximation: ApproxResult | None = None
+
+
+def _leanest(graph, choice: dict, total: float, memory: _MemoryVectors, procs: int) -> tuple:
+    """``(choice, total)`` with exact ties broken toward less memory (``prefer_lean``)."""
+    leaner = prefer_lean(graph, choice, memory.vectors, procs)
+    return (choice, total) if leaner == choice else (leaner, indexed_cost(graph, leaner))
+
+
+def _approximate(graph, memory: _MemoryVectors, procs: int, ordering: str, approx: int, budget: int,
+                 progress) -> _Found:
+    """The approximate search (``plan(approx=...)``): a strategy, its cost and a lower bound."""
+    approximation = approximate(graph, ordering, approx, budget, progress=progress)
+    choice, total = _leanest(graph, approximation.choice, approximation.cost, memory, procs)
+    a = approximation.stats
+    stats = SearchStats(WorkEstimate(a.ordering, a.table_entries, a.largest_table, a.max_dependent_set,
+                                     a.peak_bytes), a.seconds)
+    return _Found(choice, total, stats, approximation=approximation)
+
+
+def _exact(graph, memory: _MemoryVectors, procs: int, search: Search, budget: int, progress, notice) -> _Found:
+    """The exact search without a memory cap (paper Eq. 4)."""
     search.check_budget(budget)  # refuse before any notice or allocation
-    vectors = None
-    if memory_cap is not None:
-        vectors = dict(zip(vertices, memory_model.vectors(network, configs_of)))
-        # The least memory any strategy needs is a per-layer minimum (memory has no edge
-        # terms): when it exceeds the cap, the capped search says so before any programme.
-        hopeless = sum(float(np.min(vectors[v])) for v in vertices) > memory_cap
-    if notice is not None and not (memory_cap is not None and hopeless):
-        notice(search.estimate, 1 if memory_cap is None else capped_options.get("max_searches", MAX_SEARCHES))
-    if memory_cap is None:
-        result = search.run(memory_budget=budget, progress=progress)
-        choice, total, stats, capped = result.choice, result.cost, result.stats, {}
-        memory = dict(zip(vertices, memory_model.vectors(network, configs_of)))
-        leaner = prefer_lean(graph, choice, memory, procs)
-        if leaner != choice:
-            choice, total = leaner, indexed_cost(graph, leaner)
-    else:
-        choice, total, stats, capped = _capped(graph, search, ordering, vectors, memory_cap, budget, progress,
-                                               capped_options)
-    return _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, memory_cap, capped,
-                 restricted)
+    if notice is not None:
+        notice(search.estimate, 1)
+    result = search.run(memory_budget=budget, progress=progress)
+    choice, total = _leanest(graph, result.choice, result.cost, memory, procs)
+    return _Found(choice, total, result.stats)
 
 
-def _plan(network, procs, machine, memory_model, graph, configs_of, choice, total, stats, memory_cap, capped,
-          restricted, approximation=None) -> Plan:
+def _capped(graph, memory: _MemoryVectors, search: Search, memory_cap: float, budget: int, progress, notice,
+            options: dict) -> _Found:
+    """The memory-capped search (``docs/memory.md``)."""
+    search.check_budget(budget)  # refuse before any notice or allocation
+    vectors = memory.vectors
+    # The least memory any strategy needs is a per-layer minimum (memory has no edge terms):
+    # when it exceeds the cap, the capped search says so before any programme.
+    hopeless = sum(float(np.min(row)) for row in vectors.values()) > memory_cap
+    if notice is not None and not hopeless:
+        notice(search.estimate, options.get("max_searches", MAX_SEARCHES))
+    found = capped_search(graph, vectors, memory_cap, search.ordering.name, budget, progress=progress, search=search,
+                          **options)
+    e = replace(found.search.estimate, table_entries=found.table_entries,
+                plain_table_entries=found.plain_table_entries, blocks=found.blocks)
+    capped = {
+        "status": found.status,
+        "lower_bound": None if found.status == NOTHING_FITS else found.lower_bound,
+        "least_bytes": found.min_memory,
+        "multiplier": found.multiplier,
+        "searches": found.searches,
+    }
+    return _Found(found.choice, found.cost, SearchStats(e, found.seconds), capped)
+
+
+def _plan(network, procs, machine, memory_model, graph, configs_of, found: _Found, memory_cap, restricted) -> Plan:
     """The ``Plan`` of a searched strategy: its configurations, costs and memory."""
     vertices = range(len(network.layers))
-    indices = [int(choice[v]) for v in vertices]
+    indices = [int(found.choice[v]) for v in vertices]
     configs = [tuple(int(c) for c in configs_of[v][i]) for v, i in enumerate(indices)]
     return Plan(
         network=network,
@@ -281,16 +336,16 @@ def _plan(network, procs, machine, memory_model, graph, configs_of, choice, tota
         machine=machine,
         memory_model=memory_model,
         configs=configs,
-        total_cost=float(total),
+        total_cost=float(found.total),
         evaluation=evaluate(network, configs, machine, procs),
         data_parallel=evaluate(network, data_parallel(network, procs), machine, procs),
-        memory=_summary(network, procs, memory_model, configs, memory_cap, **capped),
+        memory=_summary(network, procs, memory_model, configs, memory_cap, **found.capped),
         config_counts=tuple(len(C) for C in configs_of),
-        search=stats,
+        search=found.stats,
         indices=indices,
         graph=graph,
         exportable=restricted,
-        approximation=approximation,
+        approximation=found.approximation,
     )
 
 
@@ -321,22 +376,6 @@ def prefer_lean(graph, choice: dict, memory: dict, procs: int) -> dict:
         if (float(memory[v][best]), -int(devices[list(ties).index(best)])) < now:
             choice[v] = int(best)
     return choice
-
-
-def _capped(graph, search: Search, ordering: str, memory: dict, memory_cap: float, budget: int, progress,
-            options: dict) -> tuple:
-    """``(choice, cost, stats, summary fields)`` of the memory-capped search (``docs/memory.md``)."""
-    found = capped_search(graph, memory, memory_cap, ordering, budget, progress=progress, search=search, **options)
-    e = replace(found.search.estimate, table_entries=found.table_entries,
-                plain_table_entries=found.plain_table_entries, blocks=found.blocks)
-    capped = {
-        "status": found.status,
-        "lower_bound": None if found.status == NOTHING_FITS else found.lower_bound,
-        "least_bytes": found.min_memory,
-        "multiplier": found.multiplier,
-        "searches": found.searches,
-    }
-    return found.choice, found.cost, SearchStats(e, found.seconds), capped
 
 
 @arguments(network=a_network, configs=configurations, procs=positive_int, machine=as_machine,
