@@ -67,7 +67,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "mlp, vocab, sequence, ...); default pase/planning/data/parallel_rules.json (docs/roles.md). "
              "Implies --training.")
     add("--recipe-from", metavar="FILE", default=None,
-        help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
+        help="price exactly the configuration of an engine's file: a torchtitan 0.3 launch script or 0.2 TOML job "
+             "config, a Megatron-LM "
              "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config, for that engine; "
              "what the tool cannot express is refused naming the field (docs/engines.md).")
     for flag, engine, what in ENGINE_EXPORTS:
