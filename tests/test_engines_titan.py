@@ -378,7 +378,7 @@ def _megatron_model_matches(a: dict, config, source: dict, tp: int) -> None:
     if experts:
         assert (a["--num-experts"], a["--moe-router-topk"], a["--moe-ffn-hidden-size"]) == \
             (experts, source["num_experts_per_tok"], source["intermediate_size"])
-        assert config.moe_grouped_gemm and a["--moe-grouped-gemm"] is True
+        assert config.moe_grouped_gemm and a.get("--moe-grouped-gemm") is True
     else:
         assert a["--ffn-hidden-size"] == source["intermediate_size"]
 
@@ -402,18 +402,27 @@ def test_must_show_megatron(tmp_path, name, graph, recipe):
     _megatron_model_matches(a, config, hf_config(name), report["training"]["mesh"]["tp"])
 
 
-def test_megatron_model_check_catches_another_model():
-    # The comparison above fails on a config that is not the one exported: Llama 3.1 8B's
-    # arguments against a copy of its config with another norm epsilon, rotary base or scaling.
-    check.megatron_modules()
-    from pase.outputs.engines import megatron_model_settings
-    from pase.sources.hf import load_hf
-
-    arch = load_hf(hf("llama-3.1-8b"), 2, 16).architecture
-    a = dict((flag, True if value is None else value) for flag, value in megatron_model_settings(arch))
-    source = hf_config("llama-3.1-8b")
-    assert (a["--rotary-base"], a["--norm-epsilon"], a["--rope-scaling-factor"]) == \
-        (source["rope_theta"], source["rms_norm_eps"], source["rope_scaling"]["factor"])
-    for key, other in (("rms_norm_eps", 1e-6), ("rope_theta", 10000.0)):
-        assert (a["--rotary-base"], a["--norm-epsilon"]) != (dict(source, **{key: other})["rope_theta"],
-                                                             dict(source, **{key: other})["rms_norm_eps"])
+@pytest.mark.parametrize("name,graph,recipe,change", [
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"rms_norm_eps": 1e-6}),
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"rope_theta": 10000.0}),
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"rope_scaling": None}),
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"num_key_value_heads": 4}),
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"tie_word_embeddings": True}),
+    ("llama-3.1-8b", FSDP_8B, "dp=8,tp=1,zero=3,recompute=full,microbatch=1", {"vocab_size": 128000}),
+    ("mixtral-8x7b", MIXTRAL_HF, "dp=8,tp=2,pp=2,ep=8,zero=1,recompute=full,microbatch=1", {"num_experts_per_tok": 1}),
+    ("mixtral-8x7b", MIXTRAL_HF, "dp=8,tp=2,pp=2,ep=8,zero=1,recompute=full,microbatch=1", {"--moe-grouped-gemm": None}),
+])
+def test_megatron_model_check_catches_another_model(tmp_path, name, graph, recipe, change):
+    # The comparison of the must-show test fails on a config that is not the one exported (or on
+    # arguments without one of theirs): it can fail.
+    path = tmp_path / "m.json"
+    status, out, err = run(*graph, "--recipe", recipe, "--export-megatron", path, "--json")
+    assert status == 0, err
+    a = json.loads(path.read_text())["arguments"]
+    procs, tp = int(graph[graph.index("-p") + 1]), json.loads(out)["training"]["mesh"]["tp"]
+    config, _, _ = check.megatron_accepts(a, procs)
+    _megatron_model_matches(a, config, hf_config(name), tp)
+    source = dict(hf_config(name), **{k: v for k, v in change.items() if not k.startswith("--")})
+    args = {k: v for k, v in a.items() if k not in change}
+    with pytest.raises(AssertionError):
+        _megatron_model_matches(args, config, source, tp)

@@ -22,7 +22,6 @@ is refused.
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pase.outputs.engine_base import DEVICES_PER_NODE, EngineRefusal, check_runs, setting, torchrun

@@ -6,8 +6,9 @@ loss and its fp32 buffers), the gradient's and the reduction's element types, bu
 units, which overlaps exist, the names of its recomputation policies, the optimizer's
 temporaries, the allocator's behaviour. Every fact carries its source (a file of the engine's
 repository or its docs). ``--engine NAME[,KEY=VALUE...]`` picks one and switches keys (a
-switch the profile names, such as ``torchtitan,compile=true``, or any scalar fact), ``--engine
-FILE.json`` reads a profile of one's own in the same format.
+switch the profile names, such as ``torchtitan,compile=true``, or any scalar fact; a switch may
+also change the ``runs`` section, as ``torchtitan,version=0.2`` does), ``--engine FILE.json``
+reads a profile of one's own in the same format.
 
 :meth:`EngineProfile.training_options` gives the :class:`TrainingOptions` fields it implies;
 :meth:`EngineProfile.searched` the choices the search may try where the engine has them
