@@ -35,9 +35,11 @@ setup(
     # Optional: importing PyTorch models and `pase calibrate` (torch); running plans (jax);
     # Hugging Face configs of model types read through transformers (hf); the engines'
     # configuration code that checks the exports in the tests (engines; megatron-core 0.16 for its
-    # pipeline layouts and tokenizers): torchtitan 0.2 is the
-    # last release that reads TOML job files; DeepSpeed without building its ops (DS_BUILD_OPS=0).
+    # pipeline layouts and tokenizers; torchtitan 0.3, whose launch --export-torchtitan writes;
+    # torchtitan 0.2.2, whose TOML job files it writes with --engine torchtitan,version=0.2, is
+    # installed apart by .ci/run, as the two cannot share an environment); DeepSpeed without
+    # building its ops (DS_BUILD_OPS=0).
     extras_require={"torch": ["torch>=2.1"], "jax": ["jax>=0.4.30"], "hf": ["torch>=2.1", "transformers>=4.40"],
-                    "engines": ["megatron-core>=0.16", "deepspeed>=0.16", "torchtitan>=0.2,<0.3"]},
+                    "engines": ["megatron-core>=0.16", "deepspeed>=0.16", "torchtitan>=0.3,<0.4"]},
     entry_points={"console_scripts": ["pase = pase._entry:run"]},
 )

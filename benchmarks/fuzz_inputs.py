@@ -1286,6 +1286,10 @@ BAD_ENGINES = (
     ("megatron,launch_seconds=-1", "a negative number"), ("megatron,launch_seconds=nan", "not a number"),
     ("torchtitan,compile", "a key without a value"), ("", "an empty spec"), (",", "a comma alone"),
     ("megatron,tp_overlap=true,tp_overlap=false", "a key twice"), ("absent.json", "a missing profile file"),
+    ("torchtitan,version=0.1", "a torchtitan release it does not write"), ("torchtitan,version=0.4", "a later one"),
+    ("torchtitan,version=0.3.0", "a patch release, not the switch's value"), ("torchtitan,version=", "no value"),
+    ("torchtitan,version=0.2,version=0.3", "the version twice"), ("megatron,version=0.2", "another engine's key"),
+    ("torchtitan,version=latest", "a word"),
 )
 #: (file contents, why it is refused): malformed profile files.
 BAD_PROFILES = (
@@ -1311,7 +1315,8 @@ def engine_profile_cases(rng: random.Random, hf: dict) -> list:
         cases.append(Case("recipe", kind, what, ["-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm",
                                                  "--engine", spec], expect, dict(hf, **(files or {}))))
 
-    for spec in ("megatron", "torchtitan", "fsdp", "deepspeed", "torchtitan,compile=true", "megatron,grad_reduce=bf16"):
+    for spec in ("megatron", "torchtitan", "fsdp", "deepspeed", "torchtitan,compile=true", "megatron,grad_reduce=bf16",
+                 "torchtitan,version=0.2", "torchtitan,version=0.3,compile=true"):
         add("engine good", spec, spec, OK)
     add("engine good", "a profile file of one's own", "mine.json", OK, {"mine.json": _profile_file(lambda d: None)})
     for spec, why in BAD_ENGINES:
@@ -1323,7 +1328,7 @@ def engine_profile_cases(rng: random.Random, hf: dict) -> list:
 
 
 #: The engine exports and the format of what they write.
-ENGINE_FLAGS = {"--export-torchtitan": "toml", "--export-megatron": "json", "--export-deepspeed": "json"}
+ENGINE_FLAGS = {"--export-torchtitan": "launch", "--export-megatron": "json", "--export-deepspeed": "json"}
 
 
 def engine_cases(rng: random.Random, refs: dict) -> list:
@@ -1367,7 +1372,7 @@ def engine_cases(rng: random.Random, refs: dict) -> list:
                       {"c.json": hf}))
     cases.append(Case("engine", "several", "an export and the DOT graph",
                       [*base, "--export-torchtitan", "t.json", "--dot-path", "g.dot"],
-                      OK, {"c.json": hf}, outputs=(("t.json", "toml"), ("g.dot", "dot"))))
+                      OK, {"c.json": hf}, outputs=(("t.json", "launch"), ("g.dot", "dot"))))
     cases.append(Case("engine", "several", "an export for another engine than --engine (refused)",
                       [*base, "--engine", "megatron", "--export-deepspeed", "d.json"], BAD_VALUE, {"c.json": hf}))
     cases.append(Case("engine", "models", "a model that is not a decoder (alexnet)",
@@ -1414,8 +1419,10 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
     add("good", "Megatron-LM's pipeline layout, stage by stage", b"--micro-batch-size 1 --global-batch-size 8 "
         b"--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
         b"--pipeline-model-parallel-layout 'E,t|(t)*1,L'\n", OK)
-    add("good", "a torchtitan TOML by hand", b"[parallelism]\ndata_parallel_shard_degree = 4\n[training]\n"
-        b"local_batch_size = 2\nseq_len = 128\n[activation_checkpoint]\nmode = \"full\"\n", OK)
+    add("good", "a torchtitan TOML by hand", HAND_TOML, OK)
+    add("good", "a torchtitan 0.3 launch, options in tyro's own spelling", _launch_with(
+        files["torchtitan"], "--parallelism.fsdp-reshard-after-forward=never --profiler.enable-profiling", drop=(
+            "--parallelism.fsdp_reshard_after_forward always",)), OK)
     add("good", "a DeepSpeed config by hand", _dump({"train_batch_size": 8, "gradient_accumulation_steps": 2,
                                                      "zero_optimization": {"stage": 2, "overlap_comm": True}}), OK)
     for what, body in [("an empty file", b""), ("truncated JSON", b'{"train_batch_size": 8'), ("a JSON list", b"[1]"),
@@ -1424,6 +1431,10 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
                        ("an unbalanced quote", b"--micro-batch-size '1\n"),
                        ("enormous", b"#" * (2 << 20))]:
         add("malformed", what, body, BAD_FILE)
+    add("malformed", "a launch with an unbalanced quote", b"#!/bin/bash\ntorchrun -m torchtitan.train --module 'x\n",
+        BAD_FILE)
+    add("malformed", "a shell script that runs no -m torchtitan.train", b"#!/bin/bash\necho torchtitan.train\n",
+        BAD_FILE)
     add("file system", "a missing file", None, BAD_FILE, name="missing.toml")
     cases.append(Case("recipe-from", "file system", "a directory", [*base, "--recipe-from", "d"], BAD_FILE,
                       {"c.json": hf, "d": ("dir",)}))
@@ -1457,6 +1468,9 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
         ("a ZeRO stage 7", _dump({"train_batch_size": 8, "zero_optimization": {"stage": 7}})),
     ]:
         add("refused", what, body, BAD_VALUE)
+    # torchtitan 0.3 launches it cannot price (issue 42): one line, exit 2, the export not written.
+    for what, body in _bad_launches(files["torchtitan"]):
+        add("refused 0.3 launch", what, body, BAD_VALUE, name="r.sh", extra=("--export-torchtitan", "out.sh"))
     cases.append(Case("recipe-from", "flags", "--recipe-from with --recipe",
                       [*base, "--recipe-from", "r.toml", "--recipe", "dp=4"], BAD_VALUE,
                       {"c.json": hf, "r.toml": files["torchtitan"]}))
@@ -1467,7 +1481,14 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
     import tomllib
 
     values = [-1, 0, 1, 3, 4, 1 << 40, "x", True, 2.5, [], {}]
-    for engine, body in files.items():
+    launch = files["torchtitan"].decode()
+    options = re.findall(r"^  (--[a-z_.]+) (\S+) \\$", launch, flags=re.M)
+    for _ in range(12):  # a launch option's value replaced
+        flag, old = rng.choice(options)
+        value = rng.choice(["-1", "0", "1", "3", "4", str(1 << 40), "x", "''", "None", "2.5"])
+        body_m = launch.replace(f"  {flag} {old} \\", f"  {flag} {value} \\").encode()
+        add("random", f"torchtitan 0.3: {flag} {value}", body_m, frozenset({0, 1, 2, 4}), name="r.sh")
+    for engine, body in dict(files, torchtitan=HAND_TOML).items():
         doc = tomllib.loads(body.decode()) if engine == "torchtitan" else json.loads(body)
         tables = doc if engine != "megatron" else {"arguments": doc["arguments"]}
         for _ in range(12):
@@ -1492,6 +1513,72 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
                 body_m = _dump(mutated)
             add("random", f"{engine}: {section}.{key} = {_short(value, 20)}", body_m, frozenset({0, 1, 2, 4}))
     return cases
+
+
+#: A torchtitan 0.2 job file for the tiny decoder, by hand.
+HAND_TOML = (b"[parallelism]\ndata_parallel_shard_degree = 4\n[training]\nlocal_batch_size = 2\nseq_len = 128\n"
+             b"[activation_checkpoint]\nmode = \"full\"\n")
+
+
+def _launch_with(launch: bytes, extra: str = "", drop: tuple = (), swap: tuple = ()) -> bytes:
+    """A 0.3 launch script with options ``extra`` put before its subcommand, the lines ``drop``
+    removed and each ``(old, new)`` of ``swap`` replaced."""
+    text = launch.decode()
+    for line in drop:
+        text = text.replace(f"  {line} \\\n", "")
+    for old, new in swap:
+        assert old in text, old
+        text = text.replace(old, new)
+    if extra:
+        text = text.replace("  activation-checkpoint:", f"  {extra} \\\n  activation-checkpoint:")
+    return text.encode()
+
+
+def _bad_launches(launch: bytes) -> list:
+    """``(what, body)``: torchtitan 0.3 launch scripts of the tiny decoder that ``--recipe-from``
+    must refuse with one line (exit 2): each a change of the export's."""
+    module = ("--module pase_torchtitan_model --config pase_model",)
+    return [
+        ("no --module", _launch_with(launch, swap=((module[0], "--config pase_model"),))),
+        ("--module without its value", _launch_with(launch, swap=((module[0], "--module --config pase_model"),))),
+        ("a config whose defaults pase does not know", _launch_with(launch, swap=(("--config pase_model",
+                                                                                   "--config llama3_405b"),))),
+        ("another model's config (llama3_8b)", _launch_with(launch, swap=((module[0], "--module llama3 --config "
+                                                                                      "llama3_8b"),))),
+        ("its module's MODEL another model", _launch_with(launch, swap=(("'layers': 2", "'layers': 3"),))),
+        ("its module's MODEL not pase's", _launch_with(launch, swap=(("MODEL = {", "MODEL = dict({"),))),
+        ("memory-budget recomputation", _launch_with(launch, swap=(("activation-checkpoint:none",
+                                                                    "activation-checkpoint:memory-budget"),))),
+        ("two recomputation subcommands", _launch_with(launch, "activation-checkpoint:full")),
+        ("CUDA graphs on", _launch_with(launch, drop=("--training.disable_cuda_graphs",))),
+        ("an override of torchtitan's components", _launch_with(launch, "--override.imports x.y")),
+        ("a degree that is no integer", _launch_with(launch, swap=(("context_parallel_degree 1",
+                                                                    "context_parallel_degree two"),))),
+        ("an integer of eleven digits", _launch_with(launch, swap=(("data_parallel_shard_degree 4",
+                                                                    "data_parallel_shard_degree 99999999999"),))),
+        ("an option twice", _launch_with(launch, "--training.seq_len 128")),
+        ("an unknown option", _launch_with(launch, "--parallelism.frobnicate 3")),
+        ("an unknown section", _launch_with(launch, "--frobnicate.x 3")),
+        ("context parallelism without load balancing", _launch_with(
+            launch, "--parallelism.context_parallel_load_balancer None")),
+        ("tensor parallelism without sequence parallelism", _launch_with(
+            launch, "--parallelism.no-enable-sequence-parallel",
+            swap=(("tensor_parallel_degree 1", "tensor_parallel_degree 2"),))),
+        ("async tensor parallelism without compile", _launch_with(launch, "--compile.enable_async_tensor_parallel")),
+        ("CPU offload", _launch_with(launch, "--training.enable_cpu_offload")),
+        ("degrees over -p", _launch_with(launch, swap=(("data_parallel_shard_degree 4",
+                                                        "data_parallel_shard_degree 8"),))),
+        ("a batch other than -b", _launch_with(launch, swap=(("global_batch_size 8", "global_batch_size 16"),))),
+        ("a sequence other than -m", _launch_with(launch, swap=(("seq_len 128", "seq_len 256"),))),
+        ("a switch given a value", _launch_with(launch, swap=(("--training.disable_cuda_graphs \\",
+                                                               "--training.disable_cuda_graphs yes \\"),))),
+        ("a schedule the tool does not price", _launch_with(
+            launch, "--parallelism.pipeline_parallel_schedule ZBVZeroBubble",
+            swap=(("pipeline_parallel_degree 1", "pipeline_parallel_degree 2"),
+                  ("data_parallel_shard_degree 4", "data_parallel_shard_degree 2"),
+                  ("local_batch_size 2", "local_batch_size 4")))),
+        ("a stray word after a switch", _launch_with(launch, "stray")),
+    ]
 
 
 #: Specification fields of a machine file (pase/machines/specs.py) and values each must refuse.
@@ -1650,6 +1737,8 @@ class Accepted:
 def _tiny_files() -> dict:
     machines = os.path.join(ROOT, "examples", "machines")
     files = {"c.json": _dump(TINY_HF), "mini.json": _dump(mini_graph())}
+    with open(os.path.join(ROOT, "examples", "hf", "llama-3.1-8b.json"), "rb") as f:
+        files["l31.json"] = f.read()  # torchtitan's 8B flavour: what a torchtitan 0.2 job file can name
     for name in sorted(os.listdir(machines)):
         with open(os.path.join(machines, name), "rb") as f:
             files[f"m/{name}"] = f.read()
@@ -1663,6 +1752,10 @@ MEASURED_TABLE = "m/h100-96gb-500w-derived.json"
 SEARCH = ("-g", "mini.json", "-p", "4")
 TRAIN = ("-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training")
 TRAIN_B200 = TRAIN[:-2] + ("b200", "--training")  # MXFP8 and NVFP4 run on Blackwell
+#: torchtitan 0.2's job files name one of its models: Llama 3.1 8B, on 8 devices with a fixed dp.
+TITAN02 = ("-g", "hf:l31.json", "-p", "8", "-b", "8", "-m", "128", "--machine", "h100-sxm", "--engine",
+           "torchtitan,version=0.2")
+TITAN02_B200 = TITAN02[:9] + ("b200",) + TITAN02[10:]
 
 #: Values every ``VALUES`` flag is given beside its own: one line and a documented status either way.
 HOSTILE = ("", " ", "-1", "0", "1e999", "nan", "9" * 400, "\u0664", "x" * 5000, "--help", "1,2", "\n")
@@ -1683,8 +1776,11 @@ VALUES = {
                       reason="at most 1e+12 GB"),
     "--table-budget": Value((*SEARCH, "--table-budget", "{}"), good=("1", "1e12"), bad=("1e13", "1e300"),
                             reason="at most 1e+12 GB"),
-    "--recipe, FP8 scaling into torchtitan": Value((*TRAIN, "--recipe", "precision=fp8,zero=3,scaling={}", "--export-torchtitan",
-                                                    "out.toml"), good=("current", "rowwise"), bad=("delayed", "blockwise")),
+    "--recipe, FP8 scaling into torchtitan 0.2": Value((*TITAN02, "--recipe", "dp=8,precision=fp8,zero=3,scaling={}",
+                                                        "--export-torchtitan", "out.toml"), good=("current", "rowwise"),
+                                                       bad=("delayed", "blockwise"), files=("l31.json",)),
+    "--engine, torchtitan's version": Value((*TRAIN, "--engine", "torchtitan,version={}", "--export-torchtitan", "out.sh"),
+                                            good=("0.3",), bad=("0.1", "0.4", "0.3.0", "latest", "0.2,version=0.3", "")),
 }
 
 INPUT_FILES = {
@@ -1702,13 +1798,15 @@ OUTPUT_PATHS = {
     "--dot-path": OutputPath((*SEARCH, "--dot-path", "{}"), "dot"),
     "--export-graph": OutputPath((*SEARCH, "--export-graph", "{}")),
     "--export-megatron": OutputPath((*TRAIN, "--export-megatron", "{}")),
-    "--export-torchtitan": OutputPath((*TRAIN, "--export-torchtitan", "{}"), "toml"),
+    "--export-torchtitan": OutputPath((*TRAIN, "--export-torchtitan", "{}"), "launch"),
+    "--export-torchtitan, torchtitan 0.2": OutputPath((*TITAN02, "--recipe", "dp=8,zero=3", "--export-torchtitan", "{}"),
+                                                      "toml", ("l31.json",)),
     "--export-deepspeed": OutputPath((*TRAIN, "--export-deepspeed", "{}")),
     "--dot-path of a training plan": OutputPath((*TRAIN, "--dot-path", "{}"), "dot"),
     "--export-megatron, an FP8 plan": OutputPath((*TRAIN, "--recipe", "precision=fp8,scaling=delayed,zero=1,fp8_gather=true", "--export-megatron", "{}")),
     "--export-megatron, an NVFP4 plan": OutputPath((*TRAIN_B200, "--recipe", "precision=nvfp4", "--export-megatron", "{}")),
-    "--export-torchtitan, an FP8 plan": OutputPath((*TRAIN, "--recipe", "precision=fp8,zero=3,fp8_gather=true", "--export-torchtitan", "{}"), "toml"),
-    "--export-torchtitan, an MXFP8 plan": OutputPath((*TRAIN_B200, "--recipe", "precision=mxfp8,zero=3", "--export-torchtitan", "{}"), "toml"),
+    "--export-torchtitan, an FP8 plan": OutputPath((*TITAN02, "--recipe", "dp=8,precision=fp8,zero=3,fp8_gather=true", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
+    "--export-torchtitan, an MXFP8 plan": OutputPath((*TITAN02_B200, "--recipe", "dp=8,precision=mxfp8,zero=3", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
 }
 
 REFUSALS = {
@@ -1732,8 +1830,11 @@ REFUSALS = {
         ("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", MACHINE_FILE, "--recipe", "dp=8",
          "--export-megatron", MEASURED_TABLE), "would overwrite the measured table", files=(MACHINE_FILE, MEASURED_TABLE)),
     "an FP8 plan into ds_config.json": Refusal((*TRAIN, "--recipe", "precision=fp8", "--export-deepspeed", "ds.json"), "no FP8 training section"),
-    "NVFP4 into torchtitan": Refusal((*TRAIN_B200, "--recipe", "precision=nvfp4", "--export-torchtitan", "t.toml"), "no NVFP4 training converter"),
-    "FP8 gathers with rowwise scaling into torchtitan": Refusal((*TRAIN, "--recipe", "precision=fp8,scaling=rowwise,fp8_gather=true", "--export-torchtitan", "t.toml"), "tensorwise scaling only"),
+    "NVFP4 into torchtitan 0.2": Refusal((*TRAIN_B200, "--engine", "torchtitan,version=0.2", "--recipe", "precision=nvfp4", "--export-torchtitan", "t.toml"), "no NVFP4 training converter"),
+    "FP8 gathers with rowwise scaling into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "precision=fp8,scaling=rowwise,fp8_gather=true", "--export-torchtitan", "t.toml"), "tensorwise scaling only"),
+    "FP8 into torchtitan 0.3": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=3", "--export-torchtitan", "t.sh"), "torchtitan 0.3 sets its low-precision converters"),
+    "a model no flavour is, into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "dp=4,zero=3", "--export-torchtitan", "t.toml"), "torchtitan 0.2's job file names one of its models"),
+    "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "no torchtitan 0.3 model is this mixture of experts"),
     "FP8 gathers without ZeRO into Megatron-LM": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=0,fp8_gather=true", "--export-megatron", "m.json"), "needs the distributed optimizer"),
 }
 
@@ -2229,6 +2330,23 @@ def _numbers(case: Case, stdout: str) -> list:
     return []
 
 
+def _launch_problems(rel: str, body: bytes) -> list:
+    """A torchtitan 0.3 launch script written completely: a bash script whose torchrun line runs
+    -m torchtitan.train, its arguments split by the shell's rules, the subcommand last."""
+    import shlex
+
+    try:
+        text = body.decode()
+        line = next(x for x in text.replace("\\\n", " ").splitlines()
+                    if "-m torchtitan.train" in x and not x.startswith("#"))
+        tokens = shlex.split(line)
+    except (UnicodeDecodeError, StopIteration, ValueError) as error:
+        return [f"{rel} is not a torchtitan launch script ({type(error).__name__})"]
+    if not text.startswith("#!/usr/bin/env bash\n") or not tokens[-1].startswith("activation-checkpoint:"):
+        return [f"{rel} is not a complete torchtitan launch script"]
+    return []
+
+
 def _check_outputs(case: Case, result: dict, before: dict) -> list:
     problems = []
     for rel, kind in case.outputs:
@@ -2258,6 +2376,8 @@ def _check_outputs(case: Case, result: dict, before: dict) -> list:
                 json.loads(body)
             except ValueError:
                 problems.append(f"{rel} is not complete JSON")
+        elif kind == "launch":
+            problems += _launch_problems(rel, body)
         elif kind == "toml":
             import tomllib
 

@@ -184,6 +184,13 @@ class DecoderConfig:
     mla: MLAConfig | None = None
     #: Multi-token prediction modules (DeepSeek-V3), each a block predicting one more token.
     mtp: int = 0
+    #: What changes the function built but not its cost, declared where known (``None``: not
+    #: declared): the rotary base, the rotary scaling (``(key, value)`` pairs, e.g. Llama 3.1's
+    #: ``(("factor", 8.0), ..., ("type", "llama3"))``; ``()``: none) and the norms' epsilon.
+    #: The engine exports write them, so that the engine builds this very model.
+    rope_theta: float | None = None
+    rope_scaling: tuple | None = None
+    norm_eps: float | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -210,6 +217,14 @@ class DecoderConfig:
                 choices = NORMS if f.name == "norm" else POSITIONS
                 if value not in choices:
                     raise ValueError(f"decoder {f.name} must be one of {', '.join(choices)}, got {value!r}")
+            elif f.name in ("rope_theta", "norm_eps"):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                          or not 0 < value < math.inf):
+                    raise ValueError(f"decoder {f.name} must be a positive number, got {value!r}")
+            elif f.name == "rope_scaling":
+                if value is not None and (not isinstance(value, tuple) or not all(
+                        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value)):
+                    raise ValueError(f"decoder rope_scaling must be a tuple of (name, value) pairs, got {value!r}")
             elif f.name == "max_positions" and value is None:
                 if self.positions == "learned":
                     raise ValueError("decoder max_positions must be given for learned positions")
@@ -484,6 +499,10 @@ def architecture(config: DecoderConfig) -> dict:
            "features": {"norm_bias": c.norm_bias if c.norm == "layer" else False, "post_norms": c.post_norms,
                         "window": c.window, "sinks": c.sinks, "softcap": c.softcap, "final_softcap": c.final_softcap,
                         "mla": c.mla is not None, "mtp": c.mtp}}
+    if c.rope_theta is not None and c.positions == "rotary":
+        out["rope"] = {"theta": float(c.rope_theta), "scaling": dict(c.rope_scaling) if c.rope_scaling else None}
+    if c.norm_eps is not None:
+        out["norm_eps"] = float(c.norm_eps)
     if c.moe is not None:
         m = c.moe
         out["moe"] = {"experts": m.experts, "top_k": m.top_k, "width": m.width, "shared": m.shared,

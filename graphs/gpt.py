@@ -100,5 +100,6 @@ def gpt(name: str, batch: int = 128, model: int | None = None) -> Network:
     shape = {"layers": cfg.layers, "width": cfg.width, "heads": cfg.heads, "kv_heads": cfg.heads,
              "head_dim": cfg.key, "mlp_width": cfg.hidden, "vocab": cfg.vocab, "sequence": cfg.sequence,
              "max_positions": cfg.sequence, "gated": False, "norm": "layer", "positions": "learned", "tied": False,
-             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False}
+             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False,
+             "norm_eps": 1e-5}  # GPT-2's and GPT-3's LayerNorm epsilon (GPT-2's layer_norm_epsilon)
     return replace(g.build(), architecture=shape)

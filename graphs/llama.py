@@ -45,6 +45,18 @@ LLAMA_CONFIGS = {
 #: Default sequence length (CLI ``-m``).
 SEQUENCE = 2048
 
+#: The rotary base and the norms' epsilon of every Llama 3 and 3.1 model (Meta's ``params.json``:
+#: ``"rope_theta": 500000.0``, ``"norm_eps": 1e-05``).
+ROPE_THETA = 500000.0
+NORM_EPS = 1e-5
+#: Llama 3.1's rotary scaling (``params.json`` ``"use_scaled_rope": true``; Hugging Face's
+#: ``rope_scaling`` of Llama-3.1 configs): frequencies scaled by 8 beyond the original 8192
+#: positions, smoothly between wavelengths 8192 / 4 and 8192 / 1. The 8B and 70B built here are
+#: Llama 3's (unscaled); the 405B is Llama 3.1's.
+LLAMA31_ROPE_SCALING = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                        ("original_max_position_embeddings", 8192), ("type", "llama3"))
+SCALED_ROPE = ("llama3-405b",)
+
 
 def parameter_count(config: LlamaConfig) -> int:
     """Closed form ``2 V e + L (2 e^2 + 2 e g k + 3 e f) + (2 L + 1) e``.
@@ -118,5 +130,7 @@ def llama(name: str, batch: int = 128, model: int | None = None) -> Network:
     shape = {"layers": cfg.layers, "width": cfg.width, "heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": k,
              "mlp_width": cfg.hidden, "vocab": cfg.vocab, "sequence": sequence, "max_positions": sequence,
              "gated": True, "norm": "rms", "positions": "rotary", "tied": False,
-             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False}
+             "biases": {"qkv": False, "out": False, "mlp": False}, "qk_norm": False,
+             "rope": {"theta": ROPE_THETA, "scaling": dict(LLAMA31_ROPE_SCALING) if name in SCALED_ROPE else None},
+             "norm_eps": NORM_EPS}
     return replace(g.build(), architecture=shape)

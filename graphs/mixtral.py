@@ -14,9 +14,11 @@ __all__ = ["MIXTRAL_CONFIGS", "mixtral", "SEQUENCE"]
 SEQUENCE = 4096
 
 #: Mistral AI's published shape (``config.json`` of Mixtral-8x7B-v0.1): 32 layers, width 4096,
-#: 32 heads of 128 (8 key/value), 8 experts of width 14336, top-2, vocabulary 32000.
+#: 32 heads of 128 (8 key/value), 8 experts of width 14336, top-2, vocabulary 32000; rotary base
+#: ``rope_theta`` 1e6 unscaled, ``rms_norm_eps`` 1e-5.
 MIXTRAL_CONFIGS = {
-    "mixtral-8x7b": DecoderConfig(32, 4096, 32, 8, 128, 14336, 32000, sequence=SEQUENCE, moe=MoEConfig(8, 2, 14336)),
+    "mixtral-8x7b": DecoderConfig(32, 4096, 32, 8, 128, 14336, 32000, sequence=SEQUENCE, moe=MoEConfig(8, 2, 14336),
+                                  rope_theta=1e6, rope_scaling=(), norm_eps=1e-5),
 }
 
 

@@ -4,10 +4,13 @@ Each ``*_accepts`` hands an export to the engine's own classes and returns what 
 it; each skips the test cleanly when the engine's package is not installed (the ``engines``
 extra: ``pip install '.[engines]'``).
 
-- torchtitan 0.2 (``torchtitan.config.ConfigManager``, ``torchtitan.distributed.parallel_dims
-  .ParallelDims``): its package ``__init__`` imports its Float8/MoE kernels (triton, a GPU
-  compiler), so the package is entered without running that ``__init__``; the two modules
-  used import torch only.
+- torchtitan (:func:`titan_run`): its ``ConfigManager`` and ``ParallelDims`` run in a process of
+  their own (``tests/titan_check.py``), so that 0.3 (the launch scripts: the exact arguments of
+  ``-m torchtitan.train``) and 0.2 (the TOML job files) are both checked from one test run.
+  The interpreter is ``PASE_TORCHTITAN_PYTHON`` (else this one); ``PASE_TORCHTITAN_0_3`` and
+  ``PASE_TORCHTITAN_0_2`` name folders put first on its path for each release (``.ci/run``
+  installs 0.3 in its environment and 0.2.2 into a ``--target`` folder). A release that is not
+  found skips the test.
 - megatron-core (``TransformerConfig``, ``DistributedDataParallelConfig``, ``OptimizerConfig``):
   imports on a CPU. Megatron-LM's own argument parser (``megatron/training/arguments.py``) is
   not in the megatron-core package: every exported flag must be the flag of one of those
@@ -22,9 +25,10 @@ extra: ``pip install '.[engines]'``).
 from __future__ import annotations
 
 import importlib.util
-import shlex
+import json
+import os
+import subprocess
 import sys
-import types
 import typing
 import warnings
 
@@ -40,51 +44,50 @@ def _need(module: str, package: str):
         pytest.skip(f"{package} is not installed (pip install '.[engines]')")
 
 
-def titan_modules():
-    """``(ConfigManager, ParallelDims)`` of torchtitan, or a skip."""
-    _need("torchtitan", "torchtitan")
-    if "torchtitan.config" not in sys.modules:
-        spec = importlib.util.find_spec("torchtitan")
-        if "torchtitan" not in sys.modules:
-            package = types.ModuleType("torchtitan")  # its modules, without its __init__'s kernel imports
-            package.__path__ = list(spec.submodule_search_locations)
-            package.__spec__ = spec
-            sys.modules["torchtitan"] = package
-    try:
-        from torchtitan.config import ConfigManager
-        from torchtitan.distributed.parallel_dims import ParallelDims
-    except ImportError as err:
-        pytest.skip(f"torchtitan's configuration code does not import here: {err}")
-    if not hasattr(ConfigManager, "_maybe_load_toml"):
-        pytest.skip("this torchtitan reads no TOML job files (0.3 and later): the export is for 0.2")
-    return ConfigManager, ParallelDims
+TITAN_CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "titan_check.py")
 
 
-def titan_accepts(toml_path: str, command_line: str, procs: int):
-    """torchtitan's job config of the TOML (its ConfigManager), checked against the same
-    parsed from the command line, its degrees accepted by its ParallelDims for ``procs``
-    ranks. Returns the job config."""
-    ConfigManager, ParallelDims = titan_modules()
-    config = ConfigManager().parse_args(["--job.config_file", str(toml_path)])
-    from_line = ConfigManager().parse_args(shlex.split(command_line))
-    for section in ("parallelism", "training", "activation_checkpoint", "model", "quantize.linear.float8",
-                    "quantize.linear.mx"):
-        a, b = config, from_line
-        for name in section.split("."):
-            a, b = getattr(a, name), getattr(b, name)
-        a, b = vars(a), vars(b)
-        differ = {k for k in a if a[k] != b[k] and k != "module_fqns_per_model_part"}
-        assert not differ, f"{section}: the command line differs from the TOML in {differ}"
-    p = config.parallelism
-    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
-                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=procs)
+def titan_run(jobs: list, release: str) -> list:
+    """``tests/titan_check.py``'s results for ``jobs`` under torchtitan ``release`` (``"0.3"`` or
+    ``"0.2"``), or a skip when that release is not found."""
+    python = os.environ.get("PASE_TORCHTITAN_PYTHON") or sys.executable
+    folder = os.environ.get(f"PASE_TORCHTITAN_{release.replace('.', '_')}")
+    env = dict(os.environ)
+    if folder:
+        env["PYTHONPATH"] = os.pathsep.join([folder] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    probe = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('torchtitan'))"],
+                           env=env, capture_output=True, text=True)
+    found = probe.stdout.strip()
+    if probe.returncode or not found.startswith(release + "."):
+        pytest.skip(f"torchtitan {release} is not found (found: {found or 'none'}): install it, or point "
+                    f"PASE_TORCHTITAN_{release.replace('.', '_')} at a folder that has it (.ci/run does)")
+    done = subprocess.run([python, TITAN_CHECK], input=json.dumps(jobs), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def titan_launch(script: str, procs: int) -> dict:
+    """torchtitan 0.3's reading of a launch script for ``procs`` ranks (its ConfigManager on the
+    exact arguments of ``-m torchtitan.train``, then ParallelDims); asserts it accepted them."""
+    result = titan_run([{"kind": "launch", "script": script, "world": procs}], "0.3")[0]
+    assert result["ok"], result["error"]
+    return result
+
+
+def titan_accepts(toml_path, command_line: str, procs: int) -> dict:
+    """torchtitan 0.2's job config of the TOML (its ConfigManager), the same parsed from the
+    command line, its degrees accepted by its ParallelDims for ``procs`` ranks."""
+    result = titan_run([{"kind": "toml", "path": str(toml_path), "command_line": command_line, "world": procs}],
+                       "0.2")[0]
+    assert result["ok"], result["error"]
+    assert result["command_line_agrees"], "the command line differs from the TOML"
+    dims, p = result["dims"], result["parallelism"]
     # torchtitan's parallelize functions (llama3, deepseek_v3): "DDP has not supported > 1D parallelism".
-    assert not (dims.dp_replicate > 1 and dims.dp_shard == 1 and dims.cp == 1
-                and (dims.tp > 1 or dims.pp > 1 or dims.ep > 1))
+    assert not (dims["dp_replicate"] > 1 and dims["dp_shard"] == 1 and dims["cp"] == 1
+                and (dims["tp"] > 1 or dims["pp"] > 1 or dims["ep"] > 1))
     # Its pipeline code: local_batch_size must divide into micro-batches of pipeline_parallel_microbatch_size.
-    assert config.training.local_batch_size % p.pipeline_parallel_microbatch_size == 0
-    return config
+    assert result["training"]["local_batch_size"] % p["pipeline_parallel_microbatch_size"] == 0
+    return result
 
 
 def megatron_modules():
@@ -121,6 +124,11 @@ MEGATRON_LM_ONLY = {
     "--vocab-size": (int, "the same (the null tokenizer's size)"),
     "--make-vocab-size-divisible-by": (int, "Megatron-LM's vocabulary padding (_vocab_size_with_padding), not in "
                                             "megatron-core"),
+    "--rotary-base": (("GPTModel", "rotary_base"), "an argument of GPTModel's constructor, in no configuration "
+                                                   "class"),
+    "--use-rope-scaling": (bool, "Megatron-LM's switch for GPTModel(rope_scaling=True), Llama 3.1's frequency "
+                                 "scaling"),
+    "--rope-scaling-factor": (("GPTModel", "rope_scaling_factor"), "an argument of GPTModel's constructor"),
     "--swiglu": (bool, "Megatron-LM's switch for two fields at once: gated_linear_unit and activation_func = silu"),
     "--group-query-attention": (bool, "Megatron-LM reads --num-query-groups only with it; megatron-core has the "
                                       "group count alone"),
@@ -293,6 +301,7 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         # DistributedDataParallelConfig.fp8_param_gather, which Megatron-LM also sets fp8_param from.
         fp8=a.get("--fp8-format"), fp8_recipe=a.get("--fp8-recipe"), fp8_param=bool(a.get("--fp8-param-gather")),
         fp4=a.get("--fp4-format"), fp4_recipe=a.get("--fp4-recipe"), fp4_param=bool(a.get("--fp4-param-gather")),
+        layernorm_epsilon=a.get("--norm-epsilon"), moe_grouped_gemm=bool(a.get("--moe-grouped-gemm")),
     )
     # TransformerConfig declares its formats and recipes as Literal choices but does not check them.
     hints = typing.get_type_hints(TransformerConfig)

@@ -9,12 +9,12 @@ import math
 import os
 import re
 import shlex
-import tomllib
 
 import pytest
 
 import engine_checks as check
 from cli_runner import run
+from titan_check import launch_argv
 
 from pase.planning.mesh import parse_recipe
 
@@ -41,32 +41,35 @@ def _procs_and_batch(name: str) -> tuple:
 
 
 def test_every_case_is_exported():
-    names = {f.rsplit(".", 2)[0] for f in _files((".toml", ".json"))}
+    names = {f.rsplit(".", 2)[0] for f in _files((".sh", ".json"))}
     assert {"llama-3.1-70b-p256", "gpt3-175b-p1024", "mixtral-8x7b-p64", "llama-3.1-8b-p8",
             "tiny-llama-imported-p8"} <= names
 
 
-@pytest.mark.parametrize("name", _files(".torchtitan.toml"))
+@pytest.mark.parametrize("name", _files(".torchtitan.sh"))
 def test_committed_torchtitan_export(name):
     path = os.path.join(EXPORTS, name)
     procs, batch = _procs_and_batch(name)
     text = open(path).read()
-    doc = tomllib.loads(text)
-    recipe = parse_recipe(doc["job"]["description"].removeprefix("pase plan "))
-    par, train = doc["parallelism"], doc["training"]
-    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["context_parallel_degree"] \
-        * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == procs
-    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == recipe.dp
-    assert train["global_batch_size"] == batch
+    recipe = parse_recipe(_exported_recipe(path))
+    options, key = {}, None
+    for token in launch_argv(text):
+        key = token if token.startswith("--") else key
+        options.setdefault(key, []).extend([] if token.startswith("--") else [token])
+    degree = {k: int(options[f"--parallelism.{k}_degree"][0]) for k in (
+        "data_parallel_replicate", "data_parallel_shard", "context_parallel", "tensor_parallel", "pipeline_parallel")}
+    assert math.prod(degree.values()) == procs
+    assert degree["data_parallel_replicate"] * degree["data_parallel_shard"] == recipe.dp
+    assert options["--training.global_batch_size"] == [str(batch)]
+    local = int(options["--training.local_batch_size"][0])
     if recipe.pp and recipe.pp > 1:
         # local = the batch of a data-parallel rank, in micro-batches of the plan's size.
-        assert train["local_batch_size"] == batch // recipe.dp
-        assert par["pipeline_parallel_microbatch_size"] == recipe.microbatch
-        assert len(par["module_fqns_per_model_part"]) == recipe.pp * (recipe.vpp or 1)
+        assert local == batch // recipe.dp
+        assert options["--parallelism.pipeline_parallel_microbatch_size"] == [str(recipe.microbatch)]
+        assert len(options["--parallelism.module_fqns_per_model_part"]) == recipe.pp * (recipe.vpp or 1)
     else:
-        assert train["local_batch_size"] == recipe.microbatch
-    line = next(x for x in text.splitlines() if x.startswith("# command line")).split(": ", 1)[1]
-    check.titan_accepts(path, line, procs)
+        assert local == recipe.microbatch
+    check.titan_launch(text, procs)
 
 
 @pytest.mark.parametrize("name", _files(".megatron.json"))
@@ -97,7 +100,7 @@ def test_committed_deepspeed_export(name, monkeypatch):
 
 
 #: File suffix -> the engine the export was priced for (benchmarks/engine_exports.py).
-ENGINE_OF = {".torchtitan.toml": "torchtitan", ".megatron.json": "megatron", ".deepspeed.json": "deepspeed"}
+ENGINE_OF = {".torchtitan.sh": "torchtitan", ".megatron.json": "megatron", ".deepspeed.json": "deepspeed"}
 
 
 def _case_arguments(name: str) -> list:
@@ -109,8 +112,8 @@ def _case_arguments(name: str) -> list:
 
 
 def _exported_recipe(path: str) -> str:
-    if path.endswith(".toml"):
-        return tomllib.loads(open(path).read())["job"]["description"].removeprefix("pase plan ")
+    if path.endswith(".sh"):  # its first comment: "... runs the plan RECIPE"
+        return re.search(r"runs the plan (\S+)", open(path).read()).group(1)
     doc = json.load(open(path))
     return doc["recipe"] if "recipe" in doc else doc["pase"]["recipe"]
 

@@ -56,6 +56,9 @@ PUBLISHED = {
     "llama-3.1-70b": 70_553_706_496,
     "llama-3.1-405b": 405_853_388_800,
     "mistral-7b": 7_241_732_096,
+    # Mixtral-8x7B: 46.7B (Mistral AI's model card); by hand 2 x 32000 x 4096 + 4096 + 32 x (2 x 4096^2
+    # + 2 x 4096 x 1024 + 4096 x 8 + 8 x 3 x 4096 x 14336 + 2 x 4096) = 46,702,792,704.
+    "mixtral-8x7b": 46_702_792_704,
     "qwen2-7b": 7_615_616_512,
     "gpt2": 124_439_808,
     "megatron-gpt-1.7b": megatron(2048, 24),

@@ -75,5 +75,5 @@ def test_measured_tables_ship_as_package_data():
 def test_optional_extras_are_declared():
     extras = ast.literal_eval(setup_keywords()["extras_require"])
     assert set(extras) == {"torch", "jax", "hf", "engines"}
-    # torchtitan after 0.2 reads no TOML job files, the format --export-torchtitan writes.
-    assert any(r.startswith("torchtitan") and "<0.3" in r for r in extras["engines"])
+    # torchtitan 0.3's launch is what --export-torchtitan writes (0.4 may change its command line again).
+    assert any(r.startswith("torchtitan") and ">=0.3" in r and "<0.4" in r for r in extras["engines"])

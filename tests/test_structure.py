@@ -28,8 +28,6 @@ MAX_FUNCTION_LINES = 120
 #: recipe readers (pase/outputs/engine_recipes.py) and ``plan`` (pase/planning/planner.py).
 #: Keys: ``path:qualified name``; values: why it stands.
 ALLOWED = {
-    "pase/outputs/engine_recipes.py:recipe_from_megatron": "being split in another branch",
-    "pase/outputs/engine_recipes.py:recipe_from_torchtitan": "being split in another branch",
 }
 
 

@@ -369,8 +369,11 @@ def test_engine_exports_read_back(tmp_path):
 
     titan, megatron = tmp_path / "titan.toml", tmp_path / "megatron.json"
     base = ["-g", "gpt3-2.7b", "-p", "32", "-b", "64", "--machine", "h100-sxm"]
-    status, out, err = run_cli(base + ["--recipe", "dp=4,tp=4,pp=2,zero=3,recompute=full,microbatch=1",
-                                       "--export-torchtitan", str(titan)])
+    # torchtitan's job file names one of its models: Llama 3.1 8B (it has no GPT-3).
+    llama = ["-g", "hf:" + os.path.join(ROOT, "examples", "hf", "llama-3.1-8b.json"), "-p", "32", "-b", "64",
+             "--machine", "h100-sxm", "--engine", "torchtitan,version=0.2"]
+    status, out, err = run_cli(llama + ["--recipe", "dp=4,tp=4,pp=2,zero=3,recompute=full,microbatch=1",
+                                        "--export-torchtitan", str(titan)])
     assert status == 0, err
     t = tomllib.loads(titan.read_text())
     par = t["parallelism"]

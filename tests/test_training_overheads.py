@@ -221,8 +221,14 @@ def test_engine_exports_of_op_and_tp_overlap(tmp_path):
     import tomllib
     from cli_runner import run
     titan, megatron = tmp_path / "titan.toml", tmp_path / "megatron.json"
-    status, out, err = run("-g", "gpt3-2.7b", "-p", "8", "-b", "8", "--machine", "h100-sxm",
-                           "--recipe", "dp=2,tp=4,zero=3,recompute=op,microbatch=1", "--export-torchtitan", str(titan))
+    import os
+
+    # torchtitan's job file names one of its models: Llama 3.1 8B (it has no GPT-3).
+    llama = "hf:" + os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf",
+                                 "llama-3.1-8b.json")
+    status, out, err = run("-g", llama, "-p", "8", "-b", "8", "--machine", "h100-sxm", "--engine",
+                           "torchtitan,version=0.2", "--recipe", "dp=2,tp=4,zero=3,recompute=op,microbatch=1",
+                           "--export-torchtitan", str(titan))
     assert status == 0, err
     t = tomllib.loads(titan.read_text())
     assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}

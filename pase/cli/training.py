@@ -67,7 +67,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
              "mlp, vocab, sequence, ...); default pase/planning/data/parallel_rules.json (docs/roles.md). "
              "Implies --training.")
     add("--recipe-from", metavar="FILE", default=None,
-        help="price exactly the configuration of an engine's file: a torchtitan TOML job config, a Megatron-LM "
+        help="price exactly the configuration of an engine's file: a torchtitan 0.3 launch script or 0.2 TOML job "
+             "config, a Megatron-LM "
              "argument file or command line (pretrain_gpt.py arguments), or a DeepSpeed JSON config, for that engine; "
              "what the tool cannot express is refused naming the field (docs/engines.md).")
     for flag, engine, what in ENGINE_EXPORTS:
@@ -115,12 +116,13 @@ def real_machine(args) -> bool:
 
 
 #: (flag, engine, what messages call the file), in the order of --help.
-ENGINE_EXPORTS = (("--export-torchtitan", "torchtitan", "torchtitan job config"),
+ENGINE_EXPORTS = (("--export-torchtitan", "torchtitan", "torchtitan export"),
                   ("--export-megatron", "megatron", "Megatron-LM arguments"),
                   ("--export-deepspeed", "deepspeed", "DeepSpeed config"))
 _EXPORT_HELP = {
-    "torchtitan": "write the plan as a torchtitan TOML job config (--job.config_file; torchtitan 0.2) that runs it "
-                  "as priced, its command line and launch command in the comments; refused with the reason when "
+    "torchtitan": "write the plan as a torchtitan 0.3 launch script (torchrun -m torchtitan.train --module --config "
+                  "and its overrides, the model named or built) that runs it as priced; with --engine "
+                  "torchtitan,version=0.2 a torchtitan 0.2 TOML job config instead; refused with the reason when "
                   "torchtitan cannot run the plan (docs/engines.md).",
     "megatron": "write the plan as Megatron-LM's pretrain_gpt.py arguments, the model's own included (JSON: "
                 "arguments, command_line, launch); refused with the reason when Megatron-LM cannot run it.",
@@ -250,7 +252,8 @@ def _export_engines(found, network, batch: int, args, write: Callable, devices_p
     texts = []
     for flag, path, engine, what in targets:
         if engine == "torchtitan":
-            text = engines.torchtitan_settings(view, path, per_node, profile)["toml"]
+            settings = engines.torchtitan_settings(view, path, per_node, profile)
+            text, what = settings["text"], settings["what"]
         elif engine == "deepspeed":
             settings = engines.deepspeed_settings(view, path, per_node, profile)
             text = json.dumps({**settings["config"], "pase": {k: settings[k] for k in

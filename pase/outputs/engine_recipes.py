@@ -1,38 +1,32 @@
-"""Recipes in: the configuration of a torchtitan TOML job config, a Megatron-LM argument file
-or command line, or a DeepSpeed JSON config, as a :class:`~pase.planning.mesh.Recipe` that
-fixes every choice the file makes (``--recipe-from FILE``).
+"""Recipes in: the configuration of a torchtitan launch script (0.3) or TOML job config (0.2),
+a Megatron-LM argument file or command line, or a DeepSpeed JSON config, as a
+:class:`~pase.planning.mesh.Recipe` that fixes every choice the file makes (``--recipe-from FILE``).
 
-The reverse of :mod:`pase.outputs.engines`, in the same names. Whatever the file sets that
-the tool cannot price is refused in one line naming the field; so is a file whose batch,
-sequence or model differs from the command line's (``-b``, ``-m``, ``-g``). Settings that
-change nothing priced (data, logging, checkpoints, learning rate) are read past.
+The reverse of :mod:`pase.outputs.engines`, in the same names (torchtitan's:
+:mod:`pase.outputs.titan_recipes`). Whatever the file sets that the tool cannot price is
+refused in one line naming the field; so is a file whose batch, sequence or model differs from
+the command line's (``-b``, ``-m``, ``-g``). Settings that change nothing priced (data,
+logging, checkpoints, learning rate) are read past.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shlex
 
-from pase.outputs.engines import (MEGATRON_PRECISION, TITAN_FLOAT8_RECIPES, TITAN_MX_RECIPE,
-                                  titan_precision_refusal)
+from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING
+from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch, check_sequence, folded_etp,
+                                        looped_stages, make_recipe, whole)
+from pase.outputs.titan_export import LAUNCH_MARK
+from pase.outputs.titan_recipes import (launch_engine, recipe_from_launch, recipe_from_torchtitan,
+                                        toml_engine)
 from pase.planning.mesh import Recipe
-from pase.planning.pipeline import chunk_sizes
 
-__all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_megatron", "recipe_from_deepspeed",
-           "MAX_RECIPE_FILE_BYTES"]
+__all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_launch",
+           "recipe_from_megatron", "recipe_from_deepspeed", "MAX_RECIPE_FILE_BYTES"]
 
 #: The largest engine file read (a torchtitan TOML or a ds_config.json is a few kB).
 MAX_RECIPE_FILE_BYTES = 1 << 20
-
-
-class RecipeFileError(ValueError):
-    """The file cannot be read or parsed at all (not: it sets what cannot be priced)."""
-
-
-def _blocks(network) -> int | None:
-    arch = getattr(network, "architecture", None)
-    return arch["layers"] if arch else None
 
 
 def _read(path: str) -> bytes:
@@ -46,12 +40,7 @@ def _read(path: str) -> bytes:
     return data
 
 
-def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
-    """``(engine, recipe)`` of an engine file, told apart by its contents: a TOML
-    (torchtitan), JSON with ``command_line`` and ``arguments`` (a Megatron-LM export), other
-    JSON (DeepSpeed), else Megatron-LM arguments (``--flag value`` ..., ``pretrain_gpt.py`` and
-    what comes before it skipped). ``ValueError`` (one line) for anything else:
-    :class:`RecipeFileError` when the file cannot be read or parsed at all."""
+def _text(path: str) -> str:
     data = _read(path)
     try:
         text = data.decode("utf-8")
@@ -61,22 +50,41 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
         raise RecipeFileError("has NUL bytes: not an engine configuration")
     if not text.strip():
         raise RecipeFileError("empty: not an engine configuration")
+    return text
+
+
+def _json_file(text: str, procs: int, batch: int, network) -> tuple:
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise RecipeFileError(f"malformed JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
+    if not isinstance(doc, dict):
+        raise RecipeFileError("the JSON is not an object")
+    if "command_line" in doc and "arguments" in doc:
+        if not isinstance(doc["command_line"], str):
+            raise ValueError("command_line must be a string of Megatron-LM arguments")
+        return _megatron_engine(doc["command_line"]), recipe_from_megatron(doc["command_line"], procs, batch, network)
+    recipe = recipe_from_deepspeed(doc, procs, batch)
+    fp32 = doc.get("communication_data_type") == "fp32"
+    return "deepspeed,communication_data_type=fp32" if fp32 else "deepspeed", recipe
+
+
+def _is_launch(text: str) -> bool:
+    """A torchtitan 0.3 launch: pase's, or any script whose command runs ``-m torchtitan.train``."""
+    return text.lstrip().startswith(("#!", LAUNCH_MARK, "torchrun")) and "torchtitan.train" in text
+
+
+def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
+    """``(engine, recipe)`` of an engine file, told apart by its contents: a torchtitan 0.3
+    launch script (a shell script running ``-m torchtitan.train``), a TOML (torchtitan 0.2), JSON
+    with ``command_line`` and ``arguments`` (a Megatron-LM export), other JSON (DeepSpeed), else
+    Megatron-LM arguments (``--flag value`` ..., ``pretrain_gpt.py`` and what comes before it
+    skipped). ``ValueError`` (one line) for anything else: :class:`RecipeFileError` when the file
+    cannot be read or parsed at all."""
+    text = _text(path)
     stripped = text.lstrip()
     if stripped.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as err:
-            raise RecipeFileError(f"malformed JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
-        if not isinstance(doc, dict):
-            raise RecipeFileError("the JSON is not an object")
-        if "command_line" in doc and "arguments" in doc:
-            if not isinstance(doc["command_line"], str):
-                raise ValueError("command_line must be a string of Megatron-LM arguments")
-            return _megatron_engine(doc["command_line"]), recipe_from_megatron(doc["command_line"], procs, batch,
-                                                                               network)
-        recipe = recipe_from_deepspeed(doc, procs, batch)
-        fp32 = doc.get("communication_data_type") == "fp32"
-        return "deepspeed,communication_data_type=fp32" if fp32 else "deepspeed", recipe
+        return _json_file(text, procs, batch, network)
     if stripped.startswith("["):
         try:
             json.loads(text)
@@ -84,6 +92,8 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
             pass  # a TOML table
         else:
             raise RecipeFileError("a JSON list, not an engine configuration")
+    if _is_launch(text):
+        return launch_engine(text), recipe_from_launch(text, procs, batch, network)
     if stripped.startswith("--") or "pretrain_gpt" in text:
         return _megatron_engine(text), recipe_from_megatron(text, procs, batch, network)
     import tomllib
@@ -91,9 +101,9 @@ def recipe_from_file(path: str, procs: int, batch: int, network) -> tuple:
     try:
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as err:
-        raise RecipeFileError(f"neither Megatron-LM arguments, JSON nor TOML (TOML: {err})") from None
-    compiled = isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True
-    return "torchtitan,compile=true" if compiled else "torchtitan", recipe_from_torchtitan(doc, procs, batch, network)
+        raise RecipeFileError(f"neither Megatron-LM arguments, JSON, TOML nor a torchtitan launch (TOML: {err})") \
+            from None
+    return toml_engine(doc), recipe_from_torchtitan(doc, procs, batch, network)
 
 
 def _megatron_engine(text: str) -> str:
@@ -101,329 +111,9 @@ def _megatron_engine(text: str) -> str:
     return "megatron,grad_reduce=bf16" if "--grad-reduce-in-bf16" in _megatron_tokens(text) else "megatron"
 
 
-def _int(value, field: str, least: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least or value > 1 << 30:
-        raise ValueError(f"{field} must be an integer of at least {least}, got {value!r}")
-    return value
-
-
-def _check_batch(given: int, batch: int, field: str) -> None:
-    if given != batch:
-        raise ValueError(f"{field} {given} differs from the batch of -b ({batch}): give -b {given}")
-
-
-def _check_sequence(given: int, network, field: str) -> None:
-    arch = getattr(network, "architecture", None)
-    if arch and given != arch["sequence"]:
-        raise ValueError(f"{field} {given} differs from the graph's sequence length {arch['sequence']} "
-                         f"(-m {given} builds it so)")
-
-
-def _folded_etp(dp: int, tp: int, ep: int, etp: int | None) -> int | None:
-    """The recipe's ``etp``: said only where the experts are folded (``etp`` not ``tp``, or
-    ``ep`` not dividing ``dp``: Megatron-Core's MoE parallel folding)."""
-    if ep <= 1 or etp is None or (etp == tp and dp % ep == 0):
-        return None
-    return etp
-
-
-def _recipe(**values) -> Recipe:
-    try:
-        return Recipe(**{k: v for k, v in values.items() if v is not None})
-    except (TypeError, ValueError) as err:
-        raise ValueError(str(err)) from None
-
-
 # ---------------------------------------------------------------------------------------
-# torchtitan
+# Megatron-LM
 
-#: The torchtitan fields read (their section's), and those that change nothing priced.
-_TITAN_READ = {
-    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-                    "expert_parallel_degree", "expert_tensor_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_microbatch_size", "module_fqns_per_model_part",
-                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
-                    "pipeline_parallel_last_stage_less_layers", "disable_loss_parallel",
-                    "enable_async_tensor_parallel", "context_parallel_load_balancer",
-                    "context_parallel_rotate_method", "expert_parallel_comm_backend",
-                    "pipeline_parallel_expert_parallel_overlap", "pipeline_parallel_schedule_csv"},
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "dataset", "dataset_path", "max_norm", "steps",
-                 "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce", "gc_freq",
-                 "gc_debug", "dataloader"},
-    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
-                              "early_stop", "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
-                              "determinism_check", "debug"},
-}
-#: Sections that change nothing priced (names of torchtitan 0.2's JobConfig).
-_TITAN_PASSIVE = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
-                  "memory_estimation", "fault_tolerance", "experimental", "validation", "debug"}
-#: Values a field may have for the plan to be priced as torchtitan runs it.
-_TITAN_DEFAULTS = {
-    ("parallelism", "disable_loss_parallel"): False,
-    ("parallelism", "pipeline_parallel_schedule_csv"): "",
-    ("training", "enable_cpu_offload"): False,
-    ("training", "mixed_precision_param"): "bfloat16",
-}
-
-
-def _titan_stage_counts(par: dict, pp: int, vpp_schedule: bool, blocks: int | None) -> tuple:
-    """``(counts per physical stage, vpp)`` from ``module_fqns_per_model_part`` or
-    ``pipeline_parallel_layers_per_stage`` (torchtitan's even split with the first and last
-    stages ``*_less_layers`` lighter)."""
-    parts = par.get("module_fqns_per_model_part")
-    where = "parallelism.module_fqns_per_model_part"
-    if parts is not None:
-        if not isinstance(parts, list) or not parts or not all(
-                isinstance(p, list) and all(isinstance(n, str) for n in p) for p in parts):
-            raise ValueError(f"{where} must be a list of lists of module names")
-        if len(parts) % pp:
-            raise ValueError(f"{where} has {len(parts)} model parts, not a multiple of pipeline_parallel_degree {pp}")
-        flat = [n for p in parts for n in p]
-        layers = [n for n in flat if n.startswith("layers.")]
-        if flat[:1] != ["tok_embeddings"] or flat[-2:] != ["norm", "output"] or \
-                len(layers) + 3 != len(flat) or layers != [f"layers.{i}" for i in range(len(layers))]:
-            raise ValueError(f"{where}: the plan puts tok_embeddings first, layers.0, layers.1, ... in order, then "
-                             "norm and output last")
-        if blocks is not None and len(layers) != blocks:
-            raise ValueError(f"{where} names {len(layers)} layers; the graph has {blocks} blocks")
-        sizes = [sum(n.startswith("layers.") for n in p) for p in parts]
-        if min(sizes) < 1:
-            raise ValueError(f"{where}: every model part needs a layer")
-        if len(parts) > pp:
-            return _looped_stages(sizes, pp, where)
-        return tuple(sizes), 1
-    if blocks is None:
-        raise ValueError("a pipeline without parallelism.module_fqns_per_model_part needs the graph's block count "
-                         "(a built-in decoder or an hf: config)")
-    first = _int(par.get("pipeline_parallel_first_stage_less_layers", 1), "first_stage_less_layers", 0)
-    last = _int(par.get("pipeline_parallel_last_stage_less_layers", 1), "last_stage_less_layers", 0)
-    per = par.get("pipeline_parallel_layers_per_stage")
-    if per is not None:
-        per = _int(per, "parallelism.pipeline_parallel_layers_per_stage")
-        stages = math.ceil((blocks + first + last) / per)
-    else:
-        stages = pp * (2 if vpp_schedule else 1)
-    if stages % pp:
-        raise ValueError(f"parallelism.pipeline_parallel_layers_per_stage {per} gives {stages} model parts, not a "
-                         f"multiple of pipeline_parallel_degree {pp} (torchtitan refuses it too)")
-    # torchtitan's generate_llm_fqn_per_model_part: effective layers (blocks plus the weights of
-    # the first and last stages) shared evenly, the first parts one more each for the remainder.
-    effective = blocks + first + last
-    even, extra = divmod(effective, stages)
-    sizes = [even + (1 if i < extra else 0) for i in range(stages)]
-    sizes[0] -= first
-    sizes[-1] -= last
-    if min(sizes) < 1:
-        raise ValueError(f"torchtitan's split of {blocks} layers into {stages} model parts leaves one empty")
-    if stages > pp:
-        return _looped_stages(sizes, pp, f"torchtitan's split of {blocks} layers into {stages} model parts")
-    return tuple(sizes), 1
-
-
-def _looped_stages(chunks: list, pp: int, where: str) -> tuple:
-    """``(blocks per stage, vpp)`` of model chunks given in the model's order (chunk ``j`` on
-    stage ``j mod pp``), when they are the chunks the model prices
-    (:func:`pase.planning.pipeline.chunk_sizes`: sizes one block apart at most, the largest stage a
-    multiple of ``vpp``); equal-sized chunks always are."""
-    vpp = len(chunks) // pp
-    totals = tuple(sum(chunks[s::pp]) for s in range(pp))
-    if chunk_sizes(totals, vpp) is None or max(chunks) - min(chunks) > 1:
-        raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are "
-                         "priced one block apart at most, the largest stage a multiple of the chunks per stage")
-    return totals, vpp
-
-
-def recipe_from_torchtitan(doc: dict, procs: int, batch: int, network=None) -> Recipe:
-    """The recipe of a torchtitan 0.2 job config (the TOML as a dict)."""
-    for section, values in doc.items():
-        if section in _TITAN_READ:
-            if not isinstance(values, dict):
-                raise ValueError(f"[{section}] must be a table")
-            for key in values:
-                if key not in _TITAN_READ[section]:
-                    raise ValueError(f"unknown torchtitan field {section}.{key}")
-        elif section == "model":
-            if not isinstance(values, dict):
-                raise ValueError("[model] must be a table")
-            _titan_converters(values)
-        elif section == "compile":
-            if not isinstance(values, dict):
-                raise ValueError("[compile] must be a table")
-        elif section == "quantize":
-            continue
-        elif section not in _TITAN_PASSIVE:
-            raise ValueError(f"unknown torchtitan section [{section}]")
-    par = doc.get("parallelism", {})
-    train = doc.get("training", {})
-    ac = doc.get("activation_checkpoint", {})
-    for (section, key), value in _TITAN_DEFAULTS.items():
-        given = doc.get(section, {}).get(key, value)
-        if given != value:
-            raise ValueError(f"cannot express {section}.{key} = {json.dumps(given)} (priced: {json.dumps(value)})")
-    replicate = _int(par.get("data_parallel_replicate_degree", 1), "parallelism.data_parallel_replicate_degree")
-    tp = _int(par.get("tensor_parallel_degree", 1), "parallelism.tensor_parallel_degree")
-    pp = _int(par.get("pipeline_parallel_degree", 1), "parallelism.pipeline_parallel_degree")
-    cp = _int(par.get("context_parallel_degree", 1), "parallelism.context_parallel_degree")
-    ep = _int(par.get("expert_parallel_degree", 1), "parallelism.expert_parallel_degree")
-    shard = par.get("data_parallel_shard_degree", -1)
-    if shard == -1:
-        rest, left = divmod(procs, replicate * cp * tp * pp)
-        if left or rest < 1:
-            raise ValueError(f"parallelism: replicate x cp x tp x pp = {replicate * cp * tp * pp} does not divide the "
-                             f"{procs} devices of -p")
-        shard = rest
-    shard = _int(shard, "parallelism.data_parallel_shard_degree")
-    if replicate * shard * cp * tp * pp != procs:
-        raise ValueError(f"parallelism degrees multiply to {replicate * shard * cp * tp * pp}, not the {procs} "
-                         "devices of -p")
-    etp = None
-    if ep > 1:
-        etp = _int(par.get("expert_tensor_parallel_degree", 1), "parallelism.expert_tensor_parallel_degree")
-        if etp not in (1, tp):  # torchtitan's ParallelDims: "Currently we only support ETP=TP or ETP=1"
-            raise ValueError(f"cannot express parallelism.expert_tensor_parallel_degree = {etp}: torchtitan folds "
-                             f"the experts with 1 or tp = {tp}")
-    if replicate > 1 and (shard > 1 or cp > 1):
-        raise ValueError("cannot express parallelism.data_parallel_replicate_degree with FSDP (HSDP: weights "
-                         "sharded within groups, replicated across them)")
-    dp = replicate * shard
-    fsdp = shard > 1 or cp > 1
-    policy = par.get("fsdp_reshard_after_forward", "default")
-    if policy not in ("default", "always", "never"):
-        raise ValueError(f"parallelism.fsdp_reshard_after_forward must be default, always or never, got {policy!r}")
-    if fsdp:
-        reshard = policy == "always" or (policy == "default" and pp == 1)  # torchtitan's default: not with pp
-        zero = 3 if reshard else 2
-    else:
-        zero = 0
-        if tp > 1 or pp > 1 or ep > 1:
-            if dp > 1:
-                raise ValueError("DDP (data_parallel_replicate_degree > 1 without sharding) with other "
-                                 "parallelism: torchtitan refuses it (\"DDP has not supported > 1D parallelism\")")
-    mode = ac.get("mode", "selective")
-    option = str(ac.get("selective_ac_option", "2"))
-    if mode == "none":
-        recompute = "none"
-    elif mode == "full" or (mode == "selective" and option == "1"):
-        recompute = "full"  # selective every 1st layer is every layer whole
-    elif mode == "selective" and option == "op":
-        recompute = "op"
-    elif mode == "selective":
-        raise ValueError(f"cannot express activation_checkpoint.selective_ac_option = {json.dumps(option)} (every "
-                         f"{option}th layer recomputed; priced: none, full, 'op')")
-    else:
-        raise ValueError(f"cannot express activation_checkpoint.mode = {json.dumps(mode)}")
-    local = _int(train.get("local_batch_size", 8), "training.local_batch_size")
-    global_batch = train.get("global_batch_size", -1)
-    global_batch = local * dp if global_batch == -1 else _int(global_batch, "training.global_batch_size")
-    _check_batch(global_batch, batch, "training.global_batch_size")
-    if "seq_len" in train or network is not None:
-        _check_sequence(_int(train.get("seq_len", 2048), "training.seq_len"), network, "training.seq_len")
-    schedule = vpp = stages = None
-    if pp > 1:
-        micro = _int(par.get("pipeline_parallel_microbatch_size", 1), "parallelism.pipeline_parallel_microbatch_size")
-        if local % micro:
-            raise ValueError(f"parallelism.pipeline_parallel_microbatch_size {micro} does not divide "
-                             f"training.local_batch_size {local}")
-        if global_batch != local * dp:
-            raise ValueError(f"training.global_batch_size {global_batch} is not local_batch_size x dp = {local * dp}: "
-                             "gradient accumulation around a pipeline is not priced")
-        name = par.get("pipeline_parallel_schedule", "1F1B")
-        schedules = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
-        if name not in schedules:
-            raise ValueError(f"cannot express parallelism.pipeline_parallel_schedule = {json.dumps(name)} "
-                             "(priced: 1F1B, Interleaved1F1B)")
-        counts, v = _titan_stage_counts(par, pp, name == "Interleaved1F1B", _blocks(network))
-        schedule = schedules[name]
-        if (v > 1) != (schedule == "interleaved"):
-            raise ValueError(f"parallelism.pipeline_parallel_schedule {name} with {v} model part(s) per rank")
-        vpp = v if v > 1 else None
-        stages = counts
-    else:
-        micro = local
-        if global_batch % (local * dp):
-            raise ValueError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size x dp "
-                             f"= {local * dp}")
-    overlap = par.get("enable_async_tensor_parallel", False)
-    if not isinstance(overlap, bool):
-        raise ValueError("parallelism.enable_async_tensor_parallel must be true or false")
-    compiled = isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True
-    if overlap and not compiled:
-        raise ValueError("parallelism.enable_async_tensor_parallel needs compile.enable (torchtitan ignores it "
-                         "without)")
-    precision = _titan_precision(doc, tp, compiled, network)
-    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, etp=_folded_etp(dp, tp, ep, etp),
-                   zero=zero, recompute=recompute,
-                   microbatch=micro, schedule=schedule, vpp=vpp, stages=stages, sp=True if tp > 1 else None,
-                   tp_overlap=bool(overlap and tp > 1), **precision)
-
-
-#: torchtitan 0.2.2's converter fields (``quantize.linear.float8``, ``quantize.linear.mx``).
-_TITAN_QUANT_READ = {"float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
-                                "recipe_name", "filter_fqns", "emulate"},
-                     "mx": {"recipe_name", "filter_fqns", "mxfp8_dim1_cast_kernel_choice"}}
-#: Their ``filter_fqns`` defaults (torchtitan's job config).
-_TITAN_QUANT_FILTERS = {"float8": [], "mx": ["output"]}
-
-
-def _titan_converters(model: dict) -> list:
-    """``model.converters``, refused unless none or one linear converter the tool prices."""
-    converters = model.get("converters", [])
-    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
-        raise ValueError("model.converters must be a list of names")
-    if len(converters) > 1 or converters[:1] not in ([], ["quantize.linear.float8"], ["quantize.linear.mx"]):
-        raise ValueError(f"cannot express model.converters = {json.dumps(converters)} (priced: "
-                         "[\"quantize.linear.float8\"] or [\"quantize.linear.mx\"])")
-    return converters
-
-
-def _titan_precision(doc: dict, tp: int, compiled: bool, network) -> dict:
-    """``precision``, ``scaling`` and ``fp8_gather`` of torchtitan's ``model.converters`` (none:
-    BF16): ``quantize.linear.float8`` (``recipe_name`` tensorwise or rowwise, or none with
-    ``enable_fsdp_float8_all_gather``) or ``quantize.linear.mx`` (MXFP8), ``output`` kept in BF16."""
-    converters = _titan_converters(doc.get("model", {}))
-    if not converters:
-        return {}
-    kind = converters[0].rsplit(".", 1)[1]
-    where = converters[0]
-    section = doc.get("quantize", {})
-    for key in ("linear", kind):
-        section = section.get(key, {}) if isinstance(section, dict) else None
-    if not isinstance(section, dict):
-        raise ValueError(f"[{where}] must be a table")
-    for key in section:
-        if key not in _TITAN_QUANT_READ[kind]:
-            raise ValueError(f"unknown torchtitan field {where}.{key}")
-    filters = section.get("filter_fqns", _TITAN_QUANT_FILTERS[kind])
-    if filters != ["output"]:
-        raise ValueError(f"cannot express {where}.filter_fqns = {json.dumps(filters)} (priced: [\"output\"]: every "
-                         "linear layer of the blocks converted, the output layer in BF16)")
-    precision = "mxfp8" if kind == "mx" else "fp8"
-    reason = titan_precision_refusal(getattr(network, "architecture", None), precision, tp, compiled)
-    if reason is not None:
-        raise ValueError(f"{where}: {reason}")
-    if kind == "mx":
-        name = section.get("recipe_name", TITAN_MX_RECIPE)
-        if name != TITAN_MX_RECIPE:
-            raise ValueError(f"cannot express {where}.recipe_name = {json.dumps(name)} (priced: {TITAN_MX_RECIPE})")
-        return {"precision": "mxfp8"}
-    if section.get("emulate", False) is not False:
-        raise ValueError(f"cannot express {where}.emulate = {json.dumps(section['emulate'])} (emulated FP8 GEMMs are "
-                         "not priced)")
-    gather = section.get("enable_fsdp_float8_all_gather", False)
-    if not isinstance(gather, bool):
-        raise ValueError(f"{where}.enable_fsdp_float8_all_gather must be true or false")
-    name = section.get("recipe_name")
-    scalings = {v: k for k, v in TITAN_FLOAT8_RECIPES.items()}
-    if name is not None and name not in scalings:
-        raise ValueError(f"cannot express {where}.recipe_name = {json.dumps(name)} (priced: "
-                         f"{', '.join(scalings)})")
-    if name is not None and gather:
-        raise ValueError(f"{where}.enable_fsdp_float8_all_gather with a recipe_name: torchtitan refuses it")
-    return {"precision": "fp8", "scaling": scalings[name] if name else "current", "fp8_gather": gather or None}
-
-
-# ---------------------------------------------------------------------------------------
 # Megatron-LM
 
 #: Megatron-LM switches and valued arguments read past: data, logging, checkpoints, the
@@ -434,7 +124,7 @@ _MEGATRON_PASSIVE_VALUED = {
     "--adam-beta2", "--adam-eps", "--init-method-std", "--seed", "--save", "--load", "--save-interval",
     "--log-interval", "--eval-interval", "--eval-iters", "--tensorboard-dir", "--tokenizer-model",
     "--tokenizer-type", "--vocab-file", "--merge-file", "--distributed-backend", "--ckpt-format",
-    "--transformer-impl", "--attention-backend", "--rotary-base", "--norm-epsilon", "--attention-dropout",
+    "--transformer-impl", "--attention-backend", "--attention-dropout",
     "--hidden-dropout", "--wandb-project", "--wandb-exp-name", "--exit-interval", "--distributed-timeout-minutes",
     "--make-vocab-size-divisible-by", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
     "--moe-token-drop-policy", "--data-cache-path", "--num-workers",
@@ -447,7 +137,7 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--overlap-param-gather", "--no-load-optim", "--no-load-rng", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--group-query-attention", "--sequence-parallel",
     "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16", "--fp8-param-gather",
-    "--fp4-param-gather",
+    "--fp4-param-gather", "--use-rope-scaling",
 }
 _MEGATRON_VALUED = {
     "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
@@ -460,7 +150,7 @@ _MEGATRON_VALUED = {
     "--num-query-groups", "--ffn-hidden-size", "--normalization", "--position-embedding-type", "--seq-length",
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
-    "--moe-token-dispatcher-type",
+    "--moe-token-dispatcher-type", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
 }
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
@@ -516,43 +206,83 @@ def _megatron_int(args: dict, flag: str, default: int | None = None, least: int 
     return int(value)
 
 
-def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Recipe:
-    """The recipe of Megatron-LM ``pretrain_gpt.py`` arguments (a command line or an
-    argument file; ``#`` comments and line breaks allowed)."""
-    args = _megatron_arguments(text)
-    arch = getattr(network, "architecture", None)
-    if arch:
-        for flag, key in _MEGATRON_MODEL.items():
-            value = _megatron_int(args, flag)
-            if value is not None and value != arch[key]:
-                raise ValueError(f"{flag} {value} differs from the graph's {key} {arch[key]}: a different model")
-        experts = _megatron_int(args, "--num-experts")
-        if experts is not None and experts != (arch.get("moe") or {}).get("experts"):
-            raise ValueError(f"--num-experts {experts} differs from the graph's experts")
-    tp = _megatron_int(args, "--tensor-model-parallel-size", 1)
-    pp = _megatron_int(args, "--pipeline-model-parallel-size", 1)
-    cp = _megatron_int(args, "--context-parallel-size", 1)
-    ep = _megatron_int(args, "--expert-model-parallel-size", 1)
-    if procs % (tp * pp * cp):
-        raise ValueError(f"tp x pp x cp = {tp * pp * cp} does not divide the {procs} devices of -p")
-    dp = procs // (tp * pp * cp)
+
+def _megatron_number(args: dict, flag: str) -> float | None:
+    if flag not in args:
+        return None
+    try:
+        value = float(args[flag])
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{flag} must be a positive number, got {args[flag]!r}")
+    return value
+
+
+def _megatron_model(args: dict, arch) -> None:
+    """The model arguments given, checked against the graph's declared shape and settings."""
+    if not arch:
+        return
+    for flag, key in _MEGATRON_MODEL.items():
+        value = _megatron_int(args, flag)
+        if value is not None and value != arch[key]:
+            raise ValueError(f"{flag} {value} differs from the graph's {key} {arch[key]}: a different model")
+    experts = _megatron_int(args, "--num-experts")
+    if experts is not None and experts != (arch.get("moe") or {}).get("experts"):
+        raise ValueError(f"--num-experts {experts} differs from the graph's experts")
+    if experts is not None and "--moe-grouped-gemm" not in args:
+        raise ValueError("without --moe-grouped-gemm megatron-core runs the experts one after another "
+                         "(SequentialMLP), and they are priced as one grouped GEMM")
+    rope = arch.get("rope") or {}
+    scaling = rope.get("scaling") or {}
+    given = {"--rotary-base": (_megatron_number(args, "--rotary-base"), rope.get("theta")),
+             "--norm-epsilon": (_megatron_number(args, "--norm-epsilon"), arch.get("norm_eps")),
+             "--rope-scaling-factor": (_megatron_number(args, "--rope-scaling-factor"), scaling.get("factor"))}
+    for flag, (value, declared) in given.items():
+        if value is not None and declared is not None and value != declared:
+            raise ValueError(f"{flag} {args[flag]} differs from the graph's {declared}: a different model")
+    if "rope" in arch and ("--use-rope-scaling" in args) != bool(scaling):
+        raise ValueError("--use-rope-scaling " + ("without" if scaling else "with") + " the graph's rotary scaling "
+                         f"({scaling or 'none'}): a different model")
+    if scaling and {k: v for k, v in scaling.items() if k != "factor"} != MEGATRON_ROPE_SCALING:
+        raise ValueError(f"the graph's rotary scaling {scaling} is not megatron-core's (Llama 3.1's)")
+
+
+def _megatron_degrees(args: dict, procs: int) -> dict:
+    """tp, pp, cp, ep, the experts' etp and the dp Megatron derives (``p / (tp pp cp)``)."""
+    d = {k: _megatron_int(args, f"--{name}-parallel-size", 1) for k, name in (
+        ("tp", "tensor-model"), ("pp", "pipeline-model"), ("cp", "context"), ("ep", "expert-model"))}
+    if procs % (d["tp"] * d["pp"] * d["cp"]):
+        raise ValueError(f"tp x pp x cp = {d['tp'] * d['pp'] * d['cp']} does not divide the {procs} devices of -p")
+    d["dp"] = procs // (d["tp"] * d["pp"] * d["cp"])
     dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
     if dispatcher not in ("allgather", "alltoall", "flex"):
         raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
-    if ep > 1 and dispatcher != "alltoall":
+    if d["ep"] > 1 and dispatcher != "alltoall":
         raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
                          "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
-    etp = _megatron_int(args, "--expert-tensor-parallel-size", tp) if ep > 1 else None
-    if etp is not None and tp % etp:
-        raise ValueError(f"cannot express --expert-tensor-parallel-size {etp}: the experts are priced split by a "
-                         f"divisor of tp ({tp}) (MoE parallel folding)")
+    d["etp"] = _megatron_int(args, "--expert-tensor-parallel-size", d["tp"]) if d["ep"] > 1 else None
+    if d["etp"] is not None and d["tp"] % d["etp"]:
+        raise ValueError(f"cannot express --expert-tensor-parallel-size {d['etp']}: the experts are priced split by "
+                         f"a divisor of tp ({d['tp']}) (MoE parallel folding)")
+    return d
+
+
+def _megatron_batch(args: dict, dp: int, batch: int, network) -> int:
+    """The micro-batch, the global batch checked against ``-b``."""
     micro = _megatron_int(args, "--micro-batch-size", 1)
     global_batch = _megatron_int(args, "--global-batch-size", micro * dp)
-    _check_batch(global_batch, batch, "--global-batch-size")
+    check_batch(global_batch, batch, "--global-batch-size")
     if global_batch % (micro * dp):
         raise ValueError(f"--global-batch-size {global_batch} is not a multiple of micro-batch x dp = {micro * dp}")
-    if "--seq-length" in args and not arch:
-        _check_sequence(_megatron_int(args, "--seq-length"), network, "--seq-length")
+    if "--seq-length" in args and not getattr(network, "architecture", None):
+        check_sequence(_megatron_int(args, "--seq-length"), network, "--seq-length")
+    return micro
+
+
+def _megatron_zero(args: dict, dp: int, cp: int) -> int:
+    """The ZeRO stage: Megatron FSDP's sharding strategy, else the distributed optimizer or none;
+    the gradient reduction and weight gathers overlapped as priced."""
     if "--use-megatron-fsdp" in args:
         strategy = args.get("--data-parallel-sharding-strategy", "no_shard")
         zeros = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -568,86 +298,105 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
                          "backward pass")
     if dp * cp > 1 and zero >= 1 and "--overlap-param-gather" not in args:
         raise ValueError("without --overlap-param-gather: the tool prices the weight gathers overlapped")
+    return zero
+
+
+def _megatron_recompute(args: dict) -> tuple:
+    """``(recompute, recompute_layers)`` of ``--recompute-granularity`` and its method."""
     granularity = args.get("--recompute-granularity")
-    recompute_layers = None
     if granularity is None:
-        recompute = "none"
-    elif granularity == "selective":
-        recompute = "selective"
-    elif granularity == "full":
-        method = args.get("--recompute-method")
-        layers = _megatron_int(args, "--recompute-num-layers", 1)
-        if method == "block":  # the first N layers of each stage (model chunk) recomputed, the rest kept
-            recompute, recompute_layers = "block", layers
-        elif method != "uniform" or layers != 1:
-            raise ValueError(f"cannot express --recompute-method {method} --recompute-num-layers {layers} (priced: "
-                             "every layer recomputed, uniform 1; or block N)")
-        else:
-            recompute = "full"
-    else:
+        return "none", None
+    if granularity == "selective":
+        return "selective", None
+    if granularity != "full":
         raise ValueError(f"--recompute-granularity must be full or selective, got {granularity!r}")
+    method = args.get("--recompute-method")
+    layers = _megatron_int(args, "--recompute-num-layers", 1)
+    if method == "block":  # the first N layers of each stage (model chunk) recomputed, the rest kept
+        return "block", layers
+    if method != "uniform" or layers != 1:
+        raise ValueError(f"cannot express --recompute-method {method} --recompute-num-layers {layers} (priced: "
+                         "every layer recomputed, uniform 1; or block N)")
+    return "full", None
+
+
+def _megatron_first_last(first, last, blocks, pp: int) -> tuple:
+    """Blocks per stage of ``--decoder-first/last-pipeline-num-layers``, the rest even."""
+    if blocks is None:
+        raise ValueError("--decoder-first/last-pipeline-num-layers need --num-layers")
+    if pp == 2:
+        first = first if first is not None else blocks - last
+        counts = (first, blocks - first)
+    else:
+        rest = blocks - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        if rest < middle_stages or rest % middle_stages:
+            raise ValueError(f"{rest} layers do not split evenly over the {middle_stages} other stages")
+        each = rest // middle_stages
+        counts = ((first if first is not None else each),) + (each,) * (pp - 2) + \
+            ((last if last is not None else each),)
+    if min(counts) < 1:
+        raise ValueError("--decoder-first/last-pipeline-num-layers leave a stage without layers")
+    return counts
+
+
+def _megatron_pipeline(args: dict, pp: int, network) -> dict:
+    """``schedule``, ``vpp`` and ``stages`` of the pipeline arguments (none without pp)."""
+    if pp == 1:
+        return {}
+    blocks = _megatron_int(args, "--num-layers") or blocks_of(network)
+    per_chunk = _megatron_int(args, "--num-layers-per-virtual-pipeline-stage")
+    first = _megatron_int(args, "--decoder-first-pipeline-num-layers")
+    last = _megatron_int(args, "--decoder-last-pipeline-num-layers")
+    layout = args.get("--pipeline-model-parallel-layout")
+    if layout is not None:
+        if per_chunk is not None or first is not None or last is not None:
+            raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage or "
+                             "--decoder-first/last-pipeline-num-layers: Megatron-LM takes one of them")
+        chunks = _megatron_layout(layout, pp)
+        if blocks is not None and sum(chunks) != blocks:
+            raise ValueError(f"--pipeline-model-parallel-layout has {sum(chunks)} transformer layers, the model "
+                             f"{blocks}")
+        if len(chunks) == pp:
+            return {"schedule": "1f1b", "stages": tuple(chunks)}
+        stages, vpp = looped_stages(chunks, pp, "--pipeline-model-parallel-layout")
+        return {"schedule": "interleaved", "vpp": vpp, "stages": stages}
+    if per_chunk is not None:
+        if first is not None or last is not None:
+            raise ValueError("cannot express --decoder-first/last-pipeline-num-layers with interleaving")
+        if blocks is None or blocks % (pp * per_chunk):
+            raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per_chunk} does not divide the "
+                             f"{blocks} layers into {pp} stages")
+        vpp = blocks // (pp * per_chunk)
+        if vpp >= 2:
+            return {"schedule": "interleaved", "vpp": vpp}
+    elif first is not None or last is not None:
+        return {"schedule": "1f1b", "stages": _megatron_first_last(first, last, blocks, pp)}
+    elif blocks is not None and blocks % pp:
+        raise ValueError(f"{blocks} layers do not split evenly over {pp} stages (Megatron-LM needs "
+                         "--decoder-first/last-pipeline-num-layers)")
+    # Megatron's even split, fixed (not searched); one chunk per stage: 1F1B.
+    return {"schedule": "1f1b", "stages": (blocks // pp,) * pp if blocks is not None else None}
+
+
+def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Recipe:
+    """The recipe of Megatron-LM ``pretrain_gpt.py`` arguments (a command line or an
+    argument file; ``#`` comments and line breaks allowed)."""
+    args = _megatron_arguments(text)
+    _megatron_model(args, getattr(network, "architecture", None))
+    d = _megatron_degrees(args, procs)
+    micro = _megatron_batch(args, d["dp"], batch, network)
+    zero = _megatron_zero(args, d["dp"], d["cp"])
+    recompute, recompute_layers = _megatron_recompute(args)
     sp = "--sequence-parallel" in args
     overlap_tp = "--tp-comm-overlap" in args
     if overlap_tp and not sp:
         raise ValueError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it too)")
-    schedule = vpp = stages = None
-    if pp > 1:
-        blocks = _megatron_int(args, "--num-layers") or _blocks(network)
-        per_chunk = _megatron_int(args, "--num-layers-per-virtual-pipeline-stage")
-        first = _megatron_int(args, "--decoder-first-pipeline-num-layers")
-        last = _megatron_int(args, "--decoder-last-pipeline-num-layers")
-        layout = args.get("--pipeline-model-parallel-layout")
-        if layout is not None:
-            if per_chunk is not None or first is not None or last is not None:
-                raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage or "
-                                 "--decoder-first/last-pipeline-num-layers: Megatron-LM takes one of them")
-            chunks = _megatron_layout(layout, pp)
-            if blocks is not None and sum(chunks) != blocks:
-                raise ValueError(f"--pipeline-model-parallel-layout has {sum(chunks)} transformer layers, the model "
-                                 f"{blocks}")
-            if len(chunks) == pp:
-                stages = tuple(chunks)
-            else:
-                stages, vpp = _looped_stages(chunks, pp, "--pipeline-model-parallel-layout")
-                schedule = "interleaved"
-        elif per_chunk is not None:
-            if first is not None or last is not None:
-                raise ValueError("cannot express --decoder-first/last-pipeline-num-layers with interleaving")
-            if blocks is None or blocks % (pp * per_chunk):
-                raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per_chunk} does not divide the "
-                                 f"{blocks} layers into {pp} stages")
-            schedule, vpp = "interleaved", blocks // (pp * per_chunk)
-            if vpp < 2:
-                schedule = vpp = None  # one chunk per stage: 1F1B
-        elif first is not None or last is not None:
-            if blocks is None:
-                raise ValueError("--decoder-first/last-pipeline-num-layers need --num-layers")
-            if pp == 2:
-                first = first if first is not None else blocks - last
-                last = blocks - first
-                counts = (first, last)
-            else:
-                rest = blocks - (first or 0) - (last or 0)
-                middle_stages = pp - (first is not None) - (last is not None)
-                if rest < middle_stages or rest % middle_stages:
-                    raise ValueError(f"{rest} layers do not split evenly over the {middle_stages} other stages")
-                each = rest // middle_stages
-                counts = ((first if first is not None else each),) + (each,) * (pp - 2) + \
-                    ((last if last is not None else each),)
-            if min(counts) < 1:
-                raise ValueError("--decoder-first/last-pipeline-num-layers leave a stage without layers")
-            stages = counts
-        elif blocks is not None and blocks % pp:
-            raise ValueError(f"{blocks} layers do not split evenly over {pp} stages (Megatron-LM needs "
-                             "--decoder-first/last-pipeline-num-layers)")
-        else:
-            stages = None
-        if schedule is None and stages is None and blocks is not None:
-            stages = (blocks // pp,) * pp  # Megatron's even split, fixed (not searched)
-    return _recipe(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep if ep > 1 else None, etp=_folded_etp(dp, tp, ep, etp),
-                   zero=zero, recompute=recompute, recompute_layers=recompute_layers, microbatch=micro,
-                   schedule=schedule or ("1f1b" if pp > 1 else None), vpp=vpp, stages=stages,
-                   sp=sp if tp > 1 else None, tp_overlap=overlap_tp, **_megatron_precision(args, zero))
+    return make_recipe(dp=d["dp"], tp=d["tp"], pp=d["pp"], cp=d["cp"], ep=d["ep"] if d["ep"] > 1 else None,
+                       etp=folded_etp(d["dp"], d["tp"], d["ep"], d["etp"]), zero=zero, recompute=recompute,
+                       recompute_layers=recompute_layers, microbatch=micro, sp=sp if d["tp"] > 1 else None,
+                       tp_overlap=overlap_tp, **_megatron_pipeline(args, d["pp"], network),
+                       **_megatron_precision(args, zero))
 
 
 #: The longest layout unrolled (layers and separators): far more than any model's layers.
@@ -785,7 +534,7 @@ def recipe_from_deepspeed(doc: dict, procs: int, batch: int) -> Recipe:
         if key in ("offload_optimizer", "offload_param") and isinstance(value, dict) and \
                 value.get("device", "none") != "none":
             raise ValueError(f"cannot express zero_optimization.{key} (offloading is not priced)")
-    zero = _int(zero_section.get("stage", 0), "zero_optimization.stage", 0)
+    zero = whole(zero_section.get("stage", 0), "zero_optimization.stage", 0)
     if zero > 3:
         raise ValueError(f"zero_optimization.stage must be 0-3, got {zero}")
     if zero == 3 and zero_section.get("stage3_param_persistence_threshold", 100000) != 0:
@@ -804,11 +553,11 @@ def recipe_from_deepspeed(doc: dict, procs: int, batch: int) -> Recipe:
     if train is None and (micro is None or accumulation is None):
         raise ValueError("give train_batch_size, or train_micro_batch_size_per_gpu and gradient_accumulation_steps")
     if train is not None:
-        train = _int(train, "train_batch_size")
+        train = whole(train, "train_batch_size")
     if micro is not None:
-        micro = _int(micro, "train_micro_batch_size_per_gpu")
+        micro = whole(micro, "train_micro_batch_size_per_gpu")
     if accumulation is not None:
-        accumulation = _int(accumulation, "gradient_accumulation_steps")
+        accumulation = whole(accumulation, "gradient_accumulation_steps")
     # DeepSpeed's own completion of the three (deepspeed/runtime/config.py).
     if train is None:
         train = micro * accumulation * dp
@@ -820,5 +569,5 @@ def recipe_from_deepspeed(doc: dict, procs: int, batch: int) -> Recipe:
     if micro < 1 or accumulation < 1 or train != micro * accumulation * dp:
         raise ValueError(f"train_batch_size {train} is not train_micro_batch_size_per_gpu x "
                          f"gradient_accumulation_steps x the {dp} data-parallel devices")
-    _check_batch(train, batch, "train_batch_size")
-    return _recipe(dp=dp, tp=1, pp=1, cp=1, zero=zero, recompute="none", microbatch=micro)
+    check_batch(train, batch, "train_batch_size")
+    return make_recipe(dp=dp, tp=1, pp=1, cp=1, zero=zero, recompute="none", microbatch=micro)

@@ -6,8 +6,9 @@ loss and its fp32 buffers), the gradient's and the reduction's element types, bu
 units, which overlaps exist, the names of its recomputation policies, the optimizer's
 temporaries, the allocator's behaviour. Every fact carries its source (a file of the engine's
 repository or its docs). ``--engine NAME[,KEY=VALUE...]`` picks one and switches keys (a
-switch the profile names, such as ``torchtitan,compile=true``, or any scalar fact), ``--engine
-FILE.json`` reads a profile of one's own in the same format.
+switch the profile names, such as ``torchtitan,compile=true``, or any scalar fact; a switch may
+also change the ``runs`` section, as ``torchtitan,version=0.2`` does), ``--engine FILE.json``
+reads a profile of one's own in the same format.
 
 :meth:`EngineProfile.training_options` gives the :class:`TrainingOptions` fields it implies;
 :meth:`EngineProfile.searched` the choices the search may try where the engine has them
@@ -283,6 +284,10 @@ def _profile(data: dict, where: str, path: str | None) -> EngineProfile:
             if value == "source":
                 continue
             for fact, v in changes.items():
+                if fact == "runs":
+                    if not isinstance(v, dict):
+                        raise ValueError(f"{where}: switch {key}={value}: 'runs' must be an object")
+                    continue
                 if fact not in FACTS:
                     raise ValueError(f"{where}: switch {key}={value} sets unknown fact {fact!r}")
                 _check_value(fact, v, where)
@@ -305,15 +310,31 @@ def _profile(data: dict, where: str, path: str | None) -> EngineProfile:
                          MappingProxyType(runs), MappingProxyType(switches), MappingProxyType(bands))
 
 
+def _merged_runs(runs, changes: dict) -> MappingProxyType:
+    """``runs`` with a switch's ``runs`` changes: each key replaced, but ``why`` and ``export``
+    (tables of their own) merged key by key."""
+    merged = dict(runs)
+    for key, value in changes.items():
+        if key in ("why", "export") and isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    return MappingProxyType(merged)
+
+
 def _switch(profile: EngineProfile, key: str, value: str) -> EngineProfile:
     switches = profile.switches
     facts, sources = dict(profile.facts), dict(profile.sources)
+    runs = profile.runs
     if key in switches:
         table = switches[key]
         values = [v for v in table if v != "source"]
         if value not in values:
             raise ValueError(f"engine {profile.name}: {key} must be one of {', '.join(values)}, got {value!r}")
         for fact, v in table[value].items():
+            if fact == "runs":
+                runs = _merged_runs(runs, v)
+                continue
             facts[fact] = _check_value(fact, v, f"engine {profile.name}")
             sources[fact] = f"switch {key}={value}: {table.get('source', '')}"
     elif key in FACTS:
@@ -323,7 +344,7 @@ def _switch(profile: EngineProfile, key: str, value: str) -> EngineProfile:
         names = sorted(switches) + list(FACTS)
         raise ValueError(f"engine {profile.name} has no key {key!r} (keys: {', '.join(names)})")
     return EngineProfile(profile.name, profile.title, MappingProxyType(facts), MappingProxyType(sources),
-                         profile.settings + ((key, value),), profile.path, profile.runs, switches, profile.band)
+                         profile.settings + ((key, value),), profile.path, runs, switches, profile.band)
 
 
 def load_engine(spec: str | None = None) -> EngineProfile:

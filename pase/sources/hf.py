@@ -21,6 +21,7 @@ The sequence length is ``-m``; by default ``min(max_position_embeddings, 2048)``
 
 from __future__ import annotations
 
+import math
 import os
 
 from pase.core.fileio import InputError, read_json
@@ -43,6 +44,14 @@ HEAD_DIM_DEFAULTS = {"gemma2": 256, "gemma3_text": 256}
 
 _LLAMA_LIKE = ("llama", "mistral", "qwen2") + MOE_TYPES
 
+#: ``(rope_theta, rms_norm_eps)`` of a config that does not give them: transformers' defaults
+#: (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config and their MoE configs).
+#: The rotary base, its scaling and the norms' epsilon are declared on the network for these
+#: types (the engine exports write them); other types leave them undeclared.
+NUMERICS_DEFAULTS = {"llama": (10000.0, 1e-6), "mistral": (10000.0, 1e-6), "mixtral": (1e6, 1e-5),
+                     "qwen2": (10000.0, 1e-6), "qwen3": (10000.0, 1e-6), "qwen2_moe": (10000.0, 1e-6),
+                     "qwen3_moe": (10000.0, 1e-6)}
+
 
 def read_hf_config(path: str) -> dict:
     """The JSON of ``path`` (a Hugging Face ``config.json``); ``InputError`` in one line otherwise.
@@ -53,6 +62,49 @@ def read_hf_config(path: str) -> dict:
     if not isinstance(path, str) or not path:
         raise InputError("hf: needs a file name (-g hf:FILE.json)")
     return read_json(path, "hf config", stdin=False)
+
+
+def _positive_number(fields: Fields, key: str, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        fields.fail(f"{key} must be a positive number, got {shown(value)}")
+    return float(value)
+
+
+def numerics(fields: Fields, model_type: str) -> dict:
+    """``rope_theta``, ``rope_scaling`` and ``norm_eps`` of a config of a type in
+    :data:`NUMERICS_DEFAULTS` (``rope_theta`` and ``rope_scaling``, or transformers 5's
+    ``rope_parameters``; ``rms_norm_eps``), the type's defaults where absent; ``{}`` for other
+    types. ``rope_scaling`` is a tuple of ``(name, value)`` pairs, ``type`` for ``rope_type``,
+    ``()`` when unscaled."""
+    if model_type not in NUMERICS_DEFAULTS:
+        return {}
+    theta, eps = NUMERICS_DEFAULTS[model_type]
+    data = fields.data
+    parameters = data.get("rope_parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        fields.fail(f"rope_parameters must be an object, got {shown(parameters)}")
+    scaling = data.get("rope_scaling")
+    if scaling is None and parameters and parameters.get("rope_type", "default") != "default":
+        scaling = parameters
+    if scaling is not None and not isinstance(scaling, dict):
+        fields.fail(f"rope_scaling must be an object or null, got {shown(scaling)}")
+    pairs = []
+    for key, value in sorted((scaling or {}).items()):
+        if key == "rope_theta":
+            continue
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            fields.fail(f"rope_scaling {key} must be a number or a name, got {shown(value)}")
+        pairs.append(("type" if key == "rope_type" else key, value))
+    pairs = tuple(sorted(pairs))
+    if dict(pairs).get("type") == "default":
+        pairs = ()
+    if data.get("rope_theta") is not None:
+        theta = _positive_number(fields, "rope_theta", data["rope_theta"])
+    elif parameters and parameters.get("rope_theta") is not None:
+        theta = _positive_number(fields, "rope_parameters.rope_theta", parameters["rope_theta"])
+    if data.get("rms_norm_eps") is not None:
+        eps = _positive_number(fields, "rms_norm_eps", data["rms_norm_eps"])
+    return {"rope_theta": theta, "rope_scaling": pairs, "norm_eps": eps}
 
 
 def decoder_config_from_hf(data: dict, sequence: int | None = None, source: str = "config.json", mtp: bool = False):
@@ -103,6 +155,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
         if data.get("add_cross_attention"):
             fields.fail("add_cross_attention is not supported (a decoder-only model has no cross-attention)")
         fields.number("layer_norm_epsilon")
+        eps = data.get("layer_norm_epsilon")
         fields.choice("activation_function", "gelu_new", ACTIVATIONS)
         config = dict(
             layers=layers, width=width, heads=heads, kv_heads=heads, head_dim=width // heads,
@@ -110,6 +163,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
             gated=False, norm="layer", positions="learned", max_positions=fields.positive("n_positions"),
             tied=fields.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
             sequence=sequence_length(fields, sequence, "n_positions", learned=True),
+            norm_eps=1e-5 if eps is None else float(eps),  # transformers' GPT2Config default
         )
     else:
         width = fields.positive("hidden_size")
@@ -144,6 +198,7 @@ def read_decoder_config(data: dict, sequence: int | None = None, source: str = "
             qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
             sequence=sequence_length(fields, sequence, "max_position_embeddings", learned=False),
         )
+        config.update(numerics(fields, model_type))
         if model_type in MOE_TYPES:
             config.update(moe_fields(fields, model_type, layers))
         if model_type in _MORE_LLAMA_LIKE:
