@@ -46,6 +46,7 @@ def test_bus_factors_are_nccl_tests():
     assert bus_factor("all_reduce", 2) == 1.0
     for kind in ("all_gather", "reduce_scatter", "all_to_all"):
         assert bus_factor(kind, 4) == 0.75              # 3/4
+    assert bus_factor("send_recv", 2) == 1.0            # sendrecv_perf: busbw = algbw
 
 
 CURVE = {"all_reduce": [[8, 1, 1e8, 400], [8, 1, 1e6, 100]]}  # rows in any order
@@ -85,19 +86,49 @@ def test_a_latency_is_never_negative():
     assert float(t.seconds("all_reduce", 5e5, 8, 1)) == pytest.approx(1.75 * 5e5 / 400e9, rel=1e-12)
 
 
-def test_nearest_group_inside_and_across_nodes():
+def test_which_curves_price_a_group_inside_and_across_nodes():
     t = CollectiveTables({"all_reduce": [[2, 1, 1e6, 1], [8, 1, 1e6, 1], [2, 2, 1e6, 1], [16, 2, 1e6, 1],
                                          [64, 8, 1e6, 1]]})
-    assert t.curve_for("all_reduce", 2, 1) == (2, 1)
-    assert t.curve_for("all_reduce", 4, 1) == (8, 1)     # log2 distance 1 either way: the larger
-    assert t.curve_for("all_reduce", 16, 1) == (8, 1)    # bounded: the largest measured
-    assert t.curve_for("all_reduce", 4, 2) == (2, 2)     # 2 per node: nearer 1 per node than 8
-    assert t.curve_for("all_reduce", 12, 2) == (16, 2)   # 6 per node: nearer 8
-    # 4 nodes: |2 - 1| = 1 from 2 nodes, |2 - 3| = 1 from 8: a tie, then 8 per node nearer in both,
-    # then the larger group: (64, 8).
-    assert t.curve_for("all_reduce", 32, 4) == (64, 8)
-    assert t.curve_for("all_reduce", 1024, 128) == (64, 8)
-    assert CollectiveTables({"all_reduce": [[8, 1, 1e6, 1]]}).curve_for("all_reduce", 16, 2) is None
+    # Inside a node: every curve measured in one node, by log2 ranks.
+    assert t.curves_for("all_reduce", 4, 1) == [(1.0, (2, 1)), (3.0, (8, 1))]
+    # Across nodes: per node count the nearest ranks per node: 2 per node is nearer 1 (2 on 2 nodes)
+    # than 8 (16 on 2 nodes); 6 per node nearer 8; ties to the larger group.
+    assert t.curves_for("all_reduce", 4, 2) == [(1.0, (2, 2)), (3.0, (64, 8))]
+    assert t.curves_for("all_reduce", 12, 2) == [(1.0, (16, 2)), (3.0, (64, 8))]
+    assert t.curves_for("all_reduce", 32, 4) == [(1.0, (16, 2)), (3.0, (64, 8))]
+    assert CollectiveTables({"all_reduce": [[8, 1, 1e6, 1]]}).curves_for("all_reduce", 16, 2) == []
+
+
+def test_bus_bandwidth_is_interpolated_over_the_span():
+    # In a node: 2 ranks at 100 GB/s, 8 at 400: 4 ranks is halfway in log2, sqrt(100 * 400) = 200 GB/s;
+    # an all-gather of 1e8 bytes over 4: 3/4 * 1e8 / 200e9 = 375 us. Beyond 8 in a node it holds:
+    # 8 ranks' 400 GB/s, 7/8 * 1e8 / 400e9 = 218.75 us for 8 (16 cannot be in one node of 8).
+    t = CollectiveTables({"all_gather": [[2, 1, 1e8, 100], [8, 1, 1e8, 400]]})
+    assert float(t.seconds("all_gather", 1e8, 4, 1)) == pytest.approx(375e-6, rel=1e-12)
+    assert float(t.seconds("all_gather", 1e8, 8, 1)) == pytest.approx(218.75e-6, rel=1e-12)
+    # Across nodes: 2 nodes 200 GB/s, 8 nodes 50. 4 nodes halfway: 100 GB/s; 32 ranks:
+    # 31/32 * 1e8 / 100e9 = 968.75 us. Below 2 nodes nothing is measured across nodes... 2 is the
+    # fewest: held. 16 nodes: the fall from 2 to 8 (a quarter over two doublings, slope -1 in
+    # log-log) goes on: 25 GB/s, 127/128 * 1e8 / 25e9 = 3968.75 us.
+    t = CollectiveTables({"all_gather": [[16, 2, 1e8, 200], [64, 8, 1e8, 50]]})
+    assert float(t.seconds("all_gather", 1e8, 32, 4)) == pytest.approx(968.75e-6, rel=1e-12)
+    assert float(t.seconds("all_gather", 1e8, 128, 16)) == pytest.approx(3968.75e-6, rel=1e-12)
+    # A steeper fall is clamped to 1 / nodes: 2 nodes 400, 4 nodes 50 (an eighth for one doubling);
+    # 8 nodes: 25 GB/s, not 6.25: 63/64 * 1e8 / 25e9 = 3937.5 us.
+    steep = CollectiveTables({"all_gather": [[16, 2, 1e8, 400], [32, 4, 1e8, 50]]})
+    assert float(steep.seconds("all_gather", 1e8, 64, 8)) == pytest.approx(3937.5e-6, rel=1e-12)
+    # A bandwidth that rises with the nodes is held beyond the last (slope clamped to 0): 100 GB/s.
+    rising = CollectiveTables({"all_gather": [[16, 2, 1e8, 50], [32, 4, 1e8, 100]]})
+    assert float(rising.seconds("all_gather", 1e8, 64, 8)) == pytest.approx(63 / 64 * 1e8 / 100e9, rel=1e-12)
+
+
+def test_one_size_takes_the_links_latency_below_it():
+    # One size, 1e8 bytes over 16 on 2 nodes at 200 GB/s: t0 = 15/16 * 1e8 / 200e9 = 468.75 us. The
+    # latency given for the group, 50 us, is the line's intercept: at 1e6 bytes
+    # t = 50 + (468.75 - 50) * 1e6 / 1e8 = 54.1875 us.
+    t = CollectiveTables({"all_gather": [[16, 2, 1e8, 200]]}, latency=lambda kind, r, n: 50e-6)
+    assert float(t.seconds("all_gather", 1e6, 16, 2)) == pytest.approx(54.1875e-6, rel=1e-12)
+    assert float(t.seconds("all_gather", 1e8, 16, 2)) == pytest.approx(468.75e-6, rel=1e-12)
 
 
 def test_a_group_priced_from_another_size_keeps_the_bus_bandwidth():
@@ -160,6 +191,43 @@ def test_all_to_all_uses_its_own_table():
     # All-reduces have no table here: the links.
     assert float(m.all_reduce(5e5, Group([[8]], [[1]]))[0]) == float(CalibratedMachine(BARE).all_reduce(
         5e5, Group([[8]], [[1]]))[0])
+
+
+def test_all_gather_and_reduce_scatter_read_their_own_curves():
+    m = CalibratedMachine(dict(BARE, collectives={"all_gather": [[16, 2, 1e8, 200]],
+                                                  "all_reduce": [[8, 1, 1e8, 400]]}))
+    across, inside = Group([[16]], [[1]]), Group([[8]], [[1]])
+    # 5e7 elements of 2 bytes over 16 on 2 nodes, the curve's own point: 15/16 * 1e8 / 200e9 = 468.75 us.
+    assert float(m.all_gather(5e7, across)[0]) == pytest.approx(468.75e-6, rel=1e-12)
+    # No reduce-scatter curve: half the all-reduce, which across nodes is the links' hierarchical ring:
+    # (2 * 7/8 * 1e8 / 450e9 + 42 us + 2 * 1/2 * 1.25e7 / 50e9 + 20 us) / 2 = 350.4444 us.
+    assert float(m.reduce_scatter(5e7, across)[0]) == pytest.approx(
+        0.5 * (2 * 7 / 8 * 1e8 / 450e9 + 42e-6 + 1.25e7 / 50e9 + 20e-6), rel=1e-12)
+    # In a node the measured all-reduce halves: 1.75 * 1e8 / 400e9 / 2 = 218.75 us, for both.
+    assert float(m.all_gather(5e7, inside)[0]) == pytest.approx(218.75e-6, rel=1e-12)
+    assert float(m.reduce_scatter(5e7, inside)[0]) == pytest.approx(218.75e-6, rel=1e-12)
+    # A weight gradient at 4 bytes: 2.5e7 elements are the same 1e8 bytes.
+    assert float(m.all_gather(2.5e7, across, grad=True)[0]) == pytest.approx(468.75e-6, rel=1e-12)
+    # The one-size curve's latency is the links' ring: (8-1) 3 us + (2-1) 10 us = 31 us; at 1e6 bytes
+    # 31 + (468.75 - 31) * 0.01 = 35.3775 us.
+    assert float(m.all_gather(5e5, across)[0]) == pytest.approx(35.3775e-6, rel=1e-12)
+    # Without tables both are exactly half the all-reduce, as every plan priced them before.
+    bare = CalibratedMachine(BARE)
+    for g in (across, inside):
+        assert float(bare.all_gather(5e7, g)[0]) == 0.5 * float(bare.all_reduce(5e7, g)[0])
+        assert float(bare.reduce_scatter(5e7, g, grad=True)[0]) == 0.5 * float(bare.all_reduce(5e7, g, grad=True)[0])
+
+
+def test_send_recv_reads_its_curve_else_the_exchange():
+    m = CalibratedMachine(dict(BARE, collectives={"send_recv": [[2, 2, 1e8, 20]]}))
+    pair_across = Group([[2]], [[8]])   # stages 8 devices apart: two nodes
+    pair_inside = Group([[2]], [[1]])
+    # 5e7 elements = 1e8 bytes at 20 GB/s: 5 ms (bus factor 1).
+    assert float(m.send_recv(5e7, pair_across)[0]) == pytest.approx(5e-3, rel=1e-12)
+    # In a node no curve: the exchange, 1e8 / 450e9 + 3 us.
+    assert float(m.send_recv(5e7, pair_inside)[0]) == pytest.approx(1e8 / 450e9 + 3e-6, rel=1e-12)
+    assert float(CalibratedMachine(BARE).send_recv(5e7, pair_across)[0]) == float(
+        CalibratedMachine(BARE).exchange(5e7, pair_across)[0])
 
 
 def test_published_defaults_and_their_preset():
@@ -236,7 +304,7 @@ def test_calibrate_collectives_writes_into_the_description(tmp_path):
     path = _description(tmp_path)
     timer = FakeNccl()
     description, where = calibrate_collectives(str(path), quick=True, timer=timer)
-    assert len(timer.calls) == 4 * 3 * 6  # kinds x groups (2, 4, 8) x sizes
+    assert len(timer.calls) == 5 * 3 * 6  # kinds x groups (2, 4, 8) x sizes
     assert where == "8 GPUs of one node; across nodes not measured"
     assert json.loads(path.read_text()) == description
     assert {k: v for k, v in description.items() if k not in ("collectives", "notes")} == dict(BARE, name="m")
@@ -306,7 +374,7 @@ def test_main_collectives(tmp_path):
     path = _description(tmp_path)
     status, out, err = run(["--collectives", "--quick", "--out", str(path)], collective_timer=FakeNccl())
     assert status == 0, err
-    assert out == (f"wrote the collectives of {path} (72 rows, 8 GPUs of one node; across nodes not measured; "
+    assert out == (f"wrote the collectives of {path} (90 rows, 8 GPUs of one node; across nodes not measured; "
                    f"all-reduce up to 299.5 GB/s bus bandwidth in a node); use --machine {path}\n")
     assert load_machine(str(path)).collectives.kinds == COLLECTIVE_KINDS
 

@@ -147,8 +147,17 @@ class Machine(Protocol):
     def all_reduce(self, elements, group: Group, grad: bool = False):
         """An all-reduce of ``elements`` per device over ``group``."""
 
+    def all_gather(self, elements, group: Group, grad: bool = False):
+        """An all-gather of ``elements`` per device (its output) over ``group``."""
+
+    def reduce_scatter(self, elements, group: Group, grad: bool = False):
+        """A reduce-scatter of ``elements`` per device (its input) over ``group``."""
+
     def exchange(self, elements, group: Group):
         """A point-to-point exchange of ``elements`` with the group."""
+
+    def send_recv(self, elements, group: Group):
+        """One send of ``elements`` per device to the other member of a pair (pipeline stages)."""
 
     def all_to_all(self, elements, group: Group):
         """An all-to-all of ``elements`` per device over ``group`` (each keeps ``1/q`` of them)."""

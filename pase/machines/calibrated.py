@@ -335,7 +335,8 @@ class CalibratedMachine:
         #: Stated, or by the one rule from ``clock_mhz`` (:func:`pase.machines.specs.clock_ratio_of`).
         self.clock_ratio = float(d["clock_ratio"]) if "clock_ratio" in d else (clock_ratio_of(d.get("clock_mhz")) or 1.0)
         #: Measured NCCL bus bandwidths (``None``: every collective from the links).
-        self.collectives = CollectiveTables(d["collectives"]) if "collectives" in d else None
+        self.collectives = (CollectiveTables(d["collectives"], latency=self._ring_latency)
+                            if "collectives" in d else None)
         #: Dense peak FLOP/s per number format (``bf16`` is ``peak_tflops``) and the formats
         #: the device runs GEMMs in, in ``DTYPES`` order.
         self.dtype_flops = {"bf16": self.peak_flops,
@@ -506,6 +507,39 @@ class CalibratedMachine:
         across = 2.0 * (q_out - 1.0) / q_out * (n / q_in) / self.b_out + 2.0 * (q_out - 1.0) * self.a_out
         return self._measured("all_reduce", n, q, q_out, np.where((q > 1) & (n > 0), inside + across, 0.0))
 
+    def all_gather(self, elements, group, grad: bool = False) -> np.ndarray:
+        """All-gather of ``elements`` elements per device (its output, nccl-tests' size) over
+        ``group`` (seconds): half the all-reduce of the same elements (a ring all-reduce is a
+        reduce-scatter then an all-gather, :meth:`all_reduce`, measured or not), or, where the
+        description's ``collectives`` has an ``all_gather`` curve for the group's side,
+        ``(q-1)/q n / busbw`` with its bus bandwidth (``CollectiveTables``)."""
+        return self._half("all_gather", elements, group, grad)
+
+    def reduce_scatter(self, elements, group, grad: bool = False) -> np.ndarray:
+        """Reduce-scatter of ``elements`` elements per device (its input) over ``group``:
+        as :meth:`all_gather`, from a ``reduce_scatter`` curve where there is one."""
+        return self._half("reduce_scatter", elements, group, grad)
+
+    def _half(self, kind: str, elements, group, grad: bool) -> np.ndarray:
+        half = 0.5 * self.all_reduce(elements, group, grad)
+        if self.collectives is None or kind not in self.collectives.kinds:
+            return half
+        q, _, q_out = self._split(group)
+        n = np.asarray(elements, dtype=np.float64) * (self.grad_bytes if grad else self.act_bytes)
+        return self._measured(kind, n, q, q_out, half)
+
+    def _ring_latency(self, kind: str, ranks: int, nodes: int) -> float:
+        """The links' fixed time of one collective over ``ranks`` devices on ``nodes`` nodes (the
+        latency a curve measured at one size only is given): a ring's steps, ``2 (q_in-1) a_in +
+        2 (q_out-1) a_out`` for an all-reduce, half that for an all-gather or a reduce-scatter;
+        one message on each link used for an all-to-all or a send."""
+        q_in, q_out = ranks // nodes, nodes
+        if kind == "all_reduce":
+            return 2.0 * (q_in - 1) * self.a_in + 2.0 * (q_out - 1) * self.a_out
+        if kind in ("all_gather", "reduce_scatter"):
+            return (q_in - 1) * self.a_in + (q_out - 1) * self.a_out
+        return (self.a_in if q_in > 1 else 0.0) + (self.a_out if q_out > 1 else 0.0)
+
     def _measured(self, kind: str, n, q, q_out, modelled) -> np.ndarray:
         """``modelled`` with the measured bus bandwidth's seconds wherever the machine's
         ``collectives`` has a curve for the group (``CollectiveTables.seconds``)."""
@@ -525,6 +559,18 @@ class CalibratedMachine:
         one_node = q_in >= q
         seconds = np.where(one_node, n / self.b_in + self.a_in, n / self.b_out + self.a_out)
         return np.where((q > 1) & (n > 0), seconds, 0.0)
+
+    def send_recv(self, elements, group) -> np.ndarray:
+        """One send of ``elements`` activation elements per device to a peer (a pipeline stage
+        handing its activations to the next: ``group`` the pair): :meth:`exchange`, or where the
+        description's ``collectives`` has a ``send_recv`` curve for the pair's side (one node or
+        two), ``n / busbw`` at its bandwidth."""
+        modelled = self.exchange(elements, group)
+        if self.collectives is None or "send_recv" not in self.collectives.kinds:
+            return modelled
+        q, _, q_out = self._split(group)
+        n = np.asarray(elements, dtype=np.float64) * self.act_bytes
+        return self._measured("send_recv", n, q, q_out, modelled)
 
     def all_to_all(self, elements, group) -> np.ndarray:
         """All-to-all of ``elements`` activation elements per device over ``group`` (seconds).

@@ -149,7 +149,24 @@ class TorchCollectiveTimer:
             full, shard = torch.ones(elements, **opts), torch.empty(elements // ranks, **opts)
             return lambda: dist.reduce_scatter_tensor(shard, full, group=group)
         source, target = torch.ones(elements, **opts), torch.empty(elements, **opts)
+        if kind == "send_recv":  # a pipeline's hand-over: member j with member j + q/2 (the next stage)
+            return self._send_recv(group, source, target)
         return lambda: dist.all_to_all_single(target, source, group=group)
+
+    def _send_recv(self, group, source, target) -> Callable[[], None]:
+        """Each member sends ``source`` to its partner half the group away and receives ``target``
+        from it (stage ``k``'s device ``j`` and stage ``k+1``'s device ``j``), both posted at once."""
+        dist = self.dist
+        members = dist.get_process_group_ranks(group)
+        j = members.index(self.rank)
+        partner = members[(j + len(members) // 2) % len(members)]
+
+        def run():
+            ops = [dist.P2POp(dist.isend, source, partner, group=group),
+                   dist.P2POp(dist.irecv, target, partner, group=group)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+        return run
 
     def __call__(self, kind: str, ranks: int, nodes: int, size: int) -> float:
         torch, dist = self.torch, self.dist

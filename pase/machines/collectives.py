@@ -16,26 +16,33 @@ import numpy as np
 
 from pase.core.checks import is_int, is_number
 
-__all__ = ["COLLECTIVE_KINDS", "bus_factor", "validate_collectives", "CollectiveTables"]
+__all__ = ["COLLECTIVE_KINDS", "bus_factor", "validate_collectives", "CollectiveTables", "MAX_FALL_SLOPE"]
 
-#: The collectives a table may hold, as nccl-tests names them (``all_reduce_perf``, ...).
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+#: The collectives a table may hold, as nccl-tests names them (``all_reduce_perf``, ...;
+#: ``send_recv``: ``sendrecv_perf``, each rank sending to one peer and receiving from another,
+#: as a pipeline stage hands its activations on).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 #: Largest message of a row (bytes) and fastest bus (GB/s): far beyond any machine, finite costs.
 MAX_BYTES = 1e15
 BUS_GBPS_RANGE = (1e-6, 1e9)
 #: Most ranks in a row (the command line's largest device count).
 MAX_RANKS = 2**20
+#: Beyond the most nodes measured, bus bandwidth keeps falling as it fell over the last measured
+#: doubling (a power of the node count), at most as ``1 / nodes`` (this slope, -1: the time
+#: grows with the node count, the pace of a ring's latency-bound steps) and never rising.
+MAX_FALL_SLOPE = -1.0
 
 
 def bus_factor(kind: str, q):
-    """nccl-tests' bus factor: ``busbw = bus_factor * n / t``.
+    """nccl-tests' bus factor: ``busbw = bus_factor * n / t``; 1 for ``send_recv`` (its bus
+    bandwidth is its algorithm bandwidth).
 
-    >>> bus_factor("all_reduce", 8), bus_factor("all_gather", 4)
-    (1.75, 0.75)
+    >>> bus_factor("all_reduce", 8), bus_factor("all_gather", 4), bus_factor("send_recv", 2)
+    (1.75, 0.75, 1.0)
     """
     q = np.asarray(q, dtype=np.float64)
     f = (q - 1.0) / q
-    out = 2.0 * f if kind == "all_reduce" else f
+    out = 2.0 * f if kind == "all_reduce" else np.ones_like(q) if kind == "send_recv" else f
     return float(out) if out.ndim == 0 else out
 
 
@@ -65,43 +72,48 @@ def validate_collectives(data, devices_per_node: int, source: str) -> dict:
         seen = set()
         clean = []
         for i, row in enumerate(rows):
-            at = f"{where}[{i}]"
-            if not isinstance(row, list) or len(row) != 4:
-                raise ValueError(f"{at} must be [ranks, nodes, bytes, bus_gbps], got {row!r:.60}")
-            ranks, nodes, size, gbps = row
-            if not is_int(ranks) or not 2 <= ranks <= MAX_RANKS:
-                raise ValueError(f"{at}: ranks must be an integer from 2 to {MAX_RANKS}, got {ranks!r:.30}")
-            if not is_int(nodes) or not 1 <= nodes <= ranks or ranks % nodes:
-                raise ValueError(f"{at}: nodes must be a positive integer dividing ranks {ranks}, got {nodes!r:.30}")
-            if ranks // nodes > devices_per_node:
-                raise ValueError(f"{at}: {ranks} ranks on {nodes} node(s) is more than devices_per_node "
-                                 f"{devices_per_node} on a node")
-            if not is_number(size) or not math.isfinite(size) or not 1 <= size <= MAX_BYTES:
-                raise ValueError(f"{at}: bytes must be a number from 1 to {MAX_BYTES:g}, got {size!r:.30}")
-            if not is_number(gbps) or not math.isfinite(gbps) or gbps <= 0:
-                raise ValueError(f"{at}: bus_gbps must be a positive number, got {gbps!r:.30}")
-            if not BUS_GBPS_RANGE[0] <= gbps <= BUS_GBPS_RANGE[1]:
-                raise ValueError(f"{at}: bus_gbps must be from {BUS_GBPS_RANGE[0]:g} to {BUS_GBPS_RANGE[1]:g}, "
-                                 f"got {gbps!r:.30}")
-            key = (ranks, nodes, float(size))
-            if key in seen:
-                raise ValueError(f"{at}: a second row for {ranks} ranks on {nodes} node(s) at {size:g} bytes")
-            seen.add(key)
-            clean.append([ranks, nodes, size, gbps])
+            clean.append(_checked_row(row, f"{where}[{i}]", devices_per_node, seen))
         out[kind] = sorted(clean, key=lambda r: (r[0], r[1], r[2]))
     return out
 
 
+def _checked_row(row, at: str, devices_per_node: int, seen: set) -> list:
+    """One ``[ranks, nodes, bytes, bus_gbps]`` row, checked (``seen``: the groups and sizes so far)."""
+    if not isinstance(row, list) or len(row) != 4:
+        raise ValueError(f"{at} must be [ranks, nodes, bytes, bus_gbps], got {row!r:.60}")
+    ranks, nodes, size, gbps = row
+    if not is_int(ranks) or not 2 <= ranks <= MAX_RANKS:
+        raise ValueError(f"{at}: ranks must be an integer from 2 to {MAX_RANKS}, got {ranks!r:.30}")
+    if not is_int(nodes) or not 1 <= nodes <= ranks or ranks % nodes:
+        raise ValueError(f"{at}: nodes must be a positive integer dividing ranks {ranks}, got {nodes!r:.30}")
+    if ranks // nodes > devices_per_node:
+        raise ValueError(f"{at}: {ranks} ranks on {nodes} node(s) is more than devices_per_node "
+                         f"{devices_per_node} on a node")
+    if not is_number(size) or not math.isfinite(size) or not 1 <= size <= MAX_BYTES:
+        raise ValueError(f"{at}: bytes must be a number from 1 to {MAX_BYTES:g}, got {size!r:.30}")
+    if not is_number(gbps) or not math.isfinite(gbps) or gbps <= 0:
+        raise ValueError(f"{at}: bus_gbps must be a positive number, got {gbps!r:.30}")
+    if not BUS_GBPS_RANGE[0] <= gbps <= BUS_GBPS_RANGE[1]:
+        raise ValueError(f"{at}: bus_gbps must be from {BUS_GBPS_RANGE[0]:g} to {BUS_GBPS_RANGE[1]:g}, "
+                         f"got {gbps!r:.30}")
+    key = (ranks, nodes, float(size))
+    if key in seen:
+        raise ValueError(f"{at}: a second row for {ranks} ranks on {nodes} node(s) at {size:g} bytes")
+    seen.add(key)
+    return [ranks, nodes, size, gbps]
+
+
 class _Curve:
-    """One group's bus bandwidth against message size: seconds of ``n`` bytes.
+    """One group's bus bandwidth against message size.
 
     Inside the measured sizes, ``log busbw`` is linear in ``log n`` between neighbours; above
     them, the largest message's bandwidth; below them, the straight line ``t = alpha + beta n``
     through the two smallest (a latency and a rate, ``beta`` clamped to ``[0, t_0 / s_0]`` so
-    that ``alpha >= 0``; one size alone: ``alpha = 0``).
+    that ``alpha >= 0``). One size alone: ``alpha`` is ``latency`` (the links' latency of the
+    group, at most ``t_0``) and the line goes through the measured point.
     """
 
-    def __init__(self, factor: float, sizes, gbps):
+    def __init__(self, factor: float, sizes, gbps, latency: float = 0.0):
         self.factor = factor
         self.log_sizes = np.log(np.asarray(sizes, dtype=np.float64))
         self.log_bus = np.log(np.asarray(gbps, dtype=np.float64) * 1e9)
@@ -111,7 +123,7 @@ class _Curve:
             t1 = factor * float(sizes[1]) / (float(gbps[1]) * 1e9)
             beta = min(max((t1 - t0) / (float(sizes[1]) - s0), 0.0), t0 / s0)
         else:
-            beta = t0 / s0
+            beta = (t0 - min(max(latency, 0.0), t0)) / s0
         self.s0, self.alpha, self.beta = s0, t0 - beta * s0, beta
 
     def seconds(self, n: np.ndarray) -> np.ndarray:
@@ -119,22 +131,30 @@ class _Curve:
         bus = np.exp(np.interp(np.log(safe), self.log_sizes, self.log_bus))
         return np.where(n < self.s0, self.alpha + self.beta * n, self.factor * safe / bus)
 
+    def log_bus_at(self, n: np.ndarray) -> np.ndarray:
+        """``log`` of the bus bandwidth (bytes/s) the curve gives ``n > 0`` bytes."""
+        return np.log(self.factor * n) - np.log(self.seconds(n))
+
 
 class CollectiveTables:
     """A machine's measured collectives (:func:`validate_collectives`): seconds by group.
 
-    A group of ``q`` devices, ``q_in`` on each of ``q_out`` nodes, reads the curve measured on
-    the same side (one node, or several) nearest to it: the nearest ``ranks`` inside a node;
-    across nodes the nearest ``nodes``, then the nearest ``ranks / nodes`` (distances in
-    ``log2``, ties to the larger group). A group with no curve on its side gets ``NaN``: the
-    caller prices it otherwise.
+    A group of ``q`` devices, ``q_in`` on each of ``q_out`` nodes, reads the curves measured on
+    the same side (one node, or several). Inside a node, ``log busbw`` is interpolated linearly
+    in ``log2 ranks`` between the measured groups (held beyond them). Across nodes, each
+    measured node count gives the curve with the nearest ``ranks / nodes`` (ties to the larger),
+    and ``log busbw`` is interpolated linearly in ``log2 nodes`` between them; below the fewest
+    nodes measured it is held, beyond the most it keeps falling at the slope of the last two
+    (clamped to ``[MAX_FALL_SLOPE, 0]``: :data:`MAX_FALL_SLOPE`). A group with no curve on its
+    side gets ``NaN``: the caller prices it otherwise. ``latency(kind, ranks, nodes)``: the
+    fixed part of a curve measured at one size only (default none).
 
     >>> t = CollectiveTables({"all_reduce": [[8, 1, 1e9, 350]]})
     >>> round(float(t.seconds("all_reduce", 1e9, 8, 1)), 12)   # 2 * 7/8 * 1e9 B / 350 GB/s
     0.005
     """
 
-    def __init__(self, table: Mapping):
+    def __init__(self, table: Mapping, latency=None):
         self.kinds = tuple(k for k in COLLECTIVE_KINDS if k in table)
         self._groups = {}
         self._curves = {}
@@ -145,40 +165,64 @@ class CollectiveTables:
             self._groups[kind] = sorted(by_group)
             for (ranks, nodes), rows in by_group.items():
                 rows.sort()
+                fixed = float(latency(kind, ranks, nodes)) if latency is not None and len(rows) == 1 else 0.0
                 self._curves[kind, ranks, nodes] = _Curve(
-                    bus_factor(kind, ranks), [r[0] for r in rows], [r[1] for r in rows])
+                    bus_factor(kind, ranks), [r[0] for r in rows], [r[1] for r in rows], fixed)
 
-    def curve_for(self, kind: str, q: float, q_out: float):
-        """``(ranks, nodes)`` of the curve that prices a group of ``q`` devices on ``q_out`` nodes,
-        or ``None`` when the table has none on that side (one node or several).
+    def curves_for(self, kind: str, q: float, q_out: float) -> list:
+        """``[(coordinate, (ranks, nodes)), ...]`` of the curves that price a group of ``q``
+        devices on ``q_out`` nodes, by their ``log2`` coordinate (ranks in a node, nodes across
+        them), or ``[]`` when the table has none on that side.
 
-        >>> t = CollectiveTables({"all_reduce": [[2, 1, 1e6, 1], [8, 1, 1e6, 1], [16, 2, 1e6, 1]]})
-        >>> t.curve_for("all_reduce", 4, 1), t.curve_for("all_reduce", 64, 8), t.curve_for("all_to_all", 4, 1)
-        ((8, 1), (16, 2), None)
+        >>> t = CollectiveTables({"all_reduce": [[2, 1, 1e6, 1], [8, 1, 1e6, 1], [16, 2, 1e6, 1], [2, 2, 1e6, 1]]})
+        >>> t.curves_for("all_reduce", 4, 1), t.curves_for("all_reduce", 64, 8), t.curves_for("all_to_all", 4, 1)
+        ([(1.0, (2, 1)), (3.0, (8, 1))], [(1.0, (16, 2))], [])
         """
         if kind not in self._groups:
-            return None
-        across = q_out > 1
-        side = [(r, n) for r, n in self._groups[kind] if (n > 1) == across]
-        if not side:
-            return None
+            return []
+        if q_out <= 1:
+            return [(math.log2(r), (r, n)) for r, n in self._groups[kind] if n == 1]
+        per_node = math.log2(q / q_out)
+        best: dict = {}
+        for r, n in self._groups[kind]:
+            if n > 1:
+                key = (abs(math.log2(r / n) - per_node), -r)
+                if n not in best or key < best[n][0]:
+                    best[n] = (key, (r, n))
+        return [(math.log2(n), best[n][1]) for n in sorted(best)]
 
-        def distance(group):
-            ranks, nodes = group
-            if not across:
-                return (abs(math.log2(ranks) - math.log2(q)), 0.0, -ranks)
-            return (abs(math.log2(nodes) - math.log2(q_out)),
-                    abs(math.log2(ranks / nodes) - math.log2(q / q_out)), -ranks)
-
-        return min(side, key=distance)
+    def _log_bus(self, kind: str, n: np.ndarray, q: float, q_out: float) -> np.ndarray | None:
+        """``log busbw`` of ``n`` bytes over the group, interpolated between curves (or ``None``)."""
+        found = self.curves_for(kind, q, q_out)
+        if not found:
+            return None
+        x = math.log2(q_out) if q_out > 1 else math.log2(q)
+        xs = [c for c, _ in found]
+        values = [self._curves[(kind, *group)].log_bus_at(n) for _, group in found]
+        if len(found) == 1 or x <= xs[0]:
+            return values[0]
+        if x >= xs[-1]:
+            if q_out <= 1 or x == xs[-1]:
+                return values[-1]
+            slope = np.clip((values[-1] - values[-2]) / ((xs[-1] - xs[-2]) * math.log(2.0)), MAX_FALL_SLOPE, 0.0)
+            return values[-1] + slope * (x - xs[-1]) * math.log(2.0)
+        j = next(i for i in range(1, len(xs)) if xs[i] >= x)
+        w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+        return (1.0 - w) * values[j - 1] + w * values[j]
 
     def seconds(self, kind: str, n, q, q_out) -> np.ndarray:
         """Seconds of collective ``kind`` of ``n`` bytes per device over groups of ``q``
         devices on ``q_out`` nodes (broadcasting arrays): ``bus_factor(kind, q) * n / busbw``,
-        ``busbw`` the curve's at ``n`` (bus bandwidth does not depend on the group size, so a
-        curve measured on another size keeps its bandwidth; below its smallest message its
-        ``alpha + beta n`` is scaled by the ratio of the two factors). ``NaN`` where no curve is
-        on the group's side; 0 where ``q <= 1`` or ``n <= 0``.
+        ``busbw`` interpolated at ``n`` and at the group's span (bus bandwidth does not depend
+        on the group's size through the bus factor, so a curve measured on another size keeps
+        its bandwidth). ``NaN`` where no curve is on the group's side; 0 where ``q <= 1`` or
+        ``n <= 0``.
+
+        >>> t = CollectiveTables({"all_gather": [[16, 2, 1e8, 200], [64, 8, 1e8, 50]]})
+        >>> round(float(t.seconds("all_gather", 1e8, 32, 4)) * 1e6, 1)   # 100 GB/s halfway: 31/32 x 1 ms
+        968.8
+        >>> round(float(t.seconds("all_gather", 1e8, 128, 16)) * 1e6)   # the fall of 2 -> 8 goes on: 25 GB/s
+        3969
         """
         n, q, q_out = np.broadcast_arrays(*[np.asarray(a, dtype=np.float64) for a in (n, q, q_out)])
         out = np.zeros(n.shape)
@@ -188,12 +232,11 @@ class CollectiveTables:
         pairs = np.unique(np.stack([q[live], q_out[live]], axis=1), axis=0)
         for gq, gout in pairs:
             at = live & (q == gq) & (q_out == gout)
-            group = self.curve_for(kind, float(gq), float(gout))
-            if group is None:
+            log_bus = self._log_bus(kind, n[at], float(gq), float(gout))
+            if log_bus is None:
                 out[at] = np.nan
                 continue
-            curve = self._curves[(kind, *group)]
-            out[at] = curve.seconds(n[at]) * (bus_factor(kind, gq) / curve.factor)
+            out[at] = bus_factor(kind, gq) * n[at] / np.exp(log_bus)
         return out
 
 

@@ -105,6 +105,18 @@ class Machine:
         q = group.size.astype(np.float64)
         return self.rho * (np.asarray(elements, dtype=np.float64) / q) * 2.0 * (q - 1.0)
 
+    def all_gather(self, elements, group: Group, grad: bool = False):
+        """Half the ring all-reduce (a ring all-reduce is a reduce-scatter then an all-gather)."""
+        return 0.5 * self.all_reduce(elements, group, grad)
+
+    def reduce_scatter(self, elements, group: Group, grad: bool = False):
+        """Half the ring all-reduce, as :meth:`all_gather`."""
+        return 0.5 * self.all_reduce(elements, group, grad)
+
+    def send_recv(self, elements, group: Group):
+        """A send to a peer: the exchange, ``rho * w``."""
+        return self.exchange(elements, group)
+
     def exchange(self, elements, group: Group):
         """Point-to-point exchange with the group (halo, hand-over, loss): ``rho * w``, zero
         when the group is one device."""

@@ -151,6 +151,15 @@ class TrafficMachine:
     def exchange(self, elements, group):
         return np.where(np.asarray(group.size) > 1, self.element_bytes * np.asarray(elements, dtype=np.float64), 0.0)
 
+    def all_gather(self, elements, group, grad: bool = False):
+        return 0.5 * self.all_reduce(elements, group, grad)
+
+    def reduce_scatter(self, elements, group, grad: bool = False):
+        return 0.5 * self.all_reduce(elements, group, grad)
+
+    def send_recv(self, elements, group):
+        return self.exchange(elements, group)
+
     def all_to_all(self, elements, group):
         q = np.asarray(group.size, dtype=np.float64)
         return self.element_bytes * np.asarray(elements, dtype=np.float64) * (q - 1.0) / q
