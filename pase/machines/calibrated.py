@@ -560,6 +560,23 @@ class CalibratedMachine:
         seconds = np.where(one_node, n / self.b_in + self.a_in, n / self.b_out + self.a_out)
         return np.where((q > 1) & (n > 0), seconds, 0.0)
 
+    def _gathered(self, e: np.ndarray, procs):
+        """An edge's redistribution priced as the all-gather it is (a tensor split over ``procs``
+        devices made whole, and its gradient reduce-scattered back) where the machine measured
+        all-gathers on the edge's side: ``e`` elements moved per device at the curve's bus
+        bandwidth for the group (``procs`` devices on ``procs / devices_per_node`` nodes); ``None``
+        where a span has no curve on its side (the links price it)."""
+        q = np.broadcast_to(np.asarray(procs, dtype=np.float64), e.shape)
+        q_out = np.maximum(1.0, q / float(self.nvlink_domain))
+        n = e * self.act_bytes
+        # nccl-tests' size of an all-gather is its output: moving ``n`` bytes per device is a
+        # gather of n q / (q - 1) bytes.
+        size = np.where(q > 1, n * q / np.maximum(q - 1.0, 1.0), 0.0)
+        seconds = self.collectives.seconds("all_gather", size, np.maximum(q, 1.0), q_out)
+        if np.isnan(seconds).any():
+            return None
+        return np.where(n > 0, seconds, 0.0)
+
     def send_recv(self, elements, group) -> np.ndarray:
         """One send of ``elements`` activation elements per device to a peer (a pipeline stage
         handing its activations to the next: ``group`` the pair): :meth:`exchange`, or where the
@@ -597,9 +614,15 @@ class CalibratedMachine:
 
         The caller passes the forward plus backward volume. Its bytes at ``B_in`` when
         ``procs <= devices_per_node`` (one node), else at ``B_out``, plus two latencies
-        of that link (one message forward, one backward); zero where nothing moves.
+        of that link (one message forward, one backward); zero where nothing moves. Where the
+        description measured all-gathers (``collectives``), the measured all-gather of the
+        span instead (:meth:`_gathered`).
         """
         e = np.asarray(elements, dtype=np.float64)
+        if self.collectives is not None and "all_gather" in self.collectives.kinds:
+            measured = self._gathered(e, procs)
+            if measured is not None:
+                return measured
         one_node = self.levels.holds(procs)
         if one_node.ndim == 0:  # the usual call: one p for a whole edge matrix, fewer passes
             bw, latency = (self.b_in, self.a_in) if one_node else (self.b_out, self.a_out)

@@ -193,10 +193,11 @@ class StagePlan:
 
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     """One send of ``elements`` per device from a stage to the next (devices ``stage_devices``
-    apart), forward and backward: twice the machine's exchange between the two."""
+    apart), forward and backward: twice the machine's send between the two (its measured
+    ``send_recv`` curve where it has one, else its links)."""
     K = len(elements)
     group = Group(np.full((K, 1), 2, dtype=np.int64), np.full((K, 1), stage_devices, dtype=np.int64))
-    return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
+    return 2.0 * np.asarray(machine.send_recv(elements, group), dtype=np.float64)
 
 
 def exposed_sends(compute: np.ndarray, sends: np.ndarray, vpp: int, options) -> np.ndarray:
@@ -280,7 +281,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
     setting's block count is searched (:func:`pipeline_rows`; default not)."""
     options = settings[0]
-    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share")
+    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
     if columns is None:
@@ -438,7 +439,9 @@ class _Timing(NamedTuple):
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
         ``(cuts, pp, K)`` sums."""
         pp, m = self.pp, self.m
-        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, self.options)
+        # Each chunk of a stage also pays its fixed time per micro-batch (entering the chunk and
+        # waiting on its batched send and receive: chunk_overhead_seconds), which overlap cannot hide.
+        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, self.options) + vpp * self.options.chunk_overhead_seconds
         t = stage["micro"] + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp

@@ -38,6 +38,11 @@ class LayerParts:
     weight-gradient collectives (their time with nothing to move), which bucketing shares;
     ``work``: the layer's work these parts price (``Layer.work``), whose GEMMs
     (:meth:`gemm_seconds`, :meth:`gemm_elements`) another number format re-prices.
+    ``reduce_scatter`` and ``all_gather``: the weight-gradient collectives priced as the
+    machine prices a reduce-scatter of the gradients and an all-gather of the weights (half of
+    ``gradient`` and ``gather`` on a machine that measured neither, its own curves where it
+    did); ``activation_rs``: ``activation`` with its all-reduces priced as reduce-scatters (what
+    sequence parallelism runs).
     """
 
     compute: np.ndarray
@@ -48,6 +53,18 @@ class LayerParts:
     activations: np.ndarray
     latency: np.ndarray | None = None
     work: LayerWork | None = None
+    reduce_scatter: np.ndarray | None = None
+    all_gather: np.ndarray | None = None
+    activation_rs: np.ndarray | None = None
+
+    def share(self, part: str, whole: str) -> np.ndarray:
+        """``part / whole`` per row (``reduce_scatter`` of ``gradient``, ``all_gather`` of
+        ``gather``, ``activation_rs`` of ``activation``): exactly 0.5 on a machine that prices
+        them as half an all-reduce, and where nothing moves."""
+        a, b = getattr(self, part), getattr(self, whole)
+        if a is None:
+            return np.full(len(self.compute), 0.5)
+        return np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.5)
 
     def gemm_seconds(self, machine, dtype: str = "bf16") -> np.ndarray:
         """Its GEMMs alone (the compute part without its memory-bound passes), priced by
@@ -85,18 +102,26 @@ def part_pricers(machine) -> dict:
     def activation(piece):
         return piece.priced(machine) if _known(piece) is None and piece.activation else None
 
-    def weight(grad: bool, latency: bool = False):
+    def activation_rs(piece):
+        if _known(piece) is not None or not piece.activation:
+            return None
+        if isinstance(piece, AllReduce):
+            return machine.reduce_scatter(piece.elements, piece.group)
+        return piece.priced(machine)
+
+    def weight(grad: bool, latency: bool = False, collective=None):
         def price(piece):
             if _known(piece) is not None or not piece.weight:
                 return None
             elements = piece.elements
             if latency:
                 elements = np.asarray(elements, dtype=np.float64) * 0.0 + LATENCY_ELEMENTS
-            return machine.all_reduce(elements, piece.group, grad=grad)
+            return (collective or machine.all_reduce)(elements, piece.group, grad=grad)
         return price
 
     return {"compute": compute, "activation": activation, "gradient": weight(True), "gather": weight(False),
-            "latency": weight(True, latency=True)}
+            "latency": weight(True, latency=True), "reduce_scatter": weight(True, collective=machine.reduce_scatter),
+            "all_gather": weight(False, collective=machine.all_gather), "activation_rs": activation_rs}
 
 
 def _known(piece) -> None:
@@ -118,7 +143,8 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     params = parameter_shards(layer, C)
     activations = activation_elements(layer, C)
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
-                      activations, parts["latency"], work)
+                      activations, parts["latency"], work, parts["reduce_scatter"], parts["all_gather"],
+                      parts["activation_rs"])
 
 
 @dataclass(frozen=True, eq=False)
