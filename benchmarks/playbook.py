@@ -47,6 +47,8 @@ CONFIGS = {"1B": "nanotron-1b.json", "3B": "nanotron-3b.json", "8B": "nanotron-8
 
 
 def playbook_dir() -> str:
+    """``reference/published/ultrascale-playbook`` of the shared folder beside the checkout, or
+    under ``$PASE_PUBLISHED``."""
     base = os.environ.get("PASE_PUBLISHED") or os.path.join(os.path.dirname(ROOT), "shared", "reference", "published")
     return os.path.join(base, "ultrascale-playbook")
 
@@ -73,19 +75,30 @@ def argv_of(run: dict, machine: str, engine: str | None) -> list:
 
 def price(run: dict, machine: str, engine: str | None) -> dict:
     """The run priced in-process: ``{tokens, step, memory, reserved, fits, refused}``."""
+    status, out, err = _run(argv_of(run, machine, engine))
+    fits = True
+    if status != 0 and "nothing fits" in err:
+        # The layout ran: priced without the device's cap, and called "does not fit".
+        status, out, err = _run(argv_of(run, machine, engine) + ["--memory", "100000"])
+        fits = False
+    if status != 0:
+        return {"refused": err.strip().splitlines()[-1] if err.strip() else f"exit {status}"}
+    t = json.loads(out)["training"]
+    return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
+            "memory": t["peak_memory_bytes"], "reserved": t.get("peak_memory_reserved_bytes"),
+            "fits": fits, "refused": None}
+
+
+def _run(argv: list) -> tuple:
+    """``(status, stdout, stderr)`` of ``pase argv`` run in-process from the repository root."""
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()
     os.chdir(ROOT)
     try:
-        status = pase_main(argv_of(run, machine, engine), stdout=out, stderr=err)
+        status = pase_main(argv, stdout=out, stderr=err)
     finally:
         os.chdir(old)
-    if status != 0:
-        return {"refused": err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {status}"}
-    t = json.loads(out.getvalue())["training"]
-    return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
-            "memory": t["peak_memory_bytes"], "reserved": t.get("peak_memory_reserved_bytes"),
-            "fits": t.get("fits", True), "refused": None}
+    return status, out.getvalue(), err.getvalue()
 
 
 def spearman(xs: list, ys: list) -> float | None:

@@ -351,6 +351,17 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     return lines
 
 
+def _crossing_lines(candidate, machine) -> list:
+    """A line where the plan's tensor parallelism spans more than one NVLink domain (a recipe
+    fixed it: the search keeps tp inside one)."""
+    domain = machine.nvlink_domain or machine.devices_per_node
+    mesh = candidate.mesh
+    if mesh is None or domain is None or mesh.tp <= domain:
+        return []
+    return [f"  tp {mesh.tp} crosses nodes: its collectives are priced over the network "
+            f"({mesh.tp // domain} domains of {domain} GPUs)"]
+
+
 @arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
@@ -369,6 +380,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
     if best is not None:
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"
         lines.append(f"plan: {best.recipe()}  [{where}]")
+        lines += _crossing_lines(best, plan.machine)
         lines += _candidate_lines(best, plan.memory_cap, seconds)
         lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")

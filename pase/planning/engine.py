@@ -69,10 +69,15 @@ FACTS = {
     "activation_grads": bool,
     "attention_efficiency": float,
     "attention_kernel": ("sdpa", "cudnn_fused"),
+    "zero1_gradient_collective": ("reduce_scatter", "all_reduce"),
+    "overlap_grad_reduce_zero1": bool,
+    "block_overhead_seconds": float,
+    "chunk_overhead_seconds": float,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
-OPTIONAL_FACTS = {"attention_kernel": "sdpa"}
+OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
+                  "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -197,6 +202,10 @@ class EngineProfile:
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
+            "zero1_reduce": f["zero1_gradient_collective"],
+            "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
+            "block_overhead_seconds": f["block_overhead_seconds"],
+            "chunk_overhead_seconds": f["chunk_overhead_seconds"],
         }
 
     def base_options(self, machine=None, **changes) -> TrainingOptions:

@@ -119,13 +119,15 @@ MAX_CP = 16
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     """Every mesh of ``procs`` devices the search tries: ``tp`` within an NVLink domain (a node
-    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine), ``cp`` any
+    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine) unless the
+    recipe fixes a larger one (priced over the network), ``cp`` any
     divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
     node = machine.nvlink_domain or machine.devices_per_node or procs
     meshes = []
     for tp in divisors(procs):
-        if tp > node or recipe.tp not in (None, tp):
+        # A recipe's tp may cross domains (priced over the network); the search keeps it inside one.
+        if (tp > node and recipe.tp != tp) or recipe.tp not in (None, tp):
             continue
         for cp in divisors(procs // tp):
             if recipe.cp not in (None, cp) or (recipe.cp is None and cp > MAX_CP):
@@ -258,10 +260,6 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
     recipe.check(procs)
-    domain = machine.nvlink_domain or machine.devices_per_node
-    if recipe.tp is not None and domain is not None and recipe.tp > domain:
-        raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
-                         f"{machine.name}: tensor parallelism stays within a domain")
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
                                   engine, keep_best, keep_to, exporting, rules)
