@@ -35,7 +35,8 @@ MIDDLE_STAGE_SLACK = 2
 CUTS_SEARCHED = (f"pipelines cut between the source's repeated blocks: for pp = 2 the first stage within "
                  f"{END_STAGE_SLACK} blocks of an even split, for more stages the middle ones equal and within "
                  f"{MIDDLE_STAGE_SLACK} blocks of an even share, the first and last within {END_STAGE_SLACK} blocks "
-                 "of them; 1F1B or interleaved")
+                 "of them, or the middle ones one block apart and the first and last within 2 blocks of an even "
+                 "share; 1F1B or interleaved")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,30 @@ def cuts(blocks: int, pp: int, width: int = END_STAGE_SLACK) -> list:
             last = rest - first
             if last >= 1 and abs(first - middle) <= width and abs(last - middle) <= width:
                 out.add((first,) + (middle,) * (pp - 2) + (last,))
+    out.update(_balanced_cuts(blocks, pp))
     return sorted(out, key=lambda c: (max(c) - min(c), c))
+
+
+def _balanced_cuts(blocks: int, pp: int) -> set:
+    """Cuts whose middle stages differ by one block at most (the larger ones last, where fewer
+    micro-batches are in flight), the first and last stages within 2 blocks of an even share
+    (fewer where the embedding or the output head is heavy): the stages an engine that balances
+    its stages by cost makes (nanotron's cumulative-cost thresholds, models/base.py:216-236),
+    which equal middle stages cannot when the blocks do not divide.
+
+    >>> sorted(_balanced_cuts(7, 4))[:3]   # first 1, last 3: the 3 left over two stages, 1 then 2
+    [(1, 1, 2, 3), (1, 2, 2, 2), (1, 2, 3, 1)]
+    """
+    even = blocks // pp
+    out = set()
+    for first in range(max(1, even - 2), even + 3):
+        for last in range(max(1, even - 2), even + 3):
+            rest = blocks - first - last
+            if rest < pp - 2:
+                continue
+            q, extra = divmod(rest, pp - 2)
+            out.add((first,) + (q,) * (pp - 2 - extra) + (q + 1,) * extra + (last,))
+    return out
 
 
 def chunk_sizes(counts, vpp: int) -> list | None:
