@@ -73,6 +73,15 @@ def argv_of(run: dict, machine: str, engine: str | None) -> list:
     return argv + (["--engine", engine] if engine else [])
 
 
+def runs_file_rows(runs: list) -> list:
+    """The runs in ``pase calibrate --from-runs``'s format: graph, devices, batch, sequence,
+    recipe, the measured tokens/s per device and reserved memory."""
+    return [{"name": run["id"], "graph": f"hf:benchmarks/configs/{CONFIGS[run['model']['label_in_source']]}",
+             "devices": run["gpus"], "batch": run["global_batch_sequences"], "sequence": run["model"]["seq_len"],
+             "recipe": recipe_of(run), "tokens_per_second_per_device": run["tokens_per_sec_per_gpu"],
+             "peak_memory_gib": run["peak_memory_gib"], "memory": "reserved"} for run in runs]
+
+
 def price(run: dict, machine: str, engine: str | None) -> dict:
     """The run priced in-process: ``{tokens, step, memory, reserved, fits, refused}``."""
     status, out, err = _run(argv_of(run, machine, engine))
@@ -249,7 +258,13 @@ def main(argv=None) -> int:
     parser.add_argument("--machine", default="h100-sxm")
     parser.add_argument("--engine", default=None)
     parser.add_argument("--out", default=None, help="write benchmarks/results/OUT.md and OUT.json")
+    parser.add_argument("--write-runs", metavar="FILE.json",
+                        help="write the visible runs as a pase calibrate --from-runs file and stop")
     args = parser.parse_args(argv)
+    if args.write_runs:
+        with open(args.write_runs, "w", encoding="utf-8") as f:
+            json.dump(runs_file_rows(load_runs()), f, indent=1)
+        return 0
     start = time.perf_counter()
     rows = evaluate(load_runs(), args.machine, args.engine)
     s = summary(rows)

@@ -30,10 +30,11 @@ _TIME_NAMES = {
     "bubble": "pipeline bubble",
     "sync_and_optimizer": "slowest stage's exposed sync and optimizer",
     "p2p": "pipeline sends",
+    "host": "waiting for the host",
 }
 #: The causes of a step (``Candidate.causes``) in words.
 CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
-               ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync",
+               ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
                 "optimizer")}
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pase.costing.training import FORWARD_SHARE
+from pase.planning.host_floor import host_seconds
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
@@ -297,15 +298,17 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None, search_layers=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None, tp=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
     all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
-    setting's block count is searched (:func:`pipeline_rows`; default not)."""
+    setting's block count is searched (:func:`pipeline_rows`; default not). ``tp``: each column's
+    tensor-parallel degree (the host floor, :mod:`pase.planning.host_floor`; default 1)."""
     options = settings[0]
-    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds")
+    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds",
+              "pipeline_tp_wait_seconds")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
     if columns is None:
@@ -332,7 +335,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     stage_all = {name: P[ends] - P[starts] for name, P in sums.prefix.items()}
     timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
                      np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
-                     options.overlap_efficiency if options.overlap else 0.0)
+                     options.overlap_efficiency if options.overlap else 0.0,
+                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)))
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m)
     steps, peaks = priced.best_step, priced.best_peak
@@ -458,15 +462,22 @@ class _Timing(NamedTuple):
     in_flight_1: np.ndarray
     drain_share: np.ndarray
     efficiency: float
+    #: Each column's tensor-parallel degree (the host floor's wait), ``(K,)`` or 1.
+    tp: np.ndarray | int = 1
 
-    def figures(self, stage: dict, p2p, transient, vpp: int) -> tuple:
+    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
-        ``(cuts, pp, K)`` sums."""
+        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``; ``tp``: the
+        columns' tensor-parallel degrees where they are not all :attr:`tp`'s."""
         pp, m = self.pp, self.m
+        o = self.options
         # Each chunk of a stage also pays its fixed time per micro-batch (entering the chunk and
-        # waiting on its batched send and receive: chunk_overhead_seconds), which overlap cannot hide.
-        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, self.options) + vpp * self.options.chunk_overhead_seconds
-        t = stage["micro"] + sends
+        # waiting on its batched send and receive: chunk_overhead_seconds), which overlap cannot
+        # hide; a stage's micro-batch takes at least its blocks' host time (the host floor).
+        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, o) + vpp * o.chunk_overhead_seconds
+        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, self.tp if tp is None else tp)
+        device = stage["micro"] if not np.any(host) else np.maximum(stage["micro"], host)
+        t = device + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
         pipe = (m + fill) * slowest
@@ -509,14 +520,16 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
         which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
         rows = [tried[j][0] for j in which]
         stage = stage_all if rows == list(range(n_cuts)) else {name: S[rows] for name, S in stage_all.items()}
-        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp)
+        blocks = np.array([np.diff(bounds[r]) for r in rows], dtype=np.float64)
+        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp, blocks)
         if blocked is not None:
             into = blocked.columns
             part = {name: S[:, :, into] for name, S in stage.items()}
             found = _block_chunks(part, blocked.deltas, [bounds[r] for r in rows], vpp, blocked.layers,
                                   blocked.searched, peak[:, into] <= cap, cap, timing.m + (timing.pp - 1) / vpp,
-                                  lambda sums_, extra, cols: timing.figures(sums_, p2p[into][cols],
-                                                                            transient[into][cols] + extra, vpp))
+                                  lambda sums_, extra, cols: timing.figures(
+                                      sums_, p2p[into][cols], transient[into][cols] + extra, vpp, blocks,
+                                      np.broadcast_to(timing.tp, (K,))[into][cols]))
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]
             sends[:, :, into] = found[5]

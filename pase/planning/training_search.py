@@ -628,7 +628,8 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     got = pipeline_rows_settings(share.costing, [settings[j] for j in keep], act_bytes, share.edges, share.targets,
                                  group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
                                  None if recipe.vpp is None else [recipe.vpp], recipe.stages,
-                                 columns=share.columns, search_layers=[searched[j] for j in keep])
+                                 columns=share.columns, search_layers=[searched[j] for j in keep],
+                                 tp=[mesh.tp for mesh, _ in group.meshes])
     K = len(group.meshes)
     rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
     for j, (step, peak, plans) in zip(keep, got):

@@ -9,7 +9,6 @@ from pase.costing.precision import PrecisionPricing
 from pase.costing.training.keeping import LayerKeeping, per_layer_kept
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
-from pase.costing.training.structure import block_leads
 from pase.machines.measured import ELEMENT_TRAFFIC
 
 __all__ = ["StepCompute", "attention_shape_factor", "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY",
@@ -88,21 +87,11 @@ class StepCompute:
         self.eager_compute = self._eager_norms()
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(self.network.layers))], dtype=np.float64)
-        #: Per layer, whether it is its block's first: the layer a block's host overhead is charged to.
-        self.leads = block_leads(st.blocks)
 
     @per_layer_kept
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of one micro-batch, the fused attention kernel in place of its three layers;
-        RMSNorm unfused under ``eager``; no layer below its kernels' launch floor; a block's
-        first layer also carries the host time the device waits for per block and micro-batch
-        (``block_overhead_seconds``, forward and backward)."""
-        seconds = self._kernels(v, options)
-        if options.block_overhead_seconds > 0 and self.leads[v]:
-            seconds = seconds + options.block_overhead_seconds
-        return seconds
-
-    def _kernels(self, v: int, options: TrainingOptions) -> np.ndarray:
+        RMSNorm unfused under ``eager``; no layer below its kernels' launch floor."""
         role = self.cores.get(v) if options.fused_attention else None
         if role == "scores":
             seconds = self.fused[v]

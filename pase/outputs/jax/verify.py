@@ -134,6 +134,7 @@ class TrafficMachine:
     name = "traffic"
     cost_unit = "bytes"
     memory_bytes = None
+    fitted = None
 
     def check_procs(self, procs: int) -> None:
         """Any device count."""
