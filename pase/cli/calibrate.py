@@ -59,7 +59,7 @@ def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.Arg
                    help="skip the attention grid (the description then states no attention_efficiency; "
                    "fused attention is priced at the default 0.4 of peak)")
     p.add_argument("--collectives", action="store_true",
-                   help="measure NCCL all-reduce, all-gather, reduce-scatter and all-to-all bus bandwidths on "
+                   help="measure NCCL all-reduce, all-gather, reduce-scatter, all-to-all and send/receive bus bandwidths on "
                    "this node's GPUs (groups of 2, 4, 8; 1 MB to 1 GB) into the existing description --out, "
                    "nothing else; across nodes too when started by torchrun on several nodes")
     p.add_argument("--dtype", choices=("bf16",) + CALIBRATED_DTYPES, default="bf16",

@@ -133,6 +133,8 @@ class Machine(Protocol):
     precisions: tuple
     #: Constants fitted on the cluster's own runs (``pase.machines.fitted``), or ``None``.
     fitted: dict | None
+    #: Lines the command line says of the machine with an answer (a description it doubts).
+    notes: tuple
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

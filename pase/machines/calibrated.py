@@ -345,6 +345,12 @@ class CalibratedMachine:
         #: (``pase.machines.fitted``): collectives scaled by level here, the engine's in-step
         #: compute efficiency and host overhead in its options; ``None`` without a fit.
         self.fitted = d.get("fitted")
+        #: What the command line says of the description with an answer (one line each).
+        self.notes = ()
+        if source.startswith("machine file") and "clock_ratio" not in d and clock_ratio_of(d.get("clock_mhz")) is None:
+            self.notes = (f"{source} states no sustained clock (clock_mhz with a base or sustained clock, or "
+                          "clock_ratio): its GEMMs are priced at the clock its table was measured at, which a "
+                          "training step at the power limit does not hold (docs/machines.md, clock_mhz)",)
         #: Dense peak FLOP/s per number format (``bf16`` is ``peak_tflops``) and the formats
         #: the device runs GEMMs in, in ``DTYPES`` order.
         self.dtype_flops = {"bf16": self.peak_flops,

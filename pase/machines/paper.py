@@ -68,6 +68,7 @@ class Machine:
     precisions = ("bf16",)
     #: Nothing fitted: the reference model is the paper's.
     fitted = None
+    notes = ()
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):

@@ -4,12 +4,13 @@ reductions, priced once per configuration array; :class:`PricedLayers`, every la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
 from pase.costing.memory import activation_elements, parameter_shards
-from pase.costing.training.structure import NetworkStructure
+from pase.costing.training.structure import NetworkStructure, model_flops, parameter_elements_unique
 from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
 
 __all__ = ["LayerParts", "layer_parts", "part_pricers", "PricedLayers", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
@@ -61,10 +62,16 @@ class LayerParts:
         """``part / whole`` per row (``reduce_scatter`` of ``gradient``, ``all_gather`` of
         ``gather``, ``activation_rs`` of ``activation``): exactly 0.5 on a machine that prices
         them as half an all-reduce, and where nothing moves."""
-        a, b = getattr(self, part), getattr(self, whole)
-        if a is None:
-            return np.full(len(self.compute), 0.5)
-        return np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.5)
+        return self._shares[(part, whole)]
+
+    @cached_property
+    def _shares(self) -> dict:
+        out = {}
+        for part, whole in (("reduce_scatter", "gradient"), ("all_gather", "gather"), ("activation_rs", "activation")):
+            a, b = getattr(self, part), getattr(self, whole)
+            out[(part, whole)] = (np.full(len(self.compute), 0.5) if a is None
+                                  else np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.5))
+        return out
 
     def gemm_seconds(self, machine, dtype: str = "bf16") -> np.ndarray:
         """Its GEMMs alone (the compute part without its memory-bound passes), priced by
@@ -160,6 +167,16 @@ class PricedLayers:
     kinds: list
     parts: list
     structure: NetworkStructure
+
+    @cached_property
+    def model_flops(self) -> float:
+        """The network's model FLOPs of one micro-batch (``structure.model_flops``)."""
+        return model_flops(self.network)
+
+    @cached_property
+    def parameters(self) -> int:
+        """The network's parameters, a shared tensor once (``structure.parameter_elements_unique``)."""
+        return parameter_elements_unique(self.network)
 
     @classmethod
     def of(cls, network, configs: Sequence[np.ndarray], machine, structure: NetworkStructure) -> "PricedLayers":

@@ -135,6 +135,7 @@ class TrafficMachine:
     cost_unit = "bytes"
     memory_bytes = None
     fitted = None
+    notes = ()
 
     def check_procs(self, procs: int) -> None:
         """Any device count."""
