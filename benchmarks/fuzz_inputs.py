@@ -1951,6 +1951,62 @@ def _base_of(argv: tuple) -> tuple:
     return argv[:i - 1]
 
 
+#: A runs file ``pase calibrate --from-runs`` fits (gpt2-small on 8 devices, six layouts).
+GOOD_RUNS = [{"name": f"g{i}", "graph": "gpt2-small", "devices": 8, "batch": 32, "recipe": recipe, "step_seconds": step}
+             for i, (recipe, step) in enumerate([("dp=8,zero=1,microbatch=4", 0.030), ("dp=8,zero=1,microbatch=1", 0.040),
+                                                 ("dp=4,tp=2,zero=1,microbatch=2", 0.045),
+                                                 ("dp=2,tp=4,zero=0,microbatch=4", 0.05),
+                                                 ("dp=8,zero=0,microbatch=2", 0.033),
+                                                 ("dp=2,tp=2,pp=2,zero=1,microbatch=1", 0.09)])]
+
+
+def runs_cases(rng: random.Random, refs: dict) -> list:
+    """``pase calibrate --from-runs``: a good runs file (exit 0, the fitted file written), every
+    field and file broken one way (exit 2, one line, nothing written), random mutations."""
+    cases = []
+    good = _dump(GOOD_RUNS)
+
+    def add(kind, what, content, expect, machine="h100-sxm", out="fit.json", name="runs.json", extra=()):
+        argv = ["calibrate", "--from-runs", name, "--machine", machine, "--out", out, *extra]
+        cases.append(Case("runs", kind, what, argv, expect, {name: content},
+                          outputs=((out, "json"),) if expect == OK else ()))
+
+    add("good", "six gpt2-small layouts", good, OK)
+    add("good", "the same as CSV", ("name,graph,devices,batch,recipe,step_seconds\n" + "".join(
+        f'{r["name"]},{r["graph"]},{r["devices"]},{r["batch"]},"{r["recipe"]}",{r["step_seconds"]}\n'
+        for r in GOOD_RUNS)).encode(), OK, name="runs.csv")
+    add("good", "--json", good, OK, extra=("--json",))
+    broken = [
+        (b"{not json", "not JSON"), (b"[]", "no runs"), (b"{}", "an object without runs"), (b"[1, 2]", "not objects"),
+        (b"\xff\xfe", "not UTF-8"),
+        (_dump([{**GOOD_RUNS[0], "colour": 1}] + GOOD_RUNS[1:]), "an unknown field"),
+        (_dump([{k: v for k, v in GOOD_RUNS[0].items() if k != "graph"}] + GOOD_RUNS[1:]), "a missing graph"),
+        (_dump([{**GOOD_RUNS[0], "devices": -8}] + GOOD_RUNS[1:]), "negative devices"),
+        (_dump([{**GOOD_RUNS[0], "batch": 1e400 if False else 10 ** 400}] + GOOD_RUNS[1:]), "a huge batch"),
+        (_dump([{**GOOD_RUNS[0], "step_seconds": 0}] + GOOD_RUNS[1:]), "a zero step"),
+        (_dump([{**GOOD_RUNS[0], "tokens_per_second_per_device": 5.0}] + GOOD_RUNS[1:]), "both speeds"),
+        (_dump([{**GOOD_RUNS[0], "memory": "smi", "peak_memory_gib": 3}] + GOOD_RUNS[1:]), "an unknown memory figure"),
+        (_dump(GOOD_RUNS + [GOOD_RUNS[0]]), "a name twice"),
+        (_dump([{**GOOD_RUNS[0], "recipe": "dp=3"}] + GOOD_RUNS[1:]), "a recipe no mesh meets"),
+        (_dump([{**GOOD_RUNS[0], "graph": "no-such-graph"}] + GOOD_RUNS[1:]), "an unknown graph"),
+        (_dump(GOOD_RUNS[:2]), "too few runs for the constants"),
+        (_dump([dict(GOOD_RUNS[0], name=f"t{i}") for i in range(6)]), "six runs of one layout"),
+    ]
+    for content, why in broken:
+        add("bad", why, content, BAD_VALUE)
+    add("bad", "the paper's machine", good, BAD_VALUE, machine="paper")
+    add("bad", "an unknown machine", good, BAD_VALUE, machine="tpu-v9")
+    add("bad", "--out not .json", good, BAD_VALUE, out="fit.txt")
+    add("bad", "--out the runs file itself", good, frozenset({1, 2}), out="runs.json")
+    for _ in range(20):
+        data = json.loads(json.dumps(GOOD_RUNS))
+        run = rng.choice(data)
+        key = rng.choice(list(run))
+        run[key] = rng.choice(PALETTE)
+        add("random", f"run {run.get('name')!r:.10}: {key} = {_short(run[key], 20)}", _dump(data), frozenset({0, 2}))
+    return cases
+
+
 CATEGORIES = {
     "graph": (graph_cases, "graph files (`-g FILE.json`)"),
     "machine": (machine_cases, "machine files (`--machine FILE.json`) and their measured tables"),
@@ -1965,6 +2021,7 @@ CATEGORIES = {
     "hardware": (hardware_cases, "machine presets, specification fields, NVLink domains and number formats "
                                  "(issue 31)"),
     "process": (process_cases, "real processes (`python3 scheduler.py`): exit status, streams, hash seeds"),
+    "runs": (runs_cases, "measured runs (`pase calibrate --from-runs RUNS --machine M --out FITTED.json`)"),
     "declared": (declared_cases, "inputs declared one line each (`VALUES`, `INPUT_FILES`, `OUTPUT_PATHS`, "
                                  "`REFUSALS`, `ACCEPTED`): issue 35's and those added after it"),
 }
@@ -2319,9 +2376,12 @@ def _numbers(case: Case, stdout: str) -> list:
         except ValueError as error:
             return [f"--json output is not JSON: {error}"]
         for record in records:
-            # A training plan reports its step; a strategy, its total cost.
-            total = record["training"].get("step_cost") if isinstance(record.get("training"), dict) \
-                else record.get("total_cost")
+            # A training plan reports its step; a strategy, its total cost; a fit its constants.
+            if "fitted" in record:
+                total = record["fitted"].get("compute_efficiency")
+            else:
+                total = record["training"].get("step_cost") if isinstance(record.get("training"), dict) \
+                    else record.get("total_cost")
             if not isinstance(total, (int, float)) or not math.isfinite(total) or total < 0:
                 return [f"total_cost is {total!r}"]
         return []

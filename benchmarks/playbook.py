@@ -47,6 +47,8 @@ CONFIGS = {"1B": "nanotron-1b.json", "3B": "nanotron-3b.json", "8B": "nanotron-8
 
 
 def playbook_dir() -> str:
+    """``reference/published/ultrascale-playbook`` of the shared folder beside the checkout, or
+    under ``$PASE_PUBLISHED``."""
     base = os.environ.get("PASE_PUBLISHED") or os.path.join(os.path.dirname(ROOT), "shared", "reference", "published")
     return os.path.join(base, "ultrascale-playbook")
 
@@ -71,21 +73,41 @@ def argv_of(run: dict, machine: str, engine: str | None) -> list:
     return argv + (["--engine", engine] if engine else [])
 
 
+def runs_file_rows(runs: list) -> list:
+    """The runs in ``pase calibrate --from-runs``'s format: graph, devices, batch, sequence,
+    recipe, the measured tokens/s per device and reserved memory."""
+    return [{"name": run["id"], "graph": f"hf:benchmarks/configs/{CONFIGS[run['model']['label_in_source']]}",
+             "devices": run["gpus"], "batch": run["global_batch_sequences"], "sequence": run["model"]["seq_len"],
+             "recipe": recipe_of(run), "tokens_per_second_per_device": run["tokens_per_sec_per_gpu"],
+             "peak_memory_gib": run["peak_memory_gib"], "memory": "reserved"} for run in runs]
+
+
 def price(run: dict, machine: str, engine: str | None) -> dict:
     """The run priced in-process: ``{tokens, step, memory, reserved, fits, refused}``."""
+    status, out, err = _run(argv_of(run, machine, engine))
+    fits = True
+    if status != 0 and "nothing fits" in err:
+        # The layout ran: priced without the device's cap, and called "does not fit".
+        status, out, err = _run(argv_of(run, machine, engine) + ["--memory", "100000"])
+        fits = False
+    if status != 0:
+        return {"refused": err.strip().splitlines()[-1] if err.strip() else f"exit {status}"}
+    t = json.loads(out)["training"]
+    return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
+            "memory": t["peak_memory_bytes"], "reserved": t.get("peak_memory_reserved_bytes"),
+            "fits": fits, "refused": None}
+
+
+def _run(argv: list) -> tuple:
+    """``(status, stdout, stderr)`` of ``pase argv`` run in-process from the repository root."""
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()
     os.chdir(ROOT)
     try:
-        status = pase_main(argv_of(run, machine, engine), stdout=out, stderr=err)
+        status = pase_main(argv, stdout=out, stderr=err)
     finally:
         os.chdir(old)
-    if status != 0:
-        return {"refused": err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {status}"}
-    t = json.loads(out.getvalue())["training"]
-    return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
-            "memory": t["peak_memory_bytes"], "reserved": t.get("peak_memory_reserved_bytes"),
-            "fits": t.get("fits", True), "refused": None}
+    return status, out.getvalue(), err.getvalue()
 
 
 def spearman(xs: list, ys: list) -> float | None:
@@ -231,12 +253,134 @@ def report(rows: list, s: dict, machine: str, engine: str | None, seconds: float
     return "\n".join(lines) + "\n"
 
 
+CLUSTER = os.path.join("examples", "machines", "hf-h100-cluster.json")
+RUNS_FILE = os.path.join("examples", "runs", "playbook-visible.json")
+FITTED = os.path.join("benchmarks", "results", "hf-h100-cluster-fitted.json")
+
+
+def _from_calibration(base_rows: list, fit: dict, key: str) -> list:
+    """Rows priced by ``pase calibrate --from-runs --json``'s ``key`` step of each run (``after``,
+    or ``left_out``: predicted from the constants fitted on the others; an outlier, left out of
+    the fit, by the fit itself)."""
+    by_name = {r["name"]: r for r in fit["runs"]}
+    out = []
+    for row in base_rows:
+        r = by_name[row["id"]]
+        step = r[key] if r.get(key) is not None else r["after"]
+        tokens = row["measured"] * r["measured_step"] / step
+        out.append({**row, "model_tokens": tokens})
+    return out
+
+
+def study() -> str:
+    """The playbook's visible runs ranked four ways: ``h100-sxm`` with the default engine, the
+    book's cluster with nanotron, and after ``pase calibrate --from-runs`` on themselves, in
+    sample and left out (each run predicted from the constants fitted on the others)."""
+    runs = load_runs()
+    setups = []
+    for machine, engine, label in (("h100-sxm", None, "h100-sxm, default engine (megatron)"),
+                                   (CLUSTER, "nanotron", "hf-h100-cluster.json, --engine nanotron")):
+        start = time.perf_counter()
+        rows = evaluate(runs, machine, engine)
+        setups.append((label, rows, time.perf_counter() - start))
+    with open(os.path.join(ROOT, RUNS_FILE), "w", encoding="utf-8") as f:
+        json.dump(runs_file_rows(runs), f, indent=1)
+    start = time.perf_counter()
+    status, out, err = _run_calibrate(["--from-runs", RUNS_FILE, "--machine", CLUSTER, "--engine", "nanotron",
+                                       "--out", FITTED, "--json"])
+    seconds = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"pase calibrate --from-runs failed: {err.strip()}")
+    fit = json.loads(out)
+    base = setups[1][1]
+    setups.append(("fitted (pase calibrate --from-runs on these runs), in sample", _from_calibration(base, fit, "after"),
+                   None))
+    setups.append(("fitted, leave-one-out (each run from the constants fitted on the others)",
+                   _from_calibration(base, fit, "left_out"), None))
+    return _study_text(setups, fit, seconds)
+
+
+def _run_calibrate(argv: list) -> tuple:
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        status = pase_main(["calibrate"] + argv, stdout=out, stderr=err)
+    finally:
+        os.chdir(old)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _study_text(setups: list, fit: dict, seconds: float) -> str:
+    f = fit["fitted"]
+    lines = ["# The Ultra-Scale Playbook's visible layouts, ranked", "",
+             "Written by `python3 benchmarks/playbook.py --study`: the 125 visible runs of "
+             "`reference/published/ultrascale-playbook/runs.json` (nanotron on 8-64 H100s; Llama-shaped 1B, 3B, 8B), each "
+             "priced by the command line with its own layout (`--recipe`), in 12 (model, GPU count) groups. Pairs "
+             f"count where the two runs measured at least {PAIR_RATIO:g}x apart; healthy runs measured at least "
+             f"{HEALTHY_SHARE:.0%} of their group's best.", "",
+             "| setup | pairs right | healthy pairs right | first pick >= 90 % of best | rho (median) | tokens/s error median | p90 | healthy median | healthy p90 | refused | does not fit |",
+             "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, rows, _ in setups:
+        s = summary(rows)
+        a, h = s["pairs"]["all"], s["pairs"]["healthy"]
+        lines.append(f"| {label} | {_pct(a[1] / a[0])} ({a[1]}/{a[0]}) | {_pct(h[1] / h[0])} | "
+                     f"{s['good_picks']} of {s['group_count']} | {s['rho_median']:.2f} | {_pct(s['tokens_error'][0])} | "
+                     f"{_pct(s['tokens_error'][1])} | {_pct(s['healthy_tokens_error'][0])} | "
+                     f"{_pct(s['healthy_tokens_error'][1])} | {len(s['refused'])} | {len(s['does_not_fit'])} |")
+    outliers = [r["name"] for r in fit["runs"] if r["outlier"]]
+    lines += ["", f"`pase calibrate --from-runs {RUNS_FILE} --machine {CLUSTER} --engine nanotron --out {FITTED}` "
+              f"took {seconds:.1f} s here; it fitted on {len(fit['runs']) - len(outliers)} runs and left "
+              f"{len(outliers)} out as outliers ({', '.join(outliers)}):", "",
+              f"- compute_efficiency {f['compute_efficiency']:.3f}",
+              f"- collective_scale: intra_node {f['collective_scale']['intra_node']:.3f}, inter_node "
+              f"{f['collective_scale']['inter_node']:.3f}",
+              f"- block_overhead_seconds {1e3 * f['block_overhead_seconds']:.2f} ms, pipeline_tp_wait_seconds "
+              f"{1e3 * f['pipeline_tp_wait_seconds']:.2f} ms",
+              f"- leave-one-out step error over the runs fitted on: median {_pct(f['leave_one_out']['median'])}, p90 "
+              f"{_pct(f['leave_one_out']['p90'])}", ""]
+    label, rows, _ = setups[-1]
+    s = summary(rows)
+    lines += [f"Per group, {label}:", "",
+              "| model | GPUs | layouts | pairs right | healthy pairs right | first pick | its share of the best | rho |",
+              "| :--- | ---: | ---: | ---: | ---: | :--- | ---: | ---: |"]
+    for (model, gpus), g in s["groups"].items():
+        n = sum(1 for r in rows if r["model"] == model and r["gpus"] == gpus)
+        lines.append(f"| {model} | {gpus} | {n} | {g['all'][1]}/{g['all'][0]} | {g['healthy'][1]}/{g['healthy'][0]} | "
+                     f"{g['pick']} | {_pct(g['pick_share'])} | {_rho(g['rho'])} |")
+    lines += ["", "| run | model | GPUs | layout | measured tok/s | " + " | ".join(
+        ["h100-sxm", "cluster + nanotron", "fitted", "left out"]) + " |", "| :--- | :--- | ---: | :--- | ---: | ---: | ---: | ---: | ---: |"]
+    columns = [rows_ for _, rows_, _ in setups]
+    for i, r in enumerate(setups[0][1]):
+        cells = []
+        for rows_ in columns:
+            x = rows_[i]
+            cells.append("refused" if x.get("refused") and x["model_tokens"] is None else _err(x["model_tokens"], x["measured"]))
+        lines.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {r['recipe']} | {r['measured']:,.0f} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--machine", default="h100-sxm")
     parser.add_argument("--engine", default=None)
     parser.add_argument("--out", default=None, help="write benchmarks/results/OUT.md and OUT.json")
+    parser.add_argument("--write-runs", metavar="FILE.json",
+                        help="write the visible runs as a pase calibrate --from-runs file and stop")
+    parser.add_argument("--study", action="store_true",
+                        help="rank the runs four ways (before and after --from-runs) into benchmarks/results/playbook.md")
     args = parser.parse_args(argv)
+    if args.study:
+        text = study()
+        with open(os.path.join(ROOT, "benchmarks", "results", "playbook.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(text)
+        return 0
+    if args.write_runs:
+        with open(args.write_runs, "w", encoding="utf-8") as f:
+            json.dump(runs_file_rows(load_runs()), f, indent=1)
+        return 0
     start = time.perf_counter()
     rows = evaluate(load_runs(), args.machine, args.engine)
     s = summary(rows)

@@ -193,6 +193,12 @@ class _WithoutAllToAll:
     def exchange(self, *args, **kwargs):
         return self._m.exchange(*args, **kwargs)
 
+    def all_gather(self, *args, **kwargs):
+        return self._m.all_gather(*args, **kwargs)
+
+    def reduce_scatter(self, *args, **kwargs):
+        return self._m.reduce_scatter(*args, **kwargs)
+
 
 def _moe():
     g = GraphBuilder("moe")

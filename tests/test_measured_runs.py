@@ -57,6 +57,7 @@ def test_a_csv_file(tmp_path):
     ([dict(GOOD, devices=8.5)], "devices must be a positive integer"),
     ([dict(GOOD, devices=True)], "devices must be a positive integer"),
     ([dict(GOOD, batch="many")], "batch must be a positive integer, got 'many'"),
+    ([dict(GOOD, batch=10 ** 400)], "batch must be at most"),
     ([dict(GOOD, tokens_per_second_per_device=-1)], "tokens_per_second_per_device must be a positive"),
     ([dict(GOOD, step_seconds=2.0)], "exactly one of tokens_per_second_per_device and step_seconds"),
     ([dict(GOOD, tokens_per_second_per_device=None)], "(neither is given)"),

@@ -85,7 +85,7 @@ def test_three_column_parallel_readers_reduce_and_gather_once_by_hand():
     assert each.time["redistribution"] == pytest.approx(3 * GATHER_EDGE, rel=1e-9)
     assert summed.time["redistribution"] == pytest.approx(GATHER_EDGE, rel=1e-9)
     # Compute and memory are the same; the first reader pays, the others are pooled at it.
-    assert summed.time["compute"] == each.time["compute"]
+    assert summed.time["compute"] == pytest.approx(each.time["compute"], rel=1e-12)  # summed in another order
     assert summed.peak_memory_bytes == each.peak_memory_bytes
     pools = costing.reader_pools()
     assert sorted(pools) == [1] and [w for w, _ in pools[1]] == [2, 3]

@@ -50,14 +50,16 @@ def _non_negative(text):
 def build_parser(out: IO, err: IO, prog: str = "pase calibrate") -> argparse.ArgumentParser:
     p = StreamParser(prog=prog, out=out, err=err, description=(
         "Measure this GPU's GEMM, memory-bound and fused attention times with PyTorch (bf16, CUDA graphs) "
-        "and write a machine description that --machine accepts, with its table next to it."))
+        "and write a machine description that --machine accepts, with its table next to it. "
+        "pase calibrate --from-runs RUNS --machine M --out FITTED.json fits a machine on your cluster's "
+        "measured runs instead (pase calibrate --from-runs X --help)."))
     p.add_argument("--out", required=True, metavar="FILE.json", help="the machine description to write")
     p.add_argument("--quick", action="store_true", help="a small grid (minutes) instead of the full one")
     p.add_argument("--no-attention", dest="attention", action="store_false",
                    help="skip the attention grid (the description then states no attention_efficiency; "
                    "fused attention is priced at the default 0.4 of peak)")
     p.add_argument("--collectives", action="store_true",
-                   help="measure NCCL all-reduce, all-gather, reduce-scatter and all-to-all bus bandwidths on "
+                   help="measure NCCL all-reduce, all-gather, reduce-scatter, all-to-all and send/receive bus bandwidths on "
                    "this node's GPUs (groups of 2, 4, 8; 1 MB to 1 GB) into the existing description --out, "
                    "nothing else; across nodes too when started by torchrun on several nodes")
     p.add_argument("--dtype", choices=("bf16",) + CALIBRATED_DTYPES, default="bf16",
@@ -100,6 +102,11 @@ def main(argv: Sequence[str] | None = None, out: IO | None = None, err: IO | Non
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--from-runs" or a.startswith("--from-runs=") for a in argv):
+        from .calibrate_runs import main as from_runs
+
+        return from_runs(argv, out, err, prog)
     try:
         args = build_parser(out, err, prog).parse_args(argv)
         if not args.out.endswith(".json"):

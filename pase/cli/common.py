@@ -70,10 +70,12 @@ def declares_real_model(network, spec: str) -> bool:
     return network.architecture is not None or (source is not None and source.name == "torch")
 
 
-def answer_notes(network, opts: Options, found=None) -> list:
+def answer_notes(network, opts: Options, found=None, machine=None) -> list:
     """The ``pase: note:`` lines that go with an answer (written once it is found, so that a
-    refusal stays one line): ``idle_note`` and ``paper_machine_note`` where they apply."""
-    return [note for note in (idle_note(network, found), paper_machine_note(network, opts)) if note]
+    refusal stays one line): ``idle_note``, ``paper_machine_note`` and the machine's own notes
+    (``Machine.notes``) where they apply."""
+    own = [f"pase: note: {line}" for line in (machine.notes if machine is not None else ())]
+    return [note for note in (idle_note(network, found), paper_machine_note(network, opts)) if note] + own
 
 
 def idle_note(network, found) -> str | None:

@@ -226,7 +226,7 @@ def run_evaluate(args: argparse.Namespace, out: IO, err: IO) -> int:
         write_dot(opts, network, planned.configs)
     write_exports(opts, "plan", planned)
     verified = run_verify(opts, planned)
-    write_notes(err, answer_notes(network, opts))
+    write_notes(err, answer_notes(network, opts, machine=machine))
     print_plan(planned, opts, out, verified=verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

@@ -36,7 +36,7 @@ def run_search(opts: Options, out: IO, err: IO) -> int:
         write_dot(opts, network, planned.configs)
     write_exports(opts, "plan", planned)
     verified = run_verify(opts, planned)
-    write_notes(err, answer_notes(network, opts, occupied))
+    write_notes(err, answer_notes(network, opts, occupied, machine))
     print_plan(planned, opts, out, measurement, verified)
     profiler.write(opts, out, err)
     return verified_status(verified, err)

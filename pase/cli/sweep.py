@@ -77,6 +77,6 @@ def run_sweep(opts: Options, out: IO, err: IO) -> int:
         bar.close()
     if opts.dot_path is not None:
         write_dot(opts, network)
-    write_notes(err, answer_notes(network, opts))  # the paper machine's, once
+    write_notes(err, answer_notes(network, opts, machine=machine))  # the paper machine's and the machine's, once
     profiler.write(opts, out, err)
     return status

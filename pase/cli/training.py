@@ -413,5 +413,5 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     status = run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
                           model_name(opts), rebuild=rebuild, write=write_atomic)
     if err is not None:
-        write_notes(err, answer_notes(network, opts))
+        write_notes(err, answer_notes(network, opts, machine=machine))
     return status

@@ -131,6 +131,10 @@ class Machine(Protocol):
     clock_ratio: float
     #: Number formats the device runs GEMMs in (``pase.machines.specs.DTYPES`` order).
     precisions: tuple
+    #: Constants fitted on the cluster's own runs (``pase.machines.fitted``), or ``None``.
+    fitted: dict | None
+    #: Lines the command line says of the machine with an answer (a description it doubts).
+    notes: tuple
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

@@ -17,6 +17,7 @@ import numpy as np
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import MEMORY_BOUND_KINDS
 from pase.machines.collectives import CollectiveTables, published_all_reduce, validate_collectives
+from pase.machines.fitted import validate_fitted
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
 from pase.machines.measured import ELEMENT_TRAFFIC, MeasuredTables
@@ -77,7 +78,8 @@ GIB = float(2**30)
 #: ``pase.costing.training.DEFAULT_ATTENTION_EFFICIENCY``), the measured table (path relative
 #: to the file), measured NCCL bus bandwidths (``pase.machines.collectives``), and free text that
 #: ``pase calibrate`` writes (the device it measured, how).
-_OPTIONAL = ("memory_gib", "attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes") + SPEC_FIELDS
+_OPTIONAL = ("memory_gib", "attention_efficiency", "clock_ratio", "measured", "collectives", "device", "notes",
+             "fitted") + SPEC_FIELDS
 #: The optional fields that are text.
 _TEXT_FIELDS = ("measured", "device", "notes")
 
@@ -197,6 +199,8 @@ def validate_description(data, source: str = "machine description") -> dict:
             out[field] = v
     if "collectives" in data:
         out["collectives"] = validate_collectives(data["collectives"], g, source)
+    if "fitted" in data:
+        out["fitted"] = validate_fitted(data["fitted"], source)
     out.update(validate_spec_fields(data, source, set(PRESET_TABLES)))
     if "gemm_reference" in out and "measured" in data:
         raise ValueError(f"{source}: gemm_reference carries another machine's table over; this machine has its own "
@@ -337,6 +341,16 @@ class CalibratedMachine:
         #: Measured NCCL bus bandwidths (``None``: every collective from the links).
         self.collectives = (CollectiveTables(d["collectives"], latency=self._ring_latency)
                             if "collectives" in d else None)
+        #: What ``pase calibrate --from-runs`` fitted on the cluster's own runs
+        #: (``pase.machines.fitted``): collectives scaled by level here, the engine's in-step
+        #: compute efficiency and host overhead in its options; ``None`` without a fit.
+        self.fitted = d.get("fitted")
+        #: What the command line says of the description with an answer (one line each).
+        self.notes = ()
+        if source.startswith("machine file") and "clock_ratio" not in d and clock_ratio_of(d.get("clock_mhz")) is None:
+            self.notes = (f"{source} states no sustained clock (clock_mhz with a base or sustained clock, or "
+                          "clock_ratio): its GEMMs are priced at the clock its table was measured at, which a "
+                          "training step at the power limit does not hold (docs/machines.md, clock_mhz)",)
         #: Dense peak FLOP/s per number format (``bf16`` is ``peak_tflops``) and the formats
         #: the device runs GEMMs in, in ``DTYPES`` order.
         self.dtype_flops = {"bf16": self.peak_flops,
@@ -359,6 +373,13 @@ class CalibratedMachine:
         elif tables is not None:
             self.transfer = GemmTransfer(tables, self.peak_flops, self.hbm_bytes_per_s, 1, self.dtype_flops,
                                          self.hbm_bytes_per_s, 1)
+
+    def with_fitted(self, fitted: dict | None) -> "CalibratedMachine":
+        """This machine with ``fitted`` constants (``pase.machines.fitted``; ``None``: none)."""
+        d = {k: v for k, v in self._description.items() if k != "fitted"}
+        if fitted is not None:
+            d["fitted"] = fitted
+        return CalibratedMachine(d, self.tables, self.source)
 
     def __repr__(self) -> str:
         table = "measured" if self.tables is not None else "peak only"
@@ -501,11 +522,26 @@ class CalibratedMachine:
         group's side (one node or several): ``2 (q-1)/q n / busbw`` with that curve's bus
         bandwidth at ``n`` bytes (:class:`pase.machines.collectives.CollectiveTables`).
         """
+        return self._scaled(self._all_reduce(elements, group, grad), group)
+
+    def _all_reduce(self, elements, group, grad: bool) -> np.ndarray:
         q, q_in, q_out = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * (self.grad_bytes if grad else self.act_bytes)
         inside = 2.0 * (q_in - 1.0) / q_in * n / self.b_in + 2.0 * (q_in - 1.0) * self.a_in
         across = 2.0 * (q_out - 1.0) / q_out * (n / q_in) / self.b_out + 2.0 * (q_out - 1.0) * self.a_out
         return self._measured("all_reduce", n, q, q_out, np.where((q > 1) & (n > 0), inside + across, 0.0))
+
+    def _scaled(self, seconds: np.ndarray, group=None, nodes=None) -> np.ndarray:
+        """``seconds`` of collectives over ``group`` (or spanning ``nodes``) times the fitted
+        scale of their level (``fitted.collective_scale``: ``intra_node`` for a group inside one
+        node, ``inter_node`` for one across nodes; ``pase calibrate --from-runs``); as they are
+        without a fit."""
+        if self.fitted is None:
+            return seconds
+        if nodes is None:
+            nodes = self._split(group)[2]
+        scale = self.fitted["collective_scale"]
+        return seconds * np.where(np.asarray(nodes) > 1, scale["inter_node"], scale["intra_node"])
 
     def all_gather(self, elements, group, grad: bool = False) -> np.ndarray:
         """All-gather of ``elements`` elements per device (its output, nccl-tests' size) over
@@ -521,12 +557,12 @@ class CalibratedMachine:
         return self._half("reduce_scatter", elements, group, grad)
 
     def _half(self, kind: str, elements, group, grad: bool) -> np.ndarray:
-        half = 0.5 * self.all_reduce(elements, group, grad)
+        half = 0.5 * self._all_reduce(elements, group, grad)
         if self.collectives is None or kind not in self.collectives.kinds:
-            return half
+            return self._scaled(half, group)
         q, _, q_out = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * (self.grad_bytes if grad else self.act_bytes)
-        return self._measured(kind, n, q, q_out, half)
+        return self._scaled(self._measured(kind, n, q, q_out, half), group)
 
     def _ring_latency(self, kind: str, ranks: int, nodes: int) -> float:
         """The links' fixed time of one collective over ``ranks`` devices on ``nodes`` nodes (the
@@ -554,23 +590,43 @@ class CalibratedMachine:
         Its bytes over ``B_in`` plus one ``a_in`` when the group lies in one node, else
         over ``B_out`` plus one ``a_out``; zero where the group size is 1 or nothing moves.
         """
+        return self._scaled(self._exchange(elements, group), group)
+
+    def _exchange(self, elements, group) -> np.ndarray:
         q, q_in, _ = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * self.act_bytes
         one_node = q_in >= q
         seconds = np.where(one_node, n / self.b_in + self.a_in, n / self.b_out + self.a_out)
         return np.where((q > 1) & (n > 0), seconds, 0.0)
 
+    def _gathered(self, e: np.ndarray, procs):
+        """An edge's redistribution priced as the all-gather it is (a tensor split over ``procs``
+        devices made whole, and its gradient reduce-scattered back) where the machine measured
+        all-gathers on the edge's side: ``e`` elements moved per device at the curve's bus
+        bandwidth for the group (``procs`` devices on ``procs / devices_per_node`` nodes); ``None``
+        where a span has no curve on its side (the links price it)."""
+        q = np.broadcast_to(np.asarray(procs, dtype=np.float64), e.shape)
+        q_out = np.maximum(1.0, q / float(self.nvlink_domain))
+        n = e * self.act_bytes
+        # nccl-tests' size of an all-gather is its output: moving ``n`` bytes per device is a
+        # gather of n q / (q - 1) bytes.
+        size = np.where(q > 1, n * q / np.maximum(q - 1.0, 1.0), 0.0)
+        seconds = self.collectives.seconds("all_gather", size, np.maximum(q, 1.0), q_out)
+        if np.isnan(seconds).any():
+            return None
+        return np.where(n > 0, seconds, 0.0)
+
     def send_recv(self, elements, group) -> np.ndarray:
         """One send of ``elements`` activation elements per device to a peer (a pipeline stage
         handing its activations to the next: ``group`` the pair): :meth:`exchange`, or where the
         description's ``collectives`` has a ``send_recv`` curve for the pair's side (one node or
         two), ``n / busbw`` at its bandwidth."""
-        modelled = self.exchange(elements, group)
+        modelled = self._exchange(elements, group)
         if self.collectives is None or "send_recv" not in self.collectives.kinds:
-            return modelled
+            return self._scaled(modelled, group)
         q, _, q_out = self._split(group)
         n = np.asarray(elements, dtype=np.float64) * self.act_bytes
-        return self._measured("send_recv", n, q, q_out, modelled)
+        return self._scaled(self._measured("send_recv", n, q, q_out, modelled), group)
 
     def all_to_all(self, elements, group) -> np.ndarray:
         """All-to-all of ``elements`` activation elements per device over ``group`` (seconds).
@@ -589,17 +645,29 @@ class CalibratedMachine:
         n = np.asarray(elements, dtype=np.float64) * self.act_bytes
         inside = (q_in - 1.0) / q * n / self.b_in + np.where(q_in > 1, self.a_in, 0.0)
         across = (q - q_in) / q * n / self.b_out + np.where(q_out > 1, self.a_out, 0.0)
-        return self._measured("all_to_all", n, q, q_out,
-                              np.where((q > 1) & (n > 0), np.maximum(inside, across), 0.0))
+        return self._scaled(self._measured("all_to_all", n, q, q_out,
+                                           np.where((q > 1) & (n > 0), np.maximum(inside, across), 0.0)), nodes=q_out)
 
     def redistribute(self, elements, procs) -> np.ndarray:
         """Edge redistribution of ``elements`` activation elements per device (seconds).
 
         The caller passes the forward plus backward volume. Its bytes at ``B_in`` when
         ``procs <= devices_per_node`` (one node), else at ``B_out``, plus two latencies
-        of that link (one message forward, one backward); zero where nothing moves.
+        of that link (one message forward, one backward); zero where nothing moves. Where the
+        description measured all-gathers (``collectives``), the measured all-gather of the
+        span instead (:meth:`_gathered`).
         """
         e = np.asarray(elements, dtype=np.float64)
+        seconds = self._redistribute(e, procs)
+        if self.fitted is None:
+            return seconds
+        return self._scaled(seconds, nodes=np.where(self.levels.holds(procs), 1.0, 2.0))
+
+    def _redistribute(self, e: np.ndarray, procs) -> np.ndarray:
+        if self.collectives is not None and "all_gather" in self.collectives.kinds:
+            measured = self._gathered(e, procs)
+            if measured is not None:
+                return measured
         one_node = self.levels.holds(procs)
         if one_node.ndim == 0:  # the usual call: one p for a whole edge matrix, fewer passes
             bw, latency = (self.b_in, self.a_in) if one_node else (self.b_out, self.a_out)

@@ -66,6 +66,9 @@ class Machine:
     clock_ratio = 1.0
     #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans.
     precisions = ("bf16",)
+    #: Nothing fitted: the reference model is the paper's.
+    fitted = None
+    notes = ()
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):

@@ -26,7 +26,7 @@ __all__ = ["html_report", "schedule_ops", "pareto_front", "CAUSE_COLOURS", "MEMO
 
 #: Colours of the causes and memory kinds (Tableau 10: distinct, readable in print).
 CAUSE_COLOURS = {"compute": "#4e79a7", "recompute": "#a0cbe8", "activation_comm": "#f28e2b",
-                 "redistribution": "#ffbe7d", "p2p": "#59a14f", "bubble": "#bab0ac", "weight_sync": "#e15759",
+                 "redistribution": "#ffbe7d", "p2p": "#59a14f", "bubble": "#bab0ac", "host": "#ff9da7", "weight_sync": "#e15759",
                  "optimizer": "#b07aa1"}
 MEMORY_COLOURS = {"model_state": "#4e79a7", "activations": "#f28e2b", "logits": "#e15759",
                   "gathered_weights": "#76b7b2", "recompute_working_set": "#59a14f",

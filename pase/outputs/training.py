@@ -30,10 +30,11 @@ _TIME_NAMES = {
     "bubble": "pipeline bubble",
     "sync_and_optimizer": "slowest stage's exposed sync and optimizer",
     "p2p": "pipeline sends",
+    "host": "waiting for the host",
 }
 #: The causes of a step (``Candidate.causes``) in words.
 CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
-               ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync",
+               ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
                 "optimizer")}
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).
@@ -351,6 +352,17 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     return lines
 
 
+def _crossing_lines(candidate, machine) -> list:
+    """A line where the plan's tensor parallelism spans more than one NVLink domain (a recipe
+    fixed it: the search keeps tp inside one)."""
+    domain = machine.nvlink_domain or machine.devices_per_node
+    mesh = candidate.mesh
+    if mesh is None or domain is None or mesh.tp <= domain:
+        return []
+    return [f"  tp {mesh.tp} crosses nodes: its collectives are priced over the network "
+            f"({mesh.tp // domain} domains of {domain} GPUs)"]
+
+
 @arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
@@ -369,6 +381,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
     if best is not None:
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"
         lines.append(f"plan: {best.recipe()}  [{where}]")
+        lines += _crossing_lines(best, plan.machine)
         lines += _candidate_lines(best, plan.memory_cap, seconds)
         lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")

@@ -13,8 +13,10 @@ __all__ = ["CAUSES", "Candidate", "Priced"]
 
 #: The causes a step's time is told by, in the order they are shown: per-device compute,
 #: recomputation, exposed activation collectives, redistribution between layers, pipeline
-#: sends, the pipeline bubble, exposed weight synchronisation, the optimizer step.
-CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "weight_sync", "optimizer")
+#: sends, the pipeline bubble, the device waiting for the host (``host_floor``; only where an
+#: engine states a host time), exposed weight synchronisation, the optimizer step.
+CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
+          "optimizer")
 
 
 @dataclass(frozen=True)

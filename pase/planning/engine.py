@@ -69,10 +69,17 @@ FACTS = {
     "activation_grads": bool,
     "attention_efficiency": float,
     "attention_kernel": ("sdpa", "cudnn_fused"),
+    "zero1_gradient_collective": ("reduce_scatter", "all_reduce"),
+    "overlap_grad_reduce_zero1": bool,
+    "block_overhead_seconds": float,
+    "chunk_overhead_seconds": float,
+    "pipeline_tp_wait_seconds": float,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
-OPTIONAL_FACTS = {"attention_kernel": "sdpa"}
+OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
+                  "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
+                  "pipeline_tp_wait_seconds": 0.0}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -197,7 +204,23 @@ class EngineProfile:
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
+            "zero1_reduce": f["zero1_gradient_collective"],
+            "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
+            "block_overhead_seconds": f["block_overhead_seconds"],
+            "chunk_overhead_seconds": f["chunk_overhead_seconds"],
+            "pipeline_tp_wait_seconds": f["pipeline_tp_wait_seconds"],
+            **self.fitted_options(machine),
         }
+
+    def fitted_options(self, machine=None) -> dict:
+        """The options a machine fitted on this engine's runs replaces (``pase calibrate
+        --from-runs``: its ``fitted`` in-step compute efficiency and host time per block), or
+        none: a fit on another engine's runs says nothing of this one's kernels."""
+        fitted = None if machine is None else machine.fitted
+        if not fitted or fitted.get("engine") != self.name:
+            return {}
+        return {key: fitted[key] for key in ("compute_efficiency", "block_overhead_seconds",
+                                             "pipeline_tp_wait_seconds")}
 
     def base_options(self, machine=None, **changes) -> TrainingOptions:
         """:class:`TrainingOptions` of this engine on ``machine`` (``changes`` on top)."""

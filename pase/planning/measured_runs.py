@@ -68,6 +68,8 @@ def _number(value, where: str, field: str, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: {field} must be a {'positive integer' if integer else 'positive number'}, "
                          f"got {value!r:.40}")
+    if isinstance(value, int) and abs(value) > 2**40:  # an int beyond any float check's reach
+        raise ValueError(f"{where}: {field} must be at most {2**40}, got {str(value)[:20]}...")
     if integer and (not isinstance(value, int) and not float(value).is_integer()):
         raise ValueError(f"{where}: {field} must be a positive integer, got {value!r}")
     if not math.isfinite(value) or value <= 0 or (integer and value > 2**40):

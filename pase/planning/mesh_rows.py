@@ -11,6 +11,7 @@ import numpy as np
 from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
+from pase.planning.host_floor import block_count, floored, host_seconds
 from pase.planning.mesh import Mesh
 from pase.planning.pipeline import StagePlan, stage_chunks, stage_layout
 
@@ -64,11 +65,12 @@ class PartsMemo:
 
 def row_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
                targets: list, sums: dict | None = None, columns=None, memory_cap=None,
-               search_layers: bool = False) -> tuple:
+               search_layers: bool = False, floor: bool = True) -> tuple:
     """Step seconds, peak bytes and ``recompute_layers`` of every row (all layers at the same
     row) of ``columns`` (the costing's rows that ``edges`` has; default all). ``sums``: the
     columns taken and their sums already, by array (settings share the arrays of what they do
-    not change). Under ``block``: :func:`_block_totals`."""
+    not change). Under ``block``: :func:`_block_totals`. ``floor``: no micro-batch faster than
+    the host issues it (:mod:`pase.planning.host_floor`)."""
     sums = {} if sums is None else sums
     if options.recompute == "block":
         return _block_totals(costing, options, act_bytes, edges, targets, sums, columns, memory_cap, search_layers)
@@ -89,6 +91,8 @@ def row_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: fl
     time_rows = total(vec["micro"]) * options.microbatches + total(vec["step"])
     if len(targets):
         time_rows = time_rows + total(costing.edge_rows(edges, targets, options, columns))
+    if floor:
+        time_rows = _host_floored(costing, options, time_rows, total(vec["step"]))
     memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
                    + costing.transient_rows(vec, options))
     return time_rows, memory_rows, np.zeros(len(time_rows), dtype=np.int64)
@@ -102,12 +106,15 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
     largest working set among them. ``n`` is ``recompute_layers`` (at most the blocks), or with
     ``search_layers`` every count from 1 to the blocks, keeping per row the fastest that fits
     ``memory_cap``, else the least memory; of equals the smallest ``n``."""
-    time0, memory0, _ = row_totals(costing, options.as_policy("none"), act_bytes, edges, targets, sums, columns)
+    time0, memory0, _ = row_totals(costing, options.as_policy("none"), act_bytes, edges, targets, sums, columns,
+                                   floor=False)
     deltas = costing.block_deltas(options, act_bytes, edges, targets, columns)
     blocks = len(deltas["micro"])
     if not blocks:  # nothing to recompute: as none
         return time0, memory0, np.full(len(time0), options.recompute_layers, dtype=np.int64)
     times = time0 + options.microbatches * np.cumsum(deltas["micro"], axis=0)  # (n, K): n = 1, 2, ...
+    step = costing.layer_vectors(options.as_policy("none"), act_bytes)["step"]
+    times = _host_floored(costing, options, times, (step if columns is None else step[:, columns]).sum(axis=0))
     memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
     columns_of = np.arange(len(time0))
     if not search_layers:
@@ -117,6 +124,15 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
         fits = memories <= cap
         n = np.where(fits.any(axis=0), np.argmin(np.where(fits, times, np.inf), axis=0), np.argmin(memories, axis=0))
     return times[n, columns_of], memories[n, columns_of], n + 1
+
+
+def _host_floored(costing: TrainingCosting, options: TrainingOptions, time_rows, step_rows):
+    """``time_rows`` of a network without a pipeline, no micro-batch faster than its blocks' host
+    time (``host_floor``); as they are where the engine states none."""
+    host = host_seconds(options, block_count(costing.structure.blocks), False)
+    if not host:
+        return time_rows
+    return floored(time_rows, step_rows, options.microbatches, host)
 
 
 class Costed(NamedTuple):
@@ -159,8 +175,23 @@ def candidate_of(found: Found, memory_cap, act_bytes: float, procs: int) -> Cand
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
         _pipelined(summary, found, act_bytes)
+    else:
+        _host_cause(summary, costing, options)
     configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
     return Candidate(found.mesh, options, found.microbatch, configs, summary, memory_cap)
+
+
+def _host_cause(summary, costing, options: TrainingOptions) -> None:
+    """A configuration without a pipeline whose micro-batches wait for the host (``host_floor``):
+    the wait as the cause ``host`` of its step."""
+    host = host_seconds(options, block_count(costing.structure.blocks), False)
+    if not host:
+        return
+    rest = sum(summary.time.get(k, 0.0) for k in ("weight_sync", "optimizer"))
+    wait = float(floored(summary.step_seconds, rest, options.microbatches, host)) - summary.step_seconds
+    if wait > 0:
+        summary.time["host"] = wait
+        summary.step_seconds += wait
 
 
 def _pipelined(summary, found: Found, act_bytes: float) -> None:
@@ -275,6 +306,14 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
         causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
     causes["p2p"] = m * stages.p2p_seconds
     causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
+    # What the slowest stage's micro-batches wait for the host beyond their work (host_floor):
+    # the rest of its micro-batch time.
+    device = sum(causes[k] for k in ("compute", "recompute", "activation_comm", "redistribution"))
+    wait = m * (slowest - stages.p2p_seconds) - device
+    if wait > 1e-12 * max(m * slowest, 1e-300):
+        causes["host"] = wait
+    else:
+        del causes["host"]
     rest = max(step - (m + (stages.pp - 1) / stages.vpp) * slowest, 0.0)
     causes["optimizer"] = min(optimizer, rest)
     causes["weight_sync"] = rest - causes["optimizer"]

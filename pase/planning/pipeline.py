@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pase.costing.training import FORWARD_SHARE
+from pase.planning.host_floor import host_seconds
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
@@ -35,7 +36,8 @@ MIDDLE_STAGE_SLACK = 2
 CUTS_SEARCHED = (f"pipelines cut between the source's repeated blocks: for pp = 2 the first stage within "
                  f"{END_STAGE_SLACK} blocks of an even split, for more stages the middle ones equal and within "
                  f"{MIDDLE_STAGE_SLACK} blocks of an even share, the first and last within {END_STAGE_SLACK} blocks "
-                 "of them; 1F1B or interleaved")
+                 "of them, or the middle ones one block apart and the first and last within 2 blocks of an even "
+                 "share; 1F1B or interleaved")
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,30 @@ def cuts(blocks: int, pp: int, width: int = END_STAGE_SLACK) -> list:
             last = rest - first
             if last >= 1 and abs(first - middle) <= width and abs(last - middle) <= width:
                 out.add((first,) + (middle,) * (pp - 2) + (last,))
+    out.update(_balanced_cuts(blocks, pp))
     return sorted(out, key=lambda c: (max(c) - min(c), c))
+
+
+def _balanced_cuts(blocks: int, pp: int) -> set:
+    """Cuts whose middle stages differ by one block at most (the larger ones last, where fewer
+    micro-batches are in flight), the first and last stages within 2 blocks of an even share
+    (fewer where the embedding or the output head is heavy): the stages an engine that balances
+    its stages by cost makes (nanotron's cumulative-cost thresholds, models/base.py:216-236),
+    which equal middle stages cannot when the blocks do not divide.
+
+    >>> sorted(_balanced_cuts(7, 4))[:3]   # first 1, last 3: the 3 left over two stages, 1 then 2
+    [(1, 1, 2, 3), (1, 2, 2, 2), (1, 2, 3, 1)]
+    """
+    even = blocks // pp
+    out = set()
+    for first in range(max(1, even - 2), even + 3):
+        for last in range(max(1, even - 2), even + 3):
+            rest = blocks - first - last
+            if rest < pp - 2:
+                continue
+            q, extra = divmod(rest, pp - 2)
+            out.add((first,) + (q,) * (pp - 2 - extra) + (q + 1,) * extra + (last,))
+    return out
 
 
 def chunk_sizes(counts, vpp: int) -> list | None:
@@ -193,10 +218,11 @@ class StagePlan:
 
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     """One send of ``elements`` per device from a stage to the next (devices ``stage_devices``
-    apart), forward and backward: twice the machine's exchange between the two."""
+    apart), forward and backward: twice the machine's send between the two (its measured
+    ``send_recv`` curve where it has one, else its links)."""
     K = len(elements)
     group = Group(np.full((K, 1), 2, dtype=np.int64), np.full((K, 1), stage_devices, dtype=np.int64))
-    return 2.0 * np.asarray(machine.exchange(elements, group), dtype=np.float64)
+    return 2.0 * np.asarray(machine.send_recv(elements, group), dtype=np.float64)
 
 
 def exposed_sends(compute: np.ndarray, sends: np.ndarray, vpp: int, options) -> np.ndarray:
@@ -272,15 +298,17 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None, search_layers=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None, tp=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
     all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
-    setting's block count is searched (:func:`pipeline_rows`; default not)."""
+    setting's block count is searched (:func:`pipeline_rows`; default not). ``tp``: each column's
+    tensor-parallel degree (the host floor, :mod:`pase.planning.host_floor`; default 1)."""
     options = settings[0]
-    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share")
+    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds",
+              "pipeline_tp_wait_seconds")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
     if columns is None:
@@ -307,7 +335,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     stage_all = {name: P[ends] - P[starts] for name, P in sums.prefix.items()}
     timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
                      np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
-                     options.overlap_efficiency if options.overlap else 0.0)
+                     options.overlap_efficiency if options.overlap else 0.0,
+                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)))
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m)
     steps, peaks = priced.best_step, priced.best_peak
@@ -433,13 +462,22 @@ class _Timing(NamedTuple):
     in_flight_1: np.ndarray
     drain_share: np.ndarray
     efficiency: float
+    #: Each column's tensor-parallel degree (the host floor's wait), ``(K,)`` or 1.
+    tp: np.ndarray | int = 1
 
-    def figures(self, stage: dict, p2p, transient, vpp: int) -> tuple:
+    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
-        ``(cuts, pp, K)`` sums."""
+        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``; ``tp``: the
+        columns' tensor-parallel degrees where they are not all :attr:`tp`'s."""
         pp, m = self.pp, self.m
-        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, self.options)
-        t = stage["micro"] + sends
+        o = self.options
+        # Each chunk of a stage also pays its fixed time per micro-batch (entering the chunk and
+        # waiting on its batched send and receive: chunk_overhead_seconds), which overlap cannot
+        # hide; a stage's micro-batch takes at least its blocks' host time (the host floor).
+        sends = exposed_sends(stage["micro"], vpp * p2p, vpp, o) + vpp * o.chunk_overhead_seconds
+        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, self.tp if tp is None else tp)
+        device = stage["micro"] if not np.any(host) else np.maximum(stage["micro"], host)
+        t = device + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
         pipe = (m + fill) * slowest
@@ -482,14 +520,16 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
         which = [j for j, (_, _, v) in enumerate(tried) if v == vpp]
         rows = [tried[j][0] for j in which]
         stage = stage_all if rows == list(range(n_cuts)) else {name: S[rows] for name, S in stage_all.items()}
-        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp)
+        blocks = np.array([np.diff(bounds[r]) for r in rows], dtype=np.float64)
+        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp, blocks)
         if blocked is not None:
             into = blocked.columns
             part = {name: S[:, :, into] for name, S in stage.items()}
             found = _block_chunks(part, blocked.deltas, [bounds[r] for r in rows], vpp, blocked.layers,
                                   blocked.searched, peak[:, into] <= cap, cap, timing.m + (timing.pp - 1) / vpp,
-                                  lambda sums_, extra, cols: timing.figures(sums_, p2p[into][cols],
-                                                                            transient[into][cols] + extra, vpp))
+                                  lambda sums_, extra, cols: timing.figures(
+                                      sums_, p2p[into][cols], transient[into][cols] + extra, vpp, blocks,
+                                      np.broadcast_to(timing.tp, (K,))[into][cols]))
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]
             sends[:, :, into] = found[5]

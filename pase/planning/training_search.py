@@ -119,13 +119,15 @@ MAX_CP = 16
 
 def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
     """Every mesh of ``procs`` devices the search tries: ``tp`` within an NVLink domain (a node
-    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine), ``cp`` any
+    of 8 on HGX machines, 72 GPUs on an NVL72 rack; all devices on a flat machine) unless the
+    recipe fixes a larger one (priced over the network), ``cp`` any
     divisor, sequence parallelism both ways when ``tp > 1``."""
     recipe = recipe or Recipe()
     node = machine.nvlink_domain or machine.devices_per_node or procs
     meshes = []
     for tp in divisors(procs):
-        if tp > node or recipe.tp not in (None, tp):
+        # A recipe's tp may cross domains (priced over the network); the search keeps it inside one.
+        if (tp > node and recipe.tp != tp) or recipe.tp not in (None, tp):
             continue
         for cp in divisors(procs // tp):
             if recipe.cp not in (None, cp) or (recipe.cp is None and cp > MAX_CP):
@@ -258,10 +260,6 @@ def search_meshes(
     recipe = recipe or Recipe()
     base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
     recipe.check(procs)
-    domain = machine.nvlink_domain or machine.devices_per_node
-    if recipe.tp is not None and domain is not None and recipe.tp > domain:
-        raise ValueError(f"tp={recipe.tp} is more than the {domain} GPUs of one NVLink domain of machine "
-                         f"{machine.name}: tensor parallelism stays within a domain")
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
                                   engine, keep_best, keep_to, exporting, rules)
@@ -630,7 +628,8 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     got = pipeline_rows_settings(share.costing, [settings[j] for j in keep], act_bytes, share.edges, share.targets,
                                  group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
                                  None if recipe.vpp is None else [recipe.vpp], recipe.stages,
-                                 columns=share.columns, search_layers=[searched[j] for j in keep])
+                                 columns=share.columns, search_layers=[searched[j] for j in keep],
+                                 tp=[mesh.tp for mesh, _ in group.meshes])
     K = len(group.meshes)
     rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
     for j, (step, peak, plans) in zip(keep, got):

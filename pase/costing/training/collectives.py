@@ -38,10 +38,14 @@ class ActivationCollectives:
         """``v``'s activation collectives of one micro-batch, per row: its parts' less the
         reduction of its input's gradient where a reader before it, laid out alike, reduces
         the summed gradient (:meth:`reader_pools`), times its ``activation_scale``."""
-        a = self.parts[v].activation
+        p = self.parts[v]
+        a = p.activation
         if v in self.pools.shared:
             a = a - self.pools.shared[v]
-        return a * self.activation_scale[v]
+        scale = self.activation_scale[v]
+        # Sequence parallelism's reduce-scatter (scale 1/2): the machine's share of the
+        # all-reduce (exactly 1/2 unless it measured reduce-scatters).
+        return a * np.where(scale == 0.5, p.share("activation_rs", "activation"), scale)
 
     def _pooled(self, v: int, options: TrainingOptions) -> tuple:
         """``(activation collectives, compute)`` of ``v`` with the readers pooled at it, per

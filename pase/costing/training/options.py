@@ -19,6 +19,12 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: prefetched and the unsharded gradient of one before its reduce-scatter), ``prefetch``
 #: (DeepSpeed's parameter-wise gathers, priced as ``block``).
 WRAP_UNITS = ("layer", "block", "prefetch")
+#: Largest in-step compute efficiency: a step's kernels at most a quarter faster than the
+#: machine's measured kernels at its stated sustained clock (a cluster fitted on its own runs
+#: whose GPUs hold a higher clock through a step than the clock the machine states).
+MAX_COMPUTE_EFFICIENCY = 1.25
+#: ZeRO-1's gradient collective (``TrainingOptions.zero1_reduce``).
+ZERO1_REDUCES = ("reduce_scatter", "all_reduce")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
 #: Memory a device holds that no other kind of the memory model accounts for: the CUDA
 #: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
@@ -134,6 +140,27 @@ class TrainingOptions:
         gradient's back) runs while the device computes another chunk (Megatron's
         ``--overlap-p2p-communication``): the sends hide behind the stage's compute at
         ``overlap_efficiency`` (``pase.planning.pipeline.exposed_sends``). 1F1B waits for them.
+    zero1_reduce : str
+        ZeRO-1's gradient collective: ``reduce_scatter`` (each rank keeps its shard: DeepSpeed,
+        Megatron's distributed optimizer) or ``all_reduce`` (nanotron all-reduces its whole fp32
+        gradient buffer and then updates its shard, trainer.py:510-519).
+    zero1_overlap : bool
+        ZeRO-1's reduction overlaps the backward pass (with ``overlap``); false where the engine
+        reduces after the last backward pass (nanotron's ZeRO-1, trainer.py:510-519).
+    block_overhead_seconds : float
+        Host time per repeated block and micro-batch (forward and backward): an eager engine
+        issues every kernel from Python, so a micro-batch takes at least its blocks' host time
+        however fast the device runs them (the host floor, ``pase.planning.host_floor``).
+    chunk_overhead_seconds : float
+        Fixed time per pipeline chunk and micro-batch, forward and backward: the schedule's work
+        to enter a chunk and wait on its batched send and receive, which a chunk's transfer
+        overlap does not hide (``pase.planning.pipeline``).
+    pipeline_tp_wait_seconds : float
+        On a pipeline stage whose receives stop the host (nanotron reads the metadata of every
+        tensor it receives on the host, p2p.py:245-274), time per block and micro-batch the
+        tensor-parallel ranks wait for the latest of them at the block's collectives, per
+        doubling of the group: ``log2(tp)`` times this (the expected latest of ``n`` ranks' host
+        delays grows as ``ln n``); 0 without tensor parallelism.
     """
 
     zero: int = 0
@@ -170,6 +197,11 @@ class TrainingOptions:
     fp8_scaling: str = "current"
     fp8_gather: bool = False
     p2p_overlap: bool = False
+    zero1_reduce: str = "reduce_scatter"
+    zero1_overlap: bool = True
+    block_overhead_seconds: float = 0.0
+    chunk_overhead_seconds: float = 0.0
+    pipeline_tp_wait_seconds: float = 0.0
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -187,7 +219,8 @@ class TrainingOptions:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
-                     "comm_sm_share", "comm_buffer_bytes", "fragmentation"):
+                     "comm_sm_share", "comm_buffer_bytes", "fragmentation", "block_overhead_seconds",
+                     "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -199,8 +232,8 @@ class TrainingOptions:
                 raise ValueError(f"{name} must be a positive number or None, got {value!r}")
         if self.wrap_unit not in WRAP_UNITS:
             raise ValueError(f"wrap_unit must be one of {', '.join(WRAP_UNITS)}, got {self.wrap_unit!r}")
-        if not (isinstance(self.compute_efficiency, (int, float)) and 0 < self.compute_efficiency <= 1):
-            raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency!r}")
+        if not (isinstance(self.compute_efficiency, (int, float)) and 0 < self.compute_efficiency <= MAX_COMPUTE_EFFICIENCY):
+            raise ValueError(f"compute_efficiency must be in (0, {MAX_COMPUTE_EFFICIENCY:g}], got {self.compute_efficiency!r}")
         if self.comm_sm_share >= 1 or self.fragmentation >= 1:
             raise ValueError("comm_sm_share and fragmentation must be below 1")
         if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
@@ -209,7 +242,9 @@ class TrainingOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
-        for name in ("fp8_gather", "p2p_overlap"):
+        if self.zero1_reduce not in ZERO1_REDUCES:
+            raise ValueError(f"zero1_reduce must be one of {', '.join(ZERO1_REDUCES)}, got {self.zero1_reduce!r}")
+        for name in ("fp8_gather", "p2p_overlap", "zero1_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

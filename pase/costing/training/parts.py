@@ -4,12 +4,13 @@ reductions, priced once per configuration array; :class:`PricedLayers`, every la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
 from pase.costing.memory import activation_elements, parameter_shards
-from pase.costing.training.structure import NetworkStructure
+from pase.costing.training.structure import NetworkStructure, model_flops, parameter_elements_unique
 from pase.model.layers.work import AllReduce, AllToAll, Exchange, Gemm, LayerWork, Pass
 
 __all__ = ["LayerParts", "layer_parts", "part_pricers", "PricedLayers", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
@@ -38,6 +39,11 @@ class LayerParts:
     weight-gradient collectives (their time with nothing to move), which bucketing shares;
     ``work``: the layer's work these parts price (``Layer.work``), whose GEMMs
     (:meth:`gemm_seconds`, :meth:`gemm_elements`) another number format re-prices.
+    ``reduce_scatter`` and ``all_gather``: the weight-gradient collectives priced as the
+    machine prices a reduce-scatter of the gradients and an all-gather of the weights (half of
+    ``gradient`` and ``gather`` on a machine that measured neither, its own curves where it
+    did); ``activation_rs``: ``activation`` with its all-reduces priced as reduce-scatters (what
+    sequence parallelism runs).
     """
 
     compute: np.ndarray
@@ -48,6 +54,24 @@ class LayerParts:
     activations: np.ndarray
     latency: np.ndarray | None = None
     work: LayerWork | None = None
+    reduce_scatter: np.ndarray | None = None
+    all_gather: np.ndarray | None = None
+    activation_rs: np.ndarray | None = None
+
+    def share(self, part: str, whole: str) -> np.ndarray:
+        """``part / whole`` per row (``reduce_scatter`` of ``gradient``, ``all_gather`` of
+        ``gather``, ``activation_rs`` of ``activation``): exactly 0.5 on a machine that prices
+        them as half an all-reduce, and where nothing moves."""
+        return self._shares[(part, whole)]
+
+    @cached_property
+    def _shares(self) -> dict:
+        out = {}
+        for part, whole in (("reduce_scatter", "gradient"), ("all_gather", "gather"), ("activation_rs", "activation")):
+            a, b = getattr(self, part), getattr(self, whole)
+            out[(part, whole)] = (np.full(len(self.compute), 0.5) if a is None
+                                  else np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.5))
+        return out
 
     def gemm_seconds(self, machine, dtype: str = "bf16") -> np.ndarray:
         """Its GEMMs alone (the compute part without its memory-bound passes), priced by
@@ -85,18 +109,26 @@ def part_pricers(machine) -> dict:
     def activation(piece):
         return piece.priced(machine) if _known(piece) is None and piece.activation else None
 
-    def weight(grad: bool, latency: bool = False):
+    def activation_rs(piece):
+        if _known(piece) is not None or not piece.activation:
+            return None
+        if isinstance(piece, AllReduce):
+            return machine.reduce_scatter(piece.elements, piece.group)
+        return piece.priced(machine)
+
+    def weight(grad: bool, latency: bool = False, collective=None):
         def price(piece):
             if _known(piece) is not None or not piece.weight:
                 return None
             elements = piece.elements
             if latency:
                 elements = np.asarray(elements, dtype=np.float64) * 0.0 + LATENCY_ELEMENTS
-            return machine.all_reduce(elements, piece.group, grad=grad)
+            return (collective or machine.all_reduce)(elements, piece.group, grad=grad)
         return price
 
     return {"compute": compute, "activation": activation, "gradient": weight(True), "gather": weight(False),
-            "latency": weight(True, latency=True)}
+            "latency": weight(True, latency=True), "reduce_scatter": weight(True, collective=machine.reduce_scatter),
+            "all_gather": weight(False, collective=machine.all_gather), "activation_rs": activation_rs}
 
 
 def _known(piece) -> None:
@@ -118,7 +150,8 @@ def layer_parts(layer, C: np.ndarray, machine) -> LayerParts:
     params = parameter_shards(layer, C)
     activations = activation_elements(layer, C)
     return LayerParts(parts["compute"], parts["activation"], parts["gradient"], parts["gather"], tuple(params),
-                      activations, parts["latency"], work)
+                      activations, parts["latency"], work, parts["reduce_scatter"], parts["all_gather"],
+                      parts["activation_rs"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,6 +167,16 @@ class PricedLayers:
     kinds: list
     parts: list
     structure: NetworkStructure
+
+    @cached_property
+    def model_flops(self) -> float:
+        """The network's model FLOPs of one micro-batch (``structure.model_flops``)."""
+        return model_flops(self.network)
+
+    @cached_property
+    def parameters(self) -> int:
+        """The network's parameters, a shared tensor once (``structure.parameter_elements_unique``)."""
+        return parameter_elements_unique(self.network)
 
     @classmethod
     def of(cls, network, configs: Sequence[np.ndarray], machine, structure: NetworkStructure) -> "PricedLayers":

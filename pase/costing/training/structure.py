@@ -10,7 +10,7 @@ import numpy as np
 
 from pase.model.roles import output_roles, roles_of
 
-__all__ = ["NetworkStructure", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
+__all__ = ["NetworkStructure", "block_leads", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
            "fsdp_units"]
 
 
@@ -135,3 +135,19 @@ def fsdp_units(blocks) -> tuple:
     ids: dict = {}
     index = np.array([0 if b is None else ids.setdefault(b, len(ids) + 1) for b in blocks], dtype=np.int64)
     return index, len(ids) + 1
+
+
+def block_leads(blocks) -> np.ndarray:
+    """Per layer, whether it is the first layer of its repeated block (``blocks``: each layer's
+    block or ``None``): the layer a block's per-block costs are charged to.
+
+    >>> block_leads([None, "b0", "b0", "b1", "b1", None]).tolist()
+    [False, True, False, True, False, False]
+    """
+    seen: set = set()
+    out = []
+    for b in blocks:
+        out.append(b is not None and b not in seen)
+        if b is not None:
+            seen.add(b)
+    return np.array(out, dtype=bool)

@@ -9,7 +9,6 @@ from typing import Sequence
 from pase.costing.training.memory import MemoryKinds
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
-from pase.costing.training.structure import model_flops, parameter_elements_unique
 from pase.costing.training.vectors import LayerVectors
 
 __all__ = ["TrainingSummary", "summarize"]
@@ -44,6 +43,17 @@ class TrainingSummary:
         return self.model_flops_per_step / (self.step_seconds * self.procs * self.peak_flops)
 
 
+def _summed_layers(vectors: LayerVectors, choice: Sequence[int], options: TrainingOptions) -> list:
+    """``(layer, row, count)`` to add up: every layer once, or, where every layer takes the same
+    row (a mesh) and the policy is not ``block`` (which recomputes some blocks of a kind and not
+    others), each group of layers equal under any options once, counted by its members."""
+    rows = set(choice)
+    if len(rows) != 1 or options.recompute == "block":
+        return [(v, i, 1) for v, i in enumerate(choice)]
+    i = rows.pop()
+    return [(int(rep), i, len(members)) for rep, members in vectors.groups.groups]
+
+
 def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, choice: Sequence[int],
               options: TrainingOptions, act_bytes: float, edge_seconds: float, procs: int,
               tokens_per_step: int | None = None) -> TrainingSummary:
@@ -52,11 +62,11 @@ def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, 
     time by cause and memory that adds up, then what is alive part of the time and the reserve."""
     time: dict = {}
     kinds: dict = {}
-    for v, i in enumerate(choice):
+    for v, i, count in _summed_layers(vectors, choice, options):
         for key, value in vectors.layer_time(v, options).items():
-            time[key] = time.get(key, 0.0) + float(value[i])
+            time[key] = time.get(key, 0.0) + count * float(value[i])
         for key, value in memory.layer_memory(v, options, act_bytes).items():
-            kinds[key] = kinds.get(key, 0.0) + float(value[i])
+            kinds[key] = kinds.get(key, 0.0) + count * float(value[i])
     time["redistribution"] = float(edge_seconds)
     kinds.update(memory.transient_bytes(choice, options, act_bytes))
     kinds["reserve"] = float(options.reserve_bytes)
@@ -67,8 +77,8 @@ def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, 
         time=time,
         memory=kinds,
         peak_memory_bytes=float(sum(kinds.values())),
-        model_flops_per_step=model_flops(layers.network) * options.microbatches,
-        parameters=parameter_elements_unique(layers.network),
+        model_flops_per_step=layers.model_flops * options.microbatches,
+        parameters=layers.parameters,
         tokens_per_step=tokens_per_step,
         procs=procs,
         peak_flops=layers.machine.peak_flops,

@@ -36,7 +36,9 @@ class WeightSync:
         reduce-scatter (half of it), ``AG`` an all-gather at the weight's size (half the
         all-reduce at that size) and ``m`` micro-batches: stage 0 ``AR``; 1 ``RS + AG``; 2
         ``m RS + AG`` (the gradient shard is reduced every micro-batch); 3 ``m (RS + 2 AG)``
-        (the weights gathered for the forward and again for the backward pass). With
+        (the weights gathered for the forward and again for the backward pass). ``RS`` and ``AG``
+        keep the machine's share of ``AR`` (``LayerParts.share``: its own measured curves);
+        ``zero1_reduce`` ``all_reduce``: stage 1 is ``AR + AG`` (nanotron). With
         ``bucket_elements`` ``B``, a layer of ``P`` local weight elements pays ``min(1, P/B)`` of
         its collectives' fixed (latency) part.
         """
@@ -55,11 +57,14 @@ class WeightSync:
             spare = p.latency * (1.0 - share)
             gradient, gather = np.maximum(gradient - spare, 0.0), np.maximum(gather - spare, 0.0)
         gather = gather * self.precision.gather_scale(v, options)
-        rs, ag = 0.5 * gradient, 0.5 * gather
+        # The reduce-scatter and all-gather as the machine prices them against its all-reduce
+        # (halves of it, or its measured curves of each), kept through the rescaling above.
+        rs, ag = p.share("reduce_scatter", "gradient") * gradient, p.share("all_gather", "gather") * gather
         if options.zero == 0:
             return gradient
         if options.zero == 1:
-            return rs + ag
+            # nanotron's ZeRO-1 all-reduces the whole fp32 gradient buffer (zero1_reduce).
+            return (gradient if options.zero1_reduce == "all_reduce" else rs) + ag
         if options.zero == 2:
             return m * rs + ag
         return m * (rs + 2.0 * ag)
@@ -118,7 +123,7 @@ class WeightSync:
     def exposed_sync(self, v: int, options: TrainingOptions) -> np.ndarray:
         """``max(0, sync - efficiency x hiding)`` with overlap, else the whole ``sync``."""
         s = self.sync(v, options)
-        if not options.overlap:
+        if not options.overlap or (options.zero == 1 and not options.zero1_overlap):
             return s
         hidden = np.minimum(s, options.overlap_efficiency * self.hiding(v, options))
         # The compute it hides behind runs on the SMs communication leaves (comm_sm_share).

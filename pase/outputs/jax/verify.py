@@ -134,6 +134,8 @@ class TrafficMachine:
     name = "traffic"
     cost_unit = "bytes"
     memory_bytes = None
+    fitted = None
+    notes = ()
 
     def check_procs(self, procs: int) -> None:
         """Any device count."""

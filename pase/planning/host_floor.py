@@ -1,0 +1,44 @@
+"""The host floor: a micro-batch takes at least the time the engine's host needs to issue its
+blocks' kernels (eager engines), however fast the device runs them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["host_seconds", "floored", "block_count"]
+
+
+def block_count(blocks) -> int:
+    """The repeated blocks of a network (``NetworkStructure.blocks``: each layer's or ``None``).
+
+    >>> block_count([None, "b0", "b0", "b1", None])
+    2
+    """
+    return len({b for b in blocks if b is not None})
+
+
+def host_seconds(options, blocks, pipelined: bool, tp=1):
+    """Host time of one micro-batch over ``blocks`` repeated blocks (numbers or arrays that
+    broadcast): ``blocks x block_overhead_seconds``, plus on a pipeline stage ``blocks x log2(tp)
+    x pipeline_tp_wait_seconds`` (the tensor-parallel ranks' wait for the latest of them once the
+    engine's receives stop the host).
+
+    >>> from pase.costing.training import TrainingOptions
+    >>> o = TrainingOptions(block_overhead_seconds=0.002, pipeline_tp_wait_seconds=0.001)
+    >>> float(host_seconds(o, 4, False, 8)), float(host_seconds(o, 4, True, 8))   # 4 x 2 ms; 4 x (2 + 3 x 1) ms
+    (0.008, 0.02)
+    """
+    per_block = options.block_overhead_seconds + (
+        options.pipeline_tp_wait_seconds * np.log2(np.asarray(tp, dtype=np.float64)) if pipelined else 0.0)
+    return np.asarray(blocks, dtype=np.float64) * per_block
+
+
+def floored(time_rows, step_rows, microbatches: int, host) -> np.ndarray:
+    """A step of ``microbatches`` micro-batches whose device time per micro-batch is
+    ``(time - step) / m`` (``step``: the synchronisation and optimizer after them) taking at
+    least ``host`` per micro-batch: ``max(time, step + m host)``.
+
+    >>> float(floored(np.array(10.0), np.array(2.0), 4, 3.0))   # 2 + 4 x 3 = 14 > 10
+    14.0
+    """
+    return np.maximum(time_rows, step_rows + microbatches * np.asarray(host, dtype=np.float64))

@@ -1,0 +1,149 @@
+"""``pase calibrate --from-runs`` (``pase/planning/calibrate_runs.py``, ``pase/cli/calibrate_runs.py``):
+the fit recovers constants it is given, refuses what the runs do not determine, and the command
+writes a machine file the planner reads; every bad input one line, nothing written."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pase.cli import main as pase_main
+from pase.machines.fitted import FITTED_BOUNDS
+from pase.planning.calibrate_runs import PARAMETERS, RunTerms, _bounds, _leave_one_out, fit_constants
+
+NAMES = [f"r{i}" for i in range(8)]
+
+
+def _terms():
+    """Eight runs: compute, tensor collectives inside or across nodes, sync after the
+    micro-batches, blocks x micro-batches, log2 tp on a pipeline."""
+    return [RunTerms(10.0, (1.0, 0.0), (0.5, 0.0), 400.0, 0.0),
+            RunTerms(8.0, (0.0, 2.0), (0.0, 1.0), 400.0, 0.0),
+            RunTerms(12.0, (0.5, 0.0), (0.2, 0.3), 600.0, 1.0),
+            RunTerms(5.0, (2.0, 0.0), (0.1, 0.0), 3000.0, 0.0),
+            RunTerms(6.0, (0.0, 3.0), (0.0, 0.4), 800.0, 2.0),
+            RunTerms(9.0, (1.5, 0.0), (0.3, 0.0), 5000.0, 3.0),
+            RunTerms(7.0, (0.2, 0.0), (0.0, 0.5), 200.0, 0.0),
+            RunTerms(4.0, (0.0, 1.0), (0.2, 0.0), 2500.0, 1.0)]
+
+
+def test_a_fit_recovers_the_constants_the_runs_were_made_with():
+    # Measured steps made by the model itself with compute x1.1, collectives x0.8 inside a node
+    # and x2 across, 3 ms per block and micro-batch and 2 ms per doubling of tp on a pipeline:
+    # the fit finds them again.
+    truth = np.array([1.1, 0.8, 2.0, 3e-3, 2e-3])
+    terms = _terms()
+    measured = np.array([t.step(truth) for t in terms])
+    # Run 4, by hand: device 1.1 x 6 + 2 x 3 = 12.6, host 800 x (3e-3 + 2 x 2e-3) = 5.6: 12.6 + 2 x 0.4.
+    assert measured[4] == pytest.approx(13.4)
+    fit = fit_constants(terms, measured, np.array([1.0, 1.0, 1.0, 0.0, 0.0]), _bounds(0.84), NAMES)
+    got = np.array([fit.values[p] for p in PARAMETERS])
+    assert got == pytest.approx(truth, rel=1e-3, abs=1e-5)
+    assert fit.outliers == () and fit.undetermined == ()
+    left = _leave_one_out(terms, measured, fit, _bounds(0.84), NAMES)
+    assert left == pytest.approx(measured, rel=1e-2)
+
+
+def test_an_outlier_is_left_out():
+    truth = np.array([1.0, 1.0, 1.0, 1e-3, 0.0])
+    terms = _terms() + [RunTerms(10.0, (1.0, 0.0), (0.0, 0.0), 100.0, 0.0)]
+    measured = np.array([t.step(truth) for t in terms])
+    measured[-1] *= 20.0  # a run measured twenty times slower than its twin: a failed run
+    fit = fit_constants(terms, measured, np.array([1.0, 1.0, 1.0, 0.0, 0.0]), _bounds(0.84), NAMES + ["bad"])
+    assert fit.outliers == ("bad",)
+    assert fit.values["compute_scale"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_constants_the_runs_do_not_determine_are_kept():
+    # No run crosses nodes nor runs a pipeline with tensor parallelism: inter_node and the
+    # pipeline's wait keep their nominal values.
+    terms = [RunTerms(10.0 + i * i, (1.0 + 0.3 * (i % 3), 0.0), (0.2, 0.0), 100.0 * (i + 1), 0.0) for i in range(6)]
+    measured = np.array([t.step(np.array([1.2, 0.9, 1.0, 2e-3, 0.0])) for t in terms])
+    fit = fit_constants(terms, measured, np.array([1.0, 1.0, 1.0, 0.0, 7e-4]), _bounds(0.84), NAMES[:6])
+    assert set(fit.undetermined) == {"inter_node", "pipeline_tp_wait_seconds"}
+    assert fit.values["inter_node"] == 1.0 and fit.values["pipeline_tp_wait_seconds"] == 7e-4
+    assert fit.values["compute_scale"] == pytest.approx(1.2, rel=1e-3)
+
+
+def test_fits_the_runs_cannot_determine_are_refused():
+    one = RunTerms(10.0, (1.0, 0.0), (0.2, 0.0), 100.0, 0.0)
+    with pytest.raises(ValueError, match="a fit needs at least"):
+        fit_constants([one, one], np.array([11.0, 11.0]), np.ones(5), _bounds(0.84), ["a", "b"])
+    twins = [RunTerms(10.0 * k, (1.0 * k, 0.0), (0.2 * k, 0.0), 100.0 * k, 0.0) for k in (1, 2, 3, 4, 5)]
+    with pytest.raises(ValueError, match="cannot tell the constants apart"):
+        fit_constants(twins, np.array([11.0, 22, 33, 44, 55]), np.ones(5), _bounds(0.84), list("abcde"))
+
+
+def test_fitted_bounds():
+    low, high = _bounds(0.84)[0]
+    # compute_scale multiplies compute priced at 0.84: efficiencies from 1.25 down to 0.2.
+    assert (low, high) == pytest.approx((0.84 / FITTED_BOUNDS["compute_efficiency"][1],
+                                         0.84 / FITTED_BOUNDS["compute_efficiency"][0]))
+
+
+def _run(*argv, cwd):
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        status = pase_main(["calibrate", *map(str, argv)], stdout=out, stderr=err)
+    finally:
+        os.chdir(old)
+    return status, out.getvalue(), err.getvalue()
+
+
+RUNS = [{"name": f"g{i}", "graph": "gpt2-small", "devices": 8, "batch": 32, "recipe": recipe, "step_seconds": step}
+        for i, (recipe, step) in enumerate([("dp=8,zero=1,microbatch=4", 0.030), ("dp=8,zero=1,microbatch=1", 0.040),
+                                            ("dp=4,tp=2,zero=1,microbatch=2", 0.045), ("dp=2,tp=4,zero=0,microbatch=4", 0.05),
+                                            ("dp=8,zero=0,microbatch=2", 0.033), ("dp=2,tp=2,pp=2,zero=1,microbatch=1", 0.09)])]
+
+
+def test_the_command_writes_a_machine_the_planner_reads(tmp_path):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(RUNS))
+    status, out, err = _run("--from-runs", runs, "--machine", "h100-sxm", "--engine", "megatron", "--out",
+                            tmp_path / "fit.json", cwd=tmp_path)
+    assert status == 0, err
+    assert "fitted h100-sxm for megatron on 6 runs" in out and "left out: median error" in out
+    assert "not determined by these runs, kept: inter_node" in out  # one node: nothing crosses nodes
+    d = json.loads((tmp_path / "fit.json").read_text())
+    assert d["fitted"]["engine"] == "megatron" and d["fitted"]["runs"] == 6 and "measured" not in d
+    assert d["gemm_reference"] == "h100-sxm"  # the preset's table, found from anywhere
+    out2, err2 = io.StringIO(), io.StringIO()
+    assert pase_main(["-g", "gpt2-small", "-p", "8", "-b", "32", "--machine", str(tmp_path / "fit.json"),
+                      "--engine", "megatron", "--recipe", "dp=8,zero=1,microbatch=4", "--json"],
+                     stdout=out2, stderr=err2) == 0, err2.getvalue()
+    assert json.loads(out2.getvalue())["training"]["step_seconds"] > 0
+    status, out, _ = _run("--from-runs", runs, "--machine", "h100-sxm", "--engine", "megatron", "--out",
+                          tmp_path / "fit2.json", "--json", cwd=tmp_path)
+    got = json.loads(out)
+    assert status == 0 and len(got["runs"]) == 6 and got["fitted"]["engine"] == "megatron"
+
+
+@pytest.mark.parametrize("content, machine, message", [
+    ("{not json", "h100-sxm", "runs file"),
+    ("[]", "h100-sxm", "no runs"),
+    (json.dumps([{**RUNS[0], "recipe": "dp=3"}]), "h100-sxm", "cannot be priced"),
+    (json.dumps(RUNS[:2]), "h100-sxm", "a fit needs at least"),
+    (json.dumps(RUNS), "paper", "not the paper's reference machine"),
+    (json.dumps(RUNS), "no-such-machine", "unknown machine"),
+])
+def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, content, machine, message):
+    runs = tmp_path / "runs.json"
+    runs.write_text(content)
+    status, out, err = _run("--from-runs", runs, "--machine", machine, "--out", tmp_path / "fit.json", cwd=tmp_path)
+    assert status == 2 and message in err and err.count("\n") == 1 and out == ""
+    assert not (tmp_path / "fit.json").exists()
+
+
+def test_the_fitted_file_may_not_replace_an_input(tmp_path):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(RUNS))
+    status, _, err = _run("--from-runs", runs, "--machine", "h100-sxm", "--out", runs, cwd=tmp_path)
+    assert status != 0 and err.count("\n") == 1 and json.loads(runs.read_text()) == RUNS
+    status, _, err = _run("--from-runs", runs, "--machine", "h100-sxm", "--out", tmp_path / "fit.txt", cwd=tmp_path)
+    assert status == 2 and "--out must name a .json file" in err
