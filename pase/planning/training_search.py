@@ -802,6 +802,11 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         candidates=[c for r in runs for c in r.candidates],
         experts=runs[0].experts,
         block_counts=any(r.block_counts for r in runs),
-        fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
+        fastest=sorted((c for r in runs for c in r.fastest), key=_fastest_order)[:keep_best],
         said=runs[0].said,
     )
+
+
+def _fastest_order(candidate: Candidate) -> tuple:
+    """The order of ``MeshSearch.fastest`` (:func:`_offer`'s): step, then peak, then recipe text."""
+    return candidate.summary.step_seconds, candidate.summary.peak_memory_bytes, candidate.recipe()
