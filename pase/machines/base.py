@@ -131,6 +131,9 @@ class Machine(Protocol):
     clock_ratio: float
     #: Number formats the device runs GEMMs in (``pase.machines.specs.DTYPES`` order).
     precisions: tuple
+    #: Dense peak FLOP/s of one device per number format of ``precisions`` (``bf16`` is
+    #: ``peak_flops``): the peak a plan's MFU in its own format is against; empty where none is stated.
+    dtype_flops: dict
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -64,8 +65,10 @@ class Machine:
     nvlink_domain = None
     grad_bytes = None
     clock_ratio = 1.0
-    #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans.
+    #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans, and
+    #: states no peak in the training model's sense.
     precisions = ("bf16",)
+    dtype_flops = MappingProxyType({})
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):
