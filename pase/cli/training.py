@@ -57,9 +57,9 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
         help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
              "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
-             "torchtitan,compile=true (docs/engines.md). Named (or implied by --export-ENGINE or --recipe-from), "
-             "the search keeps to the configurations it runs (its profile's runs section); otherwise the output "
-             "says which engines run the plan's configuration.")
+             "torchtitan,compile=true (docs/engines.md). The search keeps to the configurations it runs (its "
+             "profile's runs section); unnamed, megatron's where it builds the graph, with a faster per-layer plan "
+             "shown beside; the output says which engines run the plan's configuration.")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
     add("--rules", metavar="FILE.json", default=None,

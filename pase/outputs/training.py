@@ -495,7 +495,7 @@ def devices_to_fit_text(plan) -> str | None:
         return (f"about {found.estimate} devices or more would be needed ({basis}; priced on "
                 f"{', '.join(map(str, found.priced))}: nothing fits there either)")
     s = found.best.summary
-    fewer = (f"; {found.count - found.step} do not fit" if found.least and found.count - found.step > plan.procs
-             else "" if found.least else f"; fewer were not priced")
+    fewer = (f"; {found.fewer} do not fit" if found.fewer is not None
+             else "" if found.least else "; fewer were not priced")
     return (f"{found.count} devices fit it (priced: {found.best.recipe()}, step {s.step_seconds:.4g} s, "
             f"{format_bytes(s.peak_memory_bytes)}{fewer}; {basis})")

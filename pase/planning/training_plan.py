@@ -401,15 +401,15 @@ class DeviceCount(NamedTuple):
     """How many devices would fit what nothing fits on ``procs``: ``estimate``, the count the
     least-memory configuration's per-device memory asks for (:func:`estimated_devices`);
     ``count``, the fewest of the counts priced that fits (``None``: none of them did) and its
-    plan (``best``); ``priced``, the counts priced in order; ``step``, the spacing of the counts
-    tried (a node's devices), so that ``count - step`` was priced and does not fit where
-    ``least``."""
+    plan (``best``); ``priced``, the counts priced in order; ``fewer``, the count below
+    ``count`` that was priced and does not fit (``None``: none was priced); ``least``: no count
+    between ``procs`` and ``count`` of those tried (whole nodes, powers of two within one) fits."""
 
     estimate: int
     count: int | None
     best: Candidate | None
     priced: tuple
-    step: int
+    fewer: int | None
     least: bool
 
 
@@ -438,15 +438,21 @@ DEVICE_COUNTS_PRICED = 3
 def devices_to_fit(least: Candidate, procs: int, cap: float, machine, plan_at: Callable) -> DeviceCount | None:
     """How many devices would fit: from :func:`estimated_devices`, rounded up to whole nodes
     (``machine.devices_per_node``; a power of two within one node), the search run again
-    (``plan_at(count)``, a ``TrainingPlan``) up a node at a time while nothing fits, then down
-    while the count a node fewer fits, :data:`DEVICE_COUNTS_PRICED` counts at most.
-    ``None`` where the reserve alone is over the cap."""
+    (``plan_at(count)``, a ``TrainingPlan``) up a node at a time (doubling within one) while
+    nothing fits, then down while the count below fits, :data:`DEVICE_COUNTS_PRICED` counts at
+    most. ``None`` where the reserve alone is over the cap."""
     estimate = estimated_devices(least, procs, cap)
     if estimate is None:
         return None
     node = machine.devices_per_node or 1
+
+    def up(n: int) -> int:
+        return n + node if n >= node else min(node, 2 * n)
+
+    def down(n: int) -> int:
+        return n - node if n > node else n // 2
+
     count = node * math.ceil(estimate / node) if estimate > node else min(node, 1 << (estimate - 1).bit_length())
-    step = node if count >= node else count // 2 or 1
     tried: dict = {}
 
     def fits(n: int):
@@ -459,13 +465,14 @@ def devices_to_fit(least: Candidate, procs: int, cap: float, machine, plan_at: C
         return tried[n]
 
     while fits(count) is None and len(tried) < DEVICE_COUNTS_PRICED:
-        count += step
+        count = up(count)
     if fits(count) is None:
-        return DeviceCount(estimate, None, None, tuple(tried), step, False)
-    while count - step > procs and len(tried) < DEVICE_COUNTS_PRICED and fits(count - step) is not None:
-        count -= step
-    least_found = count - step <= procs or (count - step in tried and tried[count - step] is None)
-    return DeviceCount(estimate, count, tried[count], tuple(tried), step, least_found)
+        return DeviceCount(estimate, None, None, tuple(tried), None, False)
+    while down(count) > procs and len(tried) < DEVICE_COUNTS_PRICED and fits(down(count)) is not None:
+        count = down(count)
+    below = down(count)
+    fewer = below if below in tried and tried[below] is None else None
+    return DeviceCount(estimate, count, tried[count], tuple(tried), fewer, below <= procs or fewer is not None)
 
 
 def _chosen_said(found: MeshSearch, best: Candidate | None, memory_cap) -> Said:
