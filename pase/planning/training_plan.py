@@ -26,6 +26,7 @@ from pase.core.checks import (
     a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments,
     non_negative_int, optional, positive_int, positive_number,
 )
+from pase.core.errors import TooLarge
 from pase.machines.registry import as_machine
 
 __all__ = ["TrainingPlan", "plan_training", "FREE_SEARCH_ENTRIES", "NO_CAP"]
@@ -460,7 +461,7 @@ def devices_to_fit(least: Candidate, procs: int, cap: float, machine, plan_at: C
             try:
                 machine.check_procs(n)
                 tried[n] = plan_at(n).best
-            except ValueError:  # the machine cannot hold n, or no mesh of n devices applies
+            except (ValueError, TooLarge):  # the machine cannot hold n, no mesh of n devices applies, too large
                 tried[n] = None
         return tried[n]
 
