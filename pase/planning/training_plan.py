@@ -1,10 +1,12 @@
-"""``plan_training``: the fastest training configuration that fits, in practitioners' terms.
+"""``plan_training``: the fastest training configuration that fits and an engine runs, in
+practitioners' terms; the one call behind both the library and the command line.
 
 It runs the mesh search (exact over meshes, ZeRO stages, recomputation policies and
-micro-batch sizes) and, where the exact per-layer tables are small enough, the per-layer
-search under each ZeRO stage and recomputation policy at the best mesh's micro-batch count;
-the faster fitting plan wins. A recipe fixes any of the choices; ``compare`` prices one
-recipe's best configuration next to the optimum.
+micro-batch sizes), kept to what the engine priced runs, and, where the exact per-layer tables
+are small enough, the per-layer search under each ZeRO stage and recomputation policy at the
+best mesh's micro-batch count, shown beside the plan. A recipe fixes any of the choices;
+``compare`` prices one recipe's best configuration next to the optimum; where nothing fits,
+more devices are priced (:func:`devices_to_fit`).
 """
 
 from __future__ import annotations
