@@ -1712,7 +1712,7 @@ class InputFile:
 @dataclass(frozen=True)
 class OutputPath:
     argv: tuple
-    check: str = "json"  # what a written file must be: json, dot or text
+    check: str = "json"  # what a written file must be: json, dot, launch, toml or html
     files: tuple = ("c.json", "mini.json")
 
 
@@ -1781,6 +1781,15 @@ VALUES = {
                                                        bad=("delayed", "blockwise"), files=("l31.json",)),
     "--engine, torchtitan's version": Value((*TRAIN, "--engine", "torchtitan,version={}", "--export-torchtitan", "out.sh"),
                                             good=("0.3",), bad=("0.1", "0.4", "0.3.0", "latest", "0.2,version=0.3", "")),
+    # Issue 44.1: --search-precision (or precision=search) with --top crashed (exit 70).
+    "--top with --search-precision": Value((*TRAIN, "--search-precision", "--top", "{}"), good=("1", "3", "50"),
+                                           bad=("0", "51", "x"), reason="--top takes a whole number"),
+    "--recipe precision= with --top": Value((*TRAIN_B200, "--recipe", "precision={}", "--top", "3"),
+                                            good=("search", "bf16", "fp8", "mxfp8", "nvfp4"), bad=("fp4", "int8")),
+    # Issue 44.6: --memory small enough that nothing fits says how many devices would (exit 4).
+    "--memory, nothing fits on 2": Value(("-g", "gpt2-small", "-p", "2", "-b", "16", "--machine", "h100-sxm",
+                                          "--memory", "{}"), good=("100", "6.5"), bad=("2.5", "3", "0.5"),
+                                         refused=frozenset({4}), reason="nothing fits"),
 }
 
 INPUT_FILES = {
@@ -1806,6 +1815,8 @@ OUTPUT_PATHS = {
     "--export-megatron, an FP8 plan": OutputPath((*TRAIN, "--recipe", "precision=fp8,scaling=delayed,zero=1,fp8_gather=true", "--export-megatron", "{}")),
     "--export-megatron, an NVFP4 plan": OutputPath((*TRAIN_B200, "--recipe", "precision=nvfp4", "--export-megatron", "{}")),
     "--export-torchtitan, an FP8 plan": OutputPath((*TITAN02, "--recipe", "dp=8,precision=fp8,zero=3,fp8_gather=true", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
+    "--report, a precision search": OutputPath((*TRAIN, "--search-precision", "--report", "{}"), "html"),
+    "--report, per-layer splits may win": OutputPath((*TRAIN, "--per-layer", "--report", "{}"), "html"),
     "--export-torchtitan, an MXFP8 plan": OutputPath((*TITAN02_B200, "--recipe", "dp=8,precision=mxfp8,zero=3", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
 }
 
@@ -1835,6 +1846,14 @@ REFUSALS = {
     "FP8 into torchtitan 0.3": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=3", "--export-torchtitan", "t.sh"), "torchtitan 0.3 sets its low-precision converters"),
     "a model no flavour is, into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "dp=4,zero=3", "--export-torchtitan", "t.toml"), "torchtitan 0.2's job file names one of its models"),
     "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "no torchtitan 0.3 model is this mixture of experts"),
+    # Issue 44.3: --per-layer with a training flag lets per-layer splits win; an engine named keeps to meshes.
+    "--per-layer with --engine": Refusal((*TRAIN, "--per-layer", "--engine", "torchtitan"),
+                                         "--per-layer with a training flag"),
+    "--per-layer with an export": Refusal((*TRAIN, "--per-layer", "--export-megatron", "m.json"), "choose one"),
+    # Issue 44.6: nothing fits, and the error says how many devices would (priced).
+    "nothing fits on 2 devices, 8 would": Refusal(("-g", "gpt2-small", "-p", "2", "-b", "16", "--machine", "h100-sxm",
+                                                   "--memory", "2.5"), "8 devices fit it (priced: ",
+                                                  expect=frozenset({4}), within=30.0),
     "FP8 gathers without ZeRO into Megatron-LM": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=0,fp8_gather=true", "--export-megatron", "m.json"), "needs the distributed optimizer"),
 }
 
@@ -1868,6 +1887,24 @@ ACCEPTED = {
     "-m on a GPT graph": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "4", "-m", "64"), "sequence length 64"),
     "a Llama config's training plan on the paper machine": Accepted(("-g", "hf:c.json", "-p", "4", "-b", "8",
                                                                       "--training"), "flop-equivalents"),
+    # Issue 44: the CLI's precision search with --top; a plan an engine runs by default, the per-layer
+    # one beside it or, asked for, the plan; a tight plan losing to a tie with headroom; MFU's own peak.
+    "--search-precision --top 3 on B200": Accepted((*TRAIN_B200, "--search-precision", "--top", "3"), "top 3:"),
+    "--recipe precision=search --top 2": Accepted((*TRAIN, "--recipe", "precision=search", "--top", "2"), "top 2:"),
+    "the default plan, the per-layer one beside": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine",
+                                                            "h100-sxm"), "a per-layer plan no engine runs is",
+                                                           lacks="not a mesh"),
+    "--training --per-layer": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm",
+                                        "--training", "--per-layer"), "per-layer splits (not a mesh)"),
+    "--per-layer --top 2": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm",
+                                     "--per-layer", "--top", "2"), "top 2:"),
+    "a tight fastest plan, a tie with headroom": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "16", "--machine",
+                                                           "h100-sxm", "--memory", "6.5", "--top", "3"),
+                                                          "faster and a tie, but its memory band reaches"),
+    "an FP8 plan's MFU against the FP8 peak": Accepted((*TRAIN, "--recipe", "precision=fp8"),
+                                                       "of the fp8 peak, 1979 TFLOPS ("),
+    "an NVFP4 plan's MFU against the NVFP4 peak, JSON": Accepted((*TRAIN_B200, "--recipe", "precision=nvfp4", "--json"),
+                                                                 '"mfu_format": "nvfp4"'),
 }
 
 #: Broken variants of a valid JSON input file: (what, file spec).
@@ -2438,6 +2475,9 @@ def _check_outputs(case: Case, result: dict, before: dict) -> list:
                 problems.append(f"{rel} is not complete JSON")
         elif kind == "launch":
             problems += _launch_problems(rel, body)
+        elif kind == "html":
+            if not (body.startswith(b"<!DOCTYPE html>") and body.rstrip().endswith(b"</html>")):
+                problems.append(f"{rel} is not a complete HTML page")
         elif kind == "toml":
             import tomllib
 

@@ -65,7 +65,8 @@ def plan(path: str, procs: int, batch: int, sequence: int, recipe: str | None = 
         return load_hf(path, n, sequence)
 
     start = time.perf_counter()
-    found = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
+    # engine=None: the bare model, as the results were recorded (the CLI prices for megatron).
+    found = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0, engine=None,
                                recipe=pase.parse_recipe(recipe) if recipe else None, free=False if recipe else None)
     return found, time.perf_counter() - start
 

@@ -51,15 +51,16 @@ def run_case(title, spec, procs, batch, sequence, recipe, machine_name) -> list:
         return load(source, n, sequence)
 
     start, cpu = time.perf_counter(), time.process_time()
-    found = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0)
+    # engine=None: the bare model, as the results were recorded (the CLI prices for megatron).
+    found = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0, engine=None)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    compared = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
+    compared = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0, engine=None,
                                   recipe=pase.parse_recipe(recipe), free=False).best
     fits = compared is not None
     if not fits:  # the recipe's fastest variant, though it does not fit
-        compared = pase.plan_training(build, batch, procs, machine, pase.NO_CAP, 2.0,
+        compared = pase.plan_training(build, batch, procs, machine, pase.NO_CAP, 2.0, engine=None,
                                       recipe=pase.parse_recipe(recipe), free=False).best
-    no_pipeline = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0,
+    no_pipeline = pase.plan_training(build, batch, procs, machine, machine.memory_bytes, 2.0, engine=None,
                                      recipe=pase.parse_recipe("pp=1"), free=False).best
     seq = f", sequence {sequence}" if sequence else ""
     lines = [f"### {title}: `{spec}`, {procs} devices, batch {batch}{seq}", "",

@@ -84,9 +84,9 @@ def h100():
 @pytest.fixture(scope="module")
 def piped(h100):
     """gpt2-small on 8 H100s with a two-stage interleaved pipeline, 3 alternatives, every
-    configuration kept, and data parallelism compared."""
+    configuration kept, and data parallelism compared; the bare model (no engine profile)."""
     return plan_training(gpt2, 16, 8, h100, recipe=pase.parse_recipe("pp=2,schedule=interleaved"),
-                         compare=pase.parse_recipe("dp=8"), alternatives=3, keep_priced=True)
+                         compare=pase.parse_recipe("dp=8"), alternatives=3, keep_priced=True, engine=None)
 
 
 def test_library_enforces_the_device_memory(h100):
@@ -145,7 +145,8 @@ def test_alternatives_equal_their_recipes_priced_again(piped, h100):
     from pase.planning.training_search import search_meshes
 
     for c in piped.alternatives[1:]:
-        again = search_meshes(gpt2, 16, 8, h100, piped.memory_cap, 2.0, c.as_recipe()).best
+        again = search_meshes(gpt2, 16, 8, h100, piped.memory_cap, 2.0, c.as_recipe(),
+                              engine=piped.engine_profile).best
         assert again.recipe() == c.recipe()
         assert again.summary.step_seconds == pytest.approx(c.summary.step_seconds, rel=1e-12)
         assert again.summary.peak_memory_bytes == pytest.approx(c.summary.peak_memory_bytes, rel=1e-12)
@@ -195,9 +196,14 @@ def test_training_is_the_default_on_a_real_machine():
     assert "training configuration" not in run("-g", "gpt2-small", "-b", "16", "--sweep", "4,8", *H100)[1]
 
 
-def test_per_layer_and_training_flags_clash():
+def test_per_layer_and_engine_flags_clash():
+    # Issue 44.3: --per-layer with a training flag lets per-layer splits be the plan (they were
+    # refused together); with a flag that keeps to what an engine runs it is refused.
     status, out, err = run(*SMALL, *H100, "--per-layer", "--top", "3")
-    assert status == 2 and out == "" and len(err.splitlines()) == 1 and "--per-layer" in err
+    assert status == 0 and "per-layer splits (not a mesh)" in out, err
+    for flags in (("--engine", "torchtitan"), ("--export-megatron", "m.json")):
+        status, out, err = run(*SMALL, *H100, "--per-layer", "--top", "3", *flags)
+        assert status == 2 and out == "" and len(err.splitlines()) == 1 and "--per-layer" in err
 
 
 @pytest.mark.parametrize("value", ["0", "x", "51"])

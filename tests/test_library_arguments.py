@@ -50,6 +50,7 @@ VALID = {
     "evaluate_plan": lambda: {"network": _ALEXNET, "configs": _dp(_ALEXNET, 4), "procs": 4},
     "expert_strategies": lambda: {"network": _ALEXNET, "procs": 4},
     "load_machine": lambda: {"spec": "paper"},
+    "load_engine": lambda: {"spec": "megatron"},
     "make_layer": lambda: {"op": "Elementwise", "operands": [pase.Tensor((2, 3)), pase.Tensor((2, 3))], "args": {}},
     "network_to_json": lambda: {"network": _ALEXNET},
     "network_from_json": lambda: {"data": pase.network_to_json(_ALEXNET)},
@@ -72,6 +73,7 @@ VALID = {
 #: (an error inside ``network_from_json`` names its data by ``where``, "graph file").
 ALIASES = {
     ("load_machine", "spec"): "machine",
+    ("load_engine", "spec"): "engine",
     ("network_from_json", "data"): "graph file",
     ("parse_recipe", "text"): "recipe",
     ("evaluate", "configs"): "strategy",

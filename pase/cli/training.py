@@ -57,9 +57,9 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     add("--engine", type=_engine, default=None, metavar="NAME[,KEY=VALUE...]|FILE.json",
         help="the training engine the plan runs on: megatron (the default), torchtitan, fsdp (plain PyTorch FSDP, "
              "as llm-foundry runs it), deepspeed, or a profile file; keys switch its kernels and settings, e.g. "
-             "torchtitan,compile=true (docs/engines.md). Named (or implied by --export-ENGINE or --recipe-from), "
-             "the search keeps to the configurations it runs (its profile's runs section); otherwise the output "
-             "says which engines run the plan's configuration.")
+             "torchtitan,compile=true (docs/engines.md). The search keeps to the configurations it runs (its "
+             "profile's runs section); unnamed, megatron's where it builds the graph, with a faster per-layer plan "
+             "shown beside; the output says which engines run the plan's configuration.")
     add("--compare", type=_recipe, default=None, metavar="KEY=VALUE,...",
         help="also price this recipe (its fastest fitting variant) next to the plan.")
     add("--rules", metavar="FILE.json", default=None,
@@ -100,7 +100,9 @@ REPORT_TOP = 5
 def _add_front_door_flags(add) -> None:
     add("--per-layer", action="store_true",
         help="on a real machine, run the paper's per-layer search instead of the training plan (the default there; "
-             "on --machine paper the per-layer search is the default).")
+             "on --machine paper the per-layer search is the default). With a training flag (--training, --recipe, "
+             "--top, ...): let the training plan be per-layer splits where they are faster, which no engine runs "
+             "(by default they are shown beside a plan an engine runs).")
     add("--top", type=_top, default=None, metavar="K",
         help="list the K fastest distinct configurations that fit, each with its step, memory and how it differs "
              "from the plan and why it is slower (JSON: training.alternatives).")
@@ -135,7 +137,8 @@ _EXPORT_HELP = {
 def pricing_engine(args, file_engine: str | None = None) -> tuple:
     """``(profile, keep_to)``: the engine the plan is priced for (``--engine``, else the one
     engine of the --export-ENGINE files and the --recipe-from file, else the default) and the
-    engines the search keeps to (that engine, where one was named or implied). ``ValueError``
+    engines the search keeps to: that engine where one was named or implied, else ``None``
+    (``plan_training``'s default: the engine priced where it runs the graph). ``ValueError``
     when an export is for another engine than the one priced."""
     from pase.planning.engine import load_engine
 
@@ -151,7 +154,7 @@ def pricing_engine(args, file_engine: str | None = None) -> tuple:
         if name != profile.name:
             raise ValueError(f"the plan is priced for {profile.name} (--engine {profile.label()}), which a "
                              f"{name} file would not run as priced: give --engine {spec}")
-    return profile, ((profile,) if given is not None or implied else ())
+    return profile, ((profile,) if given is not None or implied else None)
 
 
 def _given_exports(args) -> list:
@@ -184,9 +187,10 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
     """Refuse flags that do not apply to a training plan (``error(message)`` is raised)."""
     if args.recipe is not None and getattr(args, "recipe_from", None) is not None:
         raise error("--recipe and --recipe-from both fix the configuration: give one")
-    if getattr(args, "per_layer", False):
-        raise error("--per-layer asks for the per-layer search; --training, --recipe, --compare, --top, --report and "
-                    "the engine exports ask for a training plan: choose one")
+    if getattr(args, "per_layer", False) and (getattr(args, "engine", None) is not None or _given_exports(args)
+                                              or getattr(args, "recipe_from", None) is not None):
+        raise error("--per-layer with a training flag lets per-layer splits, which no engine runs, be the plan; "
+                    "--engine, --recipe-from and the engine exports keep to what an engine runs: choose one")
     for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
@@ -230,36 +234,24 @@ def _unit(machine) -> str:
     return "s" if unit == "seconds" else unit
 
 
-def _export_engines(found, network, batch: int, args, write: Callable, devices_per_node: int) -> list:
+def _export_engines(found, args, write: Callable) -> list:
     """Write --export-torchtitan / --export-megatron / --export-deepspeed; returns the lines to
-    print about them. Every file is made before any is written: a refusal writes none."""
+    print about them. Every file is made (by the library's writers, from the plan itself) before
+    any is written: a refusal writes none."""
     from pase.outputs import engines
-    from pase.planning.engine_runs import engine_plan
 
     targets = _given_exports(args)
-    if not targets:
-        return []
-    plan = found.best
-    if plan.mesh is None:
-        nearest = found.mesh_search.best
-        hint = (f"; the fastest mesh that fits is {nearest.recipe()} (step {nearest.summary.step_seconds:.4g} s "
-                f"against {plan.summary.step_seconds:.4g} s): fix it with --recipe to export it"
-                if nearest is not None else "")
-        raise ValueError("the plan is not a mesh, and engines run meshes" + hint)
-    view = engine_plan(plan, batch, network)
-    per_node = devices_per_node or engines.DEVICES_PER_NODE
-    profile = found.engine_profile
     texts = []
     for flag, path, engine, what in targets:
         if engine == "torchtitan":
-            settings = engines.torchtitan_settings(view, path, per_node, profile)
+            settings = engines.torchtitan_settings(found, path)
             text, what = settings["text"], settings["what"]
         elif engine == "deepspeed":
-            settings = engines.deepspeed_settings(view, path, per_node, profile)
+            settings = engines.deepspeed_settings(found, path)
             text = json.dumps({**settings["config"], "pase": {k: settings[k] for k in
                                                               ("recipe", "command_line", "launch")}}, indent=1) + "\n"
         else:
-            text = json.dumps(engines.megatron_settings(view, per_node, profile), indent=1) + "\n"
+            text = json.dumps(engines.megatron_settings(found), indent=1) + "\n"
         texts.append((path, text, what))
     for path, text, what in texts:
         write(path, text, what)
@@ -303,14 +295,14 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             rules = load_rules(args.rules)
         except InputError as err:
             raise error(str(err), 2) from None
-    cap = opts.memory_cap if opts.memory_cap is not None else machine.memory_bytes
     report = getattr(args, "report", None)
     top = getattr(args, "top", None)
     try:
         engine, keep_to = getattr(args, "priced", None) or pricing_engine(args)
-        found = plan_training(build, batch, opts.procs, machine, cap, opts.act_bytes, args.recipe, args.compare,
+        found = plan_training(build, batch, opts.procs, machine, opts.memory_cap, opts.act_bytes, args.recipe,
+                              args.compare,
                               rebuild=rebuild, table_budget=opts.table_budget, engine=engine, keep_to=keep_to,
-                              exporting=bool(_given_exports(args)),
+                              exporting=bool(_given_exports(args)), per_layer=bool(getattr(args, "per_layer", False)),
                               rules=rules,
                               alternatives=top or (REPORT_TOP if report is not None else 0),
                               keep_priced=report is not None)
@@ -319,16 +311,18 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     if found.best is None:
         least = found.least_memory
         from pase.core.units import format_bytes
+        from pase.outputs.training import devices_to_fit_text
 
+        more = devices_to_fit_text(found)
         raise error(
-            f"nothing fits in {format_bytes(cap)} per device: {network.name} on {opts.procs} devices, batch {batch}, "
-            f"needs at least {format_bytes(least.summary.peak_memory_bytes)} with any configuration searched "
-            f"({least.recipe()}); {found.optimal_over}",
+            f"nothing fits in {format_bytes(found.memory_cap)} per device: {network.name} on {opts.procs} devices, "
+            f"batch {batch}, needs at least {format_bytes(least.summary.peak_memory_bytes)} with any configuration "
+            f"searched ({least.recipe()}); " + (f"{more}; " if more else "") + found.optimal_over,
             4,
         )
     shown = build(batch // found.best.options.microbatches)
     try:
-        exported = _export_engines(found, shown, batch, args, write, getattr(machine, "devices_per_node", None))
+        exported = _export_engines(found, args, write)
     except InputError as err:  # the file could not be written (a full disk): status 1
         raise error(str(err), 1) from None
     except ValueError as err:  # a per-layer plan, or a plan the engine cannot run: nothing written

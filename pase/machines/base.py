@@ -135,6 +135,9 @@ class Machine(Protocol):
     fitted: dict | None
     #: Lines the command line says of the machine with an answer (a description it doubts).
     notes: tuple
+    #: Dense peak FLOP/s of one device per number format of ``precisions`` (``bf16`` is
+    #: ``peak_flops``): the peak a plan's MFU in its own format is against; empty where none is stated.
+    dtype_flops: dict
 
     def check_procs(self, procs: int) -> None:
         """Raise ``ValueError`` for a device count this machine cannot hold."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -64,11 +65,13 @@ class Machine:
     nvlink_domain = None
     grad_bytes = None
     clock_ratio = 1.0
-    #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans.
+    #: The reference machine counts FLOPs alike in every format: it runs only BF16 plans, and
+    #: states no peak in the training model's sense.
     precisions = ("bf16",)
     #: Nothing fitted: the reference model is the paper's.
     fitted = None
     notes = ()
+    dtype_flops = MappingProxyType({})
 
     def __post_init__(self):
         for field, value in (("flops", self.flops), ("bw", self.bw)):

@@ -1,9 +1,11 @@
 """Mesh plans as the settings of the engines people run: torchtitan, Megatron-LM, DeepSpeed.
 
-Each writer takes an :class:`~pase.planning.engine_runs.EnginePlan` and returns the engine's
-settings that run exactly that plan, or raises :class:`EngineRefusal` with the reason when the
-engine cannot (:func:`pase.planning.engine_runs.refusal`, or a model shape it has no argument
-for): nothing is substituted. Every result keeps ``recipe`` (the plan in ``--recipe`` words,
+Each writer takes what :func:`pase.plan_training` returns (a ``TrainingPlan``: its plan, batch,
+network, engine profile and machine's node size; :func:`engine_view`) or an
+:class:`~pase.planning.engine_runs.EnginePlan`, and returns the engine's settings that run
+exactly that plan, or raises :class:`EngineRefusal` with the reason when the engine cannot
+(:func:`pase.planning.engine_runs.refusal`, or a model shape it has no argument for): nothing
+is substituted. The command line's ``--export-ENGINE`` files are these functions' results. Every result keeps ``recipe`` (the plan in ``--recipe`` words,
 with ``stages=`` where the pipeline stages differ), ``command_line`` (the engine's own
 arguments) and ``launch`` (the command that runs it).
 
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import shlex
 
+from pase.core.checks import a_training_plan
+from pase.outputs import titan_export
 from pase.outputs.engine_base import DEVICES_PER_NODE, EngineRefusal, check_runs, setting, torchrun
 from pase.outputs.titan_export import (TITAN_FLOAT8_RECIPES, TITAN_MIN_DIM, TITAN_MX_RECIPE, TORCHTITAN_VERSION,
-                                       titan_precision_refusal, toml_text, torchtitan_fqns, torchtitan_settings)
-from pase.planning.engine_runs import EnginePlan
+                                       titan_precision_refusal, toml_text, torchtitan_fqns)
+from pase.planning.engine_runs import EnginePlan, engine_plan
 from pase.planning.pipeline import virtual_order
 
-__all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
+__all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS", "engine_view",
            "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
            "MEGATRON_PRECISION", "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal",
            "megatron_model_settings"]
@@ -50,6 +54,42 @@ MEGATRON_PRECISION = {
 #: ``--rope-scaling-factor``).
 MEGATRON_ROPE_SCALING = {"type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192}
+
+
+def engine_view(plan, engine: str, per_node: int | None = None, profile=None) -> tuple:
+    """``(EnginePlan, devices per node, profile)`` the ``engine`` writer reads: of a
+    ``TrainingPlan`` (``plan_training``'s result) its plan at its batch and network, its
+    machine's node size and the profile it was priced for (``ValueError`` where nothing fits,
+    where the plan is per-layer splits, or where it was priced for another engine, whose file
+    would not run it as priced); an ``EnginePlan`` as it is (node size
+    :data:`DEVICES_PER_NODE` unless given)."""
+    if isinstance(plan, EnginePlan):
+        return plan, per_node or DEVICES_PER_NODE, profile
+    a_training_plan(plan, "plan")
+    best = plan.best
+    if best is None:
+        raise ValueError("nothing fits: there is no plan to export (plan.least_memory needs the least)")
+    if best.mesh is None:
+        nearest = plan.mesh_search.best
+        hint = (f"; the fastest mesh that fits is {nearest.recipe()} (step {nearest.summary.step_seconds:.4g} s "
+                f"against {best.summary.step_seconds:.4g} s): fix it with a recipe to export it"
+                if nearest is not None else "")
+        raise ValueError("the plan is not a mesh, and engines run meshes" + hint)
+    priced = profile if profile is not None else plan.engine_profile
+    if priced is not None and priced.name != engine:
+        raise ValueError(f"the plan is priced for {priced.name} (engine {priced.label()!r}), which a {engine} file "
+                         f"would not run as priced: plan it with engine={engine!r} (--engine {engine})")
+    per_node = per_node or plan.machine.devices_per_node or DEVICES_PER_NODE
+    return engine_plan(best, plan.batch, plan.network), per_node, priced
+
+
+def torchtitan_settings(plan, path: str = "train.sh", per_node: int | None = None, profile=None) -> dict:
+    """torchtitan's files for the plan (:func:`pase.outputs.titan_export.torchtitan_settings`):
+    ``text`` (the launch script, or with the profile's ``version=0.2`` the TOML job file),
+    ``what``, ``command_line``, ``launch``. ``plan``: a ``TrainingPlan`` or an ``EnginePlan``
+    (:func:`engine_view`)."""
+    view, per_node, profile = engine_view(plan, "torchtitan", per_node, profile)
+    return titan_export.torchtitan_settings(view, path, per_node, profile)
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,10 +252,12 @@ def megatron_layout(counts, vpp: int = 1) -> str:
     return "E" + "|".join(f"t*{c}" for c in virtual_order(counts, vpp)) + "L"
 
 
-def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profile=None) -> dict:
-    """Megatron-LM's ``pretrain_gpt.py`` arguments for the plan, the model's own included:
-    ``arguments`` (flag -> value, ``True`` for a switch), ``command_line``, ``launch``,
-    ``data_parallel_size`` (what Megatron derives: ``p / (tp pp cp)``)."""
+def megatron_settings(plan, per_node: int | None = None, profile=None) -> dict:
+    """Megatron-LM's ``pretrain_gpt.py`` arguments for the plan (a ``TrainingPlan`` or an
+    ``EnginePlan``: :func:`engine_view`), the model's own included: ``arguments`` (flag ->
+    value, ``True`` for a switch), ``command_line``, ``launch``, ``data_parallel_size`` (what
+    Megatron derives: ``p / (tp pp cp)``)."""
+    plan, per_node, profile = engine_view(plan, "megatron", per_node, profile)
     check_runs("megatron", plan, profile)
     args = _model_arguments(plan) + _precision_arguments(plan) + _parallel_arguments(plan)
     if setting(profile, "grad_reduce") == "bf16":
@@ -230,12 +272,13 @@ def megatron_settings(plan: EnginePlan, per_node: int = DEVICES_PER_NODE, profil
 # ---------------------------------------------------------------------------------------
 # DeepSpeed
 
-def deepspeed_settings(plan: EnginePlan, path: str = "ds_config.json", per_node: int = DEVICES_PER_NODE,
-                       profile=None) -> dict:
-    """DeepSpeed's ``ds_config.json`` for the plan (``config``): the ZeRO stage, the batch
-    (``train_batch_size = micro-batch x accumulation x dp``), bf16; ZeRO-3 keeps no parameter
-    unsharded (``stage3_param_persistence_threshold`` 0), as priced. ``command_line`` is the
-    training script's DeepSpeed arguments; ``launch`` runs it."""
+def deepspeed_settings(plan, path: str = "ds_config.json", per_node: int | None = None, profile=None) -> dict:
+    """DeepSpeed's ``ds_config.json`` for the plan (``config``; a ``TrainingPlan`` or an
+    ``EnginePlan``: :func:`engine_view`): the ZeRO stage, the batch (``train_batch_size =
+    micro-batch x accumulation x dp``), bf16; ZeRO-3 keeps no parameter unsharded
+    (``stage3_param_persistence_threshold`` 0), as priced. ``command_line`` is the training
+    script's DeepSpeed arguments; ``launch`` runs it."""
+    plan, per_node, profile = engine_view(plan, "deepspeed", per_node, profile)
     check_runs("deepspeed", plan, profile)
     zero = {"stage": plan.zero, "overlap_comm": plan.overlap}
     if plan.zero == 3:

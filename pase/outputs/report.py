@@ -20,7 +20,7 @@ from pase.core.checks import a_network, a_training_plan, arguments, optional, te
 from pase.core.units import format_bytes
 from pase.costing.training import FORWARD_SHARE
 
-from .training import CAUSE_NAMES, _MEMORY_NAMES, difference, explain_difference, is_tie, step_band
+from .training import CAUSE_NAMES, _MEMORY_NAMES, difference, explain_difference, is_tie, mfu_text, step_band
 
 __all__ = ["html_report", "schedule_ops", "pareto_front", "CAUSE_COLOURS", "MEMORY_COLOURS"]
 
@@ -557,7 +557,8 @@ def html_report(plan, network=None, model=None, model_name: str = "sequence leng
     cards = [("step time", _seconds(s.step_seconds, seconds)
               + (f" ({band[0]:.3g} to {band[1]:.3g})" if band is not None else ""))]
     if seconds and s.tokens_per_second_per_device is not None:
-        cards += [("tokens/s per device", f"{s.tokens_per_second_per_device:,.0f}"), ("MFU", f"{100 * s.mfu:.1f} %")]
+        cards += [("tokens/s per device", f"{s.tokens_per_second_per_device:,.0f}"),
+                  ("MFU", mfu_text(best, plan.machine).removeprefix("MFU "))]
     cards.append(("peak memory per device", format_bytes(s.peak_memory_bytes)
                   + (f" of {format_bytes(limit)}" if limit is not None else "")))
     if plan.margin_bytes is not None:

@@ -6,9 +6,11 @@ from functools import lru_cache
 
 from pase.core.units import format_bytes
 from pase.core.checks import a_network, a_training_plan, arguments, optional, text
+from pase.planning.ties import band_overlap
 
 __all__ = ["training_dict", "training_report", "format_training", "split_summary", "CAUSE_NAMES", "difference",
-           "step_band", "explain_difference", "plan_warnings", "LONG_STEP_SECONDS", "LOW_MFU"]
+           "step_band", "explain_difference", "plan_warnings", "LONG_STEP_SECONDS", "LOW_MFU", "devices_to_fit_text",
+           "mfu_parts", "mfu_text"]
 
 #: A step longer than a day is worth a warning: published training steps take seconds (the
 #: runs of reference/published: 0.3 s to about a minute), so a day-long step is a typing slip
@@ -92,14 +94,6 @@ def fit_word(candidate, memory_cap, seconds: bool = True) -> str | None:
     return "tight" if memory is not None and memory[1] > memory_cap else "fits"
 
 
-def band_overlap(a, b) -> float:
-    """Overlap of two ``[low, high]`` bands as a share of the narrower one (0 to 1)."""
-    width = min(a[1] - a[0], b[1] - b[0])
-    if width <= 0:
-        return 0.0
-    return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) / width
-
-
 def is_tie(a, b, seconds: bool = True, memory_cap=None) -> bool:
     """Two plans whose step bands overlap by more than half: a tie, not a win. A plan that does
     not fit ``memory_cap`` (its modelled peak over it) is never a tie: it cannot run."""
@@ -143,22 +137,54 @@ def plan_warnings(candidate, seconds: bool = True) -> list:
     return warnings
 
 
-def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None) -> dict:
+def mfu_parts(candidate, machine=None) -> dict | None:
+    """The plan's MFU against the dense peak of its own number format (``machine.dtype_flops``;
+    BF16's where the machine states none for it, or none is given), and its BF16-equivalent,
+    against the BF16 peak: ``{"mfu", "format", "peak_flops", "mfu_bf16"}``; ``None`` without a
+    peak. An FP8 plan's model FLOPs over the FP8 peak: its MFU is half its BF16-equivalent on
+    a device whose FP8 peak is twice its BF16 one."""
+    s = candidate.summary
+    if s.mfu is None:
+        return None
+    precision = candidate.options.precision
+    peak = machine.dtype_flops.get(precision) if machine is not None else None
+    if not peak:
+        precision, peak = "bf16", s.peak_flops
+    return {"mfu": s.mfu * s.peak_flops / peak, "format": precision, "peak_flops": peak, "mfu_bf16": s.mfu}
+
+
+def mfu_text(candidate, machine=None) -> str:
+    """``MFU 35.5 % of the fp8 peak, 1979 TFLOPS (71.0 % of the bf16 peak)``: the peak named."""
+    parts = mfu_parts(candidate, machine)
+    if parts is None:
+        return "MFU unknown (no peak)"
+    text = f"MFU {100 * parts['mfu']:.1f} % of the {parts['format']} peak, {parts['peak_flops'] / 1e12:.4g} TFLOPS"
+    if parts["format"] != "bf16":
+        text += f" ({100 * parts['mfu_bf16']:.1f} % of the bf16 peak)"
+    return text
+
+
+def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None, machine=None) -> dict:
     """The ``training`` object (these key names are read outside the project: keep them).
 
     On a machine that prices in FLOP-equivalents (``seconds`` false) the step is
     ``step_cost`` and the figures in seconds are null. ``memory_cap``: the cap ``fit`` is
     judged against (default the candidate's own; a compared recipe searched without one
-    takes the plan's).
+    takes the plan's). ``machine``: whose peaks the MFU is against (:func:`mfu_parts`:
+    ``mfu`` against the plan's own format's peak, ``mfu_bf16`` against BF16's).
     """
     s = candidate.summary
     o = candidate.options
+    mfu = mfu_parts(candidate, machine) if seconds else None
     data = {
         "step_seconds": s.step_seconds if seconds else None,
         "step_cost": s.step_seconds,
         "tokens_per_second_per_device": s.tokens_per_second_per_device if seconds else None,
         "model_flops_per_step": s.model_flops_per_step,
-        "mfu": s.mfu if seconds else None,
+        "mfu": None if mfu is None else mfu["mfu"],
+        "mfu_format": None if mfu is None else mfu["format"],
+        "mfu_peak_flops": None if mfu is None else mfu["peak_flops"],
+        "mfu_bf16": None if mfu is None else mfu["mfu_bf16"],
         "peak_memory_bytes": s.peak_memory_bytes,
         "parameters": s.parameters,
         "engine": o.engine or None,
@@ -235,7 +261,7 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
         "memory_cap_bytes": plan.memory_cap,
         "status": "fits" if best is not None else "nothing-fits",
         "engine": _engine_label(plan),
-        "training": training_dict(best, network, seconds) if best is not None else None,
+        "training": training_dict(best, network, seconds, machine=plan.machine) if best is not None else None,
         "search": {
             "configurations": plan.mesh_search.evaluated,
             "per_layer_searches": plan.free_searches,
@@ -249,9 +275,11 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
     if best is not None:
         data["engines"] = engine_verdicts(plan, network)
         data["engines_kept_to"] = list(plan.kept_to)
+    if plan.per_layer is not None:  # faster than the plan, and no engine runs it
+        data["per_layer"] = training_dict(plan.per_layer, network, seconds, machine=plan.machine)
     if plan.compare is not None:
         data["compare"] = {"recipe": plan.compare_recipe,
-                           "training": training_dict(plan.compare, network, seconds, plan.memory_cap),
+                           "training": training_dict(plan.compare, network, seconds, plan.memory_cap, plan.machine),
                            "tie": bool(best is not None and is_tie(best, plan.compare, seconds, plan.memory_cap))}
         if best is not None:
             data["compare"]["difference"] = [{"cause": k, "seconds": v} for k, v in explain_difference(best, plan.compare)]
@@ -264,6 +292,16 @@ def training_report(plan, network, model=None, model_name="sequence length") -> 
              "causes": c.causes()}
             for i, c in enumerate(plan.alternatives)]
     return data
+
+
+def _per_layer_line(plan, seconds: bool) -> str:
+    """The faster per-layer plan beside the plan, which no engine runs (``TrainingPlan.per_layer``)."""
+    c, best = plan.per_layer, plan.best
+    faster = 100 * (best.summary.step_seconds / c.summary.step_seconds - 1)
+    unit = " s" if seconds else " flop-equivalents"
+    return (f"  a per-layer plan no engine runs is {faster:.1f} % faster: {c.recipe()}, step "
+            f"{c.summary.step_seconds:.4g}{unit}, {format_bytes(c.summary.peak_memory_bytes)} "
+            "(--training --per-layer makes it the plan; JSON: per_layer)")
 
 
 def _engine_label(plan) -> str | None:
@@ -324,7 +362,7 @@ def _signed(seconds: float, unit: str) -> str:
     return f"{'+' if seconds >= 0 else '-'}{abs(seconds):.3g}{unit}"
 
 
-def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -> list:
+def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent: str = "  ") -> list:
     s = candidate.summary
     unit = "s" if seconds else "flop-equivalents"
     step_band, memory_band = bands(candidate, seconds)
@@ -348,7 +386,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, indent: str = "  ") -
     ]
     if seconds and s.tokens_per_second_per_device is not None:
         lines.append(f"{indent}tokens/s per device: {s.tokens_per_second_per_device:,.0f}; "
-                     f"model FLOPs per step {s.model_flops_per_step:.3g}; MFU {100 * s.mfu:.1f} %")
+                     f"model FLOPs per step {s.model_flops_per_step:.3g}; {mfu_text(candidate, machine)}")
     return lines
 
 
@@ -382,10 +420,12 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         where = f"mesh {best.mesh.label()}" if best.mesh is not None else "per-layer splits (not a mesh)"
         lines.append(f"plan: {best.recipe()}  [{where}]")
         lines += _crossing_lines(best, plan.machine)
-        lines += _candidate_lines(best, plan.memory_cap, seconds)
+        lines += _candidate_lines(best, plan.memory_cap, seconds, plan.machine)
         lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")
         lines.append(_engine_line(plan, network))
+        if plan.per_layer is not None:
+            lines.append(_per_layer_line(plan, seconds))
         pipe = best.summary.extra.get("pipeline")
         if pipe:
             lines.append(f"  pipeline: {pipe['pp']} stages, {pipe['schedule']}"
@@ -406,7 +446,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
     if plan.compare is not None:
         c = plan.compare
         lines.append(f"compare: {plan.compare_recipe}  (best: {c.recipe()})")
-        lines += _candidate_lines(c, plan.memory_cap, seconds)
+        lines += _candidate_lines(c, plan.memory_cap, seconds, plan.machine)
         if best is not None and best.summary.step_seconds > 0:
             ratio = c.summary.step_seconds / best.summary.step_seconds
             unit = " s" if seconds else ""
@@ -438,7 +478,37 @@ def _alternative_lines(plan, seconds: bool) -> list:
         if i == 0:
             lines.append(head + "  the plan")
             continue
+        if s.step_seconds < best.summary.step_seconds:  # a faster tie the plan beat on headroom
+            lines.append(f"{head}  {difference(best, c)}: {_why_not_faster(c, plan.memory_cap, seconds)}")
+            continue
         why = [(k, v) for k, v in explain_difference(best, c) if v > 0][:2]
         reason = ", ".join(f"{CAUSE_NAMES[k]} {_signed(v, unit)}" for k, v in why)
         lines.append(f"{head}  {difference(best, c)}" + (f": {reason}" if reason else ""))
     return lines
+
+
+def _why_not_faster(candidate, memory_cap, seconds: bool) -> str:
+    """Why a faster configuration is not the plan: it ties with it and fits only at its modelled peak."""
+    _, memory = bands(candidate, seconds)
+    if memory is None or memory_cap is None:
+        return "faster"
+    return (f"faster and a tie, but its memory band reaches {format_bytes(memory[1])} of {format_bytes(memory_cap)} "
+            "(the plan has more headroom)")
+
+
+def devices_to_fit_text(plan) -> str | None:
+    """How many devices would fit, where nothing fits (``TrainingPlan.fewest_devices``), in words:
+    the count priced and its plan, or the estimate where no count priced fits."""
+    found = plan.fewest_devices
+    if found is None:
+        return None
+    basis = (f"estimated {found.estimate} from the least-memory configuration's "
+             f"{format_bytes(plan.least_memory.summary.peak_memory_bytes)} per device on {plan.procs}")
+    if found.count is None:
+        return (f"about {found.estimate} devices or more would be needed ({basis}; priced on "
+                f"{', '.join(map(str, found.priced))}: nothing fits there either)")
+    s = found.best.summary
+    fewer = (f"; {found.fewer} do not fit" if found.fewer is not None
+             else "" if found.least else "; fewer were not priced")
+    return (f"{found.count} devices fit it (priced: {found.best.recipe()}, step {s.step_seconds:.4g} s, "
+            f"{format_bytes(s.peak_memory_bytes)}{fewer}; {basis})")

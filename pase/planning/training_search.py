@@ -51,6 +51,7 @@ from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupa
 from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge_seconds, row_totals
 from pase.planning.pipeline import CUTS_SEARCHED, SCHEDULES, Layout, pipeline_rows_settings, stage_layout
 from pase.planning.rules import ParallelRules, default_rules
+from pase.planning.ties import Bands, choose_plan
 
 __all__ = ["Candidate", "MeshSearch", "Priced", "Said", "search_meshes", "mesh_candidates", "evaluate_candidate",
            "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
@@ -110,6 +111,15 @@ class MeshSearch:
     block_counts: bool = False
     #: What each stage searched (:class:`Said`), in the order ``optimal_over`` reads them.
     said: tuple = ()
+    #: The fitting configurations that may tie with the fastest, ``(step, peak, Found)`` in search
+    #: order (just the best without an engine's bands), and the rule that chose ``best`` among
+    #: them (:func:`~pase.planning.ties.choose_plan`: ``fastest``, ``fits-band``, ``headroom``).
+    contenders: list = field(default_factory=list)
+    rule: str = "fastest"
+    #: The fastest fitting configuration's step (``best``'s unless the rule chose a tie).
+    fastest_step: float | None = None
+    #: The contender ``best`` was made of (its ``Found``).
+    chosen: object = None
 
 
 #: Largest context-parallel degree searched unless a recipe names one (Megatron and
@@ -266,16 +276,19 @@ def search_meshes(
     space = search_space(build, batch, procs, machine, recipe, base, engine, keep_to, exporting, rules)
     meshes = mesh_stage(space, build, batch, procs, machine, rebuild, rules)
     priced = price_stages(space, meshes, batch, procs, machine, act_bytes, memory_cap)
-    chosen = plan_stage(space, meshes, priced, memory_cap, keep_all, keep_best, keep_to, exporting)
+    bands = Bands.of(engine)
+    chosen = plan_stage(space, meshes, priced, memory_cap, keep_all, keep_best, keep_to, exporting, bands)
     if chosen.best is None and chosen.least is None:
         raise _nothing_runs(space, meshes, chosen, batch, procs, machine, keep_to, rules)
     block_counts = space.search_block and any(policy == "block" for _, policy, _ in space.grid)
+    contenders = chosen.contenders or ([(chosen.best.step, chosen.best.peak, chosen.best)] if chosen.best else [])
+    choice = choose_plan(contenders, bands, memory_cap)
 
     def made(found):
         return candidate_of(found, memory_cap, act_bytes, procs)
 
     return MeshSearch(
-        best=made(chosen.best) if chosen.best is not None else None,
+        best=made(choice.entry[2]) if choice is not None else None,
         least_memory=made(chosen.least) if chosen.least is not None else None,
         evaluated=chosen.evaluated,
         seconds=time.perf_counter() - start,
@@ -288,6 +301,10 @@ def search_meshes(
         block_counts=block_counts,
         said=(meshes.said, _options_said(block_counts), _pipelines_said(block_counts))
         + ((_experts_said(),) if space.expert_counts else ()),
+        contenders=contenders,
+        rule=choice.rule if choice is not None else "fastest",
+        fastest_step=choice.fastest[0] if choice is not None else None,
+        chosen=choice.entry[2] if choice is not None else None,
     )
 
 
@@ -676,12 +693,16 @@ class Chosen:
     kept: list = field(default_factory=list)
     fastest: list = field(default_factory=list)
     engine_refused: str | None = None
+    #: Fitting configurations that may tie with the fastest (``(step, peak, Found)`` in search
+    #: order, within :meth:`~pase.planning.ties.Bands.tie_limit` of the fastest so far).
+    contenders: list = field(default_factory=list)
 
 
 def plan_stage(space: SearchSpace, meshes: MeshCandidates, priced: dict, memory_cap, keep_all: bool,
-               keep_best: int, keep_to: tuple, exporting: bool) -> Chosen:
+               keep_best: int, keep_to: tuple, exporting: bool, bands: Bands | None = None) -> Chosen:
     """Stage 5, in search order (stage counts, global micro-batches, settings, meshes): every
-    configuration's step and peak, the fastest that fits kept and the least memory."""
+    configuration's step and peak, the fastest that fits kept, those that may tie with it
+    (``bands``: the engine's) and the least memory."""
     chosen = Chosen()
     for group in meshes.groups:
         done = priced[(group.pp, group.global_micro)]
@@ -701,7 +722,7 @@ def plan_stage(space: SearchSpace, meshes: MeshCandidates, priced: dict, memory_
                     continue
                 found = Found(float(rows.step[i]), float(rows.peak[i]), done.costed, options, i, mesh, micro,
                               rows.stage_plans[i], group.stage_devices)
-                _consider(chosen, found, zero, policy, memory_cap, keep_all, keep_best)
+                _consider(chosen, found, zero, policy, memory_cap, keep_all, keep_best, bands)
     return chosen
 
 
@@ -714,12 +735,17 @@ def _overlap_applies(overlap: bool, overlaps: tuple, mesh: Mesh) -> bool:
 
 
 def _consider(chosen: Chosen, found: Found, zero: int, policy: str, memory_cap, keep_all: bool,
-              keep_best: int) -> None:
-    """``found`` counted, kept as the best or least memory where it is, and offered."""
+              keep_best: int, bands: Bands | None = None) -> None:
+    """``found`` counted, kept as the best, a contender or the least memory where it is, and offered."""
     chosen.evaluated += 1
     fits = memory_cap is None or found.peak <= memory_cap
     if fits and (chosen.best is None or found.step < chosen.best.step):
         chosen.best = found
+        if bands is not None and memory_cap is not None:  # a faster best: fewer may tie with it
+            limit = bands.tie_limit(found.step)
+            chosen.contenders = [c for c in chosen.contenders if c[0] <= limit]
+    if fits and bands is not None and memory_cap is not None and found.step <= bands.tie_limit(chosen.best.step):
+        chosen.contenders.append((found.step, found.peak, found))
     if chosen.least is None or found.peak < chosen.least.peak:
         chosen.least = found
     if keep_all or (keep_best and fits):
@@ -789,10 +815,11 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
             refused.append(err)
     if not runs:
         raise refused[0]
-    fitting = [r.best for r in runs if r.best is not None]
+    contenders = [entry for r in runs for entry in r.contenders]
+    choice = choose_plan(contenders, Bands.of(engine), memory_cap)
     least = [r.least_memory for r in runs if r.least_memory is not None]
     return MeshSearch(
-        best=min(fitting, key=lambda c: c.summary.step_seconds) if fitting else None,
+        best=candidate_of(choice.entry[2], memory_cap, act_bytes, procs) if choice is not None else None,
         least_memory=min(least, key=lambda c: c.summary.peak_memory_bytes) if least else None,
         evaluated=sum(r.evaluated for r in runs),
         seconds=sum(r.seconds for r in runs),
@@ -801,6 +828,15 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         candidates=[c for r in runs for c in r.candidates],
         experts=runs[0].experts,
         block_counts=any(r.block_counts for r in runs),
-        fastest=sorted((e for r in runs for e in r.fastest), key=lambda e: e[:3])[:keep_best],
+        fastest=sorted((c for r in runs for c in r.fastest), key=_fastest_order)[:keep_best],
         said=runs[0].said,
+        contenders=contenders,
+        rule=choice.rule if choice is not None else "fastest",
+        fastest_step=choice.fastest[0] if choice is not None else None,
+        chosen=choice.entry[2] if choice is not None else None,
     )
+
+
+def _fastest_order(candidate: Candidate) -> tuple:
+    """The order of ``MeshSearch.fastest`` (:func:`_offer`'s): step, then peak, then recipe text."""
+    return candidate.summary.step_seconds, candidate.summary.peak_memory_bytes, candidate.recipe()
