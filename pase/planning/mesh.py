@@ -249,11 +249,15 @@ class MeshMapper:
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
                "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
-               "stages", "etp")
+               "stages", "etp", "pipeline_extra")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
 #: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
 PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
 SCALING_WORDS = ("delayed", "current", "rowwise", "blockwise")
+#: ``pipeline_extra=``: the embedding and/or the loss counted as pipeline layers
+#: (``pase.planning.pipeline.PIPELINE_EXTRAS``; Megatron-LM's ``--account-for-embedding-in-pipeline-split``
+#: and ``--account-for-loss-in-pipeline-split``).
+PIPELINE_EXTRA_WORDS = ("none", "embedding", "loss", "embedding+loss")
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,10 @@ class Recipe:
     #: Expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``; ``None``:
     #: ``tp`` where ``ep`` divides ``dp``, else 1): MoE parallel folding where it is not ``tp``.
     etp: int | None = None
+    #: The embedding and/or the loss counted as pipeline layers (:data:`PIPELINE_EXTRA_WORDS`):
+    #: the cut is Megatron's even split of blocks and these (``pase.planning.pipeline.unit_split``)
+    #: unless ``stages`` gives one, and interleaved chunks count them.
+    pipeline_extra: str | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
@@ -310,6 +318,8 @@ class Recipe:
         if self.recompute_layers is not None and self.recompute != "block":
             raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                              "add recompute=block")
+        if self.pipeline_extra not in (None, "none") and self.pp == 1:
+            raise ValueError(f"recipe pipeline_extra={self.pipeline_extra} describes a pipeline, and the recipe has pp=1")
         if self.etp is not None and (self.ep is None or self.ep == 1) and self.etp != self.tp:
             raise ValueError(f"recipe etp={self.etp} needs ep > 1: expert tensor parallelism is modelled with "
                              "expert parallelism (MoE parallel folding)")
@@ -334,8 +344,10 @@ def _positive(key: str, value: str) -> int:
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers microbatch
-    schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp`` (``stages``: blocks per
-    pipeline stage, ``A/B/...``; ``recompute_layers``: with ``recompute=block`` only).
+    schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp pipeline_extra``
+    (``stages``: blocks per pipeline stage, ``A/B/...``; ``recompute_layers``: with
+    ``recompute=block`` only; ``pipeline_extra``: ``none``, ``embedding``, ``loss`` or
+    ``embedding+loss``, counted as pipeline layers).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -378,6 +390,10 @@ def parse_recipe(text: str) -> Recipe:
         elif key == "scaling":
             if value not in SCALING_WORDS:
                 raise ValueError(f"recipe scaling must be {', '.join(SCALING_WORDS[:-1])} or blockwise, got {value!r}")
+            values[key] = value
+        elif key == "pipeline_extra":
+            if value not in PIPELINE_EXTRA_WORDS:
+                raise ValueError(f"recipe pipeline_extra must be none, embedding, loss or embedding+loss, got {value!r}")
             values[key] = value
         elif key in ("sp", "tp_overlap", "fp8_gather"):
             if value not in ("true", "false", "on", "off", "1", "0"):

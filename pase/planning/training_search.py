@@ -49,7 +49,8 @@ from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candi
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge_seconds, row_totals
-from pase.planning.pipeline import CUTS_SEARCHED, SCHEDULES, Layout, pipeline_rows_settings, stage_layout
+from pase.planning.pipeline import (CUTS_SEARCHED, SCHEDULES, Layout, extra_units, extra_word, pipeline_rows_settings,
+                                   stage_layout)
 from pase.planning.rules import ParallelRules, default_rules
 
 __all__ = ["Candidate", "MeshSearch", "Priced", "Said", "search_meshes", "mesh_candidates", "evaluate_candidate",
@@ -630,7 +631,8 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     got = pipeline_rows_settings(share.costing, [settings[j] for j in keep], act_bytes, share.edges, share.targets,
                                  group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
                                  None if recipe.vpp is None else [recipe.vpp], recipe.stages,
-                                 columns=share.columns, search_layers=[searched[j] for j in keep])
+                                 columns=share.columns, search_layers=[searched[j] for j in keep],
+                                 extra=extra_units(recipe.pipeline_extra))
     K = len(group.meshes)
     rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
     for j, (step, peak, plans) in zip(keep, got):
@@ -726,7 +728,8 @@ def _consider(chosen: Chosen, found: Found, zero: int, policy: str, memory_cap, 
     if keep_all or (keep_best and fits):
         plan = found.stages
         priced = Priced(found.mesh, zero, policy, found.microbatch, None if plan is None else plan.schedule,
-                        1 if plan is None else plan.vpp, found.step, found.peak, found.options.recompute_layers)
+                        1 if plan is None else plan.vpp, found.step, found.peak, found.options.recompute_layers,
+                        None if plan is None or not sum(plan.extra) else extra_word(plan.extra))
         if keep_all:
             chosen.kept.append(priced)
         if keep_best and fits:
