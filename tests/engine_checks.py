@@ -319,6 +319,10 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
     if "--moe-expert-capacity-factor" in a:
         fields["moe_expert_capacity_factor"] = float(a["--moe-expert-capacity-factor"])
     fields["moe_token_dispatcher_type"] = a.get("--moe-token-dispatcher-type")
+    fields["moe_flex_dispatcher_backend"] = a.get("--moe-flex-dispatcher-backend")
+    for flag in ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-shared-expert-overlap"):
+        if a.get(flag):
+            fields[flag[2:].replace("-", "_")] = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = TransformerConfig(**{k: v for k, v in fields.items() if v is not None})

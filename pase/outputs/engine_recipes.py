@@ -141,7 +141,9 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--fp4-param-gather", "--use-rope-scaling",
 }
 #: Switches read into the recipe that are not among the passive ones (the pipeline's extras).
-_MEGATRON_SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
+_MEGATRON_SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-shared-expert-overlap",
+                      "--moe-enable-deepep"}
 _MEGATRON_VALUED = {
     "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -154,7 +156,7 @@ _MEGATRON_VALUED = {
     "--num-query-groups", "--ffn-hidden-size", "--normalization", "--position-embedding-type", "--seq-length",
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
-    "--moe-token-dispatcher-type", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
+    "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
 }
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
@@ -259,17 +261,37 @@ def _megatron_degrees(args: dict, procs: int) -> dict:
     if procs % (d["tp"] * d["pp"] * d["cp"]):
         raise ValueError(f"tp x pp x cp = {d['tp'] * d['pp'] * d['cp']} does not divide the {procs} devices of -p")
     d["dp"] = procs // (d["tp"] * d["pp"] * d["cp"])
-    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
-    if dispatcher not in ("allgather", "alltoall", "flex"):
-        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
-    if d["ep"] > 1 and dispatcher != "alltoall":
-        raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
-                         "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
     d["etp"] = _megatron_int(args, "--expert-tensor-parallel-size", d["tp"]) if d["ep"] > 1 else None
     if d["etp"] is not None and d["tp"] % d["etp"]:
         raise ValueError(f"cannot express --expert-tensor-parallel-size {d['etp']}: the experts are priced split by "
                          f"a divisor of tp ({d['tp']}) (MoE parallel folding)")
     return d
+
+
+def _megatron_experts(args: dict, ep: int) -> dict:
+    """``dispatcher``, ``ep_overlap`` and ``shared_overlap`` of the expert arguments
+    (:data:`~pase.outputs.engines.MEGATRON_DISPATCHER` read back): the dispatcher type (megatron-core's
+    default ``allgather``), the flex dispatcher's backend (``--moe-flex-dispatcher-backend``, or the
+    deprecated ``--moe-enable-deepep``), the batch-level overlap and the shared experts' overlap."""
+    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
+    if dispatcher not in ("allgather", "alltoall", "flex"):
+        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
+    backend = args.get("--moe-flex-dispatcher-backend", "deepep" if "--moe-enable-deepep" in args else None)
+    if dispatcher == "flex":
+        if backend not in ("deepep", "hybridep"):
+            raise ValueError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep"
+                             + (f", got {backend!r}" if backend is not None else ""))
+        dispatcher = backend
+    elif backend is not None:
+        raise ValueError(f"--moe-flex-dispatcher-backend {backend} needs --moe-token-dispatcher-type flex")
+    overlap = "--overlap-moe-expert-parallel-comm" in args
+    if overlap != ("--delay-wgrad-compute" in args):
+        raise ValueError("--overlap-moe-expert-parallel-comm is priced with --delay-wgrad-compute (Megatron-Bridge's "
+                         "recipes set both; one without the other is not priced)")
+    if ep <= 1:
+        return {}
+    return {"dispatcher": None if dispatcher == "alltoall" else dispatcher, "ep_overlap": overlap or None,
+            "shared_overlap": ("--moe-shared-expert-overlap" in args) or None}
 
 
 def _megatron_batch(args: dict, dp: int, batch: int, network) -> int:
@@ -454,6 +476,7 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
                        etp=folded_etp(d["dp"], d["tp"], d["ep"], d["etp"]), zero=zero, recompute=recompute,
                        recompute_layers=recompute_layers, microbatch=micro, sp=sp if d["tp"] > 1 else None,
                        tp_overlap=overlap_tp, **_megatron_pipeline(args, d["pp"], network),
+                       **_megatron_experts(args, d["ep"]),
                        **_megatron_precision(args, zero))
 
 

@@ -33,7 +33,8 @@ from pase.planning.pipeline import extra_units, unit_split, virtual_order
 __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS",
            "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
            "MEGATRON_PRECISION", "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal",
-           "megatron_model_settings", "megatron_pipeline_arguments"]
+           "megatron_model_settings", "megatron_pipeline_arguments", "megatron_dispatcher_arguments",
+           "MEGATRON_DISPATCHER"]
 
 #: Megatron-LM's arguments per format (``EnginePlan.precision_word``): Transformer Engine's
 #: recipes, FP8 in its ``hybrid`` format (E4M3 forward, E5M2 gradients); then the switch that
@@ -99,8 +100,8 @@ def _model_arguments(plan: EnginePlan) -> list:
         # Every expert's GEMMs as one grouped GEMM, as priced (the MoE layer's cost); without
         # --moe-grouped-gemm megatron-core runs the experts one after another (SequentialMLP).
         args += [("--num-experts", moe["experts"]), ("--moe-router-topk", moe["top_k"]),
-                 ("--moe-ffn-hidden-size", moe["width"]), ("--moe-token-dispatcher-type", "alltoall"),
-                 ("--moe-grouped-gemm", None)]
+                 ("--moe-ffn-hidden-size", moe["width"])] + megatron_dispatcher_arguments(plan) + \
+            [("--moe-grouped-gemm", None)]
         if moe["shared"]:
             args.append(("--moe-shared-expert-intermediate-size", moe["shared"] * moe["shared_width"]))
         if moe["dense"]:
@@ -143,6 +144,30 @@ def megatron_model_settings(a: dict) -> list:
         raise EngineRefusal("megatron", "the graph does not declare its norms' epsilon: Megatron-LM would build it "
                                         "with --norm-epsilon 1e-5")
     return args + [("--norm-epsilon", float(a["norm_eps"]))]
+
+
+#: Megatron-LM's arguments of each dispatcher (``EnginePlan.moe_dispatcher``): megatron-core 0.16.1
+#: ``--moe-token-dispatcher-type``, and the flex dispatcher's backend (``--moe-flex-dispatcher-backend``,
+#: which replaced the deprecated ``--moe-enable-deepep``, transformer_config.py:1063-1072).
+MEGATRON_DISPATCHER = {
+    "alltoall": (("--moe-token-dispatcher-type", "alltoall"),),
+    "allgather": (("--moe-token-dispatcher-type", "allgather"),),
+    "deepep": (("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")),
+    "hybridep": (("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "hybridep")),
+}
+
+
+def megatron_dispatcher_arguments(plan: EnginePlan) -> list:
+    """The token dispatcher and its overlaps as priced: :data:`MEGATRON_DISPATCHER`, then
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``ep_overlap``: the batch-level
+    overlap; Megatron-Bridge's performance recipes set both, scripts/performance/utils/overrides.py)
+    and ``--moe-shared-expert-overlap`` (``shared_overlap``)."""
+    args = list(MEGATRON_DISPATCHER[plan.moe_dispatcher])
+    if plan.ep_overlap:
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+    if plan.shared_overlap:
+        args.append(("--moe-shared-expert-overlap", None))
+    return args
 
 
 def _precision_arguments(plan: EnginePlan) -> list:

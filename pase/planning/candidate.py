@@ -56,6 +56,10 @@ class Candidate:
                 parts.append("sp=false")
         if o.tp_overlap:
             parts.append("tp_overlap=true")
+        if self.mesh is not None and self.mesh.ep > 1:  # the experts' dispatcher and overlaps, where not plain
+            if o.moe_dispatcher != "alltoall":
+                parts.append(f"dispatcher={o.moe_dispatcher}")
+            parts += [f"{k}=true" for k in ("ep_overlap", "shared_overlap") if getattr(o, k)]
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if o.recompute == "block":
             parts.append(f"recompute_layers={o.recompute_layers}")

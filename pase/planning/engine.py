@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
+from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
            "STEP_COMPUTE_EFFICIENCY", "band_of", "BAND_FLOOR"]
@@ -69,10 +70,12 @@ FACTS = {
     "activation_grads": bool,
     "attention_efficiency": float,
     "attention_kernel": ("sdpa", "cudnn_fused"),
+    "moe_dispatcher": MOE_DISPATCHERS,
+    "expert_gemm": EXPERT_GEMMS,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
-OPTIONAL_FACTS = {"attention_kernel": "sdpa"}
+OPTIONAL_FACTS = {"attention_kernel": "sdpa", "moe_dispatcher": "alltoall", "expert_gemm": "grouped"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -197,6 +200,8 @@ class EngineProfile:
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
+            "moe_dispatcher": f["moe_dispatcher"],
+            "expert_gemm": f["expert_gemm"],
         }
 
     def base_options(self, machine=None, **changes) -> TrainingOptions:

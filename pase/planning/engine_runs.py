@@ -70,6 +70,10 @@ class EnginePlan(ExpertGrid):
     recompute_layers: int = 0
     #: The embedding and/or the loss counted as pipeline layers (``pipeline_extra``).
     pipeline_extra: str = "none"
+    #: The mixture of experts' token dispatcher and overlaps (``pase.costing.training.experts``).
+    moe_dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    shared_overlap: bool = False
 
     @property
     def precision_word(self) -> str:
@@ -108,7 +112,9 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
         fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers,
-        pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none")
+        pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none",
+        moe_dispatcher=getattr(o, "moe_dispatcher", "alltoall"), ep_overlap=bool(getattr(o, "ep_overlap", False)),
+        shared_overlap=bool(getattr(o, "shared_overlap", False)))
 
 
 @lru_cache(maxsize=None)

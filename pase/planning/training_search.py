@@ -216,6 +216,15 @@ def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOp
     return options
 
 
+def with_experts(base: TrainingOptions, recipe: Recipe) -> TrainingOptions:
+    """``base`` with the recipe's mixture-of-experts dispatcher and overlaps (``dispatcher``,
+    ``ep_overlap``, ``shared_overlap``), where it gives them."""
+    fields = {"moe_dispatcher": recipe.dispatcher, "ep_overlap": recipe.ep_overlap,
+              "shared_overlap": recipe.shared_overlap}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    return base.but(**fields) if fields else base
+
+
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
            base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
@@ -323,11 +332,13 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
                  keep_to: tuple, exporting: bool, rules: ParallelRules) -> SearchSpace:
     """Stage 0: the recipe checked against the machine, the engines kept to and the graph built
     at the whole batch (``ValueError`` with why where nothing can apply)."""
-    base = with_precision(base, recipe, machine)
+    base = with_experts(with_precision(base, recipe, machine), recipe)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
     schedules, stage_counts = _pipeline_choices(recipe, procs)
+    if recipe.ep_overlap:  # Megatron-Core overlaps the expert all-to-alls on pipelines of virtual stages only
+        schedules = [s for s in schedules if s == "interleaved"]
     probe = build(batch)
     schedules = _engines_schedules(probe, recipe, schedules, keep_to, exporting)
     recipe = _tensor_parallel(recipe, probe, rules)

@@ -19,8 +19,12 @@ class ActivationCollectives:
     (:meth:`charged_activation`), left exposed (:meth:`exposed_activation`), and the compute
     they leave free to hide the redistribution into the layer (:meth:`overlap_leftover`)."""
 
-    def __init__(self, layers: PricedLayers, pools: ReaderPools, keeping: LayerKeeping, compute: StepCompute):
+    def __init__(self, layers: PricedLayers, pools: ReaderPools, keeping: LayerKeeping, compute: StepCompute,
+                 experts=None):
         self.keeping = keeping
+        #: The mixture-of-experts dispatchers (``pase.costing.training.experts.ExpertExchange``):
+        #: their all-to-alls are priced and overlapped there, not as tensor-parallel collectives.
+        self.experts = experts
         self.compute = compute.compute
         self.configs, self.parts = layers.configs, layers.parts
         self.pools = pools
@@ -65,10 +69,33 @@ class ActivationCollectives:
         add their collectives and compute to ``a`` and ``c`` (one fused GEMM hides the one
         reduction) and show none of their own there."""
         if not options.tp_overlap:
-            return self.charged_activation(v)
+            return self.charged_activation(v) + self.expert_dispatch_change(v, options)
         a, c = self._pooled(v, options)
+        # No tensor-parallel overlap hides the expert all-to-alls: priced apart, below.
+        a = np.maximum(a - self.expert_dispatch_default(v), 0.0)
         hidden = np.minimum(a, options.overlap_efficiency * c)
-        return a - hidden + options.comm_sm_share * hidden
+        return a - hidden + options.comm_sm_share * hidden + self.expert_dispatch_exposed(v, options)
+
+    def expert_dispatch_default(self, v: int) -> np.ndarray | float:
+        """The expert all-to-alls the layer's own parts charge (its ``MoE.work``), times its
+        ``activation_scale``; 0 for any other layer."""
+        if self.experts is None:
+            return 0.0
+        return self.experts.default(v) * self.activation_scale[v]
+
+    def expert_dispatch_exposed(self, v: int, options: TrainingOptions) -> np.ndarray | float:
+        """The expert dispatcher's collectives left exposed (``ExpertExchange.exposed``: the
+        options' dispatcher and overlaps), times the layer's ``activation_scale``."""
+        if self.experts is None or v not in self.experts.layers:
+            return 0.0
+        return self.experts.exposed(v, options) * self.activation_scale[v]
+
+    def expert_dispatch_change(self, v: int, options: TrainingOptions) -> np.ndarray | float:
+        """What the dispatcher as the options run it changes of the collectives charged:
+        :meth:`expert_dispatch_exposed` less :meth:`expert_dispatch_default`."""
+        if self.experts is None or v not in self.experts.layers:
+            return 0.0
+        return self.expert_dispatch_exposed(v, options) - self.expert_dispatch_default(v)
 
     def overlap_leftover(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation

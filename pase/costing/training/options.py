@@ -11,7 +11,8 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
 
-__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES"]
+__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
+           "EXPERT_GEMMS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
@@ -20,6 +21,16 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: (DeepSpeed's parameter-wise gathers, priced as ``block``).
 WRAP_UNITS = ("layer", "block", "prefetch")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
+#: How a mixture of experts moves its tokens (``pase.costing.training.experts``): Megatron-Core's
+#: ``--moe-token-dispatcher-type alltoall`` (one NCCL all-to-all of every routed copy) or
+#: ``allgather`` (the tokens gathered over the expert group, the outputs reduce-scattered), or its
+#: ``flex`` dispatcher's fused kernels, ``--moe-flex-dispatcher-backend deepep`` or ``hybridep``
+#: (a token crosses to another node once, however many experts there it goes to).
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+#: How the local experts' products run: one kernel for all of them (``grouped``: CUTLASS grouped
+#: GEMM, ``torch._grouped_mm``) or one GEMM per expert (``per_expert``: Transformer Engine's
+#: ``GroupedLinear``, Megatron-Core's ``TEGroupedMLP``).
+EXPERT_GEMMS = ("grouped", "per_expert")
 #: Memory a device holds that no other kind of the memory model accounts for: the CUDA
 #: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
 #: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
@@ -129,6 +140,17 @@ class TrainingOptions:
     fp8_gather : bool
         ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
         Megatron's ``--fp8-param-gather``).
+    moe_dispatcher : str
+        How a mixture of experts moves its tokens (:data:`MOE_DISPATCHERS`).
+    ep_overlap : bool
+        The expert all-to-alls of one micro-batch run while another computes (Megatron-Core's
+        ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``;
+        :meth:`~.experts.ExpertExchange.exposed`).
+    shared_overlap : bool
+        The shared experts compute during the forward dispatch and combine
+        (``--moe-shared-expert-overlap``).
+    expert_gemm : str
+        How the local experts' products run (:data:`EXPERT_GEMMS`).
     p2p_overlap : bool
         With an interleaved pipeline schedule, a chunk's send to the next stage (and its
         gradient's back) runs while the device computes another chunk (Megatron's
@@ -170,6 +192,10 @@ class TrainingOptions:
     fp8_scaling: str = "current"
     fp8_gather: bool = False
     p2p_overlap: bool = False
+    moe_dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    shared_overlap: bool = False
+    expert_gemm: str = "grouped"
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -209,7 +235,11 @@ class TrainingOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
-        for name in ("fp8_gather", "p2p_overlap"):
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise ValueError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        if self.expert_gemm not in EXPERT_GEMMS:
+            raise ValueError(f"expert_gemm must be one of {', '.join(EXPERT_GEMMS)}, got {self.expert_gemm!r}")
+        for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
