@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pase.costing.precision import tp_overlap_share
 from pase.costing.training.compute import StepCompute
 from pase.costing.training.keeping import LayerKeeping, per_layer_kept
 from pase.costing.training.options import TrainingOptions
@@ -73,7 +74,7 @@ class ActivationCollectives:
         a, c = self._pooled(v, options)
         # No tensor-parallel overlap hides the expert all-to-alls: priced apart, below.
         a = np.maximum(a - self.expert_dispatch_default(v), 0.0)
-        hidden = np.minimum(a, options.overlap_efficiency * c)
+        hidden = np.minimum(a * tp_overlap_share(options), options.overlap_efficiency * c)
         return a - hidden + options.comm_sm_share * hidden + self.expert_dispatch_exposed(v, options)
 
     def expert_dispatch_default(self, v: int) -> np.ndarray | float:
@@ -101,7 +102,7 @@ class ActivationCollectives:
         """Compute of ``v`` (one micro-batch, times the overlap efficiency) its own activation
         collectives leave free to hide the redistribution into ``v`` (``tp_overlap``; 0 else),
         with the readers pooled at it (:meth:`exposed_activation`)."""
-        if not options.tp_overlap:
+        if not options.tp_overlap or tp_overlap_share(options) < 1.0:  # an unfused all-gather hides nothing
             return np.zeros(len(self.configs[v]))
         a, c = self._pooled(v, options)
         return np.maximum(options.overlap_efficiency * c - a, 0.0)
