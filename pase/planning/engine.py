@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
-from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS
+from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, TP_OVERLAP_KINDS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
            "STEP_COMPUTE_EFFICIENCY", "band_of", "BAND_FLOOR"]
@@ -72,10 +72,12 @@ FACTS = {
     "attention_kernel": ("sdpa", "cudnn_fused"),
     "moe_dispatcher": MOE_DISPATCHERS,
     "expert_gemm": EXPERT_GEMMS,
+    "tp_overlap_kind": TP_OVERLAP_KINDS,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
-OPTIONAL_FACTS = {"attention_kernel": "sdpa", "moe_dispatcher": "alltoall", "expert_gemm": "grouped"}
+OPTIONAL_FACTS = {"attention_kernel": "sdpa", "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
+                  "tp_overlap_kind": "userbuffers"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -202,6 +204,7 @@ class EngineProfile:
             "attention_shape": True,
             "moe_dispatcher": f["moe_dispatcher"],
             "expert_gemm": f["expert_gemm"],
+            "tp_overlap_kind": f["tp_overlap_kind"],
         }
 
     def base_options(self, machine=None, **changes) -> TrainingOptions:

@@ -12,7 +12,7 @@ import numpy as np
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
 
 __all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
-           "EXPERT_GEMMS"]
+           "EXPERT_GEMMS", "TP_OVERLAP_KINDS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
@@ -31,6 +31,13 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 #: GEMM, ``torch._grouped_mm``) or one GEMM per expert (``per_expert``: Transformer Engine's
 #: ``GroupedLinear``, Megatron-Core's ``TEGroupedMLP``).
 EXPERT_GEMMS = ("grouped", "per_expert")
+#: How an overlap of the tensor-parallel collectives with their GEMMs runs (``tp_overlap``):
+#: Transformer Engine's userbuffers (Megatron's ``--tp-comm-overlap``: the collective split into
+#: chunks pipelined with the GEMM's, reduced in the ring) or torch's asynchronous tensor
+#: parallelism over symmetric memory (torchtitan's ``enable_async_tensor_parallel``: one step per
+#: peer, the reduce-scatter's partials summed after the last copy;
+#: :meth:`~.collectives.ActivationCollectives.async_tp_extra`).
+TP_OVERLAP_KINDS = ("userbuffers", "symmetric_memory")
 #: Memory a device holds that no other kind of the memory model accounts for: the CUDA
 #: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
 #: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
@@ -151,6 +158,8 @@ class TrainingOptions:
         (``--moe-shared-expert-overlap``).
     expert_gemm : str
         How the local experts' products run (:data:`EXPERT_GEMMS`).
+    tp_overlap_kind : str
+        How ``tp_overlap`` runs (:data:`TP_OVERLAP_KINDS`).
     p2p_overlap : bool
         With an interleaved pipeline schedule, a chunk's send to the next stage (and its
         gradient's back) runs while the device computes another chunk (Megatron's
@@ -196,6 +205,7 @@ class TrainingOptions:
     ep_overlap: bool = False
     shared_overlap: bool = False
     expert_gemm: str = "grouped"
+    tp_overlap_kind: str = "userbuffers"
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -237,6 +247,8 @@ class TrainingOptions:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise ValueError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
+            raise ValueError(f"tp_overlap_kind must be one of {', '.join(TP_OVERLAP_KINDS)}, got {self.tp_overlap_kind!r}")
         if self.expert_gemm not in EXPERT_GEMMS:
             raise ValueError(f"expert_gemm must be one of {', '.join(EXPERT_GEMMS)}, got {self.expert_gemm!r}")
         for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap"):
