@@ -23,11 +23,11 @@ MOE_PRESETS = {("Qwen3_30B_a3B", "DGX-H100", 16, 16): "dispatcher=hybridep",
 
 
 #: Rows of the same tables read here, beside the shared file's: NVIDIA's other Qwen3-30B-A3B layout
-#: on 16 H100 (Megatron-Bridge docs/performance-summary-archive.md, "26.02.01 NeMo Container",
+#: on 16 H100 (Megatron-Bridge performance-summary-archive.md (its docs folder), "26.02.01 NeMo Container",
 #: DGX-H100 Qwen3_30B_a3B: FP8, GBS 1024, MBS 1, seq 4096, TP 1, PP 2, VP 12, EP 8, 9058 tokens/s/GPU),
 #: measured equal to the EP 16 row of 26.04.01 (28.9 s and 29.3 s a step; issue 42).
 EXTRA_ROWS = [
-    {"source_file": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (26.02.01 NeMo Container)",
+    {"source_file": "NVIDIA-NeMo/Megatron-Bridge performance-summary-archive.md (its docs folder) (26.02.01 NeMo Container)",
      "container": "26.02.01 NeMo Container", "system": "DGX-H100", "model": "Qwen3_30B_a3B", "gpus": 16,
      "precision": "FP8", "gbs": 1024, "mbs": 1, "seq": 4096, "fsdp": 0, "tp": 1, "pp": 2, "cp": 1, "vp": 12, "ep": 8,
      "tokens_per_s_per_gpu": 9058, "model_tflops_per_gpu": 208, "variant": "second layout"},
