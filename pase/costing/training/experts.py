@@ -70,7 +70,7 @@ class ExpertExchange:
         self.layers = {v: layer for v, layer in enumerate(layers.network.layers) if hasattr(layer, "token_exchange")}
         blocks = layers.structure.blocks
         #: Each MoE layer's block's layers (the compute an expert-parallel overlap hides behind).
-        self.block_of = {v: [w for w, b in enumerate(blocks) if b is not None and b == blocks[v]] or [v]
+        self.block_members = {v: [w for w, b in enumerate(blocks) if b is not None and b == blocks[v]] or [v]
                          for v in self.layers}
         domain = self.machine.nvlink_domain or self.machine.devices_per_node
         self.domain = int(domain) if domain else None
@@ -164,7 +164,7 @@ class ExpertExchange:
         e = options.overlap_efficiency
         if options.ep_overlap and options.recompute not in ("full", "block") and options.moe_dispatcher != "allgather":
             m = options.microbatches
-            c = sum(np.asarray(self.compute(w, options), dtype=np.float64) for w in self.block_of[v])
+            c = sum(np.asarray(self.compute(w, options), dtype=np.float64) for w in self.block_members[v])
             hidden = np.minimum(a, e * c)
             left = a - hidden + options.comm_sm_share * hidden
             return (a + (m - 1) * left) / m
