@@ -119,7 +119,8 @@ def layouts_section(nemo: list, tmp: str) -> list:
     for r in qwen:
         row = r["row"]
         bare = price(dict(row, recipe=nemo_recipe(row["published"], preset=False)), tmp)
-        words = row["recipe"][len(nemo_recipe(row["published"], preset=False)):].lstrip(",") or "-"
+        plain = nemo_recipe(row["published"], preset=False).split(",")
+        words = ",".join(w for w in row["recipe"].split(",") if w not in plain) or "-"
         steps.append(r["fp8"]["step"])
         bare_steps.append(bare["step"])
         md.append(f"| {row['name']} | {row['step_pub']:.3f} | `{words}` | {r['fp8']['step']:.3f} | {pct(r['err'])} "
