@@ -1235,6 +1235,12 @@ BAD_RECIPES = (
     ("dp=4,tp=1,pp=1,cp=1,zero=1,recompute=none,microbatch=3", "a micro-batch not dividing the per-rank batch"),
     ("pp=4", "more stages than blocks"), ("vpp=2", "interleaving without a pipeline"),
     ("sp=maybe", "a non-boolean flag"), ("dp=" + "9" * 400, "a 400-digit degree"), ("dp=\u0664", "an Arabic-Indic digit"),
+    # Issue 42: the pipeline's extras and the experts' words.
+    ("pipeline_extra=both", "an unknown pipeline extra"), ("pp=2,pipeline_extra=embedding", "extras not splitting evenly"),
+    ("pp=1,pipeline_extra=loss", "extras without a pipeline"), ("dispatcher=flex", "flex is a type, not a backend"),
+    ("ep_overlap=true,recompute=full", "the EP overlap under full recomputation"),
+    ("ep_overlap=true,shared_overlap=true", "both expert overlaps"), ("shared_overlap=true,dispatcher=deepep",
+                                                                      "shared overlap with a fused dispatcher"),
 )
 
 
@@ -1253,9 +1259,9 @@ def recipe_cases(rng: random.Random, refs: dict) -> list:
     for recipe, why in BAD_RECIPES:
         add("bad", f"{why}: {_short(recipe, 30)}", recipe, expect=frozenset({2, 4}) if "batch" in why else BAD_VALUE)
     keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "precision", "scaling",
-            "fp8_gather")
+            "fp8_gather", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap")
     values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "", "fp8", "nvfp4", "search",
-              "current", "blockwise")
+              "current", "blockwise", "embedding+loss", "loss", "hybridep", "allgather")
     for _ in range(80):
         recipe = ",".join(f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(1, 4)))
         add("random", recipe, recipe, expect=frozenset({0, 2, 4}))
@@ -1419,6 +1425,18 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
     add("good", "Megatron-LM's pipeline layout, stage by stage", b"--micro-batch-size 1 --global-batch-size 8 "
         b"--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
         b"--pipeline-model-parallel-layout 'E,t|(t)*1,L'\n", OK)
+    # Issue 42: Megatron's account-for flags and a layout with the embedding and the loss alone.
+    add("good", "Megatron-LM's account-for-embedding/loss flags", b"--micro-batch-size 1 --global-batch-size 8 "
+        b"--pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+        b"--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split\n", OK)
+    add("good", "Megatron-LM's layout, the embedding and loss in chunks of their own", b"--micro-batch-size 1 "
+        b"--global-batch-size 8 --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce "
+        b"--overlap-param-gather --pipeline-model-parallel-layout 'E|t|t|L'\n", OK)
+    add("values", "Megatron-LM's account-for-loss flag alone (3 units on 2 stages)", b"--micro-batch-size 1 "
+        b"--global-batch-size 8 --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce "
+        b"--overlap-param-gather --account-for-loss-in-pipeline-split\n", BAD_VALUE)
+    add("values", "Megatron-LM's flex dispatcher without a backend", b"--micro-batch-size 1 --global-batch-size 8 "
+        b"--moe-token-dispatcher-type flex\n", BAD_VALUE)
     add("good", "a torchtitan TOML by hand", HAND_TOML, OK)
     add("good", "a torchtitan 0.3 launch, options in tyro's own spelling", _launch_with(
         files["torchtitan"], "--parallelism.fsdp-reshard-after-forward=never --profiler.enable-profiling", drop=(
@@ -1790,6 +1808,22 @@ VALUES = {
     "--memory, nothing fits on 2": Value(("-g", "gpt2-small", "-p", "2", "-b", "16", "--machine", "h100-sxm",
                                           "--memory", "{}"), good=("100", "6.5"), bad=("2.5", "3", "0.5"),
                                          refused=frozenset({4}), reason="nothing fits"),
+    # Issue 42: the pipeline's extras, the experts' dispatcher and overlaps, their engine facts.
+    "--recipe, pipeline_extra": Value((*TRAIN, "--recipe", "pp=2,pipeline_extra={}"), good=("none", "embedding+loss"),
+                                      bad=("embedding", "loss", "both", "EMBEDDING", "embedding,loss", ""),
+                                      ),
+    "--recipe, dispatcher": Value((*TRAIN, "--recipe", "dp=4,dispatcher={}"),
+                                  good=("alltoall", "allgather", "deepep", "hybridep"), bad=("flex", "nccl", "DeepEP", "")),
+    "--recipe, ep_overlap": Value((*TRAIN, "--recipe", "dp=4,ep_overlap={}"), good=("true", "false"),
+                                  bad=("maybe", "2", "")),
+    "--recipe, shared_overlap": Value((*TRAIN, "--recipe", "dp=4,shared_overlap={}"), good=("true", "false"),
+                                      bad=("yes please", "-1")),
+    "--engine, megatron's expert GEMMs": Value((*TRAIN, "--engine", "megatron,expert_gemm={}"),
+                                               good=("grouped", "per_expert"), bad=("batched", "")),
+    "--engine, megatron's dispatcher": Value((*TRAIN, "--engine", "megatron,moe_dispatcher={}"),
+                                             good=("alltoall", "hybridep"), bad=("flex", "")),
+    "--engine, torchtitan's TP overlap": Value((*TRAIN, "--engine", "torchtitan,tp_overlap_kind={}"),
+                                               good=("symmetric_memory", "userbuffers"), bad=("async", "")),
 }
 
 INPUT_FILES = {
@@ -1827,6 +1861,16 @@ REFUSALS = {
         ("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe", "microbatch=3"), "micro-batch 3 does not divide"),
     "more chunks than blocks": Refusal(("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe",
                                         "pp=8,vpp=5,schedule=interleaved"), "pp 8 x vpp 5 = 40 chunks > 12 blocks"),
+    # Issue 42: the extras count, so 12 + 2 units make 14 chunks at most, not 16 (pp 2 x vpp 8) ...
+    "more chunks than blocks and extras": Refusal(("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe",
+                                                   "pp=2,vpp=8,schedule=interleaved,pipeline_extra=embedding+loss"),
+                                                  "16 chunks > 12 blocks + the embedding and the loss"),
+    # ... and 14 units do not make 2 x 4 chunks of equal units (Megatron's even split).
+    "blocks and extras not splitting evenly": Refusal(("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe",
+                                                       "pp=2,vpp=4,schedule=interleaved,pipeline_extra=embedding+loss"),
+                                                      "do not split evenly into pp 2 x vpp 4"),
+    "the EP overlap on a 1F1B pipeline": Refusal(("-g", "gpt2-small", "-p", "8", "-b", "16", "--recipe",
+                                                  "pp=2,schedule=1f1b,ep_overlap=true"), "needs schedule=interleaved"),
     "--compare, a micro-batch": Refusal(("-g", "gpt2-small", "-p", "8", "-b", "16", "--compare", "pp=8,microbatch=3"),
                                         "--compare: no mesh applies to this graph: micro-batch 3"),
     "a mesh of 100,000 devices": Refusal(("-g", "llama3-8b", "-p", "100000", "-b", "128", "--machine", "h100-sxm",

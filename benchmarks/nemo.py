@@ -27,6 +27,13 @@ with ``n_positions`` = the sequence), the FP8 one with ``precision=fp8,scaling=d
 (Transformer Engine's default recipe under Composer's amp_fp8); compared as speed-ups, published FP8
 tokens/s over BF16 tokens/s against the modelled BF16 step over the FP8 step.
 
+Issue 42: a pipeline without virtual stages is priced 1F1B (``schedule=1f1b``), and a MoE row
+with NVIDIA's recipe words of its experts where the recipe sets them (``nemo_runs.MOE_PRESETS``:
+the token dispatcher, the EP overlap); the rows also carry NVIDIA's second Qwen3-30B-A3B layout
+on 16 H100 (``nemo_runs.EXTRA_ROWS``). A section prices the two Qwen3 layouts with and without
+those words, and NVIDIA's Llama 3.1 405B layout on 256 GB200 (tp 4, pp 16, vp 8, MXFP8) with the
+embedding and the loss counted as pipeline layers (``pipeline_extra=embedding+loss``).
+
 Signed errors: model / published - 1 on the step time (negative: the model is faster); on the
 speed-up for the pairs. Written to ``benchmarks/results/nemo.md``.
 
@@ -87,6 +94,62 @@ def command(m: dict) -> str:
     return "pase " + " ".join(m["argv"])
 
 
+#: NVIDIA's Llama 3.1 405B on 256 GB200 (Megatron-Bridge LLAMA31_405B_PRETRAIN_CONFIG_GB200_*_V2:
+#: tp 4, pp 16, vp 8, GBS 1536, the account-for-embedding/loss flags on; research note moe.md
+#: section 7), MXFP8, priced from its published degrees.
+LAYOUT_405B = dict(name="Llama 3.1 405B, 256 GB200, tp 4 pp 16 vp 8, MXFP8", engine="megatron", machine="gb200-nvl72",
+                   config=os.path.join("examples", "hf", "llama-3.1-405b.json"), gpus=256, batch=1536, seq=8192,
+                   recipe="dp=4,tp=4,pp=16,cp=1,zero=1,schedule=interleaved,vpp=8,microbatch=1,precision=mxfp8,"
+                          "pipeline_extra=embedding+loss")
+
+
+def layouts_section(nemo: list, tmp: str) -> list:
+    """Issue 42's checks: the two Qwen3-30B-A3B layouts with and without NVIDIA's expert words,
+    and the 405B layout on GB200 (with its stages)."""
+    qwen = [r for r in nemo if r["row"]["published"]["model"] == "Qwen3_30B_a3B"
+            and r["row"]["published"]["system"] == "DGX-H100" and r["row"]["gpus"] == 16]
+    md = ["", "## Issue 42: NVIDIA's layouts as its recipes run them", "",
+          "NVIDIA's two Qwen3-30B-A3B layouts on 16 H100, measured equal, priced with the expert settings "
+          "of NVIDIA's recipes (`nemo_runs.MOE_PRESETS`: HybridEP for ep 16 over two nodes, the EP overlap for "
+          "pp 2 x vp 12) and without them (every routed copy by NCCL all-to-all, nothing overlapped, as "
+          "before issue 42):", "",
+          "| layout | step s pub | recipe words | step s model | err | step s model, without | err |",
+          "|---|---|---|---|---|---|---|"]
+    bare_steps, steps = [], []
+    for r in qwen:
+        row = r["row"]
+        bare = price(dict(row, recipe=nemo_recipe(row["published"], preset=False)), tmp)
+        plain = nemo_recipe(row["published"], preset=False).split(",")
+        words = ",".join(w for w in row["recipe"].split(",") if w not in plain) or "-"
+        steps.append(r["fp8"]["step"])
+        bare_steps.append(bare["step"])
+        md.append(f"| {row['name']} | {row['step_pub']:.3f} | `{words}` | {r['fp8']['step']:.3f} | {pct(r['err'])} "
+                  f"| {bare['step']:.3f} | {pct(bare['step'] / row['step_pub'] - 1.0)} |")
+    if len(steps) == 2:
+        md += ["", f"Modelled ratio of the two: **{max(steps) / min(steps):.2f}x** with NVIDIA's settings "
+               f"(target: within 1.15x), {max(bare_steps) / min(bare_steps):.2f}x without; measured "
+               f"{max(r['row']['step_pub'] for r in qwen) / min(r['row']['step_pub'] for r in qwen):.2f}x."]
+    m = price(LAYOUT_405B, tmp)
+    with open(os.devnull, "w") as devnull:
+        from pase.cli import main as pase_main
+        import io
+        err = io.StringIO()
+        plain = LAYOUT_405B["recipe"].replace(",pipeline_extra=embedding+loss", "")
+        status = pase_main(["-g", "hf:" + LAYOUT_405B["config"], "-p", "256", "-b", "1536", "-m", "8192",
+                            "--machine", "gb200-nvl72", "--engine", "megatron", "--recipe", plain],
+                           stdout=devnull, stderr=err)
+    md += ["", f"**{LAYOUT_405B['name']}** (`{m['recipe']}`): step {m['step']:.2f} s, "
+           f"{m['tokens']:,.0f} tokens/s per GPU, peak {m['memory'] / GiB:.1f} GiB"
+           + ("" if m["fits"] else " (does not fit: priced with --memory 100000)")
+           + ". The embedding and the loss count as pipeline layers (Megatron's "
+           "`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`): 128 units over "
+           "16 ranks x 8 virtual stages, the first virtual stage of rank 0 the embedding alone, the last of rank 15 "
+           "the loss alone, ranks 0 and 15 seven decoder layers, the others eight. Without "
+           f"`pipeline_extra` the same degrees are refused (exit {status}): `{err.getvalue().strip()}`.",
+           "", f"- `{command(m)}`"]
+    return md
+
+
 def main() -> int:
     start = time.perf_counter()
     folder = published_dir()
@@ -110,6 +173,7 @@ def main() -> int:
         for r in nemo:
             if r["row"]["machine"] == "h100-sxm":
                 r["clock_1"] = price(dict(r["row"], machine=undrated), tmp)
+        layouts = layouts_section(nemo, tmp)
         for f8, b16 in foundry_pairs(folder):
             m8, m16 = price(foundry_row(f8, True), tmp), price(foundry_row(b16, False), tmp)
             pub = f8["tokens_per_s"] / b16["tokens_per_s"]
@@ -163,6 +227,7 @@ def main() -> int:
         if "clock_1" in r:
             md.append(f"| {r['row']['name']} | {r['row']['step_pub']:.3f} | {r['clock_1']['step']:.3f} "
                       f"| {pct(r['clock_1']['step'] / r['row']['step_pub'] - 1.0)} |")
+    md += layouts
     md += ["", "## llm-foundry FP8/BF16 pairs (H100)", "",
            "| model | seq | GPUs | recipe (BF16; FP8 adds precision=fp8,scaling=delayed) | FP8/BF16 pub | FP8/BF16 model "
            "| err | target | step s pub FP8 / BF16 | step s model FP8 / BF16 | err FP8 / BF16 |",

@@ -12,6 +12,26 @@ CONFIGS = {"LLAMA3_70B": os.path.join("examples", "hf", "llama-3.1-70b.json"),
            "Qwen3_30B_a3B": os.path.join("examples", "hf", "qwen3-30b-a3b.json"),
            "GPT3-175B": os.path.join("benchmarks", "configs", "gpt3-175b.json")}
 MACHINES = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}
+#: What NVIDIA's performance recipe of a MoE row sets beyond the published columns, in recipe
+#: words, keyed (model, system, GPUs, EP): Megatron-Bridge scripts/performance/configs/qwen/
+#: qwen3_workload_base_configs.py (01b2977e) QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1: 16 GPUs,
+#: EP 16, ``moe_flex_dispatcher_backend="hybridep"``, ``moe_a2a_overlap=False``; the same file at
+#: 953aabf75 (Dec 2025, research note moe.md section 5): the H100 preset of PP 2 x VP 12 with EP 8
+#: sets ``moe_a2a_overlap`` (Megatron-Core's --overlap-moe-expert-parallel-comm).
+MOE_PRESETS = {("Qwen3_30B_a3B", "DGX-H100", 16, 16): "dispatcher=hybridep",
+               ("Qwen3_30B_a3B", "DGX-H100", 16, 8): "ep_overlap=true"}
+
+
+#: Rows of the same tables read here, beside the shared file's: NVIDIA's other Qwen3-30B-A3B layout
+#: on 16 H100 (Megatron-Bridge performance-summary-archive.md (its docs folder), "26.02.01 NeMo Container",
+#: DGX-H100 Qwen3_30B_a3B: FP8, GBS 1024, MBS 1, seq 4096, TP 1, PP 2, VP 12, EP 8, 9058 tokens/s/GPU),
+#: measured equal to the EP 16 row of 26.04.01 (28.9 s and 29.3 s a step; issue 42).
+EXTRA_ROWS = [
+    {"source_file": "NVIDIA-NeMo/Megatron-Bridge performance-summary-archive.md (its docs folder) (26.02.01 NeMo Container)",
+     "container": "26.02.01 NeMo Container", "system": "DGX-H100", "model": "Qwen3_30B_a3B", "gpus": 16,
+     "precision": "FP8", "gbs": 1024, "mbs": 1, "seq": 4096, "fsdp": 0, "tp": 1, "pp": 2, "cp": 1, "vp": 12, "ep": 8,
+     "tokens_per_s_per_gpu": 9058, "model_tflops_per_gpu": 208, "variant": "second layout"},
+]
 
 
 def scaling(row: dict) -> str:
@@ -20,14 +40,22 @@ def scaling(row: dict) -> str:
     return "delayed" if row["container"].startswith("NeMo 24.") else "current"
 
 
-def nemo_recipe(row: dict, precision: bool = True) -> str:
-    """The published layout of a row as ``--recipe`` words (``precision``: with FP8 and its scaling)."""
+def nemo_recipe(row: dict, precision: bool = True, preset: bool = True) -> str:
+    """The published layout of a row as ``--recipe`` words (``precision``: with FP8 and its
+    scaling; ``preset``: with what NVIDIA's recipe sets of the experts, :data:`MOE_PRESETS`). A
+    pipeline without virtual stages (VP ``n/a`` or 1) runs 1F1B: Megatron interleaves only when
+    told (``--num-layers-per-virtual-pipeline-stage``)."""
     tp, pp, cp = row["tp"], row["pp"], row["cp"]
     parts = [f"dp={row['gpus'] // (tp * pp * cp)}", f"tp={tp}", f"pp={pp}", f"cp={cp}",
              f"zero={3 if row.get('fsdp') else 1}"]
     if row.get("vp") and row["vp"] > 1:
         parts += ["schedule=interleaved", f"vpp={row['vp']}"]
+    elif pp > 1:
+        parts.append("schedule=1f1b")
     parts += [f"ep={row.get('ep') or 1}", f"microbatch={row['mbs']}"]
+    extra = MOE_PRESETS.get((row["model"], row["system"], row["gpus"], row.get("ep") or 1))
+    if preset and extra:
+        parts.append(extra)
     if precision:
         parts += ["precision=fp8", f"scaling={scaling(row)}"]
     return ",".join(parts)
@@ -39,7 +67,7 @@ def nemo_rows(folder: str) -> list:
     with open(os.path.join(folder, "nemo-megatron-bridge.json")) as f:
         data = json.load(f)
     out = []
-    for r in data["rows"]:
+    for r in data["rows"] + EXTRA_ROWS:
         if r["model"] not in CONFIGS or r["system"] not in MACHINES:
             raise SystemExit(f"nemo.py: no config or machine for {r['model']} on {r['system']}")
         base = dict(name=f"{r['model']} {r['system']} {r['gpus']} GPUs ({r['container']})", engine="megatron",

@@ -277,6 +277,9 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
     tp, pp, cp = (_int(a, f"--{n}-parallel-size", 1) for n in ("tensor-model", "pipeline-model", "context"))
     layers = _int(a, "--num-layers")
     chunk = _int(a, "--num-layers-per-virtual-pipeline-stage")
+    # Megatron-LM counts the embedding and the loss in the chunk's layers when it accounts for them.
+    extras = int(bool(a.get("--account-for-embedding-in-pipeline-split"))) + \
+        int(bool(a.get("--account-for-loss-in-pipeline-split")))
     fields = dict(
         num_layers=layers, hidden_size=_int(a, "--hidden-size"), num_attention_heads=_int(a, "--num-attention-heads"),
         kv_channels=_int(a, "--kv-channels"), num_query_groups=_int(a, "--num-query-groups"),
@@ -292,7 +295,9 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         moe_shared_expert_intermediate_size=_int(a, "--moe-shared-expert-intermediate-size"),
         recompute_granularity=a.get("--recompute-granularity"), recompute_method=a.get("--recompute-method"),
         recompute_num_layers=_int(a, "--recompute-num-layers"),
-        virtual_pipeline_model_parallel_size=None if chunk is None else layers // (pp * chunk),
+        virtual_pipeline_model_parallel_size=None if chunk is None else (layers + extras) // (pp * chunk),
+        account_for_embedding_in_pipeline_split=bool(a.get("--account-for-embedding-in-pipeline-split")),
+        account_for_loss_in_pipeline_split=bool(a.get("--account-for-loss-in-pipeline-split")),
         num_layers_in_first_pipeline_stage=_int(a, "--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=_int(a, "--decoder-last-pipeline-num-layers"),
         pipeline_model_parallel_layout=a.get("--pipeline-model-parallel-layout"),
@@ -314,6 +319,10 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
     if "--moe-expert-capacity-factor" in a:
         fields["moe_expert_capacity_factor"] = float(a["--moe-expert-capacity-factor"])
     fields["moe_token_dispatcher_type"] = a.get("--moe-token-dispatcher-type")
+    fields["moe_flex_dispatcher_backend"] = a.get("--moe-flex-dispatcher-backend")
+    for flag in ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-shared-expert-overlap"):
+        if a.get(flag):
+            fields[flag[2:].replace("-", "_")] = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = TransformerConfig(**{k: v for k, v in fields.items() if v is not None})

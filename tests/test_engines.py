@@ -632,15 +632,19 @@ def test_megatron_moe_dispatcher_is_the_priced_all_to_all(tmp_path):
     assert a["--moe-token-dispatcher-type"] == "alltoall"
     config, _, _ = check.megatron_accepts(a, 16)
     assert config.moe_token_dispatcher_type == "alltoall"
-    # Read back: an expert-parallel file with another dispatcher, or none (allgather), is refused.
+    # Read back (issue 42): another dispatcher, or none (megatron-core's default, allgather), is
+    # priced as that dispatcher (pase.costing.training.experts); flex needs its backend.
     line = json.loads(path.read_text())["command_line"]
-    for other, shown in ((line.replace("alltoall", "allgather"), "allgather"),
-                         (line.replace("--moe-token-dispatcher-type alltoall", ""), "allgather"),
-                         (line.replace("alltoall", "flex"), "flex")):
+    for other, word in ((line.replace("alltoall", "allgather"), "dispatcher=allgather"),
+                        (line.replace("--moe-token-dispatcher-type alltoall", ""), "dispatcher=allgather"),
+                        (line.replace("alltoall", "flex --moe-flex-dispatcher-backend deepep"), "dispatcher=deepep")):
         args = tmp_path / "args.txt"
         args.write_text(other + "\n")
-        status, out, err = run(*MIXTRAL, "--recipe-from", args)
-        assert status == 2 and f"cannot express --moe-token-dispatcher-type {shown}" in err, err
+        status, out, err = run(*MIXTRAL, "--recipe-from", args, "--json")
+        assert status == 0 and word in json.loads(out)["training"]["recipe"], err
+    args.write_text(line.replace("alltoall", "flex") + "\n")
+    status, out, err = run(*MIXTRAL, "--recipe-from", args)
+    assert status == 2 and "--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend" in err, err
 
 
 #: Hugging Face configs whose Megatron-LM arguments the Llama and Mixtral cases do not write:

@@ -34,7 +34,7 @@ from pase.machines.measured import ELEMENT_TRAFFIC
 from pase.machines.specs import DTYPE_BYTES, DTYPES
 
 __all__ = ["PRECISIONS", "FP8_SCALINGS", "QUANT_BYTES", "WEIGHT_CACHE_ORIENTATIONS", "PrecisionPricing",
-           "machine_precisions", "check_precision", "quant_key"]
+           "machine_precisions", "check_precision", "quant_key", "tp_overlap_share", "HIGH_PRECISION_COMM"]
 
 #: Number formats a plan's weight products may run in (``--recipe precision=``).
 PRECISIONS = DTYPES
@@ -64,6 +64,28 @@ QUANT_BYTES = {
 }
 #: Low-precision copies of each converted weight kept for the step: row- and column-wise.
 WEIGHT_CACHE_ORIENTATIONS = 2.0
+
+
+#: FP8 recipes whose distributed communication stays in high precision: torchao's ``rowwise``
+#: (torchtitan ``docs/float8.md``:31; the Float8 all-gathers of FSDP and tensor parallelism run
+#: with tensorwise scaling only).
+HIGH_PRECISION_COMM = (("fp8", "rowwise"),)
+
+
+def tp_overlap_share(options) -> float:
+    """Share of a layer's tensor-parallel collectives an overlap of them with the GEMMs can hide:
+    1, but 0.5 with FP8 ``rowwise`` scaling: torch's asynchronous tensor parallelism fuses the
+    matmul-then-reduce-scatter patterns with rowwise scales but not the all-gather-then-matmul
+    ones (pytorch/pytorch issue #149990, "[Async TP] all-gather-matmuls not fusing properly when
+    rowwise scales are used", March 2025; torchtitan's asyncTP benchmark of June 2025: rowwise
+    gains 1.04x from async TP where tensorwise gains 1.16x), and in tensor parallelism each layer
+    all-gathers as much as it reduce-scatters (its input forward, its output gradient backward).
+
+    >>> from types import SimpleNamespace as O
+    >>> tp_overlap_share(O(precision="fp8", fp8_scaling="rowwise")), tp_overlap_share(O(precision="bf16"))
+    (0.5, 1.0)
+    """
+    return 0.5 if quant_key(options) in HIGH_PRECISION_COMM else 1.0
 
 
 def quant_key(options) -> tuple:
@@ -138,7 +160,7 @@ class PrecisionPricing:
         # The weight's low-precision copy is kept across micro-batches, but ZeRO-3 gathers the
         # weight again for every micro-batch and casts it again.
         per_step = 1.0 if options.zero == 3 else 1.0 / options.microbatches
-        cast_elements = np.maximum(elements - weights - self._not_cast(v), 0.0) + weights * per_step
+        cast_elements = np.maximum(elements - weights - self._not_cast(v, options), 0.0) + weights * per_step
         return low - bf16 + self.cast_seconds(cast_elements, options)
 
     def gemm_seconds(self, v: int, options) -> np.ndarray:
@@ -157,7 +179,7 @@ class PrecisionPricing:
         producers = {t.producer for t in self.layers.network.layers[v].inputs if t.producer is not None}
         return producers.pop() if len(producers) == 1 else None
 
-    def _not_cast(self, v: int) -> np.ndarray | float:
+    def _not_cast(self, v: int, options=None) -> np.ndarray | float:
         """Elements of ``v``'s activation operands its GEMMs count that no cast of its own
         reads, per configuration row (a weight product, ``Layer.product``, only):
 
@@ -171,7 +193,12 @@ class PrecisionPricing:
           with the input's quantizer in the forward pass, the output gradient's in the backward
           pass of a row-parallel layer), so a device casts ``1 / r`` of an operand replicated on
           ``r`` of its devices (``r`` = the devices of the layer over those of the operand's
-          layout)."""
+          layout). Not with FP8 ``rowwise`` scaling (:data:`HIGH_PRECISION_COMM`): torchao's
+          rowwise recipe does all distributed communication in high precision (torchtitan
+          ``docs/float8.md``: "For float8 with rowwise scaling, all distributed communication is
+          done in high precision"; ``torchtitan/models/llama3/infra/parallelize.py``: "For rowwise
+          recipes, we use regular TP and all-gather happens in high precision"), so each device
+          casts the gathered operand whole."""
         c = self.layers
         layer = c.network.layers[v]
         if not layer.product or not layer.inputs:
@@ -186,6 +213,8 @@ class PrecisionPricing:
         u = self._producer(v)
         shared = u is not None and any(w < v and self.eligible()[w] and c.network.layers[w].product
                                        and self._producer(w) == u for w in c.structure.consumers.get(u, []))
+        if options is not None and quant_key(options) in HIGH_PRECISION_COMM:
+            sp = np.zeros_like(sp)  # gathered in BF16, then cast whole on every device
         gathered_in = np.where(sp, inputs * (1.0 - in_cfg / used), 0.0)
         gathered_out = np.where(sp, outputs * (1.0 - out_cfg / used), 0.0)
         return (inputs if shared else gathered_in) + gathered_out

@@ -16,11 +16,12 @@ import shlex
 
 from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING
 from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch, check_sequence, folded_etp,
-                                        looped_stages, make_recipe, whole)
+                                        make_recipe, whole)
 from pase.outputs.titan_export import LAUNCH_MARK
 from pase.outputs.titan_recipes import (launch_engine, recipe_from_launch, recipe_from_torchtitan,
                                         toml_engine)
 from pase.planning.mesh import Recipe
+from pase.planning.pipeline import chunk_sizes, extra_word, unit_split, virtual_order
 
 __all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_launch",
            "recipe_from_megatron", "recipe_from_deepspeed", "MAX_RECIPE_FILE_BYTES"]
@@ -139,18 +140,23 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16", "--fp8-param-gather",
     "--fp4-param-gather", "--use-rope-scaling",
 }
+#: Switches read into the recipe that are not among the passive ones (the pipeline's extras).
+_MEGATRON_SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-shared-expert-overlap",
+                      "--moe-enable-deepep"}
 _MEGATRON_VALUED = {
     "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe",
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size",
     "--data-parallel-sharding-strategy", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout", "--num-layers", "--hidden-size",
     "--num-attention-heads", "--kv-channels",
     "--num-query-groups", "--ffn-hidden-size", "--normalization", "--position-embedding-type", "--seq-length",
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
-    "--moe-token-dispatcher-type", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
+    "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
 }
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
@@ -187,7 +193,7 @@ def _megatron_arguments(text: str) -> dict:
                 i += 1
             else:
                 raise ValueError(f"argument {flag} needs a value")
-        elif flag in _MEGATRON_PASSIVE_SWITCHES:
+        elif flag in _MEGATRON_PASSIVE_SWITCHES or flag in _MEGATRON_SWITCHES:
             if eq:
                 raise ValueError(f"argument {flag} is a switch: it takes no value")
             args[flag] = True
@@ -255,17 +261,37 @@ def _megatron_degrees(args: dict, procs: int) -> dict:
     if procs % (d["tp"] * d["pp"] * d["cp"]):
         raise ValueError(f"tp x pp x cp = {d['tp'] * d['pp'] * d['cp']} does not divide the {procs} devices of -p")
     d["dp"] = procs // (d["tp"] * d["pp"] * d["cp"])
-    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
-    if dispatcher not in ("allgather", "alltoall", "flex"):
-        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
-    if d["ep"] > 1 and dispatcher != "alltoall":
-        raise ValueError(f"cannot express --moe-token-dispatcher-type {dispatcher} with expert parallelism (priced: "
-                         "alltoall, the tokens traded by all-to-all; allgather is Megatron-LM's default)")
     d["etp"] = _megatron_int(args, "--expert-tensor-parallel-size", d["tp"]) if d["ep"] > 1 else None
     if d["etp"] is not None and d["tp"] % d["etp"]:
         raise ValueError(f"cannot express --expert-tensor-parallel-size {d['etp']}: the experts are priced split by "
                          f"a divisor of tp ({d['tp']}) (MoE parallel folding)")
     return d
+
+
+def _megatron_experts(args: dict, ep: int) -> dict:
+    """``dispatcher``, ``ep_overlap`` and ``shared_overlap`` of the expert arguments
+    (:data:`~pase.outputs.engines.MEGATRON_DISPATCHER` read back): the dispatcher type (megatron-core's
+    default ``allgather``), the flex dispatcher's backend (``--moe-flex-dispatcher-backend``, or the
+    deprecated ``--moe-enable-deepep``), the batch-level overlap and the shared experts' overlap."""
+    dispatcher = args.get("--moe-token-dispatcher-type", "allgather")  # megatron-core's default
+    if dispatcher not in ("allgather", "alltoall", "flex"):
+        raise ValueError(f"--moe-token-dispatcher-type must be allgather, alltoall or flex, got {dispatcher!r}")
+    backend = args.get("--moe-flex-dispatcher-backend", "deepep" if "--moe-enable-deepep" in args else None)
+    if dispatcher == "flex":
+        if backend not in ("deepep", "hybridep"):
+            raise ValueError("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend deepep or hybridep"
+                             + (f", got {backend!r}" if backend is not None else ""))
+        dispatcher = backend
+    elif backend is not None:
+        raise ValueError(f"--moe-flex-dispatcher-backend {backend} needs --moe-token-dispatcher-type flex")
+    overlap = "--overlap-moe-expert-parallel-comm" in args
+    if overlap != ("--delay-wgrad-compute" in args):
+        raise ValueError("--overlap-moe-expert-parallel-comm is priced with --delay-wgrad-compute (Megatron-Bridge's "
+                         "recipes set both; one without the other is not priced)")
+    if ep <= 1:
+        return {}
+    return {"dispatcher": None if dispatcher == "alltoall" else dispatcher, "ep_overlap": overlap or None,
+            "shared_overlap": ("--moe-shared-expert-overlap" in args) or None}
 
 
 def _megatron_batch(args: dict, dp: int, batch: int, network) -> int:
@@ -341,26 +367,34 @@ def _megatron_first_last(first, last, blocks, pp: int) -> tuple:
 
 
 def _megatron_pipeline(args: dict, pp: int, network) -> dict:
-    """``schedule``, ``vpp`` and ``stages`` of the pipeline arguments (none without pp)."""
+    """``schedule``, ``vpp``, ``stages`` and ``pipeline_extra`` of the pipeline arguments (none
+    without pp)."""
     if pp == 1:
         return {}
     blocks = _megatron_int(args, "--num-layers") or blocks_of(network)
     per_chunk = _megatron_int(args, "--num-layers-per-virtual-pipeline-stage")
+    virtual = _megatron_int(args, "--num-virtual-stages-per-pipeline-rank")
     first = _megatron_int(args, "--decoder-first-pipeline-num-layers")
     last = _megatron_int(args, "--decoder-last-pipeline-num-layers")
+    extra = (int("--account-for-embedding-in-pipeline-split" in args),
+             int("--account-for-loss-in-pipeline-split" in args))
     layout = args.get("--pipeline-model-parallel-layout")
+    if per_chunk is not None and virtual is not None:
+        raise ValueError("--num-layers-per-virtual-pipeline-stage with --num-virtual-stages-per-pipeline-rank: "
+                         "Megatron-LM takes one of them")
     if layout is not None:
-        if per_chunk is not None or first is not None or last is not None:
-            raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage or "
-                             "--decoder-first/last-pipeline-num-layers: Megatron-LM takes one of them")
-        chunks = _megatron_layout(layout, pp)
-        if blocks is not None and sum(chunks) != blocks:
-            raise ValueError(f"--pipeline-model-parallel-layout has {sum(chunks)} transformer layers, the model "
-                             f"{blocks}")
-        if len(chunks) == pp:
-            return {"schedule": "1f1b", "stages": tuple(chunks)}
-        stages, vpp = looped_stages(chunks, pp, "--pipeline-model-parallel-layout")
-        return {"schedule": "interleaved", "vpp": vpp, "stages": stages}
+        if per_chunk is not None or virtual is not None or first is not None or last is not None or sum(extra):
+            raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage, "
+                             "--num-virtual-stages-per-pipeline-rank, --decoder-first/last-pipeline-num-layers or "
+                             "--account-for-*-in-pipeline-split: Megatron-LM takes one of them")
+        return _layout_pipeline(layout, pp, blocks)
+    if sum(extra):
+        if first is not None or last is not None:
+            raise ValueError("--account-for-*-in-pipeline-split with --decoder-first/last-pipeline-num-layers: "
+                             "Megatron-LM refuses them together")
+        return _accounted_pipeline(blocks, pp, extra, per_chunk, virtual)
+    if virtual is not None and virtual > 1:
+        return {"schedule": "interleaved", "vpp": virtual}
     if per_chunk is not None:
         if first is not None or last is not None:
             raise ValueError("cannot express --decoder-first/last-pipeline-num-layers with interleaving")
@@ -377,6 +411,52 @@ def _megatron_pipeline(args: dict, pp: int, network) -> dict:
                          "--decoder-first/last-pipeline-num-layers)")
     # Megatron's even split, fixed (not searched); one chunk per stage: 1F1B.
     return {"schedule": "1f1b", "stages": (blocks // pp,) * pp if blocks is not None else None}
+
+
+def _accounted_pipeline(blocks, pp: int, extra: tuple, per_chunk, virtual) -> dict:
+    """The pipeline of ``--account-for-embedding-in-pipeline-split`` and/or
+    ``--account-for-loss-in-pipeline-split``: the embedding and the loss count as layers, the
+    units split evenly over the stages (and their chunks: ``--num-layers-per-virtual-pipeline-stage``
+    counts units, megatron/training/arguments.py; or ``--num-virtual-stages-per-pipeline-rank``)."""
+    if blocks is None:
+        raise ValueError("--account-for-*-in-pipeline-split needs --num-layers (or a graph that declares its layers)")
+    units = blocks + sum(extra)
+    vpp = virtual or 1
+    if per_chunk is not None:
+        if units % (pp * per_chunk):
+            raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per_chunk} does not divide the {units} "
+                             f"pipeline layers (the embedding and the loss counted) into {pp} stages")
+        vpp = units // (pp * per_chunk)
+    stages = unit_split(blocks, pp, extra, vpp)
+    if stages is None:
+        raise ValueError(f"{blocks} layers + {sum(extra)} (--account-for-*-in-pipeline-split) do not split evenly "
+                         f"into {pp} stages" + (f" of {vpp} chunks" if vpp > 1 else "") + " (Megatron-LM refuses it)")
+    out = {"schedule": "interleaved" if vpp > 1 else "1f1b", "stages": stages, "pipeline_extra": extra_word(extra)}
+    return dict(out, vpp=vpp) if vpp > 1 else out
+
+
+def _layout_pipeline(layout: str, pp: int, blocks) -> dict:
+    """The pipeline of a ``--pipeline-model-parallel-layout`` (:func:`_megatron_layout`): 1F1B
+    stages, or interleaved chunks as the model prices them (:func:`~pase.planning.pipeline.chunk_sizes`),
+    the embedding and the loss counted in the chunks where they sit alone or make a chunk one
+    layer short (``pipeline_extra``)."""
+    chunks = _megatron_layout(layout, pp)
+    where = "--pipeline-model-parallel-layout"
+    if blocks is not None and sum(chunks) != blocks:
+        raise ValueError(f"{where} has {sum(chunks)} transformer layers, the model {blocks}")
+    if len(chunks) == pp:
+        if min(chunks) < 1:
+            raise ValueError(f"cannot express {where}: a pipeline stage without transformer layers")
+        return {"schedule": "1f1b", "stages": tuple(chunks)}
+    vpp = len(chunks) // pp
+    totals = tuple(sum(chunks[s::pp]) for s in range(pp))
+    for extra in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        if chunk_sizes(totals, vpp, extra) is not None and virtual_order(totals, vpp, extra) == list(chunks):
+            out = {"schedule": "interleaved", "vpp": vpp, "stages": totals}
+            return dict(out, pipeline_extra=extra_word(extra)) if sum(extra) else out
+    raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are priced "
+                     "one block apart at most (the embedding or the loss counted as one where a chunk holds it), "
+                     "the largest stage a multiple of the chunks per stage")
 
 
 def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Recipe:
@@ -396,6 +476,7 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
                        etp=folded_etp(d["dp"], d["tp"], d["ep"], d["etp"]), zero=zero, recompute=recompute,
                        recompute_layers=recompute_layers, microbatch=micro, sp=sp if d["tp"] > 1 else None,
                        tp_overlap=overlap_tp, **_megatron_pipeline(args, d["pp"], network),
+                       **_megatron_experts(args, d["ep"]),
                        **_megatron_precision(args, zero))
 
 
@@ -438,7 +519,8 @@ def _megatron_layout(text: str, pp: int) -> list:
     (chunk ``i`` on pipeline rank ``i mod pp``): chunks split by ``|``; ``E`` the embedding,
     ``t`` a transformer layer, ``L`` the loss (output layer); ``X*N`` and ``(...)*N`` repeat;
     commas are only for the eye. The embedding must open the first chunk and the loss close
-    the last, as priced; multi-token prediction layers (``m``) are not priced."""
+    the last, as priced (a chunk may hold one of them alone); multi-token prediction layers
+    (``m``) are not priced."""
     shown = text if len(text) <= 60 else text[:57] + "..."
     where = f"--pipeline-model-parallel-layout {shown!r}"
     chunks = _unroll(text.replace(",", ""), where).split("|")
@@ -453,10 +535,9 @@ def _megatron_layout(text: str, pp: int) -> list:
         raise ValueError(f"{where}: the embedding E must open the first stage and the loss L close the last, once each")
     if len(chunks) % pp:
         raise ValueError(f"{where} has {len(chunks)} stages, not a multiple of pp {pp}")
-    counts = [c.count("t") for c in chunks]
-    if min(counts) < 1:
-        raise ValueError(f"cannot express {where}: a stage without transformer layers")
-    return counts
+    if any(not c for c in chunks):
+        raise ValueError(f"cannot express {where}: a stage without transformer layers, the embedding or the loss")
+    return [c.count("t") for c in chunks]
 
 
 #: Megatron-LM's FP8 formats priced alike (E4M3 throughout or E5M2 gradients: one byte each).

@@ -30,14 +30,15 @@ from pase.core.checks import a_training_plan
 from pase.outputs import titan_export
 from pase.outputs.engine_base import DEVICES_PER_NODE, EngineRefusal, check_runs, setting, torchrun
 from pase.outputs.titan_export import (TITAN_FLOAT8_RECIPES, TITAN_MIN_DIM, TITAN_MX_RECIPE, TORCHTITAN_VERSION,
-                                       titan_precision_refusal, toml_text, torchtitan_fqns)
+                                       titan_precision_refusal, toml_text, torchtitan_fqns, torchtitan_settings)
 from pase.planning.engine_runs import EnginePlan, engine_plan
-from pase.planning.pipeline import virtual_order
+from pase.planning.pipeline import extra_units, unit_split, virtual_order
 
 __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspeed_settings", "WRITERS", "engine_view",
            "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
            "MEGATRON_PRECISION", "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal",
-           "megatron_model_settings"]
+           "megatron_model_settings", "megatron_pipeline_arguments", "megatron_dispatcher_arguments",
+           "MEGATRON_DISPATCHER"]
 
 #: Megatron-LM's arguments per format (``EnginePlan.precision_word``): Transformer Engine's
 #: recipes, FP8 in its ``hybrid`` format (E4M3 forward, E5M2 gradients); then the switch that
@@ -139,8 +140,8 @@ def _model_arguments(plan: EnginePlan) -> list:
         # Every expert's GEMMs as one grouped GEMM, as priced (the MoE layer's cost); without
         # --moe-grouped-gemm megatron-core runs the experts one after another (SequentialMLP).
         args += [("--num-experts", moe["experts"]), ("--moe-router-topk", moe["top_k"]),
-                 ("--moe-ffn-hidden-size", moe["width"]), ("--moe-token-dispatcher-type", "alltoall"),
-                 ("--moe-grouped-gemm", None)]
+                 ("--moe-ffn-hidden-size", moe["width"])] + megatron_dispatcher_arguments(plan) + \
+            [("--moe-grouped-gemm", None)]
         if moe["shared"]:
             args.append(("--moe-shared-expert-intermediate-size", moe["shared"] * moe["shared_width"]))
         if moe["dense"]:
@@ -185,6 +186,30 @@ def megatron_model_settings(a: dict) -> list:
     return args + [("--norm-epsilon", float(a["norm_eps"]))]
 
 
+#: Megatron-LM's arguments of each dispatcher (``EnginePlan.moe_dispatcher``): megatron-core 0.16.1
+#: ``--moe-token-dispatcher-type``, and the flex dispatcher's backend (``--moe-flex-dispatcher-backend``,
+#: which replaced the deprecated ``--moe-enable-deepep``, transformer_config.py:1063-1072).
+MEGATRON_DISPATCHER = {
+    "alltoall": (("--moe-token-dispatcher-type", "alltoall"),),
+    "allgather": (("--moe-token-dispatcher-type", "allgather"),),
+    "deepep": (("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")),
+    "hybridep": (("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "hybridep")),
+}
+
+
+def megatron_dispatcher_arguments(plan: EnginePlan) -> list:
+    """The token dispatcher and its overlaps as priced: :data:`MEGATRON_DISPATCHER`, then
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``ep_overlap``: the batch-level
+    overlap; Megatron-Bridge's performance recipes set both, scripts/performance/utils/overrides.py)
+    and ``--moe-shared-expert-overlap`` (``shared_overlap``)."""
+    args = list(MEGATRON_DISPATCHER[plan.moe_dispatcher])
+    if plan.ep_overlap:
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+    if plan.shared_overlap:
+        args.append(("--moe-shared-expert-overlap", None))
+    return args
+
+
 def _precision_arguments(plan: EnginePlan) -> list:
     """Transformer Engine's recipe for the plan's format (:data:`MEGATRON_PRECISION`; none for
     BF16): Megatron keeps the embedding and output layer out of it, as priced."""
@@ -224,32 +249,58 @@ def _parallel_arguments(plan: EnginePlan) -> list:
         if plan.zero >= 1:
             args.append(("--overlap-param-gather", None))
     if plan.pp > 1:
-        if plan.vpp > 1 and len(set(plan.counts)) == 1:
-            args.append(("--num-layers-per-virtual-pipeline-stage", plan.counts[0] // plan.vpp))
-        elif plan.vpp > 1 or len(set(plan.counts[1:-1])) > 1:
-            # Chunks of two sizes, or middle stages of different sizes: Megatron-LM's explicit
-            # layout says every model chunk (megatron-core's PipelineParallelLayerLayout).
-            args.append(("--pipeline-model-parallel-layout", megatron_layout(plan.counts, plan.vpp)))
-        elif len(set(plan.counts)) > 1:
-            args.append(("--decoder-first-pipeline-num-layers", plan.counts[0]))
-            if plan.pp > 2:
-                args.append(("--decoder-last-pipeline-num-layers", plan.counts[-1]))
+        args += megatron_pipeline_arguments(plan)
     return args
 
 
-def megatron_layout(counts, vpp: int = 1) -> str:
+def megatron_pipeline_arguments(plan: EnginePlan) -> list:
+    """Megatron-LM's pipeline arguments of a plan's stages (``counts``), chunks (``vpp``) and
+    ``pipeline_extra``: with the embedding and/or the loss counted as layers and the stages
+    Megatron's even split of them (:func:`~pase.planning.pipeline.unit_split`),
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` (and
+    ``--num-layers-per-virtual-pipeline-stage`` in those units, megatron/training/arguments.py
+    counts them so); equal stages, the layers per chunk; chunks of two sizes, middle stages of
+    different sizes or another split with extras, the explicit ``--pipeline-model-parallel-layout``;
+    else the first and last stages' layer counts."""
+    extra = extra_units(plan.pipeline_extra)
+    units = sum(plan.counts) + sum(extra)
+    if sum(extra) and tuple(plan.counts) == unit_split(sum(plan.counts), plan.pp, extra, plan.vpp):
+        args = [(flag, None) for flag, on in (("--account-for-embedding-in-pipeline-split", extra[0]),
+                                              ("--account-for-loss-in-pipeline-split", extra[1])) if on]
+        if plan.vpp > 1:
+            args.append(("--num-layers-per-virtual-pipeline-stage", units // (plan.pp * plan.vpp)))
+        return args
+    if plan.vpp > 1 and len(set(plan.counts)) == 1 and not sum(extra):
+        return [("--num-layers-per-virtual-pipeline-stage", plan.counts[0] // plan.vpp)]
+    if plan.vpp > 1 or len(set(plan.counts[1:-1])) > 1 or sum(extra):
+        # Chunks of two sizes, middle stages of different sizes, or the embedding or loss in a
+        # chunk of their own: Megatron-LM's explicit layout says every model chunk (megatron-core's
+        # PipelineParallelLayerLayout).
+        return [("--pipeline-model-parallel-layout", megatron_layout(plan.counts, plan.vpp, extra))]
+    if len(set(plan.counts)) > 1:
+        args = [("--decoder-first-pipeline-num-layers", plan.counts[0])]
+        if plan.pp > 2:
+            args.append(("--decoder-last-pipeline-num-layers", plan.counts[-1]))
+        return args
+    return []
+
+
+def megatron_layout(counts, vpp: int = 1, extra=(0, 0)) -> str:
     """Megatron-LM's ``--pipeline-model-parallel-layout`` of blocks per pipeline stage (in
-    ``vpp`` interleaved chunks each, :func:`pase.planning.pipeline.virtual_order`): model
-    chunks in the model's order split by ``|`` (chunk ``j`` on stage ``j mod pp``), ``t*N`` for N
-    transformer layers, the embedding ``E`` before the first chunk's layers and the loss (output
-    layer) ``L`` after the last chunk's, as priced.
+    ``vpp`` interleaved chunks each, :func:`pase.planning.pipeline.virtual_order`, the embedding
+    and the loss counted in them where ``extra`` says): model chunks in the model's order split
+    by ``|`` (chunk ``j`` on stage ``j mod pp``), ``t*N`` for N transformer layers, the embedding
+    ``E`` before the first chunk's layers and the loss (output layer) ``L`` after the last
+    chunk's, as priced (a chunk of neither layers holds one of them alone).
 
     >>> megatron_layout((7, 8, 10, 7))
     'Et*7|t*8|t*10|t*7L'
     >>> megatron_layout((3, 4), 2)
     'Et*1|t*2|t*2|t*2L'
+    >>> megatron_layout((1, 2, 1), 2, (1, 1))
+    'E|t*1|t*1|t*1|t*1|L'
     """
-    return "E" + "|".join(f"t*{c}" for c in virtual_order(counts, vpp)) + "L"
+    return "E" + "|".join(f"t*{c}" if c else "" for c in virtual_order(counts, vpp, extra)) + "L"
 
 
 def megatron_settings(plan, per_node: int | None = None, profile=None) -> dict:

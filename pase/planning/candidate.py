@@ -52,10 +52,16 @@ class Candidate:
                 parts.append(f"pp={self.mesh.pp}")
                 if pipe.get("schedule") == "interleaved":
                     parts += ["schedule=interleaved", f"vpp={pipe['vpp']}"]
+                if pipe.get("pipeline_extra"):
+                    parts.append(f"pipeline_extra={pipe['pipeline_extra']}")
             if self.mesh.tp > 1 and not self.mesh.sp:
                 parts.append("sp=false")
         if o.tp_overlap:
             parts.append("tp_overlap=true")
+        if self.mesh is not None and self.mesh.ep > 1:  # the experts' dispatcher and overlaps, where not plain
+            if o.moe_dispatcher != "alltoall":
+                parts.append(f"dispatcher={o.moe_dispatcher}")
+            parts += [f"{k}=true" for k in ("ep_overlap", "shared_overlap") if getattr(o, k)]
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if o.recompute == "block":
             parts.append(f"recompute_layers={o.recompute_layers}")
@@ -94,7 +100,7 @@ class Candidate:
                       recompute_layers=self.options.recompute_layers or None,
                       schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
                       else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
-                      etp=mesh.expert_tp if mesh.folded else None)
+                      etp=mesh.expert_tp if mesh.folded else None, pipeline_extra=pipe.get("pipeline_extra"))
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class Priced:
     peak_memory_bytes: float
     #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
     recompute_layers: int = 0
+    #: The embedding and/or the loss counted as pipeline layers (``pipeline_extra``), if any.
+    pipeline_extra: str | None = None
 
     def recipe(self) -> Recipe:
         """The configuration as a recipe fixing every choice."""
@@ -121,4 +129,4 @@ class Priced:
                       microbatch=self.microbatch, schedule=self.schedule,
                       vpp=self.vpp if self.schedule == "interleaved" else None,
                       sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
-                      etp=mesh.expert_tp if mesh.folded else None)
+                      etp=mesh.expert_tp if mesh.folded else None, pipeline_extra=self.pipeline_extra)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
+from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, TP_OVERLAP_KINDS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
            "STEP_COMPUTE_EFFICIENCY", "band_of", "BAND_FLOOR"]
@@ -74,12 +75,16 @@ FACTS = {
     "block_overhead_seconds": float,
     "chunk_overhead_seconds": float,
     "pipeline_tp_wait_seconds": float,
+    "moe_dispatcher": MOE_DISPATCHERS,
+    "expert_gemm": EXPERT_GEMMS,
+    "tp_overlap_kind": TP_OVERLAP_KINDS,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
 OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
                   "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
-                  "pipeline_tp_wait_seconds": 0.0}
+                  "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
+                  "tp_overlap_kind": "userbuffers"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -204,6 +209,9 @@ class EngineProfile:
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
+            "moe_dispatcher": f["moe_dispatcher"],
+            "expert_gemm": f["expert_gemm"],
+            "tp_overlap_kind": f["tp_overlap_kind"],
             "zero1_reduce": f["zero1_gradient_collective"],
             "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
             "block_overhead_seconds": f["block_overhead_seconds"],

@@ -68,6 +68,12 @@ class EnginePlan(ExpertGrid):
     etp: int | None = None
     #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
     recompute_layers: int = 0
+    #: The embedding and/or the loss counted as pipeline layers (``pipeline_extra``).
+    pipeline_extra: str = "none"
+    #: The mixture of experts' token dispatcher and overlaps (``pase.costing.training.experts``).
+    moe_dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    shared_overlap: bool = False
 
     @property
     def precision_word(self) -> str:
@@ -105,7 +111,10 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         microbatches=o.microbatches, schedule=schedule, vpp=vpp, counts=counts, tp_overlap=bool(o.tp_overlap),
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
-        fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers)
+        fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers,
+        pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none",
+        moe_dispatcher=getattr(o, "moe_dispatcher", "alltoall"), ep_overlap=bool(getattr(o, "ep_overlap", False)),
+        shared_overlap=bool(getattr(o, "shared_overlap", False)))
 
 
 @lru_cache(maxsize=None)
@@ -128,6 +137,7 @@ _GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeR
             "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
             "no ZeRO-{value}", "fold": "{name} has no MoE parallel folding (expert parallelism beyond dp, or etp "
             "not tp)", "fold_etp": "{name} folds the experts with no expert tensor parallelism {value}", "recompute": "{name} has no recomputation policy '{value}'",
+            "pipeline_extra": "{name} counts no embedding or loss as a pipeline layer (pipeline_extra={value})",
             "tp_overlap": "{name} does not overlap tensor-parallel communication as priced (tp_overlap=true)",
             "architecture": "{name} builds the model from its shape, which this graph does not declare",
             "export:precision": "{name}'s file cannot say {value} training (bf16 only)",
@@ -186,6 +196,10 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
         return _why(profile, "pp")
     if plan.pp > 1 and schedules and plan.schedule not in schedules:
         return _why(profile, "schedule", plan.schedule)
+    if plan.pp > 1 and plan.pipeline_extra != "none" and plan.pipeline_extra not in runs.get("pipeline_extra",
+                                                                                          ("none",)):
+        # A new word: an engine whose profile does not list it counts only its blocks.
+        return _why(profile, "pipeline_extra", plan.pipeline_extra)
     if plan.pp > 1 and zero is not None and "zero_pp" in runs and zero not in runs["zero_pp"]:
         return _why(profile, "zero_pp", zero)
     if plan.ep > 1 and runs.get("ep") is False:

@@ -249,11 +249,18 @@ class MeshMapper:
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
                "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
-               "stages", "etp")
+               "stages", "etp", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
 #: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
 PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
 SCALING_WORDS = ("delayed", "current", "rowwise", "blockwise")
+#: ``pipeline_extra=``: the embedding and/or the loss counted as pipeline layers
+#: (``pase.planning.pipeline.PIPELINE_EXTRAS``; Megatron-LM's ``--account-for-embedding-in-pipeline-split``
+#: and ``--account-for-loss-in-pipeline-split``).
+PIPELINE_EXTRA_WORDS = ("none", "embedding", "loss", "embedding+loss")
+#: ``dispatcher=``: how a mixture of experts moves its tokens
+#: (``pase.costing.training.options.MOE_DISPATCHERS``).
+DISPATCHER_WORDS = ("alltoall", "allgather", "deepep", "hybridep")
 
 
 @dataclass(frozen=True)
@@ -287,6 +294,17 @@ class Recipe:
     #: Expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``; ``None``:
     #: ``tp`` where ``ep`` divides ``dp``, else 1): MoE parallel folding where it is not ``tp``.
     etp: int | None = None
+    #: The embedding and/or the loss counted as pipeline layers (:data:`PIPELINE_EXTRA_WORDS`):
+    #: the cut is Megatron's even split of blocks and these (``pase.planning.pipeline.unit_split``)
+    #: unless ``stages`` gives one, and interleaved chunks count them.
+    pipeline_extra: str | None = None
+    #: The mixture of experts' token dispatcher (:data:`DISPATCHER_WORDS`; ``None``: the engine's),
+    #: the expert all-to-alls overlapped across micro-batches (Megatron-Core's
+    #: ``--overlap-moe-expert-parallel-comm``) and the shared experts' overlap with them
+    #: (``--moe-shared-expert-overlap``).
+    dispatcher: str | None = None
+    ep_overlap: bool | None = None
+    shared_overlap: bool | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
@@ -310,6 +328,9 @@ class Recipe:
         if self.recompute_layers is not None and self.recompute != "block":
             raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                              "add recompute=block")
+        _check_experts(self.fixed())
+        if self.pipeline_extra not in (None, "none") and self.pp == 1:
+            raise ValueError(f"recipe pipeline_extra={self.pipeline_extra} describes a pipeline, and the recipe has pp=1")
         if self.etp is not None and (self.ep is None or self.ep == 1) and self.etp != self.tp:
             raise ValueError(f"recipe etp={self.etp} needs ep > 1: expert tensor parallelism is modelled with "
                              "expert parallelism (MoE parallel folding)")
@@ -325,6 +346,29 @@ class Recipe:
                                  "parallel folding does): drop sp=false")
 
 
+def _check_experts(values: dict) -> None:
+    """The combinations of the experts' keys Megatron-Core refuses (megatron-core 0.16.1
+    transformer_config.py: the EP overlap needs the alltoall or flex dispatcher, :1866-1869, no
+    full recomputation, :1871-1879, and no shared-expert overlap, :1886-1888; the shared-expert
+    overlap needs the alltoall dispatcher, :1090-1095; the flex dispatcher refuses it,
+    token_dispatcher.py:1371-1374)."""
+    if values.get("ep_overlap"):
+        if values.get("dispatcher") == "allgather":
+            raise ValueError("recipe ep_overlap=true needs the alltoall, deepep or hybridep dispatcher "
+                             "(Megatron-Core refuses --overlap-moe-expert-parallel-comm with allgather)")
+        if values.get("recompute") in ("full", "block"):
+            raise ValueError("recipe ep_overlap=true runs without full recomputation (Megatron-Core refuses "
+                             "--overlap-moe-expert-parallel-comm with --recompute-granularity full)")
+        if values.get("shared_overlap"):
+            raise ValueError("recipe ep_overlap=true and shared_overlap=true: Megatron-Core runs one of them")
+        if values.get("schedule") == "1f1b" and values.get("pp", 2) > 1:
+            raise ValueError("recipe ep_overlap=true with a pipeline needs schedule=interleaved (Megatron-Core: "
+                             "\"virtual pipeline must be set\" for --overlap-moe-expert-parallel-comm)")
+    if values.get("shared_overlap") and values.get("dispatcher") not in (None, "alltoall"):
+        raise ValueError("recipe shared_overlap=true needs the alltoall dispatcher (Megatron-Core's flex and "
+                         "allgather dispatchers refuse --moe-shared-expert-overlap)")
+
+
 def _positive(key: str, value: str) -> int:
     if not (value.isascii() and value.isdigit()) or int(value) < 1 or len(value) > 9:
         raise ValueError(f"recipe {key} must be a positive integer, got {value!r}")
@@ -334,8 +378,11 @@ def _positive(key: str, value: str) -> int:
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers microbatch
-    schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp`` (``stages``: blocks per
-    pipeline stage, ``A/B/...``; ``recompute_layers``: with ``recompute=block`` only).
+    schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp pipeline_extra
+    dispatcher ep_overlap shared_overlap`` (``stages``: blocks per pipeline stage, ``A/B/...``;
+    ``recompute_layers``: with ``recompute=block`` only; ``pipeline_extra``: ``none``,
+    ``embedding``, ``loss`` or ``embedding+loss``, counted as pipeline layers; ``dispatcher``:
+    ``alltoall``, ``allgather``, ``deepep`` or ``hybridep``).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -379,7 +426,15 @@ def parse_recipe(text: str) -> Recipe:
             if value not in SCALING_WORDS:
                 raise ValueError(f"recipe scaling must be {', '.join(SCALING_WORDS[:-1])} or blockwise, got {value!r}")
             values[key] = value
-        elif key in ("sp", "tp_overlap", "fp8_gather"):
+        elif key == "pipeline_extra":
+            if value not in PIPELINE_EXTRA_WORDS:
+                raise ValueError(f"recipe pipeline_extra must be none, embedding, loss or embedding+loss, got {value!r}")
+            values[key] = value
+        elif key == "dispatcher":
+            if value not in DISPATCHER_WORDS:
+                raise ValueError(f"recipe dispatcher must be alltoall, allgather, deepep or hybridep, got {value!r}")
+            values[key] = value
+        elif key in ("sp", "tp_overlap", "fp8_gather", "ep_overlap", "shared_overlap"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "on", "1")
@@ -395,6 +450,7 @@ def parse_recipe(text: str) -> Recipe:
     if values.get("tp_overlap") and values.get("sp") is False:
         raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
                          "drop sp=false")
+    _check_experts(values)
     if "stages" in values:
         pp = values.setdefault("pp", len(values["stages"]))
         if pp != len(values["stages"]):

@@ -13,7 +13,7 @@ import numpy as np
 from pase.model.configs import divisors
 from pase.model.roles import roles_of
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
-from pase.planning.pipeline import chunk_sizes, cuts
+from pase.planning.pipeline import chunk_sizes, cuts, extra_units, unit_split
 
 __all__ = ["recipe_refusal", "microbatch_refusal", "occupancy_refusal", "fold_refusal"]
 
@@ -28,6 +28,10 @@ def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None
     'micro-batch 3 does not divide the per-rank batch 2 (batch 16 / dp 8)'
     >>> recipe_refusal(Recipe(pp=8, vpp=5), 16, 12)
     'pp 8 x vpp 5 = 40 chunks > 12 blocks'
+    >>> recipe_refusal(Recipe(pp=16, vpp=8), 16, 126)
+    'pp 16 x vpp 8 = 128 chunks > 126 blocks'
+    >>> recipe_refusal(Recipe(pp=16, vpp=8, pipeline_extra="embedding+loss"), 16, 126) is None
+    True
     """
     if recipe.dp is not None and batch % recipe.dp:
         return f"batch {batch} is not divisible by dp {recipe.dp}"
@@ -35,17 +39,30 @@ def recipe_refusal(recipe: Recipe, batch: int, blocks: int | None) -> str | None
         return (f"micro-batch {recipe.microbatch} does not divide the per-rank batch {batch // recipe.dp} "
                 f"(batch {batch} / dp {recipe.dp})")
     if recipe.pp is not None and recipe.pp > 1:
+        extra = extra_units(recipe.pipeline_extra)
         chunks = recipe.pp * (recipe.vpp or 1)
-        if blocks is None or chunks > blocks:
+        units = (blocks or 0) + sum(extra) if blocks is not None else None
+        if units is None or chunks > units or (recipe.pp > blocks):
             what = "pipeline stages" if recipe.vpp is None else "chunks"
             shown = f"pp {recipe.pp}" if recipe.vpp is None else f"pp {recipe.pp} x vpp {recipe.vpp} = {chunks}"
-            return f"{shown} {what} > {blocks or 0} blocks"
+            counted = f"{blocks or 0} blocks" + (f" + {extra_word_of(extra)}" if sum(extra) and blocks else "")
+            return f"{shown} {what} > {counted}"
+        if sum(extra) and recipe.stages is None and unit_split(blocks, recipe.pp, extra, recipe.vpp or 1) is None:
+            return (f"{blocks} blocks + {extra_word_of(extra)} = {units} pipeline layers do not split evenly into pp "
+                    f"{recipe.pp}" + (f" x vpp {recipe.vpp}" if recipe.vpp and recipe.vpp > 1 else "")
+                    + " (Megatron-LM's --account-for-*-in-pipeline-split needs it)")
         if recipe.vpp is not None and recipe.vpp > 1:
-            tried = [recipe.stages] if recipe.stages is not None else cuts(blocks, recipe.pp)
-            if not any(chunk_sizes(c, recipe.vpp) is not None for c in tried):
+            tried = [recipe.stages] if recipe.stages is not None else (
+                [unit_split(blocks, recipe.pp, extra, recipe.vpp)] if sum(extra) else cuts(blocks, recipe.pp))
+            if not any(chunk_sizes(c, recipe.vpp, extra) is not None for c in tried):
                 return (f"interleaving needs chunks of at most two sizes, one block apart: {blocks} blocks do not "
                         f"split into pp {recipe.pp} x vpp {recipe.vpp} = {chunks} such chunks")
     return None
+
+
+def extra_word_of(extra) -> str:
+    """``the embedding``, ``the loss`` or ``the embedding and the loss``."""
+    return " and ".join(w for w, e in zip(("the embedding", "the loss"), extra) if e)
 
 
 def fold_refusal(mesh: Mesh, expert_counts, ep: int, etp: int) -> str | None:

@@ -13,7 +13,7 @@ from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
 from pase.planning.host_floor import block_count, floored, host_seconds
 from pase.planning.mesh import Mesh
-from pase.planning.pipeline import StagePlan, stage_chunks, stage_layout
+from pase.planning.pipeline import StagePlan, extra_word, stage_chunks, stage_layout
 
 __all__ = ["PartsMemo", "Costed", "Found", "edge_seconds", "row_totals", "candidate_of"]
 
@@ -219,12 +219,14 @@ def _pipelined(summary, found: Found, act_bytes: float) -> None:
                    for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
                                                          stages.memory_bytes))],
     }
+    if sum(stages.extra):  # the embedding and/or the loss counted as pipeline layers
+        summary.extra["pipeline"]["pipeline_extra"] = extra_word(stages.extra)
 
 
 def _chunks(stages) -> tuple:
     """Blocks per pipeline chunk in order: each stage's ``vpp`` chunks (``stage_chunks``, as
     ``pipeline_rows`` prices ``recompute=block``)."""
-    return tuple(c for chunks in stage_chunks(stages.counts, stages.vpp) for c in chunks)
+    return tuple(c for chunks in stage_chunks(stages.counts, stages.vpp, stages.extra) for c in chunks)
 
 
 def _per_layer(costing, options: TrainingOptions, stages) -> list:

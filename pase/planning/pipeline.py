@@ -25,7 +25,8 @@ from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
            "chunk_sync",
-           "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES"]
+           "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES",
+           "PIPELINE_EXTRAS", "extra_units", "extra_word", "unit_split"]
 
 SCHEDULES = ("1f1b", "interleaved")
 #: How far :func:`cuts` lets the first and last stages' block counts stray from the middle ones'
@@ -129,40 +130,105 @@ def _balanced_cuts(blocks: int, pp: int) -> set:
     return out
 
 
-def chunk_sizes(counts, vpp: int) -> list | None:
+#: What a pipeline may count as a layer of its split besides the repeated blocks (``--recipe
+#: pipeline_extra=``): Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+#: ``--account-for-loss-in-pipeline-split`` (megatron-core 0.16.1 transformer_config.py:96-102;
+#: transformer_block.py:143-199 adds one layer for each and builds one decoder layer fewer in the
+#: first virtual stage of the first rank, the last of the last).
+PIPELINE_EXTRAS = ("none", "embedding", "loss", "embedding+loss")
+
+
+def extra_units(word) -> tuple:
+    """``(first, last)``: the pipeline units the embedding and the loss count for (0 or 1 each)
+    under ``pipeline_extra=word`` (``None``: none).
+
+    >>> extra_units("embedding+loss"), extra_units("loss"), extra_units(None)
+    ((1, 1), (0, 1), (0, 0))
+    """
+    if word is None or word == "none":
+        return (0, 0)
+    if word not in PIPELINE_EXTRAS:
+        raise ValueError(f"pipeline_extra must be one of {', '.join(PIPELINE_EXTRAS)}, got {word!r}")
+    return (int("embedding" in word), int("loss" in word))
+
+
+def extra_word(extra) -> str:
+    """The ``pipeline_extra`` word of ``(first, last)`` units (:func:`extra_units` reversed)."""
+    return {(0, 0): "none", (1, 0): "embedding", (0, 1): "loss", (1, 1): "embedding+loss"}[tuple(extra)]
+
+
+def _units(counts, extra) -> list:
+    """Pipeline units per stage: its blocks, the first stage's embedding and the last's loss
+    where they count (``extra``)."""
+    units = [int(c) for c in counts]
+    units[0] += extra[0]
+    units[-1] += extra[1]
+    return units
+
+
+def unit_split(blocks: int, pp: int, extra, vpp: int = 1) -> tuple | None:
+    """Blocks per stage of Megatron-LM's even split when the embedding and the loss count as
+    layers (``extra``): ``u = (blocks + e_first + e_last) / pp`` units a stage, the first stage's
+    blocks ``u - e_first``, the last's ``u - e_last``; ``None`` where ``pp`` (and, interleaved,
+    ``vpp``) does not divide them, as Megatron refuses it (transformer_config.py:1436-1478).
+    NVIDIA's Llama 3.1 405B on 256 GB200 (pp 16, vpp 8): (126 + 2) / 16 = 8 units a stage.
+
+    >>> unit_split(126, 16, (1, 1), 8)[:2], unit_split(126, 16, (1, 1), 8)[-1], unit_split(126, 16, (0, 0))
+    ((7, 8), 7, None)
+    """
+    total = blocks + extra[0] + extra[1]
+    if pp < 1 or total % pp or (total // pp) % max(vpp, 1):
+        return None
+    u = total // pp
+    counts = [u] * pp
+    counts[0] -= extra[0]
+    counts[-1] -= extra[1]
+    return tuple(counts) if min(counts) >= 1 else None
+
+
+def chunk_sizes(counts, vpp: int, extra=(0, 0)) -> list | None:
     """Blocks per chunk of every stage (a list of ``vpp`` sizes per stage) when stages of
     ``counts`` blocks each run ``vpp`` chunks of an interleaved schedule, or ``None`` when they
-    cannot. With ``q = max(counts) / vpp`` (``vpp`` must divide the largest stage), every chunk
-    holds ``q`` or ``q - 1`` blocks: a lighter stage's chunks are one block short, as Megatron's
+    cannot. Chunks are counted in pipeline units: a stage's blocks, plus the embedding on the
+    first stage and the loss on the last where ``extra`` counts them (:func:`extra_units`). With
+    ``q = max(units) / vpp`` (``vpp`` must divide the largest stage), every chunk holds ``q`` or
+    ``q - 1`` units, at least one: a lighter stage's chunks are one unit short, as Megatron's
     ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
     make the first and last chunk (NeMo's Llama 3.1 405B: 126 layers, pp 8 x vpp 8 = 64 chunks
-    of 2, the first and last of 1) and its ``--pipeline-model-parallel-layout`` writes any such
-    split. The first stage's short chunks come first (its embedding shares them), every other
-    stage's last (the last stage's loss shares them). Stages are priced by their blocks, as for
-    1F1B; equal stages are split equally.
+    of 2, the first and last of 1; pp 16 x vpp 8 = 128 chunks of one unit, the first the
+    embedding alone, the last the loss alone) and its ``--pipeline-model-parallel-layout``
+    writes any such split. The first stage's short chunks come first (its embedding shares
+    them, and takes the first chunk's first unit), every other stage's last (the last stage's
+    loss takes its last chunk's last unit). Stages are priced by their blocks, as for 1F1B;
+    equal stages are split equally.
 
     >>> chunk_sizes((15, 16, 16, 15), 8)[0], chunk_sizes((15, 16, 16, 15), 8)[3]
     ([1, 2, 2, 2, 2, 2, 2, 2], [2, 2, 2, 2, 2, 2, 2, 1])
     >>> chunk_sizes((8, 8), 4), chunk_sizes((7, 8), 8), chunk_sizes((3, 8), 4)
     ([[2, 2, 2, 2], [2, 2, 2, 2]], None, None)
+    >>> chunk_sizes((7, 8, 7), 8, (1, 1))[0][:2], chunk_sizes((7, 8, 7), 8, (1, 1))[2][-2:]
+    ([0, 1], [1, 0])
     """
     if vpp < 2 or not counts:
         return None
-    largest = max(counts)
+    units = _units(counts, extra)
+    largest = max(units)
     if largest % vpp:
         return None
     q = largest // vpp
     out = []
-    for s, count in enumerate(counts):
+    for s, count in enumerate(units):
         short = vpp * q - count
         if short > vpp or (short > 0 and q < 2):
             return None
         sizes = [q - 1] * short + [q] * (vpp - short) if s == 0 else [q] * (vpp - short) + [q - 1] * short
         out.append(sizes)
+    out[0][0] -= extra[0]  # the embedding takes the first chunk's first unit
+    out[-1][-1] -= extra[1]  # the loss the last chunk's last
     return out
 
 
-def stage_chunks(counts, vpp: int) -> list:
+def stage_chunks(counts, vpp: int, extra=(0, 0)) -> list:
     """Each stage's chunks, blocks per chunk in order: one chunk of its blocks for ``vpp`` 1,
     else :func:`chunk_sizes` (``ValueError`` where they do not split).
 
@@ -171,13 +237,13 @@ def stage_chunks(counts, vpp: int) -> list:
     """
     if vpp <= 1:
         return [[int(c)] for c in counts]
-    sizes = chunk_sizes(counts, vpp)
+    sizes = chunk_sizes(counts, vpp, extra)
     if sizes is None:
         raise ValueError(f"stages of {'/'.join(map(str, counts))} blocks do not run {vpp} interleaved chunks each")
     return sizes
 
 
-def virtual_order(counts, vpp: int) -> list:
+def virtual_order(counts, vpp: int, extra=(0, 0)) -> list:
     """Blocks per model chunk in the model's order (chunk ``j`` on stage ``j mod pp``, the
     ``j // pp``-th of that stage: Megatron's and torchtitan's looped placement) for stages of
     ``counts`` blocks in ``vpp`` chunks each (:func:`chunk_sizes`); ``vpp`` 1: ``counts``.
@@ -185,18 +251,18 @@ def virtual_order(counts, vpp: int) -> list:
     >>> virtual_order((3, 4), 2)
     [1, 2, 2, 2]
     """
-    sizes = stage_chunks(counts, vpp)
+    sizes = stage_chunks(counts, vpp, extra)
     return [sizes[j % len(counts)][j // len(counts)] for j in range(len(counts) * max(vpp, 1))]
 
 
-def interleavings(counts) -> list:
+def interleavings(counts, extra=(0, 0)) -> list:
     """Chunks per device an interleaved schedule may run with stages of ``counts`` blocks:
     every ``v >= 2`` for which :func:`chunk_sizes` splits them.
 
-    >>> interleavings((4, 4)), interleavings((15, 16, 16, 15))
-    ([2, 4], [2, 4, 8])
+    >>> interleavings((4, 4)), interleavings((15, 16, 16, 15)), interleavings((7, 8, 7), (1, 1))
+    ([2, 4], [2, 4, 8], [2, 4, 8])
     """
-    return [v for v in range(2, max(counts) + 1) if chunk_sizes(counts, v) is not None]
+    return [v for v in range(2, max(counts) + 2) if chunk_sizes(counts, v, extra) is not None]
 
 
 @dataclass(frozen=True)
@@ -214,6 +280,8 @@ class StagePlan:
     step_seconds: float
     #: Under ``recompute=block``: the blocks each chunk recomputes (the one searched or given).
     recompute_layers: int = 0
+    #: The pipeline units the embedding and the loss count for in the split (:func:`extra_units`).
+    extra: tuple = (0, 0)
 
 
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
@@ -280,7 +348,7 @@ def chunk_sync(sync: np.ndarray, t: np.ndarray, pp: int, vpp: int, efficiency: f
 
 def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets: list, pp: int, stage_devices: int,
                   layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None, fixed_counts=None,
-                  search_layers: bool = False) -> tuple:
+                  search_layers: bool = False, extra=(0, 0)) -> tuple:
     """The best pipeline of every row (all layers at the same row): ``(step, peak, plans)``:
     the fastest that fits ``memory_cap``, else the one needing least memory.
 
@@ -290,22 +358,26 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
     :func:`chunk_sizes` interleaved) recomputes its first ``recompute_layers`` blocks;
     ``search_layers``: per cut and schedule, where the plan without recomputation does not fit,
     the fastest count from 1 to the largest chunk's blocks that fits (:func:`_block_chunks`), one
-    block per chunk where it fits.
+    block per chunk where it fits. ``extra``: the embedding and the loss counted as pipeline units
+    (:func:`extra_units`): the cut is then Megatron's even split in units (:func:`unit_split`)
+    unless ``fixed_counts`` gives one, and the chunks are counted in units (:func:`chunk_sizes`).
     """
     return pipeline_rows_settings(costing, [options], act_bytes, edges, targets, pp, stage_devices, layout,
-                                  memory_cap, schedules, vpps, fixed_counts, search_layers=[search_layers])[0]
+                                  memory_cap, schedules, vpps, fixed_counts, search_layers=[search_layers],
+                                  extra=extra)[0]
 
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None, search_layers=None, tp=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None, extra=(0, 0), tp=None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
     the one :func:`pipeline_rows` gives alone. ``columns``: the costing's rows priced (default
     all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
-    setting's block count is searched (:func:`pipeline_rows`; default not). ``tp``: each column's
-    tensor-parallel degree (the host floor, :mod:`pase.planning.host_floor`; default 1)."""
+    setting's block count is searched (:func:`pipeline_rows`; default not). ``extra``: as
+    :func:`pipeline_rows`. ``tp``: each column's tensor-parallel degree (the host floor,
+    :mod:`pase.planning.host_floor`; default 1)."""
     options = settings[0]
     shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds",
               "pipeline_tp_wait_seconds")
@@ -320,8 +392,15 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
-    candidates = [fixed_counts] if fixed_counts is not None else cuts(len(layout.blocks), pp)
-    tried = _tried(candidates, schedules, m, pp, vpps)
+    extra = tuple(extra)
+    if fixed_counts is not None:
+        candidates = [tuple(fixed_counts)]
+    elif extra != (0, 0):  # Megatron's split with the embedding and the loss as layers: one cut
+        even = [unit_split(len(layout.blocks), pp, extra, v) for v in (vpps or [1])]
+        candidates = sorted({c for c in even if c is not None})
+    else:
+        candidates = cuts(len(layout.blocks), pp)
+    tried = _tried(candidates, schedules, m, pp, vpps, extra)
     if not tried:
         return [(np.full(K1, np.inf), np.full(K1, np.inf), [None] * K1) for _ in settings]
     # Layer ranges of the stages of every cut: the first takes the layers before the blocks,
@@ -336,9 +415,9 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
                      np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
                      options.overlap_efficiency if options.overlap else 0.0,
-                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)))
+                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra)
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
-    plans = _best_plans(priced, tried, candidates, cap, pp, m)
+    plans = _best_plans(priced, tried, candidates, cap, pp, m, extra)
     steps, peaks = priced.best_step, priced.best_peak
     return [(steps[j * K1:(j + 1) * K1], peaks[j * K1:(j + 1) * K1], plans[j * K1:(j + 1) * K1])
             for j in range(len(settings))]
@@ -432,7 +511,7 @@ def _block_settings(blocked: dict, settings, K1: int) -> _BlockSettings:
         np.repeat([blocked[j][1] for j in blocked], K1))
 
 
-def _tried(candidates: list, schedules, m: int, pp: int, vpps) -> list:
+def _tried(candidates: list, schedules, m: int, pp: int, vpps, extra=(0, 0)) -> list:
     """Every ``(cut, schedule, chunks)`` tried, in order: 1F1B with one chunk; interleaved (where
     ``pp`` divides the micro-batches) with every chunk count that splits the cut's stages
     (:func:`interleavings`), or those of ``vpps``."""
@@ -444,7 +523,7 @@ def _tried(candidates: list, schedules, m: int, pp: int, vpps) -> list:
             else:
                 if m % pp:
                     continue
-                vs = interleavings(counts)
+                vs = interleavings(counts, extra)
                 if vpps is not None:
                     vs = [v for v in vs if v in vpps]
             tried += [(c, schedule, vpp) for vpp in vs]
@@ -464,6 +543,7 @@ class _Timing(NamedTuple):
     efficiency: float
     #: Each column's tensor-parallel degree (the host floor's wait), ``(K,)`` or 1.
     tp: np.ndarray | int = 1
+    extra: tuple = (0, 0)
 
     def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
@@ -529,7 +609,8 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
                                   blocked.searched, peak[:, into] <= cap, cap, timing.m + (timing.pp - 1) / vpp,
                                   lambda sums_, extra, cols: timing.figures(
                                       sums_, p2p[into][cols], transient[into][cols] + extra, vpp, blocks,
-                                      np.broadcast_to(timing.tp, (K,))[into][cols]))
+                                      np.broadcast_to(timing.tp, (K,))[into][cols]),
+                                  timing.extra)
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]
             sends[:, :, into] = found[5]
@@ -552,7 +633,7 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
     return _Tried(steps, peaks, times, memories, exposed_p2p, layers_of, best_of, best_step, best_peak)
 
 
-def _best_plans(priced: _Tried, tried: list, candidates: list, cap, pp: int, m: int) -> list:
+def _best_plans(priced: _Tried, tried: list, candidates: list, cap, pp: int, m: int, extra=(0, 0)) -> list:
     """Each column's :class:`StagePlan`: its best tried cut, schedule and chunks (``None`` where
     no pipeline applies)."""
     plans = []
@@ -568,7 +649,7 @@ def _best_plans(priced: _Tried, tried: list, candidates: list, cap, pp: int, m: 
         plans.append(StagePlan(pp, schedule, vpp, tuple(int(x) for x in candidates[c]),
                                tuple(times[:, i].tolist()), tuple(priced.memories[j][:, i].tolist()),
                                float(priced.exposed_p2p[j][slowest_stage, i]), fill / (m + fill),
-                               float(priced.steps[j, i]), int(priced.layers_of[j, i])))
+                               float(priced.steps[j, i]), int(priced.layers_of[j, i]), tuple(extra)))
     return plans
 
 
@@ -591,11 +672,12 @@ class _Chunks(NamedTuple):
 
 
 def _chunks_of(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
-               plain_fits: np.ndarray) -> _Chunks:
-    """:class:`_Chunks` of the cuts of ``bounds`` (each cut's first block per stage)."""
+               plain_fits: np.ndarray, units=(0, 0)) -> _Chunks:
+    """:class:`_Chunks` of the cuts of ``bounds`` (each cut's first block per stage; ``units``:
+    the embedding and the loss counted in the chunks, :func:`chunk_sizes`)."""
     R, P, K = stage["micro"].shape
     # Each stage's chunks (chunk_sizes: one block apart at most), as its run of blocks in order.
-    split = [stage_chunks(tuple(int(bound[s + 1] - bound[s]) for s in range(P)), vpp) for bound in bounds]
+    split = [stage_chunks(tuple(int(bound[s + 1] - bound[s]) for s in range(P)), vpp, units) for bound in bounds]
     sizes = np.array([[c for stage_chunks in chunks for c in stage_chunks] for chunks in split],
                      dtype=np.int64)  # (cuts, chunks)
     starts = np.array([[bound[s] + sum(chunks[s][:k]) for s in range(P) for k in range(vpp)]
@@ -629,7 +711,7 @@ def _at_counts(stage: dict, chunks: _Chunks, counts: np.ndarray, working: np.nda
 
 
 def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.ndarray, searched: np.ndarray,
-                  plain_fits: np.ndarray, cap, slots: float, figures) -> tuple:
+                  plain_fits: np.ndarray, cap, slots: float, figures, units=(0, 0)) -> tuple:
     """The ``block`` settings' pipelines: ``stage`` their ``(cuts, pp, K)`` sums priced as
     ``none``, ``deltas`` their :meth:`~pase.costing.training.TrainingCosting.block_deltas`
     (``(blocks, K)``), ``bounds`` each cut's first block per stage (and past the last). Each
@@ -642,9 +724,9 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     ``(t, step, memory, peak, n, sends)`` as ``figures`` gives them, with the ``n`` of each cut
     and column. ``figures(sums, extra, cols)`` prices the block columns ``cols``. Counts are
     searched only where the plan without recomputation does not fit (``plain_fits`` false, per
-    cut and column); where it fits, one block per chunk is priced."""
+    cut and column); where it fits, one block per chunk is priced. ``units``: as :func:`_chunks_of`."""
     R, P, K = stage["micro"].shape
-    chunks = _chunks_of(stage, deltas, bounds, vpp, layers, searched, plain_fits)
+    chunks = _chunks_of(stage, deltas, bounds, vpp, layers, searched, plain_fits, units)
     one = ~(searched[None, :] & ~plain_fits).any(axis=0) & (chunks.fixed == 1).all(axis=0)
     if not one.any():
         return _searched_counts(stage, chunks, searched[None, :] & ~plain_fits, cap, slots, figures)
@@ -659,7 +741,7 @@ def _block_chunks(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.
     rest = np.flatnonzero(~one)
     found = _block_chunks({k: v[:, :, rest] for k, v in stage.items()}, {k: v[:, rest] for k, v in deltas.items()},
                           bounds, vpp, layers[rest], searched[rest], plain_fits[:, rest], cap, slots,
-                          lambda sums, extra, c: figures(sums, extra, rest[c]))
+                          lambda sums, extra, c: figures(sums, extra, rest[c]), units)
     out = [np.zeros((R, P, K)), np.zeros((R, K)), np.zeros((R, P, K)), np.zeros((R, K)),
            np.zeros((R, K), dtype=np.int64), np.zeros((R, P, K))]
     for i, (whole_value, part_value) in enumerate(zip(priced[:4] + (counts, priced[4]), found)):

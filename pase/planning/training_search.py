@@ -49,7 +49,8 @@ from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candi
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge_seconds, row_totals
-from pase.planning.pipeline import CUTS_SEARCHED, SCHEDULES, Layout, pipeline_rows_settings, stage_layout
+from pase.planning.pipeline import (CUTS_SEARCHED, SCHEDULES, Layout, extra_units, extra_word, pipeline_rows_settings,
+                                   stage_layout)
 from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.ties import Bands, choose_plan
 
@@ -227,6 +228,15 @@ def with_precision(base: TrainingOptions, recipe: Recipe, machine) -> TrainingOp
     return options
 
 
+def with_experts(base: TrainingOptions, recipe: Recipe) -> TrainingOptions:
+    """``base`` with the recipe's mixture-of-experts dispatcher and overlaps (``dispatcher``,
+    ``ep_overlap``, ``shared_overlap``), where it gives them."""
+    fields = {"moe_dispatcher": recipe.dispatcher, "ep_overlap": recipe.ep_overlap,
+              "shared_overlap": recipe.shared_overlap}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    return base.but(**fields) if fields else base
+
+
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
            base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
@@ -337,11 +347,13 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
                  keep_to: tuple, exporting: bool, rules: ParallelRules) -> SearchSpace:
     """Stage 0: the recipe checked against the machine, the engines kept to and the graph built
     at the whole batch (``ValueError`` with why where nothing can apply)."""
-    base = with_precision(base, recipe, machine)
+    base = with_experts(with_precision(base, recipe, machine), recipe)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
     schedules, stage_counts = _pipeline_choices(recipe, procs)
+    if recipe.ep_overlap:  # Megatron-Core overlaps the expert all-to-alls on pipelines of virtual stages only
+        schedules = [s for s in schedules if s == "interleaved"]
     probe = build(batch)
     schedules = _engines_schedules(probe, recipe, schedules, keep_to, exporting)
     recipe = _tensor_parallel(recipe, probe, rules)
@@ -646,7 +658,8 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
                                  group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
                                  None if recipe.vpp is None else [recipe.vpp], recipe.stages,
                                  columns=share.columns, search_layers=[searched[j] for j in keep],
-                                 tp=[mesh.tp for mesh, _ in group.meshes])
+                                 tp=[mesh.tp for mesh, _ in group.meshes],
+                                 extra=extra_units(recipe.pipeline_extra))
     K = len(group.meshes)
     rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
     for j, (step, peak, plans) in zip(keep, got):
@@ -751,7 +764,8 @@ def _consider(chosen: Chosen, found: Found, zero: int, policy: str, memory_cap, 
     if keep_all or (keep_best and fits):
         plan = found.stages
         priced = Priced(found.mesh, zero, policy, found.microbatch, None if plan is None else plan.schedule,
-                        1 if plan is None else plan.vpp, found.step, found.peak, found.options.recompute_layers)
+                        1 if plan is None else plan.vpp, found.step, found.peak, found.options.recompute_layers,
+                        None if plan is None or not sum(plan.extra) else extra_word(plan.extra))
         if keep_all:
             chosen.kept.append(priced)
         if keep_best and fits:

@@ -10,10 +10,11 @@ from pase.costing.training.keeping import LayerKeeping, per_layer_kept
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
 from pase.machines.measured import ELEMENT_TRAFFIC
+from pase.model.layers.work import Gemm
 
 __all__ = ["StepCompute", "attention_shape_factor", "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY",
            "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "EAGER_NORM_BYTES", "EAGER_NORM_KERNELS",
-           "KERNELS_PER_LAYER", "OPTIMIZER_STEP_BYTES"]
+           "KERNELS_PER_LAYER", "OPTIMIZER_STEP_BYTES", "gemm_seconds"]
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
@@ -68,6 +69,21 @@ def attention_shape_factor(sequence, head):
     return s / (s + ATTENTION_HALF_SEQUENCE) * width
 
 
+def gemm_seconds(machine, gemms, dtype: str = "bf16", each: bool = False) -> np.ndarray:
+    """Seconds (one training step's three products) of ``gemms`` (``(B, M, N, K)`` each) on
+    ``machine`` in ``dtype``; with ``each`` the ``B`` products of one as ``B`` launches of one
+    (``tests/test_moe_engines.py`` works both out by hand).
+    """
+    total = np.zeros(1)
+    for B, M, N, K in gemms:
+        if each:
+            one = np.asarray(Gemm(1.0, M, N, K).priced(machine, dtype), dtype=np.float64)
+            total = total + np.asarray(B, dtype=np.float64) * one
+        else:
+            total = total + np.asarray(Gemm(B, M, N, K).priced(machine, dtype), dtype=np.float64)
+    return total
+
+
 def _causal(layer) -> bool:
     return bool(getattr(layer, "args", {}).get("causal", False))
 
@@ -87,6 +103,8 @@ class StepCompute:
         self.eager_compute = self._eager_norms()
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(self.network.layers))], dtype=np.float64)
+        #: The layers whose experts' products an engine may launch one by one (a ``MoE``).
+        self.experts = {v: layer for v, layer in enumerate(self.network.layers) if hasattr(layer, "expert_gemms")}
 
     @per_layer_kept
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -103,7 +121,7 @@ class StepCompute:
         if role in ("softmax", "context"):
             return np.zeros(len(self.configs[v]))
         seconds = self.eager_compute[v] if options.eager and v in self.eager_compute else self.parts[v].compute
-        seconds = seconds + self.precision.compute_delta(v, options)
+        seconds = seconds + self.precision.compute_delta(v, options) + self.expert_gemm_delta(v, options)
         clocked = (self.precision.gemm_seconds(v, options)
                    if self.machine.peak_flops is not None and float(self.machine.clock_ratio) != 1.0 else None)
         seconds = self._in_step(seconds, options, clocked)
@@ -111,6 +129,24 @@ class StepCompute:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
+
+    def expert_gemm_delta(self, v: int, options: TrainingOptions) -> np.ndarray | float:
+        """Seconds a mixture of experts' products change by when they run as
+        ``options.expert_gemm`` says: ``per_expert`` (Transformer Engine's ``GroupedLinear``,
+        which Megatron-Core's ``TEGroupedMLP`` runs under ``--moe-grouped-gemm``: one cuBLAS GEMM
+        per local expert, issued in turn on its streams; megatron-core 0.16.1
+        transformer/moe/experts.py ``TEGroupedMLP``, extensions/transformer_engine.py
+        ``TEGroupedLinear``) prices each local expert's product on its own, ``B gemm(1, M, N, K)
+        - gemm(B, M, N, K)``: a small expert's product runs at the rate its own shape reaches
+        (the machine's measured table); ``grouped`` (one kernel for all, CUTLASS's grouped GEMM or
+        ``torch._grouped_mm``: the layer's own pricing) adds nothing. In the plan's number format
+        where the layer is converted."""
+        if options.expert_gemm == "grouped" or v not in self.experts:
+            return 0.0
+        dtype = options.precision if options.precision != "bf16" and self.precision.eligible()[v] else "bf16"
+        gemms = self.experts[v].expert_gemms(self.configs[v])
+        delta = gemm_seconds(self.machine, gemms, dtype, each=True) - gemm_seconds(self.machine, gemms, dtype)
+        return np.maximum(delta, 0.0)
 
     def _in_step(self, seconds: np.ndarray, options: TrainingOptions, clocked=None) -> np.ndarray:
         """Kernels inside a training step: ``seconds / (clock_ratio x compute_efficiency)`` on a

@@ -11,6 +11,7 @@ from pase.costing.precision import PrecisionPricing
 from pase.costing.training.collectives import ActivationCollectives
 from pase.costing.training.compute import StepCompute
 from pase.costing.training.edges import EdgeRows
+from pase.costing.training.experts import ExpertExchange
 from pase.costing.training.keeping import LayerKeeping, VectorGroups
 from pase.costing.training.memory import MemoryKinds
 from pase.costing.training.options import TrainingOptions
@@ -65,7 +66,8 @@ class TrainingCosting:
         self.precision = PrecisionPricing(layers)
         self.recomputation = RecomputePolicy(layers, places)
         self.step_compute = StepCompute(layers, self.keeping, self.precision)
-        self.collectives = ActivationCollectives(layers, pools, self.keeping, self.step_compute)
+        self.experts = ExpertExchange(layers, self.keeping, self.step_compute)
+        self.collectives = ActivationCollectives(layers, pools, self.keeping, self.step_compute, self.experts)
         self.weight_sync = WeightSync(layers, self.keeping, self.precision, self.step_compute)
         self.memory_kinds = MemoryKinds(layers, places, self.keeping, self.precision, self.recomputation)
         self.edge_costs = EdgeRows(layers, pools, self.keeping, groups, self.recomputation, self.collectives)

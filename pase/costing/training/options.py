@@ -11,7 +11,8 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
 
-__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES"]
+__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
+           "EXPERT_GEMMS", "TP_OVERLAP_KINDS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
@@ -26,6 +27,23 @@ MAX_COMPUTE_EFFICIENCY = 1.25
 #: ZeRO-1's gradient collective (``TrainingOptions.zero1_reduce``).
 ZERO1_REDUCES = ("reduce_scatter", "all_reduce")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
+#: How a mixture of experts moves its tokens (``pase.costing.training.experts``): Megatron-Core's
+#: ``--moe-token-dispatcher-type alltoall`` (one NCCL all-to-all of every routed copy) or
+#: ``allgather`` (the tokens gathered over the expert group, the outputs reduce-scattered), or its
+#: ``flex`` dispatcher's fused kernels, ``--moe-flex-dispatcher-backend deepep`` or ``hybridep``
+#: (a token crosses to another node once, however many experts there it goes to).
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+#: How the local experts' products run: one kernel for all of them (``grouped``: CUTLASS grouped
+#: GEMM, ``torch._grouped_mm``) or one GEMM per expert (``per_expert``: Transformer Engine's
+#: ``GroupedLinear``, Megatron-Core's ``TEGroupedMLP``).
+EXPERT_GEMMS = ("grouped", "per_expert")
+#: How an overlap of the tensor-parallel collectives with their GEMMs runs (``tp_overlap``):
+#: Transformer Engine's userbuffers (Megatron's ``--tp-comm-overlap``: the collective split into
+#: chunks pipelined with the GEMM's, reduced in the ring) or torch's asynchronous tensor
+#: parallelism over symmetric memory (torchtitan's ``enable_async_tensor_parallel``: one step per
+#: peer, the reduce-scatter's partials summed after the last copy;
+#: :meth:`~.collectives.ActivationCollectives.async_tp_extra`).
+TP_OVERLAP_KINDS = ("userbuffers", "symmetric_memory")
 #: Memory a device holds that no other kind of the memory model accounts for: the CUDA
 #: context (module images, driver state) and the math libraries' workspaces (cuBLAS/cuBLASLt,
 #: cuDNN). 1 GB, an estimate (not measured here). It was 2 GB while it also stood for NCCL's
@@ -135,6 +153,19 @@ class TrainingOptions:
     fp8_gather : bool
         ZeRO-3 all-gathers the converted weights in the format (torchtitan's Float8 with FSDP2,
         Megatron's ``--fp8-param-gather``).
+    moe_dispatcher : str
+        How a mixture of experts moves its tokens (:data:`MOE_DISPATCHERS`).
+    ep_overlap : bool
+        The expert all-to-alls of one micro-batch run while another computes (Megatron-Core's
+        ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``;
+        :meth:`~.experts.ExpertExchange.exposed`).
+    shared_overlap : bool
+        The shared experts compute during the forward dispatch and combine
+        (``--moe-shared-expert-overlap``).
+    expert_gemm : str
+        How the local experts' products run (:data:`EXPERT_GEMMS`).
+    tp_overlap_kind : str
+        How ``tp_overlap`` runs (:data:`TP_OVERLAP_KINDS`).
     p2p_overlap : bool
         With an interleaved pipeline schedule, a chunk's send to the next stage (and its
         gradient's back) runs while the device computes another chunk (Megatron's
@@ -202,6 +233,11 @@ class TrainingOptions:
     block_overhead_seconds: float = 0.0
     chunk_overhead_seconds: float = 0.0
     pipeline_tp_wait_seconds: float = 0.0
+    moe_dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    shared_overlap: bool = False
+    expert_gemm: str = "grouped"
+    tp_overlap_kind: str = "userbuffers"
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -242,9 +278,15 @@ class TrainingOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise ValueError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
+            raise ValueError(f"tp_overlap_kind must be one of {', '.join(TP_OVERLAP_KINDS)}, got {self.tp_overlap_kind!r}")
+        if self.expert_gemm not in EXPERT_GEMMS:
+            raise ValueError(f"expert_gemm must be one of {', '.join(EXPERT_GEMMS)}, got {self.expert_gemm!r}")
         if self.zero1_reduce not in ZERO1_REDUCES:
             raise ValueError(f"zero1_reduce must be one of {', '.join(ZERO1_REDUCES)}, got {self.zero1_reduce!r}")
-        for name in ("fp8_gather", "p2p_overlap", "zero1_overlap"):
+        for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap", "zero1_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

@@ -217,6 +217,36 @@ class MoE(Layer):
             out = out + t_loc * self.matrices * self.shared * self.shared_hidden / cf
         return out
 
+    # -- what the engines' dispatchers and grouped GEMMs read (pase.costing.training.experts) -
+
+    def token_exchange(self, C) -> tuple:
+        """``(elements, group)``: what one of the layer's four all-to-alls moves per device
+        (:meth:`dispatched`) and the devices that split the experts (the all-to-all's group)."""
+        C = np.asarray(C, dtype=np.int64)
+        j = self.tokens
+        group, = self._groups(C, (j,))
+        return self.dispatched(C), group
+
+    def expert_gemms(self, C) -> list:
+        """``[(B, M, N, K), ...]``: the experts' products per device as :meth:`work` prices them,
+        ``B`` local experts of ``M`` rows each (:meth:`expert_rows`): the fused gate and up
+        product, then the down product (arrays over the rows)."""
+        Cf = as_float(C)
+        j = self.tokens
+        cx, cf, ce = Cf[:, j], Cf[:, j + 1], Cf[:, j + 2]
+        rows, local, D, H = self.expert_rows(C), self.experts / cx, float(self.domain[-1]), float(self.hidden)
+        return [(local, rows, (self.matrices - 1) * H / cf, D / ce), (local, rows, D / ce, H / cf)]
+
+    def shared_gemms(self, C) -> list:
+        """``[(B, M, N, K), ...]``: the shared experts' products per device (none without)."""
+        if not self.shared:
+            return []
+        Cf = as_float(C)
+        j = self.tokens
+        cf, ce = Cf[:, j + 1], Cf[:, j + 2]
+        t_loc, D, width = self.per_device_tokens(C), float(self.domain[-1]), float(self.shared * self.shared_hidden)
+        return [(1.0, t_loc, (self.matrices - 1) * width / cf, D / ce), (1.0, t_loc, D / ce, width / cf)]
+
     # -- costs ------------------------------------------------------------------------------
 
     def work(self, C):
