@@ -17,7 +17,9 @@ from typing import Callable, NamedTuple
 from pase.planning.mesh import Recipe
 from pase.costing.training import TrainingOptions
 from pase.planning.free_search import TrainingGraphs, search_free
-from pase.planning.training_search import Candidate, MeshSearch, Said, options_grid, search_meshes
+from pase.planning.training_search import (
+    Candidate, MeshSearch, Said, a_stage_reuse, options_grid, search_meshes,
+)
 from pase.core.checks import (
     a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
     non_negative_int, optional, positive_int, positive_number,
@@ -101,7 +103,7 @@ class TrainingPlan:
            memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
            compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
            engine=optional(an_engine), alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules),
-           keep_to=engine_sequence, exporting=a_bool)
+           keep_to=engine_sequence, exporting=a_bool, reuse=optional(a_stage_reuse))
 def plan_training(
     build: Callable[[int], object],
     batch: int,
@@ -121,6 +123,7 @@ def plan_training(
     alternatives: int = 0,
     keep_priced: bool = False,
     rules=None,
+    reuse=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices.
 
@@ -160,6 +163,10 @@ def plan_training(
     (or :data:`NO_CAP`) ``exceeds_device`` says when it needs more than the device has.
     rules : ParallelRules, optional
         Mesh axes to dimension roles (``pase.planning.rules``; default the shipped table).
+    reuse : StageReuse, optional
+        What the mesh searches take from work done before (``pase.planning.training_search``):
+        a sweep's (``pase.planning.training_sweep``) shares networks, costings and edge tables
+        across device counts. The plan is the same.
     """
     start = time.perf_counter()
     build = lru_cache(maxsize=None)(build)
@@ -174,12 +181,12 @@ def plan_training(
         base = base.but(tp_overlap=recipe.tp_overlap)
     found = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                           engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=keep_to,
-                          exporting=exporting, rules=rules)
+                          exporting=exporting, rules=rules, reuse=reuse)
     base = _in_plan_format(base, found)
     per_layer = per_layer_stage(found, build, batch, procs, machine, memory_cap, act_bytes, recipe, base, free,
                                 engine, keep_to, table_budget)
     compared = _compared(compare, build, batch, procs, machine, memory_cap, act_bytes, base, rebuild, engine, rules,
-                         keep_to)
+                         keep_to, reuse)
     best = per_layer.best
     priced = found.candidates
     found.candidates = []
@@ -280,16 +287,16 @@ def _per_layer_said(searches: int, skipped: str | None, memory_cap) -> Said:
 
 
 def _compared(compare: Recipe | None, build, batch: int, procs: int, machine, memory_cap, act_bytes: float,
-              base: TrainingOptions, rebuild: bool, engine, rules, keep_to: tuple) -> Candidate | None:
+              base: TrainingOptions, rebuild: bool, engine, rules, keep_to: tuple, reuse=None) -> Candidate | None:
     """The compared recipe's fastest fitting configuration; if none fits, its fastest."""
     if compare is None:
         return None
     try:
         compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                 rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
+                                 rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to, reuse=reuse).best
         if compared is None:
             compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
+                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to, reuse=reuse).best
         return compared
     except ValueError as err:
         raise ValueError(f"--compare: {err}") from None
