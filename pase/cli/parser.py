@@ -144,7 +144,7 @@ def _add_run_and_output(add) -> None:
         help="algorithm computing the strategy: 0 = GenerateSeq ordering (Eq. 4), "
              "1 = breadth-first ordering (paper III-A). (Default: 0)")
     add("--json", action="store_true",
-        help="print one JSON object instead of the table (one per line with --sweep).")
+        help="print one JSON object instead of the table (one per line with the per-layer --sweep).")
     add("--sweep", type=device_list, default=None, metavar="P1,P2,...",
         help="plan for each of these device counts: on a real machine (or with --training) the training plan at "
              "every count, each what -p N gives alone, as a table (step, tokens/s and MFU, memory, scaling "

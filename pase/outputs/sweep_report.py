@@ -223,7 +223,9 @@ def sweep_html(sweep: TrainingSweep, model=None, model_name: str = "sequence len
         f"<h1>{_e(title)}</h1><p class=\"sub\">{_e(sweep.machine.header_line())}"
         + (f"; engine {_e(engine)}" if engine else "") + "</p>"
         f"<div class=\"cards\">{_cards(sweep, points, budget)}</div>{sections}{table}"
-        f"<footer>PaSE training sweep: {len(sweep.entries)} counts in {sweep.seconds:.2f} s, each plan exact as "
+        f"<footer>PaSE training sweep: {len(sweep.entries)} counts, "
+        f"{sum(e.plan.mesh_search.evaluated for e in sweep.entries if e.plan is not None)} configurations in "
+        f"{sweep.seconds:.2f} s, each plan exact as "
         "<code>pase -p N</code> gives it (its search in the JSON of <code>--json</code>). Cost model: "
         "docs/training.md.</footer></main></body></html>\n"
     )

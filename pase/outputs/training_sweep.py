@@ -107,7 +107,7 @@ def refusal_text(entry) -> str:
     """Why a count of a sweep has no plan: nothing fits (and how little the search could do
     with), or why no search applies there."""
     if entry.plan is None:
-        return entry.refused
+        return f"no plan: {entry.refused}"
     least = entry.plan.least_memory
     cap = entry.plan.memory_cap
     text = "nothing fits" + (f" in {format_bytes(cap)} per device" if cap is not None else "")
