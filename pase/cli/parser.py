@@ -16,7 +16,7 @@ from pase.sources.builtin import GRAPHS
 from pase.sources.registry import graph_help
 
 from .training import add_training_flags
-from .training_sweep import add_scaling_flags
+from .budget import add_budget_flags
 from .argtypes import (
     byte_size, device_count, device_list, dimension_size, gigabytes, graph_spec, machine_rate, table_entries,
 )
@@ -105,7 +105,7 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     _add_search_and_memory(add)
     add("--version", action="version", version=f"%(prog)s {__version__}")
     add_training_flags(parser)
-    add_scaling_flags(parser)
+    add_budget_flags(parser)
     return parser
 
 

@@ -302,7 +302,7 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     from pase.outputs.training_sweep import with_time_to_train, with_time_to_train_line
     from pase.planning.training_plan import plan_training
 
-    from .training_sweep import budget_of
+    from .budget import budget_of
 
     @lru_cache(maxsize=None)
     def build(sequences: int):
@@ -382,7 +382,7 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     )
     from .errors import CliError
     from .status import ExitStatus
-    from .training_sweep import budget_of, check_budget
+    from .budget import budget_of, check_budget
 
     if opts.readers == "summed":
         raise CliError("--readers summed applies to the per-layer search; the training model sums the readers of a "
