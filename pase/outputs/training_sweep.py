@@ -211,27 +211,25 @@ def _row(entry, efficiency, columns: tuple, budget: TrainingBudget | None, secon
     return _line(cells + [best.recipe()], columns)
 
 
-def _budget_lines(sweep: TrainingSweep, budget: TrainingBudget) -> list:
+def _budget_line(sweep: TrainingSweep, budget: TrainingBudget) -> str:
     """What the budget's columns mean, and with ``--days`` the counts within them and the smallest."""
-    lines = [f"time to train {budget.tokens:.3g} tokens: days (d) at the plan's tokens/s on all its devices; "
-             "device-hours = days x 24 x devices" + ("; cost = device-hours x "
-                                                       f"{budget.price:g}" if budget.price is not None else "")]
+    line = (f"time to train {budget.tokens:.3g} tokens at each plan's tokens/s on all its devices (d: days"
+            + (f"; cost: device-hours x {budget.price:g}" if budget.price is not None else "") + ")")
     if budget.days is None:
-        return lines
+        return line
     timed = [(e, time_to_train(e.best.summary.tokens_per_second_per_device, e.devices, budget))
              for e in sweep.entries if e.best is not None and e.best.summary.tokens_per_second_per_device]
     within = [(e, f) for e, f in timed if within_days(f, budget)]
     if within:
         e, f = min(within, key=lambda ef: ef[0].devices)
-        lines.append(f"within {budget.days:g} days (*): {', '.join(str(x.devices) for x, _ in within)} devices; "
-                     f"the smallest: {e.devices} devices, {duration_text(f['time_to_train_seconds'])}, "
-                     f"{_amount(f['device_hours'])} device-hours" + (f", cost {_amount(f['cost'])}" if "cost" in f
-                                                                     else ""))
+        line += (f"; within {budget.days:g} days (*): {', '.join(str(x.devices) for x, _ in within)}; the smallest: "
+                 f"{e.devices} devices, {duration_text(f['time_to_train_seconds'])}, "
+                 f"{_amount(f['device_hours'])} device-hours" + (f", cost {_amount(f['cost'])}" if "cost" in f else ""))
     elif timed:
         e, f = min(timed, key=lambda ef: ef[1]["time_to_train_seconds"])
-        lines.append(f"no count trains {budget.tokens:.3g} tokens within {budget.days:g} days; the fastest: "
-                     f"{e.devices} devices, {duration_text(f['time_to_train_seconds'])}")
-    return lines
+        line += (f"; no count trains them within {budget.days:g} days; the fastest: {e.devices} devices, "
+                 f"{duration_text(f['time_to_train_seconds'])}")
+    return line
 
 
 def format_training_sweep(sweep: TrainingSweep, model=None, model_name: str = "sequence length",
@@ -249,9 +247,8 @@ def format_training_sweep(sweep: TrainingSweep, model=None, model_name: str = "s
     head.append(_line([h for h, _, _ in columns] + ["plan"], columns))
     rows = [_row(e, x, columns, budget, seconds) for e, x in zip(sweep.entries, scaling_efficiency(sweep.entries))]
     evaluated = sum(e.plan.mesh_search.evaluated for e in sweep.entries if e.plan is not None)
-    tail = [] if budget is None else _budget_lines(sweep, budget)
-    tail.append("scaling: tokens/s per device against the first count's; each row is the plan -p N gives alone "
-                "(--json: each count's training object)")
-    tail.append(f"search: {evaluated} configurations in {sweep.seconds:.2f} s over {len(sweep.entries)} counts, "
-                "sharing networks, costings and edge tables; model: docs/training.md")
+    tail = [] if budget is None else [_budget_line(sweep, budget)]
+    tail.append(f"search: {evaluated} configurations in {sweep.seconds:.2f} s over {len(sweep.entries)} counts, each "
+                "row the plan -p N gives alone (scaling: tokens/s per device against the first count's); model: "
+                "docs/training.md")
     return "\n".join(head + rows + tail) + "\n"
