@@ -224,3 +224,13 @@ def test_a_training_sweep_table_row_per_count_and_the_per_layer_sweep_on_request
     assert [line.split()[0] for line in lines[2:4]] == ["2", "8"]
     status, per_layer, _ = run("-g", "gpt2-small", "-b", "16", "--machine", "h100-sxm", "--sweep", "2,8", "--per-layer")
     assert status == 0 and per_layer.startswith("PaSE sweep: gpt2-small")
+
+
+def test_a_training_sweep_on_the_paper_machine_prices_in_its_unit():
+    status, out, err = run("-g", "gpt2-small", "-b", "4", "-m", "64", "--training", "--sweep", "1,2")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[1].startswith("devices  step (flop-equivalents)")
+    # No tokens/s nor MFU in FLOP-equivalents; scaling is a ratio of throughputs, in any unit.
+    assert [line.split()[2:4] for line in lines[2:4]] == [["-", "-"], ["-", "-"]]
+    assert lines[2].split()[6:8] == ["100.0", "%"]

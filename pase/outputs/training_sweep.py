@@ -176,10 +176,12 @@ _BUDGET_COLUMNS = (("time to train", ">", 13), ("device-hours", ">", 12))
 _COST_COLUMN = (("cost", ">", 12),)
 
 
-def _columns(budget: TrainingBudget | None) -> tuple:
+def _columns(budget: TrainingBudget | None, seconds: bool = True) -> tuple:
+    # On a machine that prices in FLOP-equivalents the step is no time: its heading says so.
+    columns = _COLUMNS if seconds else ((_COLUMNS[0], ("step (flop-equivalents)",) + _COLUMNS[1][1:]) + _COLUMNS[2:])
     if budget is None:
-        return _COLUMNS
-    return _COLUMNS + _BUDGET_COLUMNS + (_COST_COLUMN if budget.price is not None else ())
+        return columns
+    return columns + _BUDGET_COLUMNS + (_COST_COLUMN if budget.price is not None else ())
 
 
 def _line(cells: list, columns: tuple) -> str:
@@ -241,7 +243,7 @@ def format_training_sweep(sweep: TrainingSweep, model=None, model_name: str = "s
     machine = sweep.machine
     seconds = machine.cost_unit == "seconds"
     size = f", {model_name} {model}" if model is not None else ""
-    columns = _columns(budget)
+    columns = _columns(budget, seconds)
     head = [f"PaSE training sweep: {sweep.network_name}, batch {sweep.batch}{size}; {machine.header_line()}"
             + (f"; engine {engine}" if engine else "")]
     head.append(_line([h for h, _, _ in columns] + ["plan"], columns))
