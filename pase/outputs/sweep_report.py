@@ -218,7 +218,8 @@ def sweep_html(sweep: TrainingSweep, model=None, model_name: str = "sequence len
     table = f"<section><h2>The plan at each count</h2>{_table(sweep, budget)}{budget_note}</section>"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>PaSE sweep: {_e(title)}</title>"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>PaSE sweep: {_e(title)}</title>"
         f"<style>{_CSS}{_SWEEP_CSS}</style></head><body><main>"
         f"<h1>{_e(title)}</h1><p class=\"sub\">{_e(sweep.machine.header_line())}"
         + (f"; engine {_e(engine)}" if engine else "") + "</p>"

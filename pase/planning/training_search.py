@@ -52,8 +52,8 @@ from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge
 from pase.planning.pipeline import CUTS_SEARCHED, SCHEDULES, Layout, pipeline_rows_settings, stage_layout
 from pase.planning.rules import ParallelRules, default_rules
 
-__all__ = ["Candidate", "MeshSearch", "Priced", "Said", "StageReuse", "search_meshes", "mesh_candidates", "evaluate_candidate",
-           "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
+__all__ = ["Candidate", "MeshSearch", "Priced", "Said", "StageReuse", "search_meshes", "mesh_candidates",
+           "evaluate_candidate", "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
            "CAUSES", "EngineRunsNone"]
 # CAUSES, Candidate, Priced (pase.planning.candidate), the per-layer search's names
 # (pase.planning.free_search), tokens_of and edge_seconds are named here for the callers of old.
