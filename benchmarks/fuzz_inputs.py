@@ -94,7 +94,7 @@ class Case:
     files: dict = field(default_factory=dict)  # relative path -> bytes, or ("symlink", target), ("dir",), ...
     stdin: str | None = None
     same_as: str | None = None  # a group whose successful totals must all be equal
-    outputs: tuple = ()  # files a successful run must leave complete: (path, "json" | "dot" | "text")
+    outputs: tuple = ()  # files a successful run must leave complete: (path, "json" | "dot" | "html" | "text")
     python: str = "system"  # "system" or "torch" (the interpreter of the worker)
     process: bool = False  # run as a real process (python3 scheduler.py) instead of in-process
     env: dict = field(default_factory=dict)  # process cases: extra environment
@@ -1770,6 +1770,8 @@ MEASURED_TABLE = "m/h100-96gb-500w-derived.json"
 SEARCH = ("-g", "mini.json", "-p", "4")
 TRAIN = ("-g", "hf:c.json", "-p", "4", "-b", "8", "--machine", "h100-sxm", "--training")
 TRAIN_B200 = TRAIN[:-2] + ("b200", "--training")  # MXFP8 and NVFP4 run on Blackwell
+#: A training sweep of the decoder config (issue 43): its counts after.
+TRAIN_SWEEP = ("-g", "hf:c.json", "-b", "8", "--machine", "h100-sxm", "--sweep")
 #: torchtitan 0.2's job files name one of its models: Llama 3.1 8B, on 8 devices with a fixed dp.
 TITAN02 = ("-g", "hf:l31.json", "-p", "8", "-b", "8", "-m", "128", "--machine", "h100-sxm", "--engine",
            "torchtitan,version=0.2")
@@ -1824,6 +1826,14 @@ VALUES = {
                                              good=("alltoall", "hybridep"), bad=("flex", "")),
     "--engine, torchtitan's TP overlap": Value((*TRAIN, "--engine", "torchtitan,tp_overlap_kind={}"),
                                                good=("symmetric_memory", "userbuffers"), bad=("async", "")),
+    # Issue 43: scaling studies, and the time and cost to train.
+    "--sweep, a training sweep": Value((*TRAIN_SWEEP, "{}"), good=("1,2,4", "4,2"), bad=("2,2", "0,2", "x", "2,,4")),
+    "--tokens": Value((*TRAIN, "--tokens", "{}"), good=("15e12", "1", "1000000000"),
+                      bad=("0", "0.5", "-5", "x", "inf", "1e20"), reason="expected a number of tokens such as 15e12"),
+    "--device-hour-price": Value((*TRAIN, "--tokens", "1e9", "--device-hour-price", "{}"), good=("2.5", "0", "1e9"),
+                                 bad=("-1", "nan", "x", "1e10"), reason="expected a price per device-hour such as 2.5"),
+    "--days": Value((*TRAIN_SWEEP, "2,4", "--tokens", "1e9", "--days", "{}"), good=("60", "0.5", "1e6"),
+                    bad=("0", "-1", "x", "inf", "1e7"), reason="expected a number of days such as 60"),
 }
 
 INPUT_FILES = {
@@ -1851,6 +1861,9 @@ OUTPUT_PATHS = {
     "--export-torchtitan, an FP8 plan": OutputPath((*TITAN02, "--recipe", "dp=8,precision=fp8,zero=3,fp8_gather=true", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
     "--report, a precision search": OutputPath((*TRAIN, "--search-precision", "--report", "{}"), "html"),
     "--report, per-layer splits may win": OutputPath((*TRAIN, "--per-layer", "--report", "{}"), "html"),
+    "--report": OutputPath((*TRAIN, "--report", "{}"), "html"),
+    "--report of a training sweep": OutputPath((*TRAIN_SWEEP, "2,4", "--tokens", "1e9", "--days", "1", "--report", "{}"),
+                                               "html"),
     "--export-torchtitan, an MXFP8 plan": OutputPath((*TITAN02_B200, "--recipe", "dp=8,precision=mxfp8,zero=3", "--export-torchtitan", "{}"), "toml", ("l31.json",)),
 }
 
@@ -1898,6 +1911,17 @@ REFUSALS = {
     "nothing fits on 2 devices, 8 would": Refusal(("-g", "gpt2-small", "-p", "2", "-b", "16", "--machine", "h100-sxm",
                                                    "--memory", "2.5"), "8 devices fit it (priced: ",
                                                   expect=frozenset({4}), within=30.0),
+    "--days without --sweep": Refusal((*TRAIN, "--tokens", "1e9", "--days", "3"), "--days marks the counts of a sweep"),
+    "--device-hour-price without --tokens": Refusal((*TRAIN, "--device-hour-price", "2"), "give --tokens too"),
+    "--days without --tokens": Refusal((*TRAIN_SWEEP, "2,4", "--days", "3"), "give --tokens too"),
+    "--tokens on the per-layer search": Refusal((*SEARCH, "--tokens", "1e9"), "--tokens takes a training plan's tokens/s"),
+    "--tokens on the paper machine": Refusal(("-g", "hf:c.json", "-p", "4", "-b", "8", "--training", "--tokens", "1e9"),
+                                             "prices in flop-equivalents, not seconds"),
+    "--tokens on a network without tokens": Refusal(("-g", "alexnet", "-p", "4", "--machine", "h100-sxm", "--tokens",
+                                                     "1e9"), "has no tokens per sequence"),
+    "an engine export of a training sweep": Refusal((*TRAIN_SWEEP, "2,4", "--export-megatron", "m.json"),
+                                                    "--export-megatron is about one plan"),
+    "the DOT graph of a training sweep": Refusal((*TRAIN_SWEEP, "2,4", "-d"), "-d/--dot-path is about one plan"),
     "FP8 gathers without ZeRO into Megatron-LM": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=0,fp8_gather=true", "--export-megatron", "m.json"), "needs the distributed optimizer"),
 }
 
@@ -1929,6 +1953,13 @@ ACCEPTED = {
     "stage times in the paper machine's unit": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "15", "--training"),
                                                         "flop-equivalents per micro-batch"),
     "-m on a GPT graph": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "4", "-m", "64"), "sequence length 64"),
+    # Issue 43: a sweep on a real machine is a training sweep; the time and cost to train.
+    "a training sweep": Accepted((*TRAIN_SWEEP, "1,2,4"), "PaSE training sweep"),
+    "a training sweep, JSON": Accepted((*TRAIN_SWEEP, "2,4", "--json"), '"sweep": ['),
+    "the per-layer sweep on a real machine": Accepted((*TRAIN_SWEEP, "2,4", "--per-layer"), "PaSE sweep:"),
+    "the time and cost to train": Accepted((*TRAIN, "--tokens", "15e12", "--device-hour-price", "2.5"),
+                                           "time to train 1.5e+13 tokens on 4 devices"),
+    "a sweep's deadline": Accepted((*TRAIN_SWEEP, "1,2,4", "--tokens", "1e9", "--days", "1e6"), "the smallest: 1 devices"),
     "a Llama config's training plan on the paper machine": Accepted(("-g", "hf:c.json", "-p", "4", "-b", "8",
                                                                       "--training"), "flop-equivalents"),
     # Issue 44: the CLI's precision search with --top; a plan an engine runs by default, the per-layer
@@ -2452,8 +2483,7 @@ def _changes(before: dict, after: dict) -> str:
 def _numbers(case: Case, stdout: str) -> list:
     if "--json" in case.argv:
         try:
-            records = [json.loads(line) for line in stdout.splitlines() if line.strip()] if "--sweep" in case.argv \
-                else [json.loads(stdout)]
+            records = _json_records(stdout, "--sweep" in case.argv)
         except ValueError as error:
             return [f"--json output is not JSON: {error}"]
         for record in records:
@@ -2469,6 +2499,20 @@ def _numbers(case: Case, stdout: str) -> list:
     if re.search(r"\b(nan|inf|-inf)\b", stdout, re.IGNORECASE):
         return ["nan or inf in the table"]
     return []
+
+
+def _json_records(stdout: str, sweep: bool) -> list:
+    """The plans of a ``--json`` output: one object; a per-layer sweep's, one per line; a training
+    sweep's (one object, issue 43), each count's that has a plan."""
+    if not sweep:
+        return [json.loads(stdout)]
+    try:
+        whole = json.loads(stdout)
+    except ValueError:
+        return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    if not isinstance(whole, dict) or not isinstance(whole.get("sweep"), list):
+        return [whole]
+    return [entry for entry in whole["sweep"] if entry.get("training") is not None]
 
 
 def _launch_problems(rel: str, body: bytes) -> list:
@@ -2517,6 +2561,9 @@ def _check_outputs(case: Case, result: dict, before: dict) -> list:
                 json.loads(body)
             except ValueError:
                 problems.append(f"{rel} is not complete JSON")
+        elif kind == "html":
+            if not (body.startswith(b"<!DOCTYPE html>") and body.rstrip().endswith(b"</html>")):
+                problems.append(f"{rel} is not a complete HTML page")
         elif kind == "launch":
             problems += _launch_problems(rel, body)
         elif kind == "html":

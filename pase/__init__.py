@@ -40,6 +40,7 @@ _EXPORTS = {
     "expert_strategies": "planning.experts",
     "plan_training": "planning.training_plan", "TrainingPlan": "planning.training_plan",
     "NO_CAP": "planning.training_plan", "load_engine": "planning.engine",
+    "sweep_training": "planning.training_sweep", "TrainingSweep": "planning.training_sweep",
     "TrainingOptions": "costing.training", "TrainingCosting": "costing.training",
     "Mesh": "planning.mesh", "Recipe": "planning.mesh", "parse_recipe": "planning.mesh",
     "search_meshes": "planning.training_search", "evaluate_candidate": "planning.training_search",

@@ -191,9 +191,11 @@ def test_training_is_the_default_on_a_real_machine():
     assert out.splitlines()[0].endswith("training configuration")
     status, per_layer, _ = run(*SMALL, *H100, "--per-layer")
     assert status == 0 and "training configuration" not in per_layer
-    # paper keeps the per-layer search; a per-layer flag (--sweep) asks for it on a real machine.
+    # paper keeps the per-layer search; a sweep on a real machine is a training sweep (issue 43),
+    # with --per-layer the paper's per-layer sweep.
     assert "training configuration" not in run(*SMALL)[1]
-    assert "training configuration" not in run("-g", "gpt2-small", "-b", "16", "--sweep", "4,8", *H100)[1]
+    assert run("-g", "gpt2-small", "-b", "16", "--sweep", "4,8", *H100)[1].startswith("PaSE training sweep")
+    assert run("-g", "gpt2-small", "-b", "16", "--sweep", "4,8", "--per-layer", *H100)[1].startswith("PaSE sweep")
 
 
 def test_per_layer_and_engine_flags_clash():

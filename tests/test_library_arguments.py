@@ -58,6 +58,8 @@ VALID = {
     "plan": lambda: {"network": _ALEXNET, "procs": 4},
     "plan_training": lambda: {"build": lambda b: graphs.build("gpt2-small", b, 16), "batch": 2, "procs": 2,
                               "machine": "paper", "free": False},
+    "sweep_training": lambda: {"build": lambda b: graphs.build("gpt2-small", b, 16), "batch": 2, "counts": (1, 2),
+                               "machine": "paper", "free": False},
     "search_meshes": lambda: {"build": lambda b: graphs.build("gpt2-small", b, 16), "batch": 2, "procs": 2,
                               "machine": "paper", "memory_cap": None, "act_bytes": 2.0},
     "evaluate_candidate": lambda: {"network": _GPT, "configs": _dp(_GPT, 2), "procs": 2, "machine": "paper",

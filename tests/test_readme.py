@@ -8,6 +8,7 @@ there). ``PYTHONPATH=. python3 tests/test_readme.py`` rewrites every example's o
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import io
@@ -62,9 +63,11 @@ def needs(command: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def run_example(command: str) -> tuple:
     """``(status, stdout, stderr)`` of an example, run in a scratch directory where
-    ``examples/`` is the repository's."""
+    ``examples/`` is the repository's; an example shown in several documents runs once (the
+    output is the same: it depends on the command alone)."""
     argv = shlex.split(command)
     assert argv[0] == "pase"
     out, err = io.StringIO(), io.StringIO()

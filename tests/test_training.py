@@ -343,7 +343,7 @@ def test_training_json_keys_and_bad_input():
         (["--recipe", "tp=3x"], "tp must be a positive integer"),
         (["--recipe", "dp=3"], "does not divide the 8 devices"),
         (["--recipe", "dp=2,vpp=2,schedule=1f1b"], "vpp (virtual stages) needs schedule=interleaved"),
-        (["--training", "--sweep", "2,4"], "--sweep does not apply"),
+        (["--training", "--sweep", "2,4"], "drop -p/--procs"),
     ):
         status, out, err = run_cli(["-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm"] + argv)
         assert status == 2 and out == "" and err.count("\n") == 1 and message in err, (argv, err)

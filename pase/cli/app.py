@@ -22,6 +22,8 @@ from .search import run_search
 from .status import ExitStatus
 from .sweep import run_sweep
 from .training import check_training_flags, run_training_command, wants_training
+from .budget import check_budget_flags
+from .training_sweep import check_sweep_flags, run_training_sweep
 
 __all__ = ["main"]
 
@@ -55,11 +57,17 @@ def main(argv: Sequence[str] | None = None, stdout: IO | None = None, stderr: IO
 def _run_command(argv: list, out: IO, err: IO, prog: str) -> int:
     args = build_parser(out, err, prog).parse_args(argv)
     if args.evaluate is not None:
+        check_budget_flags(args, False)
         return run_evaluate(args, out, err)
-    if wants_training(args):
+    training = wants_training(args)
+    check_budget_flags(args, training)
+    check_sweep_flags(args, training)
+    if training:
         check_training_flags(args, lambda message: CliError(message, ExitStatus.USAGE))
     opts = options_from_args(args)
-    if wants_training(args):
+    if training:
+        if opts.sweep is not None:  # the training plan at every count
+            return run_training_sweep(opts, args, out, err)
         return run_training_command(opts, args, out, err)
     if opts.sweep is not None:
         return run_sweep(opts, out, err)

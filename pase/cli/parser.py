@@ -16,6 +16,7 @@ from pase.sources.builtin import GRAPHS
 from pase.sources.registry import graph_help
 
 from .training import add_training_flags
+from .budget import add_budget_flags
 from .argtypes import (
     byte_size, device_count, device_list, dimension_size, gigabytes, graph_spec, machine_rate, table_entries,
 )
@@ -104,6 +105,7 @@ def build_parser(out: IO | None = None, err: IO | None = None, prog: str = "pase
     _add_search_and_memory(add)
     add("--version", action="version", version=f"%(prog)s {__version__}")
     add_training_flags(parser)
+    add_budget_flags(parser)
     return parser
 
 
@@ -142,9 +144,12 @@ def _add_run_and_output(add) -> None:
         help="algorithm computing the strategy: 0 = GenerateSeq ordering (Eq. 4), "
              "1 = breadth-first ordering (paper III-A). (Default: 0)")
     add("--json", action="store_true",
-        help="print one JSON object instead of the table (one per line with --sweep).")
+        help="print one JSON object instead of the table (one per line with the per-layer --sweep).")
     add("--sweep", type=device_list, default=None, metavar="P1,P2,...",
-        help="search for each of these device counts; one row (or JSON line) each.")
+        help="plan for each of these device counts: on a real machine (or with --training) the training plan at "
+             "every count, each what -p N gives alone, as a table (step, tokens/s and MFU, memory, scaling "
+             "efficiency, the plan), one JSON object (--json: sweep, a list of {devices, training}) or a --report; "
+             "on the paper's machine (or with --per-layer) the per-layer search, one row (or JSON line) each.")
     add("--evaluate", metavar="FILE", default=None,
         help="cost the strategy in FILE (- for standard input) instead of searching: a previous --json "
              'output, or {"configs": [[...], ...]} with one configuration per layer in vertex-id order. '

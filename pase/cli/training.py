@@ -82,7 +82,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
 
 #: Flags that only the per-layer (paper-style) search takes: given on a real machine, they ask
 #: for it as --per-layer does.
-PER_LAYER_ONLY = ("sweep", "evaluate", "export_jax", "verify", "measure", "no_blocks", "approx", "param_bytes", "algo")
+PER_LAYER_ONLY = ("evaluate", "export_jax", "verify", "measure", "no_blocks", "approx", "param_bytes", "algo")
 
 
 def _top(text: str) -> int:
@@ -191,7 +191,7 @@ def check_training_flags(args, error: Callable[[str], Exception]) -> None:
                                               or getattr(args, "recipe_from", None) is not None):
         raise error("--per-layer with a training flag lets per-layer splits, which no engine runs, be the plan; "
                     "--engine, --recipe-from and the engine exports keep to what an engine runs: choose one")
-    for flag, given in (("--sweep", args.sweep is not None), ("--evaluate", args.evaluate is not None),
+    for flag, given in (("--evaluate", args.evaluate is not None),
                         ("--export-jax", getattr(args, "export_jax", None) is not None),
                         ("--verify", args.verify is not None),
                         ("--measure", args.measure), ("--no-blocks", args.no_blocks),
@@ -258,21 +258,12 @@ def _export_engines(found, args, write: Callable) -> list:
     return [f"{what} written to {path}" for path, _, what in texts]
 
 
-def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
-                 model=None, model_name: str = "sequence length", rebuild: bool = True,
-                 write: Callable | None = None) -> int:
-    """Plan the training configuration and print it; returns the exit status (0, or 4 when
-    nothing fits)."""
+def search_inputs(args, error: Callable) -> tuple:
+    """``(args, rules)``: the flags with ``--search-precision`` made the recipe's
+    ``precision=search``, and the ``--rules`` file read (``None``: the shipped rules); a
+    conflict or an unreadable file raises ``error(message, 2)``."""
     from pase.core.errors import InputError
-    from pase.outputs.plan_json import format_json
-    from pase.outputs.training import format_training, training_report
-    from pase.planning.training_plan import plan_training
 
-    @lru_cache(maxsize=None)
-    def build(sequences: int):
-        return load_network(sequences)
-
-    network = build(batch)
     if getattr(args, "search_precision", False):
         from pase.planning.mesh import Recipe
 
@@ -281,12 +272,6 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
                         f"precision={args.recipe.precision}: give one of them", 2)
         args = argparse.Namespace(**{**vars(args), "recipe": Recipe(**{**(args.recipe or Recipe()).fixed(),
                                                                           "precision": "search"})})
-    for r in (args.recipe, args.compare):
-        if r is not None:
-            try:
-                r.check(opts.procs)
-            except ValueError as err:
-                raise error(str(err), 2) from None
     rules = None
     if getattr(args, "rules", None) is not None:
         from pase.planning.rules import load_rules
@@ -295,6 +280,34 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
             rules = load_rules(args.rules)
         except InputError as err:
             raise error(str(err), 2) from None
+    return args, rules
+
+
+def run_training(opts, args, machine, load_network: Callable, batch: int, out: IO, error: Callable,
+                 model=None, model_name: str = "sequence length", rebuild: bool = True,
+                 write: Callable | None = None) -> int:
+    """Plan the training configuration and print it; returns the exit status (0, or 4 when
+    nothing fits)."""
+    from pase.core.errors import InputError
+    from pase.outputs.plan_json import format_json
+    from pase.outputs.training import format_training, training_report
+    from pase.outputs.training_sweep import with_time_to_train, with_time_to_train_line
+    from pase.planning.training_plan import plan_training
+
+    from .budget import budget_of
+
+    @lru_cache(maxsize=None)
+    def build(sequences: int):
+        return load_network(sequences)
+
+    network = build(batch)
+    args, rules = search_inputs(args, error)
+    for r in (args.recipe, args.compare):
+        if r is not None:
+            try:
+                r.check(opts.procs)
+            except ValueError as err:
+                raise error(str(err), 2) from None
     report = getattr(args, "report", None)
     top = getattr(args, "top", None)
     try:
@@ -341,10 +354,13 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     if top is None:  # the report's alternatives are its own; the text and JSON show them for --top only
         found = replace(found, alternatives=[])
 
+    budget = budget_of(args)  # --tokens: the time and cost to train (pase/cli/budget.py)
     if opts.json:
-        out.write(format_json(training_report(found, shown, model, model_name)))
+        data = training_report(found, shown, model, model_name)
+        with_time_to_train(data["training"], opts.procs, budget)
+        out.write(format_json(data))
     else:
-        out.write(format_training(found, shown, model, model_name))
+        out.write(with_time_to_train_line(format_training(found, shown, model, model_name), found, budget))
         if exported:
             out.write("\n" + "\n".join(exported) + "\n")
     return 0
@@ -353,8 +369,8 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
 def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     """The command: load the machine and network, check the output paths, plan and print."""
     from pase.core.fileio import write_atomic
-    from pase.sources.registry import source_of
 
+    from .budget import budget_of, check_budget
     from .common import (
         answer_notes, check_outputs, effective_model, load_checked_machine, load_network, model_name, write_exports,
         write_notes,
@@ -368,6 +384,7 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
                        ExitStatus.USAGE)
     machine = load_checked_machine(opts, [opts.procs])
     network = load_network(opts, err=err)
+    check_budget(budget_of(args), machine, network)
     recipe_from = getattr(args, "recipe_from", None)
     if recipe_from is not None:
         from pase.core.fileio import note_read
@@ -392,6 +409,21 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
     except ValueError as err:
         raise CliError(str(err), ExitStatus.USAGE) from None
     write_exports(opts, "network", network)
+    load, rebuild = network_builder(opts, network)
+    status = run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
+                          model_name(opts), rebuild=rebuild, write=write_atomic)
+    if err is not None:
+        write_notes(err, answer_notes(network, opts, machine=machine))
+    return status
+
+
+def network_builder(opts, network) -> tuple:
+    """``(load, rebuild)``: ``load(sequences)`` builds the network ``-g`` names at that batch
+    (``network`` itself at its own), and whether it can (a graph file fixes its batch)."""
+    from pase.sources.registry import source_of
+
+    from .common import load_network
+
     # A graph file fixes its batch; every other source rebuilds at any micro-batch.
     source = source_of(opts.graph)
     rebuild = network.batch is not None and not (source is not None and source.name == "graph file")
@@ -404,8 +436,4 @@ def run_training_command(opts, args, out: IO, err: IO | None = None) -> int:
 
         load = Rebatcher(load)  # an imported model: traced twice, then re-batched (pase/sources/rebatch.py)
 
-    status = run_training(opts, args, machine, load, network.batch or 1, out, CliError, effective_model(opts),
-                          model_name(opts), rebuild=rebuild, write=write_atomic)
-    if err is not None:
-        write_notes(err, answer_notes(network, opts, machine=machine))
-    return status
+    return load, rebuild

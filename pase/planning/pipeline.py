@@ -369,7 +369,8 @@ def pipeline_rows(costing, options, act_bytes: float, edges: np.ndarray, targets
 
 def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, pp: int,
                            stage_devices: int, layout: Layout, memory_cap=None, schedules=SCHEDULES, vpps=None,
-                           fixed_counts=None, columns=None, search_layers=None, extra=(0, 0), tp=None) -> list:
+                           fixed_counts=None, columns=None, search_layers=None, extra=(0, 0), tp=None,
+                           kept: dict | None = None) -> list:
     """:func:`pipeline_rows` of each options set of ``settings`` (equal in micro-batches and
     overlap; ZeRO stages and recomputation policies differ), the cuts tried once for all: the
     settings' rows side by side, every operation column by column, so each column's result is
@@ -377,7 +378,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     all; ``edges`` has one column each). ``search_layers``: per setting, whether a ``block``
     setting's block count is searched (:func:`pipeline_rows`; default not). ``extra``: as
     :func:`pipeline_rows`. ``tp``: each column's tensor-parallel degree (the host floor,
-    :mod:`pase.planning.host_floor`; default 1)."""
+    :mod:`pase.planning.host_floor`; default 1). ``kept``: the prefix sums of these rows by
+    settings, from and for other stage counts of the same rows (a sweep's)."""
     options = settings[0]
     shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds",
               "pipeline_tp_wait_seconds")
@@ -388,7 +390,12 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     K1 = len(columns)
     m = options.microbatches
     search_layers = [False] * len(settings) if search_layers is None else list(search_layers)
-    sums = _prefix_sums(costing, settings, act_bytes, edges, targets, layout, columns, search_layers)
+    key = (tuple(settings), tuple(search_layers), act_bytes)
+    sums = None if kept is None else kept.get(key)
+    if sums is None:  # the sums read the rows and settings alone, not the stage count: kept for any
+        sums = _prefix_sums(costing, settings, act_bytes, edges, targets, layout, columns, search_layers)
+        if kept is not None:
+            kept[key] = sums
     sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap

@@ -23,7 +23,9 @@ from pase.planning.engine import DEFAULT_ENGINE
 from pase.planning.free_search import TrainingGraphs, search_free
 from pase.planning.mesh_rows import candidate_of
 from pase.planning.ties import Bands, choose_plan
-from pase.planning.training_search import Candidate, EngineRunsNone, MeshSearch, Said, options_grid, search_meshes
+from pase.planning.training_search import (
+    Candidate, EngineRunsNone, MeshSearch, Said, a_stage_reuse, options_grid, search_meshes,
+)
 from pase.core.checks import (
     a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, an_engine, arguments,
     non_negative_int, optional, positive_int, positive_number,
@@ -113,7 +115,7 @@ class TrainingPlan:
            memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
            compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
            alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules), exporting=a_bool,
-           per_layer=a_bool, fewest_devices=a_bool)
+           per_layer=a_bool, fewest_devices=a_bool, reuse=optional(a_stage_reuse))
 def plan_training(
     build: Callable[[int], object],
     batch: int,
@@ -135,6 +137,7 @@ def plan_training(
     rules=None,
     per_layer: bool = False,
     fewest_devices: bool = True,
+    reuse=None,
 ) -> TrainingPlan:
     """The fastest training configuration of the network ``build`` makes, on ``procs`` devices,
     that an engine runs: the command line's plan (``pase -g ... --machine ...``), by the same call.
@@ -148,15 +151,13 @@ def plan_training(
     machine : Machine or str
         What prices the work (``pase.load_machine("h100-sxm")``, or its name).
     memory_cap : float, optional
-        Bytes per device the peak must fit. Default: the machine's device memory
-        (``machine.memory_bytes``), as in the CLI; none on a machine without one.
-        :data:`NO_CAP` searches without a cap: the result then says whether the plan
-        exceeds the device (``TrainingPlan.exceeds_device``).
+        Bytes per device the peak must fit. Default: the machine's device memory, as in the
+        CLI; :data:`NO_CAP`: no cap (``TrainingPlan.exceeds_device`` then says if it is over).
     recipe, compare : Recipe, optional
         Fixed choices of the plan, and a recipe to price beside it.
     free : bool, optional
         Run the per-layer search (default: when its tables are at most
-        :data:`FREE_SEARCH_ENTRIES`); a recipe that fixes ``dp`` or ``tp`` asks for a mesh.
+        :data:`FREE_SEARCH_ENTRIES`; never when a recipe fixes ``dp`` or ``tp``).
     rebuild : bool
         Whether ``build`` takes other batch sizes (a graph file does not: one micro-batch).
     engine : str or EngineProfile or None
@@ -180,10 +181,10 @@ def plan_training(
     alternatives : int
         How many of the fastest distinct fitting configurations to keep, in full
         (``TrainingPlan.alternatives``, the plan first, then the fastest others).
-    keep_priced : bool
-        Keep every configuration the mesh search priced (``TrainingPlan.priced``).
-    rules : ParallelRules, optional
-        Mesh axes to dimension roles (``pase.planning.rules``; default the shipped table).
+    keep_priced, rules
+        Keep every configuration priced (``TrainingPlan.priced``); the mesh axes' roles.
+    reuse : StageReuse, optional
+        Work the searches share across device counts (a sweep's); the plan is the same.
 
     The plan is the fastest fitting configuration, unless it is tight (its memory band's high
     end over the cap) and a configuration that ties with it (step bands overlapping by more than
@@ -208,14 +209,14 @@ def plan_training(
     def meshes(kept: tuple) -> MeshSearch:
         return search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
                              engine=engine, keep_all=keep_priced, keep_best=alternatives, keep_to=kept,
-                             exporting=exporting, rules=rules)
+                             exporting=exporting, rules=rules, reuse=reuse)
 
     found, keep_to = _searched(meshes, keep_to, named)
     base = _in_plan_format(base, found)
     stage = per_layer_stage(found, build, batch, procs, machine, memory_cap, act_bytes, recipe, base, free,
                             engine, keep_to if named else (), table_budget, beside=bool(keep_to))
     compared = _compared(compare, build, batch, procs, machine, memory_cap, act_bytes, base, rebuild, engine, rules,
-                         keep_to if named else ())
+                         keep_to if named else (), reuse)
     best = stage.best
     priced, fastest = _taken(found)
     chosen = _alternatives(best, fastest, alternatives)
@@ -492,16 +493,18 @@ def _chosen_said(found: MeshSearch, best: Candidate | None, memory_cap) -> Said:
 
 
 def _compared(compare: Recipe | None, build, batch: int, procs: int, machine, memory_cap, act_bytes: float,
-              base: TrainingOptions, rebuild: bool, engine, rules, keep_to: tuple) -> Candidate | None:
+              base: TrainingOptions, rebuild: bool, engine, rules, keep_to: tuple, reuse=None) -> Candidate | None:
     """The compared recipe's fastest fitting configuration; if none fits, its fastest."""
     if compare is None:
         return None
     try:
         compared = search_meshes(build, batch, procs, machine, memory_cap, act_bytes, compare, base,
-                                 rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
+                                 rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to,
+                                 reuse=reuse).best
         if compared is None:
             compared = search_meshes(build, batch, procs, machine, None, act_bytes, compare, base,
-                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to).best
+                                     rebuild=rebuild, engine=engine, rules=rules, keep_to=keep_to,
+                                     reuse=reuse).best
         return compared
     except ValueError as err:
         raise ValueError(f"--compare: {err}") from None

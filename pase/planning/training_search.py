@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from pase.core.checks import (
-    a_bool, a_callable, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
+    ArgumentTypeError, a_bool, a_callable, a_recipe, a_rules, a_training_options, an_engine, arguments, engine_sequence,
     non_negative_int, optional, positive_int, positive_number,
 )
 from pase.costing.precision import check_precision, machine_precisions
@@ -54,8 +54,8 @@ from pase.planning.pipeline import (CUTS_SEARCHED, SCHEDULES, Layout, extra_unit
 from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.ties import Bands, choose_plan
 
-__all__ = ["Candidate", "MeshSearch", "Priced", "Said", "search_meshes", "mesh_candidates", "evaluate_candidate",
-           "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
+__all__ = ["Candidate", "MeshSearch", "Priced", "Said", "StageReuse", "search_meshes", "mesh_candidates",
+           "evaluate_candidate", "search_free", "FreeSearch", "TrainingGraphs", "training_graph", "tokens_of", "edge_seconds", "divisors",
            "CAUSES", "EngineRunsNone"]
 # CAUSES, Candidate, Priced (pase.planning.candidate), the per-layer search's names
 # (pase.planning.free_search), tokens_of and edge_seconds are named here for the callers of old.
@@ -237,10 +237,44 @@ def with_experts(base: TrainingOptions, recipe: Recipe) -> TrainingOptions:
     return base.but(**fields) if fields else base
 
 
+class StageReuse:
+    """What the stages take from work done before the search: by default nothing (each search
+    builds its networks' structures, edge tables and costings and forgets them when priced).
+    A sweep over device counts (:mod:`pase.planning.training_sweep`) gives its searches one that
+    shares them across the counts."""
+
+    def built(self, network, rules: ParallelRules) -> "Built":
+        """Stage 1's :class:`Built` of a network: its structure and mesh mapper."""
+        return Built(network, NetworkStructure.of(network), MeshMapper(network, rules))
+
+    def parts_memo(self, machine, devices: int) -> PartsMemo:
+        """The edge tables of meshes of ``devices`` devices (a pipeline stage's)."""
+        return PartsMemo(machine, devices)
+
+    def costed(self, space: "SearchSpace", built: "Built", groups: list, machine, memos: dict) -> list:
+        """Stage 2 of ``groups`` (every one runs ``built``'s network): :func:`costing_stage`."""
+        return costing_stage(built, groups, machine, memos)
+
+    def prefix_sums(self, share: "Costed") -> dict | None:
+        """Where stage 4 keeps a group's prefix sums by settings (``None``: not kept)."""
+        return None
+
+    def release(self, shares: list) -> None:
+        """A network's groups are priced: what its costing kept is forgotten (priced again, if
+        asked for, from the shares)."""
+        shares[0].costing.forget()
+
+
+def a_stage_reuse(value, name: str) -> StageReuse:
+    if not isinstance(value, StageReuse):
+        raise ArgumentTypeError(f"{name} must be a StageReuse, got {type(value).__name__}")
+    return value
+
+
 @arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
            memory_cap=optional(positive_number), act_bytes=positive_number, recipe=optional(a_recipe),
            base=optional(a_training_options), engine=optional(an_engine), keep_best=non_negative_int,
-           rules=optional(a_rules), keep_to=engine_sequence, exporting=a_bool)
+           rules=optional(a_rules), keep_to=engine_sequence, exporting=a_bool, reuse=optional(a_stage_reuse))
 def search_meshes(
     build: Callable[[int], object],
     batch: int,
@@ -257,6 +291,7 @@ def search_meshes(
     keep_to: tuple = (),
     exporting: bool = False,
     rules: ParallelRules | None = None,
+    reuse: "StageReuse | None" = None,
 ) -> MeshSearch:
     """The fastest fitting mesh plan of a network of ``batch`` sequences on ``procs`` devices.
 
@@ -273,7 +308,8 @@ def search_meshes(
     ``keep_all``: every configuration priced in ``candidates`` (``Priced``). ``keep_best``:
     the fastest fitting configurations distinct in step and memory, at most that many, in
     ``fastest`` (fastest first; equal step and memory: the first recipe in text order).
-    The stages are the module's (:mod:`pase.planning.training_search`).
+    The stages are the module's (:mod:`pase.planning.training_search`); ``reuse``: what they
+    take from work done before (:class:`StageReuse`; a sweep's shares it across device counts).
     """
     rules = rules if rules is not None else default_rules()
     start = time.perf_counter()
@@ -282,10 +318,11 @@ def search_meshes(
     recipe.check(procs)
     if recipe.precision == "search":
         return _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                                  engine, keep_best, keep_to, exporting, rules)
+                                  engine, keep_best, keep_to, exporting, rules, reuse)
+    reuse = reuse if reuse is not None else StageReuse()
     space = search_space(build, batch, procs, machine, recipe, base, engine, keep_to, exporting, rules)
-    meshes = mesh_stage(space, build, batch, procs, machine, rebuild, rules)
-    priced = price_stages(space, meshes, batch, procs, machine, act_bytes, memory_cap)
+    meshes = mesh_stage(space, build, batch, procs, machine, rebuild, rules, reuse)
+    priced = price_stages(space, meshes, batch, procs, machine, act_bytes, memory_cap, reuse)
     bands = Bands.of(engine)
     chosen = plan_stage(space, meshes, priced, memory_cap, keep_all, keep_best, keep_to, exporting, bands)
     if chosen.best is None and chosen.least is None:
@@ -462,11 +499,12 @@ class MeshCandidates:
 
 
 def mesh_stage(space: SearchSpace, build, batch: int, procs: int, machine, rebuild: bool,
-               rules: ParallelRules) -> MeshCandidates:
+               rules: ParallelRules, reuse: "StageReuse | None" = None) -> MeshCandidates:
     """Stage 1: per stage count ``pp``, every mesh of ``procs / pp`` devices
     (:func:`mesh_candidates`) with its expert grids (:func:`expert_grids`), each with every
     per-rank micro-batch dividing its share of the batch (the whole share without ``rebuild``),
     grouped by the global micro-batch they make: one network built for each."""
+    reuse = reuse if reuse is not None else StageReuse()
     recipe = space.recipe
     networks, groups, errors = {}, [], []
     tried, dps, fold_refused = 0, set(), None
@@ -481,8 +519,7 @@ def mesh_stage(space: SearchSpace, build, batch: int, procs: int, machine, rebui
         by_micro = _by_global_micro(meshes, batch, pp, rebuild, recipe)
         for b, global_micro in enumerate(sorted(by_micro)):
             if global_micro not in networks:
-                net = build(global_micro)
-                networks[global_micro] = Built(net, NetworkStructure.of(net), MeshMapper(net, rules))
+                networks[global_micro] = reuse.built(build(global_micro), rules)
             group = _mesh_group(pp, procs // pp, global_micro, by_micro[global_micro], networks[global_micro],
                                 recipe, errors, (a, b))
             if group is not None:
@@ -578,30 +615,32 @@ class PricedGroup(NamedTuple):
 
 
 def price_stages(space: SearchSpace, meshes: MeshCandidates, batch: int, procs: int, machine, act_bytes: float,
-                 memory_cap) -> dict:
+                 memory_cap, reuse: "StageReuse | None" = None) -> dict:
     """Stages 2 to 4, network by network: one costing of every mesh that runs it (all stage
     counts), the options applied at its micro-batch count, the pipelines cut and scheduled;
     a :class:`PricedGroup` by ``(pp, global micro-batch)``."""
+    reuse = reuse if reuse is not None else StageReuse()
     priced = {}
-    memos = {pp: PartsMemo(machine, procs // pp) for pp in space.stage_counts}
+    memos = {procs // pp: reuse.parts_memo(machine, procs // pp) for pp in space.stage_counts}
     for global_micro in sorted({g.global_micro for g in meshes.groups}):
         mine = [g for g in meshes.groups if g.global_micro == global_micro]
-        shares = costing_stage(meshes.networks[global_micro], mine, machine, memos)
+        shares = reuse.costed(space, meshes.networks[global_micro], mine, machine, memos)
         settings, searched = options_stage(space, batch // global_micro)
         for group, share in zip(mine, shares):
             if group.pp > 1:
-                rows = pipeline_stage(space, group, share, settings, searched, act_bytes, memory_cap)
+                rows = pipeline_stage(space, group, share, settings, searched, act_bytes, memory_cap,
+                                      reuse.prefix_sums(share))
             else:
                 rows = options_applied(share, settings, searched, act_bytes, memory_cap)
             priced[(group.pp, global_micro)] = PricedGroup(share, settings, rows)
-        shares[0].costing.forget()  # what the search kept is priced again, if asked for, from here
+        reuse.release(shares)
     return priced
 
 
 def costing_stage(built: Built, groups: list, machine, memos: dict) -> list:
     """Stage 2: one :class:`TrainingCosting` of every mesh of ``groups`` (all run ``built``'s
     network), a row per mesh; each group's share of it (:class:`Costed`) with its edges'
-    seconds (``memos``: a :class:`PartsMemo` per stage count)."""
+    seconds (``memos``: a :class:`PartsMemo` per device count of a stage)."""
     network, structure, mapper = built
     rows = [r for g in groups for r in g.rows]
     # One array per kind of layer (MeshMapper), shared by the layers of that kind.
@@ -615,7 +654,7 @@ def costing_stage(built: Built, groups: list, machine, memos: dict) -> list:
         columns = np.arange(offset, offset + len(g.meshes))
         offset += len(g.meshes)
         part = {k: np.ascontiguousarray(c[columns]) for k, c in by_kind.items()}
-        edges, targets = memos[g.pp].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
+        edges, targets = memos[g.stage_devices].edge_seconds(network, [part[k] for k in mapper.index], structure.kinds)
         shares.append(Costed(costing, columns, edges, targets, tokens))
     return shares
 
@@ -646,7 +685,7 @@ def options_applied(share: Costed, settings: list, searched: list, act_bytes: fl
 
 
 def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings: list, searched: list,
-                   act_bytes: float, memory_cap) -> list:
+                   act_bytes: float, memory_cap, kept: dict | None = None) -> list:
     """Stage 4 on pipelined meshes: every setting's pipelines in one pass over the cuts and
     schedules (:func:`~pase.planning.pipeline.pipeline_rows_settings`), the best per mesh."""
     recipe = space.recipe
@@ -659,7 +698,7 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
                                  None if recipe.vpp is None else [recipe.vpp], recipe.stages,
                                  columns=share.columns, search_layers=[searched[j] for j in keep],
                                  tp=[mesh.tp for mesh, _ in group.meshes],
-                                 extra=extra_units(recipe.pipeline_extra))
+                                 extra=extra_units(recipe.pipeline_extra), kept=kept)
     K = len(group.meshes)
     rows = [OptionRows(np.full(K, np.inf), np.full(K, np.inf), [None] * K, [0] * K)] * len(settings)
     for j, (step, peak, plans) in zip(keep, got):
@@ -812,7 +851,8 @@ def _offer(fastest: list, k: int, priced: Priced, found: Found) -> None:
 
 
 def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, keep_all, rebuild,
-                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False, rules=None):
+                       engine=None, keep_best: int = 0, keep_to: tuple = (), exporting: bool = False, rules=None,
+                       reuse=None):
     """``precision=search``: :func:`search_meshes` in every format the machine runs (FP8 at the
     recipe's scaling, else the options'), the fastest fitting plan of all."""
     runs, refused, formats = [], [], []
@@ -823,7 +863,7 @@ def _search_precisions(build, batch, procs, machine, memory_cap, act_bytes, reci
         try:
             runs.append(search_meshes(build, batch, procs, machine, memory_cap, act_bytes, Recipe(**fixed), base,
                                       keep_all, rebuild, engine=engine, keep_best=keep_best, keep_to=keep_to,
-                                      exporting=exporting, rules=rules))
+                                      exporting=exporting, rules=rules, reuse=reuse))
             formats.append(precision)
         except EngineRunsNone as err:  # a format the engine (or its file) has no setting for: the others
             refused.append(err)
