@@ -1950,6 +1950,16 @@ ACCEPTED = {
                                                     "(does NOT fit)", lacks="a tie"),
     "the mini graph on 3 devices, JSON": Accepted(("-g", "mini.json", "-p", "3", "--json"), '"procs": 3',
                                                   note="uses more than 2 "),
+    # Issue 45: the three memory figures, named as PyTorch names them, in text and JSON, per stage.
+    "memory figures in the text": Accepted(("-g", "gpt2-small", "--machine", "h100-sxm", "-p", "2", "-b", "4"),
+                                           "reserved (max_memory_allocated / max_memory_reserved"),
+    "memory figures in the JSON": Accepted(("-g", "gpt2-small", "--machine", "h100-sxm", "-p", "2", "-b", "4",
+                                            "--json"), '"peak_memory_reserved_bytes"'),
+    "per-stage memory figures (nanotron's cut)": Accepted(
+        ("-g", "gpt2-small", "--machine", "h100-sxm", "-p", "4", "-b", "8", "--engine", "nanotron", "--json",
+         "--recipe", "dp=2,pp=2,zero=1,microbatch=1,recompute=none,schedule=1f1b"), '"peak_memory_allocated_bytes"'),
+    "the engine's logged figure named": Accepted(("-g", "gpt2-small", "--machine", "h100-sxm", "-p", "2", "-b", "4",
+                                                  "--engine", "torchtitan"), "torchtitan's logs print reserved"),
     "stage times in the paper machine's unit": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "15", "--training"),
                                                         "flop-equivalents per micro-batch"),
     "-m on a GPT graph": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "4", "-m", "64"), "sequence length 64"),

@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import nemo_runs  # noqa: E402
 from pase.cli import main as pase_main  # noqa: E402
+from pase.planning.engine import load_engine  # noqa: E402
 
 GiB = 2.0 ** 30
 #: Dense BF16 peak of an H100 SXM (NVIDIA datasheet); MFU is counted against it for every row.
@@ -206,8 +207,11 @@ def price(row: dict, tmp: str, engine: str | None = None) -> dict:
             os.chdir(cwd)
     data = json.loads(out.getvalue())
     t = data["training"]
+    # The figure the engine's logs print (its profile's memory_reported: torchtitan's max_reserved).
+    logged = {"allocated": "peak_memory_allocated_bytes", "reserved": "peak_memory_reserved_bytes"}.get(
+        load_engine(engine)["memory_reported"] if engine else None, "peak_memory_bytes")
     return dict(step=t["step_seconds"], tokens=t["tokens_per_second_per_device"], mfu=t["mfu"],
-                memory=t["peak_memory_bytes"], recipe=t["recipe"], fits=status == 0, time=t["time"],
+                memory=t[logged], recipe=t["recipe"], fits=status == 0, time=t["time"],
                 mem=t["memory"], band=t.get("step_seconds_band"), memory_band=t.get("peak_memory_bytes_band"),
                 argv=argv_of(row, row["config"] if "positions" not in row else
                              f"{row['config']} (n_positions={row['positions']})", engine)[:-2]

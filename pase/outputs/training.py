@@ -69,6 +69,27 @@ def _engine_bands(label: str):
     return band_of(profile, "step"), band_of(profile, "memory")
 
 
+@lru_cache(maxsize=None)
+def _memory_reported(label: str):
+    """The memory figure the engine ``label``'s logs print (``memory_reported``; None: no engine)."""
+    from pase.planning.engine import load_engine
+
+    try:
+        return load_engine(label)["memory_reported"]
+    except (ValueError, KeyError):
+        return None
+
+
+def figures_line(candidate, indent: str = "  ") -> str:
+    """The peak as PyTorch counts it: allocated and reserved (the fit is judged on what the device
+    needs, the line above), and which of them the plan's engine logs."""
+    f = candidate.memory_figures()
+    logged = _memory_reported(candidate.options.engine) if candidate.options.engine else None
+    said = f"; {candidate.options.engine}'s logs print {logged}" if logged else ""
+    return (f"{indent}  of which PyTorch's allocator: {format_bytes(f.allocated)} allocated, {format_bytes(f.reserved)} "
+            f"reserved (max_memory_allocated / max_memory_reserved{said})")
+
+
 def bands(candidate, seconds: bool = True):
     """``(step_seconds_band, peak_memory_bytes_band)`` of a candidate as ``[low, high]`` lists:
     its modelled figures times the spread of published / modelled over the visible published
@@ -176,6 +197,7 @@ def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None
     s = candidate.summary
     o = candidate.options
     mfu = mfu_parts(candidate, machine) if seconds else None
+    figures = candidate.memory_figures()
     data = {
         "step_seconds": s.step_seconds if seconds else None,
         "step_cost": s.step_seconds,
@@ -186,6 +208,8 @@ def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None
         "mfu_peak_flops": None if mfu is None else mfu["peak_flops"],
         "mfu_bf16": None if mfu is None else mfu["mfu_bf16"],
         "peak_memory_bytes": s.peak_memory_bytes,
+        "peak_memory_allocated_bytes": figures.allocated,
+        "peak_memory_reserved_bytes": figures.reserved,
         "parameters": s.parameters,
         "engine": o.engine or None,
         "zero": o.zero,
@@ -383,6 +407,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
         f"{indent}step: {s.step_seconds:.4g} {unit}{band_text} ({time_parts})",
         f"{indent}peak memory per device: {format_bytes(s.peak_memory_bytes)}"
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
+        figures_line(candidate, indent),
     ]
     if seconds and s.tokens_per_second_per_device is not None:
         lines.append(f"{indent}tokens/s per device: {s.tokens_per_second_per_device:,.0f}; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pase.costing.training import TrainingOptions, TrainingSummary
+from pase.costing.training.allocator import MemoryFigures, memory_figures
 from pase.planning.mesh import Mesh, Recipe
 
 __all__ = ["CAUSES", "Candidate", "Priced"]
@@ -87,6 +88,11 @@ class Candidate:
     def memory_kinds(self) -> dict:
         """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
         return dict(self.summary.extra.get("memory_kinds", self.summary.memory))
+
+    def memory_figures(self) -> MemoryFigures:
+        """The peak in the three figures (allocated, reserved, what the device needs) of the
+        stage that holds it (:func:`~pase.costing.training.allocator.memory_figures`)."""
+        return memory_figures(self.memory_kinds(), self.summary.peak_memory_bytes)
 
     def as_recipe(self) -> Recipe:
         """Every choice of the candidate fixed (a mesh candidate's; ``ValueError`` for a

@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
 from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, TP_OVERLAP_KINDS
+from pase.planning.engine_cut import PIPELINE_CUTS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
            "STEP_COMPUTE_EFFICIENCY", "band_of", "BAND_FLOOR"]
@@ -65,7 +66,8 @@ FACTS = {
     "comm_sm_share": float,
     "comm_buffer_bytes": float,
     "allocator_fragmentation": float,
-    "memory_reported": ("allocated", "reserved"),
+    "allocator_interleave": float,
+    "memory_reported": ("allocated", "reserved", "device"),
     "launch_seconds": float,
     "activation_grads": bool,
     "attention_efficiency": float,
@@ -78,13 +80,15 @@ FACTS = {
     "moe_dispatcher": MOE_DISPATCHERS,
     "expert_gemm": EXPERT_GEMMS,
     "tp_overlap_kind": TP_OVERLAP_KINDS,
+    "pipeline_cut": PIPELINE_CUTS,
 }
 #: Facts a profile may leave out, with the value it then has: a profile written before the fact
 #: existed stays valid.
 OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
                   "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
                   "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
-                  "tp_overlap_kind": "userbuffers"}
+                  "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
+                  "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -113,7 +117,7 @@ def _check_value(name: str, value, where: str):
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{where}: {name} must be a non-negative number, got {value!r}")
-        if name in ("comm_sm_share", "allocator_fragmentation") and value >= 1:
+        if name in ("comm_sm_share", "allocator_fragmentation", "allocator_interleave") and value >= 1:
             raise ValueError(f"{where}: {name} must be below 1, got {value!r}")
         if name == "attention_efficiency" and not 0 < value <= 1:
             raise ValueError(f"{where}: {name} must be in (0, 1] (a fraction of the device's peak), got {value!r}")
@@ -205,6 +209,7 @@ class EngineProfile:
             "comm_sm_share": f["comm_sm_share"],
             "comm_buffer_bytes": f["comm_buffer_bytes"],
             "fragmentation": f["allocator_fragmentation"],
+            "interleave_fragmentation": f["allocator_interleave"],
             "activation_grads": bool(f["activation_grads"]),
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
@@ -212,6 +217,7 @@ class EngineProfile:
             "moe_dispatcher": f["moe_dispatcher"],
             "expert_gemm": f["expert_gemm"],
             "tp_overlap_kind": f["tp_overlap_kind"],
+            "pipeline_cut": f["pipeline_cut"],
             "zero1_reduce": f["zero1_gradient_collective"],
             "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
             "block_overhead_seconds": f["block_overhead_seconds"],

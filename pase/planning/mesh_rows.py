@@ -9,6 +9,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
+from pase.costing.training.allocator import memory_figures, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
 from pase.planning.host_floor import block_count, floored, host_seconds
@@ -211,13 +212,16 @@ def _pipelined(summary, found: Found, act_bytes: float) -> None:
     summary.peak_memory_bytes = float(peak)
     summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step), columns)
     summary.extra["memory_kinds"] = _stage_memory(costing, options, int(columns[i]), act_bytes, stages)
+    figures = [memory_figures(_stage_memory(costing, options, int(columns[i]), act_bytes, stages, s), mem)
+               for s, mem in enumerate(stages.memory_bytes)]
     summary.extra["pipeline"] = {
         "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
         "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
         "stages": [{"stage": s, "blocks": c, "devices": [s * q, (s + 1) * q - 1],
-                    "microbatch_seconds": t, "memory_bytes": mem}
-                   for s, (c, t, mem) in enumerate(zip(stages.counts, stages.microbatch_seconds,
-                                                         stages.memory_bytes))],
+                    "microbatch_seconds": t, "memory_bytes": mem,
+                    "peak_memory_allocated_bytes": f.allocated, "peak_memory_reserved_bytes": f.reserved}
+                   for s, (c, t, mem, f) in enumerate(zip(stages.counts, stages.microbatch_seconds,
+                                                            stages.memory_bytes, figures))],
     }
     if sum(stages.extra):  # the embedding and/or the loss counted as pipeline layers
         summary.extra["pipeline"]["pipeline_extra"] = extra_word(stages.extra)
@@ -261,11 +265,13 @@ def _stage_range(costing, stages, s: int) -> tuple:
     return start, end
 
 
-def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages) -> dict:
-    """The largest stage's peak by kind (as ``pipeline_rows`` adds it up): its model state,
-    its activations times the micro-batches in flight on it, its logits, and the memory alive
-    part of the time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
-    s = int(np.argmax(stages.memory_bytes))
+def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int | None = None) -> dict:
+    """Stage ``s``'s peak by kind (default the largest stage; as ``pipeline_rows`` adds it up):
+    its model state, its activations times the micro-batches in flight on it, its logits, the
+    allocator's stranded bytes (:func:`~pase.costing.training.allocator.stranded_bytes`), and
+    the memory alive part of the time (ZeRO-3's gathered weights, the recomputed block) and the
+    reserve."""
+    s = int(np.argmax(stages.memory_bytes)) if s is None else s
     start, end = _stage_range(costing, stages, s)
     pp, m = stages.pp, options.microbatches
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
@@ -274,9 +280,10 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     for v in range(start, end):
         for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
             kinds[key] = kinds.get(key, 0.0) + float(value[i])
+    if "fragmentation" in kinds:
+        kinds["fragmentation"] = stranded_bytes(kinds["activations"], kinds["logits"], in_flight,
+                                                options.fragmentation, options.interleave_fragmentation)
     kinds["activations"] *= in_flight
-    if "fragmentation" in kinds:  # the allocator's share of the short-lived bytes in flight
-        kinds["fragmentation"] = options.fragmentation * (kinds["activations"] + kinds["logits"])
     chunks = _chunks(stages) if options.recompute == "block" else None
     kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes, chunks))
     kinds["reserve"] = float(options.reserve_bytes)

@@ -45,6 +45,7 @@ from pase.model.builder import tokens_of
 from pase.model.roles import roles_of
 from pase.planning.candidate import CAUSES, Candidate, Priced
 from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
+from pase.planning.engine_cut import engine_cut
 from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candidate, search_free, training_graph
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
@@ -689,13 +690,16 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     """Stage 4 on pipelined meshes: every setting's pipelines in one pass over the cuts and
     schedules (:func:`~pase.planning.pipeline.pipeline_rows_settings`), the best per mesh."""
     recipe = space.recipe
+    stages = recipe.stages
+    if stages is None and recipe.vpp in (None, 1) and settings and settings[0].pipeline_cut == "compute_balanced":
+        stages = engine_cut(share.costing.network, group.layout, group.pp)  # the engine's own cut
     # Block recomputation on pipelines where a recipe asks for it: its count search over every
     # cut, schedule and chunk count made the free search of Llama 3.1 70B on 256 GPUs half as
     # long again (benchmarks/results/foundation_speed.md); without stages it is one chunk, and cheap.
     keep = [j for j, o in enumerate(settings) if o.recompute != "block" or recipe.recompute == "block"]
     got = pipeline_rows_settings(share.costing, [settings[j] for j in keep], act_bytes, share.edges, share.targets,
                                  group.pp, group.stage_devices, group.layout, memory_cap, space.schedules,
-                                 None if recipe.vpp is None else [recipe.vpp], recipe.stages,
+                                 None if recipe.vpp is None else [recipe.vpp], stages,
                                  columns=share.columns, search_layers=[searched[j] for j in keep],
                                  tp=[mesh.tp for mesh, _ in group.meshes],
                                  extra=extra_units(recipe.pipeline_extra), kept=kept)

@@ -134,6 +134,9 @@ class TrainingOptions:
     fragmentation : float
         The caching allocator's reserved-but-unallocated share of the memory besides the
         reserve, as the engine reports its peak.
+    interleave_fragmentation : float
+        The caching allocator's stranded share of the activations of each micro-batch a
+        pipeline stage holds beyond the first (:func:`~.allocator.stranded_bytes`).
     activation_grads : bool
         Count the activation gradients alive during the backward pass (the gradient of the
         largest layer's output and of its input).
@@ -164,6 +167,9 @@ class TrainingOptions:
         (``--moe-shared-expert-overlap``).
     expert_gemm : str
         How the local experts' products run (:data:`EXPERT_GEMMS`).
+    pipeline_cut : str
+        ``search`` (the search chooses the pipeline's cut) or ``compute_balanced`` (the engine
+        places its blocks by their cost: ``pase.planning.engine_cut``).
     tp_overlap_kind : str
         How ``tp_overlap`` runs (:data:`TP_OVERLAP_KINDS`).
     p2p_overlap : bool
@@ -221,6 +227,7 @@ class TrainingOptions:
     comm_sm_share: float = 0.0
     comm_buffer_bytes: float = 0.0
     fragmentation: float = 0.0
+    interleave_fragmentation: float = 0.0
     activation_grads: bool = False
     compute_efficiency: float = 1.0
     attention_shape: bool = False
@@ -238,6 +245,7 @@ class TrainingOptions:
     shared_overlap: bool = False
     expert_gemm: str = "grouped"
     tp_overlap_kind: str = "userbuffers"
+    pipeline_cut: str = "search"
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -255,8 +263,8 @@ class TrainingOptions:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
-                     "comm_sm_share", "comm_buffer_bytes", "fragmentation", "block_overhead_seconds",
-                     "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
+                     "comm_sm_share", "comm_buffer_bytes", "fragmentation", "interleave_fragmentation",
+                     "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -280,6 +288,8 @@ class TrainingOptions:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise ValueError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        if self.pipeline_cut not in ("search", "compute_balanced"):
+            raise ValueError(f"pipeline_cut must be search or compute_balanced, got {self.pipeline_cut!r}")
         if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
             raise ValueError(f"tp_overlap_kind must be one of {', '.join(TP_OVERLAP_KINDS)}, got {self.tp_overlap_kind!r}")
         if self.expert_gemm not in EXPERT_GEMMS:

@@ -1,0 +1,97 @@
+"""The three memory figures (allocated, reserved, what the device needs), the allocator's stranded
+bytes and nanotron's own pipeline cut (issue 45), against values worked out by hand."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pase.costing.training.allocator import MemoryFigures, memory_figures, stranded_bytes
+from pase.planning.engine import load_engine
+from pase.planning.engine_cut import balanced_cut
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_figures_by_kind():
+    # Device: every kind, 10 + 6 + 2 + 1 + 0.5 + 1 = 20.5; reserved: less the context and NCCL's
+    # buffers (1 + 0.5) = 19; allocated: less the stranded 1 = 18.
+    kinds = {"model_state": 10.0, "activations": 6.0, "logits": 2.0, "fragmentation": 1.0,
+             "comm_buffers": 0.5, "reserve": 1.0}
+    assert memory_figures(kinds) == MemoryFigures(allocated=18.0, reserved=19.0, device=20.5)
+    # The search's own peak (a pipeline stage's sum) stands for the device figure: 25 - 1.5 - 1.
+    assert memory_figures(kinds, 25.0) == MemoryFigures(allocated=22.5, reserved=23.5, device=25.0)
+    assert memory_figures(kinds).figure("reserved") == 19.0
+    with pytest.raises(ValueError, match="one of allocated, reserved, device"):
+        memory_figures(kinds).figure("nvidia-smi")
+
+
+def test_stranded_bytes():
+    # 3 micro-batches of 4 bytes in flight and 2 of logits: 0.5 x (3 x 4 + 2) = 7 by fragmentation,
+    # 0.25 x (3 - 1) x 4 = 2 by the interleaving of the two further micro-batches.
+    assert stranded_bytes(4.0, 2.0, 3.0, 0.5, 0.25) == pytest.approx(9.0)
+    # One micro-batch in flight (no pipeline): the interleaving strands nothing.
+    assert stranded_bytes(4.0, 2.0, 1.0, 0.5, 0.25) == pytest.approx(0.5 * 6.0)
+
+
+def test_balanced_cut_nanotron_8b():
+    # nanotron's costs for the 8B of the playbook (models/llama.py:938-950): a decoder layer
+    # 4 x 32 x 128 x 4096 + 3 x 14336 x 4096 = 243,269,632; the lm_head 131072 x 4096 = 536,870,912.
+    # Total 32 layers + head = 34.207 layers; a rank's threshold (r + 1) x 4.276 layers. Rank 0 takes
+    # layers 1-5 (5 > 4.276), rank 1 6-9 (9 > 8.55), rank 2 10-13 (13 > 12.83), rank 3 14-18
+    # (17 < 17.10, 18 > it), ranks 4-6 four each (22 > 21.38, 26 > 25.66, 30 > 29.93), rank 7
+    # layers 31-32 and the head.
+    assert balanced_cut([243_269_632.0] * 32, 536_870_912.0, 8) == (5, 4, 4, 5, 4, 4, 4, 2)
+
+
+def test_balanced_cut_refuses_what_cannot_be_priced():
+    # 4 blocks of 1 and a head of 2 over 2 stages: thresholds 3 and 6; blocks 1-4 all on rank 0
+    # (cum 4 > 3 only after the fourth), the head alone on rank 1: a stage without a block.
+    assert balanced_cut([1.0] * 4, 2.0, 2) is None
+    # 6 blocks and a head of 2: thresholds 4, 8; rank 0 takes 5 (5 > 4), rank 1 the 6th and the head.
+    assert balanced_cut([1.0] * 6, 2.0, 2) == (5, 1)
+
+
+def test_profiles_name_their_figure_and_cut():
+    assert load_engine("nanotron")["memory_reported"] == "reserved"
+    assert load_engine("nanotron")["pipeline_cut"] == "compute_balanced"
+    assert load_engine("megatron")["pipeline_cut"] == "search"  # the optional fact's default
+    assert load_engine("torchtitan")["memory_reported"] == "reserved"
+
+
+def test_bad_allocator_facts_refused(tmp_path):
+    with open(os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json"), encoding="utf-8") as f:
+        profile = json.load(f)
+    profile["facts"]["allocator_interleave"]["value"] = 1.5
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="allocator_interleave must be below 1"):
+        load_engine(str(path))
+    profile["facts"]["allocator_interleave"]["value"] = 0.1
+    profile["facts"]["pipeline_cut"]["value"] = "greedy"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="pipeline_cut must be one of search, compute_balanced"):
+        load_engine(str(path))
+
+
+def _plan(*extra) -> dict:
+    argv = [sys.executable, os.path.join(ROOT, "scheduler.py"), "-g", "hf:benchmarks/configs/nanotron-8b.json",
+            "-p", "64", "-b", "256", "-m", "4096", "--machine", "h100-sxm", "--memory", "100000", "--json", *extra]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True)
+    return json.loads(done.stdout)["training"]
+
+
+def test_nanotron_pipeline_runs_its_own_cut_and_reports_each_stage():
+    t = _plan("--engine", "nanotron", "--recipe", "dp=4,tp=2,pp=8,zero=1,microbatch=2,recompute=none,schedule=1f1b")
+    stages = t["pipeline"]["stages"]
+    assert [s["blocks"] for s in stages] == [5, 4, 4, 5, 4, 4, 4, 2]  # test_balanced_cut_nanotron_8b
+    for s in stages:
+        assert s["peak_memory_allocated_bytes"] <= s["peak_memory_reserved_bytes"] <= s["memory_bytes"]
+    # The first stage holds 8 micro-batches of 5 blocks: the plan's peak, in all three figures.
+    assert t["peak_memory_bytes"] == pytest.approx(stages[0]["memory_bytes"])
+    assert t["peak_memory_reserved_bytes"] == pytest.approx(stages[0]["peak_memory_reserved_bytes"])
+    assert t["peak_memory_allocated_bytes"] == pytest.approx(stages[0]["peak_memory_allocated_bytes"])
+    # Reserved is the device figure less the reserve and NCCL's buffers the profile names.
+    assert t["peak_memory_bytes"] - t["peak_memory_reserved_bytes"] == pytest.approx(1e9 + 5e8)
