@@ -10,7 +10,7 @@ import pytest
 
 from pase.costing.training.allocator import MemoryFigures, memory_figures, stranded_bytes
 from pase.planning.engine import load_engine
-from pase.planning.engine_cut import balanced_cut
+from pase.planning.engine_cut import balanced_cut, representable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,12 +46,20 @@ def test_balanced_cut_nanotron_8b():
     assert balanced_cut([243_269_632.0] * 32, 536_870_912.0, 8) == (5, 4, 4, 5, 4, 4, 4, 2)
 
 
-def test_balanced_cut_refuses_what_cannot_be_priced():
-    # 4 blocks of 1 and a head of 2 over 2 stages: thresholds 3 and 6; blocks 1-4 all on rank 0
-    # (cum 4 > 3 only after the fourth), the head alone on rank 1: a stage without a block.
-    assert balanced_cut([1.0] * 4, 2.0, 2) is None
-    # 6 blocks and a head of 2: thresholds 4, 8; rank 0 takes 5 (5 > 4), rank 1 the 6th and the head.
-    assert balanced_cut([1.0] * 6, 2.0, 2) == (5, 1)
+def test_balanced_cut_leaves_the_last_rank_the_loss():
+    # 4 blocks of 1 and a head of 2 over 2 ranks: thresholds 3 and 6; blocks 1-4 all on rank 0
+    # (cum 4 > 3 only after the fourth), the head on rank 1 with no block.
+    assert balanced_cut([1.0] * 4, 2.0, 2) == (4, 0)
+    # The playbook's 1B (16 layers of 67,112,960, tied head 268,437,504 ~ 4 layers) over 8 ranks:
+    # thresholds every 2.5 layers; rank 0 takes 1-3, rank 1 4-5 (5 layers pass 2 x 2.5 by the
+    # head's 3,584 elements under 4 layers), rank 2 6-8, rank 3 9-10, rank 4 11-13, rank 5 14-15,
+    # rank 6 layer 16 and the head (passing 17.5), rank 7 only the loss.
+    assert balanced_cut([67_112_960.0] * 16, 268_437_504.0, 8) == (3, 2, 3, 2, 3, 2, 1, 0)
+    # The planner's stages each hold a block: the empty one takes one from the nearest stage
+    # before it with two (rank 5), the first stages as nanotron has them.
+    assert representable((3, 2, 3, 2, 3, 2, 1, 0)) == (3, 2, 3, 2, 3, 1, 1, 1)
+    assert representable((4, 0)) == (3, 1)
+    assert representable((1, 0)) is None
 
 
 def test_profiles_name_their_figure_and_cut():

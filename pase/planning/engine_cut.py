@@ -7,38 +7,51 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["PIPELINE_CUTS", "balanced_cut", "engine_cut"]
+__all__ = ["PIPELINE_CUTS", "balanced_cut", "representable", "engine_cut"]
 
 #: ``search``: the search tries the cuts (Megatron's, torchtitan's uneven first and last stages);
 #: ``compute_balanced``: nanotron's rule (:func:`balanced_cut`), the only cut it runs.
 PIPELINE_CUTS = ("search", "compute_balanced")
 
 
-def balanced_cut(block_costs: Sequence[float], tail_cost: float, pp: int) -> tuple | None:
-    """Blocks per stage as nanotron assigns them (src/nanotron/models/base.py:216-235 at main
+def balanced_cut(block_costs: Sequence[float], tail_cost: float, pp: int) -> tuple:
+    """Blocks per rank as nanotron assigns them (src/nanotron/models/base.py:216-235 at main
     2411b022): units in order (the blocks, then the output head of cost ``tail_cost``; the
-    embedding costs nothing), each placed on the current rank, which moves on once the
-    cumulative cost passes ``total * (rank + 1) / pp``. ``None`` when that leaves a stage
-    without a block or the head off the last stage (a cut the planner cannot price).
+    embedding, the final norm and the loss cost nothing), each placed on the current rank, which
+    moves on once the cumulative cost passes ``total * (rank + 1) / pp``. A rank may be left
+    without a block (the last one, when the head passes the last threshold but one: it then runs
+    the loss alone).
 
     >>> balanced_cut([1.0] * 6, 2.0, 2)  # totals 8: thresholds 4 and 8; the 5th block passes 4
     (5, 1)
     """
-    costs = np.asarray(list(block_costs) + [float(tail_cost)], dtype=np.float64)
-    cumulative = np.cumsum(costs)
+    cumulative = np.cumsum(np.asarray(list(block_costs) + [float(tail_cost)], dtype=np.float64))
     total = float(cumulative[-1])
     counts = [0] * pp
     rank = 0
-    for j, reached in enumerate(cumulative):
-        if rank >= pp:
-            return None
-        if j < len(block_costs):
-            counts[rank] += 1
-        elif rank != pp - 1:
-            return None  # the head lands before the last stage
+    for reached in cumulative[: len(block_costs)]:
+        counts[rank] += 1
         if reached > total * ((rank + 1) / pp):
-            rank += 1
-    return tuple(counts) if min(counts) >= 1 else None
+            rank = min(rank + 1, pp - 1)
+    return tuple(counts)
+
+
+def representable(counts: Sequence[int]) -> tuple | None:
+    """``counts`` with every stage holding a block, as the planner's stages must: each empty stage
+    takes one block from the nearest stage before it with two or more (the stages before keep
+    nanotron's counts, the first stage's above all: the one whose memory nanotron logs). ``None``
+    when there are fewer blocks than stages."""
+    counts = list(counts)
+    if sum(counts) < len(counts):
+        return None
+    for i in range(len(counts)):
+        if counts[i] == 0:
+            donor = next((j for j in range(i - 1, -1, -1) if counts[j] >= 2), None)
+            if donor is None:
+                donor = next(j for j in range(i + 1, len(counts)) if counts[j] >= 2)
+            counts[donor] -= 1
+            counts[i] += 1
+    return tuple(counts)
 
 
 def _elements(layer) -> float:
@@ -54,4 +67,4 @@ def engine_cut(network, layout, pp: int) -> tuple | None:
     layers = network.layers
     blocks = [sum(_elements(layers[v]) for v in block) for block in layout.blocks]
     tail = sum(_elements(layers[v]) for v in layout.post)
-    return balanced_cut(blocks, tail, pp)
+    return representable(balanced_cut(blocks, tail, pp))
