@@ -10,7 +10,11 @@ and the plan's peak over its stages. The reserved figure is linear in the two co
 pair; the pair fitted minimises the larger of median/15 % and p90/30 % of the relative error
 over a grid of steps of 0.02. The leave-one-out figures fit the pair again without each run.
 
-    python3 benchmarks/fit_memory.py [--machine h100-sxm] [--out memory_playbook]
+With ``--write-band`` the nanotron profile's memory band becomes the 10th and 90th percentiles of
+measured over modelled (first stage, the shipped constants): where the model is that uncertain,
+its band says so.
+
+    python3 benchmarks/fit_memory.py [--machine h100-sxm] [--out memory_playbook] [--write-band]
 """
 
 from __future__ import annotations
@@ -84,10 +88,23 @@ def summary(errors: np.ndarray) -> str:
     return f"median {np.median(errors):.1%}, p90 {np.quantile(errors, 0.9):.1%}, worst {errors.max():.1%}"
 
 
+def write_band(memory: list, rows: int) -> None:
+    """The nanotron profile's ``band`` section, ``memory`` only (its step band stays unstated)."""
+    path = os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json")
+    with open(path, encoding="utf-8") as f:
+        profile = json.load(f)
+    profile["band"] = {"memory": memory, "rows": rows,
+                       "source": "benchmarks/fit_memory.py --write-band: measured / modelled reserved memory on the "
+                                 f"first stage over the playbook's {rows} visible runs, 10th and 90th percentiles"}
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(profile, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--machine", default="h100-sxm")
     parser.add_argument("--out", default=None, help="write benchmarks/results/OUT.md")
+    parser.add_argument("--write-band", action="store_true", help="write the nanotron profile's memory band")
     args = parser.parse_args(argv)
     runs = load_runs()
     measured = np.array([r["peak_memory_gib"] for r in runs])
@@ -125,6 +142,12 @@ def main(argv=None) -> int:
         lines.append(f"| {r['id']} | {r['model']['label_in_source']} | {r['gpus']} | {playbook.recipe_of(r)} | "
                      f"{r['peak_memory_gib']:.1f} | {first:.1f} ({first / r['peak_memory_gib'] - 1:+.0%}) | "
                      f"{peak:.1f} ({peak / r['peak_memory_gib'] - 1:+.0%}) |")
+    ratios = measured / np.array([first for first, _ in shipped])
+    band = [round(float(np.quantile(ratios, 0.1)), 4), round(float(np.quantile(ratios, 0.9)), 4)]
+    lines[4:4] = [f"- measured / modelled (first stage, shipped profile): 10th percentile {band[0]:.3f}, "
+                  f"90th {band[1]:.3f} (the profile's memory band)", ""]
+    if args.write_band:
+        write_band(band, len(runs))
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(os.path.join(ROOT, "benchmarks", "results", args.out + ".md"), "w", encoding="utf-8") as f:
