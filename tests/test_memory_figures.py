@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pase.costing.training.allocator import MemoryFigures, memory_figures, stranded_bytes
+from pase.costing.training.allocator import MemoryFigures, hold_within, memory_figures, released_within, stranded_bytes
 from pase.planning.engine import load_engine
 from pase.planning.engine_cut import balanced_cut, representable
 
@@ -29,11 +29,11 @@ def test_figures_by_kind():
 
 
 def test_stranded_bytes():
-    # 3 micro-batches of 4 bytes in flight and 2 of logits: 0.5 x (3 x 4 + 2) = 7 by fragmentation,
+    # 3 micro-batches of 4 bytes of activations in flight: 0.5 x 3 x 4 = 6 by fragmentation,
     # 0.25 x (3 - 1) x 4 = 2 by the interleaving of the two further micro-batches.
-    assert stranded_bytes(4.0, 2.0, 3.0, 0.5, 0.25) == pytest.approx(9.0)
+    assert stranded_bytes(4.0, 3.0, 0.5, 0.25) == pytest.approx(8.0)
     # One micro-batch in flight (no pipeline): the interleaving strands nothing.
-    assert stranded_bytes(4.0, 2.0, 1.0, 0.5, 0.25) == pytest.approx(0.5 * 6.0)
+    assert stranded_bytes(4.0, 1.0, 0.5, 0.25) == pytest.approx(0.5 * 4.0)
 
 
 def test_balanced_cut_nanotron_8b():
@@ -103,3 +103,35 @@ def test_nanotron_pipeline_runs_its_own_cut_and_reports_each_stage():
     assert t["peak_memory_allocated_bytes"] == pytest.approx(stages[0]["peak_memory_allocated_bytes"])
     # Reserved is the device figure less the reserve and NCCL's buffers the profile names.
     assert t["peak_memory_bytes"] - t["peak_memory_reserved_bytes"] == pytest.approx(1e9 + 5e8)
+
+
+def test_stranded_bytes_give_way_under_the_cap():
+    # 90 at the peak, 30 of them stranded, on a device of 80: tensors need 60, the allocator
+    # keeps 80 - 60 = 20 of the stranded; with room to spare all 30; when tensors alone need
+    # more than the device (85 of 80), none; without a cap, all.
+    assert released_within(90.0, 30.0, 80.0) == 20.0
+    assert released_within(70.0, 30.0, 80.0) == 30.0
+    assert released_within(115.0, 30.0, 80.0) == 0.0
+    assert released_within(90.0, 30.0, None) == 30.0
+
+
+def test_hold_within_a_summary():
+    class S:
+        memory = {"activations": 40.0, "fragmentation": 30.0, "model_state": 20.0}
+        peak_memory_bytes = 90.0
+    s = S()
+    hold_within(s, 80.0)  # as above: 20 of the 30 stay, the peak is the device's 80
+    assert s.memory["fragmentation"] == 20.0 and s.peak_memory_bytes == 80.0
+
+
+def test_a_run_whose_allocator_gives_way_is_tight_not_refused():
+    # The playbook's usp-1050 (3B, dp 2, pp 16, micro-batch 4) ran and measured 73.0 GiB reserved
+    # on its first stage. Its tensors need less than the H100 holds, its stranded bytes would
+    # pass it: the figure is the device's capacity, the plan "tight", never "does not fit".
+    argv = [sys.executable, os.path.join(ROOT, "scheduler.py"), "-g", "hf:benchmarks/configs/nanotron-3b.json",
+            "-p", "32", "-b", "256", "-m", "4096", "--machine", "h100-sxm", "--engine", "nanotron", "--json",
+            "--recipe", "dp=2,tp=1,pp=16,zero=1,microbatch=4,recompute=none,schedule=1f1b"]
+    t = json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["training"]
+    assert t["fit"] == "tight"
+    assert t["peak_memory_bytes"] == pytest.approx(79.65 * 2 ** 30, rel=1e-3)  # the H100's capacity as PyTorch sees it
+    assert t["peak_memory_allocated_bytes"] < t["peak_memory_reserved_bytes"] < t["peak_memory_bytes"]

@@ -14,6 +14,7 @@ from pase.core.checks import (
     positive_int, positive_number,
 )
 from pase.costing.training import NetworkStructure, TrainingCosting, TrainingOptions
+from pase.costing.training.allocator import hold_within
 from pase.machines.registry import as_machine
 from pase.model.builder import tokens_of
 from pase.model.readers import READER_RULES
@@ -66,6 +67,7 @@ def _evaluated(priced: tuple, configs, procs: int, options: TrainingOptions, act
     tokens = tokens_of(network)
     summary = costing.summarize([0] * len(configs), options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
+    hold_within(summary, memory_cap)
     return Candidate(mesh, options, microbatch, tuple(tuple(int(x) for x in c) for c in configs), summary,
                      memory_cap)
 

@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.costing.training.allocator import memory_figures, stranded_bytes
+from pase.costing.training.allocator import hold_within, memory_figures, released_within, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
 from pase.planning.host_floor import block_count, floored, host_seconds
@@ -175,8 +175,9 @@ def candidate_of(found: Found, memory_cap, act_bytes: float, procs: int) -> Cand
     summary = costing.summarize([row] * n, options, act_bytes, moved, procs,
                                 None if tokens is None else tokens * options.microbatches)
     if stages is not None:
-        _pipelined(summary, found, act_bytes)
+        _pipelined(summary, found, act_bytes, memory_cap)
     else:
+        hold_within(summary, memory_cap)
         _host_cause(summary, costing, options)
     configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
     return Candidate(found.mesh, options, found.microbatch, configs, summary, memory_cap)
@@ -195,11 +196,12 @@ def _host_cause(summary, costing, options: TrainingOptions) -> None:
         summary.step_seconds += wait
 
 
-def _pipelined(summary, found: Found, act_bytes: float) -> None:
-    """A pipelined configuration's summary: its step and peak as its stages give them."""
+def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None:
+    """A pipelined configuration's summary: its step as its stages give it, and each stage's
+    peak: what its tensors need (the search's) and the allocator's stranded bytes as it holds
+    them on a device of ``memory_cap`` (:func:`~pase.costing.training.allocator.released_within`)."""
     costing, columns, edges = found.costed.costing, found.costed.columns, found.costed.edges
     options, i, stages, q = found.options, found.column, found.stages, found.stage_devices
-    step, peak = found.step, found.peak
     slowest = max(stages.microbatch_seconds)
     fill = (stages.pp - 1) / stages.vpp
     summary.time = {
@@ -207,21 +209,28 @@ def _pipelined(summary, found: Found, act_bytes: float) -> None:
         "bubble": fill * slowest,
         "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
     }
-    summary.memory = {"largest_stage": float(peak)}
-    summary.step_seconds = float(step)
-    summary.peak_memory_bytes = float(peak)
-    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(step), columns)
-    summary.extra["memory_kinds"] = _stage_memory(costing, options, int(columns[i]), act_bytes, stages)
-    figures = [memory_figures(_stage_memory(costing, options, int(columns[i]), act_bytes, stages, s), mem)
-               for s, mem in enumerate(stages.memory_bytes)]
+    kinds, peaks = [], []
+    for s, needed in enumerate(stages.memory_bytes):
+        k = _stage_memory(costing, options, int(columns[i]), act_bytes, stages, s)
+        stranded = k.get("fragmentation", 0.0)
+        if stranded:
+            k["fragmentation"] = released_within(needed + stranded, stranded, memory_cap)
+        kinds.append(k)
+        peaks.append(float(needed) + k.get("fragmentation", 0.0))
+    top = int(np.argmax(peaks))
+    figures = [memory_figures(k, peak) for k, peak in zip(kinds, peaks)]
+    summary.memory = {"largest_stage": peaks[top]}
+    summary.step_seconds = float(found.step)
+    summary.peak_memory_bytes = peaks[top]
+    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(found.step), columns)
+    summary.extra["memory_kinds"] = kinds[top]
     summary.extra["pipeline"] = {
         "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,
         "bubble_fraction": stages.bubble_fraction, "p2p_seconds_per_microbatch": stages.p2p_seconds,
         "stages": [{"stage": s, "blocks": c, "devices": [s * q, (s + 1) * q - 1],
-                    "microbatch_seconds": t, "memory_bytes": mem,
+                    "microbatch_seconds": t, "memory_bytes": f.device,
                     "peak_memory_allocated_bytes": f.allocated, "peak_memory_reserved_bytes": f.reserved}
-                   for s, (c, t, mem, f) in enumerate(zip(stages.counts, stages.microbatch_seconds,
-                                                            stages.memory_bytes, figures))],
+                   for s, (c, t, f) in enumerate(zip(stages.counts, stages.microbatch_seconds, figures))],
     }
     if sum(stages.extra):  # the embedding and/or the loss counted as pipeline layers
         summary.extra["pipeline"]["pipeline_extra"] = extra_word(stages.extra)
@@ -281,8 +290,8 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
         for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
             kinds[key] = kinds.get(key, 0.0) + float(value[i])
     if "fragmentation" in kinds:
-        kinds["fragmentation"] = stranded_bytes(kinds["activations"], kinds["logits"], in_flight,
-                                                options.fragmentation, options.interleave_fragmentation)
+        kinds["fragmentation"] = stranded_bytes(kinds["activations"], in_flight, options.fragmentation,
+                                                options.interleave_fragmentation)
     kinds["activations"] *= in_flight
     chunks = _chunks(stages) if options.recompute == "block" else None
     kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes, chunks))

@@ -574,9 +574,6 @@ class _Timing(NamedTuple):
         exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, self.efficiency, stage["sync"])
         step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
         in_flight = self.in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else self.in_flight_1
-        if o.interleave_fragmentation:  # the allocator's stranded share of the further micro-batches
-            # (``stage["acts"]`` already carries the ``fragmentation`` share: allocator.stranded_bytes)
-            in_flight = in_flight + o.interleave_fragmentation * np.maximum(in_flight - 1.0, 0.0) / (1.0 + o.fragmentation)
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
         return t, step, memory, memory.max(axis=1), sends
 

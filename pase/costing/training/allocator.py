@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["OUTSIDE_ALLOCATOR", "RESERVED_ONLY", "FIGURE_NAMES", "MemoryFigures", "memory_figures",
-           "stranded_bytes"]
+           "stranded_bytes", "released_within", "hold_within"]
 
 #: Kinds of device memory PyTorch's caching allocator never sees: the CUDA context and driver
 #: state (``reserve``) and NCCL's buffers (``comm_buffers``, allocated by NCCL through cuMem).
@@ -51,13 +51,40 @@ def memory_figures(kinds: dict, device: float | None = None) -> MemoryFigures:
     return MemoryFigures(allocated=max(reserved - stranded, 0.0), reserved=reserved, device=total)
 
 
-def stranded_bytes(activations: float, logits: float, in_flight: float, fragmentation: float,
-                   interleave: float) -> float:
+def stranded_bytes(activations: float, in_flight: float, fragmentation: float, interleave: float) -> float:
     """Bytes the caching allocator reserves that no tensor occupies at a stage's peak: a share
-    ``fragmentation`` of the short-lived bytes (the activations of the ``in_flight``
-    micro-batches the stage holds, ``activations`` each, and the loss's ``logits`` buffers:
-    blocks split and freed in another order than they were made), and a share ``interleave`` of
-    the activations of each micro-batch in flight beyond the first (a pipeline's 1F1B frees an
-    older micro-batch's activations between a newer one's, and the backward pass's gradients are
-    cut from the holes they leave, so freed blocks stay reserved)."""
-    return fragmentation * (in_flight * activations + logits) + interleave * max(in_flight - 1.0, 0.0) * activations
+    ``fragmentation`` of the activations of the ``in_flight`` micro-batches the stage holds
+    (``activations`` each: many mid-sized blocks made and freed every micro-batch, split and
+    freed in another order than they were made), and a share ``interleave`` of those of each
+    micro-batch in flight beyond the first (a pipeline's 1F1B frees an older micro-batch between
+    newer ones, and the backward pass's gradients are cut from the holes). The model state is
+    allocated once, and the loss's logit-sized buffers are whole segments, reused as they are:
+    neither strands memory."""
+    return fragmentation * in_flight * activations + interleave * max(in_flight - 1.0, 0.0) * activations
+
+
+def released_within(total: float, stranded: float, cap: float | None) -> float:
+    """The stranded bytes the allocator still holds at a peak of ``total`` bytes (``stranded``
+    of them) on a device of ``cap``: before it fails an allocation, PyTorch's caching allocator
+    frees its cached blocks and tries again (c10/cuda/CUDACachingAllocator.cpp, v2.6.0,
+    lines 1208-1245 and 2859: ``release_cached_blocks``), so what no tensor occupies gives way
+    to what tensors need. The peak the device needs is then at most ``cap`` whenever the rest
+    fits (the allocator's retries cost time: such a plan is "tight"); without a cap, all of it.
+
+    >>> released_within(90.0, 30.0, 80.0)  # 60 needed: 20 of the 30 stranded stay
+    20.0
+    """
+    if cap is None:
+        return stranded
+    return min(stranded, max(float(cap) - (total - stranded), 0.0))
+
+
+def hold_within(summary, cap: float | None) -> None:
+    """A summary's ``fragmentation`` kind and peak as the allocator holds them on a device of
+    ``cap`` (:func:`released_within`)."""
+    stranded = summary.memory.get("fragmentation")
+    if not stranded or cap is None:
+        return
+    kept = released_within(summary.peak_memory_bytes, stranded, cap)
+    summary.memory["fragmentation"] = kept
+    summary.peak_memory_bytes -= stranded - kept

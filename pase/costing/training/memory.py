@@ -40,9 +40,10 @@ class MemoryKinds:
         logits = self.logit_bytes(v, options)
         out = {"model_state": state, "activations": acts, "logits": logits}
         if options.fragmentation:
-            # Short-lived allocations fragment the caching allocator; the long-lived model
-            # state is allocated once.
-            out["fragmentation"] = options.fragmentation * (acts + logits)
+            # The activations' many mid-sized blocks, made and freed every micro-batch, fragment
+            # the caching allocator (allocator.stranded_bytes); the model state is allocated once
+            # and the loss's logit-sized buffers are whole segments reused as they are.
+            out["fragmentation"] = options.fragmentation * acts
         return out
 
     @per_layer_kept

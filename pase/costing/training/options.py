@@ -132,8 +132,8 @@ class TrainingOptions:
     comm_buffer_bytes : float
         The communication library's buffers (NCCL channels, engine workspaces).
     fragmentation : float
-        The caching allocator's reserved-but-unallocated share of the memory besides the
-        reserve, as the engine reports its peak.
+        The caching allocator's reserved-but-unallocated share of the stored activations
+        (:func:`~.allocator.stranded_bytes`).
     interleave_fragmentation : float
         The caching allocator's stranded share of the activations of each micro-batch a
         pipeline stage holds beyond the first (:func:`~.allocator.stranded_bytes`).

@@ -84,10 +84,10 @@ class LayerVectors:
             return self.sync.exposed_sync(v, options) + self.compute.optimizer_seconds(v, options)
         if name == "state":
             return memory.model_state(v, options)
-        if name == "activations":  # grown by the allocator's share of the short-lived allocations
-            return (1.0 + options.fragmentation) * memory.stored_bytes(v, options, act_bytes)
+        if name == "activations":  # as tensors need them: the allocator's stranded share gives way
+            return memory.stored_bytes(v, options, act_bytes)  # under pressure (allocator.released_within)
         if name == "logits":
-            return (1.0 + options.fragmentation) * memory.logit_bytes(v, options)
+            return memory.logit_bytes(v, options)
         if name == "gathered":
             return memory.gathered_bytes(v, options)
         if name == "working":
