@@ -11,6 +11,7 @@ more devices are priced (:func:`devices_to_fit`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pase.costing.training import TrainingOptions
 from pase.planning.engine import DEFAULT_ENGINE
 from pase.planning.free_search import TrainingGraphs, search_free
 from pase.planning.mesh_rows import candidate_of
+from pase.planning.offload_search import could_fit, offload_recipe, try_offload
 from pase.planning.ties import Bands, choose_plan
 from pase.planning.training_search import (
     Candidate, EngineRunsNone, MeshSearch, Said, a_stage_reuse, options_grid, search_meshes,
@@ -86,6 +88,9 @@ class TrainingPlan:
     per_layer: Candidate | None = None
     #: Where nothing fits: how many devices would (:class:`DeviceCount`, :func:`devices_to_fit`).
     fewest_devices: "DeviceCount | None" = None
+    #: Where nothing fits and the recipe says ``offload=none``: the fastest offloading plan
+    #: that would fit (``pase.planning.offload_search.try_offload``), else ``None``.
+    offload_fit: "TrainingPlan | None" = None
 
     @property
     def exceeds_device(self) -> bool:
@@ -205,6 +210,8 @@ def plan_training(
     base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
     if recipe.tp_overlap is not None:
         base = base.but(tp_overlap=recipe.tp_overlap)
+    if recipe.offload:
+        recipe, base = offload_recipe(recipe), base.but(offload=recipe.offload)
 
     def meshes(kept: tuple) -> MeshSearch:
         return search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
@@ -220,6 +227,15 @@ def plan_training(
     best = stage.best
     priced, fastest = _taken(found)
     chosen = _alternatives(best, fastest, alternatives)
+    offload_fit = None
+    if best is None and recipe.offload in (None, ()) and could_fit(found.least_memory, memory_cap):
+        # Nothing fits on the device alone: the fastest offload that fits (the plan, unless the
+        # recipe says offload=none: then the refusal names it).
+        offload_fit = try_offload(lambda r: plan_training(build, batch, procs, machine, memory_cap, free=False,
+                                                          fewest_devices=False, **dict(given, recipe=r)),
+                                  recipe, machine)
+        if offload_fit is not None and recipe.offload is None:
+            return dataclasses.replace(offload_fit, seconds=time.perf_counter() - start)
     fewest = devices_to_fit(found.least_memory, procs, memory_cap, machine, lambda n: plan_training(
         build, batch, n, machine, memory_cap, free=False, fewest_devices=False, **given)) \
         if best is None and fewest_devices and memory_cap is not None and found.least_memory is not None else None
@@ -233,7 +249,7 @@ def plan_training(
         network=None if best is None else build(batch // best.options.microbatches),
         device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
         said=found.said + (stage.said, _chosen_said(found, best, memory_cap)), per_layer=stage.beside,
-        fewest_devices=fewest,
+        fewest_devices=fewest, offload_fit=offload_fit,
     )
 
 
