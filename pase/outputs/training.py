@@ -392,7 +392,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
     ]
     if candidate.options.offload:  # what lives on the host (pase.costing.training.offload)
-        node = min(int(getattr(machine, "devices_per_node", 1)), 1 << 30)
+        node = int(getattr(machine, "devices_per_node", None) or 1)
         host = s.extra.get("host_memory_bytes", 0.0)
         lines.append(f"{indent}offload={'+'.join(candidate.options.offload)}: host memory {format_bytes(host)} per "
                      f"device, {format_bytes(host * node)} per node of {node}"
@@ -526,3 +526,17 @@ def devices_to_fit_text(plan) -> str | None:
              else "" if found.least else "; fewer were not priced")
     return (f"{found.count} devices fit it (priced: {found.best.recipe()}, step {s.step_seconds:.4g} s, "
             f"{format_bytes(s.peak_memory_bytes)}{fewer}; {basis})")
+
+
+def offload_fit_text(plan) -> str:
+    """Where nothing fits and the recipe said ``offload=none``: the offload that would fit
+    (``TrainingPlan.offload_fit``) in words, e.g. "fits with offload=optimizer: 41 GB per
+    device, 1.1 TB of host memory per node"; else ``""``."""
+    fit = getattr(plan, "offload_fit", None)
+    if fit is None or fit.best is None:
+        return ""
+    s = fit.best.summary
+    node = min(int(getattr(plan.machine, "devices_per_node", None) or 1), int(plan.procs))
+    return (f"fits with offload={'+'.join(fit.best.options.offload)}: {format_bytes(s.peak_memory_bytes)} per device, "
+            f"{format_bytes(s.extra.get('host_memory_bytes', 0.0) * node)} of host memory per node "
+            f"({fit.best.recipe()}, step {s.step_seconds:.4g} s)")

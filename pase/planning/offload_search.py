@@ -7,6 +7,7 @@ import dataclasses
 from typing import Callable
 
 from pase.machines.host import host_side
+from pase.planning.engine_runs import offload_refusal
 from pase.planning.mesh import Recipe, check_offload
 
 __all__ = ["offload_recipe", "OFFLOAD_TRIES", "host_fits", "try_offload", "could_fit"]
@@ -40,22 +41,25 @@ def host_fits(plan, machine) -> bool:
     best = plan.best
     if host is None or best is None:
         return False
-    node = min(int(machine.devices_per_node), int(plan.procs))
+    node = min(int(getattr(machine, "devices_per_node", None) or 1), int(plan.procs))
     extra = best.summary.extra
     if extra.get("host_memory_bytes", 0.0) * node > host.memory_bytes:
         return False
     return extra.get("drive_bytes", 0.0) * node <= host.nvme_bytes
 
 
-def try_offload(plan_at: Callable, recipe: Recipe, machine):
+def try_offload(plan_at: Callable, recipe: Recipe, machine, engines=()):
     """The fastest plan among :data:`OFFLOAD_TRIES` that fits on the device and on the host
     (``plan_at(recipe)``: the search under a recipe), or ``None``. A try the recipe refuses
     (``params`` with another ZeRO stage, ``activations`` with recomputation, a pipeline) is
-    skipped; a machine without a host side tries none."""
+    skipped, and so is one an engine of ``engines`` (names) does not run
+    (``pase.planning.engine_runs.offload_refusal``); a machine without a host side tries none."""
     if host_side(machine) is None:
         return None
     best = None
     for kinds in OFFLOAD_TRIES:
+        if any(offload_refusal(name, kinds) for name in engines):
+            continue
         try:
             tried = dataclasses.replace(recipe, offload=kinds)
             check_offload(tried.fixed())

@@ -53,7 +53,7 @@ class HostOffload:
             if b is not None:
                 self.members.setdefault(b, []).append(v)
         self.compute, self.memory = compute, memory
-        self.node = int(getattr(layers.machine, "devices_per_node", 1))
+        self.node = int(getattr(layers.machine, "devices_per_node", None) or 1)
 
     def _host(self):
         if self.host is None:
