@@ -393,6 +393,8 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
     ]
     if candidate.options.offload:  # what lives on the host (pase.costing.training.offload)
         node = int(getattr(machine, "devices_per_node", None) or 1)
+        if candidate.mesh is not None:  # a node holds at most the plan's devices
+            node = min(node, candidate.mesh.devices)
         host = s.extra.get("host_memory_bytes", 0.0)
         lines.append(f"{indent}offload={'+'.join(candidate.options.offload)}: host memory {format_bytes(host)} per "
                      f"device, {format_bytes(host * node)} per node of {node}"

@@ -182,8 +182,7 @@ def plan_training(
         --per-layer``; ``keep_to`` then keeps to nothing).
     fewest_devices : bool
         Where nothing fits, find how many devices would (``TrainingPlan.fewest_devices``,
-        :func:`devices_to_fit`): the search run again at those counts. With it (and outside a
-        sweep), where nothing fits on the device alone, offload is tried
+        :func:`devices_to_fit`): the search run again at those counts. With it, where nothing fits on the device alone, offload is tried
         (:func:`~pase.planning.offload_search.try_offload`): the fastest offloading plan that
         fits is the plan, unless the recipe says ``offload=none`` (``TrainingPlan.offload_fit``).
     alternatives : int
@@ -231,11 +230,11 @@ def plan_training(
     priced, fastest = _taken(found)
     chosen = _alternatives(best, fastest, alternatives)
     offload_fit = None
-    if (best is None and reuse is None and fewest_devices and recipe.offload in (None, ())
+    if (best is None and fewest_devices and recipe.offload in (None, ())
             and could_fit(found.least_memory, memory_cap)):
         # Nothing fits on the device alone: the fastest offload that fits (the plan, unless the
-        # recipe says offload=none: then the refusal names it). Not within a sweep (``reuse``)
-        # nor where the fewest devices are not asked for (the counts devices_to_fit prices).
+        # recipe says offload=none: then the refusal names it). Not where the fewest devices are
+        # not asked for (the counts devices_to_fit prices).
         offload_fit = try_offload(lambda r: plan_training(build, batch, procs, machine, memory_cap, free=False,
                                                           fewest_devices=False, **dict(given, recipe=r)),
                                   recipe, machine, tuple(getattr(p, "name", p) for p in keep_to))

@@ -53,7 +53,7 @@ class HostOffload:
             if b is not None:
                 self.members.setdefault(b, []).append(v)
         self.compute, self.memory = compute, memory
-        self.node = int(getattr(layers.machine, "devices_per_node", None) or 1)
+        self.per_node = float(getattr(layers.machine, "devices_per_node", None) or 1)
 
     def _host(self):
         if self.host is None:
@@ -93,15 +93,18 @@ class HostOffload:
         host = self._host()
         P = self.local_elements(v, options)
         c = self.compute.compute(v, options)
+        # The GPUs whose state one host steps: a node's, or fewer where the layer splits over fewer
+        # devices (every device: offload runs without a pipeline).
+        node = np.minimum(self.per_node, np.prod(np.asarray(self.configs[v], dtype=np.float64), axis=1))
         w, m = options.weight_bytes, options.microbatches
         if any(k in kinds for k in OPTIMIZER_KINDS):
             out = GRAD_HOST_BYTES * P / host.d2h_bytes_per_s
             transfers = transfers + np.maximum(out - (1.0 - FORWARD_SHARE) * c, 0.0)
             if "params" not in kinds:
                 transfers = transfers + w * P / host.h2d_bytes_per_s
-            cpu = cpu + self.node * P / host.optimizer_params_per_s
+            cpu = cpu + node * P / host.optimizer_params_per_s
             if "nvme" in kinds:
-                transfers = transfers + 2.0 * options.optimizer_bytes * self.node * P / self._drive(host)
+                transfers = transfers + 2.0 * options.optimizer_bytes * node * P / self._drive(host)
         if "params" in kinds:
             copies = 2.0 * m * w * P / host.h2d_bytes_per_s
             transfers = transfers + np.maximum(copies - m * c, 0.0)
