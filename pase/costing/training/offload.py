@@ -133,15 +133,19 @@ class HostOffload:
         """Exposed seconds of ``v``'s activation copies in one micro-batch: per block, its
         offloaded bytes ``A`` out during its forward (``A / d2h`` beyond the forward share of its
         compute ``C / 3``) and back during its backward (``A / h2d`` beyond ``2C / 3``); each
-        layer its share ``A_v / A`` of the block's excess (Calculon's rule, offload.md:270-274)."""
+        layer its share ``A_v / A`` of the block's excess (Calculon's rule, offload.md:270-274);
+        where the block's layers do not share rows (per-layer splits), ``v`` alone as the block."""
         b = self.blocks[v]
         K = len(self.configs[v])
         if "activations" not in options.offload or b is None:
             return np.zeros(K)
         host = self._host()
+        # The block's rows are the same rows of its layers where they share them (a mesh's
+        # costing); else (per-layer splits, rows of their own) each layer overlaps its own compute.
+        members = self.members[b] if all(len(self.configs[u]) == K for u in self.members[b]) else [v]
         total = np.zeros(K)
         compute = np.zeros(K)
-        for u in self.members[b]:
+        for u in members:
             total = total + self.offloaded_activations(u, options, act_bytes)
             compute = compute + self.compute.compute(u, options)
         excess = (np.maximum(total / host.d2h_bytes_per_s - FORWARD_SHARE * compute, 0.0)
