@@ -181,10 +181,7 @@ def plan_training(
         Let per-layer splits, which no engine runs, be the plan where they win (``--training
         --per-layer``; ``keep_to`` then keeps to nothing).
     fewest_devices : bool
-        Where nothing fits, find how many devices would (``TrainingPlan.fewest_devices``,
-        :func:`devices_to_fit`): the search run again at those counts. With it, where nothing fits on the device alone, offload is tried
-        (:func:`~pase.planning.offload_search.try_offload`): the fastest offloading plan that
-        fits is the plan, unless the recipe says ``offload=none`` (``TrainingPlan.offload_fit``).
+        Where nothing fits: offload (:func:`_offloaded`), else how many devices would (:func:`devices_to_fit`).
     alternatives : int
         How many of the fastest distinct fitting configurations to keep, in full
         (``TrainingPlan.alternatives``, the plan first, then the fastest others).
@@ -205,15 +202,11 @@ def plan_training(
                  exporting=exporting, rules=rules, per_layer=per_layer, act_bytes=act_bytes)
     device = machine.memory_bytes
     memory_cap = device if memory_cap is None else None if memory_cap == NO_CAP else memory_cap
-    recipe = recipe or Recipe()
-    engine = as_engine(engine)
+    recipe, engine = recipe or Recipe(), as_engine(engine)
     named = keep_to is not None
     keep_to = _kept_to(keep_to, engine, build, batch, recipe, per_layer)
     base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
-    if recipe.tp_overlap is not None:
-        base = base.but(tp_overlap=recipe.tp_overlap)
-    if recipe.offload:
-        recipe, base = offload_recipe(recipe), base.but(offload=recipe.offload)
+    recipe, base = _recipe_base(recipe, base)
 
     def meshes(kept: tuple) -> MeshSearch:
         return search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
@@ -229,17 +222,10 @@ def plan_training(
     best = stage.best
     priced, fastest = _taken(found)
     chosen = _alternatives(best, fastest, alternatives)
-    offload_fit = None
-    if (best is None and fewest_devices and recipe.offload in (None, ())
-            and could_fit(found.least_memory, memory_cap)):
-        # Nothing fits on the device alone: the fastest offload that fits (the plan, unless the
-        # recipe says offload=none: then the refusal names it). Not where the fewest devices are
-        # not asked for (the counts devices_to_fit prices).
-        offload_fit = try_offload(lambda r: plan_training(build, batch, procs, machine, memory_cap, free=False,
-                                                          fewest_devices=False, **dict(given, recipe=r)),
-                                  recipe, machine, tuple(getattr(p, "name", p) for p in keep_to))
-        if offload_fit is not None and recipe.offload is None:
-            return dataclasses.replace(offload_fit, seconds=time.perf_counter() - start)
+    offload_fit = _offloaded(best, fewest_devices, recipe, found, memory_cap, machine, keep_to, lambda r: plan_training(
+        build, batch, procs, machine, memory_cap, free=False, fewest_devices=False, **dict(given, recipe=r)))
+    if offload_fit is not None and recipe.offload is None:
+        return dataclasses.replace(offload_fit, seconds=time.perf_counter() - start)
     fewest = devices_to_fit(found.least_memory, procs, memory_cap, machine, lambda n: plan_training(
         build, batch, n, machine, memory_cap, free=False, fewest_devices=False, **given)) \
         if best is None and fewest_devices and memory_cap is not None and found.least_memory is not None else None
@@ -255,6 +241,29 @@ def plan_training(
         said=found.said + (stage.said, _chosen_said(found, best, memory_cap)), per_layer=stage.beside,
         fewest_devices=fewest, offload_fit=offload_fit,
     )
+
+
+def _recipe_base(recipe: Recipe, base: TrainingOptions) -> tuple:
+    """``(recipe, base)`` with what the recipe sets in the options (``tp_overlap``, ``offload``)
+    and what an offload implies fixed (:func:`~pase.planning.offload_search.offload_recipe`)."""
+    if recipe.tp_overlap is not None:
+        base = base.but(tp_overlap=recipe.tp_overlap)
+    if recipe.offload:
+        recipe, base = offload_recipe(recipe), base.but(offload=recipe.offload)
+    return recipe, base
+
+
+def _offloaded(best, fewest_devices: bool, recipe: Recipe, found: MeshSearch, memory_cap, machine, keep_to,
+               plan_at: Callable):
+    """Where nothing fits on the devices alone (and the fewest devices are asked for: not for
+    the counts :func:`devices_to_fit` prices), the fastest offloading plan that fits
+    (:func:`~pase.planning.offload_search.try_offload`, ``plan_at(recipe)`` its searches): the
+    plan, unless the recipe says ``offload=none`` (then ``TrainingPlan.offload_fit``, which the
+    refusal names); else ``None``."""
+    if best is not None or not fewest_devices or recipe.offload not in (None, ()) \
+            or not could_fit(found.least_memory, memory_cap):
+        return None
+    return try_offload(plan_at, recipe, machine, tuple(getattr(p, "name", p) for p in keep_to))
 
 
 def _taken(found: MeshSearch) -> tuple:
