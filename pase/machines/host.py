@@ -1,11 +1,5 @@
-"""A machine's host side (``host`` of a description): the host link per GPU, host memory and
-CPU optimizer rate per node, an optional NVMe drive; what offload (``offload=``) is priced with.
-
-The presets' host sides are in ``data/hosts.json`` (each figure with its source); a machine file
-may carry its own ``host`` object (:func:`validate_host`). Fields: ``h2d_gbps`` and ``d2h_gbps``
-(GB/s per GPU, one direction each), ``memory_gb`` (host memory per node), ``optimizer_params_per_s``
-(the CPU optimizer's Adam rate per node), optional ``nvme_gbps`` and ``nvme_gb`` (the node's drive).
-"""
+"""A machine's host side (``host`` of a description, else its preset's in ``data/hosts.json``):
+the host link per GPU, host memory and CPU optimizer rate per node, an optional NVMe drive."""
 
 from __future__ import annotations
 
@@ -18,7 +12,9 @@ from typing import Mapping
 __all__ = ["HostSide", "HOST_FIELDS", "validate_host", "host_side", "preset_hosts"]
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hosts.json")
-#: Required and optional fields of a ``host`` object.
+#: Required and optional fields of a ``host`` object: ``h2d_gbps`` and ``d2h_gbps`` (GB/s per GPU,
+#: one direction each), ``memory_gb`` (host memory per node), ``optimizer_params_per_s`` (the CPU
+#: optimizer's Adam rate per node), optional ``nvme_gbps`` and ``nvme_gb`` (the node's drive).
 HOST_FIELDS = ("h2d_gbps", "d2h_gbps", "memory_gb", "optimizer_params_per_s")
 HOST_OPTIONAL = ("nvme_gbps", "nvme_gb", "sources")
 

@@ -1,13 +1,5 @@
 """Offload to the host (``offload=``): what leaves device memory, what the host holds, and the
-time of the host-link copies and of the CPU optimizer step, overlapped as the engines run them.
-
-Sources (research notes of issue 45, ``/work/notes/offload.md``): DeepSpeed ZeRO-Offload moves
-fp32 gradients device-to-host during the backward pass and bf16 parameters back after a CPU Adam
-step the GPU waits for (offload.md:24-37, DS ``stage_1_and_2.py:1563-1577``, ``:2314-2315``);
-FSDP2's ``CPUOffloadPolicy`` copies each sharded parameter host-to-device before every all-gather
-(offload.md:166-178); Megatron-Core offloads stored activations while the layers compute
-(offload.md:139-156); Calculon exposes only what a block's compute does not hide (offload.md:270-274).
-"""
+time of the host-link copies and of the CPU optimizer step, overlapped as the engines run them."""
 
 from __future__ import annotations
 
@@ -17,11 +9,18 @@ from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import FORWARD_SHARE
 from pase.machines.host import host_side
 
+# Sources (research notes of issue 45, ``/work/notes/offload.md``): DeepSpeed ZeRO-Offload moves
+# fp32 gradients device-to-host during the backward pass and bf16 parameters back after a CPU Adam
+# step the GPU waits for (offload.md:15-35, DS ``stage_1_and_2.py:1563-1577``, ``:2314-2315``);
+# FSDP2's ``CPUOffloadPolicy`` copies each sharded parameter host-to-device before every all-gather
+# (offload.md:180-196); Megatron-Core offloads stored activations while the layers compute
+# (offload.md:159-173); Calculon exposes only what a block's compute does not hide (offload.md:247-253).
+
 __all__ = ["HostOffload", "kept_activation_share", "GRAD_HOST_BYTES", "OPTIMIZER_KINDS"]
 
 #: Bytes per parameter element of the gradient the host receives: fp32 (DeepSpeed casts the
-#: gradient to the master dtype on the GPU before the copy, offload.md:24-28; Megatron copies its
-#: fp32 main gradients, offload.md:129-135).
+#: gradient to the master dtype on the GPU before the copy, offload.md:15-18; Megatron copies its
+#: fp32 main gradients, offload.md:142-155).
 GRAD_HOST_BYTES = 4.0
 #: The offload kinds that move the optimizer state and its update off the device.
 OPTIMIZER_KINDS = ("optimizer", "nvme")
@@ -80,7 +79,7 @@ class HostOffload:
           micro-batch's backward (exposed beyond its ``(1 - 1/3) c``); the CPU Adam step over
           the node's ``gP`` elements, ``gP / R``; the updated weights back, ``w P / h2d``
           (none when ``params`` keeps them on the host): both after the backward pass, exposed
-          (DeepSpeed's engine waits for them, offload.md:30-37). ``nvme``: the state (``o`` bytes
+          (DeepSpeed's engine waits for them, offload.md:29-35). ``nvme``: the state (``o`` bytes
           per element) read and written back over the node's drive, ``2 o g P / nvme``.
         - ``params``: each all-gather's shard in first, ``w P / h2d``, twice per micro-batch
           (forward and backward), hidden behind the layer's compute: ``max(0, 2 m w P / h2d - m c)``.
@@ -133,7 +132,7 @@ class HostOffload:
         """Exposed seconds of ``v``'s activation copies in one micro-batch: per block, its
         offloaded bytes ``A`` out during its forward (``A / d2h`` beyond the forward share of its
         compute ``C / 3``) and back during its backward (``A / h2d`` beyond ``2C / 3``); each
-        layer its share ``A_v / A`` of the block's excess (Calculon's rule, offload.md:270-274);
+        layer its share ``A_v / A`` of the block's excess (Calculon's rule, offload.md:247-253);
         where the block's layers do not share rows (per-layer splits), ``v`` alone as the block."""
         b = self.blocks[v]
         K = len(self.configs[v])
