@@ -392,7 +392,7 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
     ]
     if candidate.options.offload:  # what lives on the host (pase.costing.training.offload)
-        node = int(getattr(machine, "devices_per_node", None) or 1)
+        node = int(machine.devices_per_node or 1)
         if candidate.mesh is not None:  # a node holds at most the plan's devices
             node = min(node, candidate.mesh.devices)
         host = s.extra.get("host_memory_bytes", 0.0)
@@ -538,7 +538,7 @@ def offload_fit_text(plan) -> str:
     if fit is None or fit.best is None:
         return ""
     s = fit.best.summary
-    node = min(int(getattr(plan.machine, "devices_per_node", None) or 1), int(plan.procs))
+    node = min(int(plan.machine.devices_per_node or 1), int(plan.procs))
     return (f"fits with offload={'+'.join(fit.best.options.offload)}: {format_bytes(s.peak_memory_bytes)} per device, "
             f"{format_bytes(s.extra.get('host_memory_bytes', 0.0) * node)} of host memory per node "
             f"({fit.best.recipe()}, step {s.step_seconds:.4g} s)")

@@ -41,7 +41,7 @@ def host_fits(plan, machine) -> bool:
     best = plan.best
     if host is None or best is None:
         return False
-    node = min(int(getattr(machine, "devices_per_node", None) or 1), int(plan.procs))
+    node = min(int(machine.devices_per_node or 1), int(plan.procs))
     extra = best.summary.extra
     if extra.get("host_memory_bytes", 0.0) * node > host.memory_bytes:
         return False

@@ -52,12 +52,12 @@ class HostOffload:
             if b is not None:
                 self.members.setdefault(b, []).append(v)
         self.compute, self.memory = compute, memory
-        self.per_node = float(getattr(layers.machine, "devices_per_node", None) or 1)
+        self.per_node = float(layers.machine.devices_per_node or 1)
 
     def _host(self):
         if self.host is None:
             raise ValueError(f"offload needs a machine with a host side (host link, memory, CPU optimizer rate); "
-                             f"machine {getattr(self.machine, 'name', '?')!r} states none")
+                             f"machine {self.machine.name!r} states none")
         return self.host
 
     def local_elements(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -111,7 +111,7 @@ class HostOffload:
 
     def _drive(self, host) -> float:
         if not host.has_nvme:
-            raise ValueError(f"offload nvme needs a drive: machine {getattr(self.machine, 'name', '?')!r} names "
+            raise ValueError(f"offload nvme needs a drive: machine {self.machine.name!r} names "
                              f"none (host nvme_gbps and nvme_gb)")
         return host.nvme_bytes_per_s
 
