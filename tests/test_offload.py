@@ -266,3 +266,26 @@ def test_exports_write_the_engines_offload_settings():
     assert offload_refusal("torchtitan", ("optimizer", "params")) is None
     assert offload_refusal("deepspeed", ("nvme", "params")) is None
     assert T().offload == ()
+
+
+def test_exported_offload_settings_are_the_engines_own(monkeypatch):
+    # Checked against megatron-core 0.16.1's and DeepSpeed's own configuration classes (as
+    # tests/test_engine_exports_committed.py checks the other settings).
+    import engine_checks as check
+    from pase.outputs.engines import deepspeed_settings, megatron_settings
+    from pase.planning.training_plan import plan_training
+    import graphs
+
+    pytest.importorskip("megatron.core")
+    build = lambda b: graphs.build("llama3-8b", b, 512)  # noqa: E731
+    plan = plan_training(build, 8, 8, "h100-sxm", recipe=parse_recipe("dp=8,tp=1,zero=1,offload=optimizer"),
+                         free=False, engine="megatron")
+    args = megatron_settings(plan)["arguments"]
+    assert not check.megatron_flag_problems(args)
+    check.megatron_accepts(args, 8)  # the rest of the arguments still build megatron-core's configs
+    for flag in ("--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer"):
+        assert flag in check.megatron_flag_fields()  # OptimizerConfig's fields, by megatron-core's own names
+    plan = plan_training(build, 8, 8, "h100-sxm", recipe=parse_recipe("dp=8,tp=1,zero=3,offload=optimizer+params"),
+                         free=False, engine="deepspeed")
+    ds = check.deepspeed_accepts(deepspeed_settings(plan)["config"], 8, monkeypatch)
+    assert ds.zero_config.offload_optimizer.device == "cpu" and ds.zero_config.offload_param.device == "cpu"
