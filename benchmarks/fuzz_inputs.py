@@ -1224,7 +1224,10 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
 
 #: Recipes that must be accepted on 4 devices of h100-sxm with the tiny config (2 layers).
 GOOD_RECIPES = ("dp=4", "tp=4", "dp=2,tp=2", "pp=2,dp=2", "zero=3", "recompute=full", "recompute=selective",
-                "microbatch=1", "dp=2,tp=2,sp=true", "pp=2,schedule=1f1b", "cp=2,dp=2", "dp=4,zero=0,microbatch=2")
+                "microbatch=1", "dp=2,tp=2,sp=true", "pp=2,schedule=1f1b", "cp=2,dp=2", "dp=4,zero=0,microbatch=2",
+                # Issue 45: offload to the host.
+                "offload=optimizer", "zero=3,offload=optimizer+params", "offload=params+optimizer", "offload=activations",
+                "offload=none", "dp=4,zero=1,offload=optimizer+activations")
 #: (recipe, why it is refused): a bad value is exit 2.
 BAD_RECIPES = (
     ("dp=3", "degrees not dividing p"), ("dp=8", "more devices than -p"), ("tp=0", "a zero degree"),
@@ -1241,6 +1244,12 @@ BAD_RECIPES = (
     ("ep_overlap=true,recompute=full", "the EP overlap under full recomputation"),
     ("ep_overlap=true,shared_overlap=true", "both expert overlaps"), ("shared_overlap=true,dispatcher=deepep",
                                                                       "shared overlap with a fused dispatcher"),
+    # Issue 45: offload combinations refused.
+    ("offload=params,zero=1", "parameter offload without ZeRO-3"), ("offload=optimizer+nvme", "optimizer twice"),
+    ("offload=activations,recompute=full", "activation offload with recomputation"),
+    ("offload=optimizer,pp=2", "offload on a pipeline"), ("offload=disk", "an unknown offload"),
+    ("offload=optimizer+optimizer", "an offload named twice"), ("offload=nvme", "nvme on a machine without a drive"),
+    ("offload=", "an empty offload"), ("offload=optimizer++params", "an empty offload word"),
 )
 
 
@@ -1259,9 +1268,10 @@ def recipe_cases(rng: random.Random, refs: dict) -> list:
     for recipe, why in BAD_RECIPES:
         add("bad", f"{why}: {_short(recipe, 30)}", recipe, expect=frozenset({2, 4}) if "batch" in why else BAD_VALUE)
     keys = ("dp", "tp", "pp", "cp", "zero", "recompute", "microbatch", "schedule", "vpp", "sp", "precision", "scaling",
-            "fp8_gather", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap")
+            "fp8_gather", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap", "offload")
     values = ("1", "2", "4", "0", "-1", "3", "true", "none", "full", "interleaved", "x", "", "fp8", "nvfp4", "search",
-              "current", "blockwise", "embedding+loss", "loss", "hybridep", "allgather")
+              "current", "blockwise", "embedding+loss", "loss", "hybridep", "allgather", "optimizer", "params+optimizer",
+              "activations", "nvme")
     for _ in range(80):
         recipe = ",".join(f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(1, 4)))
         add("random", recipe, recipe, expect=frozenset({0, 2, 4}))

@@ -11,6 +11,7 @@ import pytest
 
 from cli_runner import run
 import pase
+from pase.planning.mesh import parse_recipe
 from pase.planning.training_search import search_meshes
 from pase.sources.registry import load
 
@@ -226,7 +227,10 @@ def test_nothing_fits_says_how_many_devices_would_brute_force():
     plan = pase.plan_training(build, 16, 2, h100, memory_cap=2.5e9, free=False)
     found = plan.best is None and plan.fewest_devices
     assert found and (found.estimate, found.count, found.fewer, found.least) == (7, 8, 4, True)
+    # On the devices alone (offload=none: with its optimizer on the host 4 fit, issue 45).
+    alone = parse_recipe("offload=none")
     for count, fits in ((4, False), (8, True)):
-        assert (pase.plan_training(build, 16, count, h100, memory_cap=2.5e9, free=False).best is not None) == fits
+        assert (pase.plan_training(build, 16, count, h100, memory_cap=2.5e9, free=False, recipe=alone).best
+                is not None) == fits
     status, out, err = run("-g", "gpt2-small", "-p", 2, "-b", 16, "--machine", "h100-sxm", "--memory", 2.5)
     assert status == 4 and "8 devices fit it (priced: " in err and "; 4 do not fit;" in err, err

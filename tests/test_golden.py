@@ -106,6 +106,16 @@ CASES = {
     "calibrate-unknown-flag": (["calibrate", "--frobnicate"], {}, []),
     "dot-path-empty": (["--dot-path", " "], {}, []),
     "unwritable-output": (["-g", "alexnet", "-p", "2", "--export-graph", "no/such/dir/net.json"], {}, []),
+    # Offload (issue 45): the search's fallback where nothing fits, a recipe's on gh200, the
+    # refusal that names it, a combination refused.
+    "offload-fallback": (["-g", "gpt2-small", "-b", "16", "-p", "1", "--machine", "h100-sxm", "--memory", "4"], {},
+                         []),
+    "offload-recipe-json": (["-g", "gpt2-small", "-b", "8", "-p", "2", "--machine", "gh200", "--recipe",
+                             "dp=2,tp=1,zero=3,offload=optimizer+params", "--json"], {}, []),
+    "offload-none-refused": (["-g", "gpt2-small", "-b", "16", "-p", "1", "--machine", "h100-sxm", "--memory", "4",
+                              "--recipe", "offload=none"], {}, []),
+    "offload-params-zero1": (["-g", "gpt2-small", "-p", "2", "--machine", "h100-sxm", "--recipe",
+                              "offload=params,zero=1"], {}, []),
 }
 
 #: Run-to-run variation: search times and their rates.

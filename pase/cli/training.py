@@ -324,9 +324,11 @@ def run_training(opts, args, machine, load_network: Callable, batch: int, out: I
     if found.best is None:
         least = found.least_memory
         from pase.core.units import format_bytes
-        from pase.outputs.training import devices_to_fit_text
+        from pase.outputs.training import devices_to_fit_text, offload_fit_text
 
         more = devices_to_fit_text(found)
+        offload = offload_fit_text(found)
+        more = f"{offload}; {more}" if offload and more else offload or more
         raise error(
             f"nothing fits in {format_bytes(found.memory_cap)} per device: {network.name} on {opts.procs} devices, "
             f"batch {batch}, needs at least {format_bytes(least.summary.peak_memory_bytes)} with any configuration "

@@ -21,6 +21,7 @@ each with its source):
 - ``gemm_reference``: the preset whose measured table prices this machine's GEMMs and
   memory-bound work (:class:`GemmTransfer`).
 - ``sources``: ``{field: text}``, where each figure comes from.
+- ``host``: the host side offload is priced with (:mod:`pase.machines.host`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from typing import Mapping
 import numpy as np
 
 from pase.core.checks import is_int, is_positive_int
+from pase.machines.host import validate_host
 
 __all__ = ["SPEC_FIELDS", "DTYPES", "DTYPE_BYTES", "validate_spec_fields", "Domain", "GemmTransfer",
            "domain_sizes", "clock_ratio_of"]
 
-SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources")
+SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources", "host")
 #: Number formats a GEMM may run in; ``bf16`` is ``peak_tflops``.
 DTYPES = ("bf16", "fp8", "mxfp8", "nvfp4")
 #: Bytes per element of a GEMM's operands in each format, scales included: MXFP8 one 8-bit
@@ -119,6 +121,8 @@ def validate_spec_fields(data: Mapping, source: str, references) -> dict:
                                                  for k, t in v.items()):
             raise ValueError(f"{source}: sources must be an object {{field: non-empty text}}, got {v!r}"[:200])
         out["sources"] = dict(v)
+    if "host" in data:  # the host side offload is priced with (pase.machines.host)
+        out["host"] = validate_host(data["host"], source)
     return out
 
 

@@ -250,6 +250,26 @@ def _parallel_arguments(plan: EnginePlan) -> list:
             args.append(("--overlap-param-gather", None))
     if plan.pp > 1:
         args += megatron_pipeline_arguments(plan)
+    return args + megatron_offload_arguments(plan)
+
+
+def megatron_offload_arguments(plan: EnginePlan) -> list:
+    """Megatron-Core 0.16.1's offload as priced: the whole optimizer on the CPU with its copies
+    overlapped (``--optimizer-cpu-offload --optimizer-offload-fraction 1.0
+    --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer``, the recommended set of
+    megatron/core/optimizer/cpu_offloading/README.md; arguments.py:2059-2066); the stored
+    activations of every layer but the last (``--cpu-offloading-num-layers``: fewer than the
+    layers, no pipeline, no recomputation: transformer_config.py:1137-1152)."""
+    args = []
+    if "optimizer" in plan.offload:
+        args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", 1.0),
+                 ("--overlap-cpu-optimizer-d2h-h2d", None), ("--use-precision-aware-optimizer", None)]
+    if "activations" in plan.offload:
+        layers = (plan.architecture or {}).get("layers")
+        if not layers or layers < 2:
+            raise EngineRefusal("megatron", "--cpu-offloading-num-layers needs the model's layer count (a graph "
+                                            "that declares its shape, two layers at least)")
+        args.append(("--cpu-offloading-num-layers", layers - 1))
     return args
 
 
@@ -334,6 +354,11 @@ def deepspeed_settings(plan, path: str = "ds_config.json", per_node: int | None 
     zero = {"stage": plan.zero, "overlap_comm": plan.overlap}
     if plan.zero == 3:
         zero["stage3_param_persistence_threshold"] = 0
+    for kind, key in (("optimizer", "offload_optimizer"), ("nvme", "offload_optimizer"), ("params", "offload_param")):
+        if kind in plan.offload:  # DeepSpeed's offload (offload_config.py:21-62): a drive's path is the user's
+            zero[key] = {"device": "nvme" if kind == "nvme" else "cpu", "pin_memory": True}
+            if kind == "nvme":
+                zero[key]["nvme_path"] = "/local_nvme"
     config = {"train_batch_size": plan.batch, "train_micro_batch_size_per_gpu": plan.microbatch,
               "gradient_accumulation_steps": plan.microbatches, "zero_optimization": zero,
               "bf16": {"enabled": True}}

@@ -125,8 +125,11 @@ def _titan02_sections(plan: EnginePlan, flavour: str, compiled_: bool) -> dict:
     checkpoint = {"mode": {"none": "none", "full": "full", "op": "selective"}[plan.recompute]}
     if plan.recompute == "op":
         checkpoint["selective_ac_option"] = "op"
+    training = _training(plan)
+    if plan.offload:  # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer (job_config.py:270-273)
+        training["enable_cpu_offload"] = True
     sections = {"job": {"description": f"pase plan {plan.recipe}"}, "model": {"name": "llama3", "flavor": flavour},
-                "parallelism": parallelism, "activation_checkpoint": checkpoint, "training": _training(plan)}
+                "parallelism": parallelism, "activation_checkpoint": checkpoint, "training": training}
     if compiled_:
         sections["compile"] = {"enable": True}
     for section, values in _titan02_precision(plan, compiled_).items():
@@ -214,6 +217,10 @@ def launch_arguments(plan: EnginePlan, module: str, config: str, compiled_: bool
     names, then the activation-checkpoint subcommand (tyro reads it last)."""
     if plan.ep > 1 or plan.precision != "bf16":
         raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written for dense BF16 plans")
+    if plan.offload:
+        raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written without offload: "
+                                          "training.enable_cpu_offload is checked against 0.2.2 (--engine "
+                                          "torchtitan,version=0.2)")
     args = [("--module", module), ("--config", config)]
     par = _parallelism(plan)
     if plan.tp > 1:

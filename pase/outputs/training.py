@@ -33,11 +33,13 @@ _TIME_NAMES = {
     "sync_and_optimizer": "slowest stage's exposed sync and optimizer",
     "p2p": "pipeline sends",
     "host": "waiting for the host",
+    "host_transfers": "host transfers (offload)",
+    "host_optimizer": "CPU optimizer step (offload)",
 }
 #: The causes of a step (``Candidate.causes``) in words.
 CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
                ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
-                "optimizer")}
+                "optimizer", "host_transfers", "host_optimizer")}
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).
 _RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": None, "sp": None, "schedule": None, "vpp": None,
@@ -233,6 +235,11 @@ def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None
     if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
         data["precision"] = {"format": o.precision, "fp8_scaling": o.fp8_scaling if o.precision == "fp8" else None,
                              "fp8_gather": o.fp8_gather}
+    if o.offload:  # what lives on the host (pase.costing.training.offload), per device
+        data["offload"] = "+".join(o.offload)
+        data["host_memory_bytes"] = s.extra.get("host_memory_bytes", 0.0)
+        if "drive_bytes" in s.extra:
+            data["drive_bytes"] = s.extra["drive_bytes"]
     if "pipeline" in s.extra:
         data["pipeline"] = s.extra["pipeline"]
         data["stage_memory_bytes"] = [st["memory_bytes"] for st in s.extra["pipeline"]["stages"]]
@@ -409,6 +416,15 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
         + (f" of {format_bytes(memory_cap)}" if memory_cap is not None else "") + fits + f" ({memory_parts})",
         figures_line(candidate, indent),
     ]
+    if candidate.options.offload:  # what lives on the host (pase.costing.training.offload)
+        node = int(machine.devices_per_node or 1)
+        if candidate.mesh is not None:  # a node holds at most the plan's devices
+            node = min(node, candidate.mesh.devices)
+        host = s.extra.get("host_memory_bytes", 0.0)
+        lines.append(f"{indent}offload={'+'.join(candidate.options.offload)}: host memory {format_bytes(host)} per "
+                     f"device, {format_bytes(host * node)} per node of {node}"
+                     + (f"; drive {format_bytes(s.extra['drive_bytes'] * node)} per node" if "drive_bytes" in s.extra
+                        else ""))
     if seconds and s.tokens_per_second_per_device is not None:
         lines.append(f"{indent}tokens/s per device: {s.tokens_per_second_per_device:,.0f}; "
                      f"model FLOPs per step {s.model_flops_per_step:.3g}; {mfu_text(candidate, machine)}")
@@ -537,3 +553,17 @@ def devices_to_fit_text(plan) -> str | None:
              else "" if found.least else "; fewer were not priced")
     return (f"{found.count} devices fit it (priced: {found.best.recipe()}, step {s.step_seconds:.4g} s, "
             f"{format_bytes(s.peak_memory_bytes)}{fewer}; {basis})")
+
+
+def offload_fit_text(plan) -> str:
+    """Where nothing fits and the recipe said ``offload=none``: the offload that would fit
+    (``TrainingPlan.offload_fit``) in words, e.g. "fits with offload=optimizer: 41 GB per
+    device, 1.1 TB of host memory per node"; else ``""``."""
+    fit = getattr(plan, "offload_fit", None)
+    if fit is None or fit.best is None:
+        return ""
+    s = fit.best.summary
+    node = min(int(plan.machine.devices_per_node or 1), int(plan.procs))
+    return (f"fits with offload={'+'.join(fit.best.options.offload)}: {format_bytes(s.peak_memory_bytes)} per device, "
+            f"{format_bytes(s.extra.get('host_memory_bytes', 0.0) * node)} of host memory per node "
+            f"({fit.best.recipe()}, step {s.step_seconds:.4g} s)")

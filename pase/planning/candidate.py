@@ -10,7 +10,7 @@ from pase.costing.training import TrainingOptions, TrainingSummary
 from pase.costing.training.allocator import MemoryFigures, memory_figures
 from pase.planning.mesh import Mesh, Recipe
 
-__all__ = ["CAUSES", "Candidate", "Priced"]
+__all__ = ["CAUSES", "OFFLOAD_CAUSES", "Candidate", "Priced"]
 
 #: The causes a step's time is told by, in the order they are shown: per-device compute,
 #: recomputation, exposed activation collectives, redistribution between layers, pipeline
@@ -18,6 +18,9 @@ __all__ = ["CAUSES", "Candidate", "Priced"]
 #: engine states a host time), exposed weight synchronisation, the optimizer step.
 CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
           "optimizer")
+#: An offloading plan's further causes (``pase.costing.training.offload``), shown after those:
+#: the host-link copies not hidden behind compute, the CPU optimizer step.
+OFFLOAD_CAUSES = ("host_transfers", "host_optimizer")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Candidate:
                 parts.append(f"scaling={o.fp8_scaling}")
             if o.fp8_gather:
                 parts.append("fp8_gather=true")
+        if o.offload:
+            parts.append("offload=" + "+".join(o.offload))
         return ",".join(parts)
 
     def causes(self) -> dict:
@@ -83,7 +88,7 @@ class Candidate:
         told = self.summary.extra.get("causes")
         if told is not None:
             return dict(told)
-        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES if k in self.summary.time}
+        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES + OFFLOAD_CAUSES if k in self.summary.time}
 
     def memory_kinds(self) -> dict:
         """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
@@ -106,7 +111,8 @@ class Candidate:
                       recompute_layers=self.options.recompute_layers or None,
                       schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
                       else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
-                      etp=mesh.expert_tp if mesh.folded else None, pipeline_extra=pipe.get("pipeline_extra"))
+                      etp=mesh.expert_tp if mesh.folded else None, pipeline_extra=pipe.get("pipeline_extra"),
+                      offload=self.options.offload or None)
 
 
 @dataclass(frozen=True)

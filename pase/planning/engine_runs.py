@@ -23,7 +23,7 @@ from functools import lru_cache
 from pase.model.builder import tokens_of
 from pase.planning.mesh import ExpertGrid
 
-__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "engines_running", "runs_mesh", "mesh_refusal",
+__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "offload_refusal", "OFFLOAD_RUNS", "engines_running", "runs_mesh", "mesh_refusal",
            "check_engine"]
 
 
@@ -74,6 +74,8 @@ class EnginePlan(ExpertGrid):
     moe_dispatcher: str = "alltoall"
     ep_overlap: bool = False
     shared_overlap: bool = False
+    #: What lives on the host (``offload=``; ``pase.costing.training.offload``).
+    offload: tuple = ()
 
     @property
     def precision_word(self) -> str:
@@ -114,7 +116,7 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers,
         pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none",
         moe_dispatcher=getattr(o, "moe_dispatcher", "alltoall"), ep_overlap=bool(getattr(o, "ep_overlap", False)),
-        shared_overlap=bool(getattr(o, "shared_overlap", False)))
+        shared_overlap=bool(getattr(o, "shared_overlap", False)), offload=tuple(getattr(o, "offload", ())))
 
 
 @lru_cache(maxsize=None)
@@ -212,12 +214,42 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
         word = "tp" if plan.expert_tp == plan.tp else str(plan.expert_tp)
         if word not in runs["fold_etp"]:
             return _why(profile, "fold_etp", word)
-    why = policy_refusal(profile, plan.recompute)
+    why = policy_refusal(profile, plan.recompute) or offload_refusal(profile.name, plan.offload)
     if why is not None:
         return why
     if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
         return _why(profile, "tp_overlap", True)
     return None
+
+
+#: The offloads each engine runs (``offload=`` words joined by ``+``) and why it runs no other
+#: (research notes of issue 45, /work/notes/offload.md): Megatron-Core 0.16.1 offloads its
+#: optimizer (--optimizer-cpu-offload, arguments.py:2059-2066) and stored activations
+#: (--cpu-offloading-num-layers, no pipeline nor recomputation, transformer_config.py:1137-1152),
+#: no parameters to the host from the command line and nothing to a drive; DeepSpeed offloads the
+#: optimizer (cpu or nvme) and ZeRO-3's parameters (offload_config.py:21-62), activations only as
+#: checkpoints; FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload) moves
+#: parameters, gradients and optimizer together (_fsdp_api.py:58-83, ZeRO-3 only).
+OFFLOAD_RUNS = {
+    "megatron": (("optimizer", "activations", "optimizer+activations"),
+                 "Megatron-Core offloads the optimizer (--optimizer-cpu-offload) and activations "
+                 "(--cpu-offloading-num-layers) only: no parameters to the host, nothing to a drive"),
+    "deepspeed": (("optimizer", "nvme", "params", "optimizer+params", "nvme+params"),
+                  "DeepSpeed offloads the optimizer (offload_optimizer, cpu or nvme) and ZeRO-3's parameters "
+                  "(offload_param); stored activations only as recomputation checkpoints"),
+    "torchtitan": (("optimizer+params",), "torchtitan's training.enable_cpu_offload (FSDP2's CPUOffloadPolicy) "
+                   "moves parameters, gradients and optimizer together: offload=optimizer+params with zero=3 only"),
+    "fsdp": (("optimizer+params",), "FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer "
+             "together: offload=optimizer+params with zero=3 only"),
+}
+
+
+def offload_refusal(engine: str, offload: tuple) -> str | None:
+    """Why ``engine`` (a profile's name) cannot run the offload ``offload``, or ``None``."""
+    if not offload:
+        return None
+    runs, why = OFFLOAD_RUNS.get(engine, ((), f"{engine} offloads nothing to the host"))
+    return None if "+".join(offload) in runs else f"{why} (offload={'+'.join(offload)})"
 
 
 def policy_refusal(engine, recompute: str) -> str | None:

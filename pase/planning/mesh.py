@@ -19,7 +19,7 @@ from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
 from pase.core.checks import arguments, text
 
-__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS"]
+__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS", "check_offload"]
 
 class ExpertGrid:
     """What a layout with ``dp``, ``tp``, ``ep`` and ``etp`` says of its expert layers (a
@@ -249,7 +249,7 @@ class MeshMapper:
 RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
                "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
-               "stages", "etp", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap")
+               "stages", "etp", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap", "offload")
 #: ``precision=``: a number format of ``pase.costing.precision.PRECISIONS``, or ``search`` (the
 #: search chooses among the machine's; ``--search-precision``). ``scaling=`` (FP8 only).
 PRECISION_WORDS = ("bf16", "fp8", "mxfp8", "nvfp4", "search")
@@ -261,6 +261,10 @@ PIPELINE_EXTRA_WORDS = ("none", "embedding", "loss", "embedding+loss")
 #: ``dispatcher=``: how a mixture of experts moves its tokens
 #: (``pase.costing.training.options.MOE_DISPATCHERS``).
 DISPATCHER_WORDS = ("alltoall", "allgather", "deepep", "hybridep")
+#: ``offload=``: what lives on the host, joined by ``+`` (``optimizer+params``), in this order
+#: (``pase.costing.training.options.OFFLOAD_KINDS``), or ``none`` (nothing, and the search
+#: tries no offload either).
+OFFLOAD_WORDS = ("optimizer", "nvme", "params", "activations")
 
 
 @dataclass(frozen=True)
@@ -305,15 +309,20 @@ class Recipe:
     dispatcher: str | None = None
     ep_overlap: bool | None = None
     shared_overlap: bool | None = None
+    #: What lives on the host (:data:`OFFLOAD_WORDS` in order; ``()``: ``offload=none``, nothing
+    #: and not searched; ``None``: the search tries offload where nothing fits without it).
+    offload: tuple | None = None
 
     def fixed(self) -> dict:
         return {k: getattr(self, k) for k in RECIPE_KEYS if getattr(self, k) is not None}
 
     def text(self) -> str:
-        def word(v):
+        def word(k, v):
+            if k == "offload":
+                return "+".join(v) or "none"
             return str(v).lower() if isinstance(v, bool) else "/".join(map(str, v)) if isinstance(v, tuple) else v
 
-        return ",".join(f"{k}={word(v)}" for k, v in self.fixed().items())
+        return ",".join(f"{k}={word(k, v)}" for k, v in self.fixed().items())
 
     def check(self, procs: int) -> None:
         """``ValueError`` when the fixed degrees cannot multiply to ``procs``."""
@@ -329,6 +338,7 @@ class Recipe:
             raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                              "add recompute=block")
         _check_experts(self.fixed())
+        check_offload(self.fixed())
         if self.pipeline_extra not in (None, "none") and self.pp == 1:
             raise ValueError(f"recipe pipeline_extra={self.pipeline_extra} describes a pipeline, and the recipe has pp=1")
         if self.etp is not None and (self.ep is None or self.ep == 1) and self.etp != self.tp:
@@ -369,6 +379,39 @@ def _check_experts(values: dict) -> None:
                          "allgather dispatchers refuse --moe-shared-expert-overlap)")
 
 
+def check_offload(values: dict) -> None:
+    """The offload combinations PaSE prices (``pase.costing.training.offload``): ``params`` with
+    ZeRO-3 only (DeepSpeed's ``offload_param`` is stage 3 only, DS offload_config.py:21-28),
+    ``activations`` without a pipeline or recomputation (Megatron-Core's constraint,
+    transformer_config.py:1137-1152), no offload on a pipeline (not priced there)."""
+    kinds = values.get("offload") or ()
+    if "params" in kinds and values.get("zero", 3) != 3:
+        raise ValueError(f"recipe offload=params keeps ZeRO-3's parameter shards on the host: it needs zero=3, "
+                         f"got zero={values['zero']}")
+    if "activations" in kinds and values.get("recompute", "none") != "none":
+        raise ValueError("recipe offload=activations runs without recomputation (Megatron-Core refuses "
+                         "activation offloading with recompute): drop recompute or the offload")
+    if kinds and values.get("pp", 1) > 1:
+        raise ValueError("recipe offload with pp > 1: offload is priced without a pipeline (Megatron-Core "
+                         "refuses activation offloading with pipeline parallelism); use pp=1")
+
+
+def _offload(value: str) -> tuple:
+    """``offload=``'s words: ``none`` or kinds joined by ``+``, each once, in canonical order."""
+    if value == "none":
+        return ()
+    words = value.split("+")
+    for w in words:
+        if w not in OFFLOAD_WORDS:
+            raise ValueError(f"recipe offload must be none or {', '.join(OFFLOAD_WORDS)} joined by +, got {value!r}"[:200])
+    if len(set(words)) != len(words):
+        raise ValueError(f"recipe offload names a kind twice: {value!r}"[:200])
+    if "optimizer" in words and "nvme" in words:
+        raise ValueError("recipe offload=optimizer+nvme: the optimizer state is on the host (optimizer) or on its "
+                         "drive (nvme), not both")
+    return tuple(w for w in OFFLOAD_WORDS if w in words)
+
+
 def _positive(key: str, value: str) -> int:
     if not (value.isascii() and value.isdigit()) or int(value) < 1 or len(value) > 9:
         raise ValueError(f"recipe {key} must be a positive integer, got {value!r}")
@@ -379,10 +422,11 @@ def _positive(key: str, value: str) -> int:
 def parse_recipe(text: str) -> Recipe:
     """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers microbatch
     schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp pipeline_extra
-    dispatcher ep_overlap shared_overlap`` (``stages``: blocks per pipeline stage, ``A/B/...``;
+    dispatcher ep_overlap shared_overlap offload`` (``stages``: blocks per pipeline stage, ``A/B/...``;
     ``recompute_layers``: with ``recompute=block`` only; ``pipeline_extra``: ``none``,
     ``embedding``, ``loss`` or ``embedding+loss``, counted as pipeline layers; ``dispatcher``:
-    ``alltoall``, ``allgather``, ``deepep`` or ``hybridep``).
+    ``alltoall``, ``allgather``, ``deepep`` or ``hybridep``; ``offload``: ``none`` or
+    ``optimizer``, ``nvme``, ``params``, ``activations`` joined by ``+``).
 
     >>> parse_recipe("dp=32,tp=8,zero=3,recompute=full,microbatch=16").fixed()
     {'dp': 32, 'tp': 8, 'zero': 3, 'recompute': 'full', 'microbatch': 16}
@@ -434,6 +478,8 @@ def parse_recipe(text: str) -> Recipe:
             if value not in DISPATCHER_WORDS:
                 raise ValueError(f"recipe dispatcher must be alltoall, allgather, deepep or hybridep, got {value!r}")
             values[key] = value
+        elif key == "offload":
+            values[key] = _offload(value)
         elif key in ("sp", "tp_overlap", "fp8_gather", "ep_overlap", "shared_overlap"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
@@ -451,6 +497,7 @@ def parse_recipe(text: str) -> Recipe:
         raise ValueError("recipe tp_overlap=true needs sequence parallelism (Megatron's --tp-comm-overlap does): "
                          "drop sp=false")
     _check_experts(values)
+    check_offload(values)
     if "stages" in values:
         pp = values.setdefault("pp", len(values["stages"]))
         if pp != len(values["stages"]):

@@ -11,6 +11,7 @@ more devices are priced (:func:`devices_to_fit`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pase.costing.training import TrainingOptions
 from pase.planning.engine import DEFAULT_ENGINE
 from pase.planning.free_search import TrainingGraphs, search_free
 from pase.planning.mesh_rows import candidate_of
+from pase.planning.offload_search import could_fit, offload_recipe, try_offload
 from pase.planning.ties import Bands, choose_plan
 from pase.planning.training_search import (
     Candidate, EngineRunsNone, MeshSearch, Said, a_stage_reuse, options_grid, search_meshes,
@@ -86,6 +88,9 @@ class TrainingPlan:
     per_layer: Candidate | None = None
     #: Where nothing fits: how many devices would (:class:`DeviceCount`, :func:`devices_to_fit`).
     fewest_devices: "DeviceCount | None" = None
+    #: Where nothing fits and the recipe says ``offload=none``: the fastest offloading plan
+    #: that would fit (``pase.planning.offload_search.try_offload``), else ``None``.
+    offload_fit: "TrainingPlan | None" = None
 
     @property
     def exceeds_device(self) -> bool:
@@ -176,8 +181,7 @@ def plan_training(
         Let per-layer splits, which no engine runs, be the plan where they win (``--training
         --per-layer``; ``keep_to`` then keeps to nothing).
     fewest_devices : bool
-        Where nothing fits, find how many devices would (``TrainingPlan.fewest_devices``,
-        :func:`devices_to_fit`): the search run again at those counts.
+        Where nothing fits: offload (:func:`_offloaded`), else how many devices would (:func:`devices_to_fit`).
     alternatives : int
         How many of the fastest distinct fitting configurations to keep, in full
         (``TrainingPlan.alternatives``, the plan first, then the fastest others).
@@ -198,13 +202,11 @@ def plan_training(
                  exporting=exporting, rules=rules, per_layer=per_layer, act_bytes=act_bytes)
     device = machine.memory_bytes
     memory_cap = device if memory_cap is None else None if memory_cap == NO_CAP else memory_cap
-    recipe = recipe or Recipe()
-    engine = as_engine(engine)
+    recipe, engine = recipe or Recipe(), as_engine(engine)
     named = keep_to is not None
     keep_to = _kept_to(keep_to, engine, build, batch, recipe, per_layer)
     base = base or (engine.base_options(machine) if engine is not None else TrainingOptions())
-    if recipe.tp_overlap is not None:
-        base = base.but(tp_overlap=recipe.tp_overlap)
+    recipe, base = _recipe_base(recipe, base)
 
     def meshes(kept: tuple) -> MeshSearch:
         return search_meshes(build, batch, procs, machine, memory_cap, act_bytes, recipe, base, rebuild=rebuild,
@@ -220,6 +222,10 @@ def plan_training(
     best = stage.best
     priced, fastest = _taken(found)
     chosen = _alternatives(best, fastest, alternatives)
+    offload_fit = _offloaded(best, fewest_devices, recipe, found, memory_cap, machine, keep_to, lambda r: plan_training(
+        build, batch, procs, machine, memory_cap, free=False, fewest_devices=False, **dict(given, recipe=r)))
+    if offload_fit is not None and recipe.offload is None:
+        return dataclasses.replace(offload_fit, seconds=time.perf_counter() - start)
     fewest = devices_to_fit(found.least_memory, procs, memory_cap, machine, lambda n: plan_training(
         build, batch, n, machine, memory_cap, free=False, fewest_devices=False, **given)) \
         if best is None and fewest_devices and memory_cap is not None and found.least_memory is not None else None
@@ -233,8 +239,31 @@ def plan_training(
         network=None if best is None else build(batch // best.options.microbatches),
         device_memory_bytes=device, priced=priced if keep_priced else [], alternatives=chosen,
         said=found.said + (stage.said, _chosen_said(found, best, memory_cap)), per_layer=stage.beside,
-        fewest_devices=fewest,
+        fewest_devices=fewest, offload_fit=offload_fit,
     )
+
+
+def _recipe_base(recipe: Recipe, base: TrainingOptions) -> tuple:
+    """``(recipe, base)`` with what the recipe sets in the options (``tp_overlap``, ``offload``)
+    and what an offload implies fixed (:func:`~pase.planning.offload_search.offload_recipe`)."""
+    if recipe.tp_overlap is not None:
+        base = base.but(tp_overlap=recipe.tp_overlap)
+    if recipe.offload:
+        recipe, base = offload_recipe(recipe), base.but(offload=recipe.offload)
+    return recipe, base
+
+
+def _offloaded(best, fewest_devices: bool, recipe: Recipe, found: MeshSearch, memory_cap, machine, keep_to,
+               plan_at: Callable):
+    """Where nothing fits on the devices alone (and the fewest devices are asked for: not for
+    the counts :func:`devices_to_fit` prices), the fastest offloading plan that fits
+    (:func:`~pase.planning.offload_search.try_offload`, ``plan_at(recipe)`` its searches): the
+    plan, unless the recipe says ``offload=none`` (then ``TrainingPlan.offload_fit``, which the
+    refusal names); else ``None``."""
+    if best is not None or not fewest_devices or recipe.offload not in (None, ()) \
+            or not could_fit(found.least_memory, memory_cap):
+        return None
+    return try_offload(plan_at, recipe, machine, tuple(getattr(p, "name", p) for p in keep_to))
 
 
 def _taken(found: MeshSearch) -> tuple:

@@ -171,6 +171,8 @@ class StepCompute:
         hbm = self.machine.hbm_bytes_per_s
         if not options.optimizer_step or hbm is None:
             return np.zeros(len(self.configs[v]))
+        if options.offload and ("optimizer" in options.offload or "nvme" in options.offload):
+            return np.zeros(len(self.configs[v]))  # the host's CPU steps it (costing.training.offload)
         total = np.zeros(len(self.configs[v]))
         for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
             if charged:

@@ -9,6 +9,7 @@ import numpy as np
 
 from pase.costing.precision import PrecisionPricing
 from pase.costing.training.keeping import LayerKeeping, per_layer_kept
+from pase.costing.training.offload import kept_activation_share
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
 from pase.costing.training.recompute import ActivationPlaces, RecomputePolicy
@@ -29,6 +30,7 @@ class MemoryKinds:
         self.network, self.configs, self.parts = layers.network, layers.configs, layers.parts
         self.blocks, self.charged = layers.structure.blocks, layers.structure.charged
         self.loss_only, self.attention_inner = places.loss_only, places.attention_inner
+        self.block_count = len({b for b in self.blocks if b is not None})
 
     # -- what adds up over layers ------------------------------------------------------
 
@@ -57,6 +59,14 @@ class MemoryKinds:
         return state + self.precision.cache_bytes(v, options)
 
     def stored_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
+        """Bytes of the activations ``v`` keeps on the device for the backward pass: all it
+        stores (:meth:`all_stored_bytes`) but what ``offload=activations`` moves to the host."""
+        stored = self.all_stored_bytes(v, options, act_bytes)
+        if options.offload:
+            stored = stored * kept_activation_share(self.block_count, self.blocks[v] is not None, options)
+        return stored
+
+    def all_stored_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """Bytes of the activations ``v`` keeps for the backward pass (the policy's
         ``stored_activations``), in the format its readers keep them in."""
         return act_bytes * self.policy.stored_activations(v, options) * self.precision.stored_scale(

@@ -12,7 +12,7 @@ import numpy as np
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
 
 __all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
-           "EXPERT_GEMMS", "TP_OVERLAP_KINDS"]
+           "EXPERT_GEMMS", "TP_OVERLAP_KINDS", "OFFLOAD_KINDS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: What ZeRO-3 gathers at a time: ``layer`` (each vertex's weights: the two largest alive),
@@ -51,6 +51,10 @@ TP_OVERLAP_KINDS = ("userbuffers", "symmetric_memory")
 #: ``comm_buffer_bytes`` and ``fragmentation``): counting them twice made every plan 1 GB
 #: heavier (docs/calibration.md, "Mechanisms found on the FP8 rows").
 DEFAULT_RESERVE_BYTES = 1e9
+#: What ``offload`` may move to the host, in the order a recipe writes them: the optimizer
+#: state and update (``optimizer``; ``nvme``: the state on the host's drive, the update on its
+#: CPU), the ZeRO-3 parameter shards (``params``), the stored activations (``activations``).
+OFFLOAD_KINDS = ("optimizer", "nvme", "params", "activations")
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,9 @@ class TrainingOptions:
     expert_gemm: str = "grouped"
     tp_overlap_kind: str = "userbuffers"
     pipeline_cut: str = "search"
+    #: What lives on the host (:data:`OFFLOAD_KINDS`, in that order; ``()``: nothing), priced by
+    #: :mod:`pase.costing.training.offload`.
+    offload: tuple = ()
 
     def __post_init__(self):
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
@@ -296,6 +303,11 @@ class TrainingOptions:
             raise ValueError(f"expert_gemm must be one of {', '.join(EXPERT_GEMMS)}, got {self.expert_gemm!r}")
         if self.zero1_reduce not in ZERO1_REDUCES:
             raise ValueError(f"zero1_reduce must be one of {', '.join(ZERO1_REDUCES)}, got {self.zero1_reduce!r}")
+        if not isinstance(self.offload, tuple) or any(k not in OFFLOAD_KINDS for k in self.offload) \
+                or list(self.offload) != sorted(set(self.offload), key=OFFLOAD_KINDS.index):
+            raise ValueError(f"offload must be a tuple of {', '.join(OFFLOAD_KINDS)} in that order, got {self.offload!r}")
+        if "optimizer" in self.offload and "nvme" in self.offload:
+            raise ValueError("offload optimizer and nvme: the optimizer state is on the host or on the drive, not both")
         for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap", "zero1_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -312,6 +324,9 @@ class TrainingOptions:
         2.0
         """
         w, g, o = self.weight_bytes, self.grad_bytes, self.optimizer_bytes
+        if self.offload:  # what the host (or its drive) holds leaves the device (costing.training.offload)
+            o = 0.0 if ("optimizer" in self.offload or "nvme" in self.offload) else o
+            w = 0.0 if "params" in self.offload and self.zero == 3 else w
         r = np.asarray(r, dtype=np.float64)
         if self.zero == 0:
             return (w + g + o) + 0.0 * r

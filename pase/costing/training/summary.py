@@ -71,6 +71,7 @@ def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, 
     kinds.update(memory.transient_bytes(choice, options, act_bytes))
     kinds["reserve"] = float(options.reserve_bytes)
     step = float(sum(time.values()))
+    extra = host_figures(vectors, choice, options, act_bytes) if options.offload else {}
     return TrainingSummary(
         options=options,
         step_seconds=step,
@@ -82,4 +83,17 @@ def summarize(layers: PricedLayers, vectors: LayerVectors, memory: MemoryKinds, 
         tokens_per_step=tokens_per_step,
         procs=procs,
         peak_flops=layers.machine.peak_flops,
+        extra=extra,
     )
+
+
+def host_figures(vectors: LayerVectors, choice: Sequence[int], options: TrainingOptions, act_bytes: float) -> dict:
+    """What an offloading configuration keeps off the device, per device: ``host_memory_bytes``
+    (host memory) and ``drive_bytes`` (the node's drive, ``nvme``), summed over the layers."""
+    offload = vectors.offload
+    host = sum(float(offload.host_bytes(v, options, act_bytes)[i]) for v, i in enumerate(choice))
+    drive = sum(float(offload.drive_bytes(v, options)[i]) for v, i in enumerate(choice))
+    out = {"host_memory_bytes": host}
+    if drive:
+        out["drive_bytes"] = drive
+    return out

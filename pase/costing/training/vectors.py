@@ -10,6 +10,7 @@ from pase.costing.training.compute import StepCompute
 from pase.costing.training.edges import EdgeRows
 from pase.costing.training.keeping import LayerKeeping, VectorGroups
 from pase.costing.training.memory import MemoryKinds
+from pase.costing.training.offload import HostOffload
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import FORWARD_COMM_SHARE, FORWARD_SHARE, PricedLayers
 from pase.costing.training.recompute import RecomputePolicy
@@ -50,6 +51,7 @@ class LayerVectors:
         self.configs, self.blocks = layers.configs, layers.structure.blocks
         self.compute, self.collectives, self.sync, self.policy = compute, collectives, sync, policy
         self.memory, self.edges = memory, edges
+        self.offload = HostOffload(layers, compute, memory)
 
     # -- one layer ----------------------------------------------------------------------
 
@@ -61,11 +63,14 @@ class LayerVectors:
         c = self.compute.compute(v, options)
         a = self.collectives.exposed_activation(v, options)
         again = self.policy.recomputed(v, options)
-        return {
+        out = {
             "compute": m * c,
             "recompute": m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c)),
             "activation_comm": m * a,
         }
+        if "activations" in options.offload:  # the copies out and back that compute does not hide
+            out["host_transfers"] = m * self.offload.micro_seconds(v, options, self.offload.machine.act_bytes)
+        return out
 
     def layer_time(self, v: int, options: TrainingOptions) -> dict:
         """The parts of ``v``'s step time: compute, recomputation, activation collectives,
@@ -73,15 +78,20 @@ class LayerVectors:
         out = self.microbatch_time(v, options)
         out["weight_sync"] = self.sync.exposed_sync(v, options)
         out["optimizer"] = self.compute.optimizer_seconds(v, options)
+        if options.offload:  # the host's work (costing.training.offload), as causes of their own
+            for key, value in self.offload.step_parts(v, options).items():
+                out[key] = out.get(key, 0.0) + value
         return out
 
     def _layer_vector(self, name: str, v: int, options: TrainingOptions, act_bytes: float):
         memory = self.memory
         if name == "micro":
             t = self.microbatch_time(v, options)
-            return (t["compute"] + t["recompute"] + t["activation_comm"]) / options.microbatches
+            return (t["compute"] + t["recompute"] + t["activation_comm"] + t.get("host_transfers", 0.0)
+                    ) / options.microbatches
         if name == "step":
-            return self.sync.exposed_sync(v, options) + self.compute.optimizer_seconds(v, options)
+            step = self.sync.exposed_sync(v, options) + self.compute.optimizer_seconds(v, options)
+            return step + self.offload.step_seconds(v, options) if options.offload else step
         if name == "state":
             return memory.model_state(v, options)
         if name == "activations":  # as tensors need them: the allocator's stranded share gives way
