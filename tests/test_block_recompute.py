@@ -121,8 +121,10 @@ class _Masked(TrainingCosting):
             out["sync"][v] = self.exposed_sync(v, o)
             out["sync_raw"][v] = self.sync(v, o)
             out["state"][v] = mem["model_state"]
-            out["activations"][v] = mem["activations"] * (1 + o.fragmentation)
-            out["logits"][v] = mem["logits"] * (1 + o.fragmentation)
+            # What tensors need: the allocator's stranded bytes give way under the cap
+            # (allocator.released_within), so the search does not count them.
+            out["activations"][v] = mem["activations"]
+            out["logits"][v] = mem["logits"]
             out["gathered"][v] = self.gathered_bytes(v, o)
             out["working"][v] = act_bytes * self.working_activations(v, o)
             out["grads"][v] = self.output_gradient_bytes(v, o, act_bytes)

@@ -67,8 +67,9 @@ def test_qwen3_layout_fits_without_recomputation(qwen):
     assert kinds["reserve"] == 1e9 and kinds["comm_buffers"] == 1e9
     assert sum(kinds.values()) == pytest.approx(qwen["peak_memory_bytes"], rel=1e-12)
     assert qwen["peak_memory_bytes"] < 79.65 * GiB
-    # Fragmentation: 5 % of the stored activations and logits, as Megatron's profile says.
-    assert kinds["fragmentation"] == pytest.approx(0.05 * (kinds["activations"] + kinds["logits"]), rel=1e-9)
+    # Fragmentation: 5 % of the stored activations, as Megatron's profile says (the loss's
+    # logit-sized buffers are whole segments: allocator.stranded_bytes).
+    assert kinds["fragmentation"] == pytest.approx(0.05 * kinds["activations"], rel=1e-9)
 
 
 # -- casts Transformer Engine does not run ---------------------------------------------------

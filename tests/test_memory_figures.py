@@ -119,9 +119,11 @@ def test_hold_within_a_summary():
     class S:
         memory = {"activations": 40.0, "fragmentation": 30.0, "model_state": 20.0}
         peak_memory_bytes = 90.0
+        extra: dict = {}
     s = S()
     hold_within(s, 80.0)  # as above: 20 of the 30 stay, the peak is the device's 80
     assert s.memory["fragmentation"] == 20.0 and s.peak_memory_bytes == 80.0
+    assert s.extra["released_bytes"] == 10.0  # what the allocator gives back: a tight plan
 
 
 def test_a_run_whose_allocator_gives_way_is_tight_not_refused():

@@ -106,15 +106,21 @@ def bands(candidate, seconds: bool = True):
 
 
 def fit_word(candidate, memory_cap, seconds: bool = True) -> str | None:
-    """``fits`` (the memory band's high end fits), ``tight`` (only the modelled peak fits) or
-    ``does-not-fit``; None without a cap."""
+    """``fits`` (the memory band's high end fits), ``tight`` (only the modelled peak fits, or the
+    caching allocator must give cached blocks back to fit: retries) or ``does-not-fit``; None
+    without a cap. The band is judged on what tensors need, as the search ranks it
+    (``Candidate.needed_memory_bytes``)."""
     if memory_cap is None:
         return None
-    peak = candidate.summary.peak_memory_bytes
-    if peak > memory_cap:
+    if candidate.summary.peak_memory_bytes > memory_cap:
         return "does-not-fit"
+    if candidate.summary.extra.get("released_bytes"):
+        return "tight"
     _, memory = bands(candidate, seconds)
-    return "tight" if memory is not None and memory[1] > memory_cap else "fits"
+    if memory is None:
+        return "fits"
+    high = memory[1] / candidate.summary.peak_memory_bytes if candidate.summary.peak_memory_bytes else 1.0
+    return "tight" if candidate.needed_memory_bytes() * high > memory_cap else "fits"
 
 
 def is_tie(a, b, seconds: bool = True, memory_cap=None) -> bool:
@@ -403,6 +409,9 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
     elif word == "fits":
         fits = (f" (fits, {format_bytes(memory_cap - s.peak_memory_bytes)} to spare"
                 + (f", band up to {format_bytes(memory_band[1])}" if memory_band else "") + ")")
+    elif word == "tight" and s.extra.get("released_bytes"):
+        fits = (f" (tight: fits once the caching allocator gives back {format_bytes(s.extra['released_bytes'])} "
+                "of cached blocks; its retries slow the step)")
     elif word == "tight":
         fits = (f" (tight: fits at the modelled peak, not at its band's high end {format_bytes(memory_band[1])})")
     else:

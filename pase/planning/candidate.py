@@ -94,6 +94,11 @@ class Candidate:
         """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""
         return dict(self.summary.extra.get("memory_kinds", self.summary.memory))
 
+    def needed_memory_bytes(self) -> float:
+        """The peak less the allocator's stranded bytes: what tensors need (with the context and
+        NCCL's buffers), as the search fits and ranks it (``allocator.released_within``)."""
+        return self.summary.peak_memory_bytes - self.memory_kinds().get("fragmentation", 0.0)
+
     def memory_figures(self) -> MemoryFigures:
         """The peak in the three figures (allocated, reserved, what the device needs) of the
         stage that holds it (:func:`~pase.costing.training.allocator.memory_figures`)."""

@@ -215,6 +215,9 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
         stranded = k.get("fragmentation", 0.0)
         if stranded:
             k["fragmentation"] = released_within(needed + stranded, stranded, memory_cap)
+            if k["fragmentation"] < stranded:  # the allocator gives cached blocks back: "tight"
+                summary.extra["released_bytes"] = max(summary.extra.get("released_bytes", 0.0),
+                                                      stranded - k["fragmentation"])
         kinds.append(k)
         peaks.append(float(needed) + k.get("fragmentation", 0.0))
     top = int(np.argmax(peaks))

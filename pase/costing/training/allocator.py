@@ -88,3 +88,5 @@ def hold_within(summary, cap: float | None) -> None:
     kept = released_within(summary.peak_memory_bytes, stranded, cap)
     summary.memory["fragmentation"] = kept
     summary.peak_memory_bytes -= stranded - kept
+    if kept < stranded:  # the allocator must give cached blocks back: retries, a "tight" plan
+        summary.extra["released_bytes"] = stranded - kept
