@@ -80,8 +80,10 @@ def test_attention_by_sequence_and_head_width():
 
 
 def _candidate(step, peak, engine, cap=None):
-    summary = SimpleNamespace(step_seconds=step, peak_memory_bytes=peak)
-    return SimpleNamespace(summary=summary, options=SimpleNamespace(engine=engine), memory_cap=cap)
+    summary = SimpleNamespace(step_seconds=step, peak_memory_bytes=peak, extra={})
+    # No stranded bytes: what tensors need is the peak.
+    return SimpleNamespace(summary=summary, options=SimpleNamespace(engine=engine), memory_cap=cap,
+                           needed_memory_bytes=lambda: peak)
 
 
 def test_bands_by_hand(tmp_path):
