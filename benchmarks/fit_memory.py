@@ -7,7 +7,8 @@ line as a user types it (``benchmarks/playbook.py``'s command, ``--engine nanotr
 the first pipeline stage's devices (``training.pipeline.stages[0]``, nanotron logs global rank 0),
 and the plan's peak over its stages. Priced without the device's cap, the reserved figure is
 linear in the two constants (``pase.costing.training.allocator.stranded_bytes``), so three
-pricings per run give it for any pair; the pair fitted minimises the larger of median/15 % and p90/30 % of the relative error
+pricings per run give it for any pair; the pair fitted minimises the larger of median/15 % and
+p90/30 % of the relative error
 over a grid of steps of 0.02. The leave-one-out figures fit the pair again without each run.
 
 With ``--write-band`` the nanotron profile's memory band becomes the 10th and 90th percentiles of

@@ -37,7 +37,8 @@ from pase.machines.host import validate_host
 __all__ = ["SPEC_FIELDS", "DTYPES", "DTYPE_BYTES", "validate_spec_fields", "Domain", "GemmTransfer",
            "domain_sizes", "clock_ratio_of"]
 
-SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources", "host")
+SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources",
+               "host")
 #: Number formats a GEMM may run in; ``bf16`` is ``peak_tflops``.
 DTYPES = ("bf16", "fp8", "mxfp8", "nvfp4")
 #: Bytes per element of a GEMM's operands in each format, scales included: MXFP8 one 8-bit

@@ -88,7 +88,8 @@ def figures_line(candidate, indent: str = "  ") -> str:
     f = candidate.memory_figures()
     logged = _memory_reported(candidate.options.engine) if candidate.options.engine else None
     said = f"; {candidate.options.engine}'s logs print {logged}" if logged else ""
-    return (f"{indent}  of which PyTorch's allocator: {format_bytes(f.allocated)} allocated, {format_bytes(f.reserved)} "
+    return (f"{indent}  of which PyTorch's allocator: {format_bytes(f.allocated)} allocated, "
+            f"{format_bytes(f.reserved)} "
             f"reserved (max_memory_allocated / max_memory_reserved{said})")
 
 

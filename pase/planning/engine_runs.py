@@ -23,7 +23,8 @@ from functools import lru_cache
 from pase.model.builder import tokens_of
 from pase.planning.mesh import ExpertGrid
 
-__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "offload_refusal", "OFFLOAD_RUNS", "engines_running", "runs_mesh", "mesh_refusal",
+__all__ = ["EnginePlan", "engine_plan", "refusal", "policy_refusal", "offload_refusal", "OFFLOAD_RUNS", "engines_running",
+           "runs_mesh", "mesh_refusal",
            "check_engine"]
 
 

@@ -19,7 +19,8 @@ from pase.model.roles import roles_of
 from pase.planning.rules import ParallelRules, default_rules
 from pase.core.checks import arguments, text
 
-__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS", "check_offload"]
+__all__ = ["Mesh", "MeshMapper", "Recipe", "parse_recipe", "mesh_config", "mesh_configs", "RECIPE_KEYS",
+           "check_offload"]
 
 class ExpertGrid:
     """What a layout with ``dp``, ``tp``, ``ep`` and ``etp`` says of its expert layers (a
@@ -403,7 +404,8 @@ def _offload(value: str) -> tuple:
     words = value.split("+")
     for w in words:
         if w not in OFFLOAD_WORDS:
-            raise ValueError(f"recipe offload must be none or {', '.join(OFFLOAD_WORDS)} joined by +, got {value!r}"[:200])
+            raise ValueError((f"recipe offload must be none or {', '.join(OFFLOAD_WORDS)} joined by +, "
+                              f"got {value!r}")[:200])
     if len(set(words)) != len(words):
         raise ValueError(f"recipe offload names a kind twice: {value!r}"[:200])
     if "optimizer" in words and "nvme" in words:

@@ -305,7 +305,8 @@ class TrainingOptions:
             raise ValueError(f"zero1_reduce must be one of {', '.join(ZERO1_REDUCES)}, got {self.zero1_reduce!r}")
         if not isinstance(self.offload, tuple) or any(k not in OFFLOAD_KINDS for k in self.offload) \
                 or list(self.offload) != sorted(set(self.offload), key=OFFLOAD_KINDS.index):
-            raise ValueError(f"offload must be a tuple of {', '.join(OFFLOAD_KINDS)} in that order, got {self.offload!r}")
+            raise ValueError(f"offload must be a tuple of {', '.join(OFFLOAD_KINDS)} in that order, "
+                             f"got {self.offload!r}")
         if "optimizer" in self.offload and "nvme" in self.offload:
             raise ValueError("offload optimizer and nvme: the optimizer state is on the host or on the drive, not both")
         for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap", "zero1_overlap"):
