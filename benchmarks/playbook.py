@@ -110,6 +110,17 @@ def _run(argv: list) -> tuple:
     return status, out.getvalue(), err.getvalue()
 
 
+def group_table(s: dict, rows: list) -> list:
+    """The per-(model, GPU count) table of a :func:`summary` ``s`` of ``rows``, as Markdown lines."""
+    lines = ["| model | GPUs | layouts | pairs right | healthy pairs right | first pick | its share of the best | rho |",
+             "| :--- | ---: | ---: | ---: | ---: | :--- | ---: | ---: |"]
+    for (model, gpus), g in s["groups"].items():
+        n = sum(1 for r in rows if r["model"] == model and r["gpus"] == gpus)
+        lines.append(f"| {model} | {gpus} | {n} | {g['all'][1]}/{g['all'][0]} | {g['healthy'][1]}/{g['healthy'][0]} | "
+                     f"{g['pick']} | {_pct(g['pick_share'])} | {_rho(g['rho'])} |")
+    return lines
+
+
 def spearman(xs: list, ys: list) -> float | None:
     if len(xs) < 3:
         return None
@@ -232,12 +243,7 @@ def report(rows: list, s: dict, machine: str, engine: str | None, seconds: float
              f"- peak memory against the measured reserved memory: median {_pct(s['memory_error'][0])}, "
              f"p90 {_pct(s['memory_error'][1])}",
              f"- refused: {len(s['refused'])}; called \"does not fit\": {len(s['does_not_fit'])}", "",
-             "| model | GPUs | layouts | pairs right | healthy pairs right | first pick | its share of the best | rho |",
-             "| :--- | ---: | ---: | ---: | ---: | :--- | ---: | ---: |"]
-    for (model, gpus), g in s["groups"].items():
-        n = sum(1 for r in rows if r["model"] == model and r["gpus"] == gpus)
-        lines.append(f"| {model} | {gpus} | {n} | {g['all'][1]}/{g['all'][0]} | {g['healthy'][1]}/{g['healthy'][0]} | "
-                     f"{g['pick']} | {_pct(g['pick_share'])} | {_rho(g['rho'])} |")
+             *group_table(s, rows)]
     lines += ["", "| run | model | GPUs | layout | measured tok/s | modelled | error | measured GiB | modelled GiB |",
               "| :--- | :--- | ---: | :--- | ---: | ---: | ---: | ---: | ---: |"]
     for r in sorted(rows, key=lambda r: (float(r["model"][:-1]), r["gpus"], -r["measured"])):
@@ -341,13 +347,7 @@ def _study_text(setups: list, fit: dict, seconds: float) -> str:
               f"{_pct(f['leave_one_out']['p90'])}", ""]
     label, rows, _ = setups[-1]
     s = summary(rows)
-    lines += [f"Per group, {label}:", "",
-              "| model | GPUs | layouts | pairs right | healthy pairs right | first pick | its share of the best | rho |",
-              "| :--- | ---: | ---: | ---: | ---: | :--- | ---: | ---: |"]
-    for (model, gpus), g in s["groups"].items():
-        n = sum(1 for r in rows if r["model"] == model and r["gpus"] == gpus)
-        lines.append(f"| {model} | {gpus} | {n} | {g['all'][1]}/{g['all'][0]} | {g['healthy'][1]}/{g['healthy'][0]} | "
-                     f"{g['pick']} | {_pct(g['pick_share'])} | {_rho(g['rho'])} |")
+    lines += [f"Per group, {label}:", "", *group_table(s, rows)]
     lines += ["", "| run | model | GPUs | layout | measured tok/s | " + " | ".join(
         ["h100-sxm", "cluster + nanotron", "fitted", "left out"]) + " |", "| :--- | :--- | ---: | :--- | ---: | ---: | ---: | ---: | ---: |"]
     columns = [rows_ for _, rows_, _ in setups]

@@ -7,27 +7,16 @@ import numpy as np
 import pytest
 
 from pase.costing.precision import tp_overlap_share
-from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.machines.calibrated import CalibratedMachine
+from pase.costing.training import TrainingOptions
 from pase.model.layers.work import AllReduce
-from pase.planning.mesh import Mesh, MeshMapper, mesh_configs
-from pase.sources.registry import load
+from pase.planning.mesh import Mesh
 
-# As tests/test_calibration_nemo.py: no measured table, a GEMM at its format's peak, memory-bound
-# work at 2000 GB/s; 450 GB/s + 3 us inside a node.
-PEAK = {"name": "peak", "devices_per_node": 8, "memory_gb": 80, "peak_tflops": 1000, "dtype_tflops": {"fp8": 2000},
-        "hbm_gbps": 2000, "intra_node": {"gbps": 450, "latency_us": 3}, "inter_node": {"gbps": 50, "latency_us": 10},
-        "act_bytes": 2, "grad_bytes": 4}
+# As tests/test_calibration_nemo.py (the same machine and Llama 3.1 8B costing): no measured table, a
+# GEMM at its format's peak, memory-bound work at 2000 GB/s; 450 GB/s + 3 us inside a node.
+from test_calibration_nemo import _llama  # noqa: E402
+
 CURRENT = TrainingOptions(precision="fp8", fp8_scaling="current")  # 6 bytes a cast element
 ROWWISE = TrainingOptions(precision="fp8", fp8_scaling="rowwise")  # 6 bytes too, per orientation fused
-
-
-def _llama(mesh):
-    net = load("hf:examples/hf/llama-3.1-8b.json", 1, 128)  # one sequence of 128 tokens
-    costing = TrainingCosting(net, [np.asarray([c], dtype=np.int64) for c in mesh_configs(net, mesh)],
-                              CalibratedMachine(PEAK))
-    costing.activation_scale = np.where(np.array(MeshMapper(net).sequence_parallel(mesh))[:, None], 0.5, 1.0)
-    return costing
 
 
 def _delta(costing, v, gemm_flops, options):

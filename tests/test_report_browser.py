@@ -35,7 +35,9 @@ def page_path(tmp_path_factory):
     return path
 
 
-def _with_playwright(path, shot):
+def in_playwright(path, shot, read):
+    """``(errors, read(page))`` of the page at ``path`` in Chromium driven by Playwright (console
+    errors and uncaught exceptions collected), and its full-page screenshot at ``shot``."""
     from playwright.sync_api import sync_playwright
 
     errors = []
@@ -46,23 +48,38 @@ def _with_playwright(path, shot):
             page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(path.as_uri())
-            charts = page.locator("svg.chart").count()
-            marks = page.locator("svg .mark").count()
-            rows = page.locator("table.alts tbody tr").count()
-            page.locator("table.alts th").nth(2).click()  # the page's script sorts the table
+            read_back = read(page)
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
-    return errors, charts, marks, rows
+    return errors, read_back
 
 
-def _with_chromium(path, shot):
+def in_chromium(path, shot):
+    """``(errors, html)`` of the page at ``path`` as headless Chromium renders it (its logged
+    errors, its DOM), and its screenshot at ``shot``: where Playwright is not installed."""
     dom = subprocess.run([CHROMIUM, *FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
                          capture_output=True, text=True, timeout=120)
     errors = [line for line in dom.stderr.splitlines() if "Uncaught" in line or "CONSOLE" in line and "rror" in line]
     subprocess.run([CHROMIUM, *FLAGS, "--hide-scrollbars", "--window-size=1150,3000", f"--screenshot={shot}",
                     path.as_uri()], capture_output=True, timeout=120)
-    html = dom.stdout
+    return errors, dom.stdout
+
+
+def _read_plan(page):
+    counts = (page.locator("svg.chart").count(), page.locator("svg .mark").count(),
+              page.locator("table.alts tbody tr").count())
+    page.locator("table.alts th").nth(2).click()  # the page's script sorts the table
+    return counts
+
+
+def _with_playwright(path, shot):
+    errors, (charts, marks, rows) = in_playwright(path, shot, _read_plan)
+    return errors, charts, marks, rows
+
+
+def _with_chromium(path, shot):
+    errors, html = in_chromium(path, shot)
     return errors, html.count('class="chart"'), html.count('class="mark"'), html.count("<tr class=")
 
 

@@ -6,45 +6,30 @@ without Chromium."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from cli_runner import run  # noqa: E402
-from test_report_browser import CHROMIUM, FLAGS  # noqa: E402
+from test_report_browser import CHROMIUM, in_chromium, in_playwright  # noqa: E402
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
 
-def _with_playwright(path, shot):
-    from playwright.sync_api import sync_playwright
+def _read_sweep(page):
+    counts = (page.locator("svg.chart").count(), page.locator("svg .mark").count(),
+              page.locator("svg .chosen").count(), page.locator("table.sweep tbody tr").count())
+    return counts, page.evaluate("document.documentElement.scrollWidth")
 
-    errors = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1150, "height": 900})
-            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(path.as_uri())
-            counts = (page.locator("svg.chart").count(), page.locator("svg .mark").count(),
-                      page.locator("svg .chosen").count(), page.locator("table.sweep tbody tr").count())
-            wide = page.evaluate("document.documentElement.scrollWidth")
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
+
+def _with_playwright(path, shot):
+    errors, (counts, wide) = in_playwright(path, shot, _read_sweep)
     return errors, counts, wide
 
 
 def _with_chromium(path, shot):
-    dom = subprocess.run([CHROMIUM, *FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    errors = [line for line in dom.stderr.splitlines() if "Uncaught" in line or "CONSOLE" in line and "rror" in line]
-    subprocess.run([CHROMIUM, *FLAGS, "--hide-scrollbars", "--window-size=1150,3000", f"--screenshot={shot}",
-                    path.as_uri()], capture_output=True, timeout=120)
-    html = dom.stdout
+    errors, html = in_chromium(path, shot)
     counts = (html.count('class="chart"'), html.count('class="mark'), html.count("mark chosen"),
               html.count('<tr class="count"') + html.count('<tr class="chosen"'))
     return errors, counts, None

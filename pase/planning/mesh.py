@@ -262,6 +262,10 @@ PIPELINE_EXTRA_WORDS = ("none", "embedding", "loss", "embedding+loss")
 #: ``dispatcher=``: how a mixture of experts moves its tokens
 #: (``pase.costing.training.options.MOE_DISPATCHERS``).
 DISPATCHER_WORDS = ("alltoall", "allgather", "deepep", "hybridep")
+#: The recipe keys that take one word of a list, and their words.
+_WORD_KEYS = {"recompute": ("none", "selective", "full", "op", "block"), "schedule": ("1f1b", "interleaved"),
+              "precision": PRECISION_WORDS, "scaling": SCALING_WORDS, "pipeline_extra": PIPELINE_EXTRA_WORDS,
+              "dispatcher": DISPATCHER_WORDS}
 #: ``offload=``: what lives on the host, joined by ``+`` (``optimizer+params``), in this order
 #: (``pase.costing.training.options.OFFLOAD_KINDS``), or ``none`` (nothing, and the search
 #: tries no offload either).
@@ -455,41 +459,24 @@ def parse_recipe(text: str) -> Recipe:
             if value not in ("0", "1", "2", "3"):
                 raise ValueError(f"recipe zero must be 0, 1, 2 or 3, got {value!r}")
             values[key] = int(value)
-        elif key == "recompute":
-            if value not in ("none", "selective", "full", "op", "block"):
-                raise ValueError(f"recipe recompute must be none, selective, full, op or block, got {value!r}")
+        elif key in _WORD_KEYS:
+            words = _WORD_KEYS[key]
+            if value not in words:
+                raise ValueError(f"recipe {key} must be {', '.join(words[:-1])} or {words[-1]}, got {value!r}")
             values[key] = value
         elif key == "stages":
             parts = value.split("/")
             if len(parts) < 2 or len(parts) > 4096:
                 raise ValueError(f"recipe stages must be two or more block counts A/B/..., got {value!r}")
             values[key] = tuple(_positive(key, part) for part in parts)
-        elif key == "precision":
-            if value not in PRECISION_WORDS:
-                raise ValueError(f"recipe precision must be {', '.join(PRECISION_WORDS[:-1])} or search, got {value!r}")
-            values[key] = value
-        elif key == "scaling":
-            if value not in SCALING_WORDS:
-                raise ValueError(f"recipe scaling must be {', '.join(SCALING_WORDS[:-1])} or blockwise, got {value!r}")
-            values[key] = value
-        elif key == "pipeline_extra":
-            if value not in PIPELINE_EXTRA_WORDS:
-                raise ValueError(f"recipe pipeline_extra must be none, embedding, loss or embedding+loss, got {value!r}")
-            values[key] = value
-        elif key == "dispatcher":
-            if value not in DISPATCHER_WORDS:
-                raise ValueError(f"recipe dispatcher must be alltoall, allgather, deepep or hybridep, got {value!r}")
-            values[key] = value
         elif key == "offload":
             values[key] = _offload(value)
         elif key in ("sp", "tp_overlap", "fp8_gather", "ep_overlap", "shared_overlap"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "on", "1")
-        else:  # schedule
-            if value not in ("1f1b", "interleaved"):
-                raise ValueError(f"recipe schedule must be 1f1b or interleaved, got {value!r}")
-            values[key] = value
+        else:
+            raise AssertionError(f"recipe key {key!r} has no reader")  # every RECIPE_KEYS entry has one
     if "recompute_layers" in values and values.get("recompute") != "block":
         raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                          "add recompute=block")

@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.costing.training.allocator import hold_within, memory_figures, released_within, stranded_bytes
+from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
 from pase.planning.host_floor import block_count, floored, host_seconds
@@ -209,17 +209,15 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
         "bubble": fill * slowest,
         "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
     }
-    kinds, peaks = [], []
+    kinds, peaks, released = [], [], []
     for s, needed in enumerate(stages.memory_bytes):
         k = _stage_memory(costing, options, int(columns[i]), act_bytes, stages, s)
-        stranded = k.get("fragmentation", 0.0)
-        if stranded:
-            k["fragmentation"] = released_within(needed + stranded, stranded, memory_cap)
-            if k["fragmentation"] < stranded:  # the allocator gives cached blocks back: "tight"
-                summary.extra["released_bytes"] = max(summary.extra.get("released_bytes", 0.0),
-                                                      stranded - k["fragmentation"])
+        peak, gave = hold_kinds(k, float(needed) + k.get("fragmentation", 0.0), memory_cap)
         kinds.append(k)
-        peaks.append(float(needed) + k.get("fragmentation", 0.0))
+        peaks.append(peak)
+        released.append(gave)
+    if max(released):  # the allocator gives cached blocks back on some stage: "tight"
+        summary.extra["released_bytes"] = max(released)
     top = int(np.argmax(peaks))
     figures = [memory_figures(k, peak) for k, peak in zip(kinds, peaks)]
     summary.memory = {"largest_stage": peaks[top]}
@@ -277,13 +275,12 @@ def _stage_range(costing, stages, s: int) -> tuple:
     return start, end
 
 
-def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int | None = None) -> dict:
-    """Stage ``s``'s peak by kind (default the largest stage; as ``pipeline_rows`` adds it up):
+def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int) -> dict:
+    """Stage ``s``'s peak by kind (as ``pipeline_rows`` adds it up):
     its model state, its activations times the micro-batches in flight on it, its logits, the
     allocator's stranded bytes (:func:`~pase.costing.training.allocator.stranded_bytes`), and
     the memory alive part of the time (ZeRO-3's gathered weights, the recomputed block) and the
     reserve."""
-    s = int(np.argmax(stages.memory_bytes)) if s is None else s
     start, end = _stage_range(costing, stages, s)
     pp, m = stages.pp, options.microbatches
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)

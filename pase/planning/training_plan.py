@@ -116,11 +116,20 @@ class TrainingPlan:
         return "exact over " + "".join(said.of(mesh) for said in self.said)
 
 
-@arguments(build=a_callable, batch=positive_int, procs=positive_int, machine=as_machine,
-           memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
-           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
-           alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules), exporting=a_bool,
-           per_layer=a_bool, fewest_devices=a_bool, reuse=optional(a_stage_reuse))
+def plan_arguments(devices: tuple, own: dict, last: dict) -> dict:
+    """The checks of the arguments of :func:`plan_training` and of a sweep of it
+    (``pase.planning.training_sweep.sweep_training``), in their order: ``devices`` the device
+    count's ``(name, check)``, ``own`` the function's own flags (after ``rules``), ``last`` its
+    last ones."""
+    name, check = devices
+    return {"build": a_callable, "batch": positive_int, name: check, "machine": as_machine,
+            "memory_cap": optional(a_memory_cap), "act_bytes": positive_number, "recipe": optional(a_recipe),
+            "compare": optional(a_recipe), "base": optional(a_training_options),
+            "table_budget": optional(positive_number), "alternatives": non_negative_int, "keep_priced": a_bool,
+            "rules": optional(a_rules), **own, "per_layer": a_bool, "fewest_devices": a_bool, **last}
+
+
+@arguments(**plan_arguments(("procs", positive_int), {"exporting": a_bool}, {"reuse": optional(a_stage_reuse)}))
 def plan_training(
     build: Callable[[int], object],
     batch: int,

@@ -19,16 +19,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
-from pase.core.checks import (
-    ArgumentTypeError, a_bool, a_callable, a_memory_cap, a_recipe, a_rules, a_training_options, arguments,
-    non_negative_int, optional, positive_int, positive_number,
-)
+from pase.core.checks import ArgumentTypeError, a_bool, a_callable, arguments, optional, positive_int
 from pase.core.errors import TooLarge
 from pase.costing.training import NetworkStructure
-from pase.machines.registry import as_machine
 from pase.planning.engine import DEFAULT_ENGINE
 from pase.planning.mesh import MeshMapper, Recipe
-from pase.planning.training_plan import TrainingPlan, plan_training
+from pase.planning.training_plan import TrainingPlan, plan_arguments, plan_training
 from pase.planning.training_search import (
     Built, SearchSpace, StageReuse, _pipeline_choices, costing_stage, mesh_stage,
 )
@@ -242,11 +238,7 @@ def _device_counts(value, name: str) -> tuple:
     return counts
 
 
-@arguments(build=a_callable, batch=positive_int, counts=_device_counts, machine=as_machine,
-           memory_cap=optional(a_memory_cap), act_bytes=positive_number, recipe=optional(a_recipe),
-           compare=optional(a_recipe), base=optional(a_training_options), table_budget=optional(positive_number),
-           alternatives=non_negative_int, keep_priced=a_bool, rules=optional(a_rules), rebuild=a_bool,
-           per_layer=a_bool, fewest_devices=a_bool, each=optional(a_callable))
+@arguments(**plan_arguments(("counts", _device_counts), {"rebuild": a_bool}, {"each": optional(a_callable)}))
 def sweep_training(
     build: Callable[[int], object],
     batch: int,

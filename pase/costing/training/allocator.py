@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["OUTSIDE_ALLOCATOR", "RESERVED_ONLY", "FIGURE_NAMES", "MemoryFigures", "memory_figures",
-           "stranded_bytes", "released_within", "hold_within"]
+           "stranded_bytes", "released_within", "hold_kinds", "hold_within"]
 
 #: Kinds of device memory PyTorch's caching allocator never sees: the CUDA context and driver
 #: state (``reserve``) and NCCL's buffers (``comm_buffers``, allocated by NCCL through cuMem).
@@ -79,14 +79,22 @@ def released_within(total: float, stranded: float, cap: float | None) -> float:
     return min(stranded, max(float(cap) - (total - stranded), 0.0))
 
 
+def hold_kinds(kinds: dict, total: float, cap: float | None) -> tuple:
+    """``(peak, released)`` of a peak of ``total`` bytes given by ``kinds`` on a device of ``cap``:
+    its ``fragmentation`` kind set, in place, to what the allocator holds
+    (:func:`released_within`), and the bytes it gives back (0 when none)."""
+    stranded = kinds.get("fragmentation", 0.0)
+    if not stranded:
+        return total, 0.0
+    kept = released_within(total, stranded, cap)
+    kinds["fragmentation"] = kept
+    return total - (stranded - kept), stranded - kept
+
+
 def hold_within(summary, cap: float | None) -> None:
     """A summary's ``fragmentation`` kind and peak as the allocator holds them on a device of
-    ``cap`` (:func:`released_within`)."""
-    stranded = summary.memory.get("fragmentation")
-    if not stranded or cap is None:
-        return
-    kept = released_within(summary.peak_memory_bytes, stranded, cap)
-    summary.memory["fragmentation"] = kept
-    summary.peak_memory_bytes -= stranded - kept
-    if kept < stranded:  # the allocator must give cached blocks back: retries, a "tight" plan
-        summary.extra["released_bytes"] = stranded - kept
+    ``cap`` (:func:`hold_kinds`); what it gives back as ``extra["released_bytes"]``: retries, a
+    "tight" plan."""
+    summary.peak_memory_bytes, released = hold_kinds(summary.memory, summary.peak_memory_bytes, cap)
+    if released:
+        summary.extra["released_bytes"] = released
