@@ -137,3 +137,66 @@ def test_a_run_whose_allocator_gives_way_is_tight_not_refused():
     assert t["fit"] == "tight"
     assert t["peak_memory_bytes"] == pytest.approx(79.65 * 2 ** 30, rel=1e-3)  # the H100's capacity as PyTorch sees it
     assert t["peak_memory_allocated_bytes"] < t["peak_memory_reserved_bytes"] < t["peak_memory_bytes"]
+
+
+def test_retry_seconds_by_hand():
+    from pase.costing.training.allocator import retry_seconds
+    # Tensors need 70 of a device of 80 and 15 are stranded beside them: 85 > 80, so each of the
+    # 4 micro-batches reaches its peak by giving cached blocks back: 4 x 1.5 = 6 s.
+    assert float(retry_seconds(70.0, 15.0, 80.0, 4, 1.5)) == 6.0
+    # 60 + 15 = 75 fits: no retries. 85 needed does not fit at all: not "tight", no time either.
+    assert float(retry_seconds(60.0, 15.0, 80.0, 4, 1.5)) == 0.0
+    assert float(retry_seconds(85.0, 15.0, 80.0, 4, 1.5)) == 0.0
+    # No cap, or a profile that states no retry time: none. Elementwise over rows.
+    assert float(retry_seconds(70.0, 15.0, None, 4, 1.5)) == 0.0
+    assert float(retry_seconds(70.0, 15.0, 80.0, 4, 0.0)) == 0.0
+    assert retry_seconds([70.0, 60.0], [15.0, 15.0], 80.0, 2, 1.0).tolist() == [2.0, 0.0]
+
+
+def _tight_run(retry: float | None, tmp_path) -> dict:
+    engine = "nanotron"
+    if retry is not None:
+        with open(os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json"), encoding="utf-8") as f:
+            profile = json.load(f)
+        profile["facts"]["allocator_retry_seconds"]["value"] = retry
+        engine = str(tmp_path / f"nanotron-{retry}.json")
+        with open(engine, "w", encoding="utf-8") as f:
+            json.dump(profile, f)
+    argv = [sys.executable, os.path.join(ROOT, "scheduler.py"), "-g", "hf:benchmarks/configs/nanotron-3b.json",
+            "-p", "32", "-b", "256", "-m", "4096", "--machine", "h100-sxm", "--engine", engine, "--json",
+            "--recipe", "dp=2,tp=1,pp=16,zero=1,microbatch=4,recompute=none,schedule=1f1b"]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["training"]
+
+
+def test_a_tight_run_pays_its_retries(tmp_path):
+    # usp-1050 (above) is tight: 256 sequences / dp 2 / micro-batch 4 = 32 micro-batches, each
+    # losing the profile's retry time: 32 x 1.26 = 40.32 s more than the same plan without it
+    # (measured 43.5 s a step against 5.7 s modelled without retries: benchmarks/fit_retry.py).
+    assert load_engine("nanotron").facts["allocator_retry_seconds"] == 1.26
+    with_retries, without = _tight_run(None, tmp_path), _tight_run(0.0, tmp_path)
+    assert with_retries["step_seconds"] - without["step_seconds"] == pytest.approx(32 * 1.26, rel=1e-9)
+    assert with_retries["causes"]["allocator_retries"] == pytest.approx(32 * 1.26, rel=1e-9)
+    assert sum(with_retries["causes"].values()) == pytest.approx(with_retries["step_seconds"], rel=1e-9)
+    assert "allocator_retries" not in without["causes"]
+
+
+def _plan_3b(recipe: str, *more: str) -> dict:
+    argv = [sys.executable, os.path.join(ROOT, "scheduler.py"), "-g", "hf:benchmarks/configs/nanotron-3b.json",
+            "-p", "8", "-b", "256", "-m", "4096", "--machine", "h100-sxm", "--engine", "nanotron", "--json",
+            "--recipe", recipe, *more]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["training"]
+
+
+def test_the_search_weighs_retries_against_recomputation():
+    # The playbook's 3B on 8 H100s, dp 8, micro-batch 2: 256 / 8 / 2 = 16 micro-batches. Its
+    # tensors need about 72 GB without recomputation (74.8 GB with the stranded bytes), so on a
+    # device capped at 72 GB it is tight: 16 x 1.26 = 20.16 s of retries on top of its 7.80 s.
+    roomy = _plan_3b("dp=8,tp=1,zero=1,microbatch=2,recompute=none")
+    tight = _plan_3b("dp=8,tp=1,zero=1,microbatch=2,recompute=none", "--memory", "72")
+    assert roomy["fit"] == "fits" and "allocator_retries" not in roomy["causes"]
+    assert tight["fit"] == "tight"
+    assert tight["step_seconds"] == pytest.approx(roomy["step_seconds"] + 16 * 1.26, rel=1e-9)
+    # Searched, full recomputation (a third more compute, no retries) beats the tight plan.
+    searched = _plan_3b("dp=8,tp=1,zero=1,microbatch=2", "--memory", "72")
+    assert "recompute=full" in searched["recipe"] and searched["fit"] == "fits"
+    assert roomy["step_seconds"] < searched["step_seconds"] < tight["step_seconds"]

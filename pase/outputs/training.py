@@ -35,11 +35,12 @@ _TIME_NAMES = {
     "host": "waiting for the host",
     "host_transfers": "host transfers (offload)",
     "host_optimizer": "CPU optimizer step (offload)",
+    "allocator_retries": "caching allocator's retries (tight memory)",
 }
 #: The causes of a step (``Candidate.causes``) in words.
 CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
                ("compute", "recompute", "activation_comm", "redistribution", "p2p", "bubble", "host", "weight_sync",
-                "optimizer", "host_transfers", "host_optimizer")}
+                "optimizer", "host_transfers", "host_optimizer", "allocator_retries")}
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).
 _RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": None, "sp": None, "schedule": None, "vpp": None,

@@ -69,19 +69,21 @@ class RunTerms:
     the weight synchronisation and pipeline sends (after or between them), each as ``(inside one
     node, across nodes)`` (the collective scales); ``units``: repeated blocks times micro-batch
     slots on the critical path (what the host time per block multiplies); ``tp_wait``: ``log2
-    tp`` on a pipelined run, else 0 (what the pipeline's wait per block multiplies)."""
+    tp`` on a pipelined run, else 0 (what the pipeline's wait per block multiplies); ``fixed``: what
+    no fitted constant scales (the caching allocator's retries on a tight run)."""
 
     compute: float
     tensor: tuple
     rest: tuple
     units: float
     tp_wait: float
+    fixed: float = 0.0
 
     def step(self, p: np.ndarray) -> float:
         """The step under constants ``p`` (:data:`PARAMETERS` order)."""
         device = p[0] * self.compute + p[1] * self.tensor[0] + p[2] * self.tensor[1]
         host = self.units * (p[3] + p[4] * self.tp_wait)
-        return max(device, host) + p[1] * self.rest[0] + p[2] * self.rest[1]
+        return max(device, host) + p[1] * self.rest[0] + p[2] * self.rest[1] + self.fixed
 
 
 def _builder(spec: str, sequence):
@@ -94,8 +96,9 @@ def _builder(spec: str, sequence):
 
 
 def price_runs(runs, machine, engine, base_changes: dict | None = None) -> list:
-    """Every run priced with its own recipe on ``machine`` for ``engine`` (no memory cap: a
-    layout that ran is priced whatever the model says of its memory; ``fits`` says it).
+    """Every run priced with its own recipe on ``machine`` for ``engine``, within the device's
+    memory (a tight run pays its allocator's retries), and where nothing fits it without a cap:
+    a layout that ran is priced whatever the model says of its memory; ``fits`` says it.
     ``base_changes``: options set on top of the engine's. ``ValueError`` naming the run that
     cannot be priced."""
     builders: dict = {}
@@ -107,8 +110,7 @@ def price_runs(runs, machine, engine, base_changes: dict | None = None) -> list:
         try:
             recipe = parse_recipe(run.recipe)
             base = engine.base_options(machine, **(base_changes or {}))
-            plan = plan_training(builders[key], run.batch, run.devices, machine, NO_CAP, machine.act_bytes or 2.0,
-                                 recipe, base=base, engine=engine, keep_to=(engine,), free=False)
+            plan = _plan_run(builders[key], run, machine, recipe, base, engine)
         except (ValueError, MemoryError) as err:
             raise ValueError(f"run {run.name!r} cannot be priced: {err}") from None
         best = plan.best
@@ -116,6 +118,16 @@ def price_runs(runs, machine, engine, base_changes: dict | None = None) -> list:
             raise ValueError(f"run {run.name!r} cannot be priced: no configuration of its recipe {run.recipe}")
         out.append(_priced(run, plan, best))
     return out
+
+
+def _plan_run(build, run, machine, recipe, base, engine):
+    """The run's plan within the device's memory, else (nothing fits) without a cap."""
+    for cap in (None, NO_CAP):
+        plan = plan_training(build, run.batch, run.devices, machine, cap, machine.act_bytes or 2.0, recipe,
+                             base=base, engine=engine, keep_to=(engine,), free=False)
+        if plan.best is not None or machine.memory_bytes is None:
+            return plan
+    return plan
 
 
 def _priced(run, plan, best) -> PricedRun:
@@ -160,7 +172,7 @@ def run_terms(priced: PricedRun, machine) -> RunTerms:
     rest[int(sends_out)] += c.get("p2p", 0.0)
     across = mesh.tp > node
     return RunTerms(compute, (0.0, tensor) if across else (tensor, 0.0), tuple(rest), units,
-                    math.log2(mesh.tp) if pp > 1 else 0.0)
+                    math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0))
 
 
 @dataclass(frozen=True)
@@ -224,13 +236,13 @@ def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int
 
 def _steps(terms: list):
     """``steps(p)``: every run's step under constants ``p`` at once (:meth:`RunTerms.step`)."""
-    a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait]
+    a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait, t.fixed]
                   for t in terms]).T
 
     def steps(p):
         device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2]
         host = a[5] * (p[3] + p[4] * a[6])
-        return np.maximum(device, host) + p[1] * a[3] + p[2] * a[4]
+        return np.maximum(device, host) + p[1] * a[3] + p[2] * a[4] + a[7]
     return steps
 
 

@@ -21,6 +21,9 @@ CAUSES = ("compute", "recompute", "activation_comm", "redistribution", "p2p", "b
 #: An offloading plan's further causes (``pase.costing.training.offload``), shown after those:
 #: the host-link copies not hidden behind compute, the CPU optimizer step.
 OFFLOAD_CAUSES = ("host_transfers", "host_optimizer")
+#: A tight plan's further cause, shown last: the caching allocator's retries
+#: (``pase.costing.training.allocator.retry_seconds``).
+RETRY_CAUSES = ("allocator_retries",)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class Candidate:
         told = self.summary.extra.get("causes")
         if told is not None:
             return dict(told)
-        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES + OFFLOAD_CAUSES if k in self.summary.time}
+        return {k: float(self.summary.time.get(k, 0.0)) for k in CAUSES + OFFLOAD_CAUSES + RETRY_CAUSES
+                if k in self.summary.time}
 
     def memory_kinds(self) -> dict:
         """The peak memory per device by kind (a pipelined plan's: its largest stage's)."""

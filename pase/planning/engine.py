@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
+from pase.costing.training.allocator import ALLOCATOR_RETRY_SECONDS
 from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, TP_OVERLAP_KINDS
 from pase.planning.engine_cut import PIPELINE_CUTS
 
@@ -67,6 +68,7 @@ FACTS = {
     "comm_buffer_bytes": float,
     "allocator_fragmentation": float,
     "allocator_interleave": float,
+    "allocator_retry_seconds": float,
     "memory_reported": ("allocated", "reserved", "device"),
     "launch_seconds": float,
     "activation_grads": bool,
@@ -88,6 +90,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
                   "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
+                  "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
                   "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
@@ -210,6 +213,7 @@ class EngineProfile:
             "comm_buffer_bytes": f["comm_buffer_bytes"],
             "fragmentation": f["allocator_fragmentation"],
             "interleave_fragmentation": f["allocator_interleave"],
+            "retry_seconds": f["allocator_retry_seconds"],
             "activation_grads": bool(f["activation_grads"]),
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),

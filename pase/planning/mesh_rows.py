@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, stranded_bytes
+from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, retry_seconds, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
 from pase.planning.host_floor import block_count, floored, host_seconds
@@ -96,7 +96,22 @@ def row_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: fl
         time_rows = _host_floored(costing, options, time_rows, total(vec["step"]))
     memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
                    + costing.transient_rows(vec, options))
+    time_rows = time_rows + _retries(options, memory_rows, _stranded(options, total(vec["activations"])), memory_cap)
     return time_rows, memory_rows, np.zeros(len(time_rows), dtype=np.int64)
+
+
+def _stranded(options: TrainingOptions, activations):
+    """The allocator's stranded bytes beside one micro-batch's ``activations`` (no pipeline)."""
+    return stranded_bytes(activations, 1.0, options.fragmentation, options.interleave_fragmentation)
+
+
+def _retries(options: TrainingOptions, needed, stranded, memory_cap):
+    """What the caching allocator's retries add to rows whose tensors (``needed``) fit
+    ``memory_cap`` only once the ``stranded`` bytes are given back
+    (:func:`~pase.costing.training.allocator.retry_seconds`)."""
+    if memory_cap is None or not options.retry_seconds:
+        return 0.0
+    return retry_seconds(needed, stranded, memory_cap, options.microbatches, options.retry_seconds)
 
 
 def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
@@ -117,6 +132,10 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
     step = costing.layer_vectors(options.as_policy("none"), act_bytes)["step"]
     times = _host_floored(costing, options, times, (step if columns is None else step[:, columns]).sum(axis=0))
     memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
+    if memory_cap is not None and options.retry_seconds:
+        acts = costing.layer_vectors(options.as_policy("none"), act_bytes)["activations"]
+        kept = (acts if columns is None else acts[:, columns]).sum(axis=0) + np.cumsum(deltas["activations"], axis=0)
+        times = times + _retries(options, memories, _stranded(options, kept), memory_cap)
     columns_of = np.arange(len(time0))
     if not search_layers:
         n = np.full(len(time0), min(options.recompute_layers, blocks) - 1)
@@ -177,10 +196,21 @@ def candidate_of(found: Found, memory_cap, act_bytes: float, procs: int) -> Cand
     if stages is not None:
         _pipelined(summary, found, act_bytes, memory_cap)
     else:
+        stranded = summary.memory.get("fragmentation", 0.0)
+        needed = summary.peak_memory_bytes - stranded
         hold_within(summary, memory_cap)
         _host_cause(summary, costing, options)
+        _retry_cause(summary, float(_retries(options, needed, stranded, memory_cap)))
     configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
     return Candidate(found.mesh, options, found.microbatch, configs, summary, memory_cap)
+
+
+def _retry_cause(summary, lost: float) -> None:
+    """A configuration without a pipeline that fits only as its allocator retries: the
+    ``lost`` seconds as the cause ``allocator_retries`` of its step."""
+    if lost > 0:
+        summary.time["allocator_retries"] = lost
+        summary.step_seconds += lost
 
 
 def _host_cause(summary, costing, options: TrainingOptions) -> None:
@@ -209,13 +239,17 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
         "bubble": fill * slowest,
         "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
     }
-    kinds, peaks, released = [], [], []
+    kinds, peaks, released, lost = [], [], [], 0.0
     for s, needed in enumerate(stages.memory_bytes):
         k = _stage_memory(costing, options, int(columns[i]), act_bytes, stages, s)
+        lost = max(lost, float(_retries(options, float(needed), k.get("fragmentation", 0.0), memory_cap)))
         peak, gave = hold_kinds(k, float(needed) + k.get("fragmentation", 0.0), memory_cap)
         kinds.append(k)
         peaks.append(peak)
         released.append(gave)
+    if lost:  # every stage stalls with the one whose allocator retries: a cause of its own
+        summary.time["sync_and_optimizer"] -= lost
+        summary.time["allocator_retries"] = lost
     if max(released):  # the allocator gives cached blocks back on some stage: "tight"
         summary.extra["released_bytes"] = max(released)
     top = int(np.argmax(peaks))
@@ -223,7 +257,9 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
     summary.memory = {"largest_stage": peaks[top]}
     summary.step_seconds = float(found.step)
     summary.peak_memory_bytes = peaks[top]
-    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(found.step), columns)
+    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(found.step) - lost, columns)
+    if lost:
+        summary.extra["causes"]["allocator_retries"] = lost
     summary.extra["memory_kinds"] = kinds[top]
     summary.extra["pipeline"] = {
         "pp": stages.pp, "schedule": stages.schedule, "vpp": stages.vpp, "microbatches": options.microbatches,

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pase.costing.training import FORWARD_SHARE
+from pase.costing.training.allocator import retry_seconds, stranded_bytes
 from pase.planning.host_floor import host_seconds
 from pase.machines.base import Group
 
@@ -422,7 +423,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
                      np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
                      options.overlap_efficiency if options.overlap else 0.0,
-                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra)
+                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra, cap)
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m, extra)
     steps, peaks = priced.best_step, priced.best_peak
@@ -551,6 +552,9 @@ class _Timing(NamedTuple):
     #: Each column's tensor-parallel degree (the host floor's wait), ``(K,)`` or 1.
     tp: np.ndarray | int = 1
     extra: tuple = (0, 0)
+    #: The device's memory cap: a stage whose tensors fit it only once the caching allocator
+    #: gives its cached blocks back loses ``options.retry_seconds`` a micro-batch.
+    cap: float = np.inf
 
     def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
@@ -575,6 +579,10 @@ class _Timing(NamedTuple):
         step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
         in_flight = self.in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else self.in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
+        if o.retry_seconds and o.fragmentation and np.isfinite(self.cap):
+            # Every stage stalls with the one whose allocator retries (allocator.retry_seconds).
+            stranded = stranded_bytes(stage["acts"], in_flight[:, None], o.fragmentation, o.interleave_fragmentation)
+            step = step + retry_seconds(memory, stranded, self.cap, m, o.retry_seconds).max(axis=1)
         return t, step, memory, memory.max(axis=1), sends
 
 

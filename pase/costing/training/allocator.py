@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OUTSIDE_ALLOCATOR", "RESERVED_ONLY", "FIGURE_NAMES", "MemoryFigures", "memory_figures",
-           "stranded_bytes", "released_within", "hold_kinds", "hold_within"]
+import numpy as np
+
+__all__ = ["OUTSIDE_ALLOCATOR", "RESERVED_ONLY", "FIGURE_NAMES", "ALLOCATOR_RETRY_SECONDS", "MemoryFigures",
+           "memory_figures", "stranded_bytes", "released_within", "retry_seconds", "hold_kinds", "hold_within"]
 
 #: Kinds of device memory PyTorch's caching allocator never sees: the CUDA context and driver
 #: state (``reserve``) and NCCL's buffers (``comm_buffers``, allocated by NCCL through cuMem).
@@ -16,6 +18,16 @@ OUTSIDE_ALLOCATOR = ("reserve", "comm_buffers")
 #: Kinds the allocator holds in its segments but no tensor occupies: ``max_memory_reserved``
 #: counts them, ``max_memory_allocated`` does not.
 RESERVED_ONLY = ("fragmentation",)
+#: Seconds a step loses for each micro-batch whose peak the caching allocator reaches only by
+#: giving its cached blocks back: PyTorch's allocator, when ``cudaMalloc`` fails, synchronises
+#: the device, frees every cached segment no tensor occupies (``cudaFree``, each one synchronising)
+#: and tries again; the blocks it gave back are ``cudaMalloc``-ed afresh as the next micro-batch
+#: needs them (c10/cuda/CUDACachingAllocator.cpp, v2.6.0, lines 1208-1245 and 2859:
+#: ``release_cached_blocks``; ``torch.cuda.memory_stats()['num_alloc_retries']`` counts them).
+#: Fitted by ``benchmarks/fit_retry.py`` on the Ultra-Scale Playbook's visible runs the model calls
+#: "tight": the median of (measured - modelled step) / micro-batches over the four of them
+#: (1.10-1.45 s each, whether 2.7 or 12.3 GB were given back); a global constant, not a per-run one.
+ALLOCATOR_RETRY_SECONDS = 1.26
 #: The figure each name stands for, as the engines' logs and the driver name them.
 FIGURE_NAMES = {
     "allocated": "torch.cuda.max_memory_allocated()",
@@ -60,7 +72,7 @@ def stranded_bytes(activations: float, in_flight: float, fragmentation: float, i
     newer ones, and the backward pass's gradients are cut from the holes). The model state is
     allocated once, and the loss's logit-sized buffers are whole segments, reused as they are:
     neither strands memory."""
-    return fragmentation * in_flight * activations + interleave * max(in_flight - 1.0, 0.0) * activations
+    return fragmentation * in_flight * activations + interleave * np.maximum(in_flight - 1.0, 0.0) * activations
 
 
 def released_within(total: float, stranded: float, cap: float | None) -> float:
@@ -77,6 +89,25 @@ def released_within(total: float, stranded: float, cap: float | None) -> float:
     if cap is None:
         return stranded
     return min(stranded, max(float(cap) - (total - stranded), 0.0))
+
+
+def retry_seconds(needed, stranded, cap, microbatches: int, seconds: float):
+    """Seconds a step loses to the caching allocator's retries (:data:`ALLOCATOR_RETRY_SECONDS`
+    each): where what tensors need (``needed``) fits a device of ``cap`` but not with the
+    ``stranded`` bytes beside it, every one of the ``microbatches`` reaches its peak by giving
+    cached blocks back (:func:`released_within`); 0 where it fits with them, where it does not fit
+    at all, and without a cap. Elementwise over arrays.
+
+    >>> float(retry_seconds(70.0, 15.0, 80.0, 4, 1.5))  # 85 > 80 >= 70: four retries
+    6.0
+    >>> float(retry_seconds(60.0, 15.0, 80.0, 4, 1.5))  # 75 fits: none
+    0.0
+    """
+    needed, stranded = np.asarray(needed, dtype=np.float64), np.asarray(stranded, dtype=np.float64)
+    if cap is None or not seconds:
+        return np.zeros(np.broadcast(needed, stranded).shape)
+    tight = (needed + stranded > cap) & (needed <= cap)
+    return np.where(tight, microbatches * seconds, 0.0)
 
 
 def hold_kinds(kinds: dict, total: float, cap: float | None) -> tuple:

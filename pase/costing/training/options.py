@@ -141,6 +141,9 @@ class TrainingOptions:
     interleave_fragmentation : float
         The caching allocator's stranded share of the activations of each micro-batch a
         pipeline stage holds beyond the first (:func:`~.allocator.stranded_bytes`).
+    retry_seconds : float
+        Seconds a step loses for each micro-batch that reaches its peak only by the caching
+        allocator giving its cached blocks back (a "tight" plan, :func:`~.allocator.retry_seconds`).
     activation_grads : bool
         Count the activation gradients alive during the backward pass (the gradient of the
         largest layer's output and of its input).
@@ -232,6 +235,7 @@ class TrainingOptions:
     comm_buffer_bytes: float = 0.0
     fragmentation: float = 0.0
     interleave_fragmentation: float = 0.0
+    retry_seconds: float = 0.0
     activation_grads: bool = False
     compute_efficiency: float = 1.0
     attention_shape: bool = False
@@ -271,7 +275,7 @@ class TrainingOptions:
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
                      "comm_sm_share", "comm_buffer_bytes", "fragmentation", "interleave_fragmentation",
-                     "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
+                     "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
