@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import playbook  # noqa: E402
-from playbook import GiB, ROOT, _run, argv_of, load_runs  # noqa: E402
+from playbook import GiB, ROOT, _run, argv_of, load_runs, profile_with  # noqa: E402
 
 #: The grid both constants are searched on.
 GRID = np.round(np.arange(0.0, 0.96, 0.02), 2)
@@ -41,18 +41,6 @@ TARGETS = (0.15, 0.30)
 #: stages of the search's own cut, `allocator_fragmentation` 0.08.
 BEFORE = ("before (revision fe78b4c: one figure, `training.peak_memory_bytes`, the search's own pipeline cut, "
           "fragmentation 0.08): median 26.4 %, p90 42.1 %, 119 of the 125 runs under the measured figure")
-
-
-def profile_with(folder: str, fragmentation: float, interleave: float) -> str:
-    """A copy of the shipped nanotron profile with the two constants set, written in ``folder``."""
-    with open(os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json"), encoding="utf-8") as f:
-        profile = json.load(f)
-    profile["facts"]["allocator_fragmentation"]["value"] = fragmentation
-    profile["facts"]["allocator_interleave"]["value"] = interleave
-    path = os.path.join(folder, f"nanotron-{fragmentation:g}-{interleave:g}.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(profile, f)
-    return path
 
 
 def reserved(run: dict, machine: str, engine: str, capped: bool = True) -> tuple:
@@ -114,7 +102,9 @@ def main(argv=None) -> int:
     runs = load_runs()
     measured = np.array([r["peak_memory_gib"] for r in runs])
     with tempfile.TemporaryDirectory() as folder:
-        priced = {pair: [reserved(r, args.machine, profile_with(folder, *pair), capped=False) for r in runs]
+        priced = {pair: [reserved(r, args.machine, profile_with(folder, allocator_fragmentation=pair[0],
+                                                                allocator_interleave=pair[1]), capped=False)
+                         for r in runs]
                   for pair in ((0.0, 0.0), (0.5, 0.0), (0.0, 0.5))}
         shipped = [reserved(r, args.machine, "nanotron") for r in runs]
     lines = [f"# Reserved memory of the Ultra-Scale Playbook's visible runs ({len(runs)} runs, --engine nanotron, "

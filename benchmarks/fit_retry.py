@@ -15,7 +15,6 @@ residual is shown beside it: the mechanism is the allocator's only where they st
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,25 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from playbook import CLUSTER, ROOT, _run, argv_of, load_runs, recipe_of  # noqa: E402
-
-
-def profile_without_retries(folder: str) -> str:
-    """A copy of the shipped nanotron profile with ``allocator_retry_seconds`` 0, in ``folder``."""
-    with open(os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json"), encoding="utf-8") as f:
-        profile = json.load(f)
-    profile["facts"]["allocator_retry_seconds"]["value"] = 0.0
-    path = os.path.join(folder, "nanotron-no-retries.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(profile, f)
-    return path
-
-
-def priced(run: dict, engine: str) -> dict:
-    status, out, err = _run(argv_of(run, CLUSTER, engine))
-    if status != 0:
-        raise SystemExit(f"{run['id']}: {err.strip()}")
-    return json.loads(out)["training"]
+from playbook import CLUSTER, ROOT, load_runs, price, profile_with, recipe_of  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -51,10 +32,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     runs = load_runs()
     with tempfile.TemporaryDirectory() as folder:
-        engine = profile_without_retries(folder)
-        rows = [(run, priced(run, engine)) for run in runs]
-    residual = {run["id"]: (run["step_time_s"] - t["step_seconds"]) / run["grad_accum"] for run, t in rows}
-    tight = [run["id"] for run, t in rows if t.get("fit") == "tight"]
+        engine = profile_with(folder, allocator_retry_seconds=0.0)
+        rows = [(run, price(run, CLUSTER, engine)) for run in runs]
+    refused = [f"{run['id']}: {t['refused']}" for run, t in rows if t["refused"]]
+    if refused:
+        raise SystemExit(refused[0])
+    residual = {run["id"]: (run["step_time_s"] - t["step"]) / run["grad_accum"] for run, t in rows}
+    tight = [run["id"] for run, t in rows if t["tight"]]
     rest = np.array([v for k, v in residual.items() if k not in tight])
     fitted = float(np.median([residual[k] for k in tight])) if tight else float("nan")
     lines = ["# The caching allocator's retry time, fitted on the playbook's visible runs", "",
@@ -70,7 +54,7 @@ def main(argv=None) -> int:
     for run, t in rows:
         if run["id"] in tight:
             lines.append(f"| {run['id']} | {recipe_of(run)} | {run['grad_accum']} | {run['step_time_s']:.2f} | "
-                         f"{t['step_seconds']:.2f} | {residual[run['id']]:.3f} |")
+                         f"{t['step']:.2f} | {residual[run['id']]:.3f} |")
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(os.path.join(ROOT, "benchmarks", "results", args.out + ".md"), "w", encoding="utf-8") as f:

@@ -82,8 +82,21 @@ def runs_file_rows(runs: list) -> list:
              "peak_memory_gib": run["peak_memory_gib"], "memory": "reserved"} for run in runs]
 
 
+def profile_with(folder: str, **facts) -> str:
+    """A copy of the shipped nanotron profile with ``facts`` (name: value) set, written in
+    ``folder``: the engine a fitting script prices with (``--engine FILE``)."""
+    with open(os.path.join(ROOT, "pase", "planning", "engines", "nanotron.json"), encoding="utf-8") as f:
+        profile = json.load(f)
+    for name, value in facts.items():
+        profile["facts"][name]["value"] = value
+    path = os.path.join(folder, "nanotron-" + "-".join(f"{k}={v:g}" for k, v in sorted(facts.items())) + ".json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(profile, f)
+    return path
+
+
 def price(run: dict, machine: str, engine: str | None) -> dict:
-    """The run priced in-process: ``{tokens, step, memory, reserved, fits, refused}``."""
+    """The run priced in-process: ``{tokens, step, memory, reserved, fits, tight, refused}``."""
     status, out, err = _run(argv_of(run, machine, engine))
     fits = True
     if status != 0 and "nothing fits" in err:
@@ -95,7 +108,7 @@ def price(run: dict, machine: str, engine: str | None) -> dict:
     t = json.loads(out)["training"]
     return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
             "memory": t["peak_memory_bytes"], "reserved": t.get("peak_memory_reserved_bytes"),
-            "fits": fits, "refused": None}
+            "fits": fits, "tight": t.get("fit") == "tight", "refused": None}
 
 
 def _run(argv: list) -> tuple:

@@ -108,9 +108,7 @@ def _stranded(options: TrainingOptions, activations):
 def _retries(options: TrainingOptions, needed, stranded, memory_cap):
     """What the caching allocator's retries add to rows whose tensors (``needed``) fit
     ``memory_cap`` only once the ``stranded`` bytes are given back
-    (:func:`~pase.costing.training.allocator.retry_seconds`)."""
-    if memory_cap is None or not options.retry_seconds:
-        return 0.0
+    (:func:`~pase.costing.training.allocator.retry_seconds`: none without a cap)."""
     return retry_seconds(needed, stranded, memory_cap, options.microbatches, options.retry_seconds)
 
 

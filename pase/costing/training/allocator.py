@@ -63,7 +63,7 @@ def memory_figures(kinds: dict, device: float | None = None) -> MemoryFigures:
     return MemoryFigures(allocated=max(reserved - stranded, 0.0), reserved=reserved, device=total)
 
 
-def stranded_bytes(activations: float, in_flight: float, fragmentation: float, interleave: float) -> float:
+def stranded_bytes(activations, in_flight, fragmentation: float, interleave: float):
     """Bytes the caching allocator reserves that no tensor occupies at a stage's peak: a share
     ``fragmentation`` of the activations of the ``in_flight`` micro-batches the stage holds
     (``activations`` each: many mid-sized blocks made and freed every micro-batch, split and
@@ -71,7 +71,7 @@ def stranded_bytes(activations: float, in_flight: float, fragmentation: float, i
     micro-batch in flight beyond the first (a pipeline's 1F1B frees an older micro-batch between
     newer ones, and the backward pass's gradients are cut from the holes). The model state is
     allocated once, and the loss's logit-sized buffers are whole segments, reused as they are:
-    neither strands memory."""
+    neither strands memory. Elementwise over arrays of activations and micro-batches in flight."""
     return fragmentation * in_flight * activations + interleave * np.maximum(in_flight - 1.0, 0.0) * activations
 
 
