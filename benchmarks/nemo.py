@@ -15,7 +15,9 @@ exactly as a user would type it, with the CLI's defaults and no other constants:
 - scaling: ``current`` where the row says FP8-CS and for Megatron-Bridge's (26.x) H100 "FP8" rows
   (per-tensor current scaling, the file's note); ``delayed`` for NeMo 24.07 (Transformer Engine's
   DelayedScaling, NeMo's default then);
-- recomputation, TP communication overlap and everything else: the CLI's defaults / search.
+- ``tp_overlap=true`` where NVIDIA's recipe turns TP communication overlap on
+  (``nemo_runs.TP_OVERLAP_PRESETS``: Llama 3 70B on H100, GPT-3 175B);
+- recomputation and everything else: the CLI's defaults / search.
 
 Rows whose published layout does not fit the modelled memory are priced again with
 ``--memory 100000`` (no cap) and marked so. Recomputation is not published: each row is priced
@@ -186,7 +188,8 @@ def main() -> int:
           "Written by `benchmarks/nemo.py`. Every row is priced by the command line with its defaults and nothing "
           "else (the commands are listed below): NeMo / Megatron-Bridge rows from "
           "`../shared/reference/published/nemo-megatron-bridge.json`, llm-foundry pairs from "
-          "`llm-foundry-mpt-h100.json`, as published. Published step = GBS x sequence / (tokens/s per GPU x GPUs). "
+          "`llm-foundry-mpt-h100.json`, as published, with NVIDIA's recipe words where its recipe sets them "
+          "(`tp_overlap=true` for Llama 3 70B on H100 and GPT-3 175B; the MoE rows' expert settings). Published step = GBS x sequence / (tokens/s per GPU x GPUs). "
           "Signed errors: model / published - 1 (negative: the model is faster). Machines: the `h100-sxm` preset "
           "and the `b200` preset. Scaling: `current` for FP8-CS and Megatron-Bridge 26.x rows, `delayed` for "
           "NeMo 24.07. Targets: dense NeMo rows within 15 %, Qwen3-30B-A3B within 20 %, llm-foundry speed-up "

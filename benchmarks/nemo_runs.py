@@ -20,6 +20,13 @@ MACHINES = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}
 #: sets ``moe_a2a_overlap`` (Megatron-Core's --overlap-moe-expert-parallel-comm).
 MOE_PRESETS = {("Qwen3_30B_a3B", "DGX-H100", 16, 16): "dispatcher=hybridep",
                ("Qwen3_30B_a3B", "DGX-H100", 16, 8): "ep_overlap=true"}
+#: Dense rows whose NVIDIA recipe turns on tensor-parallel communication overlap (Transformer
+#: Engine's userbuffers), keyed (model, system): Megatron-Bridge's performance scripts map
+#: ``llama3_70b`` on ``h100`` to ``userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192`` under
+#: ``CommOverlapConfig(tp_comm_overlap=True)`` (COMM_OVERLAP_CONFIG_MAP; the shared file's
+#: ``recompute_and_overlap`` note: "70B uses TP comm overlap userbuffers"); NeMo 24.07's GPT-3 175B
+#: sets ``ub_tp_comm_overlap: True`` (NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/175b.yaml).
+TP_OVERLAP_PRESETS = {("LLAMA3_70B", "DGX-H100"), ("GPT3-175B", "DGX-H100")}
 
 
 #: Rows of the same tables read here, beside the shared file's: NVIDIA's other Qwen3-30B-A3B layout
@@ -42,7 +49,8 @@ def scaling(row: dict) -> str:
 
 def nemo_recipe(row: dict, precision: bool = True, preset: bool = True) -> str:
     """The published layout of a row as ``--recipe`` words (``precision``: with FP8 and its
-    scaling; ``preset``: with what NVIDIA's recipe sets of the experts, :data:`MOE_PRESETS`). A
+    scaling; ``preset``: with what NVIDIA's recipe sets of the experts, :data:`MOE_PRESETS`, and of
+    the tensor-parallel overlap, :data:`TP_OVERLAP_PRESETS`). A
     pipeline without virtual stages (VP ``n/a`` or 1) runs 1F1B: Megatron interleaves only when
     told (``--num-layers-per-virtual-pipeline-stage``)."""
     tp, pp, cp = row["tp"], row["pp"], row["cp"]
@@ -56,6 +64,8 @@ def nemo_recipe(row: dict, precision: bool = True, preset: bool = True) -> str:
     extra = MOE_PRESETS.get((row["model"], row["system"], row["gpus"], row.get("ep") or 1))
     if preset and extra:
         parts.append(extra)
+    if preset and tp > 1 and (row["model"], row["system"]) in TP_OVERLAP_PRESETS:
+        parts.append("tp_overlap=true")
     if precision:
         parts += ["precision=fp8", f"scaling={scaling(row)}"]
     return ",".join(parts)

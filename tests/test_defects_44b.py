@@ -172,7 +172,9 @@ def test_the_issues_70b_plan_has_headroom():
     assert status == 0, err
     memory = next(line for line in out.splitlines() if line.startswith("  peak memory per device:"))
     assert "(fits," in memory and "tight" not in memory
-    assert "faster and a tie, but its memory band reaches" in out
+    # Headroom: the plan's modelled peak leaves more than the band's 10 % of the device free.
+    peak = float(memory.split("peak memory per device: ")[1].split(" GB of ")[0])
+    assert peak < 0.9 * 85.5
 
 
 # 5. MFU against the plan's own format's peak ---------------------------------------------------

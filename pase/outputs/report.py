@@ -31,7 +31,7 @@ CAUSE_COLOURS = {"compute": "#4e79a7", "recompute": "#a0cbe8", "activation_comm"
 MEMORY_COLOURS = {"model_state": "#4e79a7", "activations": "#f28e2b", "logits": "#e15759",
                   "gathered_weights": "#76b7b2", "recompute_working_set": "#59a14f",
                   "fragmentation": "#d4a6c8", "unsharded_gradients": "#edc948", "activation_gradients": "#ff9d9a",
-                  "comm_buffers": "#b07aa1", "reserve": "#bab0ac", "largest_stage": "#9c755f"}
+                  "comm_buffers": "#b07aa1", "tp_overlap_buffers": "#d37295", "reserve": "#bab0ac", "largest_stage": "#9c755f"}
 _FORWARD = ("#4e79a7", "#76b7b2", "#59a14f", "#edc948", "#9c755f", "#a0cbe8", "#8cd17d", "#b6992d")
 _BACKWARD = ("#f28e2b", "#e15759", "#ff9d9a", "#b07aa1", "#d37295", "#ffbe7d", "#fabfd2", "#d4a6c8")
 _WIDTH = 1040

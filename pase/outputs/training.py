@@ -55,6 +55,7 @@ _MEMORY_NAMES = {
     "unsharded_gradients": "unsharded gradients before reduce-scatter",
     "activation_gradients": "activation gradients",
     "comm_buffers": "communication buffers",
+    "tp_overlap_buffers": "tensor-parallel overlap buffers",
     "reserve": "reserve",
     "largest_stage": "largest stage",
 }

@@ -66,6 +66,8 @@ FACTS = {
     "optimizer_temp_bytes": float,
     "comm_sm_share": float,
     "comm_buffer_bytes": float,
+    "tp_overlap_gather_buffers": float,
+    "tp_overlap_scatter_buffers": float,
     "allocator_fragmentation": float,
     "allocator_interleave": float,
     "allocator_retry_seconds": float,
@@ -91,6 +93,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
+                  "tp_overlap_gather_buffers": 0.0, "tp_overlap_scatter_buffers": 0.0,
                   "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
@@ -211,6 +214,8 @@ class EngineProfile:
             "optimizer_temp_bytes": f["optimizer_temp_bytes"],
             "comm_sm_share": f["comm_sm_share"],
             "comm_buffer_bytes": f["comm_buffer_bytes"],
+            "tp_gather_buffers": f["tp_overlap_gather_buffers"],
+            "tp_scatter_buffers": f["tp_overlap_scatter_buffers"],
             "fragmentation": f["allocator_fragmentation"],
             "interleave_fragmentation": f["allocator_interleave"],
             "retry_seconds": f["allocator_retry_seconds"],

@@ -11,10 +11,12 @@ __all__ = ["OUTSIDE_ALLOCATOR", "RESERVED_ONLY", "FIGURE_NAMES", "ALLOCATOR_RETR
            "memory_figures", "stranded_bytes", "released_within", "retry_seconds", "hold_kinds", "hold_within"]
 
 #: Kinds of device memory PyTorch's caching allocator never sees: the CUDA context and driver
-#: state (``reserve``) and NCCL's buffers (``comm_buffers``, allocated by NCCL through cuMem).
+#: state (``reserve``), NCCL's buffers (``comm_buffers``, allocated by NCCL through cuMem) and
+#: the tensor-parallel overlap's userbuffers (``tp_overlap_buffers``: multicast memory Transformer
+#: Engine allocates itself, transformer_engine/pytorch/csrc/comm_gemm_overlap.h).
 #: PyTorch's own out-of-memory message adds them as "non-PyTorch memory"
 #: (c10/cuda/CUDACachingAllocator.cpp, v2.6.0, lines 1020 and 1345-1362).
-OUTSIDE_ALLOCATOR = ("reserve", "comm_buffers")
+OUTSIDE_ALLOCATOR = ("reserve", "comm_buffers", "tp_overlap_buffers")
 #: Kinds the allocator holds in its segments but no tensor occupies: ``max_memory_reserved``
 #: counts them, ``max_memory_allocated`` does not.
 RESERVED_ONLY = ("fragmentation",)

@@ -189,8 +189,8 @@ class TrainingCosting:
         return self.memory_kinds.output_gradient_bytes(v, options, act_bytes)
 
     def transient_parts(self, gathered: np.ndarray, working: np.ndarray, grads: np.ndarray,
-                        options: TrainingOptions, recomputed=None) -> dict:
-        return self.memory_kinds.transient_parts(gathered, working, grads, options, recomputed)
+                        options: TrainingOptions, recomputed=None, buffers=None) -> dict:
+        return self.memory_kinds.transient_parts(gathered, working, grads, options, recomputed, buffers)
 
     def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         return self.memory_kinds.transient_rows(vectors, options, layers)

@@ -14,6 +14,7 @@ from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
 from pase.costing.training.recompute import ActivationPlaces, RecomputePolicy
 from pase.costing.training.structure import fsdp_units
+from pase.model.layers.work import AllReduce
 
 __all__ = ["MemoryKinds"]
 
@@ -99,10 +100,28 @@ class MemoryKinds:
             return np.zeros(len(self.configs[v]))
         return act_bytes * self.parts[v].activations
 
+    @per_layer_kept
+    def tp_buffer_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Bytes of the tensor-parallel overlap's buffers ``v`` asks for, per row: the largest
+        activation all-reduce over more than one device among its parts (the gathered activation
+        of one micro-batch, ``elements`` a device) times :meth:`TrainingOptions.tp_buffer_bytes`;
+        0 without ``tp_overlap``. The engine allocates them once, for the largest layer
+        (:meth:`transient_parts` takes the largest over layers)."""
+        per_element = options.tp_buffer_bytes()
+        K = len(self.configs[v])
+        if not per_element:
+            return np.zeros(K)
+        largest = np.zeros(K)
+        for piece in self.parts[v].work.communication.pieces():
+            if isinstance(piece, AllReduce) and not piece.weight:
+                over = np.asarray(piece.group.size, dtype=np.float64) > 1
+                largest = np.maximum(largest, np.where(over, np.asarray(piece.elements, dtype=np.float64), 0.0))
+        return per_element * largest
+
     # -- per row, what is alive part of the time ------------------------------------------
 
     def transient_parts(self, gathered: np.ndarray, working: np.ndarray, grads: np.ndarray,
-                        options: TrainingOptions, recomputed=None) -> dict:
+                        options: TrainingOptions, recomputed=None, buffers=None) -> dict:
         """The non-additive memory of every row from per-layer ``(n, K)`` bytes (the weights
         once gathered, the recomputation working set, the output gradient), as ``(K,)`` arrays:
 
@@ -116,7 +135,9 @@ class MemoryKinds:
           block recomputed (``recomputed``: per layer; default every block);
         - ``activation_gradients``: the gradient a layer's backward reads and the one it
           writes, twice the largest output (``activation_grads``);
-        - ``comm_buffers`` and ``reserve``: constants of the engine and the options.
+        - ``comm_buffers`` and ``reserve``: constants of the engine and the options;
+        - ``tp_overlap_buffers``: the tensor-parallel overlap's buffers, the largest of the
+          per-layer ``buffers`` (:meth:`tp_buffer_bytes`), where there are any.
         """
         K = gathered.shape[1]
         out = {}
@@ -134,6 +155,8 @@ class MemoryKinds:
             out["activation_gradients"] = 2.0 * grads.max(axis=0)
         if options.comm_buffer_bytes:
             out["comm_buffers"] = np.full(K, float(options.comm_buffer_bytes))
+        if buffers is not None and len(buffers) and options.tp_buffer_bytes():
+            out["tp_overlap_buffers"] = buffers.max(axis=0)
         return out
 
     def _gathered_weights(self, gathered: np.ndarray, options: TrainingOptions) -> dict:
@@ -157,10 +180,10 @@ class MemoryKinds:
 
     def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         """The non-additive memory of every row (all layers at that row) from the per-layer
-        vectors ``gathered``, ``working`` and ``grads`` (:meth:`transient_parts`) plus the
+        vectors ``gathered``, ``working``, ``grads`` and ``tp_buffers`` (:meth:`transient_parts`) plus the
         reserve. ``layers`` restricts the gathered weights to some layers (default all)."""
         if layers is None:
-            arrays = (vectors["gathered"], vectors["working"], vectors["grads"])
+            arrays = (vectors["gathered"], vectors["working"], vectors["grads"], vectors.get("tp_buffers"))
             return self.keeping.memo.get(("transient_rows",) + tuple(map(id, arrays)), options,
                                          lambda o: self._transient_rows(vectors, o), hold=arrays)
         return self._transient_rows(vectors, options, layers)
@@ -173,7 +196,8 @@ class MemoryKinds:
             keep[list(layers)] = True
             gathered = np.where(keep[:, None], gathered, 0.0)
         again = self.policy.recomputed_mask(options) if options.recompute in ("op", "block") else None
-        parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again)
+        parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again,
+                                     vectors.get("tp_buffers"))
         return sum(parts.values(), np.full(K, float(options.reserve_bytes)))
 
     def transient_bytes(self, choice: Sequence[int], options: TrainingOptions, act_bytes: float,
@@ -184,8 +208,9 @@ class MemoryKinds:
         gathered = pick(lambda v: self.gathered_bytes(v, options))
         working = pick(lambda v: self.working_bytes(v, options, act_bytes))
         grads = pick(lambda v: self.output_gradient_bytes(v, options, act_bytes))
+        buffers = pick(lambda v: self.tp_buffer_bytes(v, options))
         again = self.policy.recomputed_mask(options, chunks)
-        parts = self.transient_parts(gathered, working, grads, options, again)
+        parts = self.transient_parts(gathered, working, grads, options, again, buffers)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
         out.update({k: float(v[0]) for k, v in parts.items()})
         return out

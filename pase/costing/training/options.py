@@ -135,6 +135,12 @@ class TrainingOptions:
         collective runs that much slower for as long as the collective runs.
     comm_buffer_bytes : float
         The communication library's buffers (NCCL channels, engine workspaces).
+    tp_gather_buffers, tp_scatter_buffers : float
+        The buffers an engine's tensor-parallel overlap registers (``tp_overlap``; Transformer
+        Engine's userbuffers): each the size of one micro-batch's gathered activation
+        (``sequence x micro-batch / cp`` rows of the hidden width), the ones that all-gather
+        in the GEMMs' low-precision format (1 byte under FP8), the ones that reduce-scatter at
+        2 bytes (:meth:`tp_buffer_bytes`).
     fragmentation : float
         The caching allocator's reserved-but-unallocated share of the stored activations
         (:func:`~.allocator.stranded_bytes`).
@@ -233,6 +239,8 @@ class TrainingOptions:
     optimizer_temp_bytes: float = 0.0
     comm_sm_share: float = 0.0
     comm_buffer_bytes: float = 0.0
+    tp_gather_buffers: float = 0.0
+    tp_scatter_buffers: float = 0.0
     fragmentation: float = 0.0
     interleave_fragmentation: float = 0.0
     retry_seconds: float = 0.0
@@ -274,7 +282,7 @@ class TrainingOptions:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
-                     "comm_sm_share", "comm_buffer_bytes", "fragmentation", "interleave_fragmentation",
+                     "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation", "interleave_fragmentation",
                      "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -340,6 +348,22 @@ class TrainingOptions:
         if self.zero == 2:
             return w + (g + o) / r
         return (w + g + o) / r
+
+    def tp_buffer_bytes(self) -> float:
+        """Bytes the tensor-parallel overlap's buffers take per element of the gathered activation
+        (0 without ``tp_overlap``): the gathering ones at 1 byte where the GEMMs run below 16
+        bits (Transformer Engine keeps the all-gather buffers in FP8 under an FP8 recipe), else 2;
+        the reduce-scattering ones at 2.
+
+        >>> TrainingOptions(tp_overlap=True, tp_gather_buffers=6, tp_scatter_buffers=4, precision="fp8").tp_buffer_bytes()
+        14.0
+        >>> TrainingOptions(tp_overlap=True, tp_gather_buffers=6, tp_scatter_buffers=4).tp_buffer_bytes()
+        20.0
+        """
+        if not self.tp_overlap:
+            return 0.0
+        gather = 2.0 if self.precision == "bf16" else 1.0
+        return float(self.tp_gather_buffers * gather + 2.0 * self.tp_scatter_buffers)
 
     def but(self, **changes) -> "TrainingOptions":
         """These options with ``changes`` (checked again).

@@ -19,7 +19,8 @@ from pase.costing.training.sync import WeightSync
 __all__ = ["LayerVectors", "LAYER_VECTORS"]
 
 #: The arrays of :meth:`LayerVectors.layer_vectors`.
-LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads")
+LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads",
+                 "tp_buffers")
 
 
 def _per_block(of: np.ndarray, pair: tuple, columns=None) -> np.ndarray:
@@ -106,6 +107,8 @@ class LayerVectors:
             return self.sync.exposed_sync(v, options)
         if name == "sync_raw":
             return self.sync.sync(v, options)
+        if name == "tp_buffers":
+            return memory.tp_buffer_bytes(v, options)
         return memory.output_gradient_bytes(v, options, act_bytes)
 
     # -- every layer ----------------------------------------------------------------------
@@ -115,7 +118,7 @@ class LayerVectors:
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
         synchronisation and optimizer; ``sync`` the synchronisation alone, ``sync_raw`` before
         overlap), ``state``, ``activations``, ``logits``, ``gathered`` and ``working`` bytes,
-        ``grads`` (output gradients). Layers equal in parts and place share one computation.
+        ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers). Layers equal in parts and place share one computation.
         The arrays are read-only and kept by the option fields they read: option sets equal in
         those fields get the very same array. Under ``block`` (no pipeline: one chunk) each
         layer's vectors are its vectors under ``full`` where the block is recomputed, else
