@@ -16,9 +16,9 @@ from pase.planning.engine import load_engine
 LLAMA2 = "hf:examples/hf/llama-2-7b.json"  # hidden 4096
 
 
-def _memory(recipe: str, devices: int = 8, sequence: int = 4096, batch: int = 8) -> dict:
+def _memory(recipe: str, devices: int = 8, sequence: int = 4096, batch: int = 8, engine: str = "megatron") -> dict:
     status, out, err = run("-g", LLAMA2, "-p", devices, "-b", batch, "-m", sequence, "--machine", "h100-sxm",
-                           "--engine", "megatron", "--recipe", recipe, "--json")
+                           "--engine", engine, "--recipe", recipe, "--json")
     assert status == 0, err
     return json.loads(out)["training"]
 
@@ -28,6 +28,9 @@ def test_megatron_states_its_buffers_and_others_none():
     assert load_engine("megatron").facts["tp_overlap_scatter_buffers"] == 4
     # A profile that does not state them (nanotron overlaps nothing this way) has none.
     assert load_engine("nanotron").facts["tp_overlap_gather_buffers"] == 0
+    # torch's asynchronous TP: one symmetric-memory workspace per group, 2 bytes an element.
+    titan = load_engine("torchtitan")
+    assert (titan.facts["tp_overlap_gather_buffers"], titan.facts["tp_overlap_scatter_buffers"]) == (0, 1)
 
 
 def test_bytes_per_element_by_hand():
@@ -69,3 +72,9 @@ def test_the_128k_row_without_context_parallelism():
     cp4 = _memory("dp=8,tp=4,cp=4,tp_overlap=true,zero=1,recompute=none,microbatch=1,precision=fp8", 128, 131072, 32)
     assert tp8["memory"]["tp_overlap_buffers"] == 131072 * 4096 * 14 == 7_516_192_768
     assert cp4["memory"]["tp_overlap_buffers"] == 131072 // 4 * 4096 * 14
+
+
+def test_torchtitans_one_workspace_under_asynchronous_tp():
+    t = _memory("dp=2,tp=4,tp_overlap=true,zero=3,recompute=none,microbatch=2", engine="torchtitan,compile=true")
+    # One workspace of the gathered activation: 2 x 4096 tokens x 4096 wide x 2 bytes.
+    assert t["memory"]["tp_overlap_buffers"] == 2 * 4096 * 4096 * 2
