@@ -180,8 +180,8 @@ class MemoryKinds:
 
     def transient_rows(self, vectors: dict, options: TrainingOptions, layers=None) -> np.ndarray:
         """The non-additive memory of every row (all layers at that row) from the per-layer
-        vectors ``gathered``, ``working``, ``grads`` and ``tp_buffers`` (:meth:`transient_parts`) plus the
-        reserve. ``layers`` restricts the gathered weights to some layers (default all)."""
+        vectors ``gathered``, ``working``, ``grads`` and ``tp_buffers`` (:meth:`transient_parts`)
+        plus the reserve. ``layers`` restricts the gathered weights to some layers (default all)."""
         if layers is None:
             arrays = (vectors["gathered"], vectors["working"], vectors["grads"], vectors.get("tp_buffers"))
             return self.keeping.memo.get(("transient_rows",) + tuple(map(id, arrays)), options,

@@ -282,8 +282,8 @@ class TrainingOptions:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
-                     "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation", "interleave_fragmentation",
-                     "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
+                     "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation",
+                     "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -355,10 +355,9 @@ class TrainingOptions:
         bits (Transformer Engine keeps the all-gather buffers in FP8 under an FP8 recipe), else 2;
         the reduce-scattering ones at 2.
 
-        >>> TrainingOptions(tp_overlap=True, tp_gather_buffers=6, tp_scatter_buffers=4, precision="fp8").tp_buffer_bytes()
-        14.0
-        >>> TrainingOptions(tp_overlap=True, tp_gather_buffers=6, tp_scatter_buffers=4).tp_buffer_bytes()
-        20.0
+        >>> te = TrainingOptions(tp_overlap=True, tp_gather_buffers=6, tp_scatter_buffers=4)
+        >>> te.but(precision="fp8").tp_buffer_bytes(), te.tp_buffer_bytes()
+        (14.0, 20.0)
         """
         if not self.tp_overlap:
             return 0.0

@@ -118,7 +118,8 @@ class LayerVectors:
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
         synchronisation and optimizer; ``sync`` the synchronisation alone, ``sync_raw`` before
         overlap), ``state``, ``activations``, ``logits``, ``gathered`` and ``working`` bytes,
-        ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers). Layers equal in parts and place share one computation.
+        ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers).
+        Layers equal in parts and place share one computation.
         The arrays are read-only and kept by the option fields they read: option sets equal in
         those fields get the very same array. Under ``block`` (no pipeline: one chunk) each
         layer's vectors are its vectors under ``full`` where the block is recomputed, else
