@@ -49,6 +49,9 @@ def _price(argv: list) -> dict | None:
     return json.loads(out.getvalue())["training"]
 
 
+#: The engine of NeMo 24.03 (NeMo 1.x): Megatron-Core's layers with NeMo-Framework-Launcher's
+#: ``optim.name: distributed_fused_adam`` (conf/training/llama/llama2_7b.yaml), Apex's distributed Adam.
+NEMO_1 = "megatron,adam=apex"
 #: ZeRO stages NeMo 24.03 could run: its Megatron had the distributed optimizer and NeMo's Apex
 #: distributed Adam (ZeRO 1-2), no fully sharded data parallelism (Megatron FSDP, ZeRO-3, came in
 #: Megatron-Core 0.10 and later).
@@ -68,7 +71,7 @@ def long_sequence_rows() -> list:
         seq = k * 1024
         batch = max(TOKENS_PER_STEP // seq, dp)
         base = ["-g", LLAMA2, "-p", str(gpus), "-b", str(batch), "-m", str(seq), "--machine", "h100-sxm",
-                "--engine", "megatron"]
+                "--engine", NEMO_1]
         cp_plan = _fastest(base, f"dp={dp},tp={tp},pp={pp},cp={cp},precision=fp8")
         plain = _fastest(base, "cp=1,precision=fp8")
         any_zero = _price(base + ["--recipe", "cp=1,precision=fp8"])
@@ -134,6 +137,7 @@ def main() -> int:
              "Written by `python3 benchmarks/layout_searches.py`; every figure from the command line's defaults and "
              "the published layouts as `--recipe`.", "",
              "## NVIDIA's long sequences: Llama 2 7B, FP8, H100 (NeMo 24.03)", "",
+             "Priced with `--engine megatron,adam=apex` (NeMo 1.x's Apex distributed Adam). "
              "The best plan without context parallelism (`--recipe cp=1,zero=Z,precision=fp8`, the fastest over "
              "ZeRO 0-2, every other choice searched) against NVIDIA's context-parallel layout (its degrees as the "
              "recipe, the fastest over ZeRO 0-2): NeMo 24.03 had no fully sharded data parallelism, so ZeRO-3 is "

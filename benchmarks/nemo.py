@@ -15,6 +15,8 @@ exactly as a user would type it, with the CLI's defaults and no other constants:
 - scaling: ``current`` where the row says FP8-CS and for Megatron-Bridge's (26.x) H100 "FP8" rows
   (per-tensor current scaling, the file's note); ``delayed`` for NeMo 24.07 (Transformer Engine's
   DelayedScaling, NeMo's default then);
+- ``--engine megatron,adam=apex`` for NeMo 24.x (NeMo 1.x's Apex distributed Adam,
+  ``nemo_runs.nemo_engine``), ``--engine megatron`` for the rest;
 - ``tp_overlap=true`` where NVIDIA's recipe turns TP communication overlap on
   (``nemo_runs.TP_OVERLAP_PRESETS``: Llama 3 70B on H100, GPT-3 175B);
 - recomputation and everything else: the CLI's defaults / search.

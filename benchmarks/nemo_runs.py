@@ -41,6 +41,14 @@ EXTRA_ROWS = [
 ]
 
 
+def nemo_engine(row: dict) -> str:
+    """The engine a row is priced with: ``megatron,adam=apex`` for NeMo 1.x (the 24.x containers:
+    NeMo-Framework-Launcher's configs run ``optim.name: distributed_fused_adam``, Apex's distributed
+    Adam, e.g. ``conf/training/gpt3/175b.yaml``), ``megatron`` (Megatron-Core's distributed optimizer)
+    for NeMo 2 and Megatron-Bridge."""
+    return "megatron,adam=apex" if row["container"].startswith("NeMo 24.") else "megatron"
+
+
 def scaling(row: dict) -> str:
     """FP8's scaling of a row: ``delayed`` for NeMo 24.x (Transformer Engine's DelayedScaling, NeMo's
     default then), ``current`` for the others."""
@@ -80,7 +88,7 @@ def nemo_rows(folder: str) -> list:
     for r in data["rows"] + EXTRA_ROWS:
         if r["model"] not in CONFIGS or r["system"] not in MACHINES:
             raise SystemExit(f"nemo.py: no config or machine for {r['model']} on {r['system']}")
-        base = dict(name=f"{r['model']} {r['system']} {r['gpus']} GPUs ({r['container']})", engine="megatron",
+        base = dict(name=f"{r['model']} {r['system']} {r['gpus']} GPUs ({r['container']})", engine=nemo_engine(r),
                     machine=MACHINES[r["system"]], system_name=r["system"], config=CONFIGS[r["model"]], gpus=r["gpus"], batch=r["gbs"],
                     seq=r["seq"], published=r, moe=bool(r.get("ep") and r["ep"] > 1),
                     step_pub=r["gbs"] * r["seq"] / (r["tokens_per_s_per_gpu"] * r["gpus"]))

@@ -138,10 +138,11 @@ def load_rows(folder: str) -> list:
 
 def nemo_rows(folder: str) -> list:
     """Every visible NeMo / Megatron-Bridge row (FP8, H100 and B200) as ``benchmarks/nemo.py``
-    prices it: its published layout (``nemo_runs.nemo_recipe``), ``--engine megatron``, the search
+    prices it: its published layout (``nemo_runs.nemo_recipe``), ``--engine megatron`` (with
+    ``adam=apex`` for NeMo 1.x, ``nemo_runs.nemo_engine``), the search
     choosing recomputation and the rest."""
     return [dict(name=f"NeMo {r['published']['model']} {r['system_name']} {r['gpus']} GPUs FP8", source="nemo",
-                 engine="megatron", machine=r["machine"], config=r["config"], gpus=r["gpus"], batch=r["batch"],
+                 engine=r["engine"], machine=r["machine"], config=r["config"], gpus=r["gpus"], batch=r["batch"],
                  seq=r["seq"], recipe=nemo_runs.nemo_recipe(r["published"]),
                  tokens=float(r["published"]["tokens_per_s_per_gpu"]), memory=None)
             for r in nemo_runs.nemo_rows(folder)]

@@ -79,3 +79,21 @@ def test_torchtitans_one_workspace_under_asynchronous_tp():
     t = _memory("dp=2,tp=4,tp_overlap=true,zero=3,recompute=none,microbatch=2", engine="torchtitan,compile=true")
     # One workspace of the gathered activation: 2 x 4096 tokens x 4096 wide x 2 bytes.
     assert t["memory"]["tp_overlap_buffers"] == 2 * 4096 * 4096 * 2
+
+
+def test_apex_distributed_adam_keeps_two_bytes_of_master_copy():
+    # NeMo 1.x's Apex DistributedFusedAdam: fp32 moments and an int16 remainder of each BF16 weight,
+    # 10 bytes of state a weight where Megatron's distributed optimizer keeps 12. Llama 2 7B over
+    # dp 8 under ZeRO-1: 6,738,415,616 x (12 - 10) / 8 bytes less.
+    recipe = "dp=8,tp=1,zero=1,recompute=none,microbatch=1"
+    megatron = _memory(recipe, engine="megatron")["memory"]["model_state"]
+    apex = _memory(recipe, engine="megatron,adam=apex")["memory"]["model_state"]
+    assert megatron - apex == pytest.approx(6_738_415_616 * 2 / 8, rel=1e-12)
+    assert load_engine("megatron,adam=apex").facts["optimizer_master_bytes"] == 2
+
+
+def test_apex_adam_is_priced_not_exported():
+    status, out, err = run("-g", LLAMA2, "-p", 8, "-b", 8, "-m", 4096, "--machine", "h100-sxm", "--engine",
+                           "megatron,adam=apex", "--recipe", "dp=8,tp=1,zero=1,recompute=none,microbatch=1",
+                           "--export-megatron", "-")
+    assert status != 0 and "adam=apex" in err and "Traceback" not in err

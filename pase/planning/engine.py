@@ -64,6 +64,7 @@ FACTS = {
     "recompute_policies": list,
     "optimizer": str,
     "optimizer_temp_bytes": float,
+    "optimizer_master_bytes": float,
     "comm_sm_share": float,
     "comm_buffer_bytes": float,
     "tp_overlap_gather_buffers": float,
@@ -94,6 +95,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
                   "tp_overlap_gather_buffers": 0.0, "tp_overlap_scatter_buffers": 0.0,
+                  "optimizer_master_bytes": 4.0,
                   "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
@@ -199,10 +201,11 @@ class EngineProfile:
             "engine": self.label(),
             "eager": f["norm_kernel"] == "eager",
             "loss_buffers": f["loss_buffers"],
-            # The stored parameter, and the optimizer's state: the two fp32 moments, and an
-            # fp32 master copy where the parameter is kept in lower precision.
+            # The stored parameter, and the optimizer's state: the two fp32 moments, and a
+            # master copy where the parameter is kept in lower precision (``optimizer_master_bytes``:
+            # fp32, 4; Apex's distributed Adam keeps the 16 bits a BF16 parameter lacks, 2).
             "weight_bytes": DTYPE_BYTES[f["param_dtype"]],
-            "optimizer_bytes": 8.0 + (4.0 if f["param_dtype"] != "fp32" else 0.0),
+            "optimizer_bytes": 8.0 + (f["optimizer_master_bytes"] if f["param_dtype"] != "fp32" else 0.0),
             "grad_bytes": DTYPE_BYTES[f["grad_dtype"]],
             "grad_reduce_bytes": DTYPE_BYTES[f["grad_reduce_dtype"]],
             "gather_bytes": DTYPE_BYTES[f["param_gather_dtype"]],
