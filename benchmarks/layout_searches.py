@@ -4,9 +4,10 @@ long-sequence table (Llama 2 7B, FP8, on H100: the best layout without context p
 against its context-parallel layout, 4K to 1M tokens).
 
 Every layout is priced by the command line as a user would type it (``--json``); the
-long-sequence rows compare the model's best plan with ``cp=1`` (the search over every other
-choice) against NVIDIA's published context-parallel layout as a ``--recipe``, at a global batch
-of about 4M tokens a step (the table states none). Writes ``benchmarks/results/layout_searches.md``.
+long-sequence rows (``--engine megatron,adam=apex``: NeMo 24.03 is NeMo 1.x) compare the model's
+best plan with ``cp=1`` (the search over every other choice, the fastest over ZeRO 0-2: that
+release had no fully sharded data parallelism) against NVIDIA's published context-parallel layout
+as a ``--recipe``, at a global batch of about 4M tokens a step (the table states none). Writes ``benchmarks/results/layout_searches.md``.
 
     python3 benchmarks/layout_searches.py
 """
