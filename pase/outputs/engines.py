@@ -330,9 +330,6 @@ def megatron_settings(plan, per_node: int | None = None, profile=None) -> dict:
     Megatron derives: ``p / (tp pp cp)``)."""
     plan, per_node, profile = engine_view(plan, "megatron", per_node, profile)
     check_runs("megatron", plan, profile)
-    if setting(profile, "adam") == "apex":
-        raise EngineRefusal("megatron", "adam=apex prices NeMo 1.x's Apex distributed Adam; Megatron-LM runs its own "
-                            "distributed optimizer (drop adam=apex)")
     args = _model_arguments(plan) + _precision_arguments(plan) + _parallel_arguments(plan)
     if setting(profile, "grad_reduce") == "bf16":
         args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced

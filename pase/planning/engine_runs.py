@@ -145,7 +145,8 @@ _GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeR
             "architecture": "{name} builds the model from its shape, which this graph does not declare",
             "export:precision": "{name}'s file cannot say {value} training (bf16 only)",
             "export:fp8_gather": "{name}'s file cannot say ZeRO all-gathers in {value} (fp8_gather=true)",
-            "export:fp8_gather_zero": "{name}'s file cannot say fp8_gather=true with ZeRO-{value}"}
+            "export:fp8_gather_zero": "{name}'s file cannot say fp8_gather=true with ZeRO-{value}",
+            "export:file": "{name}'s file cannot say what this profile prices"}
 
 
 def _why(profile, key: str, value=None) -> str:
@@ -163,11 +164,14 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     also ``runs.export``: what the engine's file can say (``recompute``, ``schedules``: empty
     for a file that cannot hold a pipeline; ``precisions``: the formats it writes, in
     :attr:`EnginePlan.precision_word` words, bf16 alone where absent; ``fp8_gather``: the formats
-    it gathers weights in, ``fp8_gather_zero``: the ZeRO stages it does so with)."""
+    it gathers weights in, ``fp8_gather_zero``: the ZeRO stages it does so with; ``file``: false
+    where no file of the engine says what the profile prices, e.g. a switch of another code base)."""
     profile = _profile(engine)
     runs = profile.runs
     if export:
         limits = runs.get("export", {})
+        if limits.get("file") is False:
+            return _why(profile, "export:file")
         word = plan.precision_word
         if word not in limits.get("precisions", ("bf16",)):
             return _why(profile, "export:precision", word)

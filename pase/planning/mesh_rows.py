@@ -127,12 +127,12 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
     if not blocks:  # nothing to recompute: as none
         return time0, memory0, np.full(len(time0), options.recompute_layers, dtype=np.int64)
     times = time0 + options.microbatches * np.cumsum(deltas["micro"], axis=0)  # (n, K): n = 1, 2, ...
-    step = costing.layer_vectors(options.as_policy("none"), act_bytes)["step"]
-    times = _host_floored(costing, options, times, (step if columns is None else step[:, columns]).sum(axis=0))
+    none = costing.layer_vectors(options.as_policy("none"), act_bytes)
+    total = lambda name: (none[name] if columns is None else none[name][:, columns]).sum(axis=0)  # noqa: E731
+    times = _host_floored(costing, options, times, total("step"))
     memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
     if memory_cap is not None and options.retry_seconds:
-        acts = costing.layer_vectors(options.as_policy("none"), act_bytes)["activations"]
-        kept = (acts if columns is None else acts[:, columns]).sum(axis=0) + np.cumsum(deltas["activations"], axis=0)
+        kept = total("activations") + np.cumsum(deltas["activations"], axis=0)
         times = times + _retries(options, memories, _stranded(options, kept), memory_cap)
     columns_of = np.arange(len(time0))
     if not search_layers:
