@@ -17,8 +17,8 @@ from cli_runner import run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_the_five_engines_ship_with_every_fact_sourced():
-    assert ENGINE_NAMES == ("deepspeed", "fsdp", "megatron", "nanotron", "torchtitan")
+def test_the_six_engines_ship_with_every_fact_sourced():
+    assert ENGINE_NAMES == ("deepspeed", "fsdp", "megatron", "megatron-deepspeed", "nanotron", "torchtitan")
     for name in ENGINE_NAMES:
         p = load_engine(name)
         assert set(p.facts) == set(FACTS)

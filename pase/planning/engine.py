@@ -52,6 +52,7 @@ FACTS = {
     "loss_buffers": float,
     "param_dtype": tuple(DTYPE_BYTES),
     "grad_dtype": tuple(DTYPE_BYTES),
+    "lp_grad_kept": bool,
     "grad_reduce_dtype": tuple(DTYPE_BYTES),
     "param_gather_dtype": tuple(DTYPE_BYTES),
     "bucket_elements": float,
@@ -76,7 +77,7 @@ FACTS = {
     "launch_seconds": float,
     "activation_grads": bool,
     "attention_efficiency": float,
-    "attention_kernel": ("sdpa", "cudnn_fused"),
+    "attention_kernel": ("sdpa", "cudnn_fused", "unfused"),
     "zero1_gradient_collective": ("reduce_scatter", "all_reduce"),
     "overlap_grad_reduce_zero1": bool,
     "block_overhead_seconds": float,
@@ -95,7 +96,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
                   "tp_overlap_gather_buffers": 0.0, "tp_overlap_scatter_buffers": 0.0,
-                  "optimizer_master_bytes": 4.0,
+                  "optimizer_master_bytes": 4.0, "lp_grad_kept": False,
                   "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
@@ -206,7 +207,11 @@ class EngineProfile:
             # fp32, 4; Apex's distributed Adam keeps the 16 bits a BF16 parameter lacks, 2).
             "weight_bytes": DTYPE_BYTES[f["param_dtype"]],
             "optimizer_bytes": 8.0 + (f["optimizer_master_bytes"] if f["param_dtype"] != "fp32" else 0.0),
-            "grad_bytes": DTYPE_BYTES[f["grad_dtype"]],
+            # A higher-precision gradient buffer beside the parameters' own ``.grad``, which
+            # the engine keeps allocated until the step (``lp_grad_kept``: DeepSpeed's
+            # BF16_Optimizer zeroes the bf16 gradients rather than freeing them).
+            "grad_bytes": DTYPE_BYTES[f["grad_dtype"]] + (
+                DTYPE_BYTES[f["param_dtype"]] if f["lp_grad_kept"] and f["grad_dtype"] != f["param_dtype"] else 0.0),
             "grad_reduce_bytes": DTYPE_BYTES[f["grad_reduce_dtype"]],
             "gather_bytes": DTYPE_BYTES[f["param_gather_dtype"]],
             "bucket_elements": f["bucket_elements"],
@@ -226,6 +231,9 @@ class EngineProfile:
             "compute_efficiency": STEP_COMPUTE_EFFICIENCY,
             "attention_efficiency": self.attention_efficiency(machine),
             "attention_shape": True,
+            # Attention as separate kernels (scores, softmax, dropout, context; the scores held
+            # for the backward pass) where the engine has no fused attention kernel.
+            "fused_attention": f["attention_kernel"] != "unfused",
             "moe_dispatcher": f["moe_dispatcher"],
             "expert_gemm": f["expert_gemm"],
             "tp_overlap_kind": f["tp_overlap_kind"],

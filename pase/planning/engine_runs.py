@@ -4,7 +4,7 @@ The configurations an engine runs are data: the ``runs`` section of its profile
 (``pase/planning/engines/NAME.json``, docs/engines.md): ``zero`` (the ZeRO stages it has, over
 the ``dp x cp`` ranks that hold copies), ``zero_alone`` (stages it runs only with data
 parallelism alone), ``zero_pp`` (stages it runs with pipelines), ``tp``, ``sp`` (``always``:
-its tensor parallelism is always sequence-parallel), ``cp``, ``ep``, ``ep_zero``, ``fold`` (MoE
+its tensor parallelism is always sequence-parallel; ``never``: it has no sequence parallelism), ``cp``, ``ep``, ``ep_zero``, ``fold`` (MoE
 parallel folding: ``ep`` beyond ``dp`` or ``etp`` not ``tp``), ``fold_etp`` (the ``etp`` it
 folds with, ``1`` or ``tp``), ``schedules``
 (of its pipelines; empty: none), ``architecture`` (it builds the model from the graph's
@@ -135,7 +135,8 @@ def _profile(engine):
 #: Fallback reasons, where a profile's ``runs.why`` says nothing more specific.
 _GENERIC = {"zero": "{name} has no ZeRO-{value}", "zero_alone": "{name} runs ZeRO-{value} only with data parallelism "
             "alone", "zero_pp": "{name} runs no ZeRO-{value} with pipelines", "tp": "{name} has no tensor parallelism",
-            "sp": "{name} has no tensor parallelism without sequence parallelism", "cp": "{name} has no context "
+            "sp": "{name} has no tensor parallelism without sequence parallelism",
+            "sp_never": "{name} has no sequence parallelism", "cp": "{name} has no context "
             "parallelism", "pp": "{name} has no pipeline parallelism", "schedule": "{name} has no {value} pipeline "
             "schedule", "ep": "{name} has no expert parallelism", "ep_zero": "{name} runs expert parallelism with "
             "no ZeRO-{value}", "fold": "{name} has no MoE parallel folding (expert parallelism beyond dp, or etp "
@@ -196,6 +197,8 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
         return _why(profile, "tp")
     if plan.tp > 1 and runs.get("sp") == "always" and not plan.sp:
         return _why(profile, "sp", False)
+    if plan.tp > 1 and runs.get("sp") == "never" and plan.sp:
+        return _why(profile, "sp_never")
     if plan.cp > 1 and runs.get("cp") is False:
         return _why(profile, "cp")
     schedules = runs.get("schedules")

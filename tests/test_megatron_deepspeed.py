@@ -1,0 +1,90 @@
+"""The Megatron-DeepSpeed profile (BigScience's fork, BLOOM's 2022 runs): ZeRO-1's bytes by hand,
+BF16_Optimizer's kept gradients, attention without a fused kernel, no sequence parallelism."""
+
+import json
+import os
+
+import pytest
+
+from pase.planning.engine import load_engine
+
+from cli_runner import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"model_type": "mpt", "d_model": 256, "n_heads": 4, "n_layers": 2, "expansion_ratio": 4, "vocab_size": 1024,
+        "max_seq_len": 512, "no_bias": True, "attn_config": {"alibi": True}}
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return str(path)
+
+
+def test_zero1_bytes_per_parameter_by_hand():
+    # DeepSpeed's ZeRO-1 (stage_1_and_2.py) under bf16: the bf16 weight (2) and its bf16 .grad
+    # (2) whole on every rank, the fp32 master and two Adam moments (12) sharded over dp:
+    # 2 + 2 + 12/8 = 5.5 bytes a parameter at dp 8.
+    o = load_engine("megatron-deepspeed").base_options(zero=1)
+    assert float(o.bytes_per_parameter(8)) == 5.5
+    assert (o.grad_reduce_bytes, o.gather_bytes) == (2.0, 2.0)
+    assert not o.overlap and not o.zero1_overlap and o.zero1_reduce == "reduce_scatter"
+
+
+def test_bf16_optimizer_keeps_both_gradients():
+    # BF16_Optimizer (optimizer=bf16): an fp32 gradient buffer the size of the whole bf16 group
+    # (4) beside the bf16 .grad it zeroes but never frees (2), the weight (2), and 12/dp:
+    # 2 + 4 + 2 + 12/8 = 9.5; its gradients all-reduced, not reduce-scattered.
+    o = load_engine("megatron-deepspeed,optimizer=bf16").base_options(zero=1)
+    assert float(o.bytes_per_parameter(8)) == 9.5
+    assert o.zero1_reduce == "all_reduce"
+
+
+def test_unfused_attention_holds_the_scores(tiny):
+    # Without a fused attention kernel the scores Q K^T and their softmax are kept for the backward
+    # pass, 2 bytes each (Korthikanti et al. 2022, "Reducing Activation Recomputation", 2as^2b +
+    # 2as^2b; no attention dropout here): a = 4 heads, s = 512, b = 2 sequences, 2 layers:
+    # 2 x 4 x 4 x 512^2 x 2 = 16,777,216 bytes more activations than with a fused kernel.
+    figures = {}
+    for engine in ("megatron-deepspeed", "megatron-deepspeed,attention_kernel=sdpa"):
+        status, out, err = run("-g", f"hf:{tiny}", "-m", "512", "-p", "1", "-b", "2", "--training", "--machine",
+                               "a100-sxm", "--engine", engine, "--recipe",
+                               "dp=1,tp=1,zero=1,microbatch=2,recompute=none", "--json")
+        assert status == 0, err
+        t = json.loads(out)["training"]
+        figures[engine] = (t["memory"]["activations"], t["fused_attention"])
+    (unfused, u_flag), (fused, f_flag) = figures.values()
+    assert (u_flag, f_flag) == (False, True)
+    assert unfused - fused == pytest.approx(2 * 4 * 4 * 512 ** 2 * 2)
+
+
+def test_no_sequence_parallelism_and_zero1_only(tiny):
+    common = ("-g", f"hf:{tiny}", "-m", "512", "-p", "2", "-b", "4", "--training", "--machine", "a100-sxm",
+              "--engine", "megatron-deepspeed", "--recipe")
+    status, out, err = run(*common, "dp=1,tp=2,sp=true,zero=1,microbatch=1,recompute=full")
+    assert status == 2 and "has no sequence parallelism" in err and len(err.strip().splitlines()) == 1
+    status, out, err = run(*common, "dp=2,tp=1,zero=0,microbatch=1,recompute=full")
+    assert status == 2 and "BF16_Optimizer" in err
+    status, out, err = run(*common, "dp=1,tp=2,zero=1,microbatch=1,recompute=full", "--json")
+    assert status == 0, err
+    assert json.loads(out)["training"]["sequence_parallel"] is False
+
+
+def test_the_bigscience_runs_file_prices_every_layout_that_ran():
+    # The 20 layouts of BigScience's February 2022 search that ran: each priced by its recipe on
+    # the cluster's machine file, none called "does not fit" (the search kept within A100 80GB).
+    from pase.machines.registry import load_machine
+    from pase.planning.calibrate_runs import price_runs
+    from pase.planning.measured_runs import read_runs
+
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        runs = read_runs(os.path.join("examples", "runs", "bigscience-tr11-search.json"))
+        priced = price_runs(runs, load_machine(os.path.join("examples", "machines", "jz-a100-cluster.json")),
+                            load_engine("megatron-deepspeed"))
+    finally:
+        os.chdir(old)
+    assert len(priced) == 20 and all(p.fits for p in priced)
+    assert all(p.mesh.devices == 384 for p in priced)
