@@ -54,6 +54,9 @@ def test_unfused_attention_holds_the_scores(tiny):
         assert status == 0, err
         t = json.loads(out)["training"]
         figures[engine] = (t["memory"]["activations"], t["fused_attention"])
+    status, out, err = run("-g", f"hf:{tiny}", "-m", "512", "-p", "1", "-b", "2", "--training", "--machine", "a100-sxm",
+                           "--engine", "megatron-deepspeed", "--recipe", "dp=1,tp=1,zero=1,microbatch=2,recompute=none")
+    assert status == 0 and "model: docs/training.md (attention without a fused kernel," in out
     (unfused, u_flag), (fused, f_flag) = figures.values()
     assert (u_flag, f_flag) == (False, True)
     assert unfused - fused == pytest.approx(2 * 4 * 4 * 512 ** 2 * 2)
