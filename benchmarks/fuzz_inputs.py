@@ -1306,6 +1306,9 @@ BAD_ENGINES = (
     ("torchtitan,version=0.3.0", "a patch release, not the switch's value"), ("torchtitan,version=", "no value"),
     ("torchtitan,version=0.2,version=0.3", "the version twice"), ("megatron,version=0.2", "another engine's key"),
     ("torchtitan,version=latest", "a word"),
+    ("megatron-deepspeed,optimizer=adam", "an optimizer the switch lacks"),
+    ("megatron-deepspeed,attention_kernel=flash", "an attention kernel no engine states"),
+    ("megatron-deepspeed,lp_grad_kept=maybe", "not true or false"),
 )
 #: (file contents, why it is refused): malformed profile files.
 BAD_PROFILES = (
@@ -1332,7 +1335,8 @@ def engine_profile_cases(rng: random.Random, hf: dict) -> list:
                                                  "--engine", spec], expect, dict(hf, **(files or {}))))
 
     for spec in ("megatron", "torchtitan", "fsdp", "deepspeed", "torchtitan,compile=true", "megatron,grad_reduce=bf16",
-                 "torchtitan,version=0.2", "torchtitan,version=0.3,compile=true"):
+                 "torchtitan,version=0.2", "torchtitan,version=0.3,compile=true", "nanotron", "megatron-deepspeed",
+                 "megatron-deepspeed,optimizer=bf16", "megatron-deepspeed,attention_kernel=sdpa"):
         add("engine good", spec, spec, OK)
     add("engine good", "a profile file of one's own", "mine.json", OK, {"mine.json": _profile_file(lambda d: None)})
     for spec, why in BAD_ENGINES:
