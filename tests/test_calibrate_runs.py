@@ -122,6 +122,30 @@ def test_the_command_writes_a_machine_the_planner_reads(tmp_path):
                           tmp_path / "fit2.json", "--json", cwd=tmp_path)
     got = json.loads(out)
     assert status == 0 and len(got["runs"]) == 6 and got["fitted"]["engine"] == "megatron"
+    # The order each set of steps gives the runs, with the counts the text prints.
+    assert set(got["ranking"]) == {"before", "after", "left_out"}
+    for r in got["ranking"].values():
+        assert 0 <= r["right"] <= r["pairs"] and 0 <= r["good_picks"] <= r["groups"]
+
+
+def test_ranking_by_hand():
+    from pase.planning.calibrate_runs import ranking_of
+    from pase.planning.measured_runs import MeasuredRun
+    from pase.planning.run_ranking import rank_runs
+
+    # Group "a": measured rates 4, 3, 1; modelled 2, 3, 1. Pairs 1.25x apart: (4, 3)? 1.33 yes,
+    # (4, 1) yes, (3, 1) yes. The model orders (4, 3) wrong (2 < 3), the other two right: 2 of 3.
+    # Its first pick (modelled 3) measured 3 of the best 4: 75 %, not a good pick. Group "b": one run,
+    # no pair, no group. Group "c": 2 and 1.9 are within 1.25x: no pair; the model cannot rate the
+    # faster (NaN, last), so it picks the slower, 95 % of the best: a good pick.
+    r = rank_runs(["a", "a", "a", "b", "c", "c"], [4, 3, 1, 5, 2, 1.9], [2, 3, 1, 9, float("nan"), 1])
+    assert (r.right, r.pairs, r.good_picks, r.groups) == (2, 3, 1, 2)
+    # From steps: runs of one graph, 8 devices, batches 16 and 32 (0.5 s and 2.0 s measured: 4 and 2
+    # sequences per second per device, 2x apart); modelled 1.0 s and 2.0 s: 2 and 2, a tie, the
+    # earlier run picked and the pair not ordered right (not strictly faster).
+    runs = [MeasuredRun("x", "g", 8, 16, "dp=8"), MeasuredRun("y", "g", 8, 32, "dp=8")]
+    got = ranking_of(runs, np.array([0.5, 2.0]), {"m": np.array([1.0, 2.0])})["m"]
+    assert (got.right, got.pairs, got.good_picks, got.groups) == (0, 1, 1, 1)
 
 
 @pytest.mark.parametrize("content, machine, message", [

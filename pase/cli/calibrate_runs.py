@@ -80,6 +80,17 @@ def _report(result, engine, machine_spec: str) -> list:
         if values:
             lines.append(f"{label:>9}: median error {100 * values[len(values) // 2]:.1f} %, "
                          f"p90 {100 * values[min(len(values) - 1, int(0.9 * len(values)))]:.1f} %")
+    from pase.planning.run_ranking import GOOD_PICK, PAIR_RATIO
+
+    ranks = result.ranking
+    first = ranks["before"]
+    if first.groups:
+        lines += ["", f"order, within each group of one graph, device count and sequence ({first.groups} "
+                  f"group{'s' if first.groups != 1 else ''}): pairs measured {PAIR_RATIO:g}x apart ordered right, and "
+                  f"groups whose first pick measured at least {100 * GOOD_PICK:.0f} % of their best"]
+        for label in ("before", "after", "left_out"):
+            r = ranks[label]
+            lines.append(f"{label.replace('_', ' '):>9}: {r.right} of {r.pairs} pairs, {r.good_picks} of {r.groups} groups")
     return lines
 
 
@@ -119,8 +130,8 @@ def main(argv: Sequence[str], out: IO, err: IO, prog: str = "pase calibrate") ->
         out.write(json.dumps({"fitted": result.description["fitted"], "runs": [
             {"name": n, "measured_step": float(m), "before": float(b), "after": float(a),
              "left_out": None if x != x else float(x), "outlier": n in result.fit.outliers}
-            for n, m, b, a, x in zip(result.names, result.measured, result.before, result.after, result.left_out)]},
-            indent=1) + "\n")
+            for n, m, b, a, x in zip(result.names, result.measured, result.before, result.after, result.left_out)],
+            "ranking": {k: r.as_dict() for k, r in result.ranking.items()}}, indent=1) + "\n")
     else:
         out.write("\n".join(_report(result, engine, args.machine)) + "\n")
         out.write(f"wrote {args.out}; use --machine {args.out} --engine {engine.name}\n")

@@ -25,6 +25,7 @@ import numpy as np
 from pase.machines.calibrated import CalibratedMachine
 from pase.machines.fitted import FITTED_BOUNDS
 from pase.planning.mesh import parse_recipe
+from pase.planning.run_ranking import rank_runs
 from pase.planning.training_plan import NO_CAP, plan_training
 
 __all__ = ["RunTerms", "PricedRun", "Fit", "price_runs", "run_terms", "fit_constants", "calibrate_from_runs",
@@ -332,6 +333,10 @@ class Calibration:
     after: np.ndarray
     left_out: np.ndarray
     fits_after: tuple
+    #: How each set of steps orders the runs (:func:`pase.planning.run_ranking.rank_runs` over the
+    #: groups of one graph, device count and sequence): ``before``, ``after``, ``left_out`` (an
+    #: outlier, fitted on by none, predicted by the fit itself).
+    ranking: dict
 
 
 def calibrate_from_runs(runs, machine: CalibratedMachine, engine, source: str) -> Calibration:
@@ -358,5 +363,18 @@ def calibrate_from_runs(runs, machine: CalibratedMachine, engine, source: str) -
     loo = {"median": float(np.median(errors)), "p90": float(np.quantile(errors, 0.9))}
     description = fitted_description(unfitted, engine, fit, efficiency, len(runs), loo, source)
     after = price_runs(runs, unfitted.with_fitted(description["fitted"]), engine)
-    return Calibration(description, fit, tuple(names), measured, np.array([p.step for p in before]),
-                       np.array([p.step for p in after]), left, tuple(p.fits for p in after))
+    before_steps, after_steps = np.array([p.step for p in before]), np.array([p.step for p in after])
+    ranking = ranking_of(runs, measured, {"before": before_steps, "after": after_steps,
+                                          "left_out": np.where(np.isnan(left), after_steps, left)})
+    return Calibration(description, fit, tuple(names), measured, before_steps, after_steps, left,
+                       tuple(p.fits for p in after), ranking)
+
+
+def ranking_of(runs, measured: np.ndarray, steps: dict) -> dict:
+    """:func:`~pase.planning.run_ranking.rank_runs` of each set of modelled ``steps`` against the
+    ``measured`` ones: the runs compete within one graph, device count and sequence, by sequences
+    per second per device (their batches may differ)."""
+    groups = [(r.graph, r.devices, r.sequence) for r in runs]
+    per = np.array([r.batch / r.devices for r in runs], dtype=np.float64)
+    return {key: rank_runs(groups, per / measured, per / np.asarray(values, dtype=np.float64))
+            for key, values in steps.items()}
