@@ -155,7 +155,12 @@ def main() -> int:
     loo, fit = loo_rows(runs, CLUSTER, ENGINE)
     seconds = time.perf_counter() - started
     lines = ["# BigScience's topology search for BLOOM, ranked (issue 41)", "",
-             __doc__.split("\n\n")[1].replace("\n", " "), "",
+             "Written by `python3 benchmarks/bigscience.py`. The 20 layouts of a 181B model on 48 nodes of 8 A100 80GB "
+             "that ran (`examples/runs/bigscience-tr11-search.json`, from bigscience-workshop/bigscience "
+             "`train/tr11-176B-ml/chronicles-prequel.md`, section \"GBS Variations\", 2022-02-25) and the three that "
+             "ran out of memory, each priced as a user types it: `pase -g hf:benchmarks/configs/bigscience-181b.json "
+             "-p 384 -b GBS -m 2048 --machine MACHINE [--engine ENGINE] --recipe LAYOUT --json`. Pairs count where the "
+             "two layouts measured at least 1.25x (or 1.10x) apart in tokens/s per GPU.", "",
              "| setup | pairs 1.25x apart right | pairs 1.10x apart right | first pick (share of the best) | rho | "
              "step error median | p90 | ran, called \"does not fit\" | out of memory, called \"does not fit\" |",
              "| :--- | ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: |"]
