@@ -175,7 +175,8 @@ def main() -> int:
     lines += ["", f"`pase calibrate --from-runs {RUNS_FILE} --machine {CLUSTER} --engine {ENGINE}` fitted "
               f"compute_efficiency {f['compute_efficiency']:.3f}, collective_scale intra_node "
               f"{f['collective_scale']['intra_node']:.3f} and inter_node {f['collective_scale']['inter_node']:.3f}, "
-              f"block_overhead_seconds {1e3 * f['block_overhead_seconds']:.2f} ms. One group of layouts on one "
+              f"block_overhead_seconds {1e3 * f['block_overhead_seconds']:.2f} ms"
+              f"{' (at a bound: ' + ', '.join(fit['at_bounds']) + ')' if fit['at_bounds'] else ''}. One group of layouts on one "
               "cluster separates the network's levels poorly: the two collective scales trade against each other "
               "(every tensor-parallel group is inside a node, every data-parallel one across nodes), so read them "
               "together, not as the links' own efficiencies.", "",

@@ -56,6 +56,31 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:+.1f} %"
 
 
+def at_bounds(fitted: dict, tolerance: float = 1e-3) -> list:
+    """The fitted constants (a description's ``fitted`` field) that ended within ``tolerance`` (of
+    their range) of a bound of ``pase.machines.fitted.FITTED_BOUNDS``, as ``name bound`` texts. A
+    host time of 0 is not listed: no host floor is a value the mechanism has, not the end of it.
+
+    >>> at_bounds({"compute_efficiency": 0.8, "block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.05,
+    ...            "collective_scale": {"intra_node": 6.1, "inter_node": 0.25}})
+    ['inter_node 0.25', 'pipeline_tp_wait_seconds 0.05']
+    """
+    from pase.machines.fitted import FITTED_BOUNDS
+
+    values = {"compute_efficiency": fitted["compute_efficiency"],
+              "intra_node": fitted["collective_scale"]["intra_node"],
+              "inter_node": fitted["collective_scale"]["inter_node"],
+              "block_overhead_seconds": fitted["block_overhead_seconds"],
+              "pipeline_tp_wait_seconds": fitted["pipeline_tp_wait_seconds"]}
+    out = []
+    for name, value in values.items():
+        low, high = FITTED_BOUNDS[name]
+        for bound in (low, high):
+            if abs(value - bound) <= tolerance * (high - low) and not (name.endswith("_seconds") and bound == 0.0):
+                out.append(f"{name} {bound:g}")
+    return out
+
+
 def _report(result, engine, machine_spec: str) -> list:
     fit, f = result.fit, result.description["fitted"]
     lines = [f"fitted {machine_spec} for {engine.name} on {len(result.names)} runs "
@@ -68,6 +93,10 @@ def _report(result, engine, machine_spec: str) -> list:
              "tp on a pipeline stage)"]
     if fit.undetermined:
         lines.append(f"  not determined by these runs, kept: {', '.join(fit.undetermined)}")
+    pinned = at_bounds(f)
+    if pinned:
+        lines.append(f"  at a bound (pase.machines.fitted.FITTED_BOUNDS): {', '.join(pinned)} (the runs push past what "
+                     "the mechanism allows: read the fit with care)")
     lines += ["", f"{'run':<24} {'measured s':>11} {'before':>9} {'after':>9} {'left out':>9}"]
     for i, name in enumerate(result.names):
         m = result.measured[i]
@@ -131,7 +160,8 @@ def main(argv: Sequence[str], out: IO, err: IO, prog: str = "pase calibrate") ->
             {"name": n, "measured_step": float(m), "before": float(b), "after": float(a),
              "left_out": None if x != x else float(x), "outlier": n in result.fit.outliers}
             for n, m, b, a, x in zip(result.names, result.measured, result.before, result.after, result.left_out)],
-            "ranking": {k: r.as_dict() for k, r in result.ranking.items()}}, indent=1) + "\n")
+            "ranking": {k: r.as_dict() for k, r in result.ranking.items()},
+            "at_bounds": at_bounds(result.description["fitted"])}, indent=1) + "\n")
     else:
         out.write("\n".join(_report(result, engine, args.machine)) + "\n")
         out.write(f"wrote {args.out}; use --machine {args.out} --engine {engine.name}\n")
