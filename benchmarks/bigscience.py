@@ -23,20 +23,18 @@ the others).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import statistics
 import sys
 import time
-from itertools import combinations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pase.cli import main as pase_main  # noqa: E402
-from playbook import spearman  # noqa: E402
+from playbook import _run, price_argv, spearman  # noqa: E402
+from pase.planning.run_ranking import rank_runs  # noqa: E402
 
 RUNS_FILE = os.path.join("examples", "runs", "bigscience-tr11-search.json")
 CLUSTER = os.path.join("examples", "machines", "jz-a100-cluster.json")
@@ -49,35 +47,18 @@ RATIOS = (1.25, 1.10)
 GOOD_PICK = 0.90
 
 
-def _run(argv: list) -> tuple:
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        status = pase_main(argv, stdout=out, stderr=err)
-    finally:
-        os.chdir(old)
-    return status, out.getvalue(), err.getvalue()
-
-
 def argv_of(run: dict, machine: str, engine: str | None) -> list:
     return ["-g", run["graph"], "-p", str(run["devices"]), "-b", str(run["batch"]), "-m", str(run["sequence"]),
             "--machine", machine, *(["--engine", engine] if engine else []), "--recipe", run["recipe"], "--json"]
 
 
 def price(run: dict, machine: str, engine: str | None) -> dict:
-    """``{tokens, step, memory_gb, fits}`` of the run as the command line prices it; a layout
-    the model calls "does not fit" is priced without the cap and marked."""
-    status, out, err = _run(argv_of(run, machine, engine))
-    fits = True
-    if status != 0 and "nothing fits" in err:
-        status, out, err = _run(argv_of(run, machine, engine) + ["--memory", "100000"])
-        fits = False
-    if status != 0:
-        return {"refused": err.strip().splitlines()[-1] if err.strip() else f"exit {status}", "fits": False}
-    t = json.loads(out)["training"]
-    return {"tokens": t["tokens_per_second_per_device"], "step": t["step_seconds"],
-            "memory_gb": t["peak_memory_bytes"] / 1e9, "fits": fits, "refused": None}
+    """``{tokens, step, memory_gb, fits}`` of the run as the command line prices it
+    (``playbook.price_argv``: a layout the model calls "does not fit" priced without the cap)."""
+    got = price_argv(argv_of(run, machine, engine))
+    if got["refused"] is None:
+        got["memory_gb"] = got["memory"] / 1e9
+    return {"fits": False, **got}
 
 
 def oom_run(dp: int, tp: int, pp: int, micro: int, gbs: int) -> dict:
@@ -92,23 +73,19 @@ def measured_tokens(run: dict) -> float:
 
 
 def figures(rows: list) -> dict:
-    """Ranking and error figures of the priced rows (``measured``, ``model``: tokens/s per GPU)."""
+    """Ranking and error figures of the priced rows (``measured``, ``model``: tokens/s per GPU);
+    a layout the model calls "does not fit" ranks last."""
     def score(r):
         return r["model"] if r["model"] and r["fits"] else -1.0
     best = max(r["measured"] for r in rows)
+    measured, scores = [r["measured"] for r in rows], [score(r) for r in rows]
     out = {}
     for ratio in RATIOS:
-        pairs = right = 0
-        for a, b in combinations(rows, 2):
-            hi, lo = (a, b) if a["measured"] >= b["measured"] else (b, a)
-            if hi["measured"] >= ratio * lo["measured"]:
-                pairs += 1
-                right += score(hi) > score(lo)
-        out[ratio] = (right, pairs)
+        ranked = rank_runs([0] * len(rows), measured, scores, ratio=ratio)
+        out[ratio] = (ranked.right, ranked.pairs)
     pick = max(rows, key=lambda r: (score(r), -rows.index(r)))
     errors = sorted(abs(r["model"] / r["measured"] - 1) for r in rows if r["model"])
-    out.update(pick=pick, pick_share=pick["measured"] / best,
-               rho=spearman([r["measured"] for r in rows], [score(r) for r in rows]),
+    out.update(pick=pick, pick_share=pick["measured"] / best, rho=spearman(measured, scores),
                median=statistics.median(errors), p90=errors[min(len(errors) - 1, int(0.9 * len(errors) + 0.999) - 1)],
                no_fit=sum(not r["fits"] for r in rows))
     return out

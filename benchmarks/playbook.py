@@ -97,11 +97,17 @@ def profile_with(folder: str, **facts) -> str:
 
 def price(run: dict, machine: str, engine: str | None) -> dict:
     """The run priced in-process: ``{tokens, step, memory, reserved, fits, tight, refused}``."""
-    status, out, err = _run(argv_of(run, machine, engine))
+    return price_argv(argv_of(run, machine, engine))
+
+
+def price_argv(argv: list) -> dict:
+    """``pase argv`` (a ``--json`` training command) in-process, as :func:`price` returns it: a
+    layout the model calls "does not fit" priced again without the device's cap and marked."""
+    status, out, err = _run(argv)
     fits = True
     if status != 0 and "nothing fits" in err:
         # The layout ran: priced without the device's cap, and called "does not fit".
-        status, out, err = _run(argv_of(run, machine, engine) + ["--memory", "100000"])
+        status, out, err = _run(argv + ["--memory", "100000"])
         fits = False
     if status != 0:
         return {"refused": err.strip().splitlines()[-1] if err.strip() else f"exit {status}"}

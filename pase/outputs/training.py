@@ -511,7 +511,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
                 lines.append("  by cause, largest first: " + ", ".join(
                     f"{CAUSE_NAMES[k]} {_signed(v, unit)}" for k, v in why))
     lines.append(f"search: {plan.mesh_search.evaluated} configurations in {plan.seconds:.2f} s; {plan.optimal_over}")
-    fused = best is None or getattr(best.options, "fused_attention", True)
+    fused = best is None or best.options.fused_attention
     lines.append(f"model: docs/training.md ({'fused attention' if fused else 'attention without a fused kernel'}, "
                  "ZeRO, recomputation, overlap, reserve)")
     return "\n".join(lines) + "\n"
