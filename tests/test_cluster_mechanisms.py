@@ -160,3 +160,34 @@ def test_a_fitted_machine_scales_its_collectives_by_level():
         bare).compute_efficiency
     assert m.describe()["fitted"]["collective_scale"] == {"intra_node": 0.5, "inter_node": 3.0}
     assert bare.with_fitted(None).fitted is None and math.isclose(m.fitted["compute_efficiency"], 0.9)
+
+
+def test_a_group_sends_across_nodes_on_its_own_share_of_the_network():
+    # An all-reduce measured over whole nodes (8 ranks, 4 on each of 2 nodes) at 4 GB/s of bus
+    # bandwidth: the ring sends a node's bytes at 4 GB/s, one GB/s for each GPU's share
+    # (inter_node). 2.5e8 gradient elements of 4 bytes, 1e9 bytes:
+    m = CalibratedMachine({**BASE, "inter_node": {"gbps": 1, "latency_us": 0},
+                           "collectives": {"all_reduce": [[8, 2, 1e9, 4]]}})
+    whole = Group(np.array([[8]]), np.array([[1]]))       # 4 a node: the curve, 2 (7/8) 1e9 / 4e9
+    one = Group(np.array([[2]]), np.array([[4]]))         # 1 a node, 2 nodes
+    two = Group(np.array([[2, 2]]), np.array([[1, 4]]))   # 2 a node, 2 nodes
+    assert float(m.all_reduce(2.5e8, whole, grad=True)[0]) == pytest.approx(0.4375)
+    # One GPU a node sends all its bytes on its own share: 2 (1/2) 1e9 / 1e9 = 1 s, not the
+    # curve's 2 (1/2) 1e9 / 4e9 = 0.25 s (the three other groups on its node send at once).
+    assert float(m.all_reduce(2.5e8, one, grad=True)[0]) == pytest.approx(1.0)
+    # Two a node: each sends half across, 2 (1/2) (1e9 / 2) / 1e9 = 0.5 s (the curve: 2 (3/4)
+    # 1e9 / 4e9 = 0.375 s); the all-gather with no curve of its own is half the all-reduce.
+    assert float(m.all_reduce(2.5e8, two, grad=True)[0]) == pytest.approx(0.5)
+    assert float(m.all_gather(2.5e8, two, grad=True)[0]) == pytest.approx(0.25)
+    # Inside a node nothing crosses: the one-node links (no curve there), 2 (3/4) 1e9 / 100e9.
+    inside = Group(np.array([[4]]), np.array([[1]]))
+    assert float(m.all_reduce(2.5e8, inside, grad=True)[0]) == pytest.approx(0.015)
+
+
+def test_split_sends_are_an_equal_share_of_the_whole_output():
+    # The FC's 8 x 500 output: split over its inputs (k) on 2 devices it is whole on both, 4,000
+    # elements each, and a split send is 2,000; split over the batch it is 2,000 each already.
+    from pase.planning.pipeline import sent_elements
+    costing = TrainingCosting(_fc_net(), [np.array([[1, 1, 2], [2, 1, 1]])], CalibratedMachine(BASE))
+    assert sent_elements(costing, 0, 2, False).tolist() == [4000.0, 2000.0]
+    assert sent_elements(costing, 0, 2, True).tolist() == [2000.0, 2000.0]

@@ -91,3 +91,22 @@ def test_the_bigscience_runs_file_prices_every_layout_that_ran():
         os.chdir(old)
     assert len(priced) == 20 and all(p.fits for p in priced)
     assert all(p.mesh.devices == 384 for p in priced)
+
+
+def test_pipeline_sends_split_over_the_tensor_parallel_ranks(tiny):
+    # DeepSpeed's pipeline engine sends each tensor-parallel rank's 1/tp part of the stage's output
+    # (pipe_partitioned). One micro-batch of 2 sequences x 512 x 256 = 262,144 bf16 elements,
+    # 524,288 bytes, whole on both tp ranks without sequence parallelism. Stages 2 devices apart
+    # in one node of the a100-sxm preset (NVLink 300 GB/s, 3 us): forward and backward,
+    # 2 x (524,288 / 300e9 + 3e-6) = 9.4953e-6 s whole, 2 x (262,144 / 300e9 + 3e-6) = 7.7476e-6 s
+    # split.
+    seconds = {}
+    for engine in ("megatron-deepspeed", "megatron-deepspeed,pp_send_split=false"):
+        status, out, err = run("-g", f"hf:{tiny}", "-m", "512", "-p", "4", "-b", "8", "--machine", "a100-sxm",
+                               "--engine", engine, "--recipe",
+                               "dp=1,tp=2,pp=2,sp=false,zero=1,microbatch=2,recompute=none", "--json")
+        assert status == 0, err
+        seconds[engine] = json.loads(out)["training"]["pipeline"]["p2p_seconds_per_microbatch"]
+    split, whole = seconds.values()
+    assert whole == pytest.approx(2 * (524288 / 300e9 + 3e-6))
+    assert split == pytest.approx(2 * (262144 / 300e9 + 3e-6))

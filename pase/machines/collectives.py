@@ -16,7 +16,8 @@ import numpy as np
 
 from pase.core.checks import is_int, is_number
 
-__all__ = ["COLLECTIVE_KINDS", "bus_factor", "validate_collectives", "CollectiveTables", "MAX_FALL_SLOPE"]
+__all__ = ["COLLECTIVE_KINDS", "bus_factor", "validate_collectives", "CollectiveTables", "MAX_FALL_SLOPE",
+           "share_floor"]
 
 #: The collectives a table may hold, as nccl-tests names them (``all_reduce_perf``, ...;
 #: ``send_recv``: ``sendrecv_perf``, each rank sending to one peer and receiving from another,
@@ -44,6 +45,32 @@ def bus_factor(kind: str, q):
     f = (q - 1.0) / q
     out = 2.0 * f if kind == "all_reduce" else np.ones_like(q) if kind == "send_recv" else f
     return float(out) if out.ndim == 0 else out
+
+
+def share_floor(kind: str, n, q, q_out, b_out: float) -> np.ndarray:
+    """Seconds the bytes a group of ``q`` devices on ``q_out`` nodes sends across nodes take on
+    its members' share of the network (``b_out`` bytes/s a GPU, ``inter_node.gbps``): ``q_in =
+    q / q_out`` members on a node send over ``q_in`` GPUs' shares while the node's other groups
+    send theirs, so a curve measured with more ranks a node (whole nodes, whose ring sends a
+    node's bytes over all its shares) does not price a group with fewer beyond that. The links'
+    own across-node term without its latency: ``2 (q_out-1)/q_out (n/q_in) / b_out`` for an
+    all-reduce, half for an all-gather or a reduce-scatter, ``(q-q_in)/q n / b_out`` for an
+    all-to-all, ``n / b_out`` for a send; 0 inside a node.
+
+    >>> round(float(share_floor("all_reduce", 1e9, 24, 24, 25e9)) * 1e3, 3)   # 2 x 23/24 x 1 GB / 25 GB/s
+    76.667
+    >>> round(float(share_floor("all_gather", 1e9, 32, 4, 25e9)) * 1e3, 3)    # 3/4 x (1 GB / 8) / 25 GB/s
+    3.75
+    """
+    n, q, q_out = (np.asarray(a, dtype=np.float64) for a in (n, q, q_out))
+    q_in = q / np.maximum(q_out, 1.0)
+    if kind == "send_recv":
+        across = n / b_out
+    elif kind == "all_to_all":
+        across = (q - q_in) / q * n / b_out
+    else:
+        across = (2.0 if kind == "all_reduce" else 1.0) * (q_out - 1.0) / np.maximum(q_out, 1.0) * (n / q_in) / b_out
+    return np.where((q_out > 1) & (n > 0), across, 0.0)
 
 
 def validate_collectives(data, devices_per_node: int, source: str) -> dict:
@@ -209,6 +236,22 @@ class CollectiveTables:
         j = next(i for i in range(1, len(xs)) if xs[i] >= x)
         w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
         return (1.0 - w) * values[j - 1] + w * values[j]
+
+    def measured_per_node(self, kind: str, q, q_out) -> np.ndarray:
+        """Ranks a node of the curves that price groups of ``q`` devices on ``q_out`` nodes
+        (broadcasting arrays; the fewest where several are read), ``NaN`` where none does.
+
+        >>> t = CollectiveTables({"all_reduce": [[16, 2, 1e6, 1], [64, 8, 1e6, 1]]})
+        >>> t.measured_per_node("all_reduce", [4, 8, 8], [4, 8, 1]).tolist()
+        [8.0, 8.0, nan]
+        """
+        q, q_out = np.broadcast_arrays(np.asarray(q, dtype=np.float64), np.asarray(q_out, dtype=np.float64))
+        out = np.full(q.shape, np.nan)
+        for gq, gout in np.unique(np.stack([q.ravel(), q_out.ravel()], axis=1), axis=0):
+            found = self.curves_for(kind, float(gq), float(gout)) if gq > 1 else []
+            if found:
+                out[(q == gq) & (q_out == gout)] = min(r / nodes for _, (r, nodes) in found)
+        return out
 
     def seconds(self, kind: str, n, q, q_out) -> np.ndarray:
         """Seconds of collective ``kind`` of ``n`` bytes per device over groups of ``q``

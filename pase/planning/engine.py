@@ -62,6 +62,7 @@ FACTS = {
     "overlap_param_gather": bool,
     "tp_comm_overlap": bool,
     "pp_p2p_overlap": bool,
+    "pp_send_split": bool,
     "recompute_policies": list,
     "optimizer": str,
     "optimizer_temp_bytes": float,
@@ -96,7 +97,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
                   "tp_overlap_gather_buffers": 0.0, "tp_overlap_scatter_buffers": 0.0,
-                  "optimizer_master_bytes": 4.0, "lp_grad_kept": False,
+                  "optimizer_master_bytes": 4.0, "lp_grad_kept": False, "pp_send_split": False,
                   "pipeline_cut": "search"}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
@@ -218,6 +219,7 @@ class EngineProfile:
             "wrap_unit": f["wrap_unit"],
             "overlap": bool(f["overlap_grad_reduce"]),
             "p2p_overlap": bool(f["pp_p2p_overlap"]),
+            "p2p_split": bool(f["pp_send_split"]),
             "launch_seconds": f["launch_seconds"],
             "optimizer_temp_bytes": f["optimizer_temp_bytes"],
             "comm_sm_share": f["comm_sm_share"],

@@ -14,6 +14,7 @@ drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (tw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -285,6 +286,20 @@ class StagePlan:
     extra: tuple = (0, 0)
 
 
+def sent_elements(costing, v: int, stage_devices: int, split: bool) -> np.ndarray:
+    """Elements each device of a stage sends the next stage per micro-batch, per configuration
+    row: the stage's last layer ``v``'s output on the device, or, where the engine splits its
+    sends (``options.p2p_split``, DeepSpeed's ``pipe_partitioned``), never more than an equal
+    share of the whole output over the ``stage_devices`` devices (the receiving stage gathers
+    it inside its tensor-parallel group over NVLink, not priced)."""
+    own = np.broadcast_to(costing.parts[v].activations, (len(costing.configs[0]),)).astype(np.float64)
+    if not split:
+        return own
+    layer = costing.network.layers[v]
+    whole = sum(math.prod(shape) for shape in layer.output_shapes) * layer.output_density
+    return np.minimum(own, whole / float(stage_devices))
+
+
 def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     """One send of ``elements`` per device from a stage to the next (devices ``stage_devices``
     apart), forward and backward: twice the machine's send between the two (its measured
@@ -382,7 +397,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     :mod:`pase.planning.host_floor`; default 1). ``kept``: the prefix sums of these rows by
     settings, from and for other stage counts of the same rows (a sweep's)."""
     options = settings[0]
-    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "comm_sm_share", "chunk_overhead_seconds",
+    shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "p2p_split", "comm_sm_share", "chunk_overhead_seconds",
               "pipeline_tp_wait_seconds")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
@@ -397,7 +412,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
         sums = _prefix_sums(costing, settings, act_bytes, edges, targets, layout, columns, search_layers)
         if kept is not None:
             kept[key] = sums
-    sent = np.broadcast_to(costing.parts[layout.outputs[0]].activations, (len(costing.configs[0]),))[columns]
+    sent = sent_elements(costing, layout.outputs[0], stage_devices, options.p2p_split)[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
     cap = np.inf if memory_cap is None else memory_cap
     extra = tuple(extra)

@@ -190,6 +190,12 @@ class TrainingOptions:
         gradient's back) runs while the device computes another chunk (Megatron's
         ``--overlap-p2p-communication``): the sends hide behind the stage's compute at
         ``overlap_efficiency`` (``pase.planning.pipeline.exposed_sends``). 1F1B waits for them.
+    p2p_split : bool
+        A stage's devices each send an equal share of its output to the next stage, which
+        gathers it inside the stage (DeepSpeed's pipeline engine, ``pipe_partitioned``): a device
+        sends ``1 / stage devices`` of the whole output rather than its own copy, where tensor
+        parallelism without sequence parallelism keeps the output whole on every rank
+        (``pase.planning.pipeline.sent_elements``).
     zero1_reduce : str
         ZeRO-1's gradient collective: ``reduce_scatter`` (each rank keeps its shard: DeepSpeed,
         Megatron's distributed optimizer) or ``all_reduce`` (nanotron all-reduces its whole fp32
@@ -251,6 +257,7 @@ class TrainingOptions:
     fp8_scaling: str = "current"
     fp8_gather: bool = False
     p2p_overlap: bool = False
+    p2p_split: bool = False
     zero1_reduce: str = "reduce_scatter"
     zero1_overlap: bool = True
     block_overhead_seconds: float = 0.0
@@ -321,7 +328,7 @@ class TrainingOptions:
                              f"got {self.offload!r}")
         if "optimizer" in self.offload and "nvme" in self.offload:
             raise ValueError("offload optimizer and nvme: the optimizer state is on the host or on the drive, not both")
-        for name in ("fp8_gather", "p2p_overlap", "ep_overlap", "shared_overlap", "zero1_overlap"):
+        for name in ("fp8_gather", "p2p_overlap", "p2p_split", "ep_overlap", "shared_overlap", "zero1_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
