@@ -91,6 +91,15 @@ def test_the_bigscience_runs_file_prices_every_layout_that_ran():
         os.chdir(old)
     assert len(priced) == 20 and all(p.fits for p in priced)
     assert all(p.mesh.devices == 384 for p in priced)
+    # The order BigScience measured: every pair of layouts measured at least 1.25x apart in
+    # sequences a second (21 pairs, chronicles-prequel.md) ordered the same way by the model, which
+    # needs each data-parallel group priced on its own share of the node's network and the
+    # pipeline's sends split over the tensor-parallel ranks (the a100-sxm preset's network orders 4).
+    from pase.planning.run_ranking import rank_runs
+    measured = [run.batch / run.measured_step() for run in runs]
+    modelled = [run.batch / p.step for run, p in zip(runs, priced)]
+    ranking = rank_runs(["search"] * len(runs), measured, modelled)
+    assert (ranking.pairs, ranking.right) == (21, 21)
 
 
 def test_pipeline_sends_split_over_the_tensor_parallel_ranks(tiny):
