@@ -119,3 +119,36 @@ def test_pipeline_sends_split_over_the_tensor_parallel_ranks(tiny):
     split, whole = seconds.values()
     assert whole == pytest.approx(2 * (524288 / 300e9 + 3e-6))
     assert split == pytest.approx(2 * (262144 / 300e9 + 3e-6))
+
+
+def test_the_pipeline_cut_is_deepspeeds_own():
+    # DeepSpeed's partition_balanced on 'type:transformer' weights (1 for each transformer layer,
+    # 0 for the embedding before them and the norm, head and loss after) gives the stages the
+    # counts count_cut gives, and the profile cuts by count.
+    from engine_checks import _need
+    from pase.planning.engine_cut import count_cut
+    _need("deepspeed", "deepspeed")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from deepspeed.runtime.utils import partition_balanced
+    for blocks, pp in ((72, 6), (72, 24), (70, 8), (126, 16), (30, 4), (9, 4), (11, 3)):
+        weights = [0, 0] + [1] * blocks + [0, 0, 0]
+        parts = partition_balanced(weights, pp)
+        assert count_cut(blocks, pp) == tuple(sum(weights[parts[i]:parts[i + 1]]) for i in range(pp))
+    assert load_engine("megatron-deepspeed")["pipeline_cut"] == "layer_count"
+
+
+def test_the_planner_cuts_by_count(tmp_path):
+    # Six blocks on two stages under a vocabulary of 65,536: DeepSpeed puts three on each, whatever
+    # the head costs; the search alone moves blocks off the head's stage (5 and 1).
+    path = tmp_path / "six.json"
+    path.write_text(json.dumps({**TINY, "n_layers": 6, "vocab_size": 65536}))
+    cuts = []
+    for engine in ("megatron-deepspeed", "megatron-deepspeed,pipeline_cut=search"):
+        status, out, err = run("-g", f"hf:{path}", "-m", "512", "-p", "2", "-b", "8", "--machine", "a100-sxm",
+                               "--engine", engine, "--recipe",
+                               "dp=1,tp=1,pp=2,sp=false,zero=1,microbatch=2,recompute=none", "--json")
+        assert status == 0, err
+        cuts.append([s["blocks"] for s in json.loads(out)["training"]["pipeline"]["stages"]])
+    assert cuts[0] == [3, 3] and cuts[1] != [3, 3]

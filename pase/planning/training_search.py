@@ -691,8 +691,9 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     schedules (:func:`~pase.planning.pipeline.pipeline_rows_settings`), the best per mesh."""
     recipe = space.recipe
     stages = recipe.stages
-    if stages is None and recipe.vpp in (None, 1) and settings and settings[0].pipeline_cut == "compute_balanced":
-        stages = engine_cut(share.costing.network, group.layout, group.pp)  # the engine's own cut
+    if stages is None and recipe.vpp in (None, 1) and settings and settings[0].pipeline_cut != "search":
+        # The engine's own cut (nanotron's by cost, DeepSpeed's by count).
+        stages = engine_cut(share.costing.network, group.layout, group.pp, settings[0].pipeline_cut)
     # Block recomputation on pipelines where a recipe asks for it: its count search over every
     # cut, schedule and chunk count made the free search of Llama 3.1 70B on 256 GPUs half as
     # long again (benchmarks/results/foundation_speed.md); without stages it is one chunk, and cheap.

@@ -181,8 +181,9 @@ class TrainingOptions:
     expert_gemm : str
         How the local experts' products run (:data:`EXPERT_GEMMS`).
     pipeline_cut : str
-        ``search`` (the search chooses the pipeline's cut) or ``compute_balanced`` (the engine
-        places its blocks by their cost: ``pase.planning.engine_cut``).
+        ``search`` (the search chooses the pipeline's cut), ``compute_balanced`` (the engine
+        places its blocks by their cost) or ``layer_count`` (by their count):
+        ``pase.planning.engine_cut``.
     tp_overlap_kind : str
         How ``tp_overlap`` runs (:data:`TP_OVERLAP_KINDS`).
     p2p_overlap : bool
@@ -314,8 +315,8 @@ class TrainingOptions:
             raise ValueError(f"fp8_scaling must be one of {', '.join(FP8_SCALINGS)}, got {self.fp8_scaling!r}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise ValueError(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
-        if self.pipeline_cut not in ("search", "compute_balanced"):
-            raise ValueError(f"pipeline_cut must be search or compute_balanced, got {self.pipeline_cut!r}")
+        if self.pipeline_cut not in ("search", "compute_balanced", "layer_count"):
+            raise ValueError(f"pipeline_cut must be search, compute_balanced or layer_count, got {self.pipeline_cut!r}")
         if self.tp_overlap_kind not in TP_OVERLAP_KINDS:
             raise ValueError(f"tp_overlap_kind must be one of {', '.join(TP_OVERLAP_KINDS)}, got {self.tp_overlap_kind!r}")
         if self.expert_gemm not in EXPERT_GEMMS:
