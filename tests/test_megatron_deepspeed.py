@@ -152,3 +152,9 @@ def test_the_planner_cuts_by_count(tmp_path):
         assert status == 0, err
         cuts.append([s["blocks"] for s in json.loads(out)["training"]["pipeline"]["stages"]])
     assert cuts[0] == [3, 3] and cuts[1] != [3, 3]
+    # The search line says which cuts the plan is optimal over.
+    status, out, err = run("-g", f"hf:{path}", "-m", "512", "-p", "2", "-b", "8", "--machine", "a100-sxm",
+                           "--engine", "megatron-deepspeed")
+    assert status == 0, err
+    assert "pipelines cut as the engine cuts them, an even count of blocks a stage" in out
+    assert "pipelines cut between the source's repeated blocks" not in out

@@ -25,7 +25,7 @@ from pase.costing.training.allocator import retry_seconds, stranded_bytes
 from pase.planning.host_floor import host_seconds
 from pase.machines.base import Group
 
-__all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
+__all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "ENGINE_CUTS", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
            "chunk_sync",
            "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES",
            "PIPELINE_EXTRAS", "extra_units", "extra_word", "unit_split"]
@@ -41,6 +41,12 @@ CUTS_SEARCHED = (f"pipelines cut between the source's repeated blocks: for pp = 
                  f"{MIDDLE_STAGE_SLACK} blocks of an even share, the first and last within {END_STAGE_SLACK} blocks "
                  "of them, or the middle ones one block apart and the first and last within 2 blocks of an even "
                  "share; 1F1B or interleaved")
+#: The same where the engine cuts its own pipelines (``pipeline_cut``, :mod:`pase.planning.engine_cut`),
+#: by the rule it cuts them with.
+ENGINE_CUTS = {"compute_balanced": "pipelines cut as the engine cuts them, its blocks balanced by their weights' "
+                                   "cost (a recipe's stages= as given)",
+               "layer_count": "pipelines cut as the engine cuts them, an even count of blocks a stage, the first "
+                              "stages one more where they do not divide (a recipe's stages= as given)"}
 
 
 @dataclass(frozen=True)

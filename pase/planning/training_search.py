@@ -50,7 +50,7 @@ from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candi
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
 from pase.planning.mesh_refusals import fold_refusal, microbatch_refusal, occupancy_refusal, recipe_refusal
 from pase.planning.mesh_rows import Costed, Found, PartsMemo, candidate_of, edge_seconds, row_totals
-from pase.planning.pipeline import (CUTS_SEARCHED, SCHEDULES, Layout, extra_units, extra_word, pipeline_rows_settings,
+from pase.planning.pipeline import (CUTS_SEARCHED, ENGINE_CUTS, SCHEDULES, Layout, extra_units, extra_word, pipeline_rows_settings,
                                    stage_layout)
 from pase.planning.rules import ParallelRules, default_rules
 from pase.planning.ties import Bands, choose_plan
@@ -527,7 +527,7 @@ def mesh_stage(space: SearchSpace, build, batch: int, procs: int, machine, rebui
                 groups.append(group)
     first_error = min(errors, key=lambda e: e[0])[1] if errors else None
     return MeshCandidates(tuple(groups), networks, tried, frozenset(dps), fold_refused, first_error,
-                          _meshes_said(procs, machine))
+                          _meshes_said(procs, machine, space.base.pipeline_cut))
 
 
 def _fold_refused(candidates: list, batch: int, space: SearchSpace) -> str | None:
@@ -578,11 +578,11 @@ def _mesh_group(pp: int, stage_devices: int, global_micro: int, pairs: list, bui
     return MeshGroup(pp, stage_devices, global_micro, valid, rows, layout)
 
 
-def _meshes_said(procs: int, machine) -> Said:
+def _meshes_said(procs: int, machine, pipeline_cut: str = "search") -> Said:
     domain = machine.nvlink_domain
     within = "a node" if domain is None or domain == machine.devices_per_node else f"an NVLink domain of {domain}"
     return Said(f"meshes dp x tp x cp x pp = {procs} (tp within {within}, cp up to {MAX_CP}, sequence parallelism "
-                f"on or off; {CUTS_SEARCHED})")
+                f"on or off; {ENGINE_CUTS.get(pipeline_cut, CUTS_SEARCHED)})")
 
 
 def _experts_said() -> Said:
