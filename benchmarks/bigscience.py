@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from playbook import _run, price_argv, spearman  # noqa: E402
-from pase.planning.run_ranking import rank_runs  # noqa: E402
+from pase.planning.run_ranking import PAIR_RATIO, rank_runs  # noqa: E402
 
 RUNS_FILE = os.path.join("examples", "runs", "bigscience-tr11-search.json")
 CLUSTER = os.path.join("examples", "machines", "jz-a100-cluster.json")
@@ -44,8 +44,7 @@ ENGINE = "megatron-deepspeed"
 #: "48 | 181B | 48 | 8 | 1 | 1 | 2016 | OOM" and "32 | 2 | 6 | 2 / 1 | 2048 | OOM"); as
 #: ``(dp, tp, pp, micro-batch, GBS)``.
 OUT_OF_MEMORY = ((48, 8, 1, 1, 2016), (32, 2, 6, 2, 2048), (32, 2, 6, 1, 2048))
-RATIOS = (1.25, 1.10)
-GOOD_PICK = 0.90
+RATIOS = (PAIR_RATIO, 1.10)
 
 
 def argv_of(run: dict, machine: str, engine: str | None) -> list:
@@ -165,7 +164,7 @@ def main() -> int:
              "| :--- | ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: |"]
     for label, rows, calls in results + [("fitted on the 20 runs (calibrate --from-runs), leave-one-out", loo, None)]:
         g = figures(rows)
-        a, b = g[1.25], g[1.10]
+        a, b = (g[ratio] for ratio in RATIOS)
         oom = "-" if calls is None else f"{sum(not c['fits'] for c in calls)} of {len(calls)}"
         lines.append(f"| {label} | {a[0]} of {a[1]} | {b[0]} of {b[1]} | `{g['pick']['recipe']}` "
                      f"({100 * g['pick_share']:.0f} %) | {g['rho']:.2f} | {100 * g['median']:.0f} % | "

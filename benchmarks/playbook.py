@@ -28,20 +28,18 @@ import os
 import statistics
 import sys
 import time
-from itertools import combinations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from pase.cli import main as pase_main  # noqa: E402
+from pase.planning.run_ranking import GOOD_PICK, PAIR_RATIO, rank_runs  # noqa: E402
 
 GiB = 2.0 ** 30
-#: Pairs measured at least this far apart (ratio of tokens/s) are the ones whose order counts.
-PAIR_RATIO = 1.25
 #: A run measuring under this share of its group's best is left out of the "healthy" figures.
+#: (Pairs count where two runs measured PAIR_RATIO apart; a first pick is good at GOOD_PICK of
+#: the best: pase.planning.run_ranking, as ``pase calibrate --from-runs`` counts them.)
 HEALTHY_SHARE = 0.2
-#: The first pick is good when it measures at least this share of its group's best.
-GOOD_PICK = 0.9
 CONFIGS = {"1B": "nanotron-1b.json", "3B": "nanotron-3b.json", "8B": "nanotron-8b.json",
            "80B": "nanotron-80b.json", "469B": "nanotron-469b.json"}
 
@@ -175,13 +173,8 @@ def group_figures(rows: list) -> dict:
     healthy = [r for r in rows if r["measured"] >= HEALTHY_SHARE * best]
     out = {}
     for name, subset in (("all", rows), ("healthy", healthy)):
-        pairs = right = 0
-        for a, b in combinations(subset, 2):
-            hi, lo = (a, b) if a["measured"] >= b["measured"] else (b, a)
-            if hi["measured"] >= PAIR_RATIO * lo["measured"]:
-                pairs += 1
-                right += modelled_score(hi) > modelled_score(lo)
-        out[name] = (pairs, right)
+        ranked = rank_runs([0] * len(subset), [r["measured"] for r in subset], [modelled_score(r) for r in subset])
+        out[name] = (ranked.pairs, ranked.right)
     pick = max(rows, key=lambda r: (modelled_score(r), -rows.index(r)))
     out["pick_share"] = pick["measured"] / best
     out["pick"] = pick["recipe"]

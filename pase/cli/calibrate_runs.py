@@ -9,6 +9,7 @@ from typing import IO, Sequence
 
 from pase.core.errors import InputError
 from pase.core.fileio import check_writable, recording_reads, write_atomic
+from pase.machines.fitted import at_bounds
 
 from .errors import CliError, ParserExit
 from .parser import StreamParser
@@ -54,31 +55,6 @@ def _machine_file_fields(description: dict, spec: str, out_path: str) -> dict:
 
 def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:+.1f} %"
-
-
-def at_bounds(fitted: dict, tolerance: float = 1e-3) -> list:
-    """The fitted constants (a description's ``fitted`` field) that ended within ``tolerance`` (of
-    their range) of a bound of ``pase.machines.fitted.FITTED_BOUNDS``, as ``name bound`` texts. A
-    host time of 0 is not listed: no host floor is a value the mechanism has, not the end of it.
-
-    >>> at_bounds({"compute_efficiency": 0.8, "block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.05,
-    ...            "collective_scale": {"intra_node": 6.1, "inter_node": 0.25}})
-    ['inter_node 0.25', 'pipeline_tp_wait_seconds 0.05']
-    """
-    from pase.machines.fitted import FITTED_BOUNDS
-
-    values = {"compute_efficiency": fitted["compute_efficiency"],
-              "intra_node": fitted["collective_scale"]["intra_node"],
-              "inter_node": fitted["collective_scale"]["inter_node"],
-              "block_overhead_seconds": fitted["block_overhead_seconds"],
-              "pipeline_tp_wait_seconds": fitted["pipeline_tp_wait_seconds"]}
-    out = []
-    for name, value in values.items():
-        low, high = FITTED_BOUNDS[name]
-        for bound in (low, high):
-            if abs(value - bound) <= tolerance * (high - low) and not (name.endswith("_seconds") and bound == 0.0):
-                out.append(f"{name} {bound:g}")
-    return out
 
 
 def _report(result, engine, machine_spec: str) -> list:

@@ -16,7 +16,7 @@ import numpy as np
 
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.base import MEMORY_BOUND_KINDS
-from pase.machines.collectives import CollectiveTables, published_all_reduce, share_floor, validate_collectives
+from pase.machines.collectives import CollectiveTables, published_all_reduce, validate_collectives
 from pase.machines.fitted import validate_fitted
 from pase.core.fileio import read_json
 from pase.core.units import format_seconds
@@ -584,11 +584,7 @@ class CalibratedMachine:
         (:func:`pase.machines.collectives.share_floor`)."""
         if self.collectives is None or kind not in self.collectives.kinds:
             return modelled
-        measured = self.collectives.seconds(kind, n, q, q_out)
-        # A curve measured with more ranks a node than the group has: no faster than the
-        # group's own share of the network carries its bytes.
-        fewer = np.asarray(q, dtype=np.float64) / np.maximum(q_out, 1.0) < self.collectives.measured_per_node(kind, q, q_out)
-        measured = np.where(fewer, np.maximum(measured, share_floor(kind, n, q, q_out, self.b_out)), measured)
+        measured = self.collectives.seconds(kind, n, q, q_out, share=self.b_out)
         return np.where(np.isnan(measured), modelled, measured)
 
     def exchange(self, elements, group) -> np.ndarray:

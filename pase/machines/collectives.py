@@ -218,9 +218,9 @@ class CollectiveTables:
                     best[n] = (key, (r, n))
         return [(math.log2(n), best[n][1]) for n in sorted(best)]
 
-    def _log_bus(self, kind: str, n: np.ndarray, q: float, q_out: float) -> np.ndarray | None:
-        """``log busbw`` of ``n`` bytes over the group, interpolated between curves (or ``None``)."""
-        found = self.curves_for(kind, q, q_out)
+    def _log_bus(self, kind: str, n: np.ndarray, q: float, q_out: float, found: list) -> np.ndarray | None:
+        """``log busbw`` of ``n`` bytes over the group, interpolated between the curves ``found``
+        for it (:meth:`curves_for`), or ``None`` where there are none."""
         if not found:
             return None
         x = math.log2(q_out) if q_out > 1 else math.log2(q)
@@ -237,35 +237,24 @@ class CollectiveTables:
         w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
         return (1.0 - w) * values[j - 1] + w * values[j]
 
-    def measured_per_node(self, kind: str, q, q_out) -> np.ndarray:
-        """Ranks a node of the curves that price groups of ``q`` devices on ``q_out`` nodes
-        (broadcasting arrays; the fewest where several are read), ``NaN`` where none does.
-
-        >>> t = CollectiveTables({"all_reduce": [[16, 2, 1e6, 1], [64, 8, 1e6, 1]]})
-        >>> t.measured_per_node("all_reduce", [4, 8, 8], [4, 8, 1]).tolist()
-        [8.0, 8.0, nan]
-        """
-        q, q_out = np.broadcast_arrays(np.asarray(q, dtype=np.float64), np.asarray(q_out, dtype=np.float64))
-        out = np.full(q.shape, np.nan)
-        for gq, gout in np.unique(np.stack([q.ravel(), q_out.ravel()], axis=1), axis=0):
-            found = self.curves_for(kind, float(gq), float(gout)) if gq > 1 else []
-            if found:
-                out[(q == gq) & (q_out == gout)] = min(r / nodes for _, (r, nodes) in found)
-        return out
-
-    def seconds(self, kind: str, n, q, q_out) -> np.ndarray:
+    def seconds(self, kind: str, n, q, q_out, share: float | None = None) -> np.ndarray:
         """Seconds of collective ``kind`` of ``n`` bytes per device over groups of ``q``
         devices on ``q_out`` nodes (broadcasting arrays): ``bus_factor(kind, q) * n / busbw``,
         ``busbw`` interpolated at ``n`` and at the group's span (bus bandwidth does not depend
         on the group's size through the bus factor, so a curve measured on another size keeps
         its bandwidth). ``NaN`` where no curve is on the group's side; 0 where ``q <= 1`` or
-        ``n <= 0``.
+        ``n <= 0``. ``share`` (bytes/s, a GPU's share of what a node sends): where every curve
+        read was measured with more ranks a node than the group has, never below
+        :func:`share_floor`.
 
         >>> t = CollectiveTables({"all_gather": [[16, 2, 1e8, 200], [64, 8, 1e8, 50]]})
         >>> round(float(t.seconds("all_gather", 1e8, 32, 4)) * 1e6, 1)   # 100 GB/s halfway: 31/32 x 1 ms
         968.8
         >>> round(float(t.seconds("all_gather", 1e8, 128, 16)) * 1e6)   # the fall of 2 -> 8 goes on: 25 GB/s
         3969
+        >>> t = CollectiveTables({"all_reduce": [[16, 2, 1e9, 4]]})     # whole nodes: 8 a node
+        >>> [round(float(t.seconds("all_reduce", 1e9, g, 2, share=0.5e9)), 4) for g in (16, 2)]   # 1 a node: 2 (1/2) 1e9 / 0.5e9
+        [0.4688, 2.0]
         """
         n, q, q_out = np.broadcast_arrays(*[np.asarray(a, dtype=np.float64) for a in (n, q, q_out)])
         out = np.zeros(n.shape)
@@ -275,11 +264,14 @@ class CollectiveTables:
         pairs = np.unique(np.stack([q[live], q_out[live]], axis=1), axis=0)
         for gq, gout in pairs:
             at = live & (q == gq) & (q_out == gout)
-            log_bus = self._log_bus(kind, n[at], float(gq), float(gout))
+            found = self.curves_for(kind, float(gq), float(gout))
+            log_bus = self._log_bus(kind, n[at], float(gq), float(gout), found)
             if log_bus is None:
                 out[at] = np.nan
                 continue
             out[at] = bus_factor(kind, gq) * n[at] / np.exp(log_bus)
+            if share is not None and gq / gout < min(r / nodes for _, (r, nodes) in found):
+                out[at] = np.maximum(out[at], share_floor(kind, n[at], gq, gout, share))
         return out
 
 

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from pase.core.checks import is_int, is_number
 
-__all__ = ["FITTED_BOUNDS", "validate_fitted"]
+__all__ = ["FITTED_BOUNDS", "validate_fitted", "at_bounds"]
 
 #: Each fitted constant's bounds, inclusive. The collectives' scales: from four times faster than
 #: the machine prices them (a description far too pessimistic) to 16 times slower (a congested or
@@ -88,4 +88,27 @@ def validate_fitted(data, where: str) -> dict:
                                                    for k, v in loo.items()):
             raise ValueError(f"{where}: fitted leave_one_out must be an object of numbers")
         out["leave_one_out"] = {k: float(v) for k, v in loo.items()}
+    return out
+
+
+def at_bounds(fitted: dict, tolerance: float = 1e-3) -> list:
+    """The fitted constants (a description's ``fitted`` field) that ended within ``tolerance`` (of
+    their range) of a bound of :data:`FITTED_BOUNDS`, as ``name bound`` texts. A
+    host time of 0 is not listed: no host floor is a value the mechanism has, not the end of it.
+
+    >>> at_bounds({"compute_efficiency": 0.8, "block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.05,
+    ...            "collective_scale": {"intra_node": 6.1, "inter_node": 0.25}})
+    ['inter_node 0.25', 'pipeline_tp_wait_seconds 0.05']
+    """
+    values = {"compute_efficiency": fitted["compute_efficiency"],
+              "intra_node": fitted["collective_scale"]["intra_node"],
+              "inter_node": fitted["collective_scale"]["inter_node"],
+              "block_overhead_seconds": fitted["block_overhead_seconds"],
+              "pipeline_tp_wait_seconds": fitted["pipeline_tp_wait_seconds"]}
+    out = []
+    for name, value in values.items():
+        low, high = FITTED_BOUNDS[name]
+        for bound in (low, high):
+            if abs(value - bound) <= tolerance * (high - low) and not (name.endswith("_seconds") and bound == 0.0):
+                out.append(f"{name} {bound:g}")
     return out

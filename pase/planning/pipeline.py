@@ -14,12 +14,12 @@ drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (tw
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from pase.costing.memory import activation_elements
 from pase.costing.training import FORWARD_SHARE
 from pase.costing.training.allocator import retry_seconds, stranded_bytes
 from pase.planning.host_floor import host_seconds
@@ -301,8 +301,8 @@ def sent_elements(costing, v: int, stage_devices: int, split: bool) -> np.ndarra
     own = np.broadcast_to(costing.parts[v].activations, (len(costing.configs[0]),)).astype(np.float64)
     if not split:
         return own
-    layer = costing.network.layers[v]
-    whole = sum(math.prod(shape) for shape in layer.output_shapes) * layer.output_density
+    unsplit = np.ones((1, np.asarray(costing.configs[v]).shape[1]))  # the output's whole, on one device
+    whole = float(activation_elements(costing.network.layers[v], unsplit)[0])
     return np.minimum(own, whole / float(stage_devices))
 
 
