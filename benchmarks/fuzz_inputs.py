@@ -1227,7 +1227,9 @@ GOOD_RECIPES = ("dp=4", "tp=4", "dp=2,tp=2", "pp=2,dp=2", "zero=3", "recompute=f
                 "microbatch=1", "dp=2,tp=2,sp=true", "pp=2,schedule=1f1b", "cp=2,dp=2", "dp=4,zero=0,microbatch=2",
                 # Issue 45: offload to the host.
                 "offload=optimizer", "zero=3,offload=optimizer+params", "offload=params+optimizer", "offload=activations",
-                "offload=none", "dp=4,zero=1,offload=optimizer+activations")
+                "offload=none", "dp=4,zero=1,offload=optimizer+activations",
+                # Issue 42: Megatron's --recompute-modules.
+                "recompute=selective,recompute_modules=layernorm+mlp", "recompute=selective,recompute_modules=core_attn")
 #: (recipe, why it is refused): a bad value is exit 2.
 BAD_RECIPES = (
     ("dp=3", "degrees not dividing p"), ("dp=8", "more devices than -p"), ("tp=0", "a zero degree"),
@@ -1250,6 +1252,11 @@ BAD_RECIPES = (
     ("offload=optimizer,pp=2", "offload on a pipeline"), ("offload=disk", "an unknown offload"),
     ("offload=optimizer+optimizer", "an offload named twice"), ("offload=nvme", "nvme on a machine without a drive"),
     ("offload=", "an empty offload"), ("offload=optimizer++params", "an empty offload word"),
+    # Issue 42: recompute modules refused.
+    ("recompute_modules=mlp", "modules without selective"), ("recompute=full,recompute_modules=mlp", "modules under full"),
+    ("recompute=selective,recompute_modules=moe", "a module not priced"),
+    ("recompute=selective,recompute_modules=mlp+mlp", "a module named twice"),
+    ("recompute=selective,recompute_modules=", "no modules"),
 )
 
 

@@ -295,6 +295,7 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         moe_shared_expert_intermediate_size=_int(a, "--moe-shared-expert-intermediate-size"),
         recompute_granularity=a.get("--recompute-granularity"), recompute_method=a.get("--recompute-method"),
         recompute_num_layers=_int(a, "--recompute-num-layers"),
+        recompute_modules=list(a["--recompute-modules"]) if "--recompute-modules" in a else None,
         virtual_pipeline_model_parallel_size=None if chunk is None else (layers + extras) // (pp * chunk),
         account_for_embedding_in_pipeline_split=bool(a.get("--account-for-embedding-in-pipeline-split")),
         account_for_loss_in_pipeline_split=bool(a.get("--account-for-loss-in-pipeline-split")),

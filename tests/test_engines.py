@@ -36,6 +36,9 @@ MEGATRON_CASES = [
     # Megatron's block recomputation: the first 2 layers of each model chunk (--recompute-method block).
     ("block", LLAMA,
      "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,zero=1,recompute=block,recompute_layers=2,microbatch=1"),
+    # Selective recomputation by module (--recompute-modules): NVIDIA's MoE choice, a dense MLP.
+    ("moe_modules", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=selective,recompute_modules=moe_act+layernorm"),
+    ("mlp_modules", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,recompute_modules=core_attn+mlp"),
 ]
 
 
@@ -100,6 +103,10 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
         assert config.sequence_parallel and "etp=1" in report["training"]["recipe"]
     if name == "pipeline":
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (7, 7)
+    if name in ("moe_modules", "mlp_modules"):  # megatron-core's own checks of the modules ran
+        assert config.recompute_granularity == "selective"
+        assert config.recompute_modules == {"moe_modules": ["moe_act", "layernorm"],
+                                            "mlp_modules": ["core_attn", "mlp"]}[name]
 
 
 def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):

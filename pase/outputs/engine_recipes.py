@@ -20,7 +20,7 @@ from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch,
 from pase.outputs.titan_export import LAUNCH_MARK
 from pase.outputs.titan_recipes import (launch_engine, recipe_from_launch, recipe_from_torchtitan,
                                         toml_engine)
-from pase.planning.mesh import Recipe
+from pase.planning.mesh import RECOMPUTE_MODULE_WORDS, Recipe
 from pase.planning.pipeline import chunk_sizes, extra_word, unit_split, virtual_order
 
 __all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_launch",
@@ -158,6 +158,8 @@ _MEGATRON_VALUED = {
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
 }
+#: Arguments of one or more words (Megatron-LM's ``nargs="+"``, a ``List[str]`` field).
+_MEGATRON_LISTS = {"--recompute-modules"}
 #: Model arguments checked against the graph's declared architecture (the key there).
 _MEGATRON_MODEL = {"--num-layers": "layers", "--hidden-size": "width", "--num-attention-heads": "heads",
                    "--kv-channels": "head_dim", "--ffn-hidden-size": "mlp_width", "--seq-length": "sequence"}
@@ -185,7 +187,15 @@ def _megatron_arguments(text: str) -> dict:
             raise ValueError(f"expected a Megatron-LM argument (--name), got {token!r}")
         if flag in args:
             raise ValueError(f"argument {flag} is given twice")
-        if flag in _MEGATRON_VALUED or flag in _MEGATRON_PASSIVE_VALUED:
+        if flag in _MEGATRON_LISTS:  # nargs "+": every word up to the next flag
+            words = [inline] if eq else []
+            while not eq and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                words.append(tokens[i + 1])
+                i += 1
+            if not words or not all(words):
+                raise ValueError(f"argument {flag} needs one or more values")
+            args[flag] = tuple(words)
+        elif flag in _MEGATRON_VALUED or flag in _MEGATRON_PASSIVE_VALUED:
             if eq:
                 args[flag] = inline
             elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
@@ -328,22 +338,35 @@ def _megatron_zero(args: dict, dp: int, cp: int) -> int:
 
 
 def _megatron_recompute(args: dict) -> tuple:
-    """``(recompute, recompute_layers)`` of ``--recompute-granularity`` and its method."""
+    """``(recompute, recompute_layers, recompute_modules)`` of ``--recompute-granularity``, its
+    method and its modules."""
     granularity = args.get("--recompute-granularity")
+    modules = args.get("--recompute-modules")
+    if modules is not None and granularity != "selective":
+        raise ValueError("--recompute-modules applies under --recompute-granularity selective")
     if granularity is None:
-        return "none", None
+        return "none", None, None
     if granularity == "selective":
-        return "selective", None
+        if modules is None:
+            return "selective", None, None
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULE_WORDS]
+        if unknown:
+            raise ValueError(f"cannot express --recompute-modules {' '.join(unknown)} (priced: "
+                             f"{', '.join(RECOMPUTE_MODULE_WORDS)})")
+        if len(set(modules)) != len(modules):
+            raise ValueError("--recompute-modules names a module twice")
+        picked = tuple(m for m in RECOMPUTE_MODULE_WORDS if m in modules)
+        return "selective", None, None if picked == ("core_attn",) else picked
     if granularity != "full":
         raise ValueError(f"--recompute-granularity must be full or selective, got {granularity!r}")
     method = args.get("--recompute-method")
     layers = _megatron_int(args, "--recompute-num-layers", 1)
     if method == "block":  # the first N layers of each stage (model chunk) recomputed, the rest kept
-        return "block", layers
+        return "block", layers, None
     if method != "uniform" or layers != 1:
         raise ValueError(f"cannot express --recompute-method {method} --recompute-num-layers {layers} (priced: "
                          "every layer recomputed, uniform 1; or block N)")
-    return "full", None
+    return "full", None, None
 
 
 def _megatron_first_last(first, last, blocks, pp: int) -> tuple:
@@ -467,14 +490,14 @@ def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Rec
     d = _megatron_degrees(args, procs)
     micro = _megatron_batch(args, d["dp"], batch, network)
     zero = _megatron_zero(args, d["dp"], d["cp"])
-    recompute, recompute_layers = _megatron_recompute(args)
+    recompute, recompute_layers, recompute_modules = _megatron_recompute(args)
     sp = "--sequence-parallel" in args
     overlap_tp = "--tp-comm-overlap" in args
     if overlap_tp and not sp:
         raise ValueError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it too)")
     return make_recipe(dp=d["dp"], tp=d["tp"], pp=d["pp"], cp=d["cp"], ep=d["ep"] if d["ep"] > 1 else None,
                        etp=folded_etp(d["dp"], d["tp"], d["ep"], d["etp"]), zero=zero, recompute=recompute,
-                       recompute_layers=recompute_layers, microbatch=micro, sp=sp if d["tp"] > 1 else None,
+                       recompute_layers=recompute_layers, recompute_modules=recompute_modules, microbatch=micro, sp=sp if d["tp"] > 1 else None,
                        tp_overlap=overlap_tp, **_megatron_pipeline(args, d["pp"], network),
                        **_megatron_experts(args, d["ep"]),
                        **_megatron_precision(args, zero))

@@ -242,6 +242,9 @@ def _parallel_arguments(plan: EnginePlan) -> list:
                  ("--recompute-num-layers", plan.recompute_layers)]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        modules = tuple(getattr(plan, "recompute_modules", ("core_attn",)))
+        if modules != ("core_attn",):  # Megatron's default, written only where the plan differs
+            args.append(("--recompute-modules", list(modules)))
     if plan.tp_overlap and plan.tp > 1:
         args.append(("--tp-comm-overlap", None))
     if plan.overlap:
@@ -333,8 +336,10 @@ def megatron_settings(plan, per_node: int | None = None, profile=None) -> dict:
     args = _model_arguments(plan) + _precision_arguments(plan) + _parallel_arguments(plan)
     if setting(profile, "grad_reduce") == "bf16":
         args.append(("--grad-reduce-in-bf16", None))  # the profile's switch, priced
-    # Values quoted for the shell: a layout has | and *, a list value [ ] (shell patterns).
-    line = " ".join(flag if value is None else f"{flag} {shlex.quote(str(value))}" for flag, value in args)
+    # Values quoted for the shell: a layout has | and *, a list value [ ] (shell patterns); a
+    # list (--recompute-modules, nargs "+") one word each.
+    line = " ".join(flag if value is None else f"{flag} {' '.join(shlex.quote(str(v)) for v in value)}"
+                    if isinstance(value, list) else f"{flag} {shlex.quote(str(value))}" for flag, value in args)
     return {"engine": "megatron-lm", "arguments": {flag: (True if value is None else value) for flag, value in args},
             "command_line": line, "launch": f"{torchrun(plan, per_node)} pretrain_gpt.py {line} --data-path DATA",
             "data_parallel_size": plan.dp, "recipe": plan.recipe}

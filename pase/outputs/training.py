@@ -44,7 +44,7 @@ CAUSE_NAMES = {k: _TIME_NAMES[k] for k in
 #: Recipe keys as the difference between two plans names them, and their values when a
 #: recipe leaves them out (a degree of 1, no pipeline schedule).
 _RECIPE_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": None, "sp": None, "schedule": None, "vpp": None,
-                    "zero": None, "recompute": None, "microbatch": None}
+                    "zero": None, "recompute": None, "recompute_modules": None, "microbatch": None}
 _MEMORY_NAMES = {
     "model_state": "weights, gradients, optimizer",
     "activations": "stored activations",
@@ -241,6 +241,8 @@ def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None
     data["warnings"] = plan_warnings(candidate, seconds)
     if o.recompute == "block":  # the blocks each pipeline chunk recomputes (Megatron's --recompute-num-layers)
         data["recompute_layers"] = o.recompute_layers
+    if o.recompute == "selective":  # what it recomputes (Megatron's --recompute-modules)
+        data["recompute_modules"] = list(o.recompute_modules)
     if o.precision != "bf16":  # the number format, for the engines' exports (bf16 when absent)
         data["precision"] = {"format": o.precision, "fp8_scaling": o.fp8_scaling if o.precision == "fp8" else None,
                              "fp8_gather": o.fp8_gather}
@@ -381,8 +383,8 @@ def difference(best, other) -> str:
         if key == "sp" and 1 in (a["tp"], b["tp"]):  # sequence parallelism needs tp > 1 on both sides
             continue
         if a.get(key) != b.get(key):
-            new = "off" if b.get(key) is None else str(b[key]).lower()
-            old = "off" if a.get(key) is None else str(a[key]).lower()
+            new = "off" if b.get(key) is None else "+".join(b[key]) if isinstance(b[key], tuple) else str(b[key]).lower()
+            old = "off" if a.get(key) is None else "+".join(a[key]) if isinstance(a[key], tuple) else str(a[key]).lower()
             words.append(f"{key} {new} instead of {old}")
     return ", ".join(words) or "same recipe"
 

@@ -72,6 +72,8 @@ class Candidate:
         parts += [f"zero={o.zero}", f"recompute={o.recompute}"]
         if o.recompute == "block":
             parts.append(f"recompute_layers={o.recompute_layers}")
+        if o.recompute == "selective" and o.recompute_modules != ("core_attn",):
+            parts.append(f"recompute_modules={'+'.join(o.recompute_modules)}")
         if self.microbatch is not None:
             parts.append(f"microbatch={self.microbatch}")
         if o.precision != "bf16":  # the plan's number format, in the words engines' exports read
@@ -118,6 +120,8 @@ class Candidate:
         return Recipe(dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp, zero=self.options.zero,
                       recompute=self.options.recompute, microbatch=self.microbatch,
                       recompute_layers=self.options.recompute_layers or None,
+                      recompute_modules=self.options.recompute_modules if self.options.recompute == "selective"
+                      and self.options.recompute_modules != ("core_attn",) else None,
                       schedule=pipe.get("schedule"), vpp=pipe.get("vpp") if pipe.get("schedule") == "interleaved"
                       else None, sp=mesh.sp if mesh.tp > 1 else None, ep=mesh.ep if mesh.ep > 1 else None,
                       etp=mesh.expert_tp if mesh.folded else None, pipeline_extra=pipe.get("pipeline_extra"),

@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 from pase.costing.training import TrainingOptions
 from pase.costing.training.allocator import ALLOCATOR_RETRY_SECONDS
-from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, TP_OVERLAP_KINDS
+from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, RECOMPUTE_MODULES, TP_OVERLAP_KINDS
 from pase.planning.engine_cut import PIPELINE_CUTS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
@@ -64,6 +64,7 @@ FACTS = {
     "pp_p2p_overlap": bool,
     "pp_send_split": bool,
     "recompute_policies": list,
+    "recompute_modules": list,
     "optimizer": str,
     "optimizer_temp_bytes": float,
     "optimizer_master_bytes": float,
@@ -98,7 +99,7 @@ OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "redu
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
                   "tp_overlap_gather_buffers": 0.0, "tp_overlap_scatter_buffers": 0.0,
                   "optimizer_master_bytes": 4.0, "lp_grad_kept": False, "pp_send_split": False,
-                  "pipeline_cut": "search"}
+                  "pipeline_cut": "search", "recompute_modules": ("core_attn",)}
 _POLICIES = ("none", "selective", "full", "op", "block")
 
 
@@ -133,8 +134,9 @@ def _check_value(name: str, value, where: str):
             raise ValueError(f"{where}: {name} must be in (0, 1] (a fraction of the device's peak), got {value!r}")
         return float(value)
     if kind is list:
-        if not isinstance(value, list) or not value or any(p not in _POLICIES for p in value):
-            raise ValueError(f"{where}: {name} must be a non-empty list of {', '.join(_POLICIES)}, got {value!r}")
+        words = RECOMPUTE_MODULES if name == "recompute_modules" else _POLICIES
+        if not isinstance(value, (list, tuple)) or not value or any(p not in words for p in value):
+            raise ValueError(f"{where}: {name} must be a non-empty list of {', '.join(words)}, got {value!r}")
         return tuple(value)
     if not isinstance(value, str):
         raise ValueError(f"{where}: {name} must be a string, got {value!r}")

@@ -69,6 +69,8 @@ class EnginePlan(ExpertGrid):
     etp: int | None = None
     #: Under ``recompute=block``: the blocks each pipeline chunk recomputes (0 otherwise).
     recompute_layers: int = 0
+    #: Under ``recompute=selective``: what it recomputes (Megatron's ``--recompute-modules``).
+    recompute_modules: tuple = ("core_attn",)
     #: The embedding and/or the loss counted as pipeline layers (``pipeline_extra``).
     pipeline_extra: str = "none"
     #: The mixture of experts' token dispatcher and overlaps (``pase.costing.training.experts``).
@@ -115,6 +117,8 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
         fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers,
+        recompute_modules=tuple(getattr(o, "recompute_modules", ("core_attn",))) if o.recompute == "selective"
+        else ("core_attn",),
         pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none",
         moe_dispatcher=getattr(o, "moe_dispatcher", "alltoall"), ep_overlap=bool(getattr(o, "ep_overlap", False)),
         shared_overlap=bool(getattr(o, "shared_overlap", False)), offload=tuple(getattr(o, "offload", ())))
@@ -225,6 +229,13 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     why = policy_refusal(profile, plan.recompute) or offload_refusal(profile.name, plan.offload)
     if why is not None:
         return why
+    if plan.recompute == "selective" and any(m not in profile.facts["recompute_modules"] for m in plan.recompute_modules):
+        return (f"{profile.name} recomputes {', '.join(profile.facts['recompute_modules'])} under selective "
+                f"recomputation, not {'+'.join(plan.recompute_modules)} (Megatron-Core's --recompute-modules)")
+    if plan.recompute == "selective" and plan.precision == "fp8" and plan.fp8_scaling == "delayed" and (
+            {"moe_act", "layernorm"} & set(plan.recompute_modules)):
+        return ("Megatron-Core refuses moe_act and layernorm recomputation under FP8 delayed scaling "
+                "(transformer/transformer_config.py:1241-1246)")
     if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
         return _why(profile, "tp_overlap", True)
     return None
@@ -291,7 +302,9 @@ def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False)
                       overlap=options.overlap, sequence=None, architecture=architecture or {"declared": True}, recipe="",
                       precision=getattr(options, "precision", "bf16"),
                       fp8_scaling=getattr(options, "fp8_scaling", "current"),
-                      fp8_gather=bool(getattr(options, "fp8_gather", False)), etp=mesh.etp)
+                      fp8_gather=bool(getattr(options, "fp8_gather", False)), etp=mesh.etp,
+                      recompute_modules=tuple(getattr(options, "recompute_modules", ("core_attn",)))
+                      if options.recompute == "selective" else ("core_attn",))
     return refusal(engine, plan, export)
 
 

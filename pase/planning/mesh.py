@@ -247,7 +247,7 @@ class MeshMapper:
 # ---------------------------------------------------------------------------------------
 # Recipes
 
-RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "microbatch", "schedule", "vpp", "sp",
+RECIPE_KEYS = ("dp", "tp", "pp", "cp", "zero", "recompute", "recompute_layers", "recompute_modules", "microbatch", "schedule", "vpp", "sp",
                "tp_overlap", "ep",
                "precision", "scaling", "fp8_gather",
                "stages", "etp", "pipeline_extra", "dispatcher", "ep_overlap", "shared_overlap", "offload")
@@ -270,6 +270,9 @@ _WORD_KEYS = {"recompute": ("none", "selective", "full", "op", "block"), "schedu
 #: (``pase.costing.training.options.OFFLOAD_KINDS``), or ``none`` (nothing, and the search
 #: tries no offload either).
 OFFLOAD_WORDS = ("optimizer", "nvme", "params", "activations")
+#: ``recompute_modules=``: what ``recompute=selective`` recomputes, joined by ``+``
+#: (``pase.costing.training.options.RECOMPUTE_MODULES``; Megatron-Core's ``--recompute-modules``).
+RECOMPUTE_MODULE_WORDS = ("core_attn", "moe_act", "layernorm", "mlp")
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,9 @@ class Recipe:
     #: With ``recompute=block``: the blocks each pipeline chunk recomputes (Megatron's
     #: ``--recompute-num-layers``); ``None``: searched, the smallest count that fits.
     recompute_layers: int | None = None
+    #: With ``recompute=selective``: what it recomputes (:data:`RECOMPUTE_MODULE_WORDS` in order;
+    #: Megatron's ``--recompute-modules``); ``None``: Megatron's default, ``core_attn``.
+    recompute_modules: tuple | None = None
     microbatch: int | None = None
     schedule: str | None = None
     vpp: int | None = None
@@ -323,7 +329,7 @@ class Recipe:
 
     def text(self) -> str:
         def word(k, v):
-            if k == "offload":
+            if k in ("offload", "recompute_modules"):
                 return "+".join(v) or "none"
             return str(v).lower() if isinstance(v, bool) else "/".join(map(str, v)) if isinstance(v, tuple) else v
 
@@ -342,6 +348,9 @@ class Recipe:
         if self.recompute_layers is not None and self.recompute != "block":
             raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                              "add recompute=block")
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError("recipe recompute_modules applies to recompute=selective (Megatron's --recompute-modules "
+                             "under --recompute-granularity selective): add recompute=selective")
         _check_experts(self.fixed())
         check_offload(self.fixed())
         if self.pipeline_extra not in (None, "none") and self.pp == 1:
@@ -401,6 +410,18 @@ def check_offload(values: dict) -> None:
                          "refuses activation offloading with pipeline parallelism); use pp=1")
 
 
+def _recompute_modules(value: str) -> tuple:
+    """``recompute_modules=``'s words: modules joined by ``+``, each once, in canonical order."""
+    words = value.split("+")
+    for w in words:
+        if w not in RECOMPUTE_MODULE_WORDS:
+            raise ValueError((f"recipe recompute_modules must be {', '.join(RECOMPUTE_MODULE_WORDS)} joined by +, "
+                              f"got {value!r}")[:200])
+    if len(set(words)) != len(words):
+        raise ValueError(f"recipe recompute_modules names a module twice: {value!r}"[:200])
+    return tuple(w for w in RECOMPUTE_MODULE_WORDS if w in words)
+
+
 def _offload(value: str) -> tuple:
     """``offload=``'s words: ``none`` or kinds joined by ``+``, each once, in canonical order."""
     if value == "none":
@@ -426,10 +447,12 @@ def _positive(key: str, value: str) -> int:
 
 @arguments(text=text)
 def parse_recipe(text: str) -> Recipe:
-    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers microbatch
+    """``KEY=VALUE,...`` with keys ``dp tp pp cp zero recompute recompute_layers recompute_modules microbatch
     schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp pipeline_extra
     dispatcher ep_overlap shared_overlap offload`` (``stages``: blocks per pipeline stage, ``A/B/...``;
-    ``recompute_layers``: with ``recompute=block`` only; ``pipeline_extra``: ``none``,
+    ``recompute_layers``: with ``recompute=block`` only; ``recompute_modules``: with
+    ``recompute=selective`` only, ``core_attn``, ``moe_act``, ``layernorm``, ``mlp`` joined by
+    ``+``; ``pipeline_extra``: ``none``,
     ``embedding``, ``loss`` or ``embedding+loss``, counted as pipeline layers; ``dispatcher``:
     ``alltoall``, ``allgather``, ``deepep`` or ``hybridep``; ``offload``: ``none`` or
     ``optimizer``, ``nvme``, ``params``, ``activations`` joined by ``+``).
@@ -471,6 +494,8 @@ def parse_recipe(text: str) -> Recipe:
             values[key] = tuple(_positive(key, part) for part in parts)
         elif key == "offload":
             values[key] = _offload(value)
+        elif key == "recompute_modules":
+            values[key] = _recompute_modules(value)
         elif key in ("sp", "tp_overlap", "fp8_gather", "ep_overlap", "shared_overlap"):
             if value not in ("true", "false", "on", "off", "1", "0"):
                 raise ValueError(f"recipe {key} must be true or false, got {value!r}")
@@ -480,6 +505,9 @@ def parse_recipe(text: str) -> Recipe:
     if "recompute_layers" in values and values.get("recompute") != "block":
         raise ValueError("recipe recompute_layers applies to recompute=block (Megatron's --recompute-num-layers): "
                          "add recompute=block")
+    if "recompute_modules" in values and values.get("recompute") != "selective":
+        raise ValueError("recipe recompute_modules applies to recompute=selective (Megatron's --recompute-modules "
+                         "under --recompute-granularity selective): add recompute=selective")
     if "scaling" in values and values.get("precision") not in ("fp8", "search"):
         raise ValueError("recipe scaling applies to precision=fp8 (MXFP8 and NVFP4 scale per block): add precision=fp8")
     if values.get("tp_overlap") and values.get("sp") is False:

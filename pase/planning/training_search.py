@@ -238,6 +238,35 @@ def with_experts(base: TrainingOptions, recipe: Recipe) -> TrainingOptions:
     return base.but(**fields) if fields else base
 
 
+def with_recompute_modules(base: TrainingOptions, recipe: Recipe, engine=None) -> TrainingOptions:
+    """``base`` with the recipe's ``recompute_modules`` where it gives them; ``ValueError`` when
+    the engine does not run them (its ``recompute_modules`` fact: Megatron-Core's
+    ``--recompute-modules``; every other engine recomputes attention's core alone under
+    ``selective``)."""
+    if recipe.recompute_modules is None:
+        return base
+    if engine is not None:
+        runs = engine.facts["recompute_modules"]
+        missing = [m for m in recipe.recompute_modules if m not in runs]
+        if missing:
+            raise ValueError(f"engine {engine.name} does not recompute {'+'.join(missing)} on its own (its "
+                             f"recompute_modules: {', '.join(runs)}; Megatron-Core's --recompute-modules does: "
+                             f"--engine megatron)")
+    options = base.but(recompute_modules=recipe.recompute_modules)
+    if not delayed_modules_run(options):
+        raise ValueError("recompute_modules moe_act and layernorm do not run under FP8 delayed scaling "
+                         "(Megatron-Core refuses them, transformer/transformer_config.py:1241-1246): "
+                         "use scaling=current or drop them")
+    return options
+
+
+def delayed_modules_run(options: TrainingOptions) -> bool:
+    """Whether Megatron-Core runs these options' recompute modules under their FP8 scaling: not
+    ``moe_act`` nor ``layernorm`` under delayed scaling (transformer_config.py:1241-1246)."""
+    return not (options.precision == "fp8" and options.fp8_scaling == "delayed"
+                and {"moe_act", "layernorm"} & set(options.recompute_modules))
+
+
 class StageReuse:
     """What the stages take from work done before the search: by default nothing (each search
     builds its networks' structures, edge tables and costings and forgets them when priced).
@@ -328,7 +357,7 @@ def search_meshes(
     chosen = plan_stage(space, meshes, priced, memory_cap, keep_all, keep_best, keep_to, exporting, bands)
     if chosen.best is None and chosen.least is None:
         raise _nothing_runs(space, meshes, chosen, batch, procs, machine, keep_to, rules)
-    block_counts = space.search_block and any(policy == "block" for _, policy, _ in space.grid)
+    block_counts = space.search_block and any(policy == "block" for _, policy, *_ in space.grid)
     contenders = chosen.contenders or ([(chosen.best.step, chosen.best.peak, chosen.best)] if chosen.best else [])
     choice = choose_plan(contenders, bands, memory_cap)
 
@@ -347,7 +376,8 @@ def search_meshes(
         experts=bool(space.expert_counts),
         fastest=[made(offered.found) for offered in chosen.fastest],
         block_counts=block_counts,
-        said=(meshes.said, _options_said(block_counts), _pipelines_said(block_counts))
+        said=(meshes.said, _options_said(block_counts, any(m is not None for *_, m in space.grid)),
+              _pipelines_said(block_counts))
         + ((_experts_said(),) if space.expert_counts else ()),
         contenders=contenders,
         rule=choice.rule if choice is not None else "fastest",
@@ -385,7 +415,7 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
                  keep_to: tuple, exporting: bool, rules: ParallelRules) -> SearchSpace:
     """Stage 0: the recipe checked against the machine, the engines kept to and the graph built
     at the whole batch (``ValueError`` with why where nothing can apply)."""
-    base = with_experts(with_precision(base, recipe, machine), recipe)
+    base = with_recompute_modules(with_experts(with_precision(base, recipe, machine), recipe), recipe, engine)
     overlaps = overlap_choices(recipe, base, engine)
     if overlaps == (True,) and recipe.sp is None:  # Megatron's overlap needs sequence parallelism
         recipe = Recipe(**{**recipe.fixed(), "sp": True})
@@ -405,10 +435,33 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
     # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
     search_block = recipe.recompute_layers is None
-    grid = tuple((z, r, o) for z, r in options_grid(recipe, engine) for o in overlaps
+    modules = module_choices(recipe, base, engine, bool(expert_counts))
+    grid = tuple((z, r, o, m) for z, r in options_grid(recipe, engine) for o in overlaps
+                 for m in (modules if r == "selective" else (None,))
                  if r != "block" or blocks or not search_block)
     return SearchSpace(recipe, base, overlaps, tuple(schedules), tuple(stage_counts), probe, blocks,
                        tuple(expert_counts), grid, search_block)
+
+
+#: The recompute modules the search tries beside Megatron's default under selective
+#: recomputation, on a network with a mixture of experts: NVIDIA's choice for its MoE runs
+#: (Megatron-Bridge perf_recipes/gpt_oss/h100/gpt_oss.py:39, ``["layernorm", "moe_act"]``),
+#: which discards the experts' activation and the norm before them for little time.
+SEARCHED_MOE_MODULES = ("moe_act", "layernorm")
+
+
+def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool) -> tuple:
+    """The ``recompute_modules`` tried under ``selective`` (``None``: the base options'): the
+    recipe's alone where it fixes them or fixes ``recompute=selective`` (Megatron's default,
+    ``core_attn``), else also :data:`SEARCHED_MOE_MODULES` on a mixture of experts where the
+    engine recomputes them and its FP8 scaling lets it."""
+    if recipe.recompute_modules is not None or recipe.recompute is not None or not experts or engine is None:
+        return (None,)
+    if not set(SEARCHED_MOE_MODULES) <= set(engine.facts["recompute_modules"]):
+        return (None,)
+    if not delayed_modules_run(base.but(recompute="selective", recompute_modules=SEARCHED_MOE_MODULES)):
+        return (None,)
+    return (None, SEARCHED_MOE_MODULES)
 
 
 def _pipeline_choices(recipe: Recipe, procs: int) -> tuple:
@@ -667,9 +720,10 @@ def options_stage(space: SearchSpace, microbatches: int) -> tuple:
     recipe = space.recipe
     blocks = recipe.recompute_layers or space.blocks or 1
     settings = [space.base.but(zero=zero, recompute=policy, microbatches=microbatches, tp_overlap=overlap,
-                               recompute_layers=0 if policy != "block" else blocks)
-                for zero, policy, overlap in space.grid]
-    searched = [policy == "block" and space.search_block for _, policy, _ in space.grid]
+                               recompute_layers=0 if policy != "block" else blocks,
+                               **({} if modules is None else {"recompute_modules": modules}))
+                for zero, policy, overlap, modules in space.grid]
+    searched = [policy == "block" and space.search_block for _, policy, *_ in space.grid]
     return settings, searched
 
 
@@ -711,9 +765,10 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     return rows
 
 
-def _options_said(block_counts: bool) -> Said:
-    words = (f", ZeRO {min(ZERO_STAGES)}-{max(ZERO_STAGES)}, recomputation {'/'.join(SEARCHED_POLICIES)} and every "
-             "micro-batch size dividing the per-rank batch")
+def _options_said(block_counts: bool, modules: bool = False) -> Said:
+    words = (f", ZeRO {min(ZERO_STAGES)}-{max(ZERO_STAGES)}, recomputation {'/'.join(SEARCHED_POLICIES)}"
+             + (f" (selective also with {'+'.join(SEARCHED_MOE_MODULES)}, Megatron's --recompute-modules)"
+                if modules else "") + " and every micro-batch size dividing the per-rank batch")
     if block_counts:
         words += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with every "
                   "N from 1 to a chunk's blocks per mesh, ZeRO stage and micro-batch")
@@ -763,7 +818,7 @@ def plan_stage(space: SearchSpace, meshes: MeshCandidates, priced: dict, memory_
     chosen = Chosen()
     for group in meshes.groups:
         done = priced[(group.pp, group.global_micro)]
-        for (zero, policy, overlap), setting, rows in zip(space.grid, done.settings, done.rows):
+        for (zero, policy, overlap, _), setting, rows in zip(space.grid, done.settings, done.rows):
             for i, (mesh, micro) in enumerate(group.meshes):
                 options = setting.but(recompute_layers=int(rows.counts[i])) if policy == "block" and rows.counts[i] \
                     else setting

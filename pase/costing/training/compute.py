@@ -8,7 +8,7 @@ import numpy as np
 from pase.costing.precision import PrecisionPricing
 from pase.costing.training.keeping import LayerKeeping, per_layer_kept
 from pase.costing.training.options import TrainingOptions
-from pase.costing.training.parts import PricedLayers
+from pase.costing.training.parts import FORWARD_SHARE, PricedLayers
 from pase.machines.measured import ELEMENT_TRAFFIC
 from pase.model.layers.work import Gemm
 
@@ -129,6 +129,19 @@ class StepCompute:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
         return seconds
+
+    def expert_activation_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Seconds of the forward of mixture of experts ``v``'s activation, one point-wise pass
+        over its experts' first products' output (``matrices - 1`` times the activation's
+        ``MoE.activation_elements``), the forward share of its training-step price: what
+        ``recompute_modules`` ``moe_act`` runs again in the backward pass. Zeros elsewhere."""
+        layer = self.experts.get(v)
+        if layer is None or not hasattr(layer, "activation_elements"):
+            return np.zeros(len(self.configs[v]))
+        elements = np.asarray(layer.activation_elements(self.configs[v]), dtype=np.float64) * (layer.matrices - 1)
+        seconds = FORWARD_SHARE * np.asarray(self.machine.memory_bound("gelu", elements, 3.0 * elements),
+                                             dtype=np.float64)
+        return self._in_step(seconds, options, np.zeros_like(seconds))
 
     def expert_gemm_delta(self, v: int, options: TrainingOptions) -> np.ndarray | float:
         """Seconds a mixture of experts' products change by when they run as

@@ -18,7 +18,8 @@ __all__ = ["VectorGroups", "LayerKeeping", "per_layer_kept"]
 @dataclass(frozen=True, eq=False)
 class VectorGroups:
     """Layers equal in parts and in place (block, attention role, kept output, charged weights,
-    loss, read by the loss alone, kept by the operator policy, place among pooled readers) have
+    loss, read by the loss alone, kept by the operator policy, a module of Megatron's selective
+    recomputation, place among pooled readers) have
     equal vectors under any options: one representative each. ``groups``: ``(representative,
     members)`` in the order of their first layers; ``representative`` and ``group_of``: per
     layer, its group's representative and index in ``groups``."""
@@ -34,7 +35,7 @@ class VectorGroups:
         for v, layer in enumerate(layers.network.layers):
             key = (layers.kinds[v], st.cores.get(v), st.blocks[v] is None, st.block_outputs[v], st.charged[v],
                    layer.loss, bool(places.loss_only[v]), bool(places.op_saved[v]), bool(places.read_back[v]),
-                   reader_place.get(v))
+                   bool(places.module_norm[v]), bool(places.dense_mlp[v]), reader_place.get(v))
             found.setdefault(key, []).append(v)
         groups = [(members[0], np.array(members)) for members in found.values()]
         n = len(layers.network.layers)

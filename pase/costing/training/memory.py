@@ -131,8 +131,9 @@ class MemoryKinds:
           unit computed and the one prefetched, ``prefetch_units`` of them) at the gather's
           element size, plus ``unsharded_gradients``: the largest unit's full gradient at the
           reduction's element size, alive until its reduce-scatter;
-        - ``recompute_working_set`` (full, op, block): the largest working activations of a
-          block recomputed (``recomputed``: per layer; default every block);
+        - ``recompute_working_set`` (full, op, block; selective where its modules rerun
+          anything but attention: ``RecomputePolicy.working_mask``): the largest working
+          activations of a block recomputed (``recomputed``: per layer; default every block);
         - ``activation_gradients``: the gradient a layer's backward reads and the one it
           writes, twice the largest output (``activation_grads``);
         - ``comm_buffers`` and ``reserve``: constants of the engine and the options;
@@ -143,7 +144,8 @@ class MemoryKinds:
         out = {}
         if options.zero == 3 and len(gathered):
             out.update(self._gathered_weights(gathered, options))
-        if options.recompute in ("full", "op", "block"):
+        if options.recompute in ("full", "op", "block") or (
+                options.recompute == "selective" and recomputed is not None and np.any(recomputed)):
             members: dict = {}
             for v, b in enumerate(self.blocks[: len(working)]):
                 if b is not None and (recomputed is None or recomputed[v]):
@@ -195,7 +197,7 @@ class MemoryKinds:
             keep = np.zeros(len(gathered), dtype=bool)
             keep[list(layers)] = True
             gathered = np.where(keep[:, None], gathered, 0.0)
-        again = self.policy.recomputed_mask(options) if options.recompute in ("op", "block") else None
+        again = self.policy.working_mask(options) if options.recompute in ("op", "block", "selective") else None
         parts = self.transient_parts(gathered, vectors["working"], vectors["grads"], options, again,
                                      vectors.get("tp_buffers"))
         return sum(parts.values(), np.full(K, float(options.reserve_bytes)))
@@ -209,7 +211,7 @@ class MemoryKinds:
         working = pick(lambda v: self.working_bytes(v, options, act_bytes))
         grads = pick(lambda v: self.output_gradient_bytes(v, options, act_bytes))
         buffers = pick(lambda v: self.tp_buffer_bytes(v, options))
-        again = self.policy.recomputed_mask(options, chunks)
+        again = self.policy.working_mask(options, chunks)
         parts = self.transient_parts(gathered, working, grads, options, again, buffers)
         out = {"gathered_weights": 0.0, "recompute_working_set": 0.0}
         out.update({k: float(v[0]) for k, v in parts.items()})

@@ -11,7 +11,7 @@ import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
 
-__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
+__all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "RECOMPUTE_MODULES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
            "EXPERT_GEMMS", "TP_OVERLAP_KINDS", "OFFLOAD_KINDS"]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -27,6 +27,15 @@ MAX_COMPUTE_EFFICIENCY = 1.25
 #: ZeRO-1's gradient collective (``TrainingOptions.zero1_reduce``).
 ZERO1_REDUCES = ("reduce_scatter", "all_reduce")
 RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
+#: What ``recompute=selective`` recomputes (``TrainingOptions.recompute_modules``), Megatron-Core's
+#: ``--recompute-modules`` under ``--recompute-granularity selective`` (megatron-core 0.16.1
+#: transformer/transformer_config.py:411-423, default ``["core_attn"]``): ``core_attn``
+#: attention's scores and softmax; ``layernorm`` the block's norms Megatron runs as modules of
+#: their own (not fused into the next linear), their outputs discarded and run again;
+#: ``moe_act`` the routed experts' activation, its output discarded and run again from the
+#: first products' output; ``mlp`` a dense block's MLP whole (its norm, products and
+#: activation), checkpointed at its input (``pase.costing.training.recompute``).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp")
 #: How a mixture of experts moves its tokens (``pase.costing.training.experts``): Megatron-Core's
 #: ``--moe-token-dispatcher-type alltoall`` (one NCCL all-to-all of every routed copy) or
 #: ``allgather`` (the tokens gathered over the expert group, the outputs reduce-scattered), or its
@@ -79,6 +88,10 @@ class TrainingOptions:
         With ``block``: the repeated blocks each pipeline chunk recomputes whole (Megatron's
         ``--recompute-num-layers``; a chunk of fewer blocks recomputes all of them); 0 with
         every other policy.
+    recompute_modules : tuple
+        With ``selective``: what it recomputes, :data:`RECOMPUTE_MODULES` in that order
+        (Megatron's ``--recompute-modules``; default ``("core_attn",)``, Megatron's default);
+        read under ``selective`` only.
     microbatches : int
         Micro-batches per step (gradient accumulation); the network is built at one
         micro-batch.
@@ -223,6 +236,7 @@ class TrainingOptions:
     zero: int = 0
     recompute: str = "none"
     recompute_layers: int = 0
+    recompute_modules: tuple = ("core_attn",)
     microbatches: int = 1
     fused_attention: bool = True
     overlap: bool = True
@@ -286,6 +300,11 @@ class TrainingOptions:
             raise ValueError("recompute=block needs recompute_layers >= 1 (the blocks each pipeline chunk recomputes)")
         if self.recompute != "block" and layers:
             raise ValueError(f"recompute_layers applies to recompute=block, not recompute={self.recompute}")
+        modules = self.recompute_modules
+        if (not isinstance(modules, tuple) or not modules or any(m not in RECOMPUTE_MODULES for m in modules)
+                or modules != tuple(m for m in RECOMPUTE_MODULES if m in modules)):
+            raise ValueError(f"recompute_modules must be some of {', '.join(RECOMPUTE_MODULES)} in that order, "
+                             f"got {modules!r}")
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
@@ -385,8 +404,21 @@ class TrainingOptions:
             "es" if self.microbatches != 1 else "") + (f", {self.precision_label()}" if self.precision != "bf16" else "")
 
     def recompute_label(self) -> str:
-        """The policy, with its block count under ``block`` (``block 5``)."""
-        return f"block {self.recompute_layers}" if self.recompute == "block" else self.recompute
+        """The policy, with its block count under ``block`` (``block 5``) and its modules under
+        ``selective`` where they are not Megatron's default (``selective (moe_act, layernorm)``)."""
+        if self.recompute == "block":
+            return f"block {self.recompute_layers}"
+        if self.recompute == "selective" and self.recompute_modules != ("core_attn",):
+            return f"selective ({', '.join(self.recompute_modules)})"
+        return self.recompute
+
+    def recomputes(self, module: str) -> bool:
+        """Whether ``recompute=selective`` recomputes ``module`` (:data:`RECOMPUTE_MODULES`).
+
+        >>> TrainingOptions(recompute="selective", recompute_modules=("moe_act",)).recomputes("core_attn")
+        False
+        """
+        return self.recompute == "selective" and module in self.recompute_modules
 
     def as_policy(self, policy: str) -> "TrainingOptions":
         """These options under ``policy`` (``none`` or ``full``: what ``block`` prices a block as).

@@ -9,6 +9,7 @@ import numpy as np
 
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
+from pase.model.layers.pointwise import Norm
 from pase.model.roles import input_roles, output_roles, roles_of
 
 __all__ = ["OP_POLICY_KEEPS", "EAGER_NORM_SAVED", "ActivationPlaces", "activation_places", "op_roles",
@@ -115,6 +116,16 @@ class ActivationPlaces:
     k, out and up, as torchtitan). ``loss_only``: the loss, or read by the loss alone (the
     loss keeps its own logit-sized buffers: neither is kept as an activation besides).
     ``recomputable``: in a repeated block. ``attention_inner``: attention's scores or softmax.
+    ``module_norm``: a norm of a repeated block that Megatron-Core runs as a module of its own,
+    which ``recompute_modules`` ``layernorm`` discards and runs again: one feeding a mixture of
+    experts or a low-rank latent projection (Transformer Engine's layer spec fuses every other
+    norm into the linear after it: megatron-core 0.16.1 models/gpt/gpt_layer_specs.py, the
+    ``input_layernorm`` a ``TENorm`` only under multi-latent attention, ``pre_mlp_layernorm``
+    only before experts; transformer/transformer_layer.py:383-438 recomputes the norms that are
+    not ``IdentityOp``). ``dense_mlp``: a dense MLP's layers, which ``mlp`` checkpoints at
+    their input (transformer_layer.py:445-447, not in a mixture of experts' block): the
+    products writing or contracting the ``mlp`` width, the point-wise layers between them and
+    the norm before them (fused into the first product's linear).
     """
 
     read_back: np.ndarray
@@ -122,6 +133,8 @@ class ActivationPlaces:
     loss_only: np.ndarray
     recomputable: np.ndarray
     attention_inner: np.ndarray
+    module_norm: np.ndarray
+    dense_mlp: np.ndarray
 
 
 def activation_places(layers: PricedLayers) -> ActivationPlaces:
@@ -142,7 +155,33 @@ def activation_places(layers: PricedLayers) -> ActivationPlaces:
                           for v in range(n)])
     recomputable = np.array([st.blocks[v] is not None for v in range(n)])
     inner = np.array([st.cores.get(v) in ("scores", "softmax") for v in range(n)])
-    return ActivationPlaces(read, saved, loss_only, recomputable, inner)
+    norms, mlp = _module_layers(layers)
+    return ActivationPlaces(read, saved, loss_only, recomputable, inner, norms, mlp)
+
+
+def _module_layers(layers: PricedLayers) -> tuple:
+    """``(module_norm, dense_mlp)`` masks of :class:`ActivationPlaces`."""
+    network, st = layers.network.layers, layers.structure
+    n = len(network)
+    roles = op_roles(layers)
+    experts = {v for v, layer in enumerate(network) if hasattr(layer, "internal_activations")}
+    moe_blocks = {st.blocks[v] for v in experts if st.blocks[v] is not None}
+    mlp_inputs = {v for v, r in roles.items() if {"mlp_first_input", "mlp_input"} & set(r)}
+    norms = np.zeros(n, dtype=bool)
+    mlp = np.zeros(n, dtype=bool)
+    for v, layer in enumerate(network):
+        block = st.blocks[v]
+        if block is None:
+            continue
+        readers = set(st.consumers.get(v, ()))
+        if isinstance(layer, Norm):
+            norms[v] = bool(readers & experts) or any("latent" in roles.get(u, ()) for u in readers)
+            mlp[v] = block not in moe_blocks and bool(readers & mlp_inputs)
+        elif block not in moe_blocks and v not in st.cores:
+            written = set(output_roles(layer)[0])
+            contracted = set(roles_of(layer)) - written
+            mlp[v] = "mlp" in written or (v in roles and "mlp" in contracted)
+    return norms, mlp
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,6 +207,8 @@ class RecomputePolicy:
         #: dispatched tokens, expert products and router probabilities), per row.
         self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
                          for v, layer in enumerate(layers.network.layers) if hasattr(layer, "internal_activations")}
+        #: The mixtures of experts (``moe_act`` discards their activation output).
+        self.experts = {v: layer for v, layer in enumerate(layers.network.layers) if hasattr(layer, "activation_elements")}
         #: ``block_recomputed``'s masks by block count and chunks.
         self._block_masks: dict = {}
 
@@ -202,8 +243,11 @@ class RecomputePolicy:
 
     def recomputed_mask(self, options: TrainingOptions, chunks=None) -> np.ndarray:
         """Per layer, whether its forward runs again in the backward pass: every layer of a
-        repeated block under full recomputation; attention's scores and softmax under selective
-        recomputation when attention is not fused (fused, they are never stored); under ``op``
+        repeated block under full recomputation; under selective recomputation what its
+        ``recompute_modules`` name (``core_attn``: attention's scores and softmax when attention
+        is not fused, fused they are never stored; ``layernorm``: :attr:`ActivationPlaces.module_norm`;
+        ``mlp``: :attr:`ActivationPlaces.dense_mlp`; ``moe_act`` reruns part of a layer,
+        :meth:`expert_activation`); under ``op``
         every layer of a block but its output, the kept products and attention's core; under
         ``block`` :meth:`block_recomputed` (``chunks``: blocks per pipeline chunk)."""
         places = self.places
@@ -211,8 +255,13 @@ class RecomputePolicy:
             return places.recomputable
         if options.recompute == "block":
             return self.block_recomputed(options.recompute_layers, chunks)
-        if options.recompute == "selective" and not options.fused_attention:
-            return places.attention_inner
+        if options.recompute == "selective":
+            again = places.attention_inner & (not options.fused_attention) & options.recomputes("core_attn")
+            if options.recomputes("layernorm"):
+                again = again | places.module_norm
+            if options.recomputes("mlp"):
+                again = again | places.dense_mlp
+            return again
         if options.recompute == "op":
             # Everything in a block but its output, the kept products and attention's core
             # (fused: one kernel whose output is kept; unfused: scores and softmax again).
@@ -235,9 +284,14 @@ class RecomputePolicy:
             policy = "full" if self.recomputed_mask(options)[v] else "none"
         if places.loss_only[v]:
             return np.zeros(len(self.configs[v]))
-        if role in ("scores", "softmax") and (options.fused_attention or policy != "none"):
+        if role in ("scores", "softmax") and (options.fused_attention or policy in ("full", "op")
+                                              or options.recomputes("core_attn")):
             return np.zeros(len(self.configs[v]))
         if policy == "full" and not self.block_outputs[v]:
+            return np.zeros(len(self.configs[v]))
+        if policy == "selective" and not self.block_outputs[v] and (
+                (places.module_norm[v] and options.recomputes("layernorm"))
+                or (places.dense_mlp[v] and options.recomputes("mlp"))):
             return np.zeros(len(self.configs[v]))
         if policy == "op" and self.blocks[v] is not None and not (
                 self.block_outputs[v] or places.op_saved[v] or role == "context"):
@@ -246,25 +300,62 @@ class RecomputePolicy:
         # keeps what it saves, read or not: PyTorch's selective checkpointing caches those
         # operators' outputs for the recomputation).
         if not (places.read_back[v] or self.block_outputs[v] or (policy == "op" and places.op_saved[v])):
-            return self._internal(v)
+            return self._internal(v, options)
         return self._kept(v, options)
 
     def working_activations(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """Activation elements alive while ``v``'s block runs its backward (full recomputation)."""
+        """Activation elements alive while ``v``'s block runs its backward: under full
+        recomputation what it keeps; under selective what it runs again (a module norm's or a
+        dense MLP layer's output, a mixture of experts' activation under ``moe_act``), none else."""
         role = self.cores.get(v)
+        zeros = np.zeros(len(self.configs[v]))
         if role in ("scores", "softmax") and options.fused_attention:
-            return np.zeros(len(self.configs[v]))
+            return zeros
+        if options.recompute == "selective":
+            if v in self.experts and options.recomputes("moe_act"):
+                return self.expert_activation(v)
+            return self.outputs[v] if self.working_mask(options)[v] else zeros
         if not (self.places.read_back[v] or self.block_outputs[v]):
-            return self._internal(v)
+            return self._internal(v, options)
         return self._kept(v, options)
 
-    def _internal(self, v: int) -> np.ndarray:
-        """What ``v`` keeps inside itself besides its output (a mixture of experts')."""
-        return self.internal[v] * np.ones(len(self.configs[v])) if v in self.internal else np.zeros(len(self.configs[v]))
+    def expert_activation(self, v: int) -> np.ndarray:
+        """The routed experts' activation output of mixture of experts ``v`` per device, per
+        row (``MoE.activation_elements``); zeros for any other layer."""
+        if v not in self.experts:
+            return np.zeros(len(self.configs[v]))
+        return np.asarray(self.experts[v].activation_elements(self.configs[v]), dtype=np.float64)
+
+    def working_mask(self, options: TrainingOptions, chunks=None) -> np.ndarray:
+        """Per layer, whether it holds a working set while its block runs its backward: the
+        layers :meth:`recomputed_mask` reruns (under selective only the modules beyond
+        ``core_attn``: attention's recomputed scores are not counted, as before the modules),
+        and under ``moe_act`` the mixtures of experts."""
+        if options.recompute != "selective":
+            return self.recomputed_mask(options, chunks)
+        places = self.places
+        again = np.zeros(len(places.recomputable), dtype=bool)
+        if options.recomputes("layernorm"):
+            again = again | places.module_norm
+        if options.recomputes("mlp"):
+            again = again | places.dense_mlp
+        if options.recomputes("moe_act") and self.experts:
+            again[list(self.experts)] = True
+        return again
+
+    def _internal(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """What ``v`` keeps inside itself besides its output (a mixture of experts', less its
+        experts' activation under ``moe_act``)."""
+        if v not in self.internal:
+            return np.zeros(len(self.configs[v]))
+        kept = self.internal[v] * np.ones(len(self.configs[v]))
+        if options.recomputes("moe_act"):
+            kept = kept - self.expert_activation(v)
+        return kept
 
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
         if options.eager and v in self.eager_norms:
             return EAGER_NORM_SAVED * self.outputs[v]
         if v in self.internal:
-            return self.outputs[v] + self.internal[v]
+            return self.outputs[v] + self._internal(v, options)
         return self.outputs[v]

@@ -64,11 +64,10 @@ class LayerVectors:
         c = self.compute.compute(v, options)
         a = self.collectives.exposed_activation(v, options)
         again = self.policy.recomputed(v, options)
-        out = {
-            "compute": m * c,
-            "recompute": m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c)),
-            "activation_comm": m * a,
-        }
+        rerun = m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c))
+        if options.recomputes("moe_act"):  # the experts' activation alone runs again
+            rerun = rerun + m * self.compute.expert_activation_seconds(v, options)
+        out = {"compute": m * c, "recompute": rerun, "activation_comm": m * a}
         if "activations" in options.offload:  # the copies out and back that compute does not hide
             out["host_transfers"] = m * self.offload.micro_seconds(v, options, self.offload.machine.act_bytes)
         return out

@@ -217,6 +217,13 @@ class MoE(Layer):
             out = out + t_loc * self.matrices * self.shared * self.shared_hidden / cf
         return out
 
+    def activation_elements(self, C) -> np.ndarray:
+        """The routed experts' activation output among :meth:`internal_activations`: ``load k
+        t_loc H / c_f`` per device (what Megatron-Core's ``moe_act`` recomputation discards and
+        runs again from the first products' output)."""
+        Cf = as_float(C)
+        return self.load * self.top_k * self.per_device_tokens(C) * self.hidden / Cf[:, self.tokens + 1]
+
     # -- what the engines' dispatchers and grouped GEMMs read (pase.costing.training.experts) -
 
     def token_exchange(self, C) -> tuple:
