@@ -285,6 +285,11 @@ def _engine_line(plan, network) -> str:
         text += f" (not {', '.join(others)}: --export-ENGINE says why)"
     if plan.kept_to:
         text += f"; the search kept to what {' and '.join(plan.kept_to)} run{'s' if len(plan.kept_to) == 1 else ''}"
+        profile = plan.engine_profile
+        if len(plan.kept_to) == 1 and profile is not None and profile.name == plan.kept_to[0]:
+            from pase.planning.engine_runs import runs_said
+
+            text += f" ({runs_said(profile)})"
     return text
 
 

@@ -280,6 +280,32 @@ def policy_refusal(engine, recompute: str) -> str | None:
     return None
 
 
+def runs_said(engine) -> str:
+    """What of the search's space ``engine`` (a profile or a shipped engine's name) runs, in a
+    few words from its ``runs`` section and recomputation facts, for the search's report:
+    ``ZeRO 0-1, sequence parallelism always, no context parallelism, recomputation none/full``.
+
+    >>> runs_said("nanotron")
+    'ZeRO 0-1, sequence parallelism always, no context parallelism, no expert parallelism, recomputation none/full'
+    """
+    profile = _profile(engine)
+    runs = profile.runs
+    words = []
+    zero = sorted(runs.get("zero", (0, 1, 2, 3)))
+    contiguous = zero == list(range(zero[0], zero[-1] + 1))
+    words.append(f"ZeRO {zero[0]}-{zero[-1]}" if contiguous and len(zero) > 1 else
+                 "ZeRO " + ", ".join(map(str, zero)))
+    if runs.get("tp") is False:
+        words.append("no tensor parallelism")
+    elif runs.get("sp") in ("always", "never"):
+        words.append(f"sequence parallelism {runs['sp']}")
+    for key, name in (("cp", "context"), ("ep", "expert")):
+        if runs.get(key) is False:
+            words.append(f"no {name} parallelism")
+    words.append("recomputation " + "/".join(profile.facts["recompute_policies"]))
+    return ", ".join(words)
+
+
 def engines_running(plan: EnginePlan) -> list:
     """The shipped engines that run ``plan`` as priced."""
     from pase.planning.engine import ENGINE_NAMES
