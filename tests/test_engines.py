@@ -580,12 +580,29 @@ def test_megatron_recipe_from_reads_an_interleaved_layout(tmp_path):
     assert status == 0, err
     got = json.loads(out)["training"]
     status, out, err = run(*LLAMA, "--recipe", "dp=2,tp=2,pp=4,schedule=interleaved,vpp=2,sp=true,tp_overlap=false,"
-                           "zero=1,recompute=none,microbatch=1", "--json")
+                           "zero=1,recompute=none,microbatch=1,stages=8/8/8/8", "--json")
     assert status == 0, err
     want = json.loads(out)["training"]
     assert got["pipeline"]["vpp"] == 2 and got["pipeline"]["schedule"] == "interleaved"
     assert math.isclose(got["step_seconds"], want["step_seconds"], rel_tol=1e-9)
     assert math.isclose(got["peak_memory_bytes"], want["peak_memory_bytes"], rel_tol=1e-9)
+
+
+def test_megatron_recipe_from_reads_nvidias_uneven_layout(tmp_path):
+    # Megatron-Bridge's Llama 3 70B recipe on 64 H100 (perf_recipes/llama/h100/llama3.py:170):
+    # pp 8 x vp 5, 40 chunks. Chunk j sits on stage j mod 8: chunk 35 (t*3) on stage 3, the last
+    # (tL) on stage 7. Stage 3 holds 2+2+2+2+3 = 11 layers, stage 7 2+2+2+2+1 = 9, the rest 10:
+    # each stage's chunks as even as they go, and 5 divides the mean stage of 10.
+    path = tmp_path / "args.txt"
+    path.write_text("--micro-batch-size 1 --global-batch-size 256 --tensor-model-parallel-size 4 "
+                    "--pipeline-model-parallel-size 8 --sequence-parallel --use-distributed-optimizer "
+                    "--overlap-grad-reduce --overlap-param-gather --use-rope-scaling "
+                    "--pipeline-model-parallel-layout 'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL'\n")
+    status, out, err = run("-g", "hf:examples/hf/llama-3.1-70b.json", "-p", "64", "-b", "256", "-m", "8192",
+                           "--machine", "h100-sxm", "--recipe-from", path, "--json")
+    assert status == 0, err
+    pipe = json.loads(out)["training"]["pipeline"]
+    assert pipe["vpp"] == 5 and [s["blocks"] for s in pipe["stages"]] == [10, 10, 10, 11, 10, 10, 10, 9]
 
 
 @pytest.mark.parametrize("layout,more,reason", [
@@ -594,7 +611,7 @@ def test_megatron_recipe_from_reads_an_interleaved_layout(tmp_path):
     ("Et*7|t*8|t*10|t*6L", "", "has 31 transformer layers, the model 32"),
     ("Et*7|t*8|t*10|t*7mL", "", "multi-token prediction layers (m) are not priced"),
     ("Et*7|t*8|t*10|t*7xL", "", "unknown layer letters x"),
-    ("Et*3|t*5|t*4|t*4|t*4|t*4|t*4|t*4L", "", "interleaved chunks are priced one block apart at most"),
+    ("Et*2|t*4|t*4|t*4|t*6|t*4|t*4|t*4L", "", "interleaved chunks are priced as even as they go on each stage"),
     ("Et*7|t*8|t*17L", "", "3 stages, not a multiple of pp 4"),
     ("Et*7||t*18|t*7L", "", "a stage without transformer layers"),
     ("E(t*9999|)*99999L", "", "more than 100000 layers"),

@@ -474,12 +474,17 @@ def _layout_pipeline(layout: str, pp: int, blocks) -> dict:
     vpp = len(chunks) // pp
     totals = tuple(sum(chunks[s::pp]) for s in range(pp))
     for extra in ((0, 0), (1, 1), (1, 0), (0, 1)):
-        if chunk_sizes(totals, vpp, extra) is not None and virtual_order(totals, vpp, extra) == list(chunks):
+        sizes = chunk_sizes(totals, vpp, extra)
+        # A stage's chunks in any order (the model prices a stage by its blocks), the
+        # embedding's and the loss's chunks where they sit.
+        if sizes is not None and all(sorted(sizes[s]) == sorted(chunks[s::pp]) for s in range(pp)) and \
+                (not extra[0] or chunks[0] == sizes[0][0]) and (not extra[1] or chunks[-1] == sizes[-1][-1]):
             out = {"schedule": "interleaved", "vpp": vpp, "stages": totals}
             return dict(out, pipeline_extra=extra_word(extra)) if sum(extra) else out
     raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are priced "
-                     "one block apart at most (the embedding or the loss counted as one where a chunk holds it), "
-                     "the largest stage a multiple of the chunks per stage")
+                     "as even as they go on each stage, one block apart at most (the embedding or the loss counted "
+                     "as one where a chunk holds it), the largest stage or the mean one a multiple of the chunks per "
+                     "stage")
 
 
 def recipe_from_megatron(text: str, procs: int, batch: int, network=None) -> Recipe:

@@ -56,12 +56,14 @@ def make_recipe(**values) -> Recipe:
 
 def looped_stages(chunks: list, pp: int, where: str) -> tuple:
     """``(blocks per stage, vpp)`` of model chunks given in the model's order (chunk ``j`` on
-    stage ``j mod pp``), when they are the chunks the model prices
-    (:func:`pase.planning.pipeline.chunk_sizes`: sizes one block apart at most, the largest stage a
-    multiple of ``vpp``); equal-sized chunks always are."""
+    stage ``j mod pp``), when they are the chunks the model prices, each stage's in any order
+    (:func:`pase.planning.pipeline.chunk_sizes`: as even as they go on each stage, the largest
+    stage or the mean one a multiple of ``vpp``); equal-sized chunks always are."""
     vpp = len(chunks) // pp
     totals = tuple(sum(chunks[s::pp]) for s in range(pp))
-    if chunk_sizes(totals, vpp) is None or max(chunks) - min(chunks) > 1:
+    sizes = chunk_sizes(totals, vpp)
+    if sizes is None or any(sorted(sizes[s]) != sorted(chunks[s::pp]) for s in range(pp)):
         raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are "
-                         "priced one block apart at most, the largest stage a multiple of the chunks per stage")
+                         "priced as even as they go on each stage, the largest stage or the mean one a multiple "
+                         "of the chunks per stage")
     return totals, vpp

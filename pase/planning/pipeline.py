@@ -205,10 +205,14 @@ def chunk_sizes(counts, vpp: int, extra=(0, 0)) -> list | None:
     make the first and last chunk (NeMo's Llama 3.1 405B: 126 layers, pp 8 x vpp 8 = 64 chunks
     of 2, the first and last of 1; pp 16 x vpp 8 = 128 chunks of one unit, the first the
     embedding alone, the last the loss alone) and its ``--pipeline-model-parallel-layout``
-    writes any such split. The first stage's short chunks come first (its embedding shares
-    them, and takes the first chunk's first unit), every other stage's last (the last stage's
-    loss takes its last chunk's last unit). Stages are priced by their blocks, as for 1F1B;
-    equal stages are split equally.
+    writes any such split. Failing that, where ``vpp`` divides the mean stage ``sum(units) /
+    pp``, each stage's units split as evenly as they go, at least one a chunk (a stage a block
+    or two off the even split: NVIDIA's Llama 3 70B layout on 64 H100, pp 8 x vpp 5, runs one
+    stage of 11 layers in chunks of 2 and 3 and the loss's stage 9 in chunks of 2 and 1,
+    Megatron-Bridge perf_recipes/llama/h100/llama3.py:170). The first stage's short chunks come
+    first (its embedding shares them, and takes the first chunk's first unit), every other
+    stage's last (the last stage's loss takes its last chunk's last unit). Stages are priced by
+    their blocks, as for 1F1B; equal stages are split equally.
 
     >>> chunk_sizes((15, 16, 16, 15), 8)[0], chunk_sizes((15, 16, 16, 15), 8)[3]
     ([1, 2, 2, 2, 2, 2, 2, 2], [2, 2, 2, 2, 2, 2, 2, 1])
@@ -216,10 +220,24 @@ def chunk_sizes(counts, vpp: int, extra=(0, 0)) -> list | None:
     ([[2, 2, 2, 2], [2, 2, 2, 2]], None, None)
     >>> chunk_sizes((7, 8, 7), 8, (1, 1))[0][:2], chunk_sizes((7, 8, 7), 8, (1, 1))[2][-2:]
     ([0, 1], [1, 0])
+    >>> chunk_sizes((11, 10, 9), 5)
+    [[2, 2, 2, 2, 3], [2, 2, 2, 2, 2], [2, 2, 2, 2, 1]]
     """
     if vpp < 2 or not counts:
         return None
     units = _units(counts, extra)
+    out = _largest_split(units, vpp)
+    if out is None:
+        out = _mean_split(units, vpp)
+    if out is None:
+        return None
+    out[0][0] -= extra[0]  # the embedding takes the first chunk's first unit
+    out[-1][-1] -= extra[1]  # the loss the last chunk's last
+    return out
+
+
+def _largest_split(units: list, vpp: int) -> list | None:
+    """Chunks of ``q = max(units) / vpp`` or ``q - 1`` units (:func:`chunk_sizes`' first rule)."""
     largest = max(units)
     if largest % vpp:
         return None
@@ -229,10 +247,25 @@ def chunk_sizes(counts, vpp: int, extra=(0, 0)) -> list | None:
         short = vpp * q - count
         if short > vpp or (short > 0 and q < 2):
             return None
-        sizes = [q - 1] * short + [q] * (vpp - short) if s == 0 else [q] * (vpp - short) + [q - 1] * short
-        out.append(sizes)
-    out[0][0] -= extra[0]  # the embedding takes the first chunk's first unit
-    out[-1][-1] -= extra[1]  # the loss the last chunk's last
+        out.append([q - 1] * short + [q] * (vpp - short) if s == 0 else [q] * (vpp - short) + [q - 1] * short)
+    return out
+
+
+def _mean_split(units: list, vpp: int) -> list | None:
+    """Each stage's units as even as they go in ``vpp`` chunks, at least one unit each, where
+    ``vpp`` divides the mean stage ``sum(units) / pp`` (:func:`chunk_sizes`' second rule: a
+    stage a block or two off the even split, as NVIDIA's layouts move blocks off the stage of
+    the loss). The first stage's short chunks come first, every other stage's last."""
+    total, pp = sum(units), len(units)
+    if total % pp or (total // pp) % vpp:
+        return None
+    out = []
+    for s, count in enumerate(units):
+        base, extra_units_ = divmod(count, vpp)
+        if base < 1:
+            return None
+        out.append([base] * (vpp - extra_units_) + [base + 1] * extra_units_ if s == 0
+                   else [base + 1] * extra_units_ + [base] * (vpp - extra_units_))
     return out
 
 
