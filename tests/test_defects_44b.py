@@ -94,6 +94,11 @@ def test_the_default_plan_is_one_an_engine_runs_with_the_per_layer_one_beside():
     plan_line = next(line for line in out.splitlines() if line.startswith("plan: "))
     assert "[mesh dp" in plan_line and "not a mesh" not in out
     assert "engines that run this configuration: megatron" in out
+    # Where per-layer splits beat the meshes (GPT-2 small on 8, the docs' example), the plan
+    # stays the mesh and the faster per-layer plan is shown beside it.
+    status, out, err = run("-g", "gpt2-small", "-p", 8, "-b", 16, "--machine", "h100-sxm")
+    assert status == 0, err
+    assert "[mesh dp" in next(line for line in out.splitlines() if line.startswith("plan: "))
     beside = next(line for line in out.splitlines() if "a per-layer plan no engine runs is" in line)
     assert "% faster" in beside and "--training --per-layer" in beside
 
