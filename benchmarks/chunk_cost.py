@@ -24,7 +24,6 @@ Written to ``benchmarks/results/chunk_cost.md``. Run from the repository root:
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -37,8 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, ROOT)
 
 from nemo_runs import nemo_recipe, nemo_rows  # noqa: E402
-from published import argv_of, config_path, published_dir  # noqa: E402
-from pase.cli import main as pase_main  # noqa: E402
+from published import argv_of, config_path, published_dir, run_pase  # noqa: E402
 
 #: The two per-chunk costs each depth is priced at (seconds); the line through them is checked at
 #: a third.
@@ -52,20 +50,14 @@ def step_seconds(row: dict, tmp: str, engine: str) -> float | str:
     """The row's step priced by the command line, or why it is no alternative: nothing fits the
     device (exit 4) or the engine does not run it (exit 2, the refusal's line)."""
     argv = argv_of(row, config_path(row, tmp), engine) + ["--json"]
-    out, err = io.StringIO(), io.StringIO()
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        status = pase_main(argv, stdout=out, stderr=err)
-    finally:
-        os.chdir(cwd)
+    status, out, err = run_pase(argv)
     if status == 4:
         return "does not fit the device"
     if status == 2:
-        return err.getvalue().strip().split("--recipe: ")[-1].split(" (see pase")[0]
+        return err.strip().split("--recipe: ")[-1].split(" (see pase")[0]
     if status != 0:
-        raise SystemExit(f"chunk_cost.py: pase {' '.join(argv)} failed: {err.getvalue().strip()}")
-    return json.loads(out.getvalue())["training"]["step_seconds"]
+        raise SystemExit(f"chunk_cost.py: pase {' '.join(argv)} failed: {err.strip()}")
+    return json.loads(out)["training"]["step_seconds"]
 
 
 def with_depth(recipe: str, vpp: int) -> str:

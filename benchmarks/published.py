@@ -186,10 +186,8 @@ def argv_of(row: dict, config: str, engine: str | None = None) -> list:
             "--machine", row["machine"], "--engine", engine or row["engine"], "--recipe", row["recipe"]]
 
 
-def price(row: dict, tmp: str, engine: str | None = None) -> dict:
-    """The row priced by the command line (in-process), ``--json`` read back."""
-    config = config_path(row, tmp)
-    argv = argv_of(row, config, engine) + ["--json"]
+def run_pase(argv: list) -> tuple:
+    """``(status, stdout, stderr)`` of the command line run in-process from the repository root."""
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
     os.chdir(ROOT)
@@ -197,16 +195,19 @@ def price(row: dict, tmp: str, engine: str | None = None) -> dict:
         status = pase_main(argv, stdout=out, stderr=err)
     finally:
         os.chdir(cwd)
+    return status, out.getvalue(), err.getvalue()
+
+
+def price(row: dict, tmp: str, engine: str | None = None) -> dict:
+    """The row priced by the command line (in-process), ``--json`` read back."""
+    config = config_path(row, tmp)
+    argv = argv_of(row, config, engine) + ["--json"]
+    status, out, err = run_pase(argv)
     if status not in (0, 4):
-        raise SystemExit(f"{row['name']}: pase {' '.join(argv)} failed: {err.getvalue().strip()}")
+        raise SystemExit(f"{row['name']}: pase {' '.join(argv)} failed: {err.strip()}")
     if status == 4:  # nothing fits: price it without the cap, say so
-        out, err = io.StringIO(), io.StringIO()
-        os.chdir(ROOT)
-        try:
-            pase_main(argv + ["--memory", "100000"], stdout=out, stderr=err)
-        finally:
-            os.chdir(cwd)
-    data = json.loads(out.getvalue())
+        status, out, err = run_pase(argv + ["--memory", "100000"])
+    data = json.loads(out)
     t = data["training"]
     # The figure the engine's logs print (its profile's memory_reported: torchtitan's max_reserved).
     logged = {"allocated": "peak_memory_allocated_bytes", "reserved": "peak_memory_reserved_bytes"}.get(

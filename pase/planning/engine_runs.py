@@ -92,6 +92,13 @@ class EnginePlan(ExpertGrid):
         return self.dp * self.cp
 
 
+def _modules_of(options) -> tuple:
+    """What ``selective`` recomputes under ``options`` (Megatron's default, ``core_attn``, under
+    any other policy)."""
+    return tuple(getattr(options, "recompute_modules", ("core_attn",))) if options.recompute == "selective" \
+        else ("core_attn",)
+
+
 def engine_plan(candidate, batch: int, network) -> EnginePlan:
     """The :class:`EnginePlan` of a mesh candidate (``ValueError`` for a per-layer plan)."""
     mesh, o = candidate.mesh, candidate.options
@@ -117,8 +124,7 @@ def engine_plan(candidate, batch: int, network) -> EnginePlan:
         overlap=bool(o.overlap), sequence=sequence, architecture=arch, recipe=recipe,
         precision=getattr(o, "precision", "bf16"), fp8_scaling=getattr(o, "fp8_scaling", "current"),
         fp8_gather=bool(getattr(o, "fp8_gather", False)), etp=mesh.etp, recompute_layers=o.recompute_layers,
-        recompute_modules=tuple(getattr(o, "recompute_modules", ("core_attn",))) if o.recompute == "selective"
-        else ("core_attn",),
+        recompute_modules=_modules_of(o),
         pipeline_extra=pipe.get("pipeline_extra", "none") if mesh.pp > 1 else "none",
         moe_dispatcher=getattr(o, "moe_dispatcher", "alltoall"), ep_overlap=bool(getattr(o, "ep_overlap", False)),
         shared_overlap=bool(getattr(o, "shared_overlap", False)), offload=tuple(getattr(o, "offload", ())))
@@ -232,8 +238,7 @@ def refusal(engine, plan: EnginePlan, export: bool = False) -> str | None:
     if plan.recompute == "selective" and any(m not in profile.facts["recompute_modules"] for m in plan.recompute_modules):
         return (f"{profile.name} recomputes {', '.join(profile.facts['recompute_modules'])} under selective "
                 f"recomputation, not {'+'.join(plan.recompute_modules)} (Megatron-Core's --recompute-modules)")
-    if plan.recompute == "selective" and plan.precision == "fp8" and plan.fp8_scaling == "delayed" and (
-            {"moe_act", "layernorm"} & set(plan.recompute_modules)):
+    if plan.recompute == "selective" and delayed_refuses(plan.precision, plan.fp8_scaling, plan.recompute_modules):
         return ("Megatron-Core refuses moe_act and layernorm recomputation under FP8 delayed scaling "
                 "(transformer/transformer_config.py:1241-1246)")
     if plan.tp_overlap and plan.tp > 1 and not profile.facts["tp_comm_overlap"]:
@@ -278,6 +283,12 @@ def policy_refusal(engine, recompute: str) -> str | None:
     if recompute not in profile.facts["recompute_policies"]:
         return _why(profile, "recompute", recompute)
     return None
+
+
+def delayed_refuses(precision: str, scaling: str, modules) -> bool:
+    """Whether Megatron-Core refuses these recompute modules under this number format: ``moe_act``
+    and ``layernorm`` recompute under FP8 delayed scaling (transformer_config.py:1241-1246)."""
+    return precision == "fp8" and scaling == "delayed" and bool({"moe_act", "layernorm"} & set(modules))
 
 
 def runs_said(engine) -> str:
@@ -329,8 +340,7 @@ def mesh_refusal(engine, mesh, options, architecture=None, export: bool = False)
                       precision=getattr(options, "precision", "bf16"),
                       fp8_scaling=getattr(options, "fp8_scaling", "current"),
                       fp8_gather=bool(getattr(options, "fp8_gather", False)), etp=mesh.etp,
-                      recompute_modules=tuple(getattr(options, "recompute_modules", ("core_attn",)))
-                      if options.recompute == "selective" else ("core_attn",))
+                      recompute_modules=_modules_of(options))
     return refusal(engine, plan, export)
 
 

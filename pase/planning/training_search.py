@@ -44,7 +44,7 @@ from pase.machines.registry import as_machine
 from pase.model.builder import tokens_of
 from pase.model.roles import roles_of
 from pase.planning.candidate import CAUSES, Candidate, Priced
-from pase.planning.engine_runs import check_engine, mesh_refusal, policy_refusal
+from pase.planning.engine_runs import check_engine, delayed_refuses, mesh_refusal, policy_refusal
 from pase.planning.engine_cut import engine_cut
 from pase.planning.free_search import FreeSearch, TrainingGraphs, evaluate_candidate, search_free, training_graph
 from pase.planning.mesh import Mesh, MeshMapper, Recipe
@@ -253,18 +253,11 @@ def with_recompute_modules(base: TrainingOptions, recipe: Recipe, engine=None) -
                              f"recompute_modules: {', '.join(runs)}; Megatron-Core's --recompute-modules does: "
                              f"--engine megatron)")
     options = base.but(recompute_modules=recipe.recompute_modules)
-    if not delayed_modules_run(options):
+    if delayed_refuses(options.precision, options.fp8_scaling, options.recompute_modules):
         raise ValueError("recompute_modules moe_act and layernorm do not run under FP8 delayed scaling "
                          "(Megatron-Core refuses them, transformer/transformer_config.py:1241-1246): "
                          "use scaling=current or drop them")
     return options
-
-
-def delayed_modules_run(options: TrainingOptions) -> bool:
-    """Whether Megatron-Core runs these options' recompute modules under their FP8 scaling: not
-    ``moe_act`` nor ``layernorm`` under delayed scaling (transformer_config.py:1241-1246)."""
-    return not (options.precision == "fp8" and options.fp8_scaling == "delayed"
-                and {"moe_act", "layernorm"} & set(options.recompute_modules))
 
 
 class StageReuse:
@@ -459,7 +452,7 @@ def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool)
         return (None,)
     if not set(SEARCHED_MOE_MODULES) <= set(engine.facts["recompute_modules"]):
         return (None,)
-    if not delayed_modules_run(base.but(recompute="selective", recompute_modules=SEARCHED_MOE_MODULES)):
+    if delayed_refuses(base.precision, base.fp8_scaling, SEARCHED_MOE_MODULES):
         return (None,)
     return (None, SEARCHED_MOE_MODULES)
 
