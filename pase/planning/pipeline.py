@@ -261,11 +261,11 @@ def _mean_split(units: list, vpp: int) -> list | None:
         return None
     out = []
     for s, count in enumerate(units):
-        base, extra_units_ = divmod(count, vpp)
+        base, longer = divmod(count, vpp)
         if base < 1:
             return None
-        out.append([base] * (vpp - extra_units_) + [base + 1] * extra_units_ if s == 0
-                   else [base + 1] * extra_units_ + [base] * (vpp - extra_units_))
+        out.append([base] * (vpp - longer) + [base + 1] * longer if s == 0
+                   else [base + 1] * longer + [base] * (vpp - longer))
     return out
 
 
