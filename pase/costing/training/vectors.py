@@ -59,7 +59,8 @@ class LayerVectors:
     def microbatch_time(self, v: int, options: TrainingOptions) -> dict:
         """The parts of :meth:`layer_time` spent every micro-batch (all ``m`` of them):
         compute, recomputation (the forward share of the compute and of the activation
-        collectives again), activation collectives."""
+        collectives again; under ``moe_act`` the experts' activation pass alone), activation
+        collectives."""
         m = options.microbatches
         c = self.compute.compute(v, options)
         a = self.collectives.exposed_activation(v, options)
