@@ -21,7 +21,7 @@ from pase.outputs.titan_export import LAUNCH_MARK
 from pase.outputs.titan_recipes import (launch_engine, recipe_from_launch, recipe_from_torchtitan,
                                         toml_engine)
 from pase.planning.mesh import RECOMPUTE_MODULE_WORDS, Recipe
-from pase.planning.pipeline import chunk_sizes, extra_word, unit_split, virtual_order
+from pase.planning.pipeline import chunks_priced, extra_word, unit_split
 
 __all__ = ["RecipeFileError", "recipe_from_file", "recipe_from_torchtitan", "recipe_from_launch",
            "recipe_from_megatron", "recipe_from_deepspeed", "MAX_RECIPE_FILE_BYTES"]
@@ -474,11 +474,7 @@ def _layout_pipeline(layout: str, pp: int, blocks) -> dict:
     vpp = len(chunks) // pp
     totals = tuple(sum(chunks[s::pp]) for s in range(pp))
     for extra in ((0, 0), (1, 1), (1, 0), (0, 1)):
-        sizes = chunk_sizes(totals, vpp, extra)
-        # A stage's chunks in any order (the model prices a stage by its blocks), the
-        # embedding's and the loss's chunks where they sit.
-        if sizes is not None and all(sorted(sizes[s]) == sorted(chunks[s::pp]) for s in range(pp)) and \
-                (not extra[0] or chunks[0] == sizes[0][0]) and (not extra[1] or chunks[-1] == sizes[-1][-1]):
+        if chunks_priced(chunks, pp, extra):
             out = {"schedule": "interleaved", "vpp": vpp, "stages": totals}
             return dict(out, pipeline_extra=extra_word(extra)) if sum(extra) else out
     raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are priced "

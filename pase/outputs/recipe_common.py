@@ -4,7 +4,7 @@ read, the checks of a value, of the batch and sequence against the command line'
 from __future__ import annotations
 
 from pase.planning.mesh import Recipe
-from pase.planning.pipeline import chunk_sizes
+from pase.planning.pipeline import chunks_priced
 
 __all__ = ["RecipeFileError", "whole", "check_batch", "check_sequence", "folded_etp", "make_recipe", "blocks_of",
            "looped_stages"]
@@ -61,8 +61,7 @@ def looped_stages(chunks: list, pp: int, where: str) -> tuple:
     stage or the mean one a multiple of ``vpp``); equal-sized chunks always are."""
     vpp = len(chunks) // pp
     totals = tuple(sum(chunks[s::pp]) for s in range(pp))
-    sizes = chunk_sizes(totals, vpp)
-    if sizes is None or any(sorted(sizes[s]) != sorted(chunks[s::pp]) for s in range(pp)):
+    if not chunks_priced(chunks, pp):
         raise ValueError(f"{where}: model parts of {'/'.join(map(str, chunks))} layers; interleaved chunks are "
                          "priced as even as they go on each stage, the largest stage or the mean one a multiple "
                          "of the chunks per stage")

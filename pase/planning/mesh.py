@@ -410,15 +410,21 @@ def check_offload(values: dict) -> None:
                          "refuses activation offloading with pipeline parallelism); use pp=1")
 
 
+def _joined_words(key: str, value: str, words: tuple, choices: str, item: str) -> list:
+    """``value``'s words joined by ``+``, each one of ``words`` (``choices`` says which) and
+    each once; ``ValueError`` naming ``key`` else."""
+    given = value.split("+")
+    if any(w not in words for w in given):
+        raise ValueError(f"recipe {key} must be {choices} joined by +, got {value!r}"[:200])
+    if len(set(given)) != len(given):
+        raise ValueError(f"recipe {key} names {item} twice: {value!r}"[:200])
+    return given
+
+
 def _recompute_modules(value: str) -> tuple:
     """``recompute_modules=``'s words: modules joined by ``+``, each once, in canonical order."""
-    words = value.split("+")
-    for w in words:
-        if w not in RECOMPUTE_MODULE_WORDS:
-            raise ValueError((f"recipe recompute_modules must be {', '.join(RECOMPUTE_MODULE_WORDS)} joined by +, "
-                              f"got {value!r}")[:200])
-    if len(set(words)) != len(words):
-        raise ValueError(f"recipe recompute_modules names a module twice: {value!r}"[:200])
+    words = _joined_words("recompute_modules", value, RECOMPUTE_MODULE_WORDS, ", ".join(RECOMPUTE_MODULE_WORDS),
+                          "a module")
     return tuple(w for w in RECOMPUTE_MODULE_WORDS if w in words)
 
 
@@ -426,13 +432,7 @@ def _offload(value: str) -> tuple:
     """``offload=``'s words: ``none`` or kinds joined by ``+``, each once, in canonical order."""
     if value == "none":
         return ()
-    words = value.split("+")
-    for w in words:
-        if w not in OFFLOAD_WORDS:
-            raise ValueError((f"recipe offload must be none or {', '.join(OFFLOAD_WORDS)} joined by +, "
-                              f"got {value!r}")[:200])
-    if len(set(words)) != len(words):
-        raise ValueError(f"recipe offload names a kind twice: {value!r}"[:200])
+    words = _joined_words("offload", value, OFFLOAD_WORDS, "none or " + ", ".join(OFFLOAD_WORDS), "a kind")
     if "optimizer" in words and "nvme" in words:
         raise ValueError("recipe offload=optimizer+nvme: the optimizer state is on the host (optimizer) or on its "
                          "drive (nvme), not both")

@@ -27,7 +27,7 @@ from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "ENGINE_CUTS", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
            "chunk_sync",
-           "exposed_sends", "chunk_sizes", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES",
+           "exposed_sends", "chunk_sizes", "chunks_priced", "stage_chunks", "virtual_order", "interleavings", "SCHEDULES",
            "PIPELINE_EXTRAS", "extra_units", "extra_word", "unit_split"]
 
 SCHEDULES = ("1f1b", "interleaved")
@@ -267,6 +267,22 @@ def _mean_split(units: list, vpp: int) -> list | None:
         out.append([base] * (vpp - longer) + [base + 1] * longer if s == 0
                    else [base + 1] * longer + [base] * (vpp - longer))
     return out
+
+
+def chunks_priced(chunks, pp: int, extra=(0, 0)) -> bool:
+    """Whether model chunks given in the model's order (chunk ``j`` on stage ``j mod pp``) are
+    the chunks :func:`chunk_sizes` prices for their stages, each stage's in any order (a stage is
+    priced by its blocks), the embedding's chunk first and the loss's last where ``extra``
+    counts them.
+
+    >>> chunks_priced([3, 2, 2, 1], 2), chunks_priced([4, 2, 1, 1], 2)
+    (True, False)
+    """
+    vpp = len(chunks) // pp
+    totals = [sum(chunks[s::pp]) for s in range(pp)]
+    sizes = chunk_sizes(totals, vpp, extra)
+    return sizes is not None and all(sorted(sizes[s]) == sorted(chunks[s::pp]) for s in range(pp)) and \
+        (not extra[0] or chunks[0] == sizes[0][0]) and (not extra[1] or chunks[-1] == sizes[-1][-1])
 
 
 def stage_chunks(counts, vpp: int, extra=(0, 0)) -> list:

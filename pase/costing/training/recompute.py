@@ -9,7 +9,6 @@ import numpy as np
 
 from pase.costing.training.options import TrainingOptions
 from pase.costing.training.parts import PricedLayers
-from pase.model.layers.pointwise import Norm
 from pase.model.roles import input_roles, output_roles, roles_of
 
 __all__ = ["OP_POLICY_KEEPS", "EAGER_NORM_SAVED", "ActivationPlaces", "activation_places", "op_roles",
@@ -174,7 +173,7 @@ def _module_layers(layers: PricedLayers) -> tuple:
         if block is None:
             continue
         readers = set(st.consumers.get(v, ()))
-        if isinstance(layer, Norm):
+        if layer.normalisation:
             norms[v] = bool(readers & experts) or any("latent" in roles.get(u, ()) for u in readers)
             mlp[v] = block not in moe_blocks and bool(readers & mlp_inputs)
         elif block not in moe_blocks and v not in st.cores:
@@ -209,8 +208,9 @@ class RecomputePolicy:
                          for v, layer in enumerate(layers.network.layers) if hasattr(layer, "internal_activations")}
         #: The mixtures of experts (``moe_act`` discards their activation output).
         self.experts = {v: layer for v, layer in enumerate(layers.network.layers) if hasattr(layer, "activation_elements")}
-        #: ``block_recomputed``'s masks by block count and chunks.
-        self._block_masks: dict = {}
+        #: ``block_recomputed``'s masks by block count and chunks, and selective recomputation's
+        #: by its modules.
+        self._masks: dict = {}
 
     def block_order(self) -> list:
         """The repeated blocks' ids in the order their first layers come."""
@@ -227,7 +227,7 @@ class RecomputePolicy:
         order = self.block_order()
         chunks = (len(order),) if chunks is None else tuple(int(c) for c in chunks)
         key = (int(layers), chunks)
-        masks = self._block_masks  # asked for layer by layer: each mask once
+        masks = self._masks  # asked for layer by layer: each mask once
         if key in masks:
             return masks[key]
         if sum(chunks) != len(order):
@@ -256,12 +256,7 @@ class RecomputePolicy:
         if options.recompute == "block":
             return self.block_recomputed(options.recompute_layers, chunks)
         if options.recompute == "selective":
-            again = places.attention_inner & (not options.fused_attention) & options.recomputes("core_attn")
-            if options.recomputes("layernorm"):
-                again = again | places.module_norm
-            if options.recomputes("mlp"):
-                again = again | places.dense_mlp
-            return again
+            return self._selective_mask(options.recompute_modules, options.fused_attention, False)
         if options.recompute == "op":
             # Everything in a block but its output, the kept products and attention's core
             # (fused: one kernel whose output is kept; unfused: scores and softmax again).
@@ -333,14 +328,28 @@ class RecomputePolicy:
         and under ``moe_act`` the mixtures of experts."""
         if options.recompute != "selective":
             return self.recomputed_mask(options, chunks)
+        return self._selective_mask(options.recompute_modules, options.fused_attention, True)
+
+    def _selective_mask(self, modules: tuple, fused: bool, working: bool) -> np.ndarray:
+        """Per layer, what selective recomputation of ``modules`` reruns (``working``: the layers
+        holding a working set, :meth:`working_mask`), kept by its arguments (asked for layer by
+        layer: each mask once)."""
+        key = ("selective", modules, fused, working)
+        masks = self._masks
+        if key in masks:
+            return masks[key]
         places = self.places
         again = np.zeros(len(places.recomputable), dtype=bool)
-        if options.recomputes("layernorm"):
+        if "core_attn" in modules and not fused and not working:
+            again = again | places.attention_inner
+        if "layernorm" in modules:
             again = again | places.module_norm
-        if options.recomputes("mlp"):
+        if "mlp" in modules:
             again = again | places.dense_mlp
-        if options.recomputes("moe_act") and self.experts:
+        if working and "moe_act" in modules and self.experts:
             again[list(self.experts)] = True
+        again.setflags(write=False)
+        masks[key] = again
         return again
 
     def _internal(self, v: int, options: TrainingOptions) -> np.ndarray:

@@ -219,6 +219,9 @@ class Layer:
     product: ClassVar[bool] = False
     #: The training loss: it keeps logit-sized buffers of its own (``pase.costing.training``).
     loss: ClassVar[bool] = False
+    #: A normalisation (Norm and its kinds): Megatron's ``layernorm`` recompute module reruns
+    #: the ones it runs as modules of their own (``pase.costing.training.recompute``).
+    normalisation: ClassVar[bool] = False
     #: A normalisation PyTorch runs unfused in eager mode, one aten kernel per operation
     #: (RMSNorm as torchtitan writes it; ``pase.costing.training.EAGER_NORM_BYTES``).
     eager_unfused: ClassVar[bool] = False

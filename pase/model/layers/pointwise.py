@@ -100,6 +100,8 @@ class Norm(_ShapeOfInput):
     an affine transform 0); only the memory model reads it.
     """
 
+    normalisation = True
+
     op = "Norm"
     weight_names = ("scale", "bias")
     #: Learnt tensors of length ``dom[axis]`` (scale and bias).
