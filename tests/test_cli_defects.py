@@ -80,6 +80,25 @@ def test_evaluate_takes_the_recorded_memory_settings(tmp_path):
     assert "--param-bytes 16.0 overrides the file's param bytes 2.0" in err
 
 
+@pytest.mark.parametrize("graph,recipe", [
+    ("mixtral-8x7b", "dp=8,tp=2,ep=4,zero=1,recompute=selective,recompute_modules=moe_act+layernorm,microbatch=1"),
+    ("llama3-8b", "dp=16,tp=1,zero=3,recompute=none,microbatch=1,offload=optimizer+params"),
+])
+def test_evaluate_reads_back_words_joined_by_plus(tmp_path, graph, recipe):
+    # A plan's recipe with recompute modules or offload kinds (words joined by +) was written
+    # back as a Python tuple ("('moe_act', 'layernorm')") and refused by --evaluate.
+    status, out, err = run("-g", graph, "-p", "16", "-b", "32", "-m", "1024", "--machine", "h100-sxm", "--recipe",
+                           recipe, "--json")
+    assert status == 0, err
+    path = tmp_path / "plan.json"
+    path.write_text(out)
+    first = json.loads(out)["training"]
+    status, out, err = run("--evaluate", path, "--json")
+    assert status == 0, err
+    again = json.loads(out)["training"]
+    assert again["recipe"] == first["recipe"] and again["step_seconds"] == first["step_seconds"]
+
+
 # 4. Dependent sets wider than NumPy's 32 axes ----------------------------------------------
 
 def test_breadth_first_on_one_device_is_not_an_internal_error():

@@ -39,6 +39,7 @@ MEGATRON_CASES = [
     # Selective recomputation by module (--recompute-modules): NVIDIA's MoE choice, a dense MLP.
     ("moe_modules", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=selective,recompute_modules=moe_act+layernorm"),
     ("mlp_modules", LLAMA, "dp=2,tp=4,cp=2,zero=1,recompute=selective,recompute_modules=core_attn+mlp"),
+    ("moe_layer_modules", MIXTRAL, "dp=8,tp=2,ep=4,zero=1,recompute=selective,recompute_modules=layernorm+moe"),
 ]
 
 
@@ -103,10 +104,11 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
         assert config.sequence_parallel and "etp=1" in report["training"]["recipe"]
     if name == "pipeline":
         assert (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage) == (7, 7)
-    if name in ("moe_modules", "mlp_modules"):  # megatron-core's own checks of the modules ran
+    if name.endswith("_modules"):  # megatron-core's own checks of the modules ran
         assert config.recompute_granularity == "selective"
         assert config.recompute_modules == {"moe_modules": ["moe_act", "layernorm"],
-                                            "mlp_modules": ["core_attn", "mlp"]}[name]
+                                            "mlp_modules": ["core_attn", "mlp"],
+                                            "moe_layer_modules": ["layernorm", "moe"]}[name]
 
 
 def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):

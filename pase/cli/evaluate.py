@@ -59,7 +59,7 @@ def _recorded_machine(recorded: dict):
 def _training_recipe(data, where: str):
     """The fully fixed recipe of a training plan's ``--json`` output (its ``training.recipe``
     with the degrees it leaves at 1 and the schedule said), or None for any other file."""
-    from pase.planning.mesh import parse_recipe
+    from pase.planning.mesh import Recipe, parse_recipe
 
     training = data.get("training") if isinstance(data, dict) else None
     if not isinstance(training, dict):
@@ -78,7 +78,7 @@ def _training_recipe(data, where: str):
         if fixed["pp"] > 1:
             fixed.setdefault("schedule", "1f1b")
         fixed.setdefault("tp_overlap", False)
-        return parse_recipe(",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in fixed.items()))
+        return parse_recipe(Recipe(**fixed).text())  # its own words (modules and offload joined by +)
     except (ValueError, KeyError, TypeError) as err:
         raise CliError(f"{where}: invalid training recipe {json.dumps(text)[:80]}: {err}") from None
 

@@ -38,11 +38,11 @@ from pase.core.checks import (
 )
 from pase.costing.precision import check_precision, machine_precisions
 from pase.costing.training import (
-    NetworkStructure, TrainingCosting, TrainingOptions, RECOMPUTE_POLICIES, ZERO_STAGES,
+    NetworkStructure, TrainingCosting, TrainingOptions, RECOMPUTE_MODULES, RECOMPUTE_POLICIES, ZERO_STAGES,
 )
 from pase.machines.registry import as_machine
 from pase.model.builder import tokens_of
-from pase.model.roles import roles_of
+from pase.model.roles import output_roles, roles_of
 from pase.planning.candidate import CAUSES, Candidate, Priced
 from pase.planning.engine_runs import check_engine, delayed_refuses, mesh_refusal, policy_refusal
 from pase.planning.engine_cut import engine_cut
@@ -369,7 +369,7 @@ def search_meshes(
         experts=bool(space.expert_counts),
         fastest=[made(offered.found) for offered in chosen.fastest],
         block_counts=block_counts,
-        said=(meshes.said, _options_said(block_counts, any(m is not None for *_, m in space.grid)),
+        said=(meshes.said, _options_said(block_counts, tuple(dict.fromkeys(m for *_, m in space.grid if m is not None))),
               _pipelines_said(block_counts))
         + ((_experts_said(),) if space.expert_counts else ()),
         contenders=contenders,
@@ -428,7 +428,15 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
         raise ValueError(f"ep={recipe.ep}: graph {probe.name} has no mixture-of-experts layer to split")
     # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
     search_block = recipe.recompute_layers is None
-    modules = module_choices(recipe, base, engine, bool(expert_counts))
+    latent = has_latent_attention(probe)
+    if recipe.recompute_modules is not None and "mla_up_proj" in recipe.recompute_modules and not latent:
+        raise ValueError(f"recompute_modules mla_up_proj recomputes multi-latent attention's up projections, and graph "
+                         f"{probe.name} has none (Megatron-Core refuses it, transformer/transformer_config.py:1218-1222)")
+    expert_modules = [m for m in recipe.recompute_modules or () if m in ("moe_act", "moe")]
+    if expert_modules and not expert_counts:
+        raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{'s' if len(expert_modules) > 1 else ''}, "
+                         f"and graph {probe.name} has no mixture of experts")
+    modules = module_choices(recipe, base, engine, bool(expert_counts), latent)
     grid = tuple((z, r, o, m) for z, r in options_grid(recipe, engine) for o in overlaps
                  for m in (modules if r == "selective" else (None,))
                  if r != "block" or blocks or not search_block)
@@ -441,20 +449,42 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
 #: (Megatron-Bridge perf_recipes/gpt_oss/h100/gpt_oss.py:39, ``["layernorm", "moe_act"]``),
 #: which discards the experts' activation and the norm before them for little time.
 SEARCHED_MOE_MODULES = ("moe_act", "layernorm")
+#: ... and on a network with multi-latent attention: the latents' up projections, in every
+#: DeepSeek-V3 and Kimi K2 performance recipe of Megatron-Bridge (perf_recipes/deepseek/b200/
+#: deepseek_v3.py:43 ``["mla_up_proj"]``, h100/deepseek_v3.py:43 ``["mla_up_proj", "mlp"]``,
+#: common.py:114 ``["layernorm", "mla_up_proj", "moe_act"]``, kimi/b200/kimi_k2.py:47).
+SEARCHED_MLA_MODULES = ("mla_up_proj",)
 
 
-def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool) -> tuple:
+def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool, latent: bool = False) -> tuple:
     """The ``recompute_modules`` tried under ``selective`` (``None``: the base options'): the
     recipe's alone where it fixes them or fixes ``recompute=selective`` (Megatron's default,
     ``core_attn``), else also :data:`SEARCHED_MOE_MODULES` on a mixture of experts where the
-    engine recomputes them and its FP8 scaling lets it."""
-    if recipe.recompute_modules is not None or recipe.recompute is not None or not experts or engine is None:
+    engine recomputes them and its FP8 scaling lets it, and under multi-latent attention
+    :data:`SEARCHED_MLA_MODULES`, alone and with those (in Megatron's order).
+
+    >>> from pase.planning.engine import load_engine
+    >>> module_choices(Recipe(), TrainingOptions(), load_engine("megatron"), True, True)
+    (None, ('moe_act', 'layernorm'), ('mla_up_proj',), ('moe_act', 'layernorm', 'mla_up_proj'))
+    """
+    if recipe.recompute_modules is not None or recipe.recompute is not None or engine is None:
         return (None,)
-    if not set(SEARCHED_MOE_MODULES) <= set(engine.facts["recompute_modules"]):
-        return (None,)
-    if delayed_refuses(base.precision, base.fp8_scaling, SEARCHED_MOE_MODULES):
-        return (None,)
-    return (None, SEARCHED_MOE_MODULES)
+    runs = set(engine.facts["recompute_modules"])
+    moe = (experts and set(SEARCHED_MOE_MODULES) <= runs
+           and not delayed_refuses(base.precision, base.fp8_scaling, SEARCHED_MOE_MODULES))
+    sets = [SEARCHED_MOE_MODULES] if moe else []
+    if latent and set(SEARCHED_MLA_MODULES) <= runs:
+        sets.append(SEARCHED_MLA_MODULES)
+        if moe:
+            both = set(SEARCHED_MOE_MODULES) | set(SEARCHED_MLA_MODULES)
+            sets.append(tuple(m for m in RECOMPUTE_MODULES if m in both))
+    return (None, *sets)
+
+
+def has_latent_attention(network) -> bool:
+    """Whether a layer of ``network`` writes a low-rank latent (multi-latent attention's down
+    projections: the ``latent`` role)."""
+    return any("latent" in roles for layer in network.layers for roles in output_roles(layer))
 
 
 def _pipeline_choices(recipe: Recipe, procs: int) -> tuple:
@@ -758,9 +788,9 @@ def pipeline_stage(space: SearchSpace, group: MeshGroup, share: Costed, settings
     return rows
 
 
-def _options_said(block_counts: bool, modules: bool = False) -> Said:
+def _options_said(block_counts: bool, modules: tuple = ()) -> Said:
     words = (f", ZeRO {min(ZERO_STAGES)}-{max(ZERO_STAGES)}, recomputation {'/'.join(SEARCHED_POLICIES)}"
-             + (f" (selective also with {'+'.join(SEARCHED_MOE_MODULES)}, Megatron's --recompute-modules)"
+             + (f" (selective also with {' or '.join('+'.join(m) for m in modules)}, Megatron's --recompute-modules)"
                 if modules else "") + " and every micro-batch size dividing the per-rank batch")
     if block_counts:
         words += ("; Megatron's block recomputation (the first N blocks of each pipeline chunk recomputed) with every "

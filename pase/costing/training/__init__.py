@@ -9,7 +9,7 @@ from pase.costing.training.compute import (
 )
 from pase.costing.training.costing import TrainingCosting
 from pase.costing.training.options import (
-    DEFAULT_RESERVE_BYTES, RECOMPUTE_POLICIES, WRAP_UNITS, ZERO_STAGES, TrainingOptions,
+    DEFAULT_RESERVE_BYTES, RECOMPUTE_MODULES, RECOMPUTE_POLICIES, WRAP_UNITS, ZERO_STAGES, TrainingOptions,
 )
 from pase.costing.training.parts import FORWARD_COMM_SHARE, FORWARD_SHARE, LATENCY_ELEMENTS, LayerParts, layer_parts
 from pase.costing.training.recompute import EAGER_NORM_SAVED, OP_POLICY_KEEPS
@@ -21,7 +21,7 @@ from pase.costing.training.vectors import LAYER_VECTORS
 
 __all__ = [
     "TrainingOptions", "LayerParts", "layer_parts", "attention_cores", "TrainingCosting",
-    "TrainingSummary", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
+    "TrainingSummary", "RECOMPUTE_MODULES", "RECOMPUTE_POLICIES", "ZERO_STAGES", "FORWARD_SHARE", "FORWARD_COMM_SHARE",
     "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY", "OPTIMIZER_STEP_BYTES", "DEFAULT_RESERVE_BYTES",
     "model_flops", "parameter_elements_unique", "EAGER_NORM_BYTES", "KERNELS_PER_LAYER", "EAGER_NORM_KERNELS",
     "EAGER_NORM_SAVED", "OP_POLICY_KEEPS", "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "attention_shape_factor",

@@ -33,9 +33,12 @@ RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
 #: attention's scores and softmax; ``layernorm`` the block's norms Megatron runs as modules of
 #: their own (not fused into the next linear), their outputs discarded and run again;
 #: ``moe_act`` the routed experts' activation, its output discarded and run again from the
-#: first products' output; ``mlp`` a dense block's MLP whole (its norm, products and
-#: activation), checkpointed at its input (``pase.costing.training.recompute``).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mlp")
+#: first products' output; ``mla_up_proj`` multi-latent attention's up projections and rotary
+#: embeddings, their outputs (the queries, keys and values) discarded and run again from the
+#: latents; ``mlp`` a dense block's MLP whole (its norm, products and activation), and ``moe``
+#: a mixture of experts whole (router, dispatch, experts, combine), each checkpointed at its
+#: input (``pase.costing.training.recompute``).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe")
 #: How a mixture of experts moves its tokens (``pase.costing.training.experts``): Megatron-Core's
 #: ``--moe-token-dispatcher-type alltoall`` (one NCCL all-to-all of every routed copy) or
 #: ``allgather`` (the tokens gathered over the expert group, the outputs reduce-scattered), or its

@@ -124,7 +124,10 @@ class ActivationPlaces:
     not ``IdentityOp``). ``dense_mlp``: a dense MLP's layers, which ``mlp`` checkpoints at
     their input (transformer_layer.py:445-447, not in a mixture of experts' block): the
     products writing or contracting the ``mlp`` width, the point-wise layers between them and
-    the norm before them (fused into the first product's linear).
+    the norm before them (fused into the first product's linear). ``mla_up``: multi-latent
+    attention's up projections and rotary embeddings, which ``mla_up_proj`` runs again from the
+    latents (:func:`_mla_up_layers`); ``mla_up_input``: what they run again from, kept under it
+    (the latents and the shared rotary key, the checkpoint's inputs).
     """
 
     read_back: np.ndarray
@@ -134,6 +137,8 @@ class ActivationPlaces:
     attention_inner: np.ndarray
     module_norm: np.ndarray
     dense_mlp: np.ndarray
+    mla_up: np.ndarray
+    mla_up_input: np.ndarray
 
 
 def activation_places(layers: PricedLayers) -> ActivationPlaces:
@@ -155,7 +160,13 @@ def activation_places(layers: PricedLayers) -> ActivationPlaces:
     recomputable = np.array([st.blocks[v] is not None for v in range(n)])
     inner = np.array([st.cores.get(v) in ("scores", "softmax") for v in range(n)])
     norms, mlp = _module_layers(layers)
-    return ActivationPlaces(read, saved, loss_only, recomputable, inner, norms, mlp)
+    up = _mla_up_layers(layers)
+    up_input = np.zeros(n, dtype=bool)
+    for v in np.flatnonzero(up):
+        for t in layers.network.layers[v].inputs:
+            if t.producer is not None and not up[t.producer]:
+                up_input[t.producer] = True
+    return ActivationPlaces(read, saved, loss_only, recomputable, inner, norms, mlp, up, up_input)
 
 
 def _module_layers(layers: PricedLayers) -> tuple:
@@ -181,6 +192,48 @@ def _module_layers(layers: PricedLayers) -> tuple:
             contracted = set(roles_of(layer)) - written
             mlp[v] = "mlp" in written or (v in roles and "mlp" in contracted)
     return norms, mlp
+
+
+def _mla_up_layers(layers: PricedLayers) -> np.ndarray:
+    """Per layer, whether Megatron-Core's ``mla_up_proj`` recomputation runs it again: in a block
+    with multi-latent attention (a product of the ``latent`` role), every layer between the
+    checkpoint's inputs and attention's core. megatron-core 0.16.1
+    transformer/multi_latent_attention.py:714-845 checkpoints ``qkv_up_proj_and_rope_apply``
+    (the query's up projection, or its whole projection without a query rank, the key-value up
+    projection, each with the latent's norm fused in, and the rotary embeddings), its inputs the
+    latents before their norms and the shared rotary key as the key-value down projection makes
+    it, and discards its outputs once the core has run (:344-346). So: walking back from the
+    core's inputs, every layer of the block up to a ``latent`` product, the norm before the
+    block's attention (outside: it reads no latent) and a ``key`` product that reads no latent
+    (the shared rotary key, a slice of the down projection's output in Megatron)."""
+    network, st = layers.network.layers, layers.structure
+    n = len(network)
+    out = np.zeros(n, dtype=bool)
+    roles = op_roles(layers)
+    latent = {v for v, r in roles.items() if "latent" in r}
+    if not latent:
+        return out
+    # Tensors made from a latent: what the up projections read.
+    derived, todo = set(), list(latent)
+    while todo:
+        for w in st.consumers.get(todo.pop(), ()):
+            if w not in derived and st.blocks[w] is not None and w not in st.cores:
+                derived.add(w)
+                todo.append(w)
+    mla_blocks = {st.blocks[v] for v in latent}
+    todo = [t.producer for v in st.cores for t in network[v].inputs
+            if st.blocks[v] in mla_blocks and t.producer is not None and t.producer not in st.cores]
+    while todo:
+        u = todo.pop()
+        if u is None or out[u] or st.blocks[u] not in mla_blocks or u in latent:
+            continue
+        if network[u].normalisation and u not in derived:
+            continue  # the block's input norm
+        if "key" in roles.get(u, ()) and u not in derived:
+            continue  # the shared rotary key, made by the down projection
+        out[u] = True
+        todo.extend(t.producer for t in network[u].inputs)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,8 +339,12 @@ class RecomputePolicy:
             return np.zeros(len(self.configs[v]))
         if policy == "selective" and not self.block_outputs[v] and (
                 (places.module_norm[v] and options.recomputes("layernorm"))
-                or (places.dense_mlp[v] and options.recomputes("mlp"))):
+                or (places.dense_mlp[v] and options.recomputes("mlp"))
+                or (places.mla_up[v] and options.recomputes("mla_up_proj"))
+                or (v in self.experts and options.recomputes("moe"))):
             return np.zeros(len(self.configs[v]))
+        if policy == "selective" and places.mla_up_input[v] and options.recomputes("mla_up_proj"):
+            return self._kept(v, options)  # the checkpoint's input, read or not
         if policy == "op" and self.blocks[v] is not None and not (
                 self.block_outputs[v] or places.op_saved[v] or role == "context"):
             return np.zeros(len(self.configs[v]))
@@ -307,6 +364,8 @@ class RecomputePolicy:
         if role in ("scores", "softmax") and options.fused_attention:
             return zeros
         if options.recompute == "selective":
+            if v in self.experts and options.recomputes("moe"):  # the whole layer again
+                return self.outputs[v] + self.internal[v]
             if v in self.experts and options.recomputes("moe_act"):
                 return self.expert_activation(v)
             return self.outputs[v] if self.working_mask(options)[v] else zeros
@@ -344,9 +403,11 @@ class RecomputePolicy:
             again = again | places.attention_inner
         if "layernorm" in modules:
             again = again | places.module_norm
+        if "mla_up_proj" in modules:
+            again = again | places.mla_up
         if "mlp" in modules:
             again = again | places.dense_mlp
-        if working and "moe_act" in modules and self.experts:
+        if self.experts and ("moe" in modules or (working and "moe_act" in modules)):
             again[list(self.experts)] = True
         again.setflags(write=False)
         masks[key] = again
@@ -355,7 +416,7 @@ class RecomputePolicy:
     def _internal(self, v: int, options: TrainingOptions) -> np.ndarray:
         """What ``v`` keeps inside itself besides its output (a mixture of experts', less its
         experts' activation under ``moe_act``)."""
-        if v not in self.internal:
+        if v not in self.internal or (v in self.experts and options.recomputes("moe")):
             return np.zeros(len(self.configs[v]))
         kept = self.internal[v] * np.ones(len(self.configs[v]))
         if options.recomputes("moe_act"):

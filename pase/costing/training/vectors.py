@@ -66,7 +66,7 @@ class LayerVectors:
         a = self.collectives.exposed_activation(v, options)
         again = self.policy.recomputed(v, options)
         rerun = m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c))
-        if options.recomputes("moe_act"):  # the experts' activation alone runs again
+        if options.recomputes("moe_act") and not again:  # the experts' activation alone runs again
             rerun = rerun + m * self.compute.expert_activation_seconds(v, options)
         out = {"compute": m * c, "recompute": rerun, "activation_comm": m * a}
         if "activations" in options.offload:  # the copies out and back that compute does not hide
