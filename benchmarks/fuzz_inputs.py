@@ -1254,7 +1254,8 @@ BAD_RECIPES = (
     ("offload=", "an empty offload"), ("offload=optimizer++params", "an empty offload word"),
     # Issue 42: recompute modules refused.
     ("recompute_modules=mlp", "modules without selective"), ("recompute=full,recompute_modules=mlp", "modules under full"),
-    ("recompute=selective,recompute_modules=shared_experts", "a module not priced"),
+    ("recompute=selective,recompute_modules=attention", "an unknown module"),
+    ("recompute=selective,recompute_modules=shared_experts", "shared experts on a dense model"),
     ("recompute=selective,recompute_modules=moe", "a mixture of experts' module on a dense model"),
     ("recompute=selective,recompute_modules=moe_act+layernorm", "the experts' activation on a dense model"),
     ("recompute=selective,recompute_modules=mla_up_proj", "latent attention's module without latent attention"),

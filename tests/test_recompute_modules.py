@@ -124,6 +124,40 @@ def test_moe_module_reruns_the_whole_layer_by_hand():
     assert costing.layer_time(v, both)["recompute"][0] == pytest.approx(costing.layer_time(v, moe)["recompute"][0])
 
 
+def test_shared_experts_by_hand():
+    # The two blocks again, each mixture of experts with one shared expert of width 32 (gated).
+    g = GraphBuilder("moe", 1, batch=16)
+    x = g.input((16, 16, 32), "x", letters="ble")
+    for i in (1, 2):
+        with g.block():
+            h = g.add(f"block{i}.norm", RMSNorm(x))
+            x = g.add(f"block{i}.moe", MoE(h, 16, 2, 64, shared=1, shared_hidden=32))
+    net = g.build()
+    costing = TrainingCosting(net, [np.array([[16, 1, 1]]), np.array([[1, 1, 16, 1, 1]])] * 2,
+                              CalibratedMachine(PEAK))
+    shared = TrainingOptions(recompute="selective", recompute_modules=("shared_experts",))
+    # The shared expert's gate, up and activation outputs, 3 x 32 a token, for 16 tokens: 1,536
+    # elements no longer kept (moe_layer.py:284-308 checkpoints it at the layer's input).
+    assert costing.stored_activations(1, NONE)[0] - costing.stored_activations(1, shared)[0] == 1536
+    assert costing.working_activations(1, shared)[0] == 1536
+    # Its forward again: the gate-and-up product 16 x 64 x 32 and the down product 16 x 32 x 32,
+    # 3 x 2 x (32,768 + 16,384) = 294,912 FLOP a step at 1000 TFLOPS, and the activation over
+    # 16 x 2 x 32 = 1,024 elements (5 accesses of 2 bytes at 2000 GB/s), a third of each.
+    expected = 294912 / 1e15 / 3 + 1024 * 5 * 2 / 2e12 / 3
+    assert costing.layer_time(1, shared)["recompute"][0] == pytest.approx(expected)
+    assert not costing.recomputed(1, shared)
+
+
+def test_shared_experts_refusals():
+    mixtral = ["-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "256", "--machine", "h100-sxm", "--recipe"]
+    status, _, err = run(*mixtral, "dp=8,tp=2,ep=4,recompute=selective,recompute_modules=shared_experts")
+    assert status == 2 and err.count("\n") == 1 and "has no shared experts" in err
+    # Megatron-Core refuses it beside the shared experts' overlap (transformer_config.py:1232-1239).
+    status, _, err = run(*DEEPSEEK_B200[:-1], DEEPSEEK_B200[-1] + ",recompute=selective,"
+                         "recompute_modules=shared_experts,shared_overlap=true")
+    assert status == 2 and err.count("\n") == 1 and "shared_overlap" in err, err
+
+
 def _places(config):
     net = load(config, 1, 128)
     costing = TrainingCosting(net, [np.asarray([c], dtype=np.int64) for c in mesh_configs(net, Mesh(dp=1))],
@@ -172,8 +206,8 @@ def test_recipe_words():
     assert "recompute_modules=moe_act+layernorm" in r.text()
     for bad, why in [("recompute=full,recompute_modules=mlp", "applies to recompute=selective"),
                      ("recompute_modules=mlp", "applies to recompute=selective"),
-                     ("recompute=selective,recompute_modules=shared_experts",
-                      "must be core_attn, moe_act, layernorm, mla_up_proj, mlp, moe"),
+                     ("recompute=selective,recompute_modules=attention",
+                      "must be core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts"),
                      ("recompute=selective,recompute_modules=mlp+mlp", "names a module twice")]:
         with pytest.raises(ValueError, match=why):
             parse_recipe(bad)

@@ -44,7 +44,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         help="fix parts of the training configuration, the rest searched: dp, tp, pp, cp (dp x tp x pp x cp = p), "
              "zero (0-3), recompute (none, selective, full; op: torchtitan's operator policy; block: Megatron's, "
              "the first recompute_layers blocks of each pipeline chunk, searched when not given; selective with "
-             "recompute_modules: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe joined by +, Megatron's --recompute-modules), "
+             "recompute_modules: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts joined by +, Megatron's --recompute-modules), "
              "microbatch "
              "(sequences per micro-batch per data-parallel rank), sp (sequence parallelism, true/false), "
              "tp_overlap (Megatron's --tp-comm-overlap, true/false), ep (expert parallelism, dividing dp, or "

@@ -272,7 +272,7 @@ _WORD_KEYS = {"recompute": ("none", "selective", "full", "op", "block"), "schedu
 OFFLOAD_WORDS = ("optimizer", "nvme", "params", "activations")
 #: ``recompute_modules=``: what ``recompute=selective`` recomputes, joined by ``+``
 #: (``pase.costing.training.options.RECOMPUTE_MODULES``; Megatron-Core's ``--recompute-modules``).
-RECOMPUTE_MODULE_WORDS = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe")
+RECOMPUTE_MODULE_WORDS = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
 @dataclass(frozen=True)
@@ -451,8 +451,8 @@ def parse_recipe(text: str) -> Recipe:
     schedule vpp sp tp_overlap ep precision scaling fp8_gather stages etp pipeline_extra
     dispatcher ep_overlap shared_overlap offload`` (``stages``: blocks per pipeline stage, ``A/B/...``;
     ``recompute_layers``: with ``recompute=block`` only; ``recompute_modules``: with
-    ``recompute=selective`` only, ``core_attn``, ``moe_act``, ``layernorm``, ``mla_up_proj``, ``mlp``, ``moe`` joined by
-    ``+``; ``pipeline_extra``: ``none``,
+    ``recompute=selective`` only, ``core_attn``, ``moe_act``, ``layernorm``, ``mla_up_proj``, ``mlp``, ``moe``,
+    ``shared_experts`` joined by ``+``; ``pipeline_extra``: ``none``,
     ``embedding``, ``loss`` or ``embedding+loss``, counted as pipeline layers; ``dispatcher``:
     ``alltoall``, ``allgather``, ``deepep`` or ``hybridep``; ``offload``: ``none`` or
     ``optimizer``, ``nvme``, ``params``, ``activations`` joined by ``+``).

@@ -436,6 +436,12 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
     if expert_modules and not expert_counts:
         raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{'s' if len(expert_modules) > 1 else ''}, "
                          f"and graph {probe.name} has no mixture of experts")
+    if recipe.recompute_modules is not None and "shared_experts" in recipe.recompute_modules:
+        if not any(getattr(layer, "shared", 0) for layer in probe.layers if hasattr(layer, "shared_gemms")):
+            raise ValueError(f"recompute_modules shared_experts: graph {probe.name} has no shared experts")
+        if base.shared_overlap:
+            raise ValueError("recompute_modules shared_experts does not run with shared_overlap=true (Megatron-Core "
+                             "refuses it, transformer/transformer_config.py:1232-1239)")
     modules = module_choices(recipe, base, engine, bool(expert_counts), latent)
     grid = tuple((z, r, o, m) for z, r in options_grid(recipe, engine) for o in overlaps
                  for m in (modules if r == "selective" else (None,))

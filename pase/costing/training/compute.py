@@ -143,6 +143,23 @@ class StepCompute:
                                              dtype=np.float64)
         return self._in_step(seconds, options, np.zeros_like(seconds))
 
+    def shared_expert_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Seconds of the forward of mixture of experts ``v``'s shared experts: their products
+        (``MoE.shared_gemms``, in the plan's number format where the layer is converted) and
+        their activation's point-wise pass, the forward share of their training-step price:
+        what ``recompute_modules`` ``shared_experts`` runs again in the backward pass. Zeros
+        elsewhere."""
+        layer = self.experts.get(v)
+        rows = len(self.configs[v])
+        if layer is None or not getattr(layer, "shared", 0):
+            return np.zeros(rows)
+        dtype = options.precision if options.precision != "bf16" and self.precision.eligible()[v] else "bf16"
+        products = gemm_seconds(self.machine, layer.shared_gemms(self.configs[v]), dtype) * np.ones(rows)
+        inner = (np.asarray(layer.shared_elements(self.configs[v]), dtype=np.float64)
+                 * (layer.matrices - 1) / layer.matrices)  # the first products' output
+        act = np.asarray(self.machine.memory_bound("gelu", inner, 3.0 * inner), dtype=np.float64)
+        return self._in_step(FORWARD_SHARE * (products + act), options, FORWARD_SHARE * products)
+
     def expert_gemm_delta(self, v: int, options: TrainingOptions) -> np.ndarray | float:
         """Seconds a mixture of experts' products change by when they run as
         ``options.expert_gemm`` says: ``per_expert`` (Transformer Engine's ``GroupedLinear``,

@@ -35,10 +35,10 @@ RECOMPUTE_POLICIES = ("none", "selective", "full", "op", "block")
 #: ``moe_act`` the routed experts' activation, its output discarded and run again from the
 #: first products' output; ``mla_up_proj`` multi-latent attention's up projections and rotary
 #: embeddings, their outputs (the queries, keys and values) discarded and run again from the
-#: latents; ``mlp`` a dense block's MLP whole (its norm, products and activation), and ``moe``
-#: a mixture of experts whole (router, dispatch, experts, combine), each checkpointed at its
-#: input (``pase.costing.training.recompute``).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe")
+#: latents; ``mlp`` a dense block's MLP whole (its norm, products and activation), ``moe``
+#: a mixture of experts whole (router, dispatch, experts, combine) and ``shared_experts`` its
+#: shared experts, each checkpointed at its input (``pase.costing.training.recompute``).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 #: How a mixture of experts moves its tokens (``pase.costing.training.experts``): Megatron-Core's
 #: ``--moe-token-dispatcher-type alltoall`` (one NCCL all-to-all of every routed copy) or
 #: ``allgather`` (the tokens gathered over the expert group, the outputs reduce-scattered), or its

@@ -366,8 +366,9 @@ class RecomputePolicy:
         if options.recompute == "selective":
             if v in self.experts and options.recomputes("moe"):  # the whole layer again
                 return self.outputs[v] + self.internal[v]
-            if v in self.experts and options.recomputes("moe_act"):
-                return self.expert_activation(v)
+            if v in self.experts and (options.recomputes("moe_act") or options.recomputes("shared_experts")):
+                return (self.expert_activation(v) * options.recomputes("moe_act")
+                        + self.shared_expert(v) * options.recomputes("shared_experts"))
             return self.outputs[v] if self.working_mask(options)[v] else zeros
         if not (self.places.read_back[v] or self.block_outputs[v]):
             return self._internal(v, options)
@@ -379,6 +380,13 @@ class RecomputePolicy:
         if v not in self.experts:
             return np.zeros(len(self.configs[v]))
         return np.asarray(self.experts[v].activation_elements(self.configs[v]), dtype=np.float64)
+
+    def shared_expert(self, v: int) -> np.ndarray:
+        """The shared experts' products and activation of mixture of experts ``v`` per device,
+        per row (``MoE.shared_elements``); zeros for any other layer."""
+        if v not in self.experts:
+            return np.zeros(len(self.configs[v]))
+        return np.asarray(self.experts[v].shared_elements(self.configs[v]), dtype=np.float64)
 
     def working_mask(self, options: TrainingOptions, chunks=None) -> np.ndarray:
         """Per layer, whether it holds a working set while its block runs its backward: the
@@ -407,7 +415,7 @@ class RecomputePolicy:
             again = again | places.mla_up
         if "mlp" in modules:
             again = again | places.dense_mlp
-        if self.experts and ("moe" in modules or (working and "moe_act" in modules)):
+        if self.experts and ("moe" in modules or (working and {"moe_act", "shared_experts"} & set(modules))):
             again[list(self.experts)] = True
         again.setflags(write=False)
         masks[key] = again
@@ -421,6 +429,8 @@ class RecomputePolicy:
         kept = self.internal[v] * np.ones(len(self.configs[v]))
         if options.recomputes("moe_act"):
             kept = kept - self.expert_activation(v)
+        if options.recomputes("shared_experts"):
+            kept = kept - self.shared_expert(v)
         return kept
 
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:

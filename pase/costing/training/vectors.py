@@ -68,6 +68,8 @@ class LayerVectors:
         rerun = m * (FORWARD_SHARE * c + FORWARD_COMM_SHARE * a) if again else np.zeros(len(c))
         if options.recomputes("moe_act") and not again:  # the experts' activation alone runs again
             rerun = rerun + m * self.compute.expert_activation_seconds(v, options)
+        if options.recomputes("shared_experts") and not again:  # the shared experts alone
+            rerun = rerun + m * self.compute.shared_expert_seconds(v, options)
         out = {"compute": m * c, "recompute": rerun, "activation_comm": m * a}
         if "activations" in options.offload:  # the copies out and back that compute does not hide
             out["host_transfers"] = m * self.offload.micro_seconds(v, options, self.offload.machine.act_bytes)

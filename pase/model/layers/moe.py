@@ -224,6 +224,17 @@ class MoE(Layer):
         Cf = as_float(C)
         return self.load * self.top_k * self.per_device_tokens(C) * self.hidden / Cf[:, self.tokens + 1]
 
+    def shared_elements(self, C) -> np.ndarray:
+        """The shared experts' products and activation among :meth:`internal_activations`:
+        ``m S W / c_f`` per token, ``t_loc m S W / c_f`` per device (none without shared
+        experts: what Megatron-Core's ``shared_experts`` recomputation discards and runs again
+        from the layer's input)."""
+        if not self.shared:
+            return np.zeros(len(np.asarray(C)))
+        Cf = as_float(C)
+        return (self.per_device_tokens(C) * self.matrices * self.shared * self.shared_hidden
+                / Cf[:, self.tokens + 1])
+
     # -- what the engines' dispatchers and grouped GEMMs read (pase.costing.training.experts) -
 
     def token_exchange(self, C) -> tuple:
