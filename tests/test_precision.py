@@ -90,6 +90,30 @@ def test_fp8_memory_by_hand(costing):
         costing.layer_memory(up, z3, 2.0)["model_state"][0])
 
 
+def test_blackwell_keeps_one_fp8_orientation_by_hand():
+    # A device whose FP8 GEMMs take any operand layout (fp8_layouts any: Blackwell; Transformer
+    # Engine's is_non_tn_fp8_gemm_supported) writes and keeps no transposed copy of a per-tensor
+    # FP8 tensor (Float8Tensor.update_usage); MXFP8's block scales still need both.
+    net = graphs.build("gpt2-small", 4)
+    configs = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    any_layout = TrainingCosting(net, configs, CalibratedMachine({**PEAK, "dtype_tflops": {"fp8": 2000, "mxfp8": 2000},
+                                                                  "fp8_layouts": "any"}))
+    up = net.names.index("block1.ff.up")
+    bf16, current = TrainingOptions(), TrainingOptions(precision="fp8", fp8_scaling="current")
+    delayed, mx = TrainingOptions(precision="fp8", fp8_scaling="delayed"), TrainingOptions(precision="mxfp8")
+    # The up projection's 2,359,296 weights: one FP8 byte each beside the 16 of mixed-precision
+    # Adam, where a Hopper keeps two; MXFP8 two copies of 1 + 1/32 bytes.
+    state16 = float(any_layout.layer_memory(up, bf16, 2.0)["model_state"][0])
+    assert float(any_layout.layer_memory(up, current, 2.0)["model_state"][0]) == state16 + 1 * 2359296
+    assert float(any_layout.layer_memory(up, mx, 2.0)["model_state"][0]) == pytest.approx(
+        state16 + 2 * (1 + 1 / 32) * 2359296)
+    # Casts of 1e6 elements: current scaling reads 2 for the amax, then 2 and writes 1: 5e6 bytes
+    # at 2000 GB/s = 2.5 us (3 us on Hopper); delayed reads 2 and writes 1: 1.5 us (2 us).
+    assert float(any_layout.precision.cast_seconds(1e6, current)) == pytest.approx(2.5e-6, rel=1e-12)
+    assert float(any_layout.precision.cast_seconds(1e6, delayed)) == pytest.approx(1.5e-6, rel=1e-12)
+    assert float(any_layout.precision.cast_seconds(1e6, mx)) == pytest.approx(4.0625e6 / 2000e9, rel=1e-12)
+
+
 def test_what_stays_bf16(costing):
     fp8 = TrainingOptions(precision="fp8")
     eligible = costing.precision.eligible()

@@ -62,8 +62,28 @@ QUANT_BYTES = {
     ("fp8", "delayed"): 4.0, ("fp8", "current"): 6.0, ("fp8", "rowwise"): 6.0, ("fp8", "blockwise"): 4.0625,
     ("mxfp8", None): 4.0625, ("nvfp4", None): 5.125,
 }
-#: Low-precision copies of each converted weight kept for the step: row- and column-wise.
+#: Low-precision copies of each converted weight kept for the step: row- and column-wise; one
+#: for per-tensor FP8 on a device whose FP8 GEMMs take any layout (``fp8_layouts`` ``any``,
+#: Blackwell: the transposed copy is neither written nor kept, :func:`orientations`).
 WEIGHT_CACHE_ORIENTATIONS = 2.0
+#: The FP8 scalings whose one per-tensor scale serves both orientations (``orientations``).
+PER_TENSOR_FP8 = ("delayed", "current")
+
+
+def orientations(options, machine) -> float:
+    """Low-precision copies a converted tensor is written in: :data:`WEIGHT_CACHE_ORIENTATIONS`,
+    or one for per-tensor FP8 where the machine's FP8 GEMMs take any layout.
+
+    >>> from types import SimpleNamespace as N
+    >>> orientations(N(precision="fp8", fp8_scaling="current"), N(fp8_layouts="any"))
+    1.0
+    >>> orientations(N(precision="mxfp8", fp8_scaling="current"), N(fp8_layouts="any"))
+    2.0
+    """
+    if (options.precision == "fp8" and options.fp8_scaling in PER_TENSOR_FP8
+            and getattr(machine, "fp8_layouts", "tn") == "any"):
+        return 1.0
+    return WEIGHT_CACHE_ORIENTATIONS
 
 
 #: FP8 recipes whose distributed communication stays in high precision: torchao's ``rowwise``
@@ -225,7 +245,8 @@ class PrecisionPricing:
         ``ELEMENT_TRAFFIC["copy"]`` elements of ``act_bytes``)."""
         machine = self.layers.machine
         per_copy = ELEMENT_TRAFFIC["copy"] * float(machine.act_bytes or 2.0)
-        traffic = np.asarray(elements, dtype=np.float64) * QUANT_BYTES[quant_key(options)]
+        written = DTYPE_BYTES[options.precision] * (WEIGHT_CACHE_ORIENTATIONS - orientations(options, machine))
+        traffic = np.asarray(elements, dtype=np.float64) * (QUANT_BYTES[quant_key(options)] - written)
         return np.asarray(machine.memory_bound("copy", traffic / per_copy), dtype=np.float64)
 
     def stored_scale(self, v: int, options, act_bytes: float) -> float:
@@ -248,7 +269,7 @@ class PrecisionPricing:
         gathered per layer, transient)."""
         if options.precision == "bf16" or options.zero == 3 or not self.eligible()[v]:
             return 0.0
-        return WEIGHT_CACHE_ORIENTATIONS * DTYPE_BYTES[options.precision] * self._weights(v)
+        return orientations(options, self.layers.machine) * DTYPE_BYTES[options.precision] * self._weights(v)
 
     def gather_scale(self, v: int, options) -> float:
         """Share of ``v``'s ZeRO all-gathers kept: the format's bytes over the weight's with

@@ -131,6 +131,9 @@ class Machine(Protocol):
     clock_ratio: float
     #: Number formats the device runs GEMMs in (``pase.machines.specs.DTYPES`` order).
     precisions: tuple
+    #: The operand layouts its per-tensor FP8 GEMMs take (``pase.machines.specs``
+    #: ``fp8_layouts``: ``tn``, a transposed copy kept beside each operand, or ``any``).
+    fp8_layouts: str
     #: Constants fitted on the cluster's own runs (``pase.machines.fitted``), or ``None``.
     fitted: dict | None
     #: Lines the command line says of the machine with an answer (a description it doubts).

@@ -356,6 +356,7 @@ class CalibratedMachine:
         self.dtype_flops = {"bf16": self.peak_flops,
                             **{k: float(v) * 1e12 for k, v in d.get("dtype_tflops", {}).items()}}
         self.precisions = tuple(k for k in DTYPES if k in self.dtype_flops)
+        self.fp8_layouts = d.get("fp8_layouts", "tn")
         #: GPUs of one NVLink domain (the node unless the description says more) and the levels.
         self.nvlink_domain = int(d.get("nvlink_domain", self.devices_per_node))
         self.levels = Domain(self.nvlink_domain, self.devices_per_node)

@@ -58,6 +58,7 @@ class Machine:
     #: Nor about peak FLOP/s in the training model's sense, memory bandwidth, attention kernels,
     #: element sizes or nodes (``pase.machines.base.Machine``): every device on one flat network.
     peak_flops = None
+    fp8_layouts = "tn"
     hbm_bytes_per_s = None
     attention_efficiency = None
     act_bytes = None

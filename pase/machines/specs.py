@@ -13,6 +13,11 @@ each with its source):
   of its rail). Recorded; priced as any network: NCCL routes a cross-rail transfer through
   NVLink first (PXN), so each GPU's NIC bandwidth is the bound either way.
 - ``sms``: streaming multiprocessors (compute units on AMD) of the device.
+- ``fp8_layouts``: the operand layouts the device's per-tensor FP8 GEMMs take: ``tn`` (Hopper:
+  the K-major layout alone, so a transposed FP8 copy of each operand is written and kept too;
+  the default) or ``any`` (Blackwell, compute capability 10.x-11.x: Transformer Engine's
+  ``is_non_tn_fp8_gemm_supported``, under which ``Float8Tensor.update_usage`` keeps no
+  transpose).
 - ``clock_mhz``: ``{"boost": MHz or null, "base": MHz or null, "sustained": MHz or null}`` as
   published (null or absent: none published). Priced by one rule (:func:`clock_ratio_of`): where
   the boost clock and a sustained or base clock are both stated, a training step runs at the
@@ -34,11 +39,13 @@ import numpy as np
 from pase.core.checks import is_int, is_positive_int
 from pase.machines.host import validate_host
 
-__all__ = ["SPEC_FIELDS", "DTYPES", "DTYPE_BYTES", "validate_spec_fields", "Domain", "GemmTransfer",
+__all__ = ["SPEC_FIELDS", "FP8_LAYOUTS", "DTYPES", "DTYPE_BYTES", "validate_spec_fields", "Domain", "GemmTransfer",
            "domain_sizes", "clock_ratio_of"]
 
-SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "clock_mhz", "gemm_reference", "sources",
-               "host")
+SPEC_FIELDS = ("dtype_tflops", "nvlink_domain", "rail_optimized", "sms", "fp8_layouts", "clock_mhz", "gemm_reference",
+               "sources", "host")
+#: ``fp8_layouts``' values (above).
+FP8_LAYOUTS = ("tn", "any")
 #: Number formats a GEMM may run in; ``bf16`` is ``peak_tflops``.
 DTYPES = ("bf16", "fp8", "mxfp8", "nvfp4")
 #: Bytes per element of a GEMM's operands in each format, scales included: MXFP8 one 8-bit
@@ -95,6 +102,12 @@ def validate_spec_fields(data: Mapping, source: str, references) -> dict:
         if not is_positive_int(v) or v > 2**20:
             raise ValueError(f"{source}: sms must be a positive integer (the device's multiprocessors), got {v!r}"[:200])
         out["sms"] = v
+    if "fp8_layouts" in data:
+        v = data["fp8_layouts"]
+        if v not in FP8_LAYOUTS:
+            raise ValueError(f"{source}: fp8_layouts must be tn (FP8 GEMMs take K-major operands alone: Hopper) or "
+                             f"any (Blackwell), got {v!r}"[:200])
+        out["fp8_layouts"] = v
     if "clock_mhz" in data:
         v = data["clock_mhz"]
         if not isinstance(v, Mapping) or set(v) - {"boost", "base", "sustained"}:
