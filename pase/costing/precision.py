@@ -81,7 +81,7 @@ def orientations(options, machine) -> float:
     2.0
     """
     if (options.precision == "fp8" and options.fp8_scaling in PER_TENSOR_FP8
-            and getattr(machine, "fp8_layouts", "tn") == "any"):
+            and machine.fp8_layouts == "any"):
         return 1.0
     return WEIGHT_CACHE_ORIENTATIONS
 
