@@ -434,7 +434,8 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
                          f"{probe.name} has none (Megatron-Core refuses it, transformer/transformer_config.py:1218-1222)")
     expert_modules = [m for m in recipe.recompute_modules or () if m in ("moe_act", "moe")]
     if expert_modules and not expert_counts:
-        raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{'s' if len(expert_modules) > 1 else ''}, "
+        plural = "s" if len(expert_modules) > 1 else ""
+        raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{plural}, "
                          f"and graph {probe.name} has no mixture of experts")
     if recipe.recompute_modules is not None and "shared_experts" in recipe.recompute_modules:
         if not any(getattr(layer, "shared", 0) for layer in probe.layers if hasattr(layer, "shared_gemms")):
