@@ -42,7 +42,7 @@ from pase.costing.training import (
 )
 from pase.machines.registry import as_machine
 from pase.model.builder import tokens_of
-from pase.model.roles import output_roles, roles_of
+from pase.model.roles import roles_of
 from pase.planning.candidate import CAUSES, Candidate, Priced
 from pase.planning.engine_runs import check_engine, delayed_refuses, mesh_refusal, policy_refusal
 from pase.planning.engine_cut import engine_cut
@@ -489,9 +489,9 @@ def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool,
 
 
 def has_latent_attention(network) -> bool:
-    """Whether a layer of ``network`` writes a low-rank latent (multi-latent attention's down
-    projections: the ``latent`` role)."""
-    return any("latent" in roles for layer in network.layers for roles in output_roles(layer))
+    """Whether a layer of ``network`` iterates over a low-rank latent (multi-latent attention's
+    down and up projections: the ``latent`` role)."""
+    return any("latent" in roles_of(layer) for layer in network.layers)
 
 
 def _pipeline_choices(recipe: Recipe, procs: int) -> tuple:

@@ -152,15 +152,16 @@ def activation_places(layers: PricedLayers) -> ActivationPlaces:
             if t.producer is not None and layer.backward_reads(i, needs):
                 read[t.producer] = True
     saved = np.zeros(n, dtype=bool)
-    for v, roles in op_roles(layers).items():
-        saved[v] = any(OP_POLICY_KEEPS.get(role, False) for role in roles)
+    roles = op_roles(layers)
+    for v, roles_v in roles.items():
+        saved[v] = any(OP_POLICY_KEEPS.get(role, False) for role in roles_v)
     loss = {v for v, layer in enumerate(network) if layer.loss}
     loss_only = np.array([v in loss or (bool(st.consumers.get(v)) and set(st.consumers[v]) <= loss)
                           for v in range(n)])
     recomputable = np.array([st.blocks[v] is not None for v in range(n)])
     inner = np.array([st.cores.get(v) in ("scores", "softmax") for v in range(n)])
-    norms, mlp = _module_layers(layers)
-    up = _mla_up_layers(layers)
+    norms, mlp = _module_layers(layers, roles)
+    up = _mla_up_layers(layers, roles)
     up_input = np.zeros(n, dtype=bool)
     for v in np.flatnonzero(up):
         for t in layers.network.layers[v].inputs:
@@ -169,11 +170,10 @@ def activation_places(layers: PricedLayers) -> ActivationPlaces:
     return ActivationPlaces(read, saved, loss_only, recomputable, inner, norms, mlp, up, up_input)
 
 
-def _module_layers(layers: PricedLayers) -> tuple:
-    """``(module_norm, dense_mlp)`` masks of :class:`ActivationPlaces`."""
+def _module_layers(layers: PricedLayers, roles: dict) -> tuple:
+    """``(module_norm, dense_mlp)`` masks of :class:`ActivationPlaces` (``roles``: :func:`op_roles`)."""
     network, st = layers.network.layers, layers.structure
     n = len(network)
-    roles = op_roles(layers)
     experts = {v for v, layer in enumerate(network) if hasattr(layer, "internal_activations")}
     moe_blocks = {st.blocks[v] for v in experts if st.blocks[v] is not None}
     mlp_inputs = {v for v, r in roles.items() if {"mlp_first_input", "mlp_input"} & set(r)}
@@ -194,7 +194,7 @@ def _module_layers(layers: PricedLayers) -> tuple:
     return norms, mlp
 
 
-def _mla_up_layers(layers: PricedLayers) -> np.ndarray:
+def _mla_up_layers(layers: PricedLayers, roles: dict) -> np.ndarray:
     """Per layer, whether Megatron-Core's ``mla_up_proj`` recomputation runs it again: in a block
     with multi-latent attention (a product of the ``latent`` role), every layer between the
     checkpoint's inputs and attention's core. megatron-core 0.16.1
@@ -205,11 +205,11 @@ def _mla_up_layers(layers: PricedLayers) -> np.ndarray:
     it, and discards its outputs once the core has run (:344-346). So: walking back from the
     core's inputs, every layer of the block up to a ``latent`` product, the norm before the
     block's attention (outside: it reads no latent) and a ``key`` product that reads no latent
-    (the shared rotary key, a slice of the down projection's output in Megatron)."""
+    (the shared rotary key, a slice of the down projection's output in Megatron). ``roles``:
+    :func:`op_roles`."""
     network, st = layers.network.layers, layers.structure
     n = len(network)
     out = np.zeros(n, dtype=bool)
-    roles = op_roles(layers)
     latent = {v for v, r in roles.items() if "latent" in r}
     if not latent:
         return out
