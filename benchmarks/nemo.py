@@ -107,6 +107,35 @@ LAYOUT_405B = dict(name="Llama 3.1 405B, 256 GB200, tp 4 pp 16 vp 8, MXFP8", eng
                           "pipeline_extra=embedding+loss")
 
 
+#: NVIDIA's DeepSeek-V3 on 256 B200 (Megatron-Bridge perf_recipes/deepseek/b200/deepseek_v3.py:32-43
+#: BF16 and :80-91 FP8 current scaling: tp 1, pp 16, ep 8, micro-batch 1, GBS 4096, recompute
+#: modules ["mla_up_proj"]; its cut recipes/deepseek/h100/deepseek_v3.py:58, four decoder layers a
+#: stage and one on the last, beside the multi-token prediction and the loss), priced from its
+#: published degrees, and with Megatron's default module (core_attn) in their place.
+DEEPSEEK_B200 = [dict(name=f"DeepSeek-V3, 256 B200, tp 1 pp 16 ep 8, {label}", engine="megatron", machine="b200",
+                      config=os.path.join("examples", "hf", "deepseek-v3.json"), gpus=256, batch=4096, seq=4096,
+                      recipe="dp=16,tp=1,pp=16,cp=1,zero=1,schedule=1f1b,ep=8,microbatch=1,stages="
+                             + "/".join(["4"] * 15 + ["1"]) + ",recompute=selective" + modules + precision)
+                 for label, precision in (("BF16", ""), ("FP8-CS", ",precision=fp8,scaling=current"))
+                 for modules in (",recompute_modules=mla_up_proj", "")]
+
+
+def deepseek_section(tmp: str) -> list:
+    """NVIDIA's DeepSeek-V3 layouts on B200 with and without the modules its recipes recompute."""
+    md = ["", "NVIDIA's **DeepSeek-V3 on 256 B200** as its performance recipes run it (tp 1, pp 16, ep 8, "
+          "micro-batch 1, its cut of four decoder layers a stage and one on the last; the model has no "
+          "multi-token prediction block), with the modules those recipes recompute (`mla_up_proj`) and with "
+          "Megatron's default (`core_attn`) in their place:", "",
+          "| layout | recompute modules | step s | tokens/s per GPU | peak GB of 192 | fits |", "|---|---|---|---|---|---|"]
+    for row in DEEPSEEK_B200:
+        m = price(row, tmp)
+        modules = "mla_up_proj" if "mla_up_proj" in row["recipe"] else "core_attn (Megatron's default)"
+        md.append(f"| {row['name']} | `{modules}` | {m['step']:.2f} | {m['tokens']:,.0f} | {m['memory'] / 1e9:.1f} | "
+                  f"{'yes' if m['fits'] else 'no (priced with --memory 100000)'} |")
+    md += ["", f"- `{command(price(DEEPSEEK_B200[0], tmp))}`"]
+    return md
+
+
 def layouts_section(nemo: list, tmp: str) -> list:
     """Issue 42's checks: the two Qwen3-30B-A3B layouts with and without NVIDIA's expert words,
     and the 405B layout on GB200 (with its stages)."""
@@ -151,7 +180,7 @@ def layouts_section(nemo: list, tmp: str) -> list:
            "the loss alone, ranks 0 and 15 seven decoder layers, the others eight. Without "
            f"`pipeline_extra` the same degrees are refused (exit {status}): `{err.getvalue().strip()}`.",
            "", f"- `{command(m)}`"]
-    return md
+    return md + deepseek_section(tmp)
 
 
 def main() -> int:

@@ -205,6 +205,7 @@ def price(row: dict, tmp: str, engine: str | None = None) -> dict:
     status, out, err = run_pase(argv)
     if status not in (0, 4):
         raise SystemExit(f"{row['name']}: pase {' '.join(argv)} failed: {err.strip()}")
+    fits = status == 0
     if status == 4:  # nothing fits: price it without the cap, say so
         status, out, err = run_pase(argv + ["--memory", "100000"])
     data = json.loads(out)
@@ -213,7 +214,7 @@ def price(row: dict, tmp: str, engine: str | None = None) -> dict:
     logged = {"allocated": "peak_memory_allocated_bytes", "reserved": "peak_memory_reserved_bytes"}.get(
         load_engine(engine)["memory_reported"] if engine else None, "peak_memory_bytes")
     return dict(step=t["step_seconds"], tokens=t["tokens_per_second_per_device"], mfu=t["mfu"],
-                memory=t[logged], recipe=t["recipe"], fits=status == 0, time=t["time"],
+                memory=t[logged], recipe=t["recipe"], fits=fits, time=t["time"],
                 mem=t["memory"], band=t.get("step_seconds_band"), memory_band=t.get("peak_memory_bytes_band"),
                 argv=argv_of(row, row["config"] if "positions" not in row else
                              f"{row['config']} (n_positions={row['positions']})", engine)[:-2]
