@@ -87,8 +87,9 @@ def test_mla_up_proj_by_hand():
     at = {n[len("block1.attn."):]: v for v, n in enumerate(net.names) if n.startswith("block1.attn.")}
     kept = lambda name, o: costing.stored_activations(at[name], o)[0]  # noqa: E731
     # Kept under none, by hand: the latents' norms for the up projections' weight gradients
-    # (8 x 8 = 64 and 8 x 4 = 32), the keys' two halves for the concatenation's (2 x 8 x 4 = 64
-    # and 1 x 8 x 2 = 16), the values for the core (2 x 8 x 4 = 64), the rotated queries and
+    # (8 x 8 = 64 and 8 x 4 = 32), the keys' two halves for the concatenation (2 x 8 x 4 = 64
+    # and 1 x 8 x 2 = 16: a layer's backward reads its inputs unless it says otherwise,
+    # Layer.backward_reads, and Concat does not), the values for the core (2 x 8 x 4 = 64), the rotated queries and
     # the joined keys for the scores (2 x 8 x 6 = 96 each); the query's product is read only by
     # its rotary embedding, which keeps nothing of it. All discarded under mla_up_proj.
     before = {"q_a_norm": 64, "q": 0, "kv_a_norm": 32, "k_nope": 64, "v": 64, "q_rotary": 96, "k_rotary": 16, "k": 96}
