@@ -70,6 +70,10 @@ NORMS = ("rms", "layer")
 POSITIONS = ("rotary", "learned", "alibi")
 
 
+#: The keys of ``MoEConfig.router``.
+ROUTER_KEYS = ("score", "normalize", "scale", "method")
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     """The mixture of experts of a decoder's MLPs: ``experts`` experts of width ``width``,
@@ -94,12 +98,28 @@ class MoEConfig:
     #: ``top_k`` chosen within ``group_top`` of them (1, 1: unlimited).
     groups: int = 1
     group_top: int = 1
+    #: The router's function, where the model declares it (``None``: not declared): what
+    #: changes the function built, not its cost, as ``(key, value)`` pairs (:data:`ROUTER_KEYS`):
+    #: ``score`` (``softmax`` or ``sigmoid``), ``normalize`` (the top k probabilities summed to
+    #: one), ``scale`` (their factor), ``method`` (transformers' ``topk_method``: ``greedy``,
+    #: ``group_limited_greedy`` or ``noaux_tc``, a learnt bias on the scores for the choice alone,
+    #: groups scored by the sum of their best two). The engine exports write them.
+    router: tuple | None = None
 
     def __post_init__(self):
         for name in ("experts", "top_k", "width", "groups", "group_top"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"decoder moe {name} must be a positive integer, got {value!r}")
+        if self.router is not None:
+            given = dict(self.router) if isinstance(self.router, tuple) and all(
+                isinstance(p, tuple) and len(p) == 2 for p in self.router) else None
+            if (given is None or set(given) != set(ROUTER_KEYS) or given["score"] not in ("softmax", "sigmoid")
+                    or not isinstance(given["normalize"], bool) or isinstance(given["scale"], bool)
+                    or not isinstance(given["scale"], (int, float)) or not given["scale"] > 0
+                    or given["method"] not in ("greedy", "group_limited_greedy", "noaux_tc")):
+                raise ValueError(f"decoder moe router must be ((key, value), ...) of {', '.join(ROUTER_KEYS)}, "
+                                 f"got {self.router!r}"[:200])
         if not isinstance(self.dense, tuple) or not all(isinstance(i, int) and i >= 0 for i in self.dense):
             raise ValueError(f"decoder moe dense must be a tuple of block indices, got {self.dense!r}")
 
@@ -508,7 +528,11 @@ def architecture(config: DecoderConfig) -> dict:
         out["moe"] = {"experts": m.experts, "top_k": m.top_k, "width": m.width, "shared": m.shared,
                       "shared_width": m.shared_width, "shared_gate": m.shared_gate, "dense": list(m.dense),
                       "capacity": m.capacity, "router_bias": m.router_bias, "expert_bias": m.expert_bias,
-                      "groups": m.groups}
+                      "groups": m.groups, "group_top": m.group_top,
+                      "router": dict(m.router) if m.router is not None else None}
+    if c.mla is not None:
+        a = c.mla
+        out["mla"] = {"q_rank": a.q_rank, "kv_rank": a.kv_rank, "nope": a.nope, "rope": a.rope, "value": a.value}
     return out
 
 

@@ -158,13 +158,25 @@ def megatron_flag_fields() -> dict:
     import dataclasses
 
     flags: dict = {}
-    for cls in megatron_modules():
+    base = {f.name for f in dataclasses.fields(megatron_modules()[0])}
+    for cls in megatron_modules() + (megatron_mla_config(),):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            if cls is megatron_mla_config() and f.name in base:
+                continue  # MLATransformerConfig's own fields only (its defaults of the others differ)
             stated = f.metadata.get("argparse_meta", {}).get("arg_names")
             for flag in stated or ["--" + f.name.replace("_", "-")]:
                 flags.setdefault(flag, []).append((cls.__name__, f.name, hints[f.name], f.default, bool(stated)))
     return flags
+
+
+def megatron_mla_config():
+    """megatron-core's ``MLATransformerConfig`` (the configuration of multi-latent attention)."""
+    megatron_modules()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+    return MLATransformerConfig
 
 
 def _fits(hint, value) -> bool:
@@ -308,7 +320,19 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         fp8=a.get("--fp8-format"), fp8_recipe=a.get("--fp8-recipe"), fp8_param=bool(a.get("--fp8-param-gather")),
         fp4=a.get("--fp4-format"), fp4_recipe=a.get("--fp4-recipe"), fp4_param=bool(a.get("--fp4-param-gather")),
         layernorm_epsilon=a.get("--norm-epsilon"), moe_grouped_gemm=bool(a.get("--moe-grouped-gemm")),
+        moe_router_score_function=a.get("--moe-router-score-function"),
+        moe_router_topk_scaling_factor=a.get("--moe-router-topk-scaling-factor"),
+        moe_router_enable_expert_bias=bool(a.get("--moe-router-enable-expert-bias")),
+        moe_router_pre_softmax=bool(a.get("--moe-router-pre-softmax")),
+        moe_router_num_groups=_int(a, "--moe-router-num-groups"), moe_router_group_topk=_int(a, "--moe-router-group-topk"),
+        mtp_num_layers=_int(a, "--mtp-num-layers"),
     )
+    mla = bool(a.get("--multi-latent-attention"))
+    if mla:  # Megatron-LM builds MLATransformerConfig; an absent --q-lora-rank is None (one projection)
+        fields.update(q_lora_rank=_int(a, "--q-lora-rank"), kv_lora_rank=_int(a, "--kv-lora-rank"),
+                      qk_head_dim=_int(a, "--qk-head-dim"), qk_pos_emb_head_dim=_int(a, "--qk-pos-emb-head-dim"),
+                      v_head_dim=_int(a, "--v-head-dim"), rope_type=a.get("--rope-type"),
+                      rotary_base=a.get("--rotary-base"))
     # TransformerConfig declares its formats and recipes as Literal choices but does not check them.
     hints = typing.get_type_hints(TransformerConfig)
     for name in ("fp8", "fp8_recipe", "fp4", "fp4_recipe"):
@@ -326,7 +350,8 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
             fields[flag[2:].replace("-", "_")] = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = TransformerConfig(**{k: v for k, v in fields.items() if v is not None})
+        kept = {k: v for k, v in fields.items() if v is not None or (mla and k == "q_lora_rank")}
+        config = (megatron_mla_config() if mla else TransformerConfig)(**kept)
         fsdp = bool(a.get("--use-megatron-fsdp"))
         ddp = DDPConfig(use_distributed_optimizer=bool(a.get("--use-distributed-optimizer")),
                         overlap_grad_reduce=bool(a.get("--overlap-grad-reduce")),

@@ -111,6 +111,46 @@ def test_megatron_export_runs_the_plan(tmp_path, name, graph, recipe):
                                             "moe_layer_modules": ["layernorm", "moe"]}[name]
 
 
+#: DeepSeek-V3 from its config.json, on NVIDIA's B200 layout with the module NVIDIA recomputes
+#: (Megatron-Bridge perf_recipes/deepseek/b200/deepseek_v3.py:32-43).
+DEEPSEEK = ["-g", "hf:" + os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf",
+                                       "deepseek-v3.json"), "-p", "256", "-b", "4096", "-m", "4096", "--machine", "b200"]
+
+
+def test_megatron_export_of_latent_attention(tmp_path):
+    recipe = "dp=16,tp=1,pp=16,zero=1,schedule=1f1b,ep=8,microbatch=1,recompute=selective,recompute_modules=mla_up_proj"
+    path, report = _export(tmp_path, DEEPSEEK, recipe, "--export-megatron", "deepseek.json")
+    a = json.loads(path.read_text())["arguments"]
+    _round_trip(DEEPSEEK, path, report)
+    assert not check.megatron_flag_problems(a)
+    config, _, _ = check.megatron_accepts(a, 256)  # megatron-core's MLATransformerConfig checks it
+    # The latent attention of DeepSeek-V3's config.json: query rank 1536, key-value rank 512,
+    # heads 128 + 64 rotary wide, values 128; plain rotary positions (the file states no YaRN).
+    assert type(config).__name__ == "MLATransformerConfig" and config.multi_latent_attention
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim,
+            config.v_head_dim, config.rope_type) == (1536, 512, 128, 64, 128, "rope")
+    # Its router as transformers builds it (DeepseekV3TopkRouter): sigmoid scores normalised over
+    # the top 8, a learnt bias for the choice, scaled by 2.5, within 4 of 8 groups.
+    assert config.moe_router_score_function == "sigmoid" and config.moe_router_enable_expert_bias
+    assert config.moe_router_topk_scaling_factor == 2.5
+    assert (config.moe_router_num_groups, config.moe_router_group_topk, config.moe_router_topk) == (8, 4, 8)
+    assert config.recompute_granularity == "selective" and config.recompute_modules == ["mla_up_proj"]
+
+
+def test_megatron_refuses_routers_it_does_not_run(tmp_path):
+    # DeepSeek-V2's group-limited routing scores a group by its best expert; Megatron-Core's by
+    # the sum of its best top_k / group_top: refused in one line, never written otherwise.
+    config = json.loads(open(DEEPSEEK[1][3:]).read())
+    config.update(model_type="deepseek_v2", topk_method="group_limited_greedy", num_hidden_layers=4,
+                  first_k_dense_replace=1, num_nextn_predict_layers=0)
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(config))
+    status, _, err = run("-g", f"hf:{path}", *DEEPSEEK[2:], "--recipe", "dp=256,tp=1,ep=8,zero=1",
+                         "--export-megatron", tmp_path / "out.json")
+    assert status != 0 and err.count("\n") == 1 and "moe groups" in err
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_deepspeed_export_runs_the_fsdp_plan(tmp_path, monkeypatch):
     # ZeRO-3 and ZeRO-1 of a dense model, and the MoE model's ZeRO-3 plan (its experts
     # replicated, as DeepSpeed's config runs them: expert parallelism is the model code's).

@@ -138,7 +138,8 @@ _MEGATRON_PASSIVE_SWITCHES = {
     "--overlap-param-gather", "--no-load-optim", "--no-load-rng", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--group-query-attention", "--sequence-parallel",
     "--use-distributed-optimizer", "--tp-comm-overlap", "--grad-reduce-in-bf16", "--fp8-param-gather",
-    "--fp4-param-gather", "--use-rope-scaling",
+    "--fp4-param-gather", "--use-rope-scaling", "--multi-latent-attention", "--moe-router-enable-expert-bias",
+    "--moe-router-pre-softmax",
 }
 #: Switches read into the recipe that are not among the passive ones (the pipeline's extras).
 _MEGATRON_SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -157,6 +158,9 @@ _MEGATRON_VALUED = {
     "--max-position-embeddings", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
+    "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type",
+    "--mtp-num-layers", "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-num-groups",
+    "--moe-router-group-topk",
 }
 #: Arguments of one or more words (Megatron-LM's ``nargs="+"``, a ``List[str]`` field).
 _MEGATRON_LISTS = {"--recompute-modules"}

@@ -100,11 +100,11 @@ def _model_arguments(plan: EnginePlan) -> list:
     a = plan.architecture
     # What this writer has no Megatron-LM arguments for: refused by name, never dropped.
     plain = {"norm_bias": a["norm"] == "layer", "post_norms": False, "window": 0, "sinks": False, "softcap": 0.0,
-             "final_softcap": 0.0, "mla": False, "mtp": 0}
+             "final_softcap": 0.0, "mla": "mla" in a, "mtp": a.get("features", {}).get("mtp", 0)}
     odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
     moe = a.get("moe") or {}
     odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
-        (["moe groups"] if moe.get("groups", 1) > 1 else [])
+        (["moe groups"] if moe.get("groups", 1) > 1 and not _megatron_groups(moe) else [])
     if odd:
         raise EngineRefusal("megatron", f"the model's {', '.join(odd)}: no Megatron-LM argument written for it yet")
     args = [("--num-layers", a["layers"]), ("--hidden-size", a["width"]), ("--num-attention-heads", a["heads"]),
@@ -131,6 +131,7 @@ def _model_arguments(plan: EnginePlan) -> list:
                                         ", ".join(k for k, v in biases.items() if v) + " alone")
     if a["qk_norm"]:
         args.append(("--qk-layernorm", None))
+    args += _megatron_mla(a)
     moe = a.get("moe")
     if moe:
         if moe["shared"] and moe.get("shared_gate"):
@@ -150,10 +151,65 @@ def _model_arguments(plan: EnginePlan) -> list:
                                                             for i in range(a["layers"])) + "]"))
         if moe["capacity"] is not None:
             args.append(("--moe-expert-capacity-factor", moe["capacity"]))
+        args += _megatron_router(moe)
     # The vocabulary as priced: Megatron's null tokenizer has vocab-size + 1 entries (its
     # end-of-document token) and no padding beyond a multiple of tp (the plan's tp divides it).
     args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", a["vocab"] - 1),
              ("--make-vocab-size-divisible-by", 1), ("--bf16", None)]
+    return args
+
+
+def _megatron_groups(moe: dict) -> bool:
+    """Whether Megatron-Core routes ``moe``'s groups as the model does: its group-limited top-k
+    scores a group by the sum of its best ``top_k / group_top`` experts (megatron-core 0.16.1
+    transformer/moe/moe_utils.py ``group_limited_topk``), DeepSeek-V3's ``noaux_tc`` by its best
+    two; ``group_limited_greedy`` (DeepSeek-V2) by its best one."""
+    router = moe.get("router") or {}
+    return router.get("method") == "noaux_tc" and moe["top_k"] // moe["group_top"] == 2 \
+        and moe["top_k"] % moe["group_top"] == 0
+
+
+def _megatron_mla(a: dict) -> list:
+    """Multi-latent attention as Megatron-Core builds it (``MLATransformerConfig``): the ranks and
+    head widths, and plain rotary positions (its default is YaRN; a declared scaling is refused
+    by :func:`megatron_model_settings`)."""
+    mla = a.get("mla")
+    if not mla:
+        return []
+    args = [("--multi-latent-attention", None)]
+    if mla["q_rank"]:  # none: the query's one projection (q_lora_rank None)
+        args.append(("--q-lora-rank", mla["q_rank"]))
+    args += [("--kv-lora-rank", mla["kv_rank"]), ("--qk-head-dim", mla["nope"]), ("--qk-pos-emb-head-dim", mla["rope"]),
+             ("--v-head-dim", mla["value"]), ("--rope-type", "rope")]
+    if a["features"].get("mtp"):
+        args.append(("--mtp-num-layers", a["features"]["mtp"]))
+    return args
+
+
+def _megatron_router(moe: dict) -> list:
+    """The router's function as the model declares it (``MoEConfig.router``; none declared:
+    Megatron's default, a softmax over the chosen experts' logits) in Megatron-Core's words
+    (``moe_utils.topk_routing_with_score_function``: softmax over the top k, or before it with
+    ``--moe-router-pre-softmax``, unnormalised; sigmoid scores normalised over the top k when
+    k > 1; ``--moe-router-topk-scaling-factor``; ``--moe-router-enable-expert-bias``, the learnt
+    score bias DeepSeek-V3's ``noaux_tc`` routes by)."""
+    router = moe.get("router")
+    if not router:
+        return []
+    args = []
+    if router["score"] == "sigmoid":
+        if not router["normalize"] and moe["top_k"] > 1:
+            raise EngineRefusal("megatron", "Megatron-Core normalises sigmoid router scores over the top k: the "
+                                            "model's are not (norm_topk_prob false)")
+        args.append(("--moe-router-score-function", "sigmoid"))
+    elif not router["normalize"]:
+        args.append(("--moe-router-pre-softmax", None))
+    if router["scale"] != 1.0:
+        args.append(("--moe-router-topk-scaling-factor", router["scale"]))
+    if router["method"] == "noaux_tc":
+        args.append(("--moe-router-enable-expert-bias", None))
+    if moe["groups"] > 1:
+        args += [("--moe-router-num-groups", moe["groups"]), ("--moe-router-group-topk", moe["group_top"])]
     return args
 
 

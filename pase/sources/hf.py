@@ -45,12 +45,13 @@ HEAD_DIM_DEFAULTS = {"gemma2": 256, "gemma3_text": 256}
 _LLAMA_LIKE = ("llama", "mistral", "qwen2") + MOE_TYPES
 
 #: ``(rope_theta, rms_norm_eps)`` of a config that does not give them: transformers' defaults
-#: (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config and their MoE configs).
+#: (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config and their MoE configs,
+#: DeepseekV3Config and DeepseekV2Config).
 #: The rotary base, its scaling and the norms' epsilon are declared on the network for these
 #: types (the engine exports write them); other types leave them undeclared.
 NUMERICS_DEFAULTS = {"llama": (10000.0, 1e-6), "mistral": (10000.0, 1e-6), "mixtral": (1e6, 1e-5),
                      "qwen2": (10000.0, 1e-6), "qwen3": (10000.0, 1e-6), "qwen2_moe": (10000.0, 1e-6),
-                     "qwen3_moe": (10000.0, 1e-6)}
+                     "qwen3_moe": (10000.0, 1e-6), "deepseek_v3": (10000.0, 1e-6), "deepseek_v2": (10000.0, 1e-6)}
 
 
 def read_hf_config(path: str) -> dict:

@@ -120,7 +120,7 @@ def _gpt_oss(fields, base: dict) -> dict:
                 window_blocks=_layer_types(fields, layers, lambda i: (i + 1) % 2))
 
 
-def _deepseek_v3(fields, base: dict, mtp: bool) -> dict:
+def _deepseek_v3(fields, base: dict, mtp: bool, version: int = 3) -> dict:
     from graphs.decoder import MLAConfig, MoEConfig
 
     layers = base["layers"]
@@ -154,12 +154,30 @@ def _deepseek_v3(fields, base: dict, mtp: bool) -> dict:
     # transformers: block i is sparse when i >= first_k_dense_replace and i % moe_layer_freq == 0.
     dense = tuple(i for i in range(layers) if i < first or i % step)
     moe = MoEConfig(experts, top_k, width, shared=1 if shared else 0, shared_width=shared * width, dense=dense,
-                    groups=groups, group_top=group_top)
+                    groups=groups, group_top=group_top, router=_deepseek_router(fields, version))
     bias = fields.flag("attention_bias", False)
     if bias:
         fields.notes.append("attention_bias is ignored: latent attention is priced without biases")
     return dict(base, kv_heads=base["heads"], head_dim=mla.nope + mla.rope, mla=mla, moe=moe,
                 mtp=depth if mtp else 0)
+
+
+def _deepseek_router(fields, version: int) -> tuple:
+    """The router's function as transformers builds it (``MoEConfig.router``). DeepSeek-V3
+    (transformers models/deepseek_v3/modeling_deepseek_v3.py ``DeepseekV3TopkRouter``): sigmoid
+    scores, a learnt bias on them for the choice (``noaux_tc``; the config's ``scoring_func`` and
+    ``topk_method`` are not read), groups by their best two, ``norm_topk_prob`` (default true),
+    ``routed_scaling_factor`` (default 2.5). DeepSeek-V2 (``DeepseekV2Moe``): softmax scores,
+    ``topk_method`` ``greedy`` or ``group_limited_greedy`` (default greedy), never normalised,
+    ``routed_scaling_factor`` (default 1)."""
+    scale = fields.data.get("routed_scaling_factor", 2.5 if version == 3 else 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e6:
+        fields.fail(f"routed_scaling_factor must be a positive number, got {scale!r}")
+    if version == 3:
+        return (("score", "sigmoid"), ("normalize", fields.flag("norm_topk_prob", True)), ("scale", float(scale)),
+                ("method", "noaux_tc"))
+    method = fields.choice("topk_method", "greedy", ("greedy", "group_limited_greedy"))
+    return (("score", "softmax"), ("normalize", False), ("scale", float(scale)), ("method", method))
 
 
 def _mpt(fields, sequence) -> dict:
@@ -198,9 +216,9 @@ READERS = {
     "gemma2": lambda fields, base, sequence, mtp: _gemma(fields, base, 2),
     "gemma3_text": lambda fields, base, sequence, mtp: _gemma(fields, base, 3),
     "gpt_oss": lambda fields, base, sequence, mtp: _gpt_oss(fields, base),
-    "deepseek_v3": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp),
+    "deepseek_v3": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp, version=3),
     # DeepSeek-V2 has V3's shape (latent attention, shared and group-limited experts), no MTP.
-    "deepseek_v2": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp),
+    "deepseek_v2": lambda fields, base, sequence, mtp: _deepseek_v3(fields, base, mtp, version=2),
     "mpt": lambda fields, base, sequence, mtp: _mpt(fields, sequence),
 }
 
