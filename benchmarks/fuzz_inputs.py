@@ -1202,6 +1202,14 @@ def hf_cases(rng: random.Random, refs: dict) -> list:
     add("values", "gpt2: -m longer than its learned positions", TINY_GPT2, "-m", "4096", expect=BAD_VALUE)
     add("values", "llama: -m 1 (one token)", TINY_HF, "-m", "1", expect=OK)
     add("values", "deepseek_v3: --mtp", TINY_NEW["deepseek_v3"], "--mtp", expect=OK)
+    # The router's function (MoEConfig.router), read as transformers builds it.
+    for value in (0, -2.5, "2.5", True, float("inf")):
+        add("values", f"deepseek_v3: routed_scaling_factor = {_short(value, 20)}",
+            dict(TINY_NEW["deepseek_v3"], routed_scaling_factor=value), expect=BAD_FILE)
+    add("values", "deepseek_v2: topk_method noaux_tc (transformers' V2 has greedy and group_limited_greedy)",
+        dict(TINY_NEW["deepseek_v3"], model_type="deepseek_v2", topk_method="noaux_tc"), expect=BAD_FILE)
+    add("values", "deepseek_v3: norm_topk_prob false (read; exports refuse it)",
+        dict(TINY_NEW["deepseek_v3"], norm_topk_prob=False), expect=OK)
     # Issue 44: --mtp where there is no multi-token prediction is refused (it was ignored).
     add("values", "llama: --mtp (no such module)", TINY_HF, "--mtp", expect=BAD_VALUE, stderr_has="has none")
     add("values", "an unknown model_type (through transformers, or one line without it)",
