@@ -137,6 +137,29 @@ def test_megatron_export_of_latent_attention(tmp_path):
     assert config.recompute_granularity == "selective" and config.recompute_modules == ["mla_up_proj"]
 
 
+def test_megatron_export_of_deepseek_v2_lite(tmp_path):
+    # DeepSeek-V2-Lite's shape (transformers' DeepseekV2: softmax scores, never normalised, one
+    # projection for the queries) on 16 H100: megatron-core's MLATransformerConfig takes it with
+    # no query rank and the softmax before the top k (--moe-router-pre-softmax).
+    config = dict(json.loads(open(DEEPSEEK[1][3:]).read()), model_type="deepseek_v2", hidden_size=2048,
+                  intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=4, first_k_dense_replace=1,
+                  num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, n_routed_experts=64,
+                  num_experts_per_tok=6, n_group=1, topk_group=1, routed_scaling_factor=1.0, topk_method="greedy",
+                  num_nextn_predict_layers=0, vocab_size=102400)
+    path = tmp_path / "v2-lite.json"
+    path.write_text(json.dumps(config))
+    graph = ["-g", f"hf:{path}", "-p", "16", "-b", "32", "-m", "1024", "--machine", "h100-sxm"]
+    exported, report = _export(tmp_path, graph, "dp=16,tp=1,ep=8,zero=1,recompute=selective,"
+                               "recompute_modules=mla_up_proj", "--export-megatron", "v2.json")
+    a = json.loads(exported.read_text())["arguments"]
+    _round_trip(graph, exported, report)
+    assert not check.megatron_flag_problems(a)
+    mla, _, _ = check.megatron_accepts(a, 16)
+    assert mla.q_lora_rank is None and mla.kv_lora_rank == 512
+    assert mla.moe_router_score_function == "softmax" and mla.moe_router_pre_softmax
+    assert not mla.moe_router_enable_expert_bias and mla.moe_router_topk_scaling_factor is None
+
+
 def test_megatron_refuses_routers_it_does_not_run(tmp_path):
     # DeepSeek-V2's group-limited routing scores a group by its best expert; Megatron-Core's by
     # the sum of its best top_k / group_top: refused in one line, never written otherwise.
