@@ -100,7 +100,7 @@ def _model_arguments(plan: EnginePlan) -> list:
     a = plan.architecture
     # What this writer has no Megatron-LM arguments for: refused by name, never dropped.
     plain = {"norm_bias": a["norm"] == "layer", "post_norms": False, "window": 0, "sinks": False, "softcap": 0.0,
-             "final_softcap": 0.0, "mla": "mla" in a, "mtp": a.get("features", {}).get("mtp", 0)}
+             "final_softcap": 0.0, "mla": "mla" in a, "mtp": 0}
     odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
     moe = a.get("moe") or {}
     odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
@@ -181,8 +181,6 @@ def _megatron_mla(a: dict) -> list:
         args.append(("--q-lora-rank", mla["q_rank"]))
     args += [("--kv-lora-rank", mla["kv_rank"]), ("--qk-head-dim", mla["nope"]), ("--qk-pos-emb-head-dim", mla["rope"]),
              ("--v-head-dim", mla["value"]), ("--rope-type", "rope")]
-    if a["features"].get("mtp"):
-        args.append(("--mtp-num-layers", a["features"]["mtp"]))
     return args
 
 
