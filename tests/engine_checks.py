@@ -332,7 +332,10 @@ def megatron_accepts(arguments: dict, procs: int) -> tuple:
         fields.update(q_lora_rank=_int(a, "--q-lora-rank"), kv_lora_rank=_int(a, "--kv-lora-rank"),
                       qk_head_dim=_int(a, "--qk-head-dim"), qk_pos_emb_head_dim=_int(a, "--qk-pos-emb-head-dim"),
                       v_head_dim=_int(a, "--v-head-dim"), rope_type=a.get("--rope-type"),
-                      rotary_base=a.get("--rotary-base"))
+                      rotary_base=a.get("--rotary-base"), rotary_scaling_factor=a.get("--rotary-scaling-factor"),
+                      original_max_position_embeddings=_int(a, "--original-max-position-embeddings"),
+                      beta_fast=a.get("--beta-fast"), beta_slow=a.get("--beta-slow"), mscale=a.get("--mscale"),
+                      mscale_all_dim=a.get("--mscale-all-dim"))
     # TransformerConfig declares its formats and recipes as Literal choices but does not check them.
     hints = typing.get_type_hints(TransformerConfig)
     for name in ("fp8", "fp8_recipe", "fp4", "fp4_recipe"):

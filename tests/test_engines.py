@@ -137,6 +137,30 @@ def test_megatron_export_of_latent_attention(tmp_path):
     assert config.recompute_granularity == "selective" and config.recompute_modules == ["mla_up_proj"]
 
 
+def test_megatron_export_of_yarn_under_latent_attention(tmp_path):
+    # DeepSeek-V3's config.json as published states YaRN (factor 40 over 4,096 positions, beta
+    # 32 and 1, mscale 1 and 1); megatron-core builds it under multi-latent attention
+    # (YarnRotaryEmbedding), each key its MLATransformerConfig field.
+    config = dict(json.loads(open(DEEPSEEK[1][3:]).read()), rope_scaling={
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0})
+    path = tmp_path / "deepseek-v3-yarn.json"
+    path.write_text(json.dumps(config))
+    graph = ["-g", f"hf:{path}", *DEEPSEEK[2:]]
+    exported, report = _export(tmp_path, graph, "dp=16,tp=1,pp=16,zero=1,schedule=1f1b,ep=8,microbatch=1",
+                               "--export-megatron", "yarn.json")
+    a = json.loads(exported.read_text())["arguments"]
+    _round_trip(graph, exported, report)
+    assert not check.megatron_flag_problems(a)
+    mla, _, _ = check.megatron_accepts(a, 256)
+    assert mla.rope_type == "yarn" and (mla.rotary_scaling_factor, mla.original_max_position_embeddings) == (40, 4096)
+    assert (mla.beta_fast, mla.beta_slow, mla.mscale, mla.mscale_all_dim) == (32, 1, 1.0, 1.0)
+    # Read back against a graph without the scaling: another model, refused in one line.
+    status, _, err = run(*DEEPSEEK, "--recipe-from", exported)
+    error = [line for line in err.splitlines() if "error" in line]  # beside the config's own note
+    assert status == 2 and len(error) == 1 and "--rope-type yarn" in error[0] and "different model" in error[0]
+
+
 def test_megatron_export_of_deepseek_v2_lite(tmp_path):
     # DeepSeek-V2-Lite's shape (transformers' DeepseekV2: softmax scores, never normalised, one
     # projection for the queries) on 16 H100: megatron-core's MLATransformerConfig takes it with

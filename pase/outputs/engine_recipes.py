@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING
+from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING, MEGATRON_YARN, yarn_of
 from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch, check_sequence, folded_etp,
                                         make_recipe, whole)
 from pase.outputs.titan_export import LAUNCH_MARK
@@ -159,7 +159,7 @@ _MEGATRON_VALUED = {
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type",
-    "--mtp-num-layers", "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-num-groups",
+    "--mtp-num-layers", *MEGATRON_YARN.values(), "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-num-groups",
     "--moe-router-group-topk",
 }
 #: Arguments of one or more words (Megatron-LM's ``nargs="+"``, a ``List[str]`` field).
@@ -261,6 +261,20 @@ def _megatron_model(args: dict, arch) -> None:
     for flag, (value, declared) in given.items():
         if value is not None and declared is not None and value != declared:
             raise ValueError(f"{flag} {args[flag]} differs from the graph's {declared}: a different model")
+    yarn = yarn_of(arch)
+    if "mla" in arch and args.get("--rope-type", "yarn") != ("yarn" if yarn else "rope"):
+        raise ValueError(f"--rope-type {args.get('--rope-type', 'yarn (megatron-core default under latent attention)')} "
+                         f"with the graph's rotary scaling ({scaling or 'none'}): a different model")
+    if yarn:  # YaRN under multi-latent attention: every key as written (MEGATRON_YARN)
+        for key, flag in MEGATRON_YARN.items():
+            try:
+                value = float(args[flag]) if flag in args else None
+            except ValueError:
+                raise ValueError(f"{flag} must be a number, got {args[flag]!r}") from None
+            if value != scaling[key]:
+                raise ValueError(f"{flag} {args.get(flag, '(absent)')} differs from the graph's {scaling[key]}: a "
+                                 "different model")
+        return
     if "rope" in arch and ("--use-rope-scaling" in args) != bool(scaling):
         raise ValueError("--use-rope-scaling " + ("without" if scaling else "with") + " the graph's rotary scaling "
                          f"({scaling or 'none'}): a different model")

@@ -55,6 +55,22 @@ MEGATRON_PRECISION = {
 #: ``--rope-scaling-factor``).
 MEGATRON_ROPE_SCALING = {"type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192}
+#: YaRN under multi-latent attention, each of transformers' keys as megatron-core's
+#: ``MLATransformerConfig`` field's flag (``YarnRotaryEmbedding`` and the attention's
+#: ``_yarn_get_mscale``, transformer/multi_latent_attention.py:125-145: the same frequencies,
+#: attention factor and softmax scale as transformers' ``yarn`` rope parameters); every key stated.
+MEGATRON_YARN = {"factor": "--rotary-scaling-factor", "original_max_position_embeddings":
+                 "--original-max-position-embeddings", "beta_fast": "--beta-fast", "beta_slow": "--beta-slow",
+                 "mscale": "--mscale", "mscale_all_dim": "--mscale-all-dim"}
+
+
+def yarn_of(a: dict) -> dict | None:
+    """The graph's YaRN scaling where megatron-core builds it (multi-latent attention, every key
+    of :data:`MEGATRON_YARN` stated), else None."""
+    scaling = (a.get("rope") or {}).get("scaling") or {}
+    if "mla" in a and scaling.get("type") == "yarn" and set(scaling) == set(MEGATRON_YARN) | {"type"}:
+        return scaling
+    return None
 
 
 def engine_view(plan, engine: str, per_node: int | None = None, profile=None) -> tuple:
@@ -180,7 +196,7 @@ def _megatron_mla(a: dict) -> list:
     if mla["q_rank"]:  # none: the query's one projection (q_lora_rank None)
         args.append(("--q-lora-rank", mla["q_rank"]))
     args += [("--kv-lora-rank", mla["kv_rank"]), ("--qk-head-dim", mla["nope"]), ("--qk-pos-emb-head-dim", mla["rope"]),
-             ("--v-head-dim", mla["value"]), ("--rope-type", "rope")]
+             ("--v-head-dim", mla["value"]), ("--rope-type", "yarn" if yarn_of(a) else "rope")]
     return args
 
 
@@ -228,7 +244,10 @@ def megatron_model_settings(a: dict) -> list:
             raise EngineRefusal("megatron", f"Megatron-LM's --rotary-base is an integer, the model's is {theta}")
         args.append(("--rotary-base", int(theta)))
         scaling = rope["scaling"]
-        if scaling:
+        if yarn_of(a):
+            args += [(MEGATRON_YARN[k], int(v) if k == "original_max_position_embeddings" else float(v))
+                     for k, v in sorted(scaling.items()) if k != "type"]
+        elif scaling:
             if {k: v for k, v in scaling.items() if k != "factor"} != MEGATRON_ROPE_SCALING or "factor" not in scaling:
                 raise EngineRefusal("megatron", "megatron-core scales rotary frequencies as Llama 3.1 does (low and "
                                                 "high frequency factors 1 and 4, 8192 original positions; "
