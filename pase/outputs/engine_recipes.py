@@ -159,8 +159,8 @@ _MEGATRON_VALUED = {
     "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-expert-capacity-factor", "--vocab-size",
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--rotary-base", "--rope-scaling-factor", "--norm-epsilon",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type",
-    "--mtp-num-layers", *MEGATRON_YARN.values(), "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--moe-router-num-groups",
-    "--moe-router-group-topk",
+    "--mtp-num-layers", *MEGATRON_YARN.values(), "--moe-router-score-function", "--moe-router-topk-scaling-factor",
+    "--moe-router-num-groups", "--moe-router-group-topk",
 }
 #: Arguments of one or more words (Megatron-LM's ``nargs="+"``, a ``List[str]`` field).
 _MEGATRON_LISTS = {"--recompute-modules"}
