@@ -152,9 +152,9 @@ def main() -> int:
                          "memory_gb": got.get("memory_gb")})
         oom_calls = [price(r, machine, engine) for r in ooms]
         results.append((label, rows, oom_calls))
-    fits = [(label, *loo_rows(runs, machine, ENGINE, ooms)) for machine, label in (
-        (CLUSTER, "jz-a100-cluster.json fitted on the 20 runs (calibrate --from-runs), leave-one-out"),
-        ("a100-sxm", "a100-sxm preset fitted on the 20 runs (calibrate --from-runs), leave-one-out"))]
+    fitted_on = ((CLUSTER, "jz-a100-cluster.json fitted on the 20 runs (calibrate --from-runs), leave-one-out"),
+                 ("a100-sxm", "a100-sxm preset fitted on the 20 runs (calibrate --from-runs), leave-one-out"))
+    fits = [(label, *loo_rows(runs, machine, ENGINE, ooms)) for machine, label in fitted_on]
     seconds = time.perf_counter() - started
     lines = ["# BigScience's topology search for BLOOM, ranked (issue 41)", "",
              "Written by `python3 benchmarks/bigscience.py`. The 20 layouts of a 181B model on 48 nodes of 8 A100 80GB "
@@ -174,7 +174,7 @@ def main() -> int:
                      f"({100 * g['pick_share']:.0f} %) | {g['rho']:.2f} | {100 * g['median']:.0f} % | "
                      f"{100 * g['p90']:.0f} % | {g['no_fit']} of {len(rows)} | {oom} |")
     lines.append("")
-    for (machine, _), (_, _, fit, _) in zip(((CLUSTER, 0), ("a100-sxm", 0)), fits):
+    for (machine, _), (_, _, fit, _) in zip(fitted_on, fits):
         f = fit["fitted"]
         lines.append(f"`pase calibrate --from-runs {RUNS_FILE} --machine {machine} --engine {ENGINE}` fitted "
                      f"compute_efficiency {f['compute_efficiency']:.3f}, collective_scale intra_node "

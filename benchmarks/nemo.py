@@ -127,12 +127,12 @@ def deepseek_section(tmp: str) -> list:
           "multi-token prediction block), with the modules those recipes recompute (`mla_up_proj`) and with "
           "Megatron's default (`core_attn`) in their place:", "",
           "| layout | recompute modules | step s | tokens/s per GPU | peak GB of 192 | fits |", "|---|---|---|---|---|---|"]
-    for row in DEEPSEEK_B200:
-        m = price(row, tmp)
+    priced = [price(row, tmp) for row in DEEPSEEK_B200]
+    for row, m in zip(DEEPSEEK_B200, priced):
         modules = "mla_up_proj" if "mla_up_proj" in row["recipe"] else "core_attn (Megatron's default)"
         md.append(f"| {row['name']} | `{modules}` | {m['step']:.2f} | {m['tokens']:,.0f} | {m['memory'] / 1e9:.1f} | "
                   f"{'yes' if m['fits'] else 'no (priced with --memory 100000)'} |")
-    md += ["", f"- `{command(price(DEEPSEEK_B200[0], tmp))}`"]
+    md += ["", f"- `{command(priced[0])}`"]
     return md
 
 

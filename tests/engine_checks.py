@@ -159,10 +159,11 @@ def megatron_flag_fields() -> dict:
 
     flags: dict = {}
     base = {f.name for f in dataclasses.fields(megatron_modules()[0])}
-    for cls in megatron_modules() + (megatron_mla_config(),):
+    mla = megatron_mla_config()
+    for cls in megatron_modules() + (mla,):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if cls is megatron_mla_config() and f.name in base:
+            if cls is mla and f.name in base:
                 continue  # MLATransformerConfig's own fields only (its defaults of the others differ)
             stated = f.metadata.get("argparse_meta", {}).get("arg_names")
             for flag in stated or ["--" + f.name.replace("_", "-")]:

@@ -227,15 +227,16 @@ def _megatron_int(args: dict, flag: str, default: int | None = None, least: int 
 
 
 
-def _megatron_number(args: dict, flag: str) -> float | None:
+def _megatron_number(args: dict, flag: str, zero: bool = False) -> float | None:
+    """``flag``'s value as a finite positive number (``zero``: or 0), None where absent."""
     if flag not in args:
         return None
     try:
         value = float(args[flag])
     except ValueError:
         value = -1.0
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{flag} must be a positive number, got {args[flag]!r}")
+    if not (0 <= value if zero else 0 < value) or value == float("inf"):
+        raise ValueError(f"{flag} must be a {'non-negative' if zero else 'positive'} number, got {args[flag]!r}")
     return value
 
 
@@ -267,11 +268,7 @@ def _megatron_model(args: dict, arch) -> None:
                          f"with the graph's rotary scaling ({scaling or 'none'}): a different model")
     if yarn:  # YaRN under multi-latent attention: every key as written (MEGATRON_YARN)
         for key, flag in MEGATRON_YARN.items():
-            try:
-                value = float(args[flag]) if flag in args else None
-            except ValueError:
-                raise ValueError(f"{flag} must be a number, got {args[flag]!r}") from None
-            if value != scaling[key]:
+            if _megatron_number(args, flag, zero=True) != scaling[key]:
                 raise ValueError(f"{flag} {args.get(flag, '(absent)')} differs from the graph's {scaling[key]}: a "
                                  "different model")
         return

@@ -429,20 +429,7 @@ def search_space(build, batch: int, procs: int, machine, recipe: Recipe, base: T
     # ``block`` without a recipe's count: every count searched per candidate (no blocks: not tried).
     search_block = recipe.recompute_layers is None
     latent = has_latent_attention(probe)
-    if recipe.recompute_modules is not None and "mla_up_proj" in recipe.recompute_modules and not latent:
-        raise ValueError(f"recompute_modules mla_up_proj recomputes multi-latent attention's up projections, and graph "
-                         f"{probe.name} has none (Megatron-Core refuses it, transformer/transformer_config.py:1218-1222)")
-    expert_modules = [m for m in recipe.recompute_modules or () if m in ("moe_act", "moe")]
-    if expert_modules and not expert_counts:
-        plural = "s" if len(expert_modules) > 1 else ""
-        raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{plural}, "
-                         f"and graph {probe.name} has no mixture of experts")
-    if recipe.recompute_modules is not None and "shared_experts" in recipe.recompute_modules:
-        if not any(getattr(layer, "shared", 0) for layer in probe.layers if hasattr(layer, "shared_gemms")):
-            raise ValueError(f"recompute_modules shared_experts: graph {probe.name} has no shared experts")
-        if base.shared_overlap:
-            raise ValueError("recompute_modules shared_experts does not run with shared_overlap=true (Megatron-Core "
-                             "refuses it, transformer/transformer_config.py:1232-1239)")
+    check_modules_apply(recipe.recompute_modules or (), base, probe, latent)
     modules = module_choices(recipe, base, engine, bool(expert_counts), latent)
     grid = tuple((z, r, o, m) for z, r in options_grid(recipe, engine) for o in overlaps
                  for m in (modules if r == "selective" else (None,))
@@ -486,6 +473,28 @@ def module_choices(recipe: Recipe, base: TrainingOptions, engine, experts: bool,
             both = set(SEARCHED_MOE_MODULES) | set(SEARCHED_MLA_MODULES)
             sets.append(tuple(m for m in RECOMPUTE_MODULES if m in both))
     return (None, *sets)
+
+
+def check_modules_apply(modules: tuple, base: TrainingOptions, network, latent: bool) -> None:
+    """``ValueError`` where a recipe's ``recompute_modules`` name layers ``network`` lacks (or
+    Megatron-Core refuses beside the options): ``mla_up_proj`` without latent attention
+    (transformer/transformer_config.py:1218-1222), ``moe_act`` or ``moe`` without a mixture of
+    experts, ``shared_experts`` without shared experts or beside their overlap (:1232-1239)."""
+    moes = [layer for layer in network.layers if "experts" in roles_of(layer)]
+    if "mla_up_proj" in modules and not latent:
+        raise ValueError(f"recompute_modules mla_up_proj recomputes multi-latent attention's up projections, and graph "
+                         f"{network.name} has none (Megatron-Core refuses it, transformer/transformer_config.py:1218-1222)")
+    expert_modules = [m for m in modules if m in ("moe_act", "moe")]
+    if expert_modules and not moes:
+        plural = "s" if len(expert_modules) > 1 else ""
+        raise ValueError(f"recompute_modules {'+'.join(expert_modules)}: a mixture of experts' module{plural}, "
+                         f"and graph {network.name} has no mixture of experts")
+    if "shared_experts" in modules:
+        if not any(layer.args.get("shared") for layer in moes):
+            raise ValueError(f"recompute_modules shared_experts: graph {network.name} has no shared experts")
+        if base.shared_overlap:
+            raise ValueError("recompute_modules shared_experts does not run with shared_overlap=true (Megatron-Core "
+                             "refuses it, transformer/transformer_config.py:1232-1239)")
 
 
 def has_latent_attention(network) -> bool:

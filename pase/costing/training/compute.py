@@ -151,7 +151,7 @@ class StepCompute:
         elsewhere."""
         layer = self.experts.get(v)
         rows = len(self.configs[v])
-        if layer is None or not getattr(layer, "shared", 0):
+        if layer is None or not layer.args.get("shared"):
             return np.zeros(rows)
         dtype = options.precision if options.precision != "bf16" and self.precision.eligible()[v] else "bf16"
         products = gemm_seconds(self.machine, layer.shared_gemms(self.configs[v]), dtype) * np.ones(rows)

@@ -367,8 +367,7 @@ class RecomputePolicy:
             if v in self.experts and options.recomputes("moe"):  # the whole layer again
                 return self.outputs[v] + self.internal[v]
             if v in self.experts and (options.recomputes("moe_act") or options.recomputes("shared_experts")):
-                return (self.expert_activation(v) * options.recomputes("moe_act")
-                        + self.shared_expert(v) * options.recomputes("shared_experts"))
+                return self._rerun_inside(v, options)
             return self.outputs[v] if self.working_mask(options)[v] else zeros
         if not (self.places.read_back[v] or self.block_outputs[v]):
             return self._internal(v, options)
@@ -422,16 +421,21 @@ class RecomputePolicy:
         return again
 
     def _internal(self, v: int, options: TrainingOptions) -> np.ndarray:
-        """What ``v`` keeps inside itself besides its output (a mixture of experts', less its
-        experts' activation under ``moe_act``)."""
+        """What ``v`` keeps inside itself besides its output (a mixture of experts', less what
+        :meth:`_rerun_inside` runs again; nothing under ``moe``)."""
         if v not in self.internal or (v in self.experts and options.recomputes("moe")):
             return np.zeros(len(self.configs[v]))
-        kept = self.internal[v] * np.ones(len(self.configs[v]))
+        return self.internal[v] * np.ones(len(self.configs[v])) - self._rerun_inside(v, options)
+
+    def _rerun_inside(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """What mixture of experts ``v`` no longer keeps inside itself and runs again: its experts'
+        activation under ``moe_act``, its shared experts' outputs under ``shared_experts``."""
+        out = np.zeros(len(self.configs[v]))
         if options.recomputes("moe_act"):
-            kept = kept - self.expert_activation(v)
+            out = out + self.expert_activation(v)
         if options.recomputes("shared_experts"):
-            kept = kept - self.shared_expert(v)
-        return kept
+            out = out + self.shared_expert(v)
+        return out
 
     def _kept(self, v: int, options: TrainingOptions) -> np.ndarray:
         if options.eager and v in self.eager_norms:
