@@ -137,6 +137,78 @@ def test_megatron_export_of_latent_attention(tmp_path):
     assert config.recompute_granularity == "selective" and config.recompute_modules == ["mla_up_proj"]
 
 
+#: NVIDIA's cut of DeepSeek-V3 on 16 stages: four decoder layers a stage, one on the last beside
+#: the multi-token prediction and the loss (Megatron-Bridge recipes/deepseek/h100/deepseek_v3.py:58).
+NVIDIA_CUT = "/".join(["4"] * 15 + ["1"])
+
+
+def test_megatron_export_of_multi_token_prediction(tmp_path):
+    # DeepSeek-V3 with its multi-token-prediction module (--mtp) on NVIDIA's B200 layout.
+    # Without a layout Megatron-LM builds the module on the last pipeline stage
+    # (multi_token_prediction.py mtp_on_this_rank), where the model prices it: after the head.
+    graph = [*DEEPSEEK, "--mtp"]
+    recipe = (f"dp=16,tp=1,pp=16,zero=1,schedule=1f1b,ep=8,microbatch=1,stages={NVIDIA_CUT},"
+              "recompute=selective,recompute_modules=mla_up_proj")
+    path, report = _export(tmp_path, graph, recipe, "--export-megatron", "mtp.json")
+    a = json.loads(path.read_text())["arguments"]
+    _round_trip(graph, path, report)
+    assert a["--mtp-num-layers"] == 1 and "--pipeline-model-parallel-layout" not in a
+    # 61 layers: 4 on the first stage, 1 on the last, 56 = 14 x 4 on the middle ones.
+    assert (a["--decoder-first-pipeline-num-layers"], a["--decoder-last-pipeline-num-layers"]) == (4, 1)
+    config, _, _ = check.megatron_accepts(a, 256)
+    assert config.mtp_num_layers == 1 and config.num_layers == 61
+    # The module's forward and backward are priced. By hand, a token's forward through it:
+    # the 2e x e projection 2*14336*7168; the head 2*7168*129280; a MoE block's experts (8
+    # routed + 1 shared, 3 GEMMs of 7168 x 2048) 9*3*2*7168*2048, its router 2*7168*256; the
+    # latent attention's projections 2*(7168*1536 + 1536*128*192 + 7168*576 + 512*128*256 +
+    # 128*128*7168) and its core counted whole 2*4096*128*(192 + 128): 3.565027328 GFLOP,
+    # three times over 4,096 x 4,096 tokens a step: 1.79434e17 FLOPs more than without it.
+    status, out, err = run(*DEEPSEEK, "--recipe", recipe, "--json")
+    assert status == 0, err
+    more = report["training"]["model_flops_per_step"] - json.loads(out)["training"]["model_flops_per_step"]
+    assert math.isclose(more, 3 * 3.565027328e9 * 4096 * 4096, rel_tol=1e-6)
+    # Read back against the graph without the module: another model, one line.
+    status, _, err = run(*DEEPSEEK, "--recipe-from", path)
+    error = [line for line in err.splitlines() if "error" in line]
+    assert status == 2 and len(error) == 1 and "--mtp-num-layers 1" in error[0] and "--mtp" in error[0]
+
+
+def _small_deepseek(tmp_path) -> list:
+    """A seven-layer DeepSeek-V3 (one dense layer, 16 experts, a multi-token-prediction module)."""
+    config = dict(json.loads(open(DEEPSEEK[1][3:]).read()), hidden_size=1024, intermediate_size=2048,
+                  moe_intermediate_size=256, num_hidden_layers=7, first_k_dense_replace=1, num_attention_heads=8,
+                  num_key_value_heads=8, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                  vocab_size=32000, q_lora_rank=256, kv_lora_rank=128)
+    path = tmp_path / "small-deepseek.json"
+    path.write_text(json.dumps(config))
+    return ["-g", f"hf:{path}", "--mtp", "-p", "16", "-b", "32", "-m", "1024", "--machine", "h100-sxm"]
+
+
+def test_megatron_layout_places_multi_token_prediction(tmp_path):
+    # Seven layers in 2 stages x 2 interleaved chunks, as even as they go (2, 2, 2, 1), the
+    # module beside the loss in the last chunk: megatron-core's PipelineParallelLayerLayout
+    # takes it (the module in the last chunk of the last stage: not "standalone").
+    graph = _small_deepseek(tmp_path)
+    path, report = _export(tmp_path, graph, "dp=4,tp=1,pp=2,cp=2,zero=1,ep=4,schedule=interleaved,vpp=2,"
+                                            "microbatch=1", "--export-megatron", "small.json")
+    a = json.loads(path.read_text())["arguments"]
+    assert a["--pipeline-model-parallel-layout"] == "Et*2|t*2|t*2|t*1mL" and a["--mtp-num-layers"] == 1
+    _round_trip(graph, path, report)
+    config, _, _ = check.megatron_accepts(a, 16)
+    assert config.mtp_num_layers == 1 and not config.mtp_standalone
+    # Layouts the model does not price are refused in one line, nothing priced otherwise.
+    for layout, words in (("Et*2|t*2|t*2m|t*1L", "just before the loss"),  # in another chunk
+                          ("Et*2|t*2|t*2|t*1L", "places 0 multi-token-prediction"),  # none, --mtp-num-layers 1
+                          ("Et*2|t*2|t*2|t*1mmL", "places 2 multi-token-prediction")):
+        bad = tmp_path / "bad.json"
+        exported = json.loads(path.read_text())  # --recipe-from reads its command line
+        line = exported["command_line"]
+        assert shlex.quote(a["--pipeline-model-parallel-layout"]) in line
+        bad.write_text(line.replace(shlex.quote(a["--pipeline-model-parallel-layout"]), shlex.quote(layout)))
+        status, _, err = run(*graph, "--recipe-from", bad)
+        assert status == 2 and err.count("\n") == 1 and words in err, (layout, err)
+
+
 def test_megatron_export_of_yarn_under_latent_attention(tmp_path):
     # DeepSeek-V3's config.json as published states YaRN (factor 40 over 4,096 positions, beta
     # 32 and 1, mscale 1 and 1); megatron-core builds it under multi-latent attention
@@ -698,7 +770,7 @@ def test_megatron_recipe_from_reads_nvidias_uneven_layout(tmp_path):
     ("Et*7|t*8|t*10|t*7", "", "the loss L close the last"),
     ("t*7|Et*8|t*10|t*7L", "", "the embedding E must open the first stage"),
     ("Et*7|t*8|t*10|t*6L", "", "has 31 transformer layers, the model 32"),
-    ("Et*7|t*8|t*10|t*7mL", "", "multi-token prediction layers (m) are not priced"),
+    ("Et*7|t*8|t*10|t*7mL", "", "places 1 multi-token-prediction module(s) (m) and --mtp-num-layers says none"),
     ("Et*7|t*8|t*10|t*7xL", "", "unknown layer letters x"),
     ("Et*2|t*4|t*4|t*4|t*6|t*4|t*4|t*4L", "", "interleaved chunks are priced as even as they go on each stage"),
     ("Et*7|t*8|t*17L", "", "3 stages, not a multiple of pp 4"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING, MEGATRON_YARN, yarn_of
+from pase.outputs.engines import MEGATRON_PRECISION, MEGATRON_ROPE_SCALING, MEGATRON_YARN, mtp_modules, yarn_of
 from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch, check_sequence, folded_etp,
                                         make_recipe, whole)
 from pase.outputs.titan_export import LAUNCH_MARK
@@ -251,6 +251,10 @@ def _megatron_model(args: dict, arch) -> None:
     experts = _megatron_int(args, "--num-experts")
     if experts is not None and experts != (arch.get("moe") or {}).get("experts"):
         raise ValueError(f"--num-experts {experts} differs from the graph's experts")
+    mtp, declared = _megatron_int(args, "--mtp-num-layers") or 0, mtp_modules(arch)
+    if mtp != declared:
+        raise ValueError(f"--mtp-num-layers {mtp or '(absent)'} differs from the graph's {declared} multi-token-"
+                         "prediction modules: a different model" + (" (-g hf:... --mtp builds them)" if mtp else ""))
     if experts is not None and "--moe-grouped-gemm" not in args:
         raise ValueError("without --moe-grouped-gemm megatron-core runs the experts one after another "
                          "(SequentialMLP), and they are priced as one grouped GEMM")
@@ -425,7 +429,7 @@ def _megatron_pipeline(args: dict, pp: int, network) -> dict:
             raise ValueError("--pipeline-model-parallel-layout with --num-layers-per-virtual-pipeline-stage, "
                              "--num-virtual-stages-per-pipeline-rank, --decoder-first/last-pipeline-num-layers or "
                              "--account-for-*-in-pipeline-split: Megatron-LM takes one of them")
-        return _layout_pipeline(layout, pp, blocks)
+        return _layout_pipeline(layout, pp, blocks, _megatron_int(args, "--mtp-num-layers") or 0)
     if sum(extra):
         if first is not None or last is not None:
             raise ValueError("--account-for-*-in-pipeline-split with --decoder-first/last-pipeline-num-layers: "
@@ -473,12 +477,12 @@ def _accounted_pipeline(blocks, pp: int, extra: tuple, per_chunk, virtual) -> di
     return dict(out, vpp=vpp) if vpp > 1 else out
 
 
-def _layout_pipeline(layout: str, pp: int, blocks) -> dict:
+def _layout_pipeline(layout: str, pp: int, blocks, mtp: int = 0) -> dict:
     """The pipeline of a ``--pipeline-model-parallel-layout`` (:func:`_megatron_layout`): 1F1B
     stages, or interleaved chunks as the model prices them (:func:`~pase.planning.pipeline.chunk_sizes`),
     the embedding and the loss counted in the chunks where they sit alone or make a chunk one
-    layer short (``pipeline_extra``)."""
-    chunks = _megatron_layout(layout, pp)
+    layer short (``pipeline_extra``); ``mtp``: the ``--mtp-num-layers`` its ``m`` must count."""
+    chunks = _megatron_layout(layout, pp, mtp)
     where = "--pipeline-model-parallel-layout"
     if blocks is not None and sum(chunks) != blocks:
         raise ValueError(f"{where} has {sum(chunks)} transformer layers, the model {blocks}")
@@ -553,21 +557,28 @@ def _unroll(text: str, where: str) -> str:
     return "".join(out)
 
 
-def _megatron_layout(text: str, pp: int) -> list:
+def _megatron_layout(text: str, pp: int, mtp: int = 0) -> list:
     """Transformer layers per model chunk of Megatron-LM's ``--pipeline-model-parallel-layout``
     (chunk ``i`` on pipeline rank ``i mod pp``): chunks split by ``|``; ``E`` the embedding,
-    ``t`` a transformer layer, ``L`` the loss (output layer); ``X*N`` and ``(...)*N`` repeat;
-    commas are only for the eye. The embedding must open the first chunk and the loss close
-    the last, as priced (a chunk may hold one of them alone); multi-token prediction layers
-    (``m``) are not priced."""
+    ``t`` a transformer layer, ``m`` a multi-token-prediction module, ``L`` the loss (output
+    layer); ``X*N`` and ``(...)*N`` repeat; commas are only for the eye. The embedding must open
+    the first chunk and the loss close the last, as priced (a chunk may hold one of them alone);
+    the ``mtp`` modules (``--mtp-num-layers``) just before the loss, in its chunk, where the
+    model prices them (megatron-core also runs them in a chunk of their own, "standalone")."""
     shown = text if len(text) <= 60 else text[:57] + "..."
     where = f"--pipeline-model-parallel-layout {shown!r}"
     chunks = _unroll(text.replace(",", ""), where).split("|")
-    odd = sorted(set("".join(chunks)) - set("EtL"))
+    odd = sorted(set("".join(chunks)) - set("EtmL"))
     if odd:
-        word = "multi-token prediction layers (m) are not priced" if odd == ["m"] else \
-            f"unknown layer letters {''.join(odd)} (E, t, L)"
-        raise ValueError(f"cannot express {where}: {word}")
+        raise ValueError(f"cannot express {where}: unknown layer letters {''.join(odd)} (E, t, m, L)")
+    joined = "".join(chunks)
+    if joined.count("m") != mtp:
+        raise ValueError(f"{where} places {joined.count('m')} multi-token-prediction module(s) (m) and "
+                         f"--mtp-num-layers says {mtp or 'none'}: Megatron-LM refuses it")
+    if mtp and not chunks[-1].endswith("m" * mtp + "L"):
+        raise ValueError(f"cannot express {where}: the multi-token-prediction modules (m) are priced together just "
+                         "before the loss L, in its chunk")
+    chunks = [c.replace("m", "") for c in chunks]
     joined = "".join(chunks)
     if joined.count("E") != 1 or joined.count("L") != 1 or not chunks[0].startswith("E") or \
             not chunks[-1].endswith("L"):

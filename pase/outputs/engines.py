@@ -38,7 +38,7 @@ __all__ = ["EngineRefusal", "torchtitan_settings", "megatron_settings", "deepspe
            "toml_text", "torchtitan_fqns", "megatron_layout", "TORCHTITAN_VERSION", "DEVICES_PER_NODE",
            "MEGATRON_PRECISION", "TITAN_FLOAT8_RECIPES", "TITAN_MX_RECIPE", "TITAN_MIN_DIM", "titan_precision_refusal",
            "megatron_model_settings", "megatron_pipeline_arguments", "megatron_dispatcher_arguments",
-           "MEGATRON_DISPATCHER"]
+           "MEGATRON_DISPATCHER", "mtp_modules"]
 
 #: Megatron-LM's arguments per format (``EnginePlan.precision_word``): Transformer Engine's
 #: recipes, FP8 in its ``hybrid`` format (E4M3 forward, E5M2 gradients); then the switch that
@@ -116,7 +116,7 @@ def _model_arguments(plan: EnginePlan) -> list:
     a = plan.architecture
     # What this writer has no Megatron-LM arguments for: refused by name, never dropped.
     plain = {"norm_bias": a["norm"] == "layer", "post_norms": False, "window": 0, "sinks": False, "softcap": 0.0,
-             "final_softcap": 0.0, "mla": "mla" in a, "mtp": 0}
+             "final_softcap": 0.0, "mla": "mla" in a}
     odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
     moe = a.get("moe") or {}
     odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
@@ -148,6 +148,14 @@ def _model_arguments(plan: EnginePlan) -> list:
     if a["qk_norm"]:
         args.append(("--qk-layernorm", None))
     args += _megatron_mla(a)
+    mtp = mtp_modules(a)
+    if mtp:
+        # DeepSeek-V3's multi-token prediction (megatron-core 0.16.1 multi_token_prediction.py):
+        # each module's block built as the last decoder layer's (gpt_builders.py:72-92), on the
+        # last pipeline stage beside the loss (mtp_on_this_rank, :447-488), as priced (the graph's
+        # modules follow its head). Its loss weight (--mtp-loss-scaling-factor, default 0.1)
+        # changes no cost: Megatron's default kept.
+        args.append(("--mtp-num-layers", mtp))
     moe = a.get("moe")
     if moe:
         if moe["shared"] and moe.get("shared_gate"):
@@ -372,7 +380,8 @@ def megatron_pipeline_arguments(plan: EnginePlan) -> list:
         # Chunks of two sizes, middle stages of different sizes, or the embedding or loss in a
         # chunk of their own: Megatron-LM's explicit layout says every model chunk (megatron-core's
         # PipelineParallelLayerLayout).
-        return [("--pipeline-model-parallel-layout", megatron_layout(plan.counts, plan.vpp, extra))]
+        return [("--pipeline-model-parallel-layout",
+                 megatron_layout(plan.counts, plan.vpp, extra, mtp_modules(plan.architecture)))]
     if len(set(plan.counts)) > 1:
         args = [("--decoder-first-pipeline-num-layers", plan.counts[0])]
         if plan.pp > 2:
@@ -381,13 +390,19 @@ def megatron_pipeline_arguments(plan: EnginePlan) -> list:
     return []
 
 
-def megatron_layout(counts, vpp: int = 1, extra=(0, 0)) -> str:
+def mtp_modules(a: dict | None) -> int:
+    """The multi-token-prediction modules the graph declares (``--mtp``; 0 without)."""
+    return int(((a or {}).get("features") or {}).get("mtp") or 0)
+
+
+def megatron_layout(counts, vpp: int = 1, extra=(0, 0), mtp: int = 0) -> str:
     """Megatron-LM's ``--pipeline-model-parallel-layout`` of blocks per pipeline stage (in
     ``vpp`` interleaved chunks each, :func:`pase.planning.pipeline.virtual_order`, the embedding
     and the loss counted in them where ``extra`` says): model chunks in the model's order split
     by ``|`` (chunk ``j`` on stage ``j mod pp``), ``t*N`` for N transformer layers, the embedding
     ``E`` before the first chunk's layers and the loss (output layer) ``L`` after the last
-    chunk's, as priced (a chunk of neither layers holds one of them alone).
+    chunk's, as priced (a chunk of neither layers holds one of them alone), ``mtp``
+    multi-token-prediction modules ``m`` just before the loss, in its chunk, as priced.
 
     >>> megatron_layout((7, 8, 10, 7))
     'Et*7|t*8|t*10|t*7L'
@@ -395,8 +410,10 @@ def megatron_layout(counts, vpp: int = 1, extra=(0, 0)) -> str:
     'Et*1|t*2|t*2|t*2L'
     >>> megatron_layout((1, 2, 1), 2, (1, 1))
     'E|t*1|t*1|t*1|t*1|L'
+    >>> megatron_layout((4, 4, 1), mtp=1)
+    'Et*4|t*4|t*1mL'
     """
-    return "E" + "|".join(f"t*{c}" if c else "" for c in virtual_order(counts, vpp, extra)) + "L"
+    return "E" + "|".join(f"t*{c}" if c else "" for c in virtual_order(counts, vpp, extra)) + "m" * mtp + "L"
 
 
 def megatron_settings(plan, per_node: int | None = None, profile=None) -> dict:
