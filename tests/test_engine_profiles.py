@@ -31,11 +31,12 @@ def test_the_six_engines_ship_with_every_fact_sourced():
 def test_megatron_options_by_hand():
     # Megatron in bf16 keeps fp32 main gradients and reduces them in fp32 (its
     # dist_optimizer.md: 6 + 12/d bytes per parameter = 2 bf16 weight + 4 fp32 gradient +
-    # 12/d); fused kernels (not eager); the vocab-parallel loss keeps 2 fp32 buffers.
+    # 12/d); fused kernels (not eager); the vocab-parallel loss keeps one fp32 logit-sized
+    # buffer (the softmax, then the gradient in place) beside one bf16 one: 1.5 fp32 buffers.
     o = load_engine("megatron").base_options(zero=1)
     assert (o.grad_bytes, o.grad_reduce_bytes, o.gather_bytes) == (4.0, 4.0, 2.0)
     assert float(o.bytes_per_parameter(8)) == 2.0 + 4.0 + 12.0 / 8  # 7.5
-    assert not o.eager and o.loss_buffers == 2.0 and o.bucket_elements == 4e7
+    assert not o.eager and o.loss_buffers == 1.5 and o.bucket_elements == 4e7
     assert o.engine == "megatron"
     # --grad-reduce-in-bf16: 2-byte gradients both in memory and on the wire.
     b = load_engine("megatron,grad_reduce=bf16").base_options(zero=1)
