@@ -176,3 +176,19 @@ def test_nvidias_two_qwen3_layouts_within_15_percent():
         assert status == 0, err
         steps.append(json.loads(out)["training"]["step_seconds"])
     assert max(steps) / min(steps) <= 1.15
+
+
+def test_nvidias_gpt_oss_layout_on_b200_fits():
+    # NVIDIA's GPT-OSS 120B on 64 B200 (Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py:
+    # tp 1, pp 1, ep 8, micro-batch 4, GBS 1280, recompute modules layernorm and moe_act; its
+    # common settings reduce the gradients in bf16, grad_reduce_in_fp32 False) ran: it must fit.
+    status, out, err = run("-g", "hf:examples/hf/gpt-oss-120b.json", "-p", "64", "-b", "1280", "-m", "4096",
+                           "--machine", "b200", "--engine", "megatron,grad_reduce=bf16", "--recipe",
+                           "dp=64,tp=1,ep=8,zero=1,microbatch=4,recompute=selective,"
+                           "recompute_modules=moe_act+layernorm", "--json")
+    assert status == 0, err
+    training = json.loads(out)["training"]
+    assert training["fit"] in ("fits", "tight")
+    # Megatron's loss: one fp32 logit-sized buffer (softmax, then gradient, in place) beside a
+    # bf16 one, 1.5 x 4 B x 4 sequences x 4,096 tokens x 201,088 words = 19,767,754,752 B.
+    assert training["memory"]["logits"] == 1.5 * 4 * 4 * 4096 * 201088
