@@ -110,10 +110,11 @@ LAYOUT_405B = dict(name="Llama 3.1 405B, 256 GB200, tp 4 pp 16 vp 8, MXFP8", eng
 #: NVIDIA's DeepSeek-V3 on 256 B200 (Megatron-Bridge perf_recipes/deepseek/b200/deepseek_v3.py:32-43
 #: BF16 and :80-91 FP8 current scaling: tp 1, pp 16, ep 8, micro-batch 1, GBS 4096, recompute
 #: modules ["mla_up_proj"]; its cut recipes/deepseek/h100/deepseek_v3.py:58, four decoder layers a
-#: stage and one on the last, beside the multi-token prediction and the loss), priced from its
-#: published degrees, and with Megatron's default module (core_attn) in their place.
+#: stage and one on the last, beside the multi-token prediction and the loss: ``--mtp``), priced
+#: from its published degrees, and with Megatron's default module (core_attn) in their place.
 DEEPSEEK_B200 = [dict(name=f"DeepSeek-V3, 256 B200, tp 1 pp 16 ep 8, {label}", engine="megatron", machine="b200",
-                      config=os.path.join("examples", "hf", "deepseek-v3.json"), gpus=256, batch=4096, seq=4096,
+                      config=os.path.join("examples", "hf", "deepseek-v3.json"), flags=["--mtp"], gpus=256,
+                      batch=4096, seq=4096,
                       recipe="dp=16,tp=1,pp=16,cp=1,zero=1,schedule=1f1b,ep=8,microbatch=1,stages="
                              + "/".join(["4"] * 15 + ["1"]) + ",recompute=selective" + modules + precision)
                  for label, precision in (("BF16", ""), ("FP8-CS", ",precision=fp8,scaling=current"))
@@ -123,8 +124,8 @@ DEEPSEEK_B200 = [dict(name=f"DeepSeek-V3, 256 B200, tp 1 pp 16 ep 8, {label}", e
 def deepseek_section(tmp: str) -> list:
     """NVIDIA's DeepSeek-V3 layouts on B200 with and without the modules its recipes recompute."""
     md = ["", "NVIDIA's **DeepSeek-V3 on 256 B200** as its performance recipes run it (tp 1, pp 16, ep 8, "
-          "micro-batch 1, its cut of four decoder layers a stage and one on the last; the model has no "
-          "multi-token prediction block), with the modules those recipes recompute (`mla_up_proj`) and with "
+          "micro-batch 1, its cut of four decoder layers a stage and one on the last, its multi-token "
+          "prediction module beside the loss: `--mtp`), with the modules those recipes recompute (`mla_up_proj`) and with "
           "Megatron's default (`core_attn`) in their place:", "",
           "| layout | recompute modules | step s | tokens/s per GPU | peak GB of 192 | fits |", "|---|---|---|---|---|---|"]
     priced = [price(row, tmp) for row in DEEPSEEK_B200]

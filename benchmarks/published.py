@@ -182,8 +182,10 @@ def config_path(row: dict, tmp: str) -> str:
 
 
 def argv_of(row: dict, config: str, engine: str | None = None) -> list:
-    return ["-g", f"hf:{config}", "-p", str(row["gpus"]), "-b", str(row["batch"]), "-m", str(row["seq"]),
-            "--machine", row["machine"], "--engine", engine or row["engine"], "--recipe", row["recipe"]]
+    """The command line of a row: its graph (and ``flags``, e.g. ``--mtp``), devices, batch,
+    sequence, machine, engine, then its ``--recipe`` last."""
+    return ["-g", f"hf:{config}", *row.get("flags", ()), "-p", str(row["gpus"]), "-b", str(row["batch"]), "-m",
+            str(row["seq"]), "--machine", row["machine"], "--engine", engine or row["engine"], "--recipe", row["recipe"]]
 
 
 def run_pase(argv: list) -> tuple:

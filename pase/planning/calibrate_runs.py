@@ -360,7 +360,9 @@ def calibrate_from_runs(runs, machine: CalibratedMachine, engine, source: str) -
     left = _leave_one_out(terms, measured, fit, bounds, names)
     kept = ~np.isnan(left)
     errors = np.abs(left[kept] / measured[kept] - 1.0)
-    loo = {"median": float(np.median(errors)), "p90": float(np.quantile(errors, 0.9))}
+    # Six significant digits: the leave-one-out fits' last bits move with the BLAS's threads,
+    # and the file written is the same on every run.
+    loo = {"median": float(f"{np.median(errors):.6g}"), "p90": float(f"{np.quantile(errors, 0.9):.6g}")}
     description = fitted_description(unfitted, engine, fit, efficiency, len(runs), loo, source)
     after = price_runs(runs, unfitted.with_fitted(description["fitted"]), engine)
     before_steps, after_steps = np.array([p.step for p in before]), np.array([p.step for p in after])
