@@ -1503,6 +1503,11 @@ def recipe_from_cases(rng: random.Random, refs: dict) -> list:
         ("a Megatron-LM argument twice", b"--micro-batch-size 1 --micro-batch-size 2\n"),
         ("a Megatron-LM argument without its value", b"--micro-batch-size\n"),
         ("another model's --num-layers", b"--num-layers 80 --global-batch-size 8\n"),
+        ("--mtp-num-layers on a model without the module", b"--mtp-num-layers 1 --micro-batch-size 1 "
+         b"--global-batch-size 8\n"),
+        ("a pipeline layout with the module in a middle chunk", b"--mtp-num-layers 1 --micro-batch-size 1 "
+         b"--global-batch-size 8 --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce "
+         b"--overlap-param-gather --pipeline-model-parallel-layout 'Etm|tL'\n"),
     ] + [(f"a pipeline layout {layout}", b"--micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 "
           b"--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
           b"--pipeline-model-parallel-layout '" + layout.encode() + b"'\n")
@@ -2018,7 +2023,7 @@ ACCEPTED = {
     "--per-layer --top 2": Accepted(("-g", "gpt2-small", "-p", "8", "-b", "16", "--machine", "h100-sxm",
                                      "--per-layer", "--top", "2"), "top 2:"),
     "a tight fastest plan, a tie with headroom": Accepted(("-g", "gpt2-small", "-p", "4", "-b", "16", "--machine",
-                                                           "h100-sxm", "--memory", "6", "--top", "3"),
+                                                           "h100-sxm", "--memory", "5.8", "--top", "3"),
                                                           "faster and a tie, but its memory band reaches"),
     "an FP8 plan's MFU against the FP8 peak": Accepted((*TRAIN, "--recipe", "precision=fp8"),
                                                        "of the fp8 peak, 1979 TFLOPS ("),
