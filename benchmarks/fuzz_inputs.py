@@ -1941,7 +1941,7 @@ REFUSALS = {
     "FP8 gathers with rowwise scaling into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "precision=fp8,scaling=rowwise,fp8_gather=true", "--export-torchtitan", "t.toml"), "tensorwise scaling only"),
     "FP8 into torchtitan 0.3": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=3", "--export-torchtitan", "t.sh"), "torchtitan 0.3 sets its low-precision converters"),
     "a model no flavour is, into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "dp=4,zero=3", "--export-torchtitan", "t.toml"), "torchtitan 0.2's job file names one of its models"),
-    "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "no torchtitan 0.3 model is this mixture of experts"),
+    "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "this exporter writes torchtitan 0.3's Llama decoder, not its mixtures of experts"),
     # Issue 44.3: --per-layer with a training flag lets per-layer splits win; an engine named keeps to meshes.
     "--per-layer with --engine": Refusal((*TRAIN, "--per-layer", "--engine", "torchtitan"),
                                          "--per-layer with a training flag"),

@@ -526,7 +526,7 @@ TORCHTITAN_PROFILE = ["--engine", "torchtitan,version=0.2,compile=true"]
     ("--export-torchtitan", LLAMA31 + V02, "dp=16,tp=1,zero=3,precision=fp8,scaling=rowwise,fp8_gather=true",
      "tensorwise scaling only"),
     ("--export-torchtitan", MIXTRAL + V02, "dp=8,tp=2,ep=4,zero=3,recompute=full,precision=fp8",
-     "no torchtitan 0.2 model is this mixture of experts"),
+     "this exporter writes torchtitan 0.2's Llama decoder, not its mixtures of experts"),
     ("--export-torchtitan", B200_31 + TORCHTITAN_PROFILE, "dp=4,tp=4,zero=3,precision=mxfp8",
      "TP not yet supported with torch.compile for mxfp8"),
     ("--export-torchtitan", B200_31, "dp=4,tp=4,zero=3,precision=mxfp8", "torchtitan 0.3 sets its low-precision"),

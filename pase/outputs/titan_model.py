@@ -37,7 +37,7 @@ TITAN_LLAMA = {
 #: launch script's own module.
 TITAN03_CONFIGS = {"8B": "llama3_8b", "70B": "llama3_70b"}
 #: The models of each release (0.3.0: ``models/__init__.py`` ``_supported_models``; 0.2.2: its
-#: ``models`` package): none is Mixtral.
+#: ``models`` package): none is Mixtral, and the exporter writes none of their mixtures of experts.
 TITAN_MODELS = {"0.3": "deepseek_v3, flux, gpt_oss, kimi_k2_7, llama3, muse_glimmer, qwen3, qwen3_5",
                 "0.2": "deepseek_v3, flux, gpt_oss, llama3, llama3_ft, llama4, qwen3"}
 #: The module and config function a 0.3 launch script writes for a model that is no flavour.
@@ -60,8 +60,9 @@ def llama_refusal(arch, version: str) -> str | None:
                 "its models from theirs")
     if arch.get("moe"):
         moe = arch["moe"]
-        return (f"no torchtitan {version} model is this mixture of experts ({moe['experts']} experts, top-"
-                f"{moe['top_k']}; Mixtral is none of its models: {TITAN_MODELS[version]}), so no export is written")
+        return (f"this exporter writes torchtitan {version}'s Llama decoder, not its mixtures of experts (this one "
+                f"has {moe['experts']} experts, top-{moe['top_k']}; torchtitan's models: {TITAN_MODELS[version]}), "
+                "so no export is written")
     odd = [k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
     odd += [f"{k} bias" for k, v in arch.get("biases", {}).items() if v]
     odd += [] if arch.get("gated") else ["plain (not gated) MLP"]
