@@ -103,8 +103,8 @@ class StepCompute:
         self.eager_compute = self._eager_norms()
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
                                  for v in range(len(self.network.layers))], dtype=np.float64)
-        #: The layers whose experts' products an engine may launch one by one (a ``MoE``).
-        self.experts = {v: layer for v, layer in enumerate(self.network.layers) if hasattr(layer, "expert_gemms")}
+        #: The mixtures of experts, whose experts' products an engine may launch one by one.
+        self.experts = {v: self.network.layers[v] for v in sorted(st.experts)}
 
     @per_layer_kept
     def compute(self, v: int, options: TrainingOptions) -> np.ndarray:
@@ -136,7 +136,7 @@ class StepCompute:
         ``MoE.activation_elements``), the forward share of its training-step price: what
         ``recompute_modules`` ``moe_act`` runs again in the backward pass. Zeros elsewhere."""
         layer = self.experts.get(v)
-        if layer is None or not hasattr(layer, "activation_elements"):
+        if layer is None:
             return np.zeros(len(self.configs[v]))
         elements = np.asarray(layer.activation_elements(self.configs[v]), dtype=np.float64) * (layer.matrices - 1)
         seconds = FORWARD_SHARE * np.asarray(self.machine.memory_bound("gelu", elements, 3.0 * elements),

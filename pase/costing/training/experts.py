@@ -66,8 +66,8 @@ class ExpertExchange:
         self.keeping = keeping
         self.compute = compute.compute
         self.network, self.machine, self.configs = layers.network, layers.machine, layers.configs
-        #: The layers that move tokens to experts (a ``MoE`` declares ``token_exchange``).
-        self.layers = {v: layer for v, layer in enumerate(layers.network.layers) if hasattr(layer, "token_exchange")}
+        #: The mixtures of experts: the layers that move tokens to experts (``MoE.token_exchange``).
+        self.layers = {v: layers.network.layers[v] for v in sorted(layers.structure.experts)}
         blocks = layers.structure.blocks
         #: Each MoE layer's block's layers (the compute an expert-parallel overlap hides behind).
         self.block_members = {v: [w for w, b in enumerate(blocks) if b is not None and b == blocks[v]] or [v]

@@ -174,7 +174,7 @@ def _module_layers(layers: PricedLayers, roles: dict) -> tuple:
     """``(module_norm, dense_mlp)`` masks of :class:`ActivationPlaces` (``roles``: :func:`op_roles`)."""
     network, st = layers.network.layers, layers.structure
     n = len(network)
-    experts = {v for v, layer in enumerate(network) if hasattr(layer, "internal_activations")}
+    experts = st.experts
     moe_blocks = {st.blocks[v] for v in experts if st.blocks[v] is not None}
     mlp_inputs = {v for v, r in roles.items() if {"mlp_first_input", "mlp_input"} & set(r)}
     norms = np.zeros(n, dtype=bool)
@@ -257,10 +257,10 @@ class RecomputePolicy:
         self.eager_norms = frozenset(v for v, layer in enumerate(layers.network.layers) if layer.eager_unfused)
         #: Elements a layer keeps inside itself besides its output (a mixture of experts'
         #: dispatched tokens, expert products and router probabilities), per row.
-        self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
-                         for v, layer in enumerate(layers.network.layers) if hasattr(layer, "internal_activations")}
         #: The mixtures of experts (``moe_act`` discards their activation output).
-        self.experts = {v: layer for v, layer in enumerate(layers.network.layers) if hasattr(layer, "activation_elements")}
+        self.experts = {v: layers.network.layers[v] for v in sorted(layers.structure.experts)}
+        self.internal = {v: np.asarray(layer.internal_activations(self.configs[v]), dtype=np.float64)
+                         for v, layer in self.experts.items()}
         #: ``block_recomputed``'s masks by block count and chunks, and selective recomputation's
         #: by its modules.
         self._masks: dict = {}

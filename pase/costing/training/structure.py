@@ -93,7 +93,9 @@ def parameter_elements_unique(network) -> int:
 class NetworkStructure:
     """What training options read of a network's shape, computed once per network: each
     layer's structure kind, attention roles, repeated blocks, outputs that leave their block,
-    which weights each layer is charged for (a shared tensor once), consumers of each layer."""
+    which weights each layer is charged for (a shared tensor once), consumers of each layer,
+    and the mixtures of experts (the layers that iterate over the ``experts`` role: the router,
+    dispatch, experts and combine of a ``MoE``, priced as one layer)."""
 
     kinds: tuple
     cores: dict
@@ -101,6 +103,7 @@ class NetworkStructure:
     block_outputs: tuple
     charged: tuple
     consumers: dict
+    experts: frozenset
 
     @classmethod
     def of(cls, network) -> "NetworkStructure":
@@ -126,7 +129,8 @@ class NetworkStructure:
                 if ident is not None:
                     seen.add(ident)
             charged.append(tuple(flags))
-        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers)
+        experts = frozenset(v for v, layer in enumerate(network.layers) if "experts" in roles_of(layer))
+        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers, experts)
 
 
 def fsdp_units(blocks) -> tuple:
