@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["ROLES", "TENSOR_PARALLEL_ROLES", "check_roles", "merge_roles", "propagate", "roles_of", "weight_only_dims",
-           "output_roles", "input_roles"]
+           "output_roles", "input_roles", "expert_layers"]
 
 #: The vocabulary. ``batch``: the samples of a (micro-)batch; ``sequence``: a sequence's tokens
 #: (the queries' positions in attention); ``key_sequence``: the keys' positions in attention's
@@ -76,6 +76,12 @@ def roles_of(layer) -> tuple:
     if roles[layer.batch_dim] is None:
         roles[layer.batch_dim] = "batch"
     return tuple(roles)
+
+
+def expert_layers(network) -> tuple:
+    """The vertices of ``network``'s mixtures of experts: the layers that iterate over the
+    ``experts`` role (a ``MoE``'s router, dispatch, experts and combine, one layer)."""
+    return tuple(v for v, layer in enumerate(network.layers) if "experts" in roles_of(layer))
 
 
 def _maps(layer) -> tuple:

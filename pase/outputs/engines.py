@@ -195,8 +195,8 @@ def _megatron_groups(moe: dict) -> bool:
 
 def _megatron_mla(a: dict) -> list:
     """Multi-latent attention as Megatron-Core builds it (``MLATransformerConfig``): the ranks and
-    head widths, and plain rotary positions (its default is YaRN; a declared scaling is refused
-    by :func:`megatron_model_settings`)."""
+    head widths, and ``--rope-type``: ``yarn`` where the graph declares YaRN (its factors written
+    by :func:`megatron_model_settings`), else plain ``rope`` (megatron-core's default is YaRN)."""
     mla = a.get("mla")
     if not mla:
         return []

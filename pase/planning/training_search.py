@@ -42,7 +42,7 @@ from pase.costing.training import (
 )
 from pase.machines.registry import as_machine
 from pase.model.builder import tokens_of
-from pase.model.roles import roles_of
+from pase.model.roles import expert_layers, roles_of
 from pase.planning.candidate import CAUSES, Candidate, Priced
 from pase.planning.engine_runs import check_engine, delayed_refuses, mesh_refusal, policy_refusal
 from pase.planning.engine_cut import engine_cut
@@ -156,8 +156,8 @@ def mesh_candidates(procs: int, machine, recipe: Recipe | None = None) -> list:
 
 def expert_counts_of(network) -> list:
     """The expert counts of ``network``'s mixture-of-experts layers (empty: none)."""
-    return sorted({layer.domain[roles.index("experts")] for layer in network.layers
-                   for roles in [roles_of(layer)] if "experts" in roles})
+    return sorted({network.layers[v].domain[roles_of(network.layers[v]).index("experts")]
+                   for v in expert_layers(network)})
 
 
 def expert_degrees(dp: int, expert_counts: Sequence[int], recipe: Recipe) -> list:
@@ -480,7 +480,7 @@ def check_modules_apply(modules: tuple, base: TrainingOptions, network, latent: 
     Megatron-Core refuses beside the options): ``mla_up_proj`` without latent attention
     (transformer/transformer_config.py:1218-1222), ``moe_act`` or ``moe`` without a mixture of
     experts, ``shared_experts`` without shared experts or beside their overlap (:1232-1239)."""
-    moes = [layer for layer in network.layers if "experts" in roles_of(layer)]
+    moes = [network.layers[v] for v in expert_layers(network)]
     if "mla_up_proj" in modules and not latent:
         raise ValueError(f"recompute_modules mla_up_proj recomputes multi-latent attention's up projections, and graph "
                          f"{network.name} has none (Megatron-Core refuses it, transformer/transformer_config.py:1218-1222)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pase.model.roles import output_roles, roles_of
+from pase.model.roles import expert_layers, output_roles, roles_of
 
 __all__ = ["NetworkStructure", "block_leads", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
            "fsdp_units"]
@@ -129,8 +129,8 @@ class NetworkStructure:
                 if ident is not None:
                     seen.add(ident)
             charged.append(tuple(flags))
-        experts = frozenset(v for v, layer in enumerate(network.layers) if "experts" in roles_of(layer))
-        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers, experts)
+        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers,
+                   frozenset(expert_layers(network)))
 
 
 def fsdp_units(blocks) -> tuple:
