@@ -70,8 +70,9 @@ def test_two_stages_1f1b_by_hand():
     t = [s[0] + P2P for s in stages]
     m, pp = 4, 2
     assert plans[0].microbatch_seconds == pytest.approx(t)
-    # Stage s may synchronise during the drain: pp - 1 - s backward slots (2/3 of t each).
-    exposed = [max(0.0, s[1] - (pp - 1 - i) * 2 / 3 * t[i]) for i, s in enumerate(stages)]
+    # Stage s may synchronise during the drain: the last micro-batch's backward pass runs from the
+    # last stage to the first, so stage s ends s backward slots (2/3 of t each) before stage 0.
+    exposed = [max(0.0, s[1] - i * 2 / 3 * t[i]) for i, s in enumerate(stages)]
     assert step[0] == pytest.approx((m + pp - 1) * max(t) + max(exposed))
     assert plans[0].bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1))
     # 1F1B: stage s holds min(pp - s, m) micro-batches of activations.
@@ -79,6 +80,71 @@ def test_two_stages_1f1b_by_hand():
     assert plans[0].memory_bytes == pytest.approx(memory)
     assert peak[0] == pytest.approx(max(memory))
     assert plans[0].p2p_seconds == pytest.approx(P2P)
+
+
+def _tied_net(blocks=4, tied=True):
+    """``_net`` with the embedding and the head sharing one 64 x 64 weight (``tied``), as a
+    tied embedding and output head do; ``tied=False``: each its own."""
+    g = GraphBuilder("tied chain", 1, batch=2)
+    x = g.input((2, WIDTH), "x", letters="bk")
+    names = ["table"] if tied else None
+    x = g.add("embed", FC(x, WIDTH).share(tied=names))
+    for i in range(1, blocks + 1):
+        with g.block():
+            x = g.add(f"block{i}.a", FC(x, WIDTH))
+            x = g.add(f"block{i}.b", FC(x, WIDTH))
+    x = g.add("head", FC(x, WIDTH).share(tied=names))
+    g.add("loss", SoftmaxCrossEntropy(x))
+    return g.build()
+
+
+def _priced_pipeline(net, pp, counts):
+    machine = CalibratedMachine(TOY)
+    ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+    costing = TrainingCosting(net, ones, machine)
+    options = TrainingOptions(microbatches=4, reserve_bytes=0.0)
+    edges, targets = PartsMemo(machine, 1).edge_seconds(net, ones)
+    layout = stage_layout(costing.blocks)
+    return pipeline_rows(costing, options, 2.0, edges, targets, pp, 1, layout, schedules=["1f1b"],
+                         fixed_counts=counts)
+
+
+def test_tied_weights_held_on_both_end_stages_by_hand():
+    """Megatron-Core, nanotron and DeepSpeed keep a tied embedding on the first stage and a copy
+    on the last, and all-reduce the copy's gradient between the two once a step. So a pipeline's
+    stages hold what they hold with the weights untied (each end stage its own 64 x 64 weight,
+    16 bytes an element: bf16 weight and gradient, fp32 master and moments), and its step is
+    the untied step plus the all-reduce: two devices (1 device a stage, adjacent: inside a toy
+    node, 100 GB/s, no latency), a ring of 2 moves the whole gradient once, 64 x 64 x 2 bytes
+    (the options' bf16 gradient) / 100e9 = 8.192e-8 s."""
+    step_t, peak_t, plans_t = _priced_pipeline(_tied_net(), 2, (2, 2))
+    step_u, peak_u, plans_u = _priced_pipeline(_tied_net(tied=False), 2, (2, 2))
+    assert plans_t[0].memory_bytes == pytest.approx(plans_u[0].memory_bytes, rel=1e-12)
+    assert step_t[0] - step_u[0] == pytest.approx(64 * 64 * 2 / 100e9, rel=1e-9)
+    # Without a pipeline the tied weight is one weight: 4,096 elements x 16 bytes fewer.
+    machine = CalibratedMachine(TOY)
+    options = TrainingOptions(microbatches=4, reserve_bytes=0.0)
+    state = {}
+    for tied in (True, False):
+        net = _tied_net(tied=tied)
+        ones = [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers]
+        costing = TrainingCosting(net, ones, machine)
+        state[tied] = sum(costing.layer_memory(v, options, 2.0)["model_state"][0] for v in range(len(net.layers)))
+    assert state[False] - state[True] == pytest.approx(64 * 64 * 16)
+
+
+def test_each_stage_drains_as_the_schedule_runs_it():
+    """The drain the model gives stage s (the backward passes it ends before the first stage,
+    where its weight synchronisation may run) is what the 1F1B and interleaved schedules, run
+    pass by pass (the report's ``schedule_ops``), show: the first stage ends last, stage s that
+    many chunk backward passes (2/3 of t / v each) earlier."""
+    from pase.outputs.report import schedule_ops
+    for pp, m, v in ((2, 2, 1), (4, 8, 1), (4, 8, 2), (2, 4, 4)):
+        t = 3.0  # a micro-batch's forward (1) and backward (2) on every stage, all chunks
+        ends = {}
+        for stage, _, _, _, _, end in schedule_ops(pp, m, v, [1.0 / v] * pp, [2.0 / v] * pp, 0.0):
+            ends[stage] = max(ends.get(stage, 0.0), end)
+        assert [ends[0] - ends[s] for s in range(pp)] == pytest.approx([s * 2 / 3 * t / v for s in range(pp)])
 
 
 def test_interleaved_by_hand():
@@ -90,7 +156,8 @@ def test_interleaved_by_hand():
     stages = _by_hand(costing, options, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]])
     t = [s[0] + v * P2P for s in stages]  # a micro-batch crosses v boundaries per stage each way
     assert plans[0].vpp == 2
-    exposed = [max(0.0, s[1] - (pp - 1 - i) * 2 / 3 * t[i]) for i, s in enumerate(stages)]
+    # Stage i ends i chunk backward passes (2/3 of t / v each) before stage 0.
+    exposed = [max(0.0, s[1] - i * 2 / 3 * t[i] / v) for i, s in enumerate(stages)]
     assert step[0] == pytest.approx((m + (pp - 1) / v) * max(t) + max(exposed))
     factor = 1 + (pp - 1) / (pp * v)  # Korthikanti et al. 2022
     assert plans[0].memory_bytes[0] == pytest.approx(stages[0][2] + 2 * factor * stages[0][3] + stages[0][4])
@@ -140,7 +207,8 @@ def test_interleaved_stages_one_chunk_short_by_hand():
     v, m, pp = 2, 4, 2
     t = [s[0] + v * P2P for s in stages]
     assert plans[0].microbatch_seconds == pytest.approx(t)
-    exposed = [max(0.0, s[1] - (pp - 1 - i) * 2 / 3 * t[i]) for i, s in enumerate(stages)]
+    # Stage i ends i chunk backward passes (2/3 of t / v each) before stage 0.
+    exposed = [max(0.0, s[1] - i * 2 / 3 * t[i] / v) for i, s in enumerate(stages)]
     assert step[0] == pytest.approx((m + (pp - 1) / v) * max(t) + max(exposed))
     # Stages of 1 and 5 blocks run no interleaving: 5 chunks of 1 would leave the first stage
     # four empty ones.

@@ -79,7 +79,8 @@ def test_extras_priced_by_hand():
     v, m, pp = 3, 4, 2
     t = [s[0] + v * P2P for s in stages]
     assert plan.microbatch_seconds == pytest.approx(t)
-    exposed = [max(0.0, s[1] - (pp - 1 - i) * 2 / 3 * t[i]) for i, s in enumerate(stages)]
+    # Stage i ends i chunk backward passes (2/3 of t / v each) before stage 0.
+    exposed = [max(0.0, s[1] - i * 2 / 3 * t[i] / v) for i, s in enumerate(stages)]
     assert step[0] == pytest.approx((m + (pp - 1) / v) * max(t) + max(exposed))
     # Memory: 1F1B's in-flight micro-batches times 1 + (pp - 1) / (pp v) (Korthikanti et al. 2022).
     factor = 1 + (pp - 1) / (pp * v)

@@ -310,11 +310,11 @@ def _stage_range(costing, stages, s: int) -> tuple:
 
 
 def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int) -> dict:
-    """Stage ``s``'s peak by kind (as ``pipeline_rows`` adds it up):
-    its model state, its activations times the micro-batches in flight on it, its logits, the
-    allocator's stranded bytes (:func:`~pase.costing.training.allocator.stranded_bytes`), and
-    the memory alive part of the time (ZeRO-3's gathered weights, the recomputed block) and the
-    reserve."""
+    """Stage ``s``'s peak by kind (as ``pipeline_rows`` adds it up): its model state (with the
+    last stage's copies of tied weights), its activations times the micro-batches in flight on
+    it, its logits, the allocator's stranded bytes
+    (:func:`~pase.costing.training.allocator.stranded_bytes`), and the memory alive part of the
+    time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
     start, end = _stage_range(costing, stages, s)
     pp, m = stages.pp, options.microbatches
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
@@ -323,6 +323,8 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     for v in range(start, end):
         for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
             kinds[key] = kinds.get(key, 0.0) + float(value[i])
+        if pp > 1:  # the copies of tied weights the last stage holds (NetworkStructure.copies)
+            kinds["model_state"] += float(costing.copy_state(v, per_layer[v])[i])
     if "fragmentation" in kinds:
         kinds["fragmentation"] = stranded_bytes(kinds["activations"], in_flight, options.fragmentation,
                                                 options.interleave_fragmentation)

@@ -8,8 +8,8 @@ micro-batches and ``t`` the forward and backward time of one micro-batch on the 
 (its point-to-point sends included), the step is ``(m + pp - 1) t`` for 1F1B (PipeDream-flush)
 and ``(m + (pp - 1) / v) t`` interleaved with ``v`` chunks per device (Narayanan et al. 2021),
 plus the largest exposed weight synchronisation and optimizer step of a stage, less the
-drain: stage ``s`` ends its last backward pass ``pp - 1 - s`` backward slots (two thirds of
-``t`` each) before the first stage.
+drain: stage ``s`` ends its last backward pass ``s`` backward passes of a chunk (two thirds of
+``t / v`` each) before the first stage.
 """
 
 from __future__ import annotations
@@ -364,6 +364,30 @@ def _p2p(machine, elements: np.ndarray, stage_devices: int) -> np.ndarray:
     return 2.0 * np.asarray(machine.send_recv(elements, group), dtype=np.float64)
 
 
+def tied_seconds(machine, gradient_elements, pp: int, stage_devices: int) -> np.ndarray:
+    """Seconds a step spends on the all-reduce of the tied copies' gradients
+    (``gradient_elements`` per device of the last stage, per row, at the machine's gradient
+    element size: ``MemoryKinds.copy_gradient_elements``) between each device of the first
+    stage and its peer on the last, ``(pp - 1) stage_devices`` apart. The engines run it after
+    the backward passes, not overlapped (megatron-core 0.16.1
+    distributed/finalize_model_grads.py:164-259, ``torch.distributed.all_reduce(grad,
+    group=embd_group)``; nanotron trainer.py:521-526, ``sync_tied_weights_gradients``;
+    DeepSpeed runtime/pipe/engine.py:278-294). One stage, or nothing tied: zero.
+
+    >>> from pase.machines.registry import load_machine
+    >>> m = load_machine("h100-sxm")
+    >>> float(tied_seconds(m, np.array([0.0]), 4, 8)[0]), float(tied_seconds(m, np.array([1e9]), 1, 8)[0])
+    (0.0, 0.0)
+    """
+    elements = np.asarray(gradient_elements, dtype=np.float64)
+    if pp <= 1 or not np.any(elements > 0):
+        return np.zeros(elements.shape)
+    K = len(elements)
+    group = Group(np.full((K, 1), 2, dtype=np.int64), np.full((K, 1), (pp - 1) * stage_devices, dtype=np.int64))
+    seconds = np.asarray(machine.all_reduce(elements, group, grad=True), dtype=np.float64)
+    return np.where(elements > 0, seconds, 0.0)
+
+
 def exposed_sends(compute: np.ndarray, sends: np.ndarray, vpp: int, options) -> np.ndarray:
     """A stage's pipeline sends of one micro-batch (``sends``: all its chunks', forward and
     backward) left on its critical path, per stage and row: all of them, or, with an
@@ -469,6 +493,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             kept[key] = sums
     sent = sent_elements(costing, layout.outputs[0], stage_devices, options.p2p_split)[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
+    tied = tied_seconds(costing.machine, sums.prefix["copy_grads"][-1], pp, stage_devices)
     cap = np.inf if memory_cap is None else memory_cap
     extra = tuple(extra)
     if fixed_counts is not None:
@@ -491,9 +516,10 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                      for bound in bounds])
     stage_all = {name: P[ends] - P[starts] for name, P in sums.prefix.items()}
     timing = _Timing(pp, m, options, np.array([min(pp - s, m) for s in range(pp)], dtype=np.float64),
-                     np.arange(pp - 1, -1, -1, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
+                     np.arange(pp, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
                      options.overlap_efficiency if options.overlap else 0.0,
-                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra, cap)
+                     1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra, cap,
+                     tied)
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m, extra)
     steps, peaks = priced.best_step, priced.best_peak
@@ -525,7 +551,8 @@ class _BlockSettings(NamedTuple):
 
 #: Prefix sums of a stage's figures and the layer vectors (``layer_vectors``) each is of.
 _SUMMED = {"micro": "micro", "step": "step", "state": "state", "acts": "activations", "logits": "logits",
-           "sync": "sync", "sync_raw": "sync_raw"}
+           "sync": "sync", "sync_raw": "sync_raw", "copy_state": "copy_state", "copy_grads": "copy_grads",
+           "copy_step": "copy_step"}
 
 
 def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets: list, layout: Layout,
@@ -611,7 +638,8 @@ def _tried(candidates: list, schedules, m: int, pp: int, vpps, extra=(0, 0)) -> 
 class _Timing(NamedTuple):
     """What prices a pipeline's stages from their sums (:meth:`figures`): the stage count, the
     micro-batches, the options, each stage's micro-batches in flight under 1F1B, its drain (the
-    backward slots it ends before the first stage) and the overlap efficiency."""
+    backward passes of a chunk it ends before the first stage, as shares of ``t / v``) and the
+    overlap efficiency."""
 
     pp: int
     m: int
@@ -625,11 +653,15 @@ class _Timing(NamedTuple):
     #: The device's memory cap: a stage whose tensors fit it only once the caching allocator
     #: gives its cached blocks back loses ``options.retry_seconds`` a micro-batch.
     cap: float = np.inf
+    #: Per column, the all-reduce of the tied copies' gradients between the first and the last
+    #: stage once a step (:func:`tied_seconds`).
+    tied: np.ndarray | float = 0.0
 
-    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None) -> tuple:
+    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None, tied=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
-        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``; ``tp``: the
-        columns' tensor-parallel degrees where they are not all :attr:`tp`'s."""
+        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``; ``tp`` and
+        ``tied``: the columns' tensor-parallel degrees and tied all-reduces where the columns
+        are not all of :attr:`tp`'s and :attr:`tied`'s."""
         pp, m = self.pp, self.m
         o = self.options
         # Each chunk of a stage also pays its fixed time per micro-batch (entering the chunk and
@@ -642,13 +674,21 @@ class _Timing(NamedTuple):
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp
         pipe = (m + fill) * slowest
-        # Stage s finishes its last backward pass pp - 1 - s backward slots before the first
+        # The last micro-batch's backward pass runs from the last stage to the first, so stage s
+        # finishes s backward passes of a chunk (two thirds of t / v each) before the first
         # stage does: its weight synchronisation may run in that drain.
-        drain = self.drain_share * t
+        drain = self.drain_share * t / vpp
         exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, self.efficiency, stage["sync"])
-        step = pipe + np.maximum(exposed + stage["step"] - stage["sync"] - drain, 0.0).max(axis=1)
+        own = stage["step"] + stage["copy_step"] if pp > 1 and "copy_step" in stage else stage["step"]
+        after = np.maximum(exposed + own - stage["sync"] - drain, 0.0)
+        tied = self.tied if tied is None else tied
+        if np.any(tied):  # the first and the last stage all-reduce their tied copies after it
+            after = after + np.isin(np.arange(pp), (0, pp - 1))[:, None] * tied
+        step = pipe + after.max(axis=1)
         in_flight = self.in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else self.in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
+        if pp > 1 and "copy_state" in stage:  # the last stage's copies of tied weights
+            memory = memory + stage["copy_state"]
         if o.retry_seconds and o.fragmentation and np.isfinite(self.cap):
             # Every stage stalls with the one whose allocator retries (allocator.retry_seconds).
             stranded = stranded_bytes(stage["acts"], in_flight[:, None], o.fragmentation, o.interleave_fragmentation)
@@ -694,7 +734,8 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
                                   blocked.searched, peak[:, into] <= cap, cap, timing.m + (timing.pp - 1) / vpp,
                                   lambda sums_, extra, cols: timing.figures(
                                       sums_, p2p[into][cols], transient[into][cols] + extra, vpp, blocks,
-                                      np.broadcast_to(timing.tp, (K,))[into][cols]),
+                                      np.broadcast_to(timing.tp, (K,))[into][cols],
+                                      np.broadcast_to(timing.tied, (K,))[into][cols]),
                                   timing.extra)
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]

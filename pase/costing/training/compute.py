@@ -99,6 +99,7 @@ class StepCompute:
         self.configs, self.parts, self.kinds = layers.configs, layers.parts, layers.kinds
         st = layers.structure
         self.cores, self.consumers, self.charged = st.cores, st.consumers, st.charged
+        self.copies = st.copies
         self.fused = {v: self._fused_seconds(v) for v, role in self.cores.items() if role == "scores"}
         self.eager_compute = self._eager_norms()
         self.kernels = np.array([EAGER_NORM_KERNELS if v in self.eager_compute else KERNELS_PER_LAYER
@@ -198,14 +199,23 @@ class StepCompute:
     @per_layer_kept
     def optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """The optimizer step over the layer's local optimizer state (memory-bound)."""
+        return self._optimizer_over(v, options, self.charged[v])
+
+    @per_layer_kept
+    def copy_optimizer_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """The optimizer step over the copies of tied weights ``v`` holds on a pipeline's last
+        stage (``NetworkStructure.copies``): that stage steps its copy as its own weights."""
+        return self._optimizer_over(v, options, self.copies[v])
+
+    def _optimizer_over(self, v: int, options: TrainingOptions, flags) -> np.ndarray:
         hbm = self.machine.hbm_bytes_per_s
-        if not options.optimizer_step or hbm is None:
+        if not options.optimizer_step or hbm is None or not any(flags):
             return np.zeros(len(self.configs[v]))
         if options.offload and ("optimizer" in options.offload or "nvme" in options.offload):
             return np.zeros(len(self.configs[v]))  # the host's CPU steps it (costing.training.offload)
         total = np.zeros(len(self.configs[v]))
-        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
-            if charged:
+        for (elements, r), stepped in zip(self.parts[v].params, flags):
+            if stepped:
                 total = total + elements / (r if options.zero >= 1 else 1.0)
         # The optimizer's temporaries are written and read again (``optimizer_temp_bytes``).
         return (OPTIMIZER_STEP_BYTES + 2.0 * options.optimizer_temp_bytes) * total / hbm

@@ -185,6 +185,9 @@ class TrainingCosting:
     def gathered_bytes(self, v: int, options: TrainingOptions) -> np.ndarray:
         return self.memory_kinds.gathered_bytes(v, options)
 
+    def copy_state(self, v: int, options: TrainingOptions) -> np.ndarray:
+        return self.memory_kinds.copy_state(v, options)
+
     def output_gradient_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         return self.memory_kinds.output_gradient_bytes(v, options, act_bytes)
 

@@ -34,7 +34,7 @@ class VectorGroups:
         found: dict = {}
         for v, layer in enumerate(layers.network.layers):
             key = (layers.kinds[v], st.cores.get(v), st.blocks[v] is None, st.block_outputs[v], st.charged[v],
-                   layer.loss, bool(places.loss_only[v]), bool(places.op_saved[v]), bool(places.read_back[v]),
+                   st.copies[v], layer.loss, bool(places.loss_only[v]), bool(places.op_saved[v]), bool(places.read_back[v]),
                    bool(places.module_norm[v]), bool(places.dense_mlp[v]), bool(places.mla_up[v]),
                    bool(places.mla_up_input[v]), reader_place.get(v))
             found.setdefault(key, []).append(v)

@@ -30,6 +30,8 @@ class MemoryKinds:
         self.policy = policy
         self.network, self.configs, self.parts = layers.network, layers.configs, layers.parts
         self.blocks, self.charged = layers.structure.blocks, layers.structure.charged
+        self.copies = layers.structure.copies
+        self.machine_grad_bytes = layers.machine.grad_bytes
         self.loss_only, self.attention_inner = places.loss_only, places.attention_inner
         self.block_count = len({b for b in self.blocks if b is not None})
 
@@ -58,6 +60,30 @@ class MemoryKinds:
             if charged:
                 state = state + elements * options.bytes_per_parameter(r)
         return state + self.precision.cache_bytes(v, options)
+
+    @per_layer_kept
+    def copy_state(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Bytes of the model state of the copies ``v`` holds on a pipeline's last stage
+        (``NetworkStructure.copies``: a tied embedding's table under the output head), by ZeRO
+        stage as its own weights; zeros elsewhere. The pipeline adds them to its last stage."""
+        state = np.zeros(len(self.configs[v]))
+        for (elements, r), copied in zip(self.parts[v].params, self.copies[v]):
+            if copied:
+                state = state + elements * options.bytes_per_parameter(r)
+        return state
+
+    def copy_gradient_elements(self, v: int, options: TrainingOptions) -> np.ndarray:
+        """Elements of the gradient of ``v``'s copies on a pipeline's last stage, counted at
+        the machine's gradient element size (``grad_bytes``) for the size the engine reduces
+        gradients in (``grad_reduce_bytes``, else ``grad_bytes``): what the two stages holding
+        the tensor all-reduce once a step (``pipeline.tied_seconds``)."""
+        total = np.zeros(len(self.configs[v]))
+        for (elements, _), copied in zip(self.parts[v].params, self.copies[v]):
+            if copied:
+                total = total + elements
+        size = options.grad_reduce_bytes if options.grad_reduce_bytes is not None else options.grad_bytes
+        at = self.machine_grad_bytes
+        return total * (size / float(at) if at else 1.0)
 
     def stored_bytes(self, v: int, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """Bytes of the activations ``v`` keeps on the device for the backward pass: all it

@@ -10,7 +10,7 @@ import numpy as np
 
 from pase.model.roles import expert_layers, output_roles, roles_of
 
-__all__ = ["NetworkStructure", "block_leads", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
+__all__ = ["NetworkStructure", "pipeline_copies", "block_leads", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
            "fsdp_units"]
 
 
@@ -93,8 +93,9 @@ def parameter_elements_unique(network) -> int:
 class NetworkStructure:
     """What training options read of a network's shape, computed once per network: each
     layer's structure kind, attention roles, repeated blocks, outputs that leave their block,
-    which weights each layer is charged for (a shared tensor once), consumers of each layer,
-    and the mixtures of experts (the layers that iterate over the ``experts`` role: the router,
+    which weights each layer is charged for (a shared tensor once), which it holds a copy of on
+    a pipeline's last stage (``copies``: :func:`pipeline_copies`), consumers of each layer, and
+    the mixtures of experts (the layers that iterate over the ``experts`` role: the router,
     dispatch, experts and combine of a ``MoE``, priced as one layer)."""
 
     kinds: tuple
@@ -104,6 +105,7 @@ class NetworkStructure:
     charged: tuple
     consumers: dict
     experts: frozenset
+    copies: tuple
 
     @classmethod
     def of(cls, network) -> "NetworkStructure":
@@ -130,7 +132,44 @@ class NetworkStructure:
                     seen.add(ident)
             charged.append(tuple(flags))
         return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers,
-                   frozenset(expert_layers(network)))
+                   frozenset(expert_layers(network)), pipeline_copies(network, blocks))
+
+
+def pipeline_copies(network, blocks) -> tuple:
+    """Per layer, one flag per parameter tensor: whether a pipeline's last stage holds its own
+    copy of it. A tensor several layers share (a tied embedding and output head) is charged to
+    its first reader; where that reader comes before the repeated blocks (the first stage's
+    layers) and another reads it after them (the last stage's), a pipeline of two stages or
+    more keeps the weight on both, as the engines do: Megatron-Core makes "a second copy of
+    word_embeddings on the last stage" (megatron-core 0.16.1
+    models/common/language_module/language_module.py:187-233), nanotron ties the lm_head on the
+    last stage to the first stage's embedding (trainer.py:953-971 at 0e0a27ea), DeepSpeed's
+    pipeline holds a ``TiedLayerSpec`` on each stage that builds it (runtime/pipe/module.py).
+    No blocks, no pipeline: no copies.
+
+    >>> class L:  # a stand-in layer: its parameter tensors' identities
+    ...     def __init__(self, *idents): self.idents = idents
+    ...     def parameter_tensors(self): return [((4, 2), "ve", i) for i in self.idents]
+    >>> class N: layers = [L("table"), L(None), L(None), L("table")]
+    >>> pipeline_copies(N(), (None, 0, 1, None))
+    ((False,), (False,), (False,), (True,))
+    """
+    inside = [v for v, b in enumerate(blocks) if b is not None]
+    if not inside:
+        return tuple(tuple(False for _ in _parameter_tensors(layer)) for layer in network.layers)
+    first, last = inside[0], inside[-1]
+    holder: dict = {}
+    out = []
+    for v, layer in enumerate(network.layers):
+        flags = []
+        for _, _, ident in _parameter_tensors(layer):
+            if ident is None:
+                flags.append(False)
+                continue
+            held_at = holder.setdefault(ident, v)
+            flags.append(held_at != v and held_at < first and v > last)
+        out.append(tuple(flags))
+    return tuple(out)
 
 
 def fsdp_units(blocks) -> tuple:

@@ -20,7 +20,7 @@ __all__ = ["LayerVectors", "LAYER_VECTORS"]
 
 #: The arrays of :meth:`LayerVectors.layer_vectors`.
 LAYER_VECTORS = ("micro", "step", "state", "activations", "logits", "gathered", "working", "sync", "sync_raw", "grads",
-                 "tp_buffers")
+                 "tp_buffers", "copy_state", "copy_grads", "copy_step")
 
 
 def _per_block(of: np.ndarray, pair: tuple, columns=None) -> np.ndarray:
@@ -111,6 +111,12 @@ class LayerVectors:
             return self.sync.sync(v, options)
         if name == "tp_buffers":
             return memory.tp_buffer_bytes(v, options)
+        if name == "copy_state":
+            return memory.copy_state(v, options)
+        if name == "copy_grads":
+            return memory.copy_gradient_elements(v, options)
+        if name == "copy_step":
+            return self.compute.copy_optimizer_seconds(v, options)
         return memory.output_gradient_bytes(v, options, act_bytes)
 
     # -- every layer ----------------------------------------------------------------------
@@ -120,8 +126,10 @@ class LayerVectors:
         micro-batch's compute, recomputation and activation collectives), ``step`` (exposed
         synchronisation and optimizer; ``sync`` the synchronisation alone, ``sync_raw`` before
         overlap), ``state``, ``activations``, ``logits``, ``gathered`` and ``working`` bytes,
-        ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers).
-        Layers equal in parts and place share one computation.
+        ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers),
+        ``copy_state``, ``copy_grads`` and ``copy_step`` (the model state bytes, gradient
+        elements and optimizer step of the copies a pipeline's last stage holds,
+        ``MemoryKinds.copy_state``). Layers equal in parts and place share one computation.
         The arrays are read-only and kept by the option fields they read: option sets equal in
         those fields get the very same array. Under ``block`` (no pipeline: one chunk) each
         layer's vectors are its vectors under ``full`` where the block is recomputed, else
