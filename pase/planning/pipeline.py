@@ -493,7 +493,8 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
             kept[key] = sums
     sent = sent_elements(costing, layout.outputs[0], stage_devices, options.p2p_split)[columns]
     p2p = np.tile(_p2p(costing.machine, sent, stage_devices), len(settings))
-    tied = tied_seconds(costing.machine, sums.prefix["copy_grads"][-1], pp, stage_devices)
+    tied = (tied_seconds(costing.machine, sums.prefix["copy_grads"][-1], pp, stage_devices)
+            if "copy_grads" in sums.prefix else 0.0)
     cap = np.inf if memory_cap is None else memory_cap
     extra = tuple(extra)
     if fixed_counts is not None:
@@ -567,7 +568,9 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
     # Kept where a stage may start or end (the first layer, each block's but the first's, past the last).
     bounds_at = [0] + [b[0] for b in layout.blocks][1:] + [n_layers]
     kept = np.array(bounds_at[1:]) - 1  # prefix row k is the cumulative sum through layer k - 1
-    prefix = {name: np.zeros((len(bounds_at), K)) for name in _SUMMED}
+    # The copies' sums only where the costing has copies of tied weights (``LayerVectors.names``).
+    present = costing.vectors.names
+    prefix = {name: np.zeros((len(bounds_at), K)) for name, key in _SUMMED.items() if key in present}
     transient = np.zeros(K)
     # Settings share the arrays of what they do not change (``layer_vectors`` gives the same
     # array object): each distinct array's prefix sums are taken once and copied.
@@ -595,6 +598,8 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
                 with_edges[key] = (micro, vec["micro"], moved)
             vec = {**vec, "micro": with_edges[key][0]}
         for name, key in _SUMMED.items():
+            if name not in prefix:
+                continue
             first = summed.get(id(vec[key]))
             if first is None:
                 summed[id(vec[key])] = (name, into, vec[key])

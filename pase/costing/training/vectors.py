@@ -53,6 +53,9 @@ class LayerVectors:
         self.compute, self.collectives, self.sync, self.policy = compute, collectives, sync, policy
         self.memory, self.edges = memory, edges
         self.offload = HostOffload(layers, compute, memory)
+        #: The vectors computed: the copies' only where a pipeline's last stage holds one.
+        copies = any(any(flags) for flags in layers.structure.copies)
+        self.names = LAYER_VECTORS if copies else tuple(n for n in LAYER_VECTORS if not n.startswith("copy_"))
 
     # -- one layer ----------------------------------------------------------------------
 
@@ -129,7 +132,7 @@ class LayerVectors:
         ``grads`` (output gradients), ``tp_buffers`` (the tensor-parallel overlap's buffers),
         ``copy_state``, ``copy_grads`` and ``copy_step`` (the model state bytes, gradient
         elements and optimizer step of the copies a pipeline's last stage holds,
-        ``MemoryKinds.copy_state``). Layers equal in parts and place share one computation.
+        ``MemoryKinds.copy_state``; only where it holds some). Layers equal in parts and place share one computation.
         The arrays are read-only and kept by the option fields they read: option sets equal in
         those fields get the very same array. Under ``block`` (no pipeline: one chunk) each
         layer's vectors are its vectors under ``full`` where the block is recomputed, else
@@ -138,7 +141,7 @@ class LayerVectors:
             return self._block_vectors(options, act_bytes)
         return {name: self.keeping.memo.get(("vectors", name, act_bytes), options,
                                             lambda o, name=name: self._vectors(name, o, act_bytes))
-                for name in LAYER_VECTORS}
+                for name in self.names}
 
     def _vectors(self, name: str, options: TrainingOptions, act_bytes: float) -> np.ndarray:
         """One of :meth:`layer_vectors`' arrays (read-only): each group representative's vector
@@ -162,7 +165,7 @@ class LayerVectors:
         return {name: none[name] if none[name] is full[name] else self.keeping.memo.get(
                     ("block vectors", name, act_bytes, id(none[name]), id(full[name])), options,
                     lambda o, name=name: mixed(o, name), hold=(none[name], full[name]))
-                for name in LAYER_VECTORS}
+                for name in self.names}
 
     # -- per repeated block ---------------------------------------------------------------
 
