@@ -420,8 +420,10 @@ def _candidate_lines(candidate, memory_cap, seconds: bool, machine=None, indent:
         fits = (f" (fits, {format_bytes(memory_cap - s.peak_memory_bytes)} to spare"
                 + (f", band up to {format_bytes(memory_band[1])}" if memory_band else "") + ")")
     elif word == "tight" and s.extra.get("released_bytes"):
+        slowed = ("; its retries slow the step" if candidate.causes().get("allocator_retries")
+                  else "; the engine's allocator gives them back without a stalling retry")
         fits = (f" (tight: fits once the caching allocator gives back {format_bytes(s.extra['released_bytes'])} "
-                "of cached blocks; its retries slow the step)")
+                f"of cached blocks{slowed})")
     elif word == "tight":
         fits = (f" (tight: fits at the modelled peak, not at its band's high end {format_bytes(memory_band[1])})")
     else:
