@@ -18,8 +18,8 @@ __all__ = ["VectorGroups", "LayerKeeping", "per_layer_kept"]
 @dataclass(frozen=True, eq=False)
 class VectorGroups:
     """Layers equal in parts and in place (block, attention role, kept output, charged weights,
-    loss, read by the loss alone, kept by the operator policy, a module of Megatron's selective
-    recomputation, place among pooled readers) have
+    copies held on a pipeline's last stage, loss, read by the loss alone, kept by the operator
+    policy, a module of Megatron's selective recomputation, place among pooled readers) have
     equal vectors under any options: one representative each. ``groups``: ``(representative,
     members)`` in the order of their first layers; ``representative`` and ``group_of``: per
     layer, its group's representative and index in ``groups``."""
@@ -34,7 +34,8 @@ class VectorGroups:
         found: dict = {}
         for v, layer in enumerate(layers.network.layers):
             key = (layers.kinds[v], st.cores.get(v), st.blocks[v] is None, st.block_outputs[v], st.charged[v],
-                   st.copies[v], layer.loss, bool(places.loss_only[v]), bool(places.op_saved[v]), bool(places.read_back[v]),
+                   st.copies[v], layer.loss, bool(places.loss_only[v]), bool(places.op_saved[v]),
+                   bool(places.read_back[v]),
                    bool(places.module_norm[v]), bool(places.dense_mlp[v]), bool(places.mla_up[v]),
                    bool(places.mla_up_input[v]), reader_place.get(v))
             found.setdefault(key, []).append(v)

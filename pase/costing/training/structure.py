@@ -10,8 +10,8 @@ import numpy as np
 
 from pase.model.roles import expert_layers, output_roles, roles_of
 
-__all__ = ["NetworkStructure", "pipeline_copies", "block_leads", "attention_cores", "structure_key", "model_flops", "parameter_elements_unique",
-           "fsdp_units"]
+__all__ = ["NetworkStructure", "pipeline_copies", "block_leads", "attention_cores", "structure_key", "model_flops",
+           "parameter_elements_unique", "fsdp_units"]
 
 
 def _parameter_tensors(layer) -> list:
