@@ -320,10 +320,11 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
     kinds = dict.fromkeys(("model_state", "activations", "logits"), 0.0)
     per_layer = _per_layer(costing, options, stages)
+    copies = "copy_state" in costing.vector_names
     for v in range(start, end):
         for key, value in costing.layer_memory(v, per_layer[v], act_bytes).items():
             kinds[key] = kinds.get(key, 0.0) + float(value[i])
-        if pp > 1:  # the copies of tied weights the last stage holds (NetworkStructure.copies)
+        if copies:  # the copies of tied weights the last stage holds (NetworkStructure.copies)
             kinds["model_state"] += float(costing.copy_state(v, per_layer[v])[i])
     if "fragmentation" in kinds:
         kinds["fragmentation"] = stranded_bytes(kinds["activations"], in_flight, options.fragmentation,

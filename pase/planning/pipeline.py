@@ -568,8 +568,8 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
     # Kept where a stage may start or end (the first layer, each block's but the first's, past the last).
     bounds_at = [0] + [b[0] for b in layout.blocks][1:] + [n_layers]
     kept = np.array(bounds_at[1:]) - 1  # prefix row k is the cumulative sum through layer k - 1
-    # The copies' sums only where the costing has copies of tied weights (``LayerVectors.names``).
-    present = costing.vectors.names
+    # The copies' sums only where the costing has copies of tied weights.
+    present = costing.vector_names
     prefix = {name: np.zeros((len(bounds_at), K)) for name, key in _SUMMED.items() if key in present}
     transient = np.zeros(K)
     # Settings share the arrays of what they do not change (``layer_vectors`` gives the same
@@ -684,7 +684,7 @@ class _Timing(NamedTuple):
         # stage does: its weight synchronisation may run in that drain.
         drain = self.drain_share * t / vpp
         exposed = chunk_sync(stage["sync_raw"], t, pp, vpp, self.efficiency, stage["sync"])
-        own = stage["step"] + stage["copy_step"] if pp > 1 and "copy_step" in stage else stage["step"]
+        own = stage["step"] + stage["copy_step"] if "copy_step" in stage else stage["step"]
         after = np.maximum(exposed + own - stage["sync"] - drain, 0.0)
         tied = self.tied if tied is None else tied
         if np.any(tied):  # the first and the last stage all-reduce their tied copies after it
@@ -692,7 +692,7 @@ class _Timing(NamedTuple):
         step = pipe + after.max(axis=1)
         in_flight = self.in_flight_1 * (1.0 + (pp - 1) / (pp * vpp)) if vpp > 1 else self.in_flight_1
         memory = stage["state"] + in_flight[:, None] * stage["acts"] + stage["logits"] + transient
-        if pp > 1 and "copy_state" in stage:  # the last stage's copies of tied weights
+        if "copy_state" in stage:  # the last stage's copies of tied weights
             memory = memory + stage["copy_state"]
         if o.retry_seconds and o.fragmentation and np.isfinite(self.cap):
             # Every stage stalls with the one whose allocator retries (allocator.retry_seconds).

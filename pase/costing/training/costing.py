@@ -213,6 +213,12 @@ class TrainingCosting:
     def layer_vectors(self, options: TrainingOptions, act_bytes: float) -> dict:
         return self.vectors.layer_vectors(options, act_bytes)
 
+    @property
+    def vector_names(self) -> tuple:
+        """The names :meth:`layer_vectors` gives (the copies' only where a pipeline's last stage
+        holds copies of tied weights)."""
+        return self.vectors.names
+
     def block_deltas(self, options: TrainingOptions, act_bytes: float, edges=None, targets=(),
                      columns=None) -> dict:
         return self.vectors.block_deltas(options, act_bytes, edges, targets, columns)

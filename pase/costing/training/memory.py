@@ -55,20 +55,21 @@ class MemoryKinds:
     def model_state(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Bytes of ``v``'s weights, gradients and optimizer state by ZeRO stage (its charged
         weights), and its cached low-precision weights."""
-        state = np.zeros(len(self.configs[v]))
-        for (elements, r), charged in zip(self.parts[v].params, self.charged[v]):
-            if charged:
-                state = state + elements * options.bytes_per_parameter(r)
-        return state + self.precision.cache_bytes(v, options)
+        return self._state_over(v, options, self.charged[v]) + self.precision.cache_bytes(v, options)
 
     @per_layer_kept
     def copy_state(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Bytes of the model state of the copies ``v`` holds on a pipeline's last stage
         (``NetworkStructure.copies``: a tied embedding's table under the output head), by ZeRO
         stage as its own weights; zeros elsewhere. The pipeline adds them to its last stage."""
+        return self._state_over(v, options, self.copies[v])
+
+    def _state_over(self, v: int, options: TrainingOptions, flags) -> np.ndarray:
+        """Bytes of the weights, gradients and optimizer state of ``v``'s parameter tensors
+        that ``flags`` names, by ZeRO stage."""
         state = np.zeros(len(self.configs[v]))
-        for (elements, r), copied in zip(self.parts[v].params, self.copies[v]):
-            if copied:
+        for (elements, r), held in zip(self.parts[v].params, flags):
+            if held:
                 state = state + elements * options.bytes_per_parameter(r)
         return state
 

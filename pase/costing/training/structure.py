@@ -122,16 +122,10 @@ class NetworkStructure:
             blocks[v] is None or not consumers.get(v) or any(blocks[w] != blocks[v] for w in consumers[v])
             for v in range(len(network.layers))
         )
-        seen: set = set()
-        charged = []
-        for layer in network.layers:
-            flags = []
-            for _, _, ident in _parameter_tensors(layer):
-                flags.append(ident is None or ident not in seen)
-                if ident is not None:
-                    seen.add(ident)
-            charged.append(tuple(flags))
-        return cls(kinds, attention_cores(network), blocks, block_outputs, tuple(charged), consumers,
+        # A tensor several layers share is charged to the first of them (its holder).
+        charged = tuple(tuple(holder is None or holder == (v, i) for i, holder in enumerate(holders))
+                        for v, holders in enumerate(_holders(network)))
+        return cls(kinds, attention_cores(network), blocks, block_outputs, charged, consumers,
                    frozenset(expert_layers(network)), pipeline_copies(network, blocks))
 
 
@@ -155,21 +149,18 @@ def pipeline_copies(network, blocks) -> tuple:
     ((False,), (False,), (False,), (True,))
     """
     inside = [v for v, b in enumerate(blocks) if b is not None]
-    if not inside:
-        return tuple(tuple(False for _ in _parameter_tensors(layer)) for layer in network.layers)
-    first, last = inside[0], inside[-1]
-    holder: dict = {}
-    out = []
-    for v, layer in enumerate(network.layers):
-        flags = []
-        for _, _, ident in _parameter_tensors(layer):
-            if ident is None:
-                flags.append(False)
-                continue
-            held_at = holder.setdefault(ident, v)
-            flags.append(held_at != v and held_at < first and v > last)
-        out.append(tuple(flags))
-    return tuple(out)
+    first, last = (inside[0], inside[-1]) if inside else (-1, len(blocks))
+    return tuple(tuple(holder is not None and holder[0] < first and last < v for holder in holders)
+                 for v, holders in enumerate(_holders(network)))
+
+
+def _holders(network) -> list:
+    """Per layer, per parameter tensor: where it is first read, ``(layer, entry)``, for a
+    tensor layers may share (``Layer.parameter_tensors``' identity), ``None`` for one of its own."""
+    first: dict = {}
+    return [[None if ident is None else first.setdefault(ident, (v, i))
+             for i, (_, _, ident) in enumerate(_parameter_tensors(layer))]
+            for v, layer in enumerate(network.layers)]
 
 
 def fsdp_units(blocks) -> tuple:
