@@ -354,7 +354,8 @@ def _study_text(setups: list, fit: dict, seconds: float) -> str:
               f"- collective_scale: intra_node {f['collective_scale']['intra_node']:.3f}, inter_node "
               f"{f['collective_scale']['inter_node']:.3f}",
               f"- block_overhead_seconds {1e3 * f['block_overhead_seconds']:.2f} ms, pipeline_tp_wait_seconds "
-              f"{1e3 * f['pipeline_tp_wait_seconds']:.2f} ms",
+              f"{1e3 * f['pipeline_tp_wait_seconds']:.2f} ms, tp_node_wait_seconds "
+              f"{1e3 * f.get('tp_node_wait_seconds', 0.0):.2f} ms",
               f"- leave-one-out step error over the runs fitted on: median {_pct(f['leave_one_out']['median'])}, p90 "
               f"{_pct(f['leave_one_out']['p90'])}", ""]
     label, rows, _ = setups[-1]

@@ -133,6 +133,33 @@ def test_the_host_floor_and_chunk_time_on_a_pipeline():
     assert t1[0, 0, 0] == pytest.approx(1.8e-3)
 
 
+def test_a_tensor_parallel_group_across_nodes_waits_per_block_and_node():
+    # The two blocks of test_the_host_floor_without_a_pipeline, 2 micro-batches, a wait of 1 ms per
+    # block, micro-batch and node beyond the first; 4 GPUs a node. tp 4 spans one node: no wait;
+    # tp 8 one node more: 2 x 2 x 1 x 1 ms = 4 ms; tp 16 three more: 12 ms (device time, added to
+    # the work whatever the host floor).
+    net = _blocks()
+    costing = TrainingCosting(net, [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers],
+                              CalibratedMachine(BASE))
+    none = np.zeros((0, 1))
+    plain, _, _ = row_totals(costing, TrainingOptions(microbatches=2), 2.0, none, [])
+    waits = TrainingOptions(microbatches=2, tp_node_wait_seconds=1e-3)
+    got = [row_totals(costing, waits, 2.0, none, [], tp=np.array([tp]))[0][0] for tp in (4.0, 8.0, 16.0)]
+    assert got == pytest.approx([plain[0], plain[0] + 4e-3, plain[0] + 12e-3], rel=1e-9)
+    # On a pipeline stage of 3 blocks, tp 8 on 4-GPU nodes: 3 ms a micro-batch on top of its
+    # 1.5 ms of work; a stage of 1 block at tp 4 waits none.
+    o = TrainingOptions(microbatches=4, tp_node_wait_seconds=1e-3)
+    timing = _Timing(2, 4, o, np.array([2.0, 1.0]), np.array([[1.0], [0.0]]) * (2 / 3), 0.0, np.array([8.0]),
+                     domain=4.0)
+    zero = np.zeros((1, 2, 1))
+    stage = {"micro": np.array([[[1.5e-3], [1.5e-3]]]), "step": zero, "sync": zero, "sync_raw": zero,
+             "state": zero, "acts": zero, "logits": zero}
+    t, *_ = timing.figures(stage, np.array([0.0]), np.zeros(1), 1, np.array([[3, 1]]))
+    assert t[0, :, 0] == pytest.approx([4.5e-3, 2.5e-3])
+    t4, *_ = timing.figures(stage, np.array([0.0]), np.zeros(1), 1, np.array([[3, 1]]), np.array([4.0]))
+    assert t4[0, :, 0] == pytest.approx([1.5e-3, 1.5e-3])
+
+
 def test_balanced_cuts_reach_stages_equal_middles_cannot():
     # 28 blocks on 16 stages: equal middle stages leave 8/1 x 14/6; a balanced cut holds at most 2.
     assert min(max(c) for c in cuts(28, 16)) == 2
@@ -156,6 +183,10 @@ def test_a_fitted_machine_scales_its_collectives_by_level():
     # The engine the runs used takes the fitted compute efficiency and host times; another does not.
     o = load_engine("nanotron").base_options(m)
     assert (o.compute_efficiency, o.block_overhead_seconds, o.pipeline_tp_wait_seconds) == (0.9, 2e-3, 1e-3)
+    # A fit without a wait across nodes (written before it existed) waits none; one with it, its own.
+    assert o.tp_node_wait_seconds == 0.0
+    waited = load_engine("nanotron").base_options(bare.with_fitted({**fitted, "tp_node_wait_seconds": 4e-3}))
+    assert waited.tp_node_wait_seconds == 4e-3
     assert load_engine("megatron").base_options(m).compute_efficiency == load_engine("megatron").base_options(
         bare).compute_efficiency
     assert m.describe()["fitted"]["collective_scale"] == {"intra_node": 0.5, "inter_node": 3.0}

@@ -6,7 +6,9 @@ description's ``fitted`` field: what each stands for, its bounds, and the check 
 ``block_overhead_seconds`` and ``pipeline_tp_wait_seconds``: the in-step compute
 efficiency, the host time per block and micro-batch, and on a pipeline stage the
 tensor-parallel ranks' wait per block, micro-batch and doubling of their group, of the engine the
-runs used (``engine``), which replace that engine's own.
+runs used (``engine``), which replace that engine's own; ``tp_node_wait_seconds`` (optional,
+else 0): the time a tensor-parallel group spanning nodes loses per block, micro-batch and node
+beyond the first (``TrainingOptions.tp_node_wait_seconds``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ FITTED_BOUNDS = {
     "compute_efficiency": (0.2, 1.25),
     "block_overhead_seconds": (0.0, 0.05),
     "pipeline_tp_wait_seconds": (0.0, 0.05),
+    "tp_node_wait_seconds": (0.0, 0.05),
 }
 _TEXT = ("engine", "source")
 _KEYS = ("engine", "compute_efficiency", "block_overhead_seconds", "pipeline_tp_wait_seconds",
-         "collective_scale", "source", "runs", "leave_one_out")
+         "collective_scale", "tp_node_wait_seconds", "source", "runs", "leave_one_out")
 
 
 def _bounded(value, name: str, where: str) -> float:
@@ -47,7 +50,8 @@ def validate_fitted(data, where: str) -> dict:
     """The ``fitted`` field checked (a ``ValueError`` of one line naming the bad key):
     ``{"engine": NAME, "compute_efficiency": x, "block_overhead_seconds": s,
     "pipeline_tp_wait_seconds": t, "collective_scale":
-    {"intra_node": a, "inter_node": b}, "source": TEXT, "runs": N, "leave_one_out": {...}}``.
+    {"intra_node": a, "inter_node": b}, "tp_node_wait_seconds": w (optional), "source": TEXT, "runs": N,
+    "leave_one_out": {...}}``.
 
     >>> validate_fitted({"engine": "nanotron", "compute_efficiency": 0.9, "block_overhead_seconds": 0.002,
     ...                  "pipeline_tp_wait_seconds": 0.003,
@@ -74,6 +78,8 @@ def validate_fitted(data, where: str) -> dict:
     out["compute_efficiency"] = _bounded(data["compute_efficiency"], "compute_efficiency", where)
     for key in ("block_overhead_seconds", "pipeline_tp_wait_seconds"):
         out[key] = _bounded(data[key], key, where)
+    if "tp_node_wait_seconds" in data:
+        out["tp_node_wait_seconds"] = _bounded(data["tp_node_wait_seconds"], "tp_node_wait_seconds", where)
     scale = data["collective_scale"]
     if not isinstance(scale, Mapping) or set(scale) != {"intra_node", "inter_node"}:
         raise ValueError(f"{where}: fitted collective_scale must be {{\"intra_node\": x, \"inter_node\": y}}")
@@ -104,7 +110,8 @@ def at_bounds(fitted: dict, tolerance: float = 1e-3) -> list:
               "intra_node": fitted["collective_scale"]["intra_node"],
               "inter_node": fitted["collective_scale"]["inter_node"],
               "block_overhead_seconds": fitted["block_overhead_seconds"],
-              "pipeline_tp_wait_seconds": fitted["pipeline_tp_wait_seconds"]}
+              "pipeline_tp_wait_seconds": fitted["pipeline_tp_wait_seconds"],
+              "tp_node_wait_seconds": fitted.get("tp_node_wait_seconds", 0.0)}
     out = []
     for name, value in values.items():
         low, high = FITTED_BOUNDS[name]

@@ -87,7 +87,17 @@ def expert_layers(network) -> tuple:
 def _maps(layer) -> tuple:
     """``(inputs, outputs)``: per input and output tensor, per tensor dimension, the
     iteration-space dimension that splits it (or -1), read off the layer's own
-    ``input_configs``/``output_configs`` (each dimension split 2 ways alone)."""
+    ``input_configs``/``output_configs`` (each dimension split 2 ways alone). Kept on the layer
+    with the iteration space it was read for (a costing asks for every layer's many times)."""
+    kept = getattr(layer, "_split_maps", None)
+    if kept is not None and kept[0] == layer.domain:
+        return kept[1]
+    maps = _read_maps(layer)
+    layer._split_maps = (layer.domain, maps)
+    return maps
+
+
+def _read_maps(layer) -> tuple:
     rank = len(layer.domain)
     probe = np.ones((rank, rank), dtype=np.int64) + np.eye(rank, dtype=np.int64)
     out = []
@@ -96,8 +106,9 @@ def _maps(layer) -> tuple:
         for c in configs:
             c = np.asarray(c)
             split = c > 1  # (rank, tensor rank): which tensor dims each iteration dim splits
-            maps.append([int(np.argmax(split[:, t])) if split[:, t].sum() == 1 else -1 for t in range(c.shape[1])])
-        out.append(maps)
+            maps.append(tuple(int(np.argmax(split[:, t])) if split[:, t].sum() == 1 else -1
+                              for t in range(c.shape[1])))
+        out.append(tuple(maps))
     return tuple(out)
 
 

@@ -7,8 +7,9 @@ compute efficiency, ``compute_efficiency``), collectives inside one node and acr
 (``collective_scale`` ``intra_node`` and ``inter_node``) and the host time per repeated block and
 micro-batch and, on a pipeline stage, the tensor-parallel ranks' wait per doubling of their group
 (``block_overhead_seconds``, ``pipeline_tp_wait_seconds``: the blocks and micro-batches on the
-critical path counted).
-The step is linear in those five; they are fitted by least squares of the relative error, each held
+critical path counted), and the wait of a tensor-parallel group spanning nodes per block,
+micro-batch and node beyond the first (``tp_node_wait_seconds``: the same count times those nodes).
+The step is linear in those six; they are fitted by least squares of the relative error, each held
 to its bounds (``pase.machines.fitted.FITTED_BOUNDS``), runs missed by far more than the rest
 left out as outliers, and every run then priced again on the fitted machine. The leave-one-out
 error predicts each run from the constants fitted on the others.
@@ -24,6 +25,8 @@ import numpy as np
 
 from pase.machines.calibrated import CalibratedMachine
 from pase.machines.fitted import FITTED_BOUNDS
+from pase.costing.training import TrainingOptions
+from pase.planning.host_floor import domain_of, node_wait_seconds
 from pase.planning.mesh import parse_recipe
 from pase.planning.run_ranking import rank_runs
 from pase.planning.training_plan import NO_CAP, plan_training
@@ -32,12 +35,16 @@ __all__ = ["RunTerms", "PricedRun", "Fit", "price_runs", "run_terms", "fit_const
            "PARAMETERS", "OUTLIER_FACTOR", "OUTLIER_MADS"]
 
 #: The constants fitted, in the order of the least-squares columns.
-PARAMETERS = ("compute_scale", "intra_node", "inter_node", "block_overhead_seconds", "pipeline_tp_wait_seconds")
+PARAMETERS = ("compute_scale", "intra_node", "inter_node", "block_overhead_seconds", "pipeline_tp_wait_seconds",
+              "tp_node_wait_seconds")
 #: A run the first fit misses by more than this factor and by more than :data:`OUTLIER_MADS`
 #: median absolute deviations (of the log ratio) is an outlier, left out of the second fit (a
 #: failed or congested run: the playbook's sweep has runs at a twentieth of their group's best).
 OUTLIER_FACTOR = 1.5
 OUTLIER_MADS = 3.0
+#: Options whose wait across nodes is one second: :func:`node_wait_seconds` then counts the
+#: nodes beyond the first.
+_UNIT_WAIT = TrainingOptions(tp_node_wait_seconds=1.0)
 #: A constant whose terms add up to less than this share of the runs' steps is not determined
 #: by them: it keeps the machine's or the engine's value.
 UNDETERMINED_SHARE = 1e-3
@@ -71,7 +78,9 @@ class RunTerms:
     node, across nodes)`` (the collective scales); ``units``: repeated blocks times micro-batch
     slots on the critical path (what the host time per block multiplies); ``tp_wait``: ``log2
     tp`` on a pipelined run, else 0 (what the pipeline's wait per block multiplies); ``fixed``: what
-    no fitted constant scales (the caching allocator's retries on a tight run)."""
+    no fitted constant scales (the caching allocator's retries on a tight run); ``nodes``: the
+    nodes beyond the first a tensor-parallel group spans (what the wait across nodes per block
+    multiplies, with ``units``: device time)."""
 
     compute: float
     tensor: tuple
@@ -79,10 +88,12 @@ class RunTerms:
     units: float
     tp_wait: float
     fixed: float = 0.0
+    nodes: float = 0.0
 
     def step(self, p: np.ndarray) -> float:
         """The step under constants ``p`` (:data:`PARAMETERS` order)."""
-        device = p[0] * self.compute + p[1] * self.tensor[0] + p[2] * self.tensor[1]
+        device = (p[0] * self.compute + p[1] * self.tensor[0] + p[2] * self.tensor[1]
+                  + p[5] * self.units * self.nodes)
         host = self.units * (p[3] + p[4] * self.tp_wait)
         return max(device, host) + p[1] * self.rest[0] + p[2] * self.rest[1] + self.fixed
 
@@ -160,7 +171,7 @@ def run_terms(priced: PricedRun, machine) -> RunTerms:
     more than one node)."""
     c = priced.causes
     mesh = priced.mesh
-    node = machine.nvlink_domain or machine.devices_per_node or mesh.devices
+    node = domain_of(machine)
     pp = mesh.pp
     units = (priced.microbatches + (pp - 1) / priced.vpp) * priced.stage_blocks if pp > 1 else \
         priced.microbatches * priced.stage_blocks
@@ -173,7 +184,8 @@ def run_terms(priced: PricedRun, machine) -> RunTerms:
     rest[int(sends_out)] += c.get("p2p", 0.0)
     across = mesh.tp > node
     return RunTerms(compute, (0.0, tensor) if across else (tensor, 0.0), tuple(rest), units,
-                    math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0))
+                    math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0),
+                    float(node_wait_seconds(_UNIT_WAIT, 1, mesh.tp, node)))
 
 
 @dataclass(frozen=True)
@@ -192,12 +204,28 @@ def _bounds(compute_efficiency: float) -> list:
     low, high = FITTED_BOUNDS["compute_efficiency"]
     return [(compute_efficiency / high, compute_efficiency / low), FITTED_BOUNDS["intra_node"],
             FITTED_BOUNDS["inter_node"], FITTED_BOUNDS["block_overhead_seconds"],
-            FITTED_BOUNDS["pipeline_tp_wait_seconds"]]
+            FITTED_BOUNDS["pipeline_tp_wait_seconds"], FITTED_BOUNDS["tp_node_wait_seconds"]]
 
 
-def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int = 600) -> np.ndarray:
+def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int = 600, restarts: int = 4) -> np.ndarray:
     """Nelder-Mead over the ``free`` constants, each held inside its bounds (a sine maps the
-    whole line onto them); the others stay at ``start``."""
+    whole line onto them); the others stay at ``start``. Started again from its best on a fresh
+    simplex up to ``restarts`` times while that improves: a simplex of six constants can
+    collapse before it reaches the minimum."""
+    x, best = start, loss(start)
+    for _ in range(max(restarts, 1)):
+        y = _simplex_search(loss, x, bounds, free, iterations)
+        value = loss(y)
+        if not value < best:
+            break
+        gain, x, best = best - value, y, value
+        if gain <= 1e-9 * best:
+            break
+    return x
+
+
+def _simplex_search(loss, start: np.ndarray, bounds: list, free: list, iterations: int) -> np.ndarray:
+    """One Nelder-Mead search from ``start`` (:func:`_minimise`)."""
     low = np.array([bounds[j][0] for j in free])
     high = np.array([bounds[j][1] for j in free])
 
@@ -237,11 +265,11 @@ def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int
 
 def _steps(terms: list):
     """``steps(p)``: every run's step under constants ``p`` at once (:meth:`RunTerms.step`)."""
-    a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait, t.fixed]
-                  for t in terms]).T
+    a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait, t.fixed,
+                   t.units * t.nodes] for t in terms]).T
 
     def steps(p):
-        device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2]
+        device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2] + p[5] * a[8]
         host = a[5] * (p[3] + p[4] * a[6])
         return np.maximum(device, host) + p[1] * a[3] + p[2] * a[4] + a[7]
     return steps
@@ -262,7 +290,7 @@ def fit_constants(terms: list, measured: np.ndarray, nominal: np.ndarray, bounds
     than constants to fit, or when the runs cannot tell them apart."""
     n = len(PARAMETERS)
     columns = np.array([[t.compute, t.tensor[0] + t.rest[0], t.tensor[1] + t.rest[1], t.units,
-                         t.units * t.tp_wait] for t in terms])
+                         t.units * t.tp_wait, t.units * t.nodes] for t in terms])
     share = columns.sum(axis=0) / max(float(measured.sum()), 1e-300)
     # The host times' terms are counts (blocks x micro-batches), not seconds: determined where any.
     undetermined = tuple(PARAMETERS[j] for j in range(n) if (columns[:, j].sum() <= 0 if j >= 3 else
@@ -297,7 +325,8 @@ def _leave_one_out(terms: list, measured: np.ndarray, fit: Fit, bounds: list, na
     out = np.full(len(terms), np.nan)
     for i in np.flatnonzero(keep):
         others = [k for k in np.flatnonzero(keep) if k != i]
-        x = _minimise(_log_loss([terms[k] for k in others], measured[others]), x0, bounds, free, iterations=200)
+        x = _minimise(_log_loss([terms[k] for k in others], measured[others]), x0, bounds, free, iterations=200,
+                      restarts=1)
         out[i] = terms[i].step(x)
     return out
 
@@ -312,6 +341,7 @@ def fitted_description(machine: CalibratedMachine, engine, fit: Fit, nominal_eff
         "compute_efficiency": nominal_efficiency / v["compute_scale"],
         "block_overhead_seconds": v["block_overhead_seconds"],
         "pipeline_tp_wait_seconds": v["pipeline_tp_wait_seconds"],
+        "tp_node_wait_seconds": v["tp_node_wait_seconds"],
         "collective_scale": {"intra_node": v["intra_node"], "inter_node": v["inter_node"]},
         "source": source,
         "runs": runs,
@@ -349,13 +379,14 @@ def calibrate_from_runs(runs, machine: CalibratedMachine, engine, source: str) -
     unfitted = machine.with_fitted(None)
     base = engine.base_options(unfitted)
     efficiency = base.compute_efficiency
-    overheads = {"block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.0}
+    overheads = {"block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.0, "tp_node_wait_seconds": 0.0}
     bare = price_runs(runs, unfitted, engine, overheads)
     names = [p.name for p in bare]
     measured = np.array([p.measured_step for p in bare])
     terms = [run_terms(p, unfitted) for p in bare]
     bounds = _bounds(efficiency)
-    nominal = np.array([1.0, 1.0, 1.0, base.block_overhead_seconds, base.pipeline_tp_wait_seconds])
+    nominal = np.array([1.0, 1.0, 1.0, base.block_overhead_seconds, base.pipeline_tp_wait_seconds,
+                        base.tp_node_wait_seconds])
     fit = fit_constants(terms, measured, nominal, bounds, names)
     left = _leave_one_out(terms, measured, fit, bounds, names)
     kept = ~np.isnan(left)

@@ -252,13 +252,14 @@ class EngineProfile:
 
     def fitted_options(self, machine=None) -> dict:
         """The options a machine fitted on this engine's runs replaces (``pase calibrate
-        --from-runs``: its ``fitted`` in-step compute efficiency and host time per block), or
-        none: a fit on another engine's runs says nothing of this one's kernels."""
+        --from-runs``: its ``fitted`` in-step compute efficiency, host time per block and
+        tensor parallelism's wait across nodes), or none: a fit on another engine's runs says
+        nothing of this one's kernels."""
         fitted = None if machine is None else machine.fitted
         if not fitted or fitted.get("engine") != self.name:
             return {}
         return {key: fitted[key] for key in ("compute_efficiency", "block_overhead_seconds",
-                                             "pipeline_tp_wait_seconds")}
+                                             "pipeline_tp_wait_seconds", "tp_node_wait_seconds") if key in fitted}
 
     def base_options(self, machine=None, **changes) -> TrainingOptions:
         """:class:`TrainingOptions` of this engine on ``machine`` (``changes`` on top)."""

@@ -1,11 +1,12 @@
-"""The host floor: a micro-batch takes at least the time the engine's host needs to issue its
-blocks' kernels (eager engines), however fast the device runs them."""
+"""Fixed times per repeated block and micro-batch: the host floor (a micro-batch takes at least
+the time the engine's host needs to issue its blocks' kernels, eager engines, however fast the
+device runs them), and the wait of a tensor-parallel group that spans nodes (device time)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["host_seconds", "floored", "block_count"]
+__all__ = ["host_seconds", "floored", "block_count", "node_wait_seconds", "domain_of"]
 
 
 def block_count(blocks) -> int:
@@ -31,6 +32,28 @@ def host_seconds(options, blocks, pipelined: bool, tp=1):
     per_block = options.block_overhead_seconds + (
         options.pipeline_tp_wait_seconds * np.log2(np.asarray(tp, dtype=np.float64)) if pipelined else 0.0)
     return np.asarray(blocks, dtype=np.float64) * per_block
+
+
+def domain_of(machine) -> float:
+    """GPUs of one NVLink domain of ``machine`` (its node unless it says more; unbounded for a
+    machine without nodes)."""
+    return float(machine.nvlink_domain or machine.devices_per_node or np.inf)
+
+
+def node_wait_seconds(options, blocks, tp, domain: float):
+    """Device time of one micro-batch over ``blocks`` repeated blocks that a tensor-parallel
+    group of ``tp`` ranks (numbers or arrays that broadcast) loses waiting across nodes of
+    ``domain`` GPUs: ``blocks x (ceil(tp / domain) - 1) x tp_node_wait_seconds``, one wait per
+    node beyond the first the group spans (``TrainingOptions.tp_node_wait_seconds``); 0 inside
+    one node.
+
+    >>> from pase.costing.training import TrainingOptions
+    >>> o = TrainingOptions(tp_node_wait_seconds=0.001)
+    >>> [float(node_wait_seconds(o, 10, tp, 8)) for tp in (8, 16, 32)]   # 10 blocks x 0, 1, 3 nodes more x 1 ms
+    [0.0, 0.01, 0.03]
+    """
+    spans = np.maximum(np.ceil(np.asarray(tp, dtype=np.float64) / domain) - 1.0, 0.0)
+    return np.asarray(blocks, dtype=np.float64) * spans * options.tp_node_wait_seconds
 
 
 def floored(time_rows, step_rows, microbatches: int, host) -> np.ndarray:

@@ -12,7 +12,7 @@ from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, retry_seconds, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
-from pase.planning.host_floor import block_count, floored, host_seconds
+from pase.planning.host_floor import block_count, domain_of, floored, host_seconds, node_wait_seconds
 from pase.planning.mesh import Mesh
 from pase.planning.pipeline import StagePlan, extra_word, stage_chunks, stage_layout
 
@@ -66,15 +66,17 @@ class PartsMemo:
 
 def row_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
                targets: list, sums: dict | None = None, columns=None, memory_cap=None,
-               search_layers: bool = False, floor: bool = True) -> tuple:
+               search_layers: bool = False, floor: bool = True, tp=1) -> tuple:
     """Step seconds, peak bytes and ``recompute_layers`` of every row (all layers at the same
     row) of ``columns`` (the costing's rows that ``edges`` has; default all). ``sums``: the
     columns taken and their sums already, by array (settings share the arrays of what they do
     not change). Under ``block``: :func:`_block_totals`. ``floor``: no micro-batch faster than
-    the host issues it (:mod:`pase.planning.host_floor`)."""
+    the host issues it (:mod:`pase.planning.host_floor`). ``tp``: each column's tensor-parallel
+    degree (a group across nodes waits there, :func:`~pase.planning.host_floor.node_wait_seconds`)."""
     sums = {} if sums is None else sums
     if options.recompute == "block":
-        return _block_totals(costing, options, act_bytes, edges, targets, sums, columns, memory_cap, search_layers)
+        return _block_totals(costing, options, act_bytes, edges, targets, sums, columns, memory_cap, search_layers,
+                             tp)
 
     def taken(array):
         if ("taken", id(array)) not in sums:
@@ -92,6 +94,7 @@ def row_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: fl
     time_rows = total(vec["micro"]) * options.microbatches + total(vec["step"])
     if len(targets):
         time_rows = time_rows + total(costing.edge_rows(edges, targets, options, columns))
+    time_rows = time_rows + options.microbatches * _node_wait(costing, options, tp)
     if floor:
         time_rows = _host_floored(costing, options, time_rows, total(vec["step"]))
     memory_rows = (total(vec["state"]) + total(vec["activations"]) + total(vec["logits"])
@@ -113,7 +116,7 @@ def _retries(options: TrainingOptions, needed, stranded, memory_cap):
 
 
 def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes: float, edges: np.ndarray,
-                  targets: list, sums: dict, columns, memory_cap, search_layers: bool) -> tuple:
+                  targets: list, sums: dict, columns, memory_cap, search_layers: bool, tp=1) -> tuple:
     """:func:`row_totals` under ``recompute=block`` without a pipeline: the network's blocks one
     chunk, its first ``n`` recomputed: the ``none`` totals plus the first ``n`` blocks' deltas
     (``TrainingCosting.block_deltas``: ``m`` times the micro-batch's, the bytes kept) and the
@@ -121,7 +124,7 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
     ``search_layers`` every count from 1 to the blocks, keeping per row the fastest that fits
     ``memory_cap``, else the least memory; of equals the smallest ``n``."""
     time0, memory0, _ = row_totals(costing, options.as_policy("none"), act_bytes, edges, targets, sums, columns,
-                                   floor=False)
+                                   floor=False, tp=tp)
     deltas = costing.block_deltas(options, act_bytes, edges, targets, columns)
     blocks = len(deltas["micro"])
     if not blocks:  # nothing to recompute: as none
@@ -142,6 +145,14 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
         fits = memories <= cap
         n = np.where(fits.any(axis=0), np.argmin(np.where(fits, times, np.inf), axis=0), np.argmin(memories, axis=0))
     return times[n, columns_of], memories[n, columns_of], n + 1
+
+
+def _node_wait(costing: TrainingCosting, options: TrainingOptions, tp):
+    """One micro-batch's wait of tensor-parallel groups of ``tp`` across nodes, over the
+    network's blocks (:func:`~pase.planning.host_floor.node_wait_seconds`); 0 where none."""
+    if not options.tp_node_wait_seconds:
+        return 0.0
+    return node_wait_seconds(options, block_count(costing.structure.blocks), tp, domain_of(costing.machine))
 
 
 def _host_floored(costing: TrainingCosting, options: TrainingOptions, time_rows, step_rows):
@@ -197,6 +208,7 @@ def candidate_of(found: Found, memory_cap, act_bytes: float, procs: int) -> Cand
         stranded = summary.memory.get("fragmentation", 0.0)
         needed = summary.peak_memory_bytes - stranded
         hold_within(summary, memory_cap)
+        _node_wait_cause(summary, costing, options, found.mesh.tp)
         _host_cause(summary, costing, options)
         _retry_cause(summary, float(_retries(options, needed, stranded, memory_cap)))
     configs = tuple(tuple(int(x) for x in costing.configs[v][row]) for v in range(n))
@@ -209,6 +221,15 @@ def _retry_cause(summary, lost: float) -> None:
     if lost > 0:
         summary.time["allocator_retries"] = lost
         summary.step_seconds += lost
+
+
+def _node_wait_cause(summary, costing, options: TrainingOptions, tp: int) -> None:
+    """A configuration without a pipeline whose tensor-parallel group spans nodes: its wait
+    there (:func:`_node_wait`), part of its activation collectives' time."""
+    wait = options.microbatches * float(_node_wait(costing, options, tp))
+    if wait > 0:
+        summary.time["activation_comm"] = summary.time.get("activation_comm", 0.0) + wait
+        summary.step_seconds += wait
 
 
 def _host_cause(summary, costing, options: TrainingOptions) -> None:
@@ -255,7 +276,8 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
     summary.memory = {"largest_stage": peaks[top]}
     summary.step_seconds = float(found.step)
     summary.peak_memory_bytes = peaks[top]
-    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(found.step) - lost, columns)
+    summary.extra["causes"] = _stage_causes(costing, options, i, edges, stages, float(found.step) - lost, columns,
+                                            found.mesh.tp)
     if lost:
         summary.extra["causes"]["allocator_retries"] = lost
     summary.extra["memory_kinds"] = kinds[top]
@@ -337,7 +359,7 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
 
 
 def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, stages, step: float,
-                  columns=None) -> dict:
+                  columns=None, tp: int = 1) -> dict:
     """A pipelined row's step by cause: the slowest stage's compute, recomputation, activation
     collectives, redistribution and sends over the ``m`` micro-batches; the bubble
     ``(pp - 1) / vpp`` slots of it; the rest of the step (the exposed synchronisation and
@@ -360,6 +382,9 @@ def _stage_causes(costing, options: TrainingOptions, i: int, edges: np.ndarray, 
         rows = _edge_rows(costing, edges, targets, options, columns, stages)[:, i]
         causes["redistribution"] = float(sum(r for r, v in zip(rows, targets) if start <= v < end))
     causes["p2p"] = m * stages.p2p_seconds
+    if options.tp_node_wait_seconds:  # a tensor-parallel group across nodes waits there (host_floor)
+        causes["activation_comm"] += m * float(node_wait_seconds(options, stages.counts[s], tp,
+                                                                 domain_of(costing.machine)))
     causes["bubble"] = (stages.pp - 1) / stages.vpp * slowest
     # What the slowest stage's micro-batches wait for the host beyond their work (host_floor):
     # the rest of its micro-batch time.

@@ -22,7 +22,7 @@ import numpy as np
 from pase.costing.memory import activation_elements
 from pase.costing.training import FORWARD_SHARE
 from pase.costing.training.allocator import retry_seconds, stranded_bytes
-from pase.planning.host_floor import host_seconds
+from pase.planning.host_floor import domain_of, host_seconds, node_wait_seconds
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "ENGINE_CUTS", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
@@ -477,7 +477,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
     settings, from and for other stage counts of the same rows (a sweep's)."""
     options = settings[0]
     shared = ("microbatches", "overlap", "overlap_efficiency", "p2p_overlap", "p2p_split", "comm_sm_share", "chunk_overhead_seconds",
-              "pipeline_tp_wait_seconds")
+              "pipeline_tp_wait_seconds", "tp_node_wait_seconds")
     if any(tuple(getattr(o, f) for f in shared) != tuple(getattr(options, f) for f in shared) for o in settings):
         raise ValueError("pipeline settings priced together must share micro-batches and overlap")
     if columns is None:
@@ -520,7 +520,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                      np.arange(pp, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
                      options.overlap_efficiency if options.overlap else 0.0,
                      1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra, cap,
-                     tied)
+                     tied, domain_of(costing.machine))
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m, extra)
     steps, peaks = priced.best_step, priced.best_peak
@@ -661,6 +661,8 @@ class _Timing(NamedTuple):
     #: Per column, the all-reduce of the tied copies' gradients between the first and the last
     #: stage once a step (:func:`tied_seconds`).
     tied: np.ndarray | float = 0.0
+    #: GPUs of one NVLink domain: a tensor-parallel group beyond it waits across nodes.
+    domain: float = np.inf
 
     def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None, tied=None) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
@@ -673,8 +675,12 @@ class _Timing(NamedTuple):
         # waiting on its batched send and receive: chunk_overhead_seconds), which overlap cannot
         # hide; a stage's micro-batch takes at least its blocks' host time (the host floor).
         sends = exposed_sends(stage["micro"], vpp * p2p, vpp, o) + vpp * o.chunk_overhead_seconds
-        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, self.tp if tp is None else tp)
-        device = stage["micro"] if not np.any(host) else np.maximum(stage["micro"], host)
+        tp = self.tp if tp is None else tp
+        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, tp)
+        device = stage["micro"]
+        if o.tp_node_wait_seconds:  # a tensor-parallel group across nodes waits at its collectives
+            device = device + node_wait_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], tp, self.domain)
+        device = device if not np.any(host) else np.maximum(device, host)
         t = device + sends
         slowest = t.max(axis=1)
         fill = (pp - 1) / vpp

@@ -724,7 +724,8 @@ def price_stages(space: SearchSpace, meshes: MeshCandidates, batch: int, procs: 
                 rows = pipeline_stage(space, group, share, settings, searched, act_bytes, memory_cap,
                                       reuse.prefix_sums(share))
             else:
-                rows = options_applied(share, settings, searched, act_bytes, memory_cap)
+                rows = options_applied(share, settings, searched, act_bytes, memory_cap,
+                                       [mesh.tp for mesh, _ in group.meshes])
             priced[(group.pp, global_micro)] = PricedGroup(share, settings, rows)
         reuse.release(shares)
     return priced
@@ -766,14 +767,15 @@ def options_stage(space: SearchSpace, microbatches: int) -> tuple:
     return settings, searched
 
 
-def options_applied(share: Costed, settings: list, searched: list, act_bytes: float, memory_cap) -> list:
+def options_applied(share: Costed, settings: list, searched: list, act_bytes: float, memory_cap, tp=1) -> list:
     """Stage 3 on meshes without a pipeline: each setting's :class:`OptionRows`
-    (:func:`~pase.planning.mesh_rows.row_totals`; settings share the sums of what they do not change)."""
+    (:func:`~pase.planning.mesh_rows.row_totals`; settings share the sums of what they do not change;
+    ``tp``: each mesh's tensor-parallel degree)."""
     sums: dict = {}
     out = []
     for options, search in zip(settings, searched):
         step, peak, layers = row_totals(share.costing, options, act_bytes, share.edges, share.targets, sums,
-                                        share.columns, memory_cap, search)
+                                        share.columns, memory_cap, search, tp=np.asarray(tp, dtype=np.float64))
         out.append(OptionRows(step, peak, [None] * len(share.columns), layers))
     return out
 

@@ -234,6 +234,13 @@ class TrainingOptions:
         tensor-parallel ranks wait for the latest of them at the block's collectives, per
         doubling of the group: ``log2(tp)`` times this (the expected latest of ``n`` ranks' host
         delays grows as ``ln n``); 0 without tensor parallelism.
+    tp_node_wait_seconds : float
+        Time per repeated block and micro-batch a tensor-parallel group spanning several nodes
+        loses at its blocking collectives for each node beyond the first: ranks on different
+        nodes reach each of a block's collectives apart, and every collective waits for the
+        latest of them (a group inside one node waits for none of it). Device time, added
+        ``(nodes - 1)`` times (``pase.planning.host_floor.node_wait_seconds``). No engine states
+        it: ``pase calibrate --from-runs`` fits it on a cluster's runs (``fitted``), else 0.
     """
 
     zero: int = 0
@@ -281,6 +288,7 @@ class TrainingOptions:
     block_overhead_seconds: float = 0.0
     chunk_overhead_seconds: float = 0.0
     pipeline_tp_wait_seconds: float = 0.0
+    tp_node_wait_seconds: float = 0.0
     moe_dispatcher: str = "alltoall"
     ep_overlap: bool = False
     shared_overlap: bool = False
@@ -313,7 +321,8 @@ class TrainingOptions:
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
                      "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation",
-                     "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds"):
+                     "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds",
+                     "tp_node_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
