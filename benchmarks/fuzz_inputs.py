@@ -689,6 +689,16 @@ def machine_cases(rng: random.Random, refs: dict) -> list:
                        ("an empty device text", dict(bare, device="")),
                        ("a list, not an object", [bare]), ("null", None)]:
         add("fields", what, data)
+    # A fitted field (pase calibrate --from-runs): good, and each constant out of its bounds or of
+    # the wrong type (the optional wait across nodes included).
+    fitted = {"engine": "nanotron", "compute_efficiency": 0.85, "block_overhead_seconds": 4e-3,
+              "pipeline_tp_wait_seconds": 5e-3, "tp_node_wait_seconds": 4.9e-3,
+              "collective_scale": {"intra_node": 0.65, "inter_node": 1.3}}
+    add("fitted", "a fitted field", dict(bare, fitted=fitted), "--json", expect=OK)
+    for key, value in [("tp_node_wait_seconds", 0.5), ("tp_node_wait_seconds", -1e-3), ("tp_node_wait_seconds", "5ms"),
+                       ("tp_node_wait_seconds", None), ("compute_efficiency", 3.0), ("block_overhead_seconds", 1e300),
+                       ("collective_scale", {"intra_node": 1.0}), ("runs", 0), ("colour", 1)]:
+        add("fitted", f"fitted {key} = {_short(value)}", dict(bare, fitted=dict(fitted, **{key: value})))
     for what, body in [("an empty file", b""), ("truncated", _dump(bare)[:40]), ("NaN", _dump(bare).replace(
             b'"memory_gb": 80', b'"memory_gb": NaN')), ("nested 100000 deep", b"[" * 100000),
             ("not UTF-8", _dump(bare).replace(b"box", b"b\xffx"))]:
@@ -1941,7 +1951,7 @@ REFUSALS = {
     "FP8 gathers with rowwise scaling into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "precision=fp8,scaling=rowwise,fp8_gather=true", "--export-torchtitan", "t.toml"), "tensorwise scaling only"),
     "FP8 into torchtitan 0.3": Refusal((*TRAIN, "--recipe", "precision=fp8,zero=3", "--export-torchtitan", "t.sh"), "torchtitan 0.3 sets its low-precision converters"),
     "a model no flavour is, into torchtitan 0.2": Refusal((*TRAIN, "--engine", "torchtitan,version=0.2", "--recipe", "dp=4,zero=3", "--export-torchtitan", "t.toml"), "torchtitan 0.2's job file names one of its models"),
-    "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "this exporter writes torchtitan 0.3's Llama decoder, not its mixtures of experts"),
+    "Mixtral into torchtitan": Refusal(("-g", "mixtral-8x7b", "-p", "16", "-b", "32", "-m", "64", "--machine", "h100-sxm", "--recipe", "dp=8,tp=2,ep=4,zero=3", "--export-torchtitan", "t.sh"), "torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model differs"),
     # Issue 44.3: --per-layer with a training flag lets per-layer splits win; an engine named keeps to meshes.
     "--per-layer with --engine": Refusal((*TRAIN, "--per-layer", "--engine", "torchtitan"),
                                          "--per-layer with a training flag"),

@@ -16,7 +16,7 @@ import engine_checks as check
 from cli_runner import run
 from titan_check import launch_argv
 
-from pase.outputs.titan_model import TITAN_LLAMA
+from pase.outputs.titan_model import TITAN_LLAMA, TITAN_MOE
 from pase.outputs.titan_recipes import TITAN03_DEFAULTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,6 +202,24 @@ def test_torchtitan_03_flavours_and_config_defaults_are_pase_s():
         assert not result["compile"]["enable"] and result["training"]["disable_cuda_graphs"] is False
 
 
+def test_torchtitan_03_mixture_of_experts_is_pase_s():
+    # pase's words for torchtitan 0.3's Qwen3-30B-A3B (titan_model.TITAN_MOE) and what its config
+    # function sets (the reader's defaults), against torchtitan's own config.
+    result = check.titan_run([{"kind": "config", "argv": ["--module", "qwen3", "--config", "qwen3_30b_a3b"]}], "0.3")[0]
+    assert result["ok"], result["error"]
+    model, shape = result["model"], TITAN_MOE["30B-A3B"]
+    got = {k: model[k] for k in ("layers", "width", "heads", "kv_heads", "head_dim", "vocab", "tied", "qk_norm",
+                                 "rope_theta", "rope_scaling", "norm_eps")}
+    got.update({k: model["moe"][k] for k in ("experts", "top_k", "expert_width", "shared")})
+    assert got == shape and model["moe_layers"] == shape["layers"]
+    assert (model["moe"]["score"], model["moe"]["route_norm"]) == ("softmax", True)
+    defaults = TITAN03_DEFAULTS["qwen3_30b_a3b"]
+    assert (result["training"]["local_batch_size"], result["training"]["seq_len"]) == (
+        defaults["training"]["local_batch_size"], defaults["training"]["seq_len"])
+    assert result["activation_checkpoint"] == "FullAC.Config" and defaults["ac"] == "full"
+    assert result["parallelism"]["tensor_parallel_degree"] == 1 and result["parallelism"]["expert_parallel_degree"] == 1
+
+
 # ---------------------------------------------------------------------------------------
 # torchtitan 0.2: the job file, behind --engine torchtitan,version=0.2
 
@@ -251,7 +269,7 @@ def test_launch_and_job_file_read_back_to_the_same_recipe(tmp_path):
 
 @pytest.mark.parametrize("graph,recipe,more,reason", [
     (MIXTRAL, "dp=4,tp=2,pp=2,ep=8,zero=3,recompute=full,microbatch=1", (),
-     "this exporter writes torchtitan 0.3's Llama decoder, not its mixtures of experts"),
+     "torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model differs"),
     (MIXTRAL, "dp=8,tp=2,ep=4,zero=3,recompute=full", V02,
      "this exporter writes torchtitan 0.2's Llama decoder, not its mixtures of experts"),
     (LLAMA3, "dp=16,tp=1,zero=3,recompute=op", V02, "the nearest, 8B, differs in rotary scaling none"),
@@ -300,6 +318,10 @@ def test_recipe_from_a_launch_by_hand(tmp_path):
     ("", GOOD.format(more="").replace("--module llama3 ", ""), "needs --module and --config"),
     ("", GOOD.format(more="").replace("llama3_8b", "llama3_405b"), "cannot express --module llama3 --config llama3_405b"),
     ("", GOOD.format(more="").replace("llama3_8b", "llama3_70b"), "builds another model than the graph's"),
+    ("", GOOD.format(more="").replace("--module llama3 --config llama3_8b", "--module qwen3 --config qwen3_30b_a3b"),
+     "builds torchtitan's Qwen3 30B-A3B, and the graph is another model: the graph is a dense decoder"),
+    ("", GOOD.format(more="").replace("--module llama3 --config llama3_8b", "--module llama3 --config qwen3_30b_a3b"),
+     "cannot express --module llama3 --config qwen3_30b_a3b"),
     ("", GOOD.format(more="").replace("activation-checkpoint:full", "activation-checkpoint:memory-budget"),
      "cannot express activation-checkpoint:memory-budget"),
     ("", GOOD.format(more="").replace("--training.disable_cuda_graphs", ""), "replays the step as CUDA graphs"),
@@ -332,6 +354,7 @@ def test_recipe_from_refuses_a_launch_it_cannot_price(tmp_path, more, script, re
 README_70B = ["-g", f"hf:{hf('llama-3.1-70b')}", "-p", "256", "-b", "512", "-m", "8192", "--machine", "h100-sxm"]
 FSDP_8B = ["-g", f"hf:{hf('llama-3.1-8b')}", "-p", "8", "-b", "16", "-m", "8192", "--machine", "h100-sxm"]
 MIXTRAL_HF = ["-g", f"hf:{hf('mixtral-8x7b')}", "-p", "64", "-b", "256", "-m", "4096", "--machine", "h100-sxm"]
+QWEN3_MOE = ["-g", f"hf:{hf('qwen3-30b-a3b')}", "-p", "16", "-b", "64", "-m", "4096", "--machine", "h100-sxm"]
 
 
 def test_must_show_torchtitan(tmp_path):
@@ -343,11 +366,34 @@ def test_must_show_torchtitan(tmp_path):
         assert status == 0, err
         _round_trip(graph, path, json.loads(out))
         exports.append((name, graph, path, json.loads(out)))
-    # torchtitan has no Mixtral (0.3's models: deepseek_v3, gpt_oss, kimi_k2_7, llama3, qwen3, ...): refused.
+    # torchtitan has no Mixtral (0.3's models: deepseek_v3, gpt_oss, kimi_k2_7, llama3, qwen3, ...): refused,
+    # with what sets it apart from the mixture of experts the launch writes.
     status, out, err = run(*MIXTRAL_HF, "--engine", "torchtitan", "--export-torchtitan", tmp_path / "m.sh")
-    assert status == 2 and "this exporter writes torchtitan 0.3's Llama decoder, not its mixtures of experts" in err
+    assert status == 2 and "torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model differs" in err and "layers 32 (not 48)" in err
+    # Its Qwen3-30B-A3B: torchtitan's own config function, expert parallelism borrowed from FSDP.
+    path = tmp_path / "qwen3.sh"
+    status, out, err = run(*QWEN3_MOE, "--recipe", "dp=16,ep=8,zero=3,recompute=full,microbatch=1",
+                           "--engine", "torchtitan", "--export-torchtitan", path, "--json")
+    assert status == 0, err
+    moe = json.loads(out)
+    _round_trip(QWEN3_MOE, path, moe)
     results = check.titan_run([{"kind": "launch", "script": p.read_text(), "world": int(g[g.index("-p") + 1])}
-                               for _, g, p, _ in exports], "0.3")
+                               for _, g, p, _ in exports] + [{"kind": "launch", "script": path.read_text(),
+                                                              "world": 16}], "0.3")
+    qwen3 = results.pop()
+    assert qwen3["ok"], qwen3["error"]
+    source, model = hf_config("qwen3-30b-a3b"), qwen3["model"]
+    assert (model["name"], model["flavor"], model["layers"], model["moe_layers"], model["width"], model["heads"],
+            model["kv_heads"], model["head_dim"], model["vocab"], model["tied"], model["qk_norm"], model["rope_theta"],
+            model["norm_eps"]) == ("qwen3", "30B-A3B", source["num_hidden_layers"], source["num_hidden_layers"],
+                                   source["hidden_size"], source["num_attention_heads"], source["num_key_value_heads"],
+                                   source["head_dim"], source["vocab_size"], source["tie_word_embeddings"], True,
+                                   source["rope_theta"], source["rms_norm_eps"])
+    assert model["moe"] == {"experts": source["num_experts"], "top_k": source["num_experts_per_tok"],
+                            "expert_width": source["moe_intermediate_size"], "score": "softmax",
+                            "route_norm": source["norm_topk_prob"], "shared": 0}
+    assert (qwen3["dims"]["dp_shard"], qwen3["dims"]["ep"], qwen3["dims"]["tp"]) == (16, 8, 1)
+    assert qwen3["activation_checkpoint"] == "FullAC.Config"
     for (name, graph, path, report), result in zip(exports, results):
         assert result["ok"], result["error"]
         source = hf_config(f"llama-3.1-{name}")

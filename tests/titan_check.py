@@ -53,21 +53,36 @@ def _module(script: str, folder: str) -> None:
                 f.write("\n".join(lines[i + 1:end]) + "\n")
 
 
+def _moe03(layer) -> dict | None:
+    """A block's mixture of experts as torchtitan 0.3 configures it (None for a dense block)."""
+    moe = getattr(layer, "moe", None)
+    if moe is None:
+        return None
+    router, experts = moe.router, moe.routed_experts.inner_experts
+    return {"experts": moe.num_experts, "top_k": router.top_k, "expert_width": experts.hidden_dim,
+            "score": router.score_func, "route_norm": router.route_norm,
+            "shared": 0 if moe.shared_experts is None else 1}
+
+
 def _model03(spec) -> dict:
     m = spec.model
     layer = m.layers[0]
     qkv, rope = layer.attention.qkv_linear, layer.attention.rope
+    moe = _moe03(layer)
     return {"name": spec.name, "flavor": spec.flavor, "width": m.dim, "vocab": m.vocab_size,
             "tied": m.enable_weight_tying, "layers": len(m.layers), "heads": qkv.n_heads, "kv_heads": qkv.n_kv_heads,
-            "head_dim": qkv.head_dim, "mlp_width": layer.feed_forward.w1.out_features,
+            "head_dim": qkv.head_dim, "moe": moe,
+            "moe_layers": sum(_moe03(x) is not None for x in m.layers),
+            "mlp_width": None if moe is not None else layer.feed_forward.w1.out_features,
             "qk_norm": layer.attention.qk_norm is not None, "rope_theta": float(rope.theta),
             "rope_scaling": None if rope.scaling == "none" else {
                 "type": rope.scaling, "factor": rope.scaling_factor, "low_freq_factor": rope.low_freq_factor,
                 "high_freq_factor": rope.high_freq_factor,
                 "original_max_position_embeddings": rope.original_max_position_embeddings},
             "norm_eps": layer.attention_norm.eps, "final_norm_eps": m.norm.eps,
-            "biases": [layer.feed_forward.w1.bias, layer.attention.wo.bias, qkv.wqkv.bias if hasattr(qkv, "wqkv")
-                       else None], "attention": type(layer.attention.inner_attention).__qualname__}
+            "biases": [None if moe is not None else layer.feed_forward.w1.bias, layer.attention.wo.bias,
+                       qkv.wqkv.bias if hasattr(qkv, "wqkv") else None],
+            "attention": type(layer.attention.inner_attention).__qualname__}
 
 
 def _parse(argv: list):

@@ -13,7 +13,7 @@ import json
 import shlex
 
 from pase.outputs.engine_base import EngineRefusal, check_runs, compiled, nodes, setting, torchrun
-from pase.outputs.titan_model import MODULE_CONFIG, flavour_of, module_text, titan_model
+from pase.outputs.titan_model import MODULE_CONFIG, config_module, flavour_of, module_text, titan_model
 from pase.planning.engine_runs import EnginePlan
 from pase.planning.pipeline import virtual_order
 
@@ -215,8 +215,8 @@ def launch_arguments(plan: EnginePlan, module: str, config: str, compiled_: bool
     """The arguments of ``-m torchtitan.train`` that run the plan: ``--module``/``--config``,
     then ``--section.field value`` (a switch alone, ``True``) in ``Trainer.Config``'s field
     names, then the activation-checkpoint subcommand (tyro reads it last)."""
-    if plan.ep > 1 or plan.precision != "bf16":
-        raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written for dense BF16 plans")
+    if plan.precision != "bf16":
+        raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written for BF16 plans")
     if plan.offload:
         raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written without offload: "
                                           "training.enable_cpu_offload is checked against 0.2.2 (--engine "
@@ -244,9 +244,14 @@ def _script(plan: EnginePlan, args: list, per_node: int, kind: str, name: str, s
             f"# torchtitan {TORCHTITAN_RELEASES['0.3']}: torchrun -m torchtitan.train, parsed by its ConfigManager",
             "# (--module, --config, then Trainer.Config's fields, the activation-checkpoint subcommand last)"]
     size = f"{shape['layers']} layers, width {shape['width']}, {shape['heads']} heads"
-    model = (f"torchtitan's llama3 {flavour_of(shape)} (Llama 3.1: {size}), its config function {name}"
-             if kind == "config" else f"the decoder priced ({size}), built by the module {name} written below "
-                                      "from torchtitan's llama3 blocks (no flavour of torchtitan's is this model)")
+    if "experts" in shape:  # a mixture of experts of torchtitan's own (titan_model.TITAN_MOE)
+        model = (f"torchtitan's {config_module(name)} {name} ({size}, {shape['experts']} experts of width "
+                 f"{shape['expert_width']}, top-{shape['top_k']}), the model priced")
+    elif kind == "config":
+        model = f"torchtitan's llama3 {flavour_of(shape)} (Llama 3.1: {size}), its config function {name}"
+    else:
+        model = (f"the decoder priced ({size}), built by the module {name} written below from torchtitan's llama3 "
+                 "blocks (no flavour of torchtitan's is this model)")
     head += [f"# model: {model}",
              "# CUDA graphs off (--training.disable_cuda_graphs): the step is priced with eager kernel launches"]
     body = ["set -euo pipefail"]
@@ -267,7 +272,7 @@ def _script(plan: EnginePlan, args: list, per_node: int, kind: str, name: str, s
 
 def _titan03_settings(plan: EnginePlan, per_node: int, compiled_: bool) -> dict:
     kind, name, shape = titan_model(plan.architecture, "0.3", plan.precision)
-    module, config = ("llama3", name) if kind == "config" else (name, MODULE_CONFIG)
+    module, config = (config_module(name), name) if kind == "config" else (name, MODULE_CONFIG)
     args = launch_arguments(plan, module, config, compiled_)
     argv = [str(a) for flag, value in args
             for a in ([flag] if value is None or value is True else [flag, *(value if isinstance(value, list)

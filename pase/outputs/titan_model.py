@@ -1,5 +1,6 @@
 """The model a torchtitan export trains: one of torchtitan's own Llama 3.1 flavours where the
-graph is exactly one, else (0.3) a config module that builds the graph's very decoder.
+graph is exactly one, else (0.3) a config module that builds the graph's very decoder; a
+mixture of experts only where it is exactly one of torchtitan 0.3's own (Qwen3-30B-A3B).
 
 torchtitan defines its models in Python (``models/llama3``), not in its job files: 0.2.2's TOML
 names one (``model.name``, ``model.flavor``), 0.3.0's command line one config function
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pase.outputs.engine_base import EngineRefusal
 
 __all__ = ["TITAN_LLAMA", "TITAN03_CONFIGS", "LLAMA31_SCALING", "TITAN_MODELS", "model_shape", "flavour_of", "llama_refusal",
-           "shape_differences",
+           "shape_differences", "TITAN_MOE", "TITAN03_MOE_CONFIGS", "moe_shape", "moe_refusal", "config_module",
            "titan_model", "module_text", "MODULE_NAME", "MODULE_CONFIG"]
 
 #: Llama 3.1's rotary scaling as both engines name it (torchtitan's ComplexRoPE ``scaling =
@@ -36,8 +37,21 @@ TITAN_LLAMA = {
 #: in BF16: ``llama3_405b`` converts its linear layers to Float8, so the 405B is built by the
 #: launch script's own module.
 TITAN03_CONFIGS = {"8B": "llama3_8b", "70B": "llama3_70b"}
+#: torchtitan 0.3.0's mixtures of experts the exporter writes, as its code builds them: Qwen3's
+#: 30B-A3B (``models/qwen3/__init__.py`` ``_30b_a3b``: 48 layers of width 2048, 32 heads of 128
+#: and 4 key/value heads with query/key RMSNorms, rotary base 1e6, vocabulary 151,936 untied,
+#: norm epsilon 1e-6 (``_EPS``); ``_build_qwen3_moe_layers``: every layer a mixture of 128
+#: experts of width 768, top 8 by softmax, the top scores renormalised (``route_norm``), no
+#: shared expert). tests/test_engines_titan.py checks it against torchtitan 0.3's own config.
+TITAN_MOE = {
+    "30B-A3B": {"layers": 48, "width": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "vocab": 151936,
+                "tied": False, "qk_norm": True, "rope_theta": 1000000.0, "rope_scaling": None, "norm_eps": 1e-6,
+                "experts": 128, "top_k": 8, "expert_width": 768, "shared": 0},
+}
+#: Its config function (``models/qwen3/config_registry.py`` ``qwen3_30b_a3b``) and module.
+TITAN03_MOE_CONFIGS = {"30B-A3B": ("qwen3", "qwen3_30b_a3b")}
 #: The models of each release (0.3.0: ``models/__init__.py`` ``_supported_models``; 0.2.2: its
-#: ``models`` package): none is Mixtral, and the exporter writes none of their mixtures of experts.
+#: ``models`` package): none is Mixtral.
 TITAN_MODELS = {"0.3": "deepseek_v3, flux, gpt_oss, kimi_k2_7, llama3, muse_glimmer, qwen3, qwen3_5",
                 "0.2": "deepseek_v3, flux, gpt_oss, llama3, llama3_ft, llama4, qwen3"}
 #: The module and config function a 0.3 launch script writes for a model that is no flavour.
@@ -61,8 +75,8 @@ def llama_refusal(arch, version: str) -> str | None:
     if arch.get("moe"):
         moe = arch["moe"]
         return (f"this exporter writes torchtitan {version}'s Llama decoder, not its mixtures of experts (this one "
-                f"has {moe['experts']} experts, top-{moe['top_k']}; torchtitan's models: {TITAN_MODELS[version]}), "
-                "so no export is written")
+                f"has {moe['experts']} experts, top-{moe['top_k']}; torchtitan's models: {TITAN_MODELS[version]}; "
+                "torchtitan 0.3's launch writes its Qwen3-30B-A3B), so no export is written")
     odd = [k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
     odd += [f"{k} bias" for k, v in arch.get("biases", {}).items() if v]
     odd += [] if arch.get("gated") else ["plain (not gated) MLP"]
@@ -88,6 +102,48 @@ def model_shape(arch: dict) -> dict:
             "head_dim": arch["head_dim"], "mlp_width": arch["mlp_width"], "vocab": arch["vocab"],
             "tied": arch["tied"], "qk_norm": bool(arch.get("qk_norm")), "rope_theta": arch["rope"]["theta"],
             "rope_scaling": dict(scaling) if scaling else None, "norm_eps": arch["norm_eps"]}
+
+
+def moe_shape(arch: dict) -> dict:
+    """A mixture of experts in the words of :data:`TITAN_MOE`."""
+    moe = arch["moe"]
+    return {"layers": arch["layers"], "width": arch["width"], "heads": arch["heads"], "kv_heads": arch["kv_heads"],
+            "head_dim": arch["head_dim"], "vocab": arch["vocab"], "tied": arch["tied"],
+            "qk_norm": bool(arch.get("qk_norm")), "rope_theta": arch["rope"]["theta"],
+            "rope_scaling": dict(arch["rope"]["scaling"]) if arch["rope"]["scaling"] else None,
+            "norm_eps": arch["norm_eps"], "experts": moe["experts"], "top_k": moe["top_k"],
+            "expert_width": moe["width"], "shared": moe["shared"]}
+
+
+def moe_refusal(arch) -> str | None:
+    """Why no mixture of experts torchtitan 0.3 builds from its config functions
+    (:data:`TITAN_MOE`) is this graph's model, or ``None``."""
+    moe = arch.get("moe") or {}
+    odd = [k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
+    odd += [f"{k} bias" for k, v in arch.get("biases", {}).items() if v]
+    odd += [f"dense layers {moe['dense']}"] if moe.get("dense") else []
+    odd += [f"capacity factor {moe['capacity']}"] if moe.get("capacity") else []
+    odd += ["router bias"] if moe.get("router_bias") else []
+    odd += [f"{moe['groups']} expert groups"] if moe.get("groups", 1) > 1 else []
+    odd += [] if arch.get("gated") and arch.get("norm") == "rms" and arch.get("positions") == "rotary" else         ["not a gated RMSNorm rotary decoder"]
+    if odd or "rope" not in arch or "norm_eps" not in arch:
+        return (f"torchtitan 0.3's mixture of experts the launch writes is Qwen3's 30B-A3B, and this model has "
+                f"{', '.join(odd) or 'no declared rotary base and norm epsilon'}")
+    shape = moe_shape(arch)
+    if shape not in TITAN_MOE.values():
+        return (f"torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model differs "
+                f"in {'; '.join(_moe_differences(shape, TITAN_MOE['30B-A3B'])[:4])}")
+    return None
+
+
+def _moe_differences(shape: dict, other: dict) -> list:
+    return [f"{k} {shape[k] if shape[k] is not None else 'none'} (not {other.get(k)})"
+            for k in other if shape.get(k) != other.get(k)]
+
+
+def config_module(config: str) -> str:
+    """The torchtitan 0.3 module of one of its config functions the export names."""
+    return next((module for module, name in TITAN03_MOE_CONFIGS.values() if name == config), "llama3")
 
 
 def flavour_of(shape: dict) -> str | None:
@@ -117,7 +173,18 @@ def titan_model(arch, version: str, precision: str = "bf16") -> tuple:
     """``(kind, name, shape)`` of the model the export trains: ``("config", "llama3_8b", ...)``
     (0.3: a config function of torchtitan's), ``("flavour", "8B", ...)`` (0.2: ``model.flavor``)
     or ``("module", MODULE_NAME, ...)`` (0.3: the launch script's own module);
-    :class:`EngineRefusal` with the reason when the release has no such model."""
+    :class:`EngineRefusal` with the reason when the release has no such model. A mixture of
+    experts is trained by torchtitan 0.3's config function of the same model (:data:`TITAN_MOE`)
+    and no other: ``("config", "qwen3_30b_a3b", shape)``."""
+    if arch and arch.get("moe") and version == "0.3":
+        reason = moe_refusal(arch)
+        if reason is not None:
+            raise EngineRefusal("torchtitan", reason)
+        shape = moe_shape(arch)
+        flavour = next(name for name, known in TITAN_MOE.items() if known == shape)
+        if precision != "bf16":
+            raise EngineRefusal("torchtitan", "torchtitan 0.3's launch script is written for BF16 plans")
+        return "config", TITAN03_MOE_CONFIGS[flavour][1], shape
     reason = llama_refusal(arch, version)
     if reason is not None:
         raise EngineRefusal("torchtitan", reason)

@@ -17,8 +17,9 @@ import shlex
 from pase.outputs.recipe_common import (RecipeFileError, blocks_of, check_batch, check_sequence, folded_etp,
                                         looped_stages, make_recipe, whole)
 from pase.outputs.titan_export import TITAN_AC, TITAN_FLOAT8_RECIPES, TITAN_MX_RECIPE, titan_precision_refusal
-from pase.outputs.titan_model import (MODULE_CONFIG, MODULE_NAME, TITAN03_CONFIGS, TITAN_LLAMA, llama_refusal,
-                                      model_shape, shape_differences)
+from pase.outputs.titan_model import (MODULE_CONFIG, MODULE_NAME, TITAN03_CONFIGS, TITAN03_MOE_CONFIGS, TITAN_LLAMA,
+                                      TITAN_MOE, llama_refusal, model_shape, moe_refusal, moe_shape,
+                                      shape_differences)
 from pase.planning.mesh import Recipe
 
 __all__ = ["titan_recipe", "recipe_from_torchtitan", "recipe_from_launch", "launch_engine", "toml_engine",
@@ -178,6 +179,14 @@ def _check_model(shape: dict, network, where: str) -> None:
     """Refuse a file whose model is not the graph's (where the graph declares its shape)."""
     arch = getattr(network, "architecture", None)
     if not arch:
+        return
+    if "experts" in shape:  # one of torchtitan's mixtures of experts (titan_model.TITAN_MOE)
+        reason = moe_refusal(arch) if arch.get("moe") else "the graph is a dense decoder"
+        if reason is not None:
+            raise ValueError(f"{where} builds torchtitan's Qwen3 30B-A3B, and the graph is another model: {reason}")
+        differ = [k for k in shape if moe_shape(arch).get(k) != shape[k]]
+        if differ:
+            raise ValueError(f"{where} builds another model than the graph's: they differ in {', '.join(differ[:4])}")
         return
     reason = llama_refusal(arch, "0.3")
     if reason is not None:
@@ -408,6 +417,9 @@ TITAN03_DEFAULTS = {
                    "ac": "full"},
 }
 TITAN03_DEFAULTS[MODULE_CONFIG] = TITAN03_DEFAULTS["llama3_8b"]
+#: models/qwen3/config_registry.py ``qwen3_30b_a3b``: local batch 2 of 4,096 tokens, every block
+#: recomputed (FullAC), the degrees the class's own.
+TITAN03_DEFAULTS["qwen3_30b_a3b"] = {"training": {"local_batch_size": 2, "seq_len": 4096}, "ac": "full"}
 _SUBCOMMAND = re.compile(r"activation[-_]checkpoint:([a-z-]+)$")
 
 
@@ -503,8 +515,11 @@ def _launch_model(text: str, options: dict, network) -> None:
     if module is None or config is None:
         raise ValueError("a torchtitan 0.3 launch needs --module and --config (its ConfigManager requires both)")
     flavours = {c: f for f, c in TITAN03_CONFIGS.items()}
+    experts = {c: (m, f) for f, (m, c) in TITAN03_MOE_CONFIGS.items()}
     if module == "llama3" and config in flavours:
         _check_model(TITAN_LLAMA[flavours[config]], network, f"--config {config}")
+    elif config in experts and module == experts[config][0]:
+        _check_model(TITAN_MOE[experts[config][1]], network, f"--module {module} --config {config}")
     elif module == MODULE_NAME and config == MODULE_CONFIG:
         found = re.search(r"^MODEL = (\{.*\})$", text, flags=re.M)
         try:
@@ -516,7 +531,8 @@ def _launch_model(text: str, options: dict, network) -> None:
         _check_model(shape, network, f"--module {MODULE_NAME}")
     else:
         raise ValueError(f"cannot express --module {module} --config {config} (priced: torchtitan's llama3 with "
-                         f"{', '.join(sorted(flavours))}, or the module pase writes)")
+                         f"{', '.join(sorted(flavours))}, its qwen3 with {', '.join(sorted(experts))}, or the module "
+                         "pase writes)")
 
 
 def launch_engine(text: str) -> str:
