@@ -459,8 +459,11 @@ def _crossing_lines(candidate, machine) -> list:
     mesh = candidate.mesh
     if mesh is None or domain is None or mesh.tp <= domain:
         return []
+    wait = candidate.options.tp_node_wait_seconds
     return [f"  tp {mesh.tp} crosses nodes: its collectives are priced over the network "
-            f"({mesh.tp // domain} domains of {domain} GPUs)"]
+            f"({mesh.tp // domain} domains of {domain} GPUs)"
+            + (f", waiting {1e3 * wait:.3g} ms per block, micro-batch and node beyond the first (the fitted "
+               "tp_node_wait_seconds)" if wait else "")]
 
 
 @arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
