@@ -125,9 +125,10 @@ def moe_refusal(arch) -> str | None:
     odd += [f"capacity factor {moe['capacity']}"] if moe.get("capacity") else []
     odd += ["router bias"] if moe.get("router_bias") else []
     odd += [f"{moe['groups']} expert groups"] if moe.get("groups", 1) > 1 else []
-    odd += [] if arch.get("gated") and arch.get("norm") == "rms" and arch.get("positions") == "rotary" else         ["not a gated RMSNorm rotary decoder"]
+    plain = arch.get("gated") and arch.get("norm") == "rms" and arch.get("positions") == "rotary"
+    odd += [] if plain else ["not a gated RMSNorm rotary decoder"]
     if odd or "rope" not in arch or "norm_eps" not in arch:
-        return (f"torchtitan 0.3's mixture of experts the launch writes is Qwen3's 30B-A3B, and this model has "
+        return (f"torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model has "
                 f"{', '.join(odd) or 'no declared rotary base and norm epsilon'}")
     shape = moe_shape(arch)
     if shape not in TITAN_MOE.values():

@@ -207,7 +207,8 @@ def _bounds(compute_efficiency: float) -> list:
             FITTED_BOUNDS["pipeline_tp_wait_seconds"], FITTED_BOUNDS["tp_node_wait_seconds"]]
 
 
-def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int = 600, restarts: int = 4) -> np.ndarray:
+def _minimise(loss, start: np.ndarray, bounds: list, free: list, iterations: int = 600,
+              restarts: int = 4) -> np.ndarray:
     """Nelder-Mead over the ``free`` constants, each held inside its bounds (a sine maps the
     whole line onto them); the others stay at ``start``. Started again from its best on a fresh
     simplex up to ``restarts`` times while that improves: a simplex of six constants can

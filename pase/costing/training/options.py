@@ -321,8 +321,8 @@ class TrainingOptions:
         for name in ("overlap_efficiency", "weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes",
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
                      "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation",
-                     "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds", "pipeline_tp_wait_seconds",
-                     "tp_node_wait_seconds"):
+                     "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds",
+                     "pipeline_tp_wait_seconds", "tp_node_wait_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
