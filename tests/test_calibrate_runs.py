@@ -22,7 +22,7 @@ NAMES = [f"r{i}" for i in range(8)]
 def _terms():
     """Eight runs: compute, tensor collectives inside or across nodes, sync after the
     micro-batches, blocks x micro-batches, log2 tp on a pipeline, and for the three whose
-    tensor parallelism crosses nodes, the nodes beyond the first it spans."""
+    tensor parallelism crosses nodes, the doublings of the nodes it spans."""
     return [RunTerms(10.0, (1.0, 0.0), (0.5, 0.0), 400.0, 0.0),
             RunTerms(8.0, (0.0, 2.0), (0.0, 1.0), 400.0, 0.0, nodes=1.0),
             RunTerms(12.0, (0.5, 0.0), (0.2, 0.3), 600.0, 1.0),
@@ -36,7 +36,7 @@ def _terms():
 def test_a_fit_recovers_the_constants_the_runs_were_made_with():
     # Measured steps made by the model itself with compute x1.1, collectives x0.8 inside a node
     # and x2 across, 3 ms per block and micro-batch, 2 ms per doubling of tp on a pipeline and
-    # 1 ms per block, micro-batch and node beyond the first: the fit finds them again.
+    # 1 ms per block, micro-batch and doubling of the nodes: the fit finds them again.
     truth = np.array([1.1, 0.8, 2.0, 3e-3, 2e-3, 1e-3])
     terms = _terms()
     measured = np.array([t.step(truth) for t in terms])
@@ -207,7 +207,7 @@ def _priced(tmp_path, wait: float, recipe: str) -> dict:
 
 
 def test_a_fitted_wait_across_nodes_prices_tensor_parallelism_beyond_a_node(tmp_path):
-    # tp 16 on nodes of 8 spans one node more. Without a pipeline: 256 / (dp 2 x 32) = 4
+    # tp 16 on nodes of 8 spans two nodes, one doubling. Without a pipeline: 256 / (dp 2 x 32) = 4
     # micro-batches of the 1B's 16 blocks wait 4 ms each: 4 x 16 x 1 x 4 ms = 0.256 s more, part
     # of the activation collectives' time.
     recipe = "dp=2,tp=16,pp=1,zero=0,microbatch=32,recompute=none"

@@ -135,17 +135,17 @@ def test_the_host_floor_and_chunk_time_on_a_pipeline():
 
 def test_a_tensor_parallel_group_across_nodes_waits_per_block_and_node():
     # The two blocks of test_the_host_floor_without_a_pipeline, 2 micro-batches, a wait of 1 ms per
-    # block, micro-batch and node beyond the first; 4 GPUs a node. tp 4 spans one node: no wait;
-    # tp 8 one node more: 2 x 2 x 1 x 1 ms = 4 ms; tp 16 three more: 12 ms (device time, added to
-    # the work whatever the host floor).
+    # block, micro-batch and doubling of the nodes; 4 GPUs a node. tp 4 spans one node: no wait;
+    # tp 8 two nodes, one doubling: 2 x 2 x 1 x 1 ms = 4 ms; tp 16 four nodes, two: 8 ms; tp 32
+    # eight nodes, three: 12 ms (device time, added to the work whatever the host floor).
     net = _blocks()
     costing = TrainingCosting(net, [np.ones((1, len(layer.domain)), dtype=np.int64) for layer in net.layers],
                               CalibratedMachine(BASE))
     none = np.zeros((0, 1))
     plain, _, _ = row_totals(costing, TrainingOptions(microbatches=2), 2.0, none, [])
     waits = TrainingOptions(microbatches=2, tp_node_wait_seconds=1e-3)
-    got = [row_totals(costing, waits, 2.0, none, [], tp=np.array([tp]))[0][0] for tp in (4.0, 8.0, 16.0)]
-    assert got == pytest.approx([plain[0], plain[0] + 4e-3, plain[0] + 12e-3], rel=1e-9)
+    got = [row_totals(costing, waits, 2.0, none, [], tp=np.array([tp]))[0][0] for tp in (4.0, 8.0, 16.0, 32.0)]
+    assert got == pytest.approx([plain[0], plain[0] + 4e-3, plain[0] + 8e-3, plain[0] + 12e-3], rel=1e-9)
     # On a pipeline stage of 3 blocks, tp 8 on 4-GPU nodes: 3 ms a micro-batch on top of its
     # 1.5 ms of work; a stage of 1 block at tp 4 waits none.
     o = TrainingOptions(microbatches=4, tp_node_wait_seconds=1e-3)

@@ -67,8 +67,8 @@ def _report(result, engine, machine_spec: str) -> list:
              f"  block_overhead_seconds {1e3 * f['block_overhead_seconds']:.3f} ms (host time per block and micro-batch), "
              f"pipeline_tp_wait_seconds {1e3 * f['pipeline_tp_wait_seconds']:.3f} ms (per block, micro-batch and doubling of "
              "tp on a pipeline stage)",
-             f"  tp_node_wait_seconds {1e3 * f['tp_node_wait_seconds']:.3f} ms (per block, micro-batch and node "
-             "beyond the first a tensor-parallel group spans)"]
+             f"  tp_node_wait_seconds {1e3 * f['tp_node_wait_seconds']:.3f} ms (per block, micro-batch and doubling "
+             "of the nodes a tensor-parallel group spans)"]
     if fit.undetermined:
         lines.append(f"  not determined by these runs, kept: {', '.join(fit.undetermined)}")
     pinned = at_bounds(f)

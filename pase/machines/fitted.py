@@ -7,8 +7,8 @@ description's ``fitted`` field: what each stands for, its bounds, and the check 
 efficiency, the host time per block and micro-batch, and on a pipeline stage the
 tensor-parallel ranks' wait per block, micro-batch and doubling of their group, of the engine the
 runs used (``engine``), which replace that engine's own; ``tp_node_wait_seconds`` (optional,
-else 0): the time a tensor-parallel group spanning nodes loses per block, micro-batch and node
-beyond the first (``TrainingOptions.tp_node_wait_seconds``).
+else 0): the time a tensor-parallel group spanning nodes loses per block, micro-batch and
+doubling of those nodes (``TrainingOptions.tp_node_wait_seconds``).
 """
 
 from __future__ import annotations

@@ -462,7 +462,7 @@ def _crossing_lines(candidate, machine) -> list:
     wait = candidate.options.tp_node_wait_seconds
     return [f"  tp {mesh.tp} crosses nodes: its collectives are priced over the network "
             f"({mesh.tp // domain} domains of {domain} GPUs)"
-            + (f", waiting {1e3 * wait:.3g} ms per block, micro-batch and node beyond the first (the fitted "
+            + (f", waiting {1e3 * wait:.3g} ms per block, micro-batch and doubling of the nodes (the fitted "
                "tp_node_wait_seconds)" if wait else "")]
 
 

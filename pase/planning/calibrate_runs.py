@@ -8,7 +8,8 @@ compute efficiency, ``compute_efficiency``), collectives inside one node and acr
 micro-batch and, on a pipeline stage, the tensor-parallel ranks' wait per doubling of their group
 (``block_overhead_seconds``, ``pipeline_tp_wait_seconds``: the blocks and micro-batches on the
 critical path counted), and the wait of a tensor-parallel group spanning nodes per block,
-micro-batch and node beyond the first (``tp_node_wait_seconds``: the same count times those nodes).
+micro-batch and doubling of the nodes (``tp_node_wait_seconds``: the same count times those
+doublings).
 The step is linear in those six; they are fitted by least squares of the relative error, each held
 to its bounds (``pase.machines.fitted.FITTED_BOUNDS``), runs missed by far more than the rest
 left out as outliers, and every run then priced again on the fitted machine. The leave-one-out
@@ -43,7 +44,7 @@ PARAMETERS = ("compute_scale", "intra_node", "inter_node", "block_overhead_secon
 OUTLIER_FACTOR = 1.5
 OUTLIER_MADS = 3.0
 #: Options whose wait across nodes is one second: :func:`node_wait_seconds` then counts the
-#: nodes beyond the first.
+#: doublings of the nodes a tensor-parallel group spans.
 _UNIT_WAIT = TrainingOptions(tp_node_wait_seconds=1.0)
 #: A constant whose terms add up to less than this share of the runs' steps is not determined
 #: by them: it keeps the machine's or the engine's value.
@@ -79,8 +80,8 @@ class RunTerms:
     slots on the critical path (what the host time per block multiplies); ``tp_wait``: ``log2
     tp`` on a pipelined run, else 0 (what the pipeline's wait per block multiplies); ``fixed``: what
     no fitted constant scales (the caching allocator's retries on a tight run); ``nodes``: the
-    nodes beyond the first a tensor-parallel group spans (what the wait across nodes per block
-    multiplies, with ``units``: device time)."""
+    doublings of the nodes a tensor-parallel group spans, ``log2`` of them (what the wait across
+    nodes per block multiplies, with ``units``: device time)."""
 
     compute: float
     tensor: tuple

@@ -43,16 +43,16 @@ def domain_of(machine) -> float:
 def node_wait_seconds(options, blocks, tp, domain: float):
     """Device time of one micro-batch over ``blocks`` repeated blocks that a tensor-parallel
     group of ``tp`` ranks (numbers or arrays that broadcast) loses waiting across nodes of
-    ``domain`` GPUs: ``blocks x (ceil(tp / domain) - 1) x tp_node_wait_seconds``, one wait per
-    node beyond the first the group spans (``TrainingOptions.tp_node_wait_seconds``); 0 inside
-    one node.
+    ``domain`` GPUs: ``blocks x log2(ceil(tp / domain)) x tp_node_wait_seconds``, one wait per
+    doubling of the nodes the group spans (``TrainingOptions.tp_node_wait_seconds``: the
+    expected latest of ``n`` nodes grows as ``ln n``); 0 inside one node.
 
     >>> from pase.costing.training import TrainingOptions
     >>> o = TrainingOptions(tp_node_wait_seconds=0.001)
-    >>> [float(node_wait_seconds(o, 10, tp, 8)) for tp in (8, 16, 32)]   # 10 blocks x 0, 1, 3 nodes more x 1 ms
-    [0.0, 0.01, 0.03]
+    >>> [float(node_wait_seconds(o, 10, tp, 8)) for tp in (8, 16, 32, 64)]   # 10 blocks x 0, 1, 2, 3 doublings x 1 ms
+    [0.0, 0.01, 0.02, 0.03]
     """
-    spans = np.maximum(np.ceil(np.asarray(tp, dtype=np.float64) / domain) - 1.0, 0.0)
+    spans = np.log2(np.maximum(np.ceil(np.asarray(tp, dtype=np.float64) / domain), 1.0))
     return np.asarray(blocks, dtype=np.float64) * spans * options.tp_node_wait_seconds
 
 

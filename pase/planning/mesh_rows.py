@@ -259,8 +259,11 @@ def _pipelined(summary, found: Found, act_bytes: float, memory_cap=None) -> None
         "sync_and_optimizer": stages.step_seconds - (options.microbatches + fill) * slowest,
     }
     kinds, peaks, released, lost = [], [], [], 0.0
+    # The memory alive part of the time is the network's, the same on every stage.
+    transient = costing.transient_bytes([int(columns[i])] * len(costing.network.layers), options, act_bytes,
+                                        _chunks(stages) if options.recompute == "block" else None)
     for s, needed in enumerate(stages.memory_bytes):
-        k = _stage_memory(costing, options, int(columns[i]), act_bytes, stages, s)
+        k = _stage_memory(costing, options, int(columns[i]), act_bytes, stages, s, transient)
         lost = max(lost, float(_retries(options, float(needed), k.get("fragmentation", 0.0), memory_cap)))
         peak, gave = hold_kinds(k, float(needed) + k.get("fragmentation", 0.0), memory_cap)
         kinds.append(k)
@@ -331,12 +334,14 @@ def _stage_range(costing, stages, s: int) -> tuple:
     return start, end
 
 
-def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int) -> dict:
+def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, stages, s: int,
+                  transient: dict) -> dict:
     """Stage ``s``'s peak by kind (as ``pipeline_rows`` adds it up): its model state (with the
     last stage's copies of tied weights), its activations times the micro-batches in flight on
     it, its logits, the allocator's stranded bytes
     (:func:`~pase.costing.training.allocator.stranded_bytes`), and the memory alive part of the
-    time (ZeRO-3's gathered weights, the recomputed block) and the reserve."""
+    time (ZeRO-3's gathered weights, the recomputed block: ``transient``, the network's, by part)
+    and the reserve."""
     start, end = _stage_range(costing, stages, s)
     pp, m = stages.pp, options.microbatches
     in_flight = min(pp - s, m) * ((1.0 + (pp - 1) / (pp * stages.vpp)) if stages.vpp > 1 else 1.0)
@@ -352,8 +357,7 @@ def _stage_memory(costing, options: TrainingOptions, i: int, act_bytes: float, s
         kinds["fragmentation"] = stranded_bytes(kinds["activations"], in_flight, options.fragmentation,
                                                 options.interleave_fragmentation)
     kinds["activations"] *= in_flight
-    chunks = _chunks(stages) if options.recompute == "block" else None
-    kinds.update(costing.transient_bytes([i] * len(costing.network.layers), options, act_bytes, chunks))
+    kinds.update(transient)
     kinds["reserve"] = float(options.reserve_bytes)
     return kinds
 

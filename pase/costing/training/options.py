@@ -236,11 +236,12 @@ class TrainingOptions:
         delays grows as ``ln n``); 0 without tensor parallelism.
     tp_node_wait_seconds : float
         Time per repeated block and micro-batch a tensor-parallel group spanning several nodes
-        loses at its blocking collectives for each node beyond the first: ranks on different
-        nodes reach each of a block's collectives apart, and every collective waits for the
-        latest of them (a group inside one node waits for none of it). Device time, added
-        ``(nodes - 1)`` times (``pase.planning.host_floor.node_wait_seconds``). No engine states
-        it: ``pase calibrate --from-runs`` fits it on a cluster's runs (``fitted``), else 0.
+        loses at its blocking collectives per doubling of those nodes: ranks on different nodes
+        reach each of a block's collectives apart, and every collective waits for the latest of
+        them, whose expected delay grows as ``ln n`` for ``n`` nodes (a group inside one node
+        waits for none of it). Device time, added ``log2(nodes)`` times
+        (``pase.planning.host_floor.node_wait_seconds``). No engine states it: ``pase calibrate
+        --from-runs`` fits it on a cluster's runs (``fitted``), else 0.
     """
 
     zero: int = 0
