@@ -202,10 +202,18 @@ def test_torchtitan_03_flavours_and_config_defaults_are_pase_s():
         assert not result["compile"]["enable"] and result["training"]["disable_cuda_graphs"] is False
 
 
+def _need_triton(result: dict) -> None:
+    """Skip where torchtitan 0.3's mixtures of experts cannot be imported: their expert-parallel
+    kernels are written in triton, which a CPU build of PyTorch lacks (.ci/run installs it)."""
+    if not result["ok"] and "No module named 'triton'" in result["error"]:
+        pytest.skip("torchtitan 0.3's MoE models import triton, which is not installed")
+
+
 def test_torchtitan_03_mixture_of_experts_is_pase_s():
     # pase's words for torchtitan 0.3's Qwen3-30B-A3B (titan_model.TITAN_MOE) and what its config
     # function sets (the reader's defaults), against torchtitan's own config.
     result = check.titan_run([{"kind": "config", "argv": ["--module", "qwen3", "--config", "qwen3_30b_a3b"]}], "0.3")[0]
+    _need_triton(result)
     assert result["ok"], result["error"]
     model, shape = result["model"], TITAN_MOE["30B-A3B"]
     got = {k: model[k] for k in ("layers", "width", "heads", "kv_heads", "head_dim", "vocab", "tied", "qk_norm",
@@ -371,17 +379,32 @@ def test_must_show_torchtitan(tmp_path):
     status, out, err = run(*MIXTRAL_HF, "--engine", "torchtitan", "--export-torchtitan", tmp_path / "m.sh")
     assert status == 2 and "layers 32 (not 48)" in err
     assert "torchtitan 0.3's mixture of experts the launch writes is its Qwen3 30B-A3B, and this model differs" in err
-    # Its Qwen3-30B-A3B: torchtitan's own config function, expert parallelism borrowed from FSDP.
+    results = check.titan_run([{"kind": "launch", "script": p.read_text(), "world": int(g[g.index("-p") + 1])}
+                               for _, g, p, _ in exports], "0.3")
+    for (name, graph, path, report), result in zip(exports, results):
+        assert result["ok"], result["error"]
+        source = hf_config(f"llama-3.1-{name}")
+        model = result["model"]
+        assert (model["name"], model["flavor"]) == ("llama3", name.upper())
+        assert (model["layers"], model["width"], model["mlp_width"], model["vocab"], model["rope_theta"],
+                model["norm_eps"]) == (source["num_hidden_layers"], source["hidden_size"], source["intermediate_size"],
+                                       source["vocab_size"], source["rope_theta"], source["rms_norm_eps"])
+        mesh = report["training"]["mesh"]
+        assert result["dims"]["dp_shard"] * result["dims"]["dp_replicate"] == mesh["dp"]
+        assert result["dims"]["cp"] == mesh["cp"] and result["dims"]["tp"] == mesh["tp"]
+
+
+def test_must_show_torchtitan_mixture_of_experts(tmp_path):
+    # torchtitan 0.3's own Qwen3-30B-A3B: its config function, expert parallelism borrowed from
+    # FSDP; accepted by its ConfigManager and ParallelDims, the model it builds the hf config's,
+    # read back by --recipe-from to the same step.
     path = tmp_path / "qwen3.sh"
     status, out, err = run(*QWEN3_MOE, "--recipe", "dp=16,ep=8,zero=3,recompute=full,microbatch=1",
                            "--engine", "torchtitan", "--export-torchtitan", path, "--json")
     assert status == 0, err
-    moe = json.loads(out)
-    _round_trip(QWEN3_MOE, path, moe)
-    results = check.titan_run([{"kind": "launch", "script": p.read_text(), "world": int(g[g.index("-p") + 1])}
-                               for _, g, p, _ in exports] + [{"kind": "launch", "script": path.read_text(),
-                                                              "world": 16}], "0.3")
-    qwen3 = results.pop()
+    _round_trip(QWEN3_MOE, path, json.loads(out))
+    qwen3 = check.titan_run([{"kind": "launch", "script": path.read_text(), "world": 16}], "0.3")[0]
+    _need_triton(qwen3)
     assert qwen3["ok"], qwen3["error"]
     source, model = hf_config("qwen3-30b-a3b"), qwen3["model"]
     assert (model["name"], model["flavor"], model["layers"], model["moe_layers"], model["width"], model["heads"],
@@ -395,17 +418,6 @@ def test_must_show_torchtitan(tmp_path):
                             "route_norm": source["norm_topk_prob"], "shared": 0}
     assert (qwen3["dims"]["dp_shard"], qwen3["dims"]["ep"], qwen3["dims"]["tp"]) == (16, 8, 1)
     assert qwen3["activation_checkpoint"] == "FullAC.Config"
-    for (name, graph, path, report), result in zip(exports, results):
-        assert result["ok"], result["error"]
-        source = hf_config(f"llama-3.1-{name}")
-        model = result["model"]
-        assert (model["name"], model["flavor"]) == ("llama3", name.upper())
-        assert (model["layers"], model["width"], model["mlp_width"], model["vocab"], model["rope_theta"],
-                model["norm_eps"]) == (source["num_hidden_layers"], source["hidden_size"], source["intermediate_size"],
-                                       source["vocab_size"], source["rope_theta"], source["rms_norm_eps"])
-        mesh = report["training"]["mesh"]
-        assert result["dims"]["dp_shard"] * result["dims"]["dp_replicate"] == mesh["dp"]
-        assert result["dims"]["cp"] == mesh["cp"] and result["dims"]["tp"] == mesh["tp"]
 
 
 def _megatron_model_matches(a: dict, config, source: dict, tp: int) -> None:
