@@ -66,6 +66,12 @@ _SHOWN = {"layers": "layers", "width": "width", "heads": "heads", "kv_heads": "k
           "norm_eps": "norm epsilon"}
 
 
+def _unplain(arch) -> list:
+    """The features (:data:`_PLAIN`) and biases of ``arch`` that torchtitan's decoders lack."""
+    return ([k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
+            + [f"{k} bias" for k, v in arch.get("biases", {}).items() if v])
+
+
 def llama_refusal(arch, version: str) -> str | None:
     """Why torchtitan's Llama decoder (RMSNorm, SwiGLU, grouped-query rotary attention, no
     biases) cannot be this graph's model, or ``None``."""
@@ -77,8 +83,7 @@ def llama_refusal(arch, version: str) -> str | None:
         return (f"this exporter writes torchtitan {version}'s Llama decoder, not its mixtures of experts (this one "
                 f"has {moe['experts']} experts, top-{moe['top_k']}; torchtitan's models: {TITAN_MODELS[version]}; "
                 "torchtitan 0.3's launch writes its Qwen3-30B-A3B), so no export is written")
-    odd = [k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
-    odd += [f"{k} bias" for k, v in arch.get("biases", {}).items() if v]
+    odd = _unplain(arch)
     odd += [] if arch.get("gated") else ["plain (not gated) MLP"]
     odd += [] if arch.get("norm") == "rms" else [f"{arch.get('norm')} norm"]
     odd += [] if arch.get("positions") == "rotary" else [f"{arch.get('positions')} positions"]
@@ -119,8 +124,7 @@ def moe_refusal(arch) -> str | None:
     """Why no mixture of experts torchtitan 0.3 builds from its config functions
     (:data:`TITAN_MOE`) is this graph's model, or ``None``."""
     moe = arch.get("moe") or {}
-    odd = [k for k, v in arch.get("features", {}).items() if v != _PLAIN.get(k, v)]
-    odd += [f"{k} bias" for k, v in arch.get("biases", {}).items() if v]
+    odd = _unplain(arch)
     odd += [f"dense layers {moe['dense']}"] if moe.get("dense") else []
     odd += [f"capacity factor {moe['capacity']}"] if moe.get("capacity") else []
     odd += ["router bias"] if moe.get("router_bias") else []

@@ -26,8 +26,7 @@ import numpy as np
 
 from pase.machines.calibrated import CalibratedMachine
 from pase.machines.fitted import FITTED_BOUNDS
-from pase.costing.training import TrainingOptions
-from pase.planning.host_floor import domain_of, node_wait_seconds
+from pase.planning.host_floor import domain_of, node_doublings
 from pase.planning.mesh import parse_recipe
 from pase.planning.run_ranking import rank_runs
 from pase.planning.training_plan import NO_CAP, plan_training
@@ -43,9 +42,6 @@ PARAMETERS = ("compute_scale", "intra_node", "inter_node", "block_overhead_secon
 #: failed or congested run: the playbook's sweep has runs at a twentieth of their group's best).
 OUTLIER_FACTOR = 1.5
 OUTLIER_MADS = 3.0
-#: Options whose wait across nodes is one second: :func:`node_wait_seconds` then counts the
-#: doublings of the nodes a tensor-parallel group spans.
-_UNIT_WAIT = TrainingOptions(tp_node_wait_seconds=1.0)
 #: A constant whose terms add up to less than this share of the runs' steps is not determined
 #: by them: it keeps the machine's or the engine's value.
 UNDETERMINED_SHARE = 1e-3
@@ -186,7 +182,7 @@ def run_terms(priced: PricedRun, machine) -> RunTerms:
     across = mesh.tp > node
     return RunTerms(compute, (0.0, tensor) if across else (tensor, 0.0), tuple(rest), units,
                     math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0),
-                    float(node_wait_seconds(_UNIT_WAIT, 1, mesh.tp, node)))
+                    float(node_doublings(mesh.tp, node)))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["host_seconds", "floored", "block_count", "node_wait_seconds", "domain_of"]
+__all__ = ["host_seconds", "floored", "block_count", "node_wait_seconds", "node_doublings", "domain_of"]
 
 
 def block_count(blocks) -> int:
@@ -40,6 +40,16 @@ def domain_of(machine) -> float:
     return float(machine.nvlink_domain or machine.devices_per_node or np.inf)
 
 
+def node_doublings(tp, domain: float):
+    """``log2`` of the nodes of ``domain`` GPUs a tensor-parallel group of ``tp`` ranks spans
+    (numbers or arrays): 0 inside one node.
+
+    >>> [float(node_doublings(tp, 8)) for tp in (4, 8, 16, 64)]
+    [0.0, 0.0, 1.0, 3.0]
+    """
+    return np.log2(np.maximum(np.ceil(np.asarray(tp, dtype=np.float64) / domain), 1.0))
+
+
 def node_wait_seconds(options, blocks, tp, domain: float):
     """Device time of one micro-batch over ``blocks`` repeated blocks that a tensor-parallel
     group of ``tp`` ranks (numbers or arrays that broadcast) loses waiting across nodes of
@@ -52,8 +62,7 @@ def node_wait_seconds(options, blocks, tp, domain: float):
     >>> [float(node_wait_seconds(o, 10, tp, 8)) for tp in (8, 16, 32, 64)]   # 10 blocks x 0, 1, 2, 3 doublings x 1 ms
     [0.0, 0.01, 0.02, 0.03]
     """
-    spans = np.log2(np.maximum(np.ceil(np.asarray(tp, dtype=np.float64) / domain), 1.0))
-    return np.asarray(blocks, dtype=np.float64) * spans * options.tp_node_wait_seconds
+    return np.asarray(blocks, dtype=np.float64) * node_doublings(tp, domain) * options.tp_node_wait_seconds
 
 
 def floored(time_rows, step_rows, microbatches: int, host) -> np.ndarray:
