@@ -13,7 +13,7 @@ A depth whose layout does not fit the device is no alternative and is skipped. T
 in ``C`` (each chunk adds ``C`` to a stage's time per micro-batch: ``pipeline.PipelineTimes``), so
 two prices per depth give its line; NVIDIA's depth beating a deeper one bounds ``C`` from below,
 beating a shallower one from above. A bound that holds for no ``C`` >= 0 is reported with its
-cause and not used. The largest lower bound, rounded up to 50 us, is the value
+cause and not used, as is one from a depth modelled within :data:`TIE` of NVIDIA's at ``C`` = 0. The largest lower bound, rounded up to 50 us, is the value
 ``pase/planning/engines/megatron.json`` states (``chunk_overhead_seconds``): the smallest per-chunk
 cost at which the model, given NVIDIA's own degrees, keeps NVIDIA's depth rather than interleaving
 deeper.
@@ -44,6 +44,10 @@ PROBES = (0.0, 0.001)
 CHECK = 0.0004
 #: The stated value is the largest lower bound rounded up to this step (seconds).
 ROUND_TO = 50e-6
+#: Depths modelled within this share of NVIDIA's own step at no per-chunk cost are a tie: NVIDIA's
+#: choice between them says nothing of the chunks' cost (a run whose step the host floor sets at
+#: every depth, as Megatron's MoE rows: ``moe_block_overhead_seconds``).
+TIE = 1e-3
 
 
 def step_seconds(row: dict, tmp: str, engine: str) -> float | str:
@@ -100,7 +104,10 @@ def bracket(row: dict, tmp: str) -> dict:
         else:
             # own wins where a0 + s0 c <= a + s c, i.e. (s0 - s) c <= a - a0.
             gap, ds = line[0] - own[0], own[1] - line[1]
-            if ds < 0:  # a deeper pipeline: c >= -gap / -ds
+            if abs(gap) < TIE * own[0]:
+                entry["note"] = (f"modelled within {TIE:.1%} of NVIDIA's depth at no per-chunk cost: a tie, "
+                                 "no bound")
+            elif ds < 0:  # a deeper pipeline: c >= -gap / -ds
                 c = gap / ds
                 entry.update(kind="lower", bound=max(c, 0.0))
             elif ds > 0:

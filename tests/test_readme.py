@@ -164,6 +164,7 @@ if __name__ == "__main__":
         text = read(name)
         if not EXAMPLE.search(text):
             continue
+        new = regenerate(text)  # every example run before the file is opened: a failure leaves it whole
         with open(os.path.join(ROOT, name), "w", encoding="utf-8") as f:
-            f.write(regenerate(text))
+            f.write(new)
         print(f"rewrote the {len(EXAMPLE.findall(text))} examples of {name}")

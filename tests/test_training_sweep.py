@@ -81,7 +81,15 @@ def test_a_mixture_of_experts_sweep_and_a_count_nothing_fits():
     assert sweep.entries[0].best is None and sweep.entries[0].plan.least_memory is not None
     for entry in sweep.entries:
         _same_plan(entry.best, plan_training(build, 32, entry.devices, H100, recipe=alone).best)
-    assert sweep.entries[1].best.mesh.ep > 1
+    # At 64 tokens a sequence Megatron's host time per MoE block (moe_block_overhead_seconds,
+    # 9.4 ms) outlasts the device's work in every layout: a GPU holding all 32 blocks waits
+    # 32 x 9.4 ms a micro-batch, one of two pipeline stages half that, so 16 GPUs take a pipeline.
+    assert sweep.entries[1].best.mesh.pp == 2
+    # Without that host time the device's work decides: expert parallelism.
+    bare = load_engine("megatron").base_options(H100, moe_block_overhead_seconds=0.0)
+    swept = sweep_training(build, 32, (8, 16), H100, recipe=alone, base=bare)
+    _same_plan(swept.entries[1].best, plan_training(build, 32, 16, H100, recipe=alone, base=bare).best)
+    assert swept.entries[1].best.mesh.ep > 1
 
 
 def test_a_count_the_recipe_cannot_meet_is_refused_and_the_sweep_goes_on():

@@ -83,6 +83,7 @@ FACTS = {
     "zero1_gradient_collective": ("reduce_scatter", "all_reduce"),
     "overlap_grad_reduce_zero1": bool,
     "block_overhead_seconds": float,
+    "moe_block_overhead_seconds": float,
     "chunk_overhead_seconds": float,
     "pipeline_tp_wait_seconds": float,
     "moe_dispatcher": MOE_DISPATCHERS,
@@ -94,6 +95,7 @@ FACTS = {
 #: existed stays valid.
 OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
                   "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
+                  "moe_block_overhead_seconds": 0.0,
                   "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
@@ -245,6 +247,7 @@ class EngineProfile:
             "zero1_reduce": f["zero1_gradient_collective"],
             "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
             "block_overhead_seconds": f["block_overhead_seconds"],
+            "moe_block_overhead_seconds": f["moe_block_overhead_seconds"],
             "chunk_overhead_seconds": f["chunk_overhead_seconds"],
             "pipeline_tp_wait_seconds": f["pipeline_tp_wait_seconds"],
             **self.fitted_options(machine),

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["host_seconds", "floored", "block_count", "node_wait_seconds", "node_doublings", "domain_of"]
+from pase.costing.training.parts import FORWARD_SHARE
+
+__all__ = ["host_seconds", "floored", "block_count", "expert_block_count", "node_wait_seconds", "node_doublings",
+           "domain_of"]
 
 
 def block_count(blocks) -> int:
@@ -18,20 +21,43 @@ def block_count(blocks) -> int:
     return len({b for b in blocks if b is not None})
 
 
-def host_seconds(options, blocks, pipelined: bool, tp=1):
-    """Host time of one micro-batch over ``blocks`` repeated blocks (numbers or arrays that
-    broadcast): ``blocks x block_overhead_seconds``, plus on a pipeline stage ``blocks x log2(tp)
-    x pipeline_tp_wait_seconds`` (the tensor-parallel ranks' wait for the latest of them once the
+def expert_block_count(blocks, experts) -> int:
+    """The repeated blocks that hold a mixture of experts: ``blocks`` each layer's block
+    (``NetworkStructure.blocks``), ``experts`` the mixtures' layers (``NetworkStructure.experts``).
+
+    >>> expert_block_count([None, "b0", "b0", "b1", "b1"], {2})
+    1
+    """
+    return len({blocks[v] for v in experts if blocks[v] is not None})
+
+
+def host_seconds(options, blocks, pipelined: bool, tp=1, experts=0):
+    """Host time of one micro-batch over ``blocks`` repeated blocks, ``experts`` of them holding a
+    mixture of experts (numbers or arrays that broadcast): ``blocks x block_overhead_seconds +
+    experts x moe_block_overhead_seconds``, plus on a pipeline stage ``blocks x log2(tp) x
+    pipeline_tp_wait_seconds`` (the tensor-parallel ranks' wait for the latest of them once the
     engine's receives stop the host).
 
     >>> from pase.costing.training import TrainingOptions
     >>> o = TrainingOptions(block_overhead_seconds=0.002, pipeline_tp_wait_seconds=0.001)
     >>> float(host_seconds(o, 4, False, 8)), float(host_seconds(o, 4, True, 8))   # 4 x 2 ms; 4 x (2 + 3 x 1) ms
     (0.008, 0.02)
+    >>> float(host_seconds(TrainingOptions(moe_block_overhead_seconds=0.01), 4, False, experts=3))  # 3 x 10 ms
+    0.03
+
+    Under ``recompute=full`` the host issues every block's forward a second time: its own times
+    (not the tensor-parallel wait) count ``1 + FORWARD_SHARE`` times (a forward is a third of a
+    block's work, as on the device).
+
+    >>> round(float(host_seconds(TrainingOptions(recompute="full", moe_block_overhead_seconds=0.009), 1, False,
+    ...                          experts=1)), 6)   # 9 ms x 4/3
+    0.012
     """
-    per_block = options.block_overhead_seconds + (
+    again = 1.0 + FORWARD_SHARE if options.recompute == "full" else 1.0
+    per_block = again * options.block_overhead_seconds + (
         options.pipeline_tp_wait_seconds * np.log2(np.asarray(tp, dtype=np.float64)) if pipelined else 0.0)
-    return np.asarray(blocks, dtype=np.float64) * per_block
+    return (np.asarray(blocks, dtype=np.float64) * per_block
+            + np.asarray(experts, dtype=np.float64) * again * options.moe_block_overhead_seconds)
 
 
 def domain_of(machine) -> float:

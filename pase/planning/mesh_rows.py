@@ -12,7 +12,7 @@ from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, retry_seconds, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
-from pase.planning.host_floor import block_count, domain_of, floored, host_seconds, node_wait_seconds
+from pase.planning.host_floor import block_count, domain_of, expert_block_count, floored, host_seconds, node_wait_seconds
 from pase.planning.mesh import Mesh
 from pase.planning.pipeline import StagePlan, extra_word, stage_chunks, stage_layout
 
@@ -155,10 +155,18 @@ def _node_wait(costing: TrainingCosting, options: TrainingOptions, tp):
     return node_wait_seconds(options, block_count(costing.structure.blocks), tp, domain_of(costing.machine))
 
 
+def _host(costing: TrainingCosting, options: TrainingOptions) -> float:
+    """One micro-batch's host time over the network's blocks, those with a mixture of experts
+    counted again (:func:`~pase.planning.host_floor.host_seconds`)."""
+    st = costing.structure
+    return float(host_seconds(options, block_count(st.blocks), False,
+                              experts=expert_block_count(st.blocks, st.experts)))
+
+
 def _host_floored(costing: TrainingCosting, options: TrainingOptions, time_rows, step_rows):
     """``time_rows`` of a network without a pipeline, no micro-batch faster than its blocks' host
     time (``host_floor``); as they are where the engine states none."""
-    host = host_seconds(options, block_count(costing.structure.blocks), False)
+    host = _host(costing, options)
     if not host:
         return time_rows
     return floored(time_rows, step_rows, options.microbatches, host)
@@ -235,7 +243,7 @@ def _node_wait_cause(summary, costing, options: TrainingOptions, tp: int) -> Non
 def _host_cause(summary, costing, options: TrainingOptions) -> None:
     """A configuration without a pipeline whose micro-batches wait for the host (``host_floor``):
     the wait as the cause ``host`` of its step."""
-    host = host_seconds(options, block_count(costing.structure.blocks), False)
+    host = _host(costing, options)
     if not host:
         return
     rest = sum(summary.time.get(k, 0.0) for k in ("weight_sync", "optimizer"))

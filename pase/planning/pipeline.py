@@ -520,7 +520,7 @@ def pipeline_rows_settings(costing, settings, act_bytes: float, edges: np.ndarra
                      np.arange(pp, dtype=np.float64)[:, None] * (1.0 - FORWARD_SHARE),
                      options.overlap_efficiency if options.overlap else 0.0,
                      1 if tp is None else np.tile(np.asarray(tp, dtype=np.float64), len(settings)), extra, cap,
-                     tied, domain_of(costing.machine))
+                     tied, domain_of(costing.machine), _expert_blocks(costing, layout))
     priced = _price_tried(stage_all, tried, len(candidates), bounds, sums, p2p, timing, cap)
     plans = _best_plans(priced, tried, candidates, cap, pp, m, extra)
     steps, peaks = priced.best_step, priced.best_peak
@@ -640,6 +640,16 @@ def _tried(candidates: list, schedules, m: int, pp: int, vpps, extra=(0, 0)) -> 
     return tried
 
 
+def _expert_blocks(costing, layout: Layout) -> np.ndarray | None:
+    """The blocks of ``layout`` holding a mixture of experts before each block and in all
+    (:attr:`_Timing.expert_blocks`); ``None`` where no block holds one."""
+    experts = costing.structure.experts
+    if not experts:
+        return None
+    held = [any(v in experts for v in block) for block in layout.blocks]
+    return np.concatenate([[0.0], np.cumsum(held, dtype=np.float64)])
+
+
 class _Timing(NamedTuple):
     """What prices a pipeline's stages from their sums (:meth:`figures`): the stage count, the
     micro-batches, the options, each stage's micro-batches in flight under 1F1B, its drain (the
@@ -663,10 +673,14 @@ class _Timing(NamedTuple):
     tied: np.ndarray | float = 0.0
     #: GPUs of one NVLink domain: a tensor-parallel group beyond it waits across nodes.
     domain: float = np.inf
+    #: The blocks holding a mixture of experts before each block, and in all (``blocks + 1``):
+    #: a stage's count is the difference at its bounds (the host floor counts them again).
+    expert_blocks: np.ndarray | None = None
 
-    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None, tied=None) -> tuple:
+    def figures(self, stage: dict, p2p, transient, vpp: int, blocks=0.0, tp=None, tied=None, experts=0.0) -> tuple:
         """Per-stage micro-batch time, step, per-stage memory, peak and exposed sends of
-        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``; ``tp`` and
+        ``(cuts, pp, K)`` sums; ``blocks``: each stage's blocks, ``(cuts, pp)``, ``experts`` those
+        of them holding a mixture of experts; ``tp`` and
         ``tied``: the columns' tensor-parallel degrees and tied all-reduces where the columns
         are not all of :attr:`tp`'s and :attr:`tied`'s."""
         pp, m = self.pp, self.m
@@ -676,7 +690,8 @@ class _Timing(NamedTuple):
         # hide; a stage's micro-batch takes at least its blocks' host time (the host floor).
         sends = exposed_sends(stage["micro"], vpp * p2p, vpp, o) + vpp * o.chunk_overhead_seconds
         tp = self.tp if tp is None else tp
-        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, tp)
+        host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, tp,
+                            np.asarray(experts, dtype=np.float64)[..., None])
         device = stage["micro"]
         if o.tp_node_wait_seconds:  # a tensor-parallel group across nodes waits at its collectives
             device = device + node_wait_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], tp, self.domain)
@@ -737,7 +752,9 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
         rows = [tried[j][0] for j in which]
         stage = stage_all if rows == list(range(n_cuts)) else {name: S[rows] for name, S in stage_all.items()}
         blocks = np.array([np.diff(bounds[r]) for r in rows], dtype=np.float64)
-        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp, blocks)
+        experts = (0.0 if timing.expert_blocks is None else
+                   np.array([np.diff(timing.expert_blocks[bounds[r]]) for r in rows], dtype=np.float64))
+        t, step, memory, peak, sends = timing.figures(stage, p2p, transient, vpp, blocks, experts=experts)
         if blocked is not None:
             into = blocked.columns
             part = {name: S[:, :, into] for name, S in stage.items()}
@@ -746,7 +763,7 @@ def _price_tried(stage_all: dict, tried: list, n_cuts: int, bounds: list, sums: 
                                   lambda sums_, extra, cols: timing.figures(
                                       sums_, p2p[into][cols], transient[into][cols] + extra, vpp, blocks,
                                       np.broadcast_to(timing.tp, (K,))[into][cols],
-                                      np.broadcast_to(timing.tied, (K,))[into][cols]),
+                                      np.broadcast_to(timing.tied, (K,))[into][cols], experts),
                                   timing.extra)
             t[:, :, into], step[:, into], memory[:, :, into], peak[:, into] = found[:4]
             layers_of[np.ix_(which, into)] = found[4]

@@ -224,6 +224,12 @@ class TrainingOptions:
         Host time per repeated block and micro-batch (forward and backward): an eager engine
         issues every kernel from Python, so a micro-batch takes at least its blocks' host time
         however fast the device runs them (the host floor, ``pase.planning.host_floor``).
+    moe_block_overhead_seconds : float
+        Further host time per repeated block that holds a mixture of experts, per micro-batch
+        (forward, backward and recomputation): the engine's token dispatcher stops the host
+        every such layer until the device tells it how many tokens each expert receives, so
+        the host cannot run ahead and the layer's Python (router, permutation, one product per
+        local expert) adds up; part of the host floor.
     chunk_overhead_seconds : float
         Fixed time per pipeline chunk and micro-batch, forward and backward: the schedule's work
         to enter a chunk and wait on its batched send and receive, which a chunk's transfer
@@ -287,6 +293,7 @@ class TrainingOptions:
     zero1_reduce: str = "reduce_scatter"
     zero1_overlap: bool = True
     block_overhead_seconds: float = 0.0
+    moe_block_overhead_seconds: float = 0.0
     chunk_overhead_seconds: float = 0.0
     pipeline_tp_wait_seconds: float = 0.0
     tp_node_wait_seconds: float = 0.0
@@ -323,7 +330,7 @@ class TrainingOptions:
                      "reserve_bytes", "loss_buffers", "launch_seconds", "bucket_elements", "optimizer_temp_bytes",
                      "comm_sm_share", "comm_buffer_bytes", "tp_gather_buffers", "tp_scatter_buffers", "fragmentation",
                      "interleave_fragmentation", "retry_seconds", "block_overhead_seconds", "chunk_overhead_seconds",
-                     "pipeline_tp_wait_seconds", "tp_node_wait_seconds"):
+                     "pipeline_tp_wait_seconds", "tp_node_wait_seconds", "moe_block_overhead_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
