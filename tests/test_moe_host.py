@@ -115,3 +115,15 @@ def test_megatrons_profile_states_it_and_others_do_not():
         assert load_engine(name).base_options().moe_block_overhead_seconds == 0.0
     with pytest.raises(ValueError, match="moe_block_overhead_seconds must be a non-negative number"):
         TrainingOptions(moe_block_overhead_seconds=-1.0)
+
+
+def test_block_recomputation_issues_the_recomputed_forwards_again():
+    # recompute=block without a pipeline recomputes the network's first n blocks: their forwards
+    # are issued again, a third of their host time. 10 ms a MoE block, 2 micro-batches: n = 1
+    # (a MoE block) 2 x (20 + 10/3) ms; n = 3 (both MoE blocks and the dense one) 2 x (20 + 20/3).
+    net, costing = _costing()
+    none = np.zeros((0, 1))
+    rest = 28 * 197_728 / 1e9
+    for n, host in ((1, 20e-3 + 10e-3 / 3), (2, 20e-3 + 20e-3 / 3), (3, 20e-3 + 20e-3 / 3)):
+        o = TrainingOptions(microbatches=2, moe_block_overhead_seconds=1e-2, recompute="block", recompute_layers=n)
+        assert row_totals(costing, o, 2.0, none, [])[0][0] == pytest.approx(rest + 2 * host, rel=1e-9), n

@@ -9,6 +9,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
+from pase.costing.training.parts import FORWARD_SHARE
 from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, retry_seconds, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
@@ -132,7 +133,9 @@ def _block_totals(costing: TrainingCosting, options: TrainingOptions, act_bytes:
     times = time0 + options.microbatches * np.cumsum(deltas["micro"], axis=0)  # (n, K): n = 1, 2, ...
     none = costing.layer_vectors(options.as_policy("none"), act_bytes)
     total = lambda name: (none[name] if columns is None else none[name][:, columns]).sum(axis=0)  # noqa: E731
-    times = _host_floored(costing, options, times, total("step"))
+    host = _block_host(costing, options, blocks)
+    if np.any(host):
+        times = floored(times, total("step"), options.microbatches, host[:, None])
     memories = memory0 + np.cumsum(deltas["activations"], axis=0) + np.maximum.accumulate(deltas["working"], axis=0)
     if memory_cap is not None and options.retry_seconds:
         kept = total("activations") + np.cumsum(deltas["activations"], axis=0)
@@ -157,10 +160,27 @@ def _node_wait(costing: TrainingCosting, options: TrainingOptions, tp):
 
 def _host(costing: TrainingCosting, options: TrainingOptions) -> float:
     """One micro-batch's host time over the network's blocks, those with a mixture of experts
-    counted again (:func:`~pase.planning.host_floor.host_seconds`)."""
+    counted again (:func:`~pase.planning.host_floor.host_seconds`); under ``recompute=block`` with
+    the recomputed blocks' forwards (:func:`_block_host`)."""
     st = costing.structure
-    return float(host_seconds(options, block_count(st.blocks), False,
-                              experts=expert_block_count(st.blocks, st.experts)))
+    blocks = block_count(st.blocks)
+    if options.recompute == "block" and blocks:
+        return float(_block_host(costing, options, blocks)[min(options.recompute_layers, blocks) - 1])
+    return float(host_seconds(options, blocks, False, experts=expert_block_count(st.blocks, st.experts)))
+
+
+def _block_host(costing: TrainingCosting, options: TrainingOptions, blocks: int) -> np.ndarray:
+    """Per count ``n`` = 1 .. ``blocks`` of recomputed blocks (``recompute=block`` without a
+    pipeline: the network's first ``n``), one micro-batch's host time: every block's, and the
+    recomputed blocks' forwards issued again (``FORWARD_SHARE`` of their own host times, those
+    holding a mixture of experts with theirs)."""
+    st = costing.structure
+    plain = options.as_policy("none")
+    held = np.cumsum([any(st.blocks[v] == b for v in st.experts) for b in costing.block_order()][:blocks],
+                     dtype=np.float64)
+    n = np.arange(1, blocks + 1, dtype=np.float64)
+    again = FORWARD_SHARE * (n * plain.block_overhead_seconds + held * plain.moe_block_overhead_seconds)
+    return _host(costing, plain) + again
 
 
 def _host_floored(costing: TrainingCosting, options: TrainingOptions, time_rows, step_rows):
