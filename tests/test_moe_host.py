@@ -127,3 +127,15 @@ def test_block_recomputation_issues_the_recomputed_forwards_again():
     for n, host in ((1, 20e-3 + 10e-3 / 3), (2, 20e-3 + 20e-3 / 3), (3, 20e-3 + 20e-3 / 3)):
         o = TrainingOptions(microbatches=2, moe_block_overhead_seconds=1e-2, recompute="block", recompute_layers=n)
         assert row_totals(costing, o, 2.0, none, [])[0][0] == pytest.approx(rest + 2 * host, rel=1e-9), n
+
+
+def test_a_fit_counts_full_recomputation_and_keeps_the_moe_host_time_as_stated():
+    from pase.planning.calibrate_runs import RunTerms
+
+    # A run of 10 block slots on its critical path, recomputed in full, its MoE blocks' stated host
+    # time 50 ms in all: with 10 ms a block the host takes 10 x 4/3 x 10 ms + 50 ms = 183.3 ms,
+    # above 0.1 s of device work and below 1 s of it.
+    p = np.array([1.0, 1.0, 1.0, 0.01, 0.0, 0.0])
+    terms = RunTerms(0.1, (0.0, 0.0), (0.0, 0.0), 10.0, 0.0, again=4 / 3, moe_host=0.05)
+    assert terms.step(p) == pytest.approx(10 * 4 / 3 * 0.01 + 0.05)
+    assert RunTerms(1.0, (0.0, 0.0), (0.0, 0.0), 10.0, 0.0, again=4 / 3, moe_host=0.05).step(p) == 1.0

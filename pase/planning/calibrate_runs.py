@@ -26,7 +26,9 @@ import numpy as np
 
 from pase.machines.calibrated import CalibratedMachine
 from pase.machines.fitted import FITTED_BOUNDS
-from pase.planning.host_floor import domain_of, node_doublings
+from pase.costing.training.parts import FORWARD_SHARE
+from pase.costing.training.structure import NetworkStructure
+from pase.planning.host_floor import block_count, domain_of, expert_block_count, node_doublings
 from pase.planning.mesh import parse_recipe
 from pase.planning.run_ranking import rank_runs
 from pase.planning.training_plan import NO_CAP, plan_training
@@ -63,6 +65,10 @@ class PricedRun:
     microbatches: int
     vpp: int
     stage_blocks: int
+    #: The run's recomputation policy (``full`` issues every forward again from the host).
+    recompute: str = "none"
+    #: The share of the network's blocks that hold a mixture of experts.
+    expert_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,12 +92,17 @@ class RunTerms:
     tp_wait: float
     fixed: float = 0.0
     nodes: float = 0.0
+    #: What the host time per block is counted by on each block (``1 + FORWARD_SHARE`` under
+    #: ``recompute=full``, else 1), and the engine's stated host time of the MoE blocks on the
+    #: critical path (seconds, not fitted: ``moe_block_overhead_seconds``).
+    again: float = 1.0
+    moe_host: float = 0.0
 
     def step(self, p: np.ndarray) -> float:
         """The step under constants ``p`` (:data:`PARAMETERS` order)."""
         device = (p[0] * self.compute + p[1] * self.tensor[0] + p[2] * self.tensor[1]
                   + p[5] * self.units * self.nodes)
-        host = self.units * (p[3] + p[4] * self.tp_wait)
+        host = self.units * (self.again * p[3] + p[4] * self.tp_wait) + self.moe_host
         return max(device, host) + p[1] * self.rest[0] + p[2] * self.rest[1] + self.fixed
 
 
@@ -144,6 +155,10 @@ def _priced(run, plan, best) -> PricedRun:
     pipe = summary.extra.get("pipeline") or {}
     network = plan.network
     blocks = len({b for b in network.blocks if b is not None}) if network is not None and network.blocks else 0
+    share = 0.0
+    if blocks:
+        st = NetworkStructure.of(network)
+        share = expert_block_count(st.blocks, st.experts) / max(block_count(st.blocks), 1)
     if pipe:
         slowest = max(pipe["stages"], key=lambda s: s["microbatch_seconds"])
         stage_blocks = slowest["blocks"]
@@ -158,14 +173,16 @@ def _priced(run, plan, best) -> PricedRun:
     return PricedRun(run.name, float(measured), float(step), float(summary.tokens_per_second_per_device or 0.0),
                      best.causes(), float(summary.peak_memory_bytes),
                      device_memory is None or summary.peak_memory_bytes <= device_memory, best.mesh,
-                     int(best.options.microbatches), int(pipe.get("vpp", 1) or 1), int(stage_blocks))
+                     int(best.options.microbatches), int(pipe.get("vpp", 1) or 1), int(stage_blocks),
+                     best.options.recompute, float(share))
 
 
-def run_terms(priced: PricedRun, machine) -> RunTerms:
+def run_terms(priced: PricedRun, machine, moe_seconds: float = 0.0) -> RunTerms:
     """The terms of a run priced with no host time per block: each collective's level by the
     span of the group that runs it (tensor parallelism across nodes when ``tp`` is more than a
     node's GPUs; data parallelism when its group spans more; pipeline sends when the stages span
-    more than one node)."""
+    more than one node). ``moe_seconds``: the engine's host time per MoE block, which the fit
+    keeps as stated (its share of the blocks on the critical path)."""
     c = priced.causes
     mesh = priced.mesh
     node = domain_of(machine)
@@ -180,9 +197,10 @@ def run_terms(priced: PricedRun, machine) -> RunTerms:
     rest[int(sync_out)] += c.get("weight_sync", 0.0)
     rest[int(sends_out)] += c.get("p2p", 0.0)
     across = mesh.tp > node
+    again = 1.0 + FORWARD_SHARE if priced.recompute == "full" else 1.0
     return RunTerms(compute, (0.0, tensor) if across else (tensor, 0.0), tuple(rest), units,
                     math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0),
-                    float(node_doublings(mesh.tp, node)))
+                    float(node_doublings(mesh.tp, node)), again, units * priced.expert_share * again * moe_seconds)
 
 
 @dataclass(frozen=True)
@@ -264,11 +282,11 @@ def _simplex_search(loss, start: np.ndarray, bounds: list, free: list, iteration
 def _steps(terms: list):
     """``steps(p)``: every run's step under constants ``p`` at once (:meth:`RunTerms.step`)."""
     a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait, t.fixed,
-                   t.units * t.nodes] for t in terms]).T
+                   t.units * t.nodes, t.again, t.moe_host] for t in terms]).T
 
     def steps(p):
         device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2] + p[5] * a[8]
-        host = a[5] * (p[3] + p[4] * a[6])
+        host = a[5] * (a[9] * p[3] + p[4] * a[6]) + a[10]
         return np.maximum(device, host) + p[1] * a[3] + p[2] * a[4] + a[7]
     return steps
 
@@ -287,7 +305,7 @@ def fit_constants(terms: list, measured: np.ndarray, nominal: np.ndarray, bounds
     values a constant keeps when the runs do not determine it. ``ValueError`` when fewer runs
     than constants to fit, or when the runs cannot tell them apart."""
     n = len(PARAMETERS)
-    columns = np.array([[t.compute, t.tensor[0] + t.rest[0], t.tensor[1] + t.rest[1], t.units,
+    columns = np.array([[t.compute, t.tensor[0] + t.rest[0], t.tensor[1] + t.rest[1], t.units * t.again,
                          t.units * t.tp_wait, t.units * t.nodes] for t in terms])
     share = columns.sum(axis=0) / max(float(measured.sum()), 1e-300)
     # The host times' terms are counts (blocks x micro-batches), not seconds: determined where any.
@@ -377,11 +395,12 @@ def calibrate_from_runs(runs, machine: CalibratedMachine, engine, source: str) -
     unfitted = machine.with_fitted(None)
     base = engine.base_options(unfitted)
     efficiency = base.compute_efficiency
-    overheads = {"block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.0, "tp_node_wait_seconds": 0.0}
+    overheads = {"block_overhead_seconds": 0.0, "pipeline_tp_wait_seconds": 0.0, "tp_node_wait_seconds": 0.0,
+                 "moe_block_overhead_seconds": 0.0}
     bare = price_runs(runs, unfitted, engine, overheads)
     names = [p.name for p in bare]
     measured = np.array([p.measured_step for p in bare])
-    terms = [run_terms(p, unfitted) for p in bare]
+    terms = [run_terms(p, unfitted, base.moe_block_overhead_seconds) for p in bare]
     bounds = _bounds(efficiency)
     nominal = np.array([1.0, 1.0, 1.0, base.block_overhead_seconds, base.pipeline_tp_wait_seconds,
                         base.tp_node_wait_seconds])
