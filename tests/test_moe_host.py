@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cli_runner import run
 from pase.costing.training import TrainingCosting, TrainingOptions
 from pase.machines.calibrated import CalibratedMachine
 from pase.model.builder import GraphBuilder
 from pase.model.layers import MoE, RMSNorm
+from pase.planning.calibrate_runs import RunTerms
 from pase.planning.engine import load_engine
 from pase.planning.host_floor import expert_block_count, host_seconds
 from pase.planning.mesh_rows import row_totals
@@ -130,8 +132,6 @@ def test_block_recomputation_issues_the_recomputed_forwards_again():
 
 
 def test_a_fit_counts_full_recomputation_and_keeps_the_moe_host_time_as_stated():
-    from pase.planning.calibrate_runs import RunTerms
-
     # A run of 10 block slots on its critical path, recomputed in full, its MoE blocks' stated host
     # time 50 ms in all: with 10 ms a block the host takes 10 x 4/3 x 10 ms + 50 ms = 183.3 ms,
     # above 0.1 s of device work and below 1 s of it.
@@ -139,3 +139,17 @@ def test_a_fit_counts_full_recomputation_and_keeps_the_moe_host_time_as_stated()
     terms = RunTerms(0.1, (0.0, 0.0), (0.0, 0.0), 10.0, 0.0, again=4 / 3, moe_host=0.05)
     assert terms.step(p) == pytest.approx(10 * 4 / 3 * 0.01 + 0.05)
     assert RunTerms(1.0, (0.0, 0.0), (0.0, 0.0), 10.0, 0.0, again=4 / 3, moe_host=0.05).step(p) == 1.0
+
+
+def test_the_plan_says_when_the_host_bounds_it():
+    # NVIDIA's ep 16 layout of Qwen3-30B-A3B on 16 H100: 48 MoE blocks x 9.4 ms = 0.451 s of host
+    # time a micro-batch, above the device's work (about 0.33 s): the plan says so.
+    qwen = ["-g", "hf:examples/hf/qwen3-30b-a3b.json", "-p", "16", "-b", "1024", "-m", "4096", "--machine",
+            "h100-sxm", "--recipe", "dp=16,tp=1,ep=16,zero=1,microbatch=1,recompute=none,dispatcher=hybridep,"
+            "precision=fp8,scaling=current"]
+    status, out, err = run(*qwen, "--engine", "megatron")
+    assert status == 0, err
+    assert "the host bounds the step" in out and "9.4 ms a block and micro-batch" in out
+    status, out, err = run(*qwen, "--engine", "megatron,moe_block_overhead_seconds=0")
+    assert status == 0, err
+    assert "the host bounds the step" not in out and "waiting for the host" not in out

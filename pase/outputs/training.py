@@ -466,6 +466,19 @@ def _crossing_lines(candidate, machine) -> list:
                "tp_node_wait_seconds)" if wait else "")]
 
 
+def _expert_host_lines(candidate) -> list:
+    """A line where the device waits for the host and the engine states a host time per
+    mixture-of-experts block (``moe_block_overhead_seconds``): why the step is what it is."""
+    host = candidate.causes().get("host", 0.0)
+    per_block = candidate.options.moe_block_overhead_seconds
+    if not host or not per_block:
+        return []
+    return [f"  the host bounds the step: the engine's token dispatcher stops the host at every mixture-of-experts "
+            f"block, {1e3 * per_block:.3g} ms a block and micro-batch (moe_block_overhead_seconds), and the device "
+            f"waits {host:.4g} s for it; fewer MoE blocks a device (pipeline stages) or more tokens a micro-batch "
+            "shorten the wait"]
+
+
 @arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
@@ -486,6 +499,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         lines.append(f"plan: {best.recipe()}  [{where}]")
         lines += _crossing_lines(best, plan.machine)
         lines += _candidate_lines(best, plan.memory_cap, seconds, plan.machine)
+        lines += _expert_host_lines(best)
         lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")
         lines.append(_engine_line(plan, network))
