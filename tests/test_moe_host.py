@@ -1,7 +1,8 @@
 """Issue 42: the host time of a mixture-of-experts block (``moe_block_overhead_seconds``), worked
 out by hand: counted once per MoE block and micro-batch on top of any block's own, without and
-with a pipeline, again for the recomputed forward under ``recompute=full``, and as Megatron's
-profile states it."""
+with a pipeline, again for the recomputed forwards under ``recompute=full`` and ``block``, as
+Megatron's profile states it, in a fit's terms (``calibrate --from-runs``) and in the plan's
+text."""
 
 from __future__ import annotations
 
