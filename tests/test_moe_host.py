@@ -18,7 +18,7 @@ from pase.planning.calibrate_runs import RunTerms
 from pase.planning.engine import load_engine
 from pase.planning.host_floor import expert_block_count, host_seconds
 from pase.planning.mesh_rows import row_totals
-from pase.planning.pipeline import _expert_blocks, _Timing, stage_layout
+from pase.planning.pipeline import _expert_blocks, _recomputed_host, _Timing, stage_layout
 
 #: 1 TFLOPS, 1 GB/s of memory, 2-byte activations: the toy of tests/test_cluster_mechanisms.py.
 BASE = {"name": "toy", "devices_per_node": 4, "memory_gb": 1, "peak_tflops": 1, "hbm_gbps": 1,
@@ -154,3 +154,19 @@ def test_the_plan_says_when_the_host_bounds_it():
     status, out, err = run(*qwen, "--engine", "megatron,moe_block_overhead_seconds=0")
     assert status == 0, err
     assert "the host bounds the step" not in out and "waiting for the host" not in out
+
+
+def test_a_pipelines_recomputed_blocks_issue_their_forwards_again():
+    # recompute=block on a pipeline: each recomputed block adds a third of its host time to its
+    # stage's micro-batch, 10 ms / 3 a MoE block and none for the dense one (no per-block time).
+    net, costing = _costing()
+    o = TrainingOptions(moe_block_overhead_seconds=1e-2, recompute="block", recompute_layers=1)
+    assert _recomputed_host(costing, o, 2) == pytest.approx(np.array([[1e-2 / 3] * 2, [1e-2 / 3] * 2, [0.0] * 2]))
+    # A stage of 2 MoE blocks at 1 ms, one of them recomputed (1/3 ms more): max(1.5, 2 + 1/3) ms.
+    timing = _Timing(2, 4, TrainingOptions(microbatches=4, moe_block_overhead_seconds=1e-3), np.array([2.0, 1.0]),
+                     np.array([[1.0], [0.0]]) * (2 / 3), 0.0)
+    zero = np.zeros((1, 2, 1))
+    stage = {"micro": np.array([[[1.5e-3], [2.5e-3]]]), "step": zero, "sync": zero, "sync_raw": zero,
+             "state": zero, "acts": zero, "logits": zero, "host_extra": np.array([[[1e-3 / 3], [0.0]]])}
+    t, *_ = timing.figures(stage, np.array([0.0]), np.zeros(1), 1, np.array([[2, 1]]), experts=np.array([[2, 0]]))
+    assert t[0, :, 0] == pytest.approx([2e-3 + 1e-3 / 3, 2.5e-3])

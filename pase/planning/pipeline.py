@@ -581,7 +581,9 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
     for j, o in enumerate(settings):
         vec = {}
         if o.recompute == "block":
-            blocked[j] = (costing.block_deltas(o, act_bytes, edges, targets, columns), search_layers[j])
+            deltas = costing.block_deltas(o, act_bytes, edges, targets, columns)
+            blocked[j] = ({**deltas, "host": _recomputed_host(costing, o, deltas["micro"].shape[1])},
+                          search_layers[j])
             o = o.as_policy("none")
         for name, array in costing.layer_vectors(o, act_bytes).items():
             if id(array) not in taken:
@@ -611,12 +613,30 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
     return _Sums(prefix, transient, row_of, _block_settings(blocked, settings, K1) if blocked else None)
 
 
+def _recomputed_host(costing, options, K: int) -> np.ndarray:
+    """Per block in ``block_order`` and column (``(blocks, K)``), the host time its recomputed
+    forward adds to a micro-batch under ``block``: ``FORWARD_SHARE`` of its own host time,
+    ``block_overhead_seconds`` and, where it holds a mixture of experts,
+    ``moe_block_overhead_seconds`` (the host issues the forward again)."""
+    experts = costing.structure.experts
+    held = np.array([any(costing.structure.blocks[v] == b for v in experts) for b in costing.block_order()],
+                    dtype=np.float64)
+    per_block = FORWARD_SHARE * (options.block_overhead_seconds + held * options.moe_block_overhead_seconds)
+    return np.repeat(per_block[:, None], K, axis=1)
+
+
+#: What a ``block`` setting's chunks add to a stage's sums per block recomputed: its deltas'
+#: names and the stage sums they add to (``host_extra``: the host time of the forwards issued
+#: again, which the host floor counts).
+_CHUNK_DELTAS = (("micro", "micro"), ("activations", "acts"), ("host", "host_extra"))
+
+
 def _block_settings(blocked: dict, settings, K1: int) -> _BlockSettings:
     """The ``block`` settings' columns side by side, their deltas and block counts."""
     return _BlockSettings(
         np.concatenate([np.arange(j * K1, (j + 1) * K1) for j in blocked]),
         {name: np.concatenate([blocked[j][0][name] for j in blocked], axis=1)
-         for name in ("micro", "activations", "working")},
+         for name in ("micro", "activations", "working", "host")},
         np.repeat([settings[j].recompute_layers for j in blocked], K1),
         np.repeat([blocked[j][1] for j in blocked], K1))
 
@@ -691,7 +711,7 @@ class _Timing(NamedTuple):
         sends = exposed_sends(stage["micro"], vpp * p2p, vpp, o) + vpp * o.chunk_overhead_seconds
         tp = self.tp if tp is None else tp
         host = host_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], True, tp,
-                            np.asarray(experts, dtype=np.float64)[..., None])
+                            np.asarray(experts, dtype=np.float64)[..., None]) + stage.get("host_extra", 0.0)
         device = stage["micro"]
         if o.tp_node_wait_seconds:  # a tensor-parallel group across nodes waits at its collectives
             device = device + node_wait_seconds(o, np.asarray(blocks, dtype=np.float64)[..., None], tp, self.domain)
@@ -837,7 +857,7 @@ def _chunks_of(stage: dict, deltas: dict, bounds: list, vpp: int, layers: np.nda
     starts = np.array([[bound[s] + sum(chunks[s][:k]) for s in range(P) for k in range(vpp)]
                        for bound, chunks in zip(bounds, split)], dtype=np.int64)  # each chunk's first block
     zero = np.zeros((1, K))
-    prefix = {name: np.concatenate([zero, np.cumsum(deltas[name], axis=0)]) for name in ("micro", "activations")}
+    prefix = {name: np.concatenate([zero, np.cumsum(deltas[name], axis=0)]) for name, _ in _CHUNK_DELTAS}
     working = np.concatenate([deltas["working"], zero])  # a row of zeros for chunks past their end
     largest_chunk = sizes.max(axis=1)  # (cuts,)
     # The count each column is priced at: its own (at most the largest chunk), or any where the
@@ -857,10 +877,10 @@ def _at_counts(stage: dict, chunks: _Chunks, counts: np.ndarray, working: np.nda
     which = cols[None, None, :]
     starts = chunks.starts[:, :, None]
     sums = {name: S[:, :, cols] for name, S in stage.items()}
-    for name, key in (("micro", "micro"), ("activations", "acts")):
+    for name, key in _CHUNK_DELTAS:
         P_ = chunks.prefix[name]
         added = P_[starts + taken, which] - P_[starts, which]
-        sums[key] = sums[key] + added.reshape(R, P, chunks.vpp, len(cols)).sum(axis=2)
+        sums[key] = sums.get(key, 0.0) + added.reshape(R, P, chunks.vpp, len(cols)).sum(axis=2)
     return figures(sums, working[:, None, cols], cols)
 
 
@@ -954,8 +974,8 @@ def _hopeless_cuts(stage: dict, chunks: _Chunks, searched: np.ndarray, cap, slot
     # every block recomputed (``full``'s plan, this setting's least memory where the blocks'
     # working sets are alike; the search's least-memory answer takes ``full`` too).
     every = starts + sizes
-    saved = {key: stage[key] + (prefix[name][every] - prefix[name][starts]).reshape(R, P, vpp, K).sum(axis=2)
-             for name, key in (("micro", "micro"), ("activations", "acts"))}
+    saved = {key: stage.get(key, 0.0) + (prefix[name][every] - prefix[name][starts]).reshape(R, P, vpp, K).sum(axis=2)
+             for name, key in _CHUNK_DELTAS}
     everything = {**stage, **saved}
     floor_peak = figures(everything, chunks.firsts[:, None, :], np.arange(K))[3]
     hopeless = searched & (floor_peak > cap)  # (cuts, K)
@@ -1013,9 +1033,9 @@ def _counted(stage: dict, chunks: _Chunks, searched: np.ndarray, hopeless: np.nd
         a = active
         ends = starts + np.minimum(n, sizes)  # blocks recomputed per chunk
         sums = {name: S[:, :, a] for name, S in stage.items()}
-        for name, key in (("micro", "micro"), ("activations", "acts")):
+        for name, key in _CHUNK_DELTAS:
             P_ = prefix[name][:, a]
-            sums[key] = sums[key] + (P_[ends] - P_[starts]).reshape(R, P, vpp, len(a)).sum(axis=2)
+            sums[key] = sums.get(key, 0.0) + (P_[ends] - P_[starts]).reshape(R, P, vpp, len(a)).sum(axis=2)
         w = working[:, a]
         newest = np.where((sizes >= n)[:, :, None], w[np.minimum(starts + n - 1, len(w) - 1)], 0.0)
         largest[:, :, a] = np.maximum(largest[:, :, a], newest.max(axis=1)[:, None, :])
