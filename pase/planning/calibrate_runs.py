@@ -154,7 +154,7 @@ def _priced(run, plan, best) -> PricedRun:
     summary = best.summary
     pipe = summary.extra.get("pipeline") or {}
     network = plan.network
-    blocks = len({b for b in network.blocks if b is not None}) if network is not None and network.blocks else 0
+    blocks = block_count(network.blocks) if network is not None and network.blocks else 0
     share = 0.0
     if blocks:
         st = NetworkStructure.of(network)

@@ -8,8 +8,8 @@ import numpy as np
 
 from pase.costing.training.parts import FORWARD_SHARE
 
-__all__ = ["host_seconds", "floored", "block_count", "expert_block_count", "node_wait_seconds", "node_doublings",
-           "domain_of"]
+__all__ = ["host_seconds", "floored", "block_count", "expert_block_count", "expert_flags", "recomputed_host_seconds",
+           "node_wait_seconds", "node_doublings", "domain_of"]
 
 
 def block_count(blocks) -> int:
@@ -21,14 +21,44 @@ def block_count(blocks) -> int:
     return len({b for b in blocks if b is not None})
 
 
-def expert_block_count(blocks, experts) -> int:
+def _expert_held(blocks, experts) -> set:
     """The repeated blocks that hold a mixture of experts: ``blocks`` each layer's block
-    (``NetworkStructure.blocks``), ``experts`` the mixtures' layers (``NetworkStructure.experts``).
+    (``NetworkStructure.blocks``), ``experts`` the mixtures' layers (``NetworkStructure.experts``)."""
+    return {blocks[v] for v in experts if blocks[v] is not None}
+
+
+def expert_block_count(blocks, experts) -> int:
+    """How many repeated blocks hold a mixture of experts (arguments as :func:`expert_flags`).
 
     >>> expert_block_count([None, "b0", "b0", "b1", "b1"], {2})
     1
     """
-    return len({blocks[v] for v in experts if blocks[v] is not None})
+    return len(_expert_held(blocks, experts))
+
+
+def expert_flags(blocks, experts, order) -> np.ndarray:
+    """Per block of ``order`` (``TrainingCosting.block_order``), 1 where it holds a mixture of
+    experts, else 0: ``blocks`` each layer's block, ``experts`` the mixtures' layers.
+
+    >>> expert_flags([None, "b0", "b0", "b1", "b1"], {2}, ["b0", "b1"]).tolist()
+    [1.0, 0.0]
+    """
+    held = _expert_held(blocks, experts)
+    return np.array([b in held for b in order], dtype=np.float64)
+
+
+def recomputed_host_seconds(options, flags) -> np.ndarray:
+    """Per block (``flags`` from :func:`expert_flags`), the host time its recomputed forward adds
+    to a micro-batch: ``FORWARD_SHARE`` of the block's own host time, ``block_overhead_seconds``
+    plus, where it holds a mixture of experts, ``moe_block_overhead_seconds`` (the host issues
+    the forward again).
+
+    >>> from pase.costing.training import TrainingOptions
+    >>> [round(float(x), 12) for x in recomputed_host_seconds(TrainingOptions(moe_block_overhead_seconds=0.03), [1, 0])]
+    [0.01, 0.0]
+    """
+    return FORWARD_SHARE * (options.block_overhead_seconds
+                            + np.asarray(flags, dtype=np.float64) * options.moe_block_overhead_seconds)
 
 
 def host_seconds(options, blocks, pipelined: bool, tp=1, experts=0):

@@ -9,11 +9,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pase.costing.training import TrainingCosting, TrainingOptions
-from pase.costing.training.parts import FORWARD_SHARE
 from pase.costing.training.allocator import hold_kinds, hold_within, memory_figures, retry_seconds, stranded_bytes
 from pase.model.builder import redistribution_seconds
 from pase.planning.candidate import CAUSES, Candidate
-from pase.planning.host_floor import block_count, domain_of, expert_block_count, floored, host_seconds, node_wait_seconds
+from pase.planning.host_floor import (block_count, domain_of, expert_block_count, expert_flags, floored, host_seconds,
+                                      node_wait_seconds, recomputed_host_seconds)
 from pase.planning.mesh import Mesh
 from pase.planning.pipeline import StagePlan, extra_word, stage_chunks, stage_layout
 
@@ -176,11 +176,8 @@ def _block_host(costing: TrainingCosting, options: TrainingOptions, blocks: int)
     holding a mixture of experts with theirs)."""
     st = costing.structure
     plain = options.as_policy("none")
-    held = np.cumsum([any(st.blocks[v] == b for v in st.experts) for b in costing.block_order()][:blocks],
-                     dtype=np.float64)
-    n = np.arange(1, blocks + 1, dtype=np.float64)
-    again = FORWARD_SHARE * (n * plain.block_overhead_seconds + held * plain.moe_block_overhead_seconds)
-    return _host(costing, plain) + again
+    flags = expert_flags(st.blocks, st.experts, costing.block_order()[:blocks])
+    return _host(costing, plain) + np.cumsum(recomputed_host_seconds(plain, flags))
 
 
 def _host_floored(costing: TrainingCosting, options: TrainingOptions, time_rows, step_rows):

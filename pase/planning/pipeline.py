@@ -22,7 +22,8 @@ import numpy as np
 from pase.costing.memory import activation_elements
 from pase.costing.training import FORWARD_SHARE
 from pase.costing.training.allocator import retry_seconds, stranded_bytes
-from pase.planning.host_floor import domain_of, host_seconds, node_wait_seconds
+from pase.planning.host_floor import (domain_of, expert_flags, host_seconds, node_wait_seconds,
+                                      recomputed_host_seconds)
 from pase.machines.base import Group
 
 __all__ = ["StagePlan", "Layout", "CUTS_SEARCHED", "ENGINE_CUTS", "stage_layout", "cuts", "pipeline_rows", "pipeline_rows_settings",
@@ -615,13 +616,9 @@ def _prefix_sums(costing, settings, act_bytes: float, edges: np.ndarray, targets
 
 def _recomputed_host(costing, options, K: int) -> np.ndarray:
     """Per block in ``block_order`` and column (``(blocks, K)``), the host time its recomputed
-    forward adds to a micro-batch under ``block``: ``FORWARD_SHARE`` of its own host time,
-    ``block_overhead_seconds`` and, where it holds a mixture of experts,
-    ``moe_block_overhead_seconds`` (the host issues the forward again)."""
-    experts = costing.structure.experts
-    held = np.array([any(costing.structure.blocks[v] == b for v in experts) for b in costing.block_order()],
-                    dtype=np.float64)
-    per_block = FORWARD_SHARE * (options.block_overhead_seconds + held * options.moe_block_overhead_seconds)
+    forward adds to a micro-batch under ``block`` (:func:`~pase.planning.host_floor.recomputed_host_seconds`)."""
+    st = costing.structure
+    per_block = recomputed_host_seconds(options, expert_flags(st.blocks, st.experts, costing.block_order()))
     return np.repeat(per_block[:, None], K, axis=1)
 
 
@@ -663,11 +660,11 @@ def _tried(candidates: list, schedules, m: int, pp: int, vpps, extra=(0, 0)) -> 
 def _expert_blocks(costing, layout: Layout) -> np.ndarray | None:
     """The blocks of ``layout`` holding a mixture of experts before each block and in all
     (:attr:`_Timing.expert_blocks`); ``None`` where no block holds one."""
-    experts = costing.structure.experts
-    if not experts:
+    st = costing.structure
+    if not st.experts:
         return None
-    held = [any(v in experts for v in block) for block in layout.blocks]
-    return np.concatenate([[0.0], np.cumsum(held, dtype=np.float64)])
+    held = expert_flags(st.blocks, st.experts, [st.blocks[block[0]] for block in layout.blocks])
+    return np.concatenate([[0.0], np.cumsum(held)])
 
 
 class _Timing(NamedTuple):
