@@ -161,3 +161,21 @@ def test_cli_names_the_engine():
 def test_cli_bad_engine_is_one_line():
     status, out, err = run("-g", "gpt2-small", "-p", "4", "--engine", "nope")
     assert status == 2 and "unknown engine 'nope'" in err and "Traceback" not in err
+
+
+def test_the_chosen_engine_is_judged_with_its_switches():
+    # torchtitan runs asynchronous tensor parallelism only under torch.compile
+    # (--compile.enable_async_tensor_parallel needs --compile.enable): a plan priced for
+    # torchtitan,compile=true that overlaps its tensor-parallel collectives runs on it, and the
+    # plan's list of engines says so; judged by the plain profile it would not (the defect).
+    status, out, err = run("-g", "gpt2-small", "-p", "8", "-b", "32", "--machine", "h100-sxm",
+                           "--engine", "torchtitan,compile=true", "--recipe", "dp=2,tp=4,zero=3,microbatch=16",
+                           "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert "tp_overlap=true" in data["training"]["recipe"]
+    assert data["engines"]["torchtitan"] is None
+    status, out, err = run("-g", "gpt2-small", "-p", "8", "-b", "32", "--machine", "h100-sxm",
+                           "--engine", "torchtitan,compile=true", "--recipe", "dp=2,tp=4,zero=3,microbatch=16")
+    assert status == 0, err
+    assert "engines that run this configuration: megatron, torchtitan" in out

@@ -264,7 +264,9 @@ def training_dict(candidate, network=None, seconds: bool = True, memory_cap=None
 
 def engine_verdicts(plan, network) -> dict:
     """Engine name -> ``None`` where it runs the plan as priced, else why not (a per-layer
-    plan: every engine's reason is that engines run meshes)."""
+    plan: every engine's reason is that engines run meshes). The engine the plan was priced
+    for is judged by its profile as chosen, switches included (``torchtitan,compile=true`` runs
+    the asynchronous tensor parallelism the plain profile does not), the others as shipped."""
     from pase.planning.engine import ENGINE_NAMES
     from pase.planning.engine_runs import engine_plan, refusal
 
@@ -273,7 +275,9 @@ def engine_verdicts(plan, network) -> dict:
     if plan.best.mesh is None:
         return {name: "the plan is not a mesh" for name in ENGINE_NAMES}
     view = engine_plan(plan.best, plan.batch, network)
-    return {name: refusal(name, view) for name in ENGINE_NAMES}
+    chosen = plan.engine_profile
+    return {name: refusal(chosen if chosen is not None and chosen.name == name else name, view)
+            for name in ENGINE_NAMES}
 
 
 def _engine_line(plan, network) -> str:
