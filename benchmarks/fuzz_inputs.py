@@ -1341,6 +1341,9 @@ BAD_ENGINES = (
     ("megatron,moe_block_overhead_seconds=-0.001", "a negative MoE host time"),
     ("megatron,moe_block_overhead_seconds=inf", "an infinite MoE host time"),
     ("megatron,moe_block_overhead_seconds=fast", "a word for the MoE host time"),
+    ("megatron,expert_activation_sync=gelu", "an activation no network declares"),
+    ("megatron,expert_activation_sync=true", "a boolean for the activation"),
+    ("megatron,expert_activation_sync=", "no activation"),
 )
 #: (file contents, why it is refused): malformed profile files.
 BAD_PROFILES = (
@@ -1352,6 +1355,8 @@ BAD_PROFILES = (
     (lambda d: d["facts"]["loss_buffers"].update(value=True) or None, "a boolean for a number"),
     (lambda d: d["facts"].update(moe_block_overhead_seconds={"value": -1, "source": "x"}) or None,
      "a negative MoE host time"),
+    (lambda d: d["facts"].update(expert_activation_sync={"value": "relu", "source": "x"}) or None,
+     "an unknown activation that stops the host"),
     (lambda d: d["facts"].update(colour={"value": 1, "source": "x"}) or None, "an unknown fact"),
     (lambda d: d.update(name="") or None, "an empty name"),
     (lambda d: d.update(band={"step": [2, 1]}) or None, "a band low above high"),
@@ -1371,7 +1376,9 @@ def engine_profile_cases(rng: random.Random, hf: dict) -> list:
     for spec in ("megatron", "torchtitan", "fsdp", "deepspeed", "torchtitan,compile=true", "megatron,grad_reduce=bf16",
                  "torchtitan,version=0.2", "torchtitan,version=0.3,compile=true", "nanotron", "megatron-deepspeed",
                  "megatron-deepspeed,optimizer=bf16", "megatron-deepspeed,attention_kernel=sdpa",
-                 "megatron,moe_block_overhead_seconds=0", "megatron,moe_block_overhead_seconds=0.002"):
+                 "megatron,moe_block_overhead_seconds=0", "megatron,moe_block_overhead_seconds=0.002",
+                 "megatron,expert_activation_sync=none", "megatron,expert_activation_sync=swiglu",
+                 "fsdp,expert_activation_sync=quick_geglu"):
         add("engine good", spec, spec, OK)
     add("engine good", "a profile file of one's own", "mine.json", OK, {"mine.json": _profile_file(lambda d: None)})
     for spec, why in BAD_ENGINES:

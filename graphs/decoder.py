@@ -98,6 +98,9 @@ class MoEConfig:
     #: ``top_k`` chosen within ``group_top`` of them (1, 1: unlimited).
     groups: int = 1
     group_top: int = 1
+    #: The gated experts' activation (``pase.model.layers.moe.EXPERT_ACTIVATIONS``): ``swiglu``,
+    #: or GPT-OSS's clamped ``quick_geglu``.
+    activation: str = "swiglu"
     #: The router's function, where the model declares it (``None``: not declared): what
     #: changes the function built, not its cost, as ``(key, value)`` pairs (:data:`ROUTER_KEYS`):
     #: ``score`` (``softmax`` or ``sigmoid``), ``normalize`` (the top k probabilities summed to
@@ -455,6 +458,8 @@ def _moe_extras(m: MoEConfig) -> dict:
         out.update(router_bias=m.router_bias, expert_bias=m.expert_bias)
     if m.groups > 1:
         out.update(groups=m.groups, group_top=m.group_top)
+    if m.activation != "swiglu":
+        out.update(activation=m.activation)
     return out
 
 

@@ -27,11 +27,11 @@ FLAGSHIP_CONFIGS = {
         layers=94, width=4096, heads=64, kv_heads=4, head_dim=128, mlp_width=12288, vocab=151936, qk_norm=True,
         moe=MoEConfig(128, 8, 1536)),
     # GPT-OSS-120B: 36 blocks alternating a 128-token window and full attention, sinks, biases,
-    # 128 experts of 2880 (top 4) with biased router and experts.
+    # 128 experts of 2880 (top 4) with biased router and experts, clamped quick-GeGLU.
     "gpt-oss-120b": DecoderConfig(
         layers=_GPT_OSS_LAYERS, width=2880, heads=64, kv_heads=8, head_dim=64, mlp_width=2880, vocab=201088,
         qkv_bias=True, out_bias=True, sinks=True, window=128, window_blocks=tuple(range(0, _GPT_OSS_LAYERS, 2)),
-        moe=MoEConfig(128, 4, 2880, router_bias=True, expert_bias=True)),
+        moe=MoEConfig(128, 4, 2880, router_bias=True, expert_bias=True, activation="quick_geglu")),
 }
 #: The config file each name is read from by ``-g hf:`` (``examples/hf/``).
 FLAGSHIP_FILES = {"deepseek-v3": "deepseek-v3.json", "qwen3-235b-a22b": "qwen3-235b-a22b.json",

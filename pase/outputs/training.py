@@ -483,6 +483,22 @@ def _expert_host_lines(candidate) -> list:
             "shorten the wait"]
 
 
+def _activation_sync_lines(candidate, network) -> list:
+    """A line where the engine's implementation of the experts' activation stops the host inside
+    each mixture-of-experts block (``expert_activation_sync``): the blocks' MoE host time adds to
+    the device's (``StepCompute.host_wait_seconds``)."""
+    o = candidate.options
+    if o.expert_activation_sync == "none" or not o.moe_block_overhead_seconds or network is None:
+        return []
+    count = sum(1 for layer in network.layers
+                if layer.op == "MoE" and getattr(layer, "activation", None) == o.expert_activation_sync)
+    if not count:
+        return []
+    return [f"  the experts' activation ({o.expert_activation_sync}) stops the host again inside each of the "
+            f"{count} mixture-of-experts blocks (expert_activation_sync): their {1e3 * o.moe_block_overhead_seconds:.3g} ms "
+            "of host time a block and micro-batch add to the device's, counted in compute"]
+
+
 @arguments(plan=a_training_plan, network=optional(a_network), model_name=text)
 def format_training(plan, network=None, model=None, model_name: str = "sequence length") -> str:
     """The text of a training plan (``plan_training``'s result): the plan, its step by cause and
@@ -504,6 +520,7 @@ def format_training(plan, network=None, model=None, model_name: str = "sequence 
         lines += _crossing_lines(best, plan.machine)
         lines += _candidate_lines(best, plan.memory_cap, seconds, plan.machine)
         lines += _expert_host_lines(best)
+        lines += _activation_sync_lines(best, network)
         lines += [f"  WARNING: {warning}" for warning in plan_warnings(best, seconds)]
         lines.append(f"  parameters: {best.summary.parameters:,}")
         lines.append(_engine_line(plan, network))

@@ -69,6 +69,9 @@ class PricedRun:
     recompute: str = "none"
     #: The share of the network's blocks that hold a mixture of experts.
     expert_share: float = 0.0
+    #: The share of them whose activation stops the host again (``expert_activation_sync``):
+    #: their MoE host time adds to the device's.
+    waiting_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,14 @@ class RunTerms:
     #: critical path (seconds, not fitted: ``moe_block_overhead_seconds``).
     again: float = 1.0
     moe_host: float = 0.0
+    #: The part of ``moe_host`` the device waits for, added to its time (MoE blocks whose
+    #: activation stops the host again, ``expert_activation_sync``; seconds, not fitted).
+    moe_wait: float = 0.0
 
     def step(self, p: np.ndarray) -> float:
         """The step under constants ``p`` (:data:`PARAMETERS` order)."""
         device = (p[0] * self.compute + p[1] * self.tensor[0] + p[2] * self.tensor[1]
-                  + p[5] * self.units * self.nodes)
+                  + p[5] * self.units * self.nodes + self.moe_wait)
         host = self.units * (self.again * p[3] + p[4] * self.tp_wait) + self.moe_host
         return max(device, host) + p[1] * self.rest[0] + p[2] * self.rest[1] + self.fixed
 
@@ -155,10 +161,13 @@ def _priced(run, plan, best) -> PricedRun:
     pipe = summary.extra.get("pipeline") or {}
     network = plan.network
     blocks = block_count(network.blocks) if network is not None and network.blocks else 0
-    share = 0.0
+    share = waiting = 0.0
     if blocks:
         st = NetworkStructure.of(network)
         share = expert_block_count(st.blocks, st.experts) / max(block_count(st.blocks), 1)
+        sync = best.options.expert_activation_sync
+        waits = {v for v in st.experts if getattr(network.layers[v], "activation", None) == sync}
+        waiting = expert_block_count(st.blocks, waits) / max(block_count(st.blocks), 1)
     if pipe:
         slowest = max(pipe["stages"], key=lambda s: s["microbatch_seconds"])
         stage_blocks = slowest["blocks"]
@@ -174,7 +183,7 @@ def _priced(run, plan, best) -> PricedRun:
                      best.causes(), float(summary.peak_memory_bytes),
                      device_memory is None or summary.peak_memory_bytes <= device_memory, best.mesh,
                      int(best.options.microbatches), int(pipe.get("vpp", 1) or 1), int(stage_blocks),
-                     best.options.recompute, float(share))
+                     best.options.recompute, float(share), float(waiting))
 
 
 def run_terms(priced: PricedRun, machine, moe_seconds: float = 0.0) -> RunTerms:
@@ -182,7 +191,8 @@ def run_terms(priced: PricedRun, machine, moe_seconds: float = 0.0) -> RunTerms:
     span of the group that runs it (tensor parallelism across nodes when ``tp`` is more than a
     node's GPUs; data parallelism when its group spans more; pipeline sends when the stages span
     more than one node). ``moe_seconds``: the engine's host time per MoE block, which the fit
-    keeps as stated (its share of the blocks on the critical path)."""
+    keeps as stated (its share of the blocks on the critical path; the device waits for the part
+    of it whose blocks' activation stops the host again, ``PricedRun.waiting_share``)."""
     c = priced.causes
     mesh = priced.mesh
     node = domain_of(machine)
@@ -200,7 +210,8 @@ def run_terms(priced: PricedRun, machine, moe_seconds: float = 0.0) -> RunTerms:
     again = 1.0 + FORWARD_SHARE if priced.recompute == "full" else 1.0
     return RunTerms(compute, (0.0, tensor) if across else (tensor, 0.0), tuple(rest), units,
                     math.log2(mesh.tp) if pp > 1 else 0.0, c.get("allocator_retries", 0.0),
-                    float(node_doublings(mesh.tp, node)), again, units * priced.expert_share * again * moe_seconds)
+                    float(node_doublings(mesh.tp, node)), again, units * priced.expert_share * again * moe_seconds,
+                    units * priced.waiting_share * again * moe_seconds)
 
 
 @dataclass(frozen=True)
@@ -282,10 +293,10 @@ def _simplex_search(loss, start: np.ndarray, bounds: list, free: list, iteration
 def _steps(terms: list):
     """``steps(p)``: every run's step under constants ``p`` at once (:meth:`RunTerms.step`)."""
     a = np.array([[t.compute, t.tensor[0], t.tensor[1], t.rest[0], t.rest[1], t.units, t.tp_wait, t.fixed,
-                   t.units * t.nodes, t.again, t.moe_host] for t in terms]).T
+                   t.units * t.nodes, t.again, t.moe_host, t.moe_wait] for t in terms]).T
 
     def steps(p):
-        device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2] + p[5] * a[8]
+        device = p[0] * a[0] + p[1] * a[1] + p[2] * a[2] + p[5] * a[8] + a[11]
         host = a[5] * (a[9] * p[3] + p[4] * a[6]) + a[10]
         return np.maximum(device, host) + p[1] * a[3] + p[2] * a[4] + a[7]
     return steps

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from pase.costing.training import TrainingOptions
 from pase.costing.training.allocator import ALLOCATOR_RETRY_SECONDS
 from pase.costing.training.options import EXPERT_GEMMS, MOE_DISPATCHERS, RECOMPUTE_MODULES, TP_OVERLAP_KINDS
+from pase.model.layers.moe import EXPERT_ACTIVATIONS
 from pase.planning.engine_cut import PIPELINE_CUTS
 
 __all__ = ["EngineProfile", "load_engine", "ENGINE_NAMES", "DEFAULT_ENGINE", "DTYPE_BYTES", "FACTS", "engine_dir",
@@ -84,6 +85,7 @@ FACTS = {
     "overlap_grad_reduce_zero1": bool,
     "block_overhead_seconds": float,
     "moe_block_overhead_seconds": float,
+    "expert_activation_sync": ("none",) + EXPERT_ACTIVATIONS,
     "chunk_overhead_seconds": float,
     "pipeline_tp_wait_seconds": float,
     "moe_dispatcher": MOE_DISPATCHERS,
@@ -95,7 +97,7 @@ FACTS = {
 #: existed stays valid.
 OPTIONAL_FACTS = {"attention_kernel": "sdpa", "zero1_gradient_collective": "reduce_scatter",
                   "overlap_grad_reduce_zero1": True, "block_overhead_seconds": 0.0, "chunk_overhead_seconds": 0.0,
-                  "moe_block_overhead_seconds": 0.0,
+                  "moe_block_overhead_seconds": 0.0, "expert_activation_sync": "none",
                   "pipeline_tp_wait_seconds": 0.0, "moe_dispatcher": "alltoall", "expert_gemm": "grouped",
                   "tp_overlap_kind": "userbuffers", "allocator_interleave": 0.0,
                   "allocator_retry_seconds": ALLOCATOR_RETRY_SECONDS,
@@ -248,6 +250,7 @@ class EngineProfile:
             "zero1_overlap": bool(f["overlap_grad_reduce_zero1"]),
             "block_overhead_seconds": f["block_overhead_seconds"],
             "moe_block_overhead_seconds": f["moe_block_overhead_seconds"],
+            "expert_activation_sync": f["expert_activation_sync"],
             "chunk_overhead_seconds": f["chunk_overhead_seconds"],
             "pipeline_tp_wait_seconds": f["pipeline_tp_wait_seconds"],
             **self.fitted_options(machine),

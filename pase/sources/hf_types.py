@@ -114,7 +114,8 @@ def _gpt_oss(fields, base: dict) -> dict:
     top_k = fields.positive("num_experts_per_tok")
     if top_k > experts:
         fields.fail(f"num_experts_per_tok ({top_k}) is more than the {experts} experts")
-    moe = MoEConfig(experts, top_k, base["mlp_width"], router_bias=True, expert_bias=True)
+    # GptOssExperts: gate * sigmoid(1.702 gate) * (up + 1), both halves clamped at swiglu_limit.
+    moe = MoEConfig(experts, top_k, base["mlp_width"], router_bias=True, expert_bias=True, activation="quick_geglu")
     bias = fields.flag("attention_bias", True)
     return dict(base, moe=moe, sinks=True, qkv_bias=bias, out_bias=bias, window=_window(fields, default=128),
                 window_blocks=_layer_types(fields, layers, lambda i: (i + 1) % 2))

@@ -129,7 +129,19 @@ class StepCompute:
         if options.launch_seconds > 0:
             kernels = self.kernels[v] if options.eager else KERNELS_PER_LAYER
             seconds = np.where(seconds > 0, np.maximum(seconds, kernels * options.launch_seconds), seconds)
-        return seconds
+        return seconds + self.host_wait_seconds(v, options)
+
+    def host_wait_seconds(self, v: int, options: TrainingOptions) -> float:
+        """Seconds a micro-batch's device waits for the host at mixture of experts ``v`` when the
+        engine's implementation of its activation stops the host inside the block
+        (``options.expert_activation_sync`` names the layer's ``activation``): the block's MoE
+        host time, ``moe_block_overhead_seconds``, serialised with the device's work instead of
+        hidden behind it (a full recomputation runs the forward, and its wait, again: counted
+        with the layer's compute). 0 for every other layer."""
+        layer = self.experts.get(v)
+        if layer is None or options.expert_activation_sync == "none":
+            return 0.0
+        return options.moe_block_overhead_seconds if layer.activation == options.expert_activation_sync else 0.0
 
     def expert_activation_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Seconds of the forward of mixture of experts ``v``'s activation, one point-wise pass

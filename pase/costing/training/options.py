@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pase.costing.precision import FP8_SCALINGS, PRECISIONS
+from pase.model.layers.moe import EXPERT_ACTIVATIONS
 
 __all__ = ["TrainingOptions", "ZERO_STAGES", "WRAP_UNITS", "RECOMPUTE_POLICIES", "RECOMPUTE_MODULES", "DEFAULT_RESERVE_BYTES", "MOE_DISPATCHERS",
            "EXPERT_GEMMS", "TP_OVERLAP_KINDS", "OFFLOAD_KINDS"]
@@ -230,6 +231,13 @@ class TrainingOptions:
         every such layer until the device tells it how many tokens each expert receives, so
         the host cannot run ahead and the layer's Python (router, permutation, one product per
         local expert) adds up; part of the host floor.
+    expert_activation_sync : str
+        The experts' activation (``pase.model.layers.moe.EXPERT_ACTIVATIONS``) whose engine
+        implementation stops the host a second time inside every mixture-of-experts block
+        (``none``: none does). Its blocks' MoE host time (``moe_block_overhead_seconds``, times
+        ``1 + FORWARD_SHARE`` under full recomputation) then adds to the device's time instead
+        of hiding behind it: the host no longer runs ahead of the device, so the device waits
+        for the host's issue of each block (counted in the MoE layer's compute).
     chunk_overhead_seconds : float
         Fixed time per pipeline chunk and micro-batch, forward and backward: the schedule's work
         to enter a chunk and wait on its batched send and receive, which a chunk's transfer
@@ -294,6 +302,7 @@ class TrainingOptions:
     zero1_overlap: bool = True
     block_overhead_seconds: float = 0.0
     moe_block_overhead_seconds: float = 0.0
+    expert_activation_sync: str = "none"
     chunk_overhead_seconds: float = 0.0
     pipeline_tp_wait_seconds: float = 0.0
     tp_node_wait_seconds: float = 0.0
@@ -334,6 +343,9 @@ class TrainingOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if self.expert_activation_sync not in ("none",) + EXPERT_ACTIVATIONS:
+            raise ValueError(f"expert_activation_sync must be one of none, {', '.join(EXPERT_ACTIVATIONS)}, "
+                             f"got {self.expert_activation_sync!r:.40}")
         if self.overlap_efficiency > 1:
             raise ValueError(f"overlap_efficiency must be at most 1, got {self.overlap_efficiency!r}")
         for name in ("grad_reduce_bytes", "gather_bytes"):

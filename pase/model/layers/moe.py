@@ -16,10 +16,15 @@ from pase.model.tensor import Tensor
 from .base import Layer, as_float, check_count, check_positive, check_tensor, gemm_work, letters_of
 from .work import AllToAll, LayerWork, Pass
 
-__all__ = ["MoE", "EXPERT_LETTER", "EXPERT_WIDTH_LETTER"]
+__all__ = ["MoE", "EXPERT_LETTER", "EXPERT_WIDTH_LETTER", "EXPERT_ACTIVATIONS"]
 
 #: Iteration-space letter of the experts (expert parallelism splits it).
 EXPERT_LETTER = "x"
+#: The gated experts' activations a network declares: ``swiglu`` (``silu(gate) * up``, Mixtral,
+#: Qwen, DeepSeek) and ``quick_geglu`` (GPT-OSS: ``gate * sigmoid(1.702 gate) * (up + 1)``, both
+#: halves clamped; transformers' ``modeling_gpt_oss.GptOssExperts``). They cost alike on the
+#: device; an engine's implementation may differ (``TrainingOptions.expert_activation_sync``).
+EXPERT_ACTIVATIONS = ("swiglu", "quick_geglu")
 #: Letter of each expert's hidden width: the decoder's MLP letter, so tensor parallelism maps
 #: onto it as onto a dense MLP (``pase.planning.mesh``).
 EXPERT_WIDTH_LETTER = "f"
@@ -55,7 +60,8 @@ class MoE(Layer):
     balanced ones.
 
     ``router_bias`` and ``expert_bias``: learnt biases on the router's logits and on every
-    expert projection's outputs (GPT-OSS; parameters, their adds fused). ``groups`` and
+    expert projection's outputs (GPT-OSS; parameters, their adds fused). ``activation``: the
+    gated experts' activation, one of :data:`EXPERT_ACTIVATIONS` (GPT-OSS: ``quick_geglu``). ``groups`` and
     ``group_top``: group-limited routing (DeepSeek-V3): the experts fall in ``groups`` equal
     groups and a token's ``top_k`` lie in ``group_top`` of them, so the dispatch sends each
     token once per device it reaches (as DeepEP does), at most ``min(k, c_x, group_top
@@ -67,7 +73,7 @@ class MoE(Layer):
     def __init__(self, x: Tensor, experts: int, top_k: int, hidden: int, gated: bool = True,
                  capacity: float | None = None, imbalance: float = 1.0, shared: int = 0, shared_hidden: int = 0,
                  shared_gate: bool = False, router_bias: bool = False, expert_bias: bool = False, groups: int = 1,
-                 group_top: int = 1):
+                 group_top: int = 1, activation: str = "swiglu"):
         x = check_tensor(x, "MoE input")
         if x.rank < 2:
             raise ValueError(f"MoE needs an input of rank >= 2 (tokens, width), got shape {list(x.shape)}")
@@ -91,6 +97,11 @@ class MoE(Layer):
         self.imbalance = _factor(imbalance, "imbalance")
         self.experts, self.top_k, self.hidden, self.gated, self.shared_gate = E, k, H, gated, shared_gate
         self.router_bias, self.expert_bias = router_bias, expert_bias
+        if activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"MoE activation must be one of {', '.join(EXPERT_ACTIVATIONS)}, got {activation!r:.40}")
+        if activation != "swiglu" and not gated:
+            raise ValueError(f"MoE activation {activation} is gated: it needs gated experts")
+        self.activation = activation
         self.groups = check_positive(groups, "MoE groups")
         self.group_top = check_positive(group_top, "MoE group_top")
         if E % self.groups or self.group_top > self.groups:
@@ -101,6 +112,8 @@ class MoE(Layer):
             extra.update(router_bias=router_bias, expert_bias=expert_bias)
         if self.groups > 1:
             extra.update(groups=self.groups, group_top=self.group_top)
+        if activation != "swiglu":
+            extra.update(activation=activation)
         token_letters = letters_of(x)[:-1]
         width_letter = letters_of(x)[-1]
         dims = token_letters + EXPERT_LETTER + EXPERT_WIDTH_LETTER + width_letter
