@@ -533,7 +533,7 @@ def architecture(config: DecoderConfig) -> dict:
         out["moe"] = {"experts": m.experts, "top_k": m.top_k, "width": m.width, "shared": m.shared,
                       "shared_width": m.shared_width, "shared_gate": m.shared_gate, "dense": list(m.dense),
                       "capacity": m.capacity, "router_bias": m.router_bias, "expert_bias": m.expert_bias,
-                      "groups": m.groups, "group_top": m.group_top,
+                      "groups": m.groups, "group_top": m.group_top, "activation": m.activation,
                       "router": dict(m.router) if m.router is not None else None}
     if c.mla is not None:
         a = c.mla

@@ -174,3 +174,13 @@ def test_a_priced_run_knows_its_waiting_blocks(tmp_path):
     t = run_terms(oss, load_machine("gb300-nvl72"), 0.0094)
     assert t.moe_wait == pytest.approx(5 * 36 * 0.0094) and t.moe_host == pytest.approx(t.moe_wait)
     assert run_terms(qwen, load_machine("gb300-nvl72"), 0.0094).moe_wait == 0.0
+
+
+def test_no_export_drops_the_activation():
+    # Megatron's writer and torchtitan's launch name no argument for GPT-OSS's quick-GeGLU: both
+    # refuse the model by name rather than write SwiGLU experts.
+    args = ["-g", "hf:examples/hf/gpt-oss-120b.json", "-p", "64", "-b", "256", "-m", "4096", "--machine", "h100-sxm"]
+    status, out, err = run(*args, "--engine", "megatron", "--export-megatron", "never-written.sh")
+    assert status == 2 and "moe activation quick_geglu" in err
+    status, out, err = run(*args, "--engine", "torchtitan", "--export-torchtitan", "never-written.sh")
+    assert status == 2 and "quick_geglu experts" in err

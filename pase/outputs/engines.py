@@ -120,7 +120,8 @@ def _model_arguments(plan: EnginePlan) -> list:
     odd = [k for k, v in a.get("features", {}).items() if v != plain.get(k, v)]
     moe = a.get("moe") or {}
     odd += [f"moe {k}" for k in ("router_bias", "expert_bias") if moe.get(k)] + \
-        (["moe groups"] if moe.get("groups", 1) > 1 and not _megatron_groups(moe) else [])
+        (["moe groups"] if moe.get("groups", 1) > 1 and not _megatron_groups(moe) else []) + \
+        ([f"moe activation {moe['activation']}"] if moe.get("activation", "swiglu") != "swiglu" else [])
     if odd:
         raise EngineRefusal("megatron", f"the model's {', '.join(odd)}: no Megatron-LM argument written for it yet")
     args = [("--num-layers", a["layers"]), ("--hidden-size", a["width"]), ("--num-attention-heads", a["heads"]),

@@ -128,6 +128,8 @@ def moe_refusal(arch) -> str | None:
     odd += [f"dense layers {moe['dense']}"] if moe.get("dense") else []
     odd += [f"capacity factor {moe['capacity']}"] if moe.get("capacity") else []
     odd += ["router bias"] if moe.get("router_bias") else []
+    odd += ["expert bias"] if moe.get("expert_bias") else []
+    odd += [f"{moe['activation']} experts"] if moe.get("activation", "swiglu") != "swiglu" else []
     odd += [f"{moe['groups']} expert groups"] if moe.get("groups", 1) > 1 else []
     plain = arch.get("gated") and arch.get("norm") == "rms" and arch.get("positions") == "rotary"
     odd += [] if plain else ["not a gated RMSNorm rotary decoder"]
