@@ -487,11 +487,12 @@ def _activation_sync_lines(candidate, network) -> list:
     """A line where the engine's implementation of the experts' activation stops the host inside
     each mixture-of-experts block (``expert_activation_sync``): the blocks' MoE host time adds to
     the device's (``StepCompute.host_wait_seconds``)."""
+    from pase.costing.training.compute import activation_waits
+
     o = candidate.options
-    if o.expert_activation_sync == "none" or not o.moe_block_overhead_seconds or network is None:
+    if not o.moe_block_overhead_seconds or network is None:
         return []
-    count = sum(1 for layer in network.layers
-                if layer.op == "MoE" and getattr(layer, "activation", None) == o.expert_activation_sync)
+    count = sum(1 for layer in network.layers if layer.op == "MoE" and activation_waits(layer, o))
     if not count:
         return []
     return [f"  the experts' activation ({o.expert_activation_sync}) stops the host again inside each of the "

@@ -26,6 +26,7 @@ import numpy as np
 
 from pase.machines.calibrated import CalibratedMachine
 from pase.machines.fitted import FITTED_BOUNDS
+from pase.costing.training.compute import activation_waits
 from pase.costing.training.parts import FORWARD_SHARE
 from pase.costing.training.structure import NetworkStructure
 from pase.planning.host_floor import block_count, domain_of, expert_block_count, node_doublings
@@ -164,10 +165,10 @@ def _priced(run, plan, best) -> PricedRun:
     share = waiting = 0.0
     if blocks:
         st = NetworkStructure.of(network)
-        share = expert_block_count(st.blocks, st.experts) / max(block_count(st.blocks), 1)
-        sync = best.options.expert_activation_sync
-        waits = {v for v in st.experts if getattr(network.layers[v], "activation", None) == sync}
-        waiting = expert_block_count(st.blocks, waits) / max(block_count(st.blocks), 1)
+        counted = max(block_count(st.blocks), 1)
+        waits = {v for v in st.experts if activation_waits(network.layers[v], best.options)}
+        share = expert_block_count(st.blocks, st.experts) / counted
+        waiting = expert_block_count(st.blocks, waits) / counted
     if pipe:
         slowest = max(pipe["stages"], key=lambda s: s["microbatch_seconds"])
         stage_blocks = slowest["blocks"]

@@ -14,7 +14,7 @@ from pase.model.layers.work import Gemm
 
 __all__ = ["StepCompute", "attention_shape_factor", "FLASH_BACKWARD_FACTOR", "DEFAULT_ATTENTION_EFFICIENCY",
            "ATTENTION_HALF_SEQUENCE", "ATTENTION_HALF_HEAD", "EAGER_NORM_BYTES", "EAGER_NORM_KERNELS",
-           "KERNELS_PER_LAYER", "OPTIMIZER_STEP_BYTES", "gemm_seconds"]
+           "KERNELS_PER_LAYER", "OPTIMIZER_STEP_BYTES", "gemm_seconds", "activation_waits"]
 
 ELEMENT_TRAFFIC_COPY = ELEMENT_TRAFFIC["copy"]
 
@@ -84,6 +84,13 @@ def gemm_seconds(machine, gemms, dtype: str = "bf16", each: bool = False) -> np.
     return total
 
 
+def activation_waits(layer, options: TrainingOptions) -> bool:
+    """Whether mixture of experts ``layer``'s activation is the one whose engine implementation
+    stops the host inside the block (``options.expert_activation_sync``): its block's MoE host
+    time then adds to the device's (:meth:`StepCompute.host_wait_seconds`)."""
+    return options.expert_activation_sync != "none" and layer.activation == options.expert_activation_sync
+
+
 def _causal(layer) -> bool:
     return bool(getattr(layer, "args", {}).get("causal", False))
 
@@ -139,9 +146,7 @@ class StepCompute:
         hidden behind it (a full recomputation runs the forward, and its wait, again: counted
         with the layer's compute). 0 for every other layer."""
         layer = self.experts.get(v)
-        if layer is None or options.expert_activation_sync == "none":
-            return 0.0
-        return options.moe_block_overhead_seconds if layer.activation == options.expert_activation_sync else 0.0
+        return options.moe_block_overhead_seconds if layer is not None and activation_waits(layer, options) else 0.0
 
     def expert_activation_seconds(self, v: int, options: TrainingOptions) -> np.ndarray:
         """Seconds of the forward of mixture of experts ``v``'s activation, one point-wise pass
